@@ -60,10 +60,10 @@ def select_temperature_problem(temperature: Any) -> Optional[str]:
     None: a finite number >= 0, 0 taking the likeliest choice. NaN compared as not > 0 and was
     picked greedily, and True sampled at temperature 1, so both are refused. ``select()``,
     ``gen(choices=...)`` and a ``%%lm`` cell's parser (of a literal on ``{select}``) ask it."""
-    from lmnb_engine.params import finite_number  # torch-free (an int past float's range is no temperature)
+    from lmnb_engine.params import finite_number, shown_number  # torch-free (an int past float's range is no temperature)
 
     if not (finite_number(temperature) and temperature >= 0):
-        return f"temperature must be a finite number >= 0 (0 picks the likeliest), got {temperature!r}"
+        return f"temperature must be a finite number >= 0 (0 picks the likeliest), got {shown_number(temperature)}"
     return None
 
 

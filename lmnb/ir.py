@@ -107,6 +107,15 @@ def _is_number(value: Any) -> bool:
     return finite_number(value)
 
 
+def _shown(value: Any) -> str:
+    """``value`` as the engine's messages show a number option's (``lmnb_engine.params.shown_number``:
+    a huge int, which Python will not write whole, in scientific form), imported only for a message,
+    so that a valid gen() loads nothing of the engine."""
+    from lmnb_engine.params import shown_number  # torch-free
+
+    return shown_number(value)
+
+
 def option_problem(key: str, value: Any) -> Optional[str]:
     """Why ``value`` cannot be the number option ``key`` of ``gen()`` (gen()'s name, one of
     max_tokens, min_tokens, n, temperature, top_p, top_k and ``_ENGINE_RANGES``), or None (for None,
@@ -123,23 +132,23 @@ def option_problem(key: str, value: Any) -> Optional[str]:
     if value is None:
         return None
     if key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
-        return f"{key} must be an integer >= 0, got {value!r}"
+        return f"{key} must be an integer >= 0, got {_shown(value)}"
     if key == "n" and not (_is_int(value) and value >= 1):
-        return f"n must be an integer >= 1, got {value!r}"
+        return f"n must be an integer >= 1, got {_shown(value)}"
     if key == "n" and value > 1:  # (n=1 needs no bound: a plain gen() loads nothing of the engine)
         from lmnb_engine.params import MAX_N  # torch-free; the engine's and lmnb serve's bound
 
         if value > MAX_N:
-            return (f"n={value} is too many samples for one gen: at most {MAX_N} (the engine's, lmnb serve's and "
+            return (f"n={_shown(value)} is too many samples for one gen: at most {MAX_N} (the engine's, lmnb serve's and "
                     "OpenAI's limit); for more, make several gens, or fork and gen in each branch")
     if key == "temperature" and not (_is_number(value) and value >= 0):
         from lmnb_engine.params import TEMPERATURE_RULE  # the engine's words (no torch)
 
-        return f"temperature {TEMPERATURE_RULE}, got {value!r}"
+        return f"temperature {TEMPERATURE_RULE}, got {_shown(value)}"
     if key == "top_p" and not (_is_number(value) and 0 < value <= 1):
-        return f"top_p must be a number in (0, 1], got {value!r}"
+        return f"top_p must be a number in (0, 1], got {_shown(value)}"
     if key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
-        return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
+        return f"top_k must be an integer >= 1, or -1 for no limit, got {_shown(value)}"
     if key in _ENGINE_RANGES:
         return engine_option_problem(key, value)
     return None
@@ -161,8 +170,8 @@ def token_bounds_problem(max_tokens: Any, min_tokens: Any) -> Optional[str]:
     """Why a gen cannot have both ``max_tokens`` and ``min_tokens`` (each valid alone), or None:
     more tokens at least than at most, which SGLang and the engine refuse once the request is sent."""
     if _is_int(max_tokens) and _is_int(min_tokens) and min_tokens > max_tokens:
-        return (f"min_tokens={min_tokens} must not exceed max_tokens={max_tokens}; lower min_tokens or raise "
-                "max_tokens")
+        return (f"min_tokens={_shown(min_tokens)} must not exceed max_tokens={_shown(max_tokens)}; lower min_tokens "
+                "or raise max_tokens")
     return None
 
 
@@ -211,7 +220,7 @@ class GenParams:
         for f in _INT_FIELDS + _NUMBER_FIELDS:
             v, whole = getattr(self, f), f in _INT_FIELDS
             if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else (int, float))):
-                raise TypeError(f"{GEN_NAMES.get(f, f)}={v!r} is invalid: must be "
+                raise TypeError(f"{GEN_NAMES.get(f, f)}={_shown(v)} is invalid: must be "
                                 f"{'an integer' if whole else 'a number (an int or a float)'}")
             problem = option_problem(GEN_NAMES.get(f, f), v)
             if problem:  # (here, where gen() or run() was called, not once the backend got it)
@@ -235,7 +244,7 @@ class GenParams:
         # sets none), so it is left to the backend, which names it.
         k = self.top_logprobs_num
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-            raise ValueError(f"top_logprobs_num={k!r} is invalid: give a count of top alternatives per token, "
+            raise ValueError(f"top_logprobs_num={_shown(k)} is invalid: give a count of top alternatives per token, "
                              "an integer >= 0")
 
     def merged_over(self, defaults: "GenParams") -> "GenParams":

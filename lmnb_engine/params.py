@@ -56,6 +56,26 @@ def finite_number(v: Any) -> bool:
         return False
 
 
+def shown_number(value: Any) -> str:
+    """``value`` as a number option's message shows it: its ``repr``, except an int of more than
+    ``SHOWN_CHARS`` digits, in scientific form with its digit count (``1.000e+5000 (an integer
+    of 5001 digits)``): Python refuses to write an int of over 4300 digits (``int_max_str_digits``),
+    so the message itself failed with a ValueError naming that limit. A value whose ``repr`` fails
+    so (a list holding such an int) is named by its type. Shared by ``validate``, ``gen()`` and a
+    ``%%lm`` cell (``lmnb.ir.option_problem``), and ``select()`` (``select_temperature_problem``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**SHOWN_CHARS:
+        size = abs(value)
+        exponent = math.floor(math.log10(size))  # (log10 reads an int of any size, but may round across a power of 10)
+        exponent += (size >= 10 ** (exponent + 1)) - (size < 10**exponent)
+        mantissa, _, shift = f"{size / 10 ** (exponent - 15) / 1e15:.3e}".partition("e")  # ("9.9999" rounds to 1.000e+01)
+        sign = "-" if value < 0 else ""
+        return f"{sign}{mantissa}e+{exponent + int(shift)} (an integer of {exponent + 1} digits)"
+    try:
+        return repr(value)
+    except ValueError:  # (int_max_str_digits: an int too long inside a container)
+        return f"a {type(value).__name__} holding an integer too long to write"
+
+
 class SamplingParamsError(ValueError):
     """A ``SamplingParams`` field is invalid: ``field`` names it, so that a front end names its own
     field for it (an HTTP error's ``param``); ``value`` is its value, which the message shows as
@@ -268,7 +288,7 @@ class SamplingParams:
 
         def bad(name: str, rule: str, show: bool = True, as_json: bool = False) -> None:
             value = getattr(self, name)  # (not shown: thousands of stops, say)
-            shown = "" if not show else f"={json_value(value, SHOWN_CHARS)}" if as_json else f"={value!r}"
+            shown = "" if not show else f"={json_value(value, SHOWN_CHARS)}" if as_json else f"={shown_number(value)}"
             raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name, value)
 
         def is_int(v: Any) -> bool:
@@ -279,7 +299,7 @@ class SamplingParams:
         if not is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens:
             bad("min_new_tokens", "must be an integer >= 0")
         if self.min_new_tokens > self.max_new_tokens:
-            bad("min_new_tokens", f"must not exceed max_new_tokens={self.max_new_tokens}")
+            bad("min_new_tokens", f"must not exceed max_new_tokens={shown_number(self.max_new_tokens)}")
         if not finite_number(self.temperature) or self.temperature < 0:
             bad("temperature", TEMPERATURE_RULE)
         if not finite_number(self.top_p) or not 0 < self.top_p <= 1:

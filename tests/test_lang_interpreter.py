@@ -2792,13 +2792,15 @@ def test_gen_refuses_a_number_out_of_sglangs_range_where_it_is_called_in_the_cel
 # an int no float can hold (float() raises OverflowError) is no finite number: gen(), select(), the
 # cell's parser and the engine failed with that OverflowError's traceback
 _BIG = 10**400
+# (shown in scientific form, as any int of over 80 digits: 1 and 400 zeros)
+_SHOWN = "1.000e+400 (an integer of 401 digits)"
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"temperature": _BIG}, f"temperature must be a finite number >= 0 (0 is greedy), got {_BIG!r}"),
-    ({"top_p": _BIG}, f"top_p must be a number in (0, 1], got {_BIG!r}"),
-    ({"min_p": _BIG}, f"min_p={_BIG!r} is invalid: must be in [0, 1]"),
-    ({"presence_penalty": -_BIG}, f"presence_penalty={-_BIG!r} is invalid: must be in [-2, 2]"),
+    ({"temperature": _BIG}, f"temperature must be a finite number >= 0 (0 is greedy), got {_SHOWN}"),
+    ({"top_p": _BIG}, f"top_p must be a number in (0, 1], got {_SHOWN}"),
+    ({"min_p": _BIG}, f"min_p={_SHOWN} is invalid: must be in [0, 1]"),
+    ({"presence_penalty": -_BIG}, f"presence_penalty=-{_SHOWN} is invalid: must be in [-2, 2]"),
 ])
 def test_an_int_past_floats_range_is_refused_as_out_of_range_not_with_an_overflow(options, words):
     from lmnb.template import TemplateSyntaxError, parse
@@ -2809,7 +2811,7 @@ def test_an_int_past_floats_range_is_refused_as_out_of_range_not_with_an_overflo
     with pytest.raises(SamplingParamsError, match=f"^SamplingParams.{key}="):
         SamplingParams(**options).validate()  # (the engine's own check, a request's to lmnb serve too)
     if key == "temperature":  # a pick's rule, select()'s, and the cell's for a select
-        said = f"temperature must be a finite number >= 0 (0 picks the likeliest), got {_BIG!r}"
+        said = f"temperature must be a finite number >= 0 (0 picks the likeliest), got {_SHOWN}"
         with pytest.raises(ValueError) as e:
             sgl.select("x", choices=["a", "b"], temperature=_BIG)
         assert str(e.value) == f"select() {said}"
@@ -2871,6 +2873,46 @@ def test_a_temperature_that_is_no_finite_number_is_refused_in_the_engines_words(
     with pytest.raises(CellLineError) as e:
         parse_cell_line(f"--temperature {bad!r}")
     assert str(e.value).endswith(f"argument --temperature: {rule}, got {repr(bad)!r}")
+
+
+def test_a_number_option_of_over_4300_digits_is_named_in_scientific_form():
+    """gen(temperature=10**5000) failed in its own message: Python writes no int of over 4300
+    digits (int_max_str_digits), so the refusal was a ValueError about that limit. gen(), a cell,
+    select() and the engine's SamplingParams.validate show such an int in scientific form with
+    its digit count (worked out by hand: 10**5000 is 1 and 5000 zeros, 5001 digits)."""
+    from lmnb.template import TemplateRuntimeError, parse
+    from lmnb_engine.params import SamplingParams
+
+    big, shown = 10**5000, "1.000e+5000 (an integer of 5001 digits)"
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", temperature=big)
+    assert str(e.value) == f"temperature must be a finite number >= 0 (0 is greedy), got {shown}"
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", max_tokens=-(10**5000 - 1))  # (5000 nines: 9.999...e4999 rounds to 1.000e5000)
+    assert str(e.value) == "max_tokens must be an integer >= 0, got -1.000e+5000 (an integer of 5000 digits)"
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", max_tokens=3, min_tokens=25 * 10**4400)
+    assert str(e.value) == ("min_tokens=2.500e+4401 (an integer of 4402 digits) must not exceed max_tokens=3; lower "
+                            "min_tokens or raise max_tokens")
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", seed=big)
+    assert str(e.value).startswith(f"seed={shown} is invalid: must be None or an integer that fits in 64 bits")
+    with pytest.raises(ValueError) as e:
+        sgl.select("x", choices=["a", "b"], temperature=big)
+    assert str(e.value).endswith(f"got {shown}")
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Q:\n{gen x n=t}").program().run(t=big, backend=ScriptedBackend(lambda p, params: "x"))
+    assert (e.value.line, e.value.col) == (2, 10) and e.value.message.startswith(f"gen: n={shown} is too many samples")
+    with pytest.raises(ValueError) as e:
+        SamplingParams(temperature=big).validate()
+    assert str(e.value) == f"SamplingParams.temperature={shown} is invalid: must be a finite number >= 0 (0 is greedy)"
+    with pytest.raises(TypeError) as e:
+        sgl.gen("x", temperature=[big])
+    assert str(e.value) == ("temperature=a list holding an integer too long to write is invalid: must be a number "
+                            "(an int or a float)")
+    # an int of 80 digits is still written whole
+    with pytest.raises(ValueError, match=f"^top_p must be a number in \\(0, 1\\], got {10**80 - 1}$"):
+        sgl.gen("x", top_p=10**80 - 1)
 
 
 @pytest.mark.parametrize("call", [lambda d: sgl.select("x", choices=d), lambda d: sgl.gen("x", choices=d)])
