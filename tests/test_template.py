@@ -170,6 +170,23 @@ def test_a_lone_surrogate_in_a_hole_is_refused_at_it(cell, col):
                                "cannot run code that holds it; delete it, or write the character it was part of")
 
 
+@pytest.mark.parametrize("cell, kernel, col, hole, text, at", [
+    ('{"\\ud800"} {gen u max_tokens=3}', {}, 1, '{"\\ud800"}', "\ud800", 0),
+    ("Q:\n{user}x {v:>3}{/user}{gen u}", {"v": "a\udfff"}, 9, "{v}", " a\udfff", 2)])  # (formatted: " a" and it)
+def test_a_lone_surrogate_in_a_holes_value_is_refused_at_the_hole(cell, kernel, col, hole, text, at):
+    # the value's text was refused only once joined with the text around it, as
+    # "ProgramError: the body of program 'cell' failed: ValueError: the text ...", at no hole
+    from helpers_lang import ScriptedBackend
+
+    t = parse(cell)
+    with pytest.raises(TemplateRuntimeError) as e:
+        t.program().run(**t.bind(kernel), backend=ScriptedBackend(lambda p, params: "x"))
+    assert (e.value.line, e.value.col) == (cell.count("\n") + 1, col)
+    assert e.value.message == (f"the text of {hole}: {text!r} holds the lone surrogate {text[at]!r} at position {at}, "
+                               "which is no Unicode character (text decoded with errors='surrogateescape', or half "
+                               "of a \\ud83d\\ude00 pair); fix the text, e.g. text.encode('utf-8', 'replace').decode()")
+
+
 def test_a_kernel_variable_named_builtins_does_not_replace_the_builtins_of_a_hole():
     # the hole was eval'ed with its names as globals, so __builtins__={"a": 1} became its builtins:
     # len was a NameError. Names read in a comprehension or lambda in the hole are seen too.

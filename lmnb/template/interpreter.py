@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from lmnb.choices import choice_list
+from lmnb.ir import check_text
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names
 from lmnb.template.options import (
@@ -145,10 +146,15 @@ class _Run:
     def interp(self, node: Interp, s, local) -> str:
         value = self.value(node.expr, s, local)
         try:
-            return node.render(value)
+            text = node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
             detail = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
             raise self.error(f"cannot format {{{node.expr.source}}}: {detail}", node.offset) from e
+        try:  # (else refused once joined with the text around it, as the program's body failing, at no hole)
+            check_text(text, f"the text of {{{node.expr.source}}}:")
+        except ValueError as e:
+            raise self.error(str(e), node.offset) from None
+        return text
 
     def value(self, expr: Expr, s, local: dict[str, Any], what: str = ""):
         """``expr`` evaluated; a failure is a ``TemplateRuntimeError`` at it, naming ``what`` it is
