@@ -78,7 +78,7 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
                          f"{json_value(schema['$schema'], SHOWN_CHARS)}")
     try:
         validator = jsonschema.validators.validator_for(schema)
-        validator.check_schema(schema, **({} if engine else {"format_checker": _syntax_checker()}))
+        validator.check_schema(schema, format_checker=_engine_checker(validator) if engine else _syntax_checker())
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
@@ -228,7 +228,22 @@ def _syntax_checker():
 
     checker = jsonschema.FormatChecker(formats=())
     checker.checks("regex")(lambda pattern: not (isinstance(pattern, str)
-                                                 and (_no_dialect_reads(pattern) or identity_escape(pattern))))
+                                                 and (_no_dialect_reads(pattern) or u_flag_problem(pattern))))
+    return checker
+
+
+@functools.cache
+def _engine_checker(validator: type):
+    """``validator``'s own format checker (jsonschema's default for its draft) with its ``regex``
+    check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
+    u flag (``u_flag_problem``), as the language's check (``_syntax_checker``) does."""
+    import jsonschema
+
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = dict(validator.FORMAT_CHECKER.checkers)
+    python_check, raises = checker.checkers["regex"]
+    checker.checks("regex", raises)(lambda pattern: python_check(pattern) and not (isinstance(pattern, str)
+                                                                                 and u_flag_problem(pattern)))
     return checker
 
 
@@ -328,12 +343,18 @@ def _code_point_escape(pattern: str, i: int) -> Optional[tuple[str, int]]:
 
 def _code_points_as_python(pattern: str) -> str:
     """``pattern`` with each ECMA code point escape (``_code_point_escape``) spelled as Python's
-    ``\\U`` escape of that code point, which ``re`` reads as that character (it reads ``\\u{`` as
-    an error and a pair as two surrogates); the rest as it is (an escaped backslash kept whole)."""
+    ``re`` and ECMA 262 with the u flag both read that code point (``re`` reads ``\\u{`` as an error
+    and a pair as two surrogates; ECMA refuses Python's ``\\U``): ``\\uXXXX`` up to U+FFFF, the
+    character itself past it (no syntax character); the rest as it is (an escaped backslash kept
+    whole)."""
     out, i = [], 0
     while i < len(pattern):
         escape = _code_point_escape(pattern, i)
-        text, i = escape or (pattern[i:i + 2] if pattern[i] == "\\" else pattern[i], i + 1 + (pattern[i] == "\\"))
+        if escape:
+            code = int(escape[0][2:], 16)
+            text, i = (f"\\u{code:04X}" if code <= 0xFFFF else chr(code)), escape[1]
+        else:
+            text, i = (pattern[i:i + 2] if pattern[i] == "\\" else pattern[i]), i + 1 + (pattern[i] == "\\")
         out.append(text)
     return "".join(out)
 
@@ -341,57 +362,51 @@ def _code_points_as_python(pattern: str) -> str:
 def code_point_fix(pattern: str) -> Optional[str]:
     """The fix of a schema's ``pattern`` that Python's ``re`` (which the engine and jsonschema read
     it with) reads otherwise than ECMA 262 for its code point escapes only: the pattern with each
-    spelled as Python's ``\\U`` escape (``_code_points_as_python``), where ``re`` reads that; else
-    None."""
+    spelled as both read it (``_code_points_as_python``), where ``re`` reads that; else None."""
     from lmnb_engine.regex_errors import python_error  # (it imports this module)
 
     python = _code_points_as_python(pattern)
     if python == pattern or python_error(python) is not None:
         return None
     return ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
-            "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the \\U escape of its "
-            f"code point, the pattern {json_value(python, SHOWN_CHARS)}")
+            "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, "
+            f"or as \\uXXXX up to U+FFFF, which both read alike, the pattern {json_value(python, SHOWN_CHARS)}")
 
 
-# ECMA 262's SyntaxCharacter and "/": the characters an identity escape may stand for under the u flag
-_ECMA_SYNTAX_CHARACTERS = "^$\\.*+?()[]{}|/"
-# the letters an ECMA escape with the u flag may begin with: an assertion (b, B), a control escape
-# (f n r t v), a control letter (c), a class (d D s S w W, p P), a code (x, u) or a group name (k);
-# in a class, b is a backspace and B and k no escape, and "-" is one
-_ECMA_ESCAPE_LETTERS = "bBfnrtvcdDsSwWpPxuk"
-_ECMA_CLASS_ESCAPE_LETTERS = "bfnrtvcdDsSwWpPxu-"
+# At most this many syntax errors under the u flag are respelled in the spelling offered
+# (``u_flag_problem``): each is found by a pass over the pattern.
+MAX_U_FLAG_FIXES = 64
 
 
-def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
-    """(where, the character) of the first identity escape in the schema ``pattern`` that ECMA 262
-    refuses with the u flag JSON Schema asks patterns be read with (2020-12 core, section 6.4):
-    there ``IdentityEscape[+UnicodeMode]`` is a ``SyntaxCharacter`` or "/" (and ``ClassEscape``
-    adds "-"), so ``\\U``, ``\\%`` or ``\\e`` are syntax errors, which without the flag (Annex B)
-    stand for the character itself; None where there is none. A digit after a backslash (a
-    back-reference, ``\\0``) is no identity escape and is left to the other checks."""
-    i, n, in_class = 0, len(pattern), False
-    while i < n:
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < n:
-            c = pattern[i + 1]
-            allowed = _ECMA_CLASS_ESCAPE_LETTERS if in_class else _ECMA_ESCAPE_LETTERS
-            if not (c.isdigit() or c in _ECMA_SYNTAX_CHARACTERS or c in allowed):
-                return i, c
-            i += 2
-            continue
-        in_class = ch != "]" if in_class else ch == "["
-        i += 1
-    return None
+def u_flag_problem(pattern: str) -> Optional[str]:
+    """The words for the schema ``pattern``'s first syntax error under ECMA 262's u flag, which JSON
+    Schema asks patterns be read with (2020-12 core, section 6.4), or None: an identity escape that
+    flag refuses (``regex_u_flag.identity_escape``), offering the pattern with each such character
+    unescaped, which means what ECMA reads it as without that flag, and what Python's ``re`` (the
+    engine's and jsonschema's reader) reads it as too; else another such error
+    (``regex_u_flag.u_flag_error``: a lone ``{``, ``\\c`` before no letter, a back-reference in a
+    class ...), with the pattern written to mean what it means without the flag, each such error
+    respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning. Asked by the language's
+    schema check and the engine's alike, so both refuse the same patterns in the same words."""
+    from lmnb_engine.regex_u_flag import identity_escape, u_flag_error
 
-
-def _identity_escape_problem(pattern: str) -> Optional[str]:
-    """The words for the schema ``pattern``'s identity escapes the u flag refuses
-    (``identity_escape``), with the pattern each unescaped, which means what ECMA reads it as
-    without that flag, and what Python's ``re`` (the engine's and jsonschema's reader) reads it as
-    too; None where there is none."""
     found = identity_escape(pattern)
     if found is None:
-        return None
+        error = u_flag_error(pattern)
+        if error is None:
+            return None
+        instead = error.instead
+        for _ in range(MAX_U_FLAG_FIXES):  # (each error of the pattern respelled: a{,3} is a\{,3\})
+            more = u_flag_error(instead) if instead is not None and identity_escape(instead) is None else None
+            if more is None:
+                break
+            instead = more.instead
+        else:
+            instead = None
+        fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
+               "without it" if instead is not None else "fix the pattern")
+        return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
+                f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
     unescaped = pattern
     while (more := identity_escape(unescaped)) is not None:
@@ -443,15 +458,21 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     (``\\p{L}``): valid JSON Schema, whose patterns are ECMA's, but jsonschema, whose check every
     output is made to pass, reads a pattern with Python's ``re``, which has no such classes.
     ``ecma``: the error is found once its ECMA syntax is spelled as Python's (``_ecma_as_python``,
-    which keeps positions), as ``_no_dialect_reads`` found it."""
+    which keeps positions), as ``_no_dialect_reads`` found it. The language's refusals come first,
+    in its words, for the engine too (``ecma`` False): an error of every dialect, then one of ECMA's
+    u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does."""
     from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
 
     if not isinstance(pattern, str):
         return None
     shown = json_value(pattern, SHOWN_CHARS)
-    escape = _identity_escape_problem(pattern) if ecma else None
+    # the language's refusals first, in its words, for the engine too: an error of every dialect,
+    # then one of ECMA's u flag; then, for the engine, Python's own errors
+    every = _no_dialect_reads(pattern)
+    escape = None if every else u_flag_problem(pattern)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
+    ecma = ecma or every
     problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
         fix = None if ecma else code_point_fix(pattern)  # (ecma: what gen() refuses, which no escape helps)

@@ -178,7 +178,7 @@ def test_gen_finds_a_schema_patterns_fatal_error_after_ecma_syntax(pattern, erro
         sgl.gen("x", json_schema=schema(pattern))
     assert str(e.value) == (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
                             f"it is not a valid regular expression ({error}); fix the pattern")
-    for read in (r"(?<year>\d{4})-(\d{2})", r"[\x05-\cZ]", "[]]", r"(?<n>[a-z])\k<n>[^]"):  # (valid ECMA, taken)
+    for read in (r"(?<year>\d{4})-(\d{2})", r"[\x05-\cZ]", "[]\\]", r"(?<n>[a-z])\k<n>[^]"):  # (valid ECMA, taken)
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
@@ -202,10 +202,9 @@ def test_a_schema_patterns_code_point_escapes_are_read_as_ecma_reads_them(patter
     # (each error named where it stands in the user's pattern, a range as the user wrote it)
     assert str(e.value) == (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
                             f"it is not a valid regular expression ({error}); fix the pattern")
-    # valid with the u flag (a range of code points, one given by its surrogate pair), or without it (\u{110000}:
-    # "u" 110000 times): taken
+    # valid with the u flag (a range of code points, one given by its surrogate pair): taken
     for read in (r"[\uD83D\uDE00-\uD83D\uDE4F]", r"[\u{1F600}-\u{1F64F}]+", r"[\x41-\u{5a}]", r"[\0-\cA]",
-                 r"[\u{41}-\uD83D\uDE00]", r"\u{110000}"):
+                 r"[\u{41}-\uD83D\uDE00]"):
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
@@ -262,6 +261,115 @@ def test_a_schema_patterns_identity_escape_the_u_flag_refuses_is_refused_where_g
     assert sgl.gen("x", json_schema=schema(unescaped)).params.json_schema == schema(unescaped)
     for read in (r"\/\^\$\.\*\+\?\(\)\[\]\{\}\|\\", r"[\-\b\/\]]", r"\d\D\s\S\w\W\f\n\r\t\v\cA\x41\u0041\0"):
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
+
+
+def test_the_engine_refuses_a_schema_patterns_identity_escape_in_gen_s_words():
+    """gen() and a cell refused an identity escape the u flag refuses (\\% and \\Z), but the engine,
+    and so lmnb serve for a client's schema, took them, reading the pattern as Python does."""
+    from lmnb_engine.constrained.schema import load_schema
+
+    for pattern in (r"a\%b", r"x\Z"):
+        schema = {"type": "string", "pattern": pattern}
+        with pytest.raises(ValueError) as said:
+            sgl.gen("x", json_schema=schema)
+        with pytest.raises(ValueError) as e:
+            load_schema(schema)
+        assert str(e.value) == str(said.value) and "an identity escape ECMA 262 refuses with the u flag" in str(e.value)
+
+
+_U_FLAG_ERROR = ("a syntax error of ECMA 262 with the u flag JSON Schema asks patterns be read with (2020-12 core, "
+                 "section 6.4); ")
+_AS_WITHOUT = ", which means, with the flag too, what ECMA reads it as without it"
+
+
+# (each refused by ECMA 262 section 22.2.1 with [+UnicodeMode], as node's RegExp(pattern, "u") says; the
+# spelling offered is how Annex B reads the pattern without the flag, which node reads with it)
+@pytest.mark.parametrize("pattern, what, at, instead", [
+    (r"\k", r"\k with no group name <name> after it", 0, "k"),
+    (r"a\c", r"\c before no ASCII letter (a control escape is \cA to \cZ)", 1, r"a\\c"),
+    (r"[\c1]", r"\c before no ASCII letter (a control escape is \cA to \cZ)", 1, r"[\\c1]"),
+    (r"[\1]", r"a back-reference \1 in a class", 1, r"[\x01]"),  # (Annex B: octal 1)
+    (r"[a\101]", r"a back-reference \101 in a class", 2, r"[a\x41]"),  # (octal 101 is 65, "A")
+    (r"\01", r"an octal escape \01 (with the flag \0 is NUL, before no digit)", 0, r"\x01"),
+    ("a{", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{"),
+    ("a{,3}", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{,3\}"),  # (both lone braces escaped)
+    ("a}", r"a lone } (the flag reads it only escaped, \})", 1, r"a\}"),
+    ("a]", r"a lone ] (the flag reads it only escaped, \])", 1, r"a\]"),
+    ("[]]", r"a lone ] (the flag reads it only escaped, \])", 2, r"[]\]"),  # ([] is the empty class)
+    ("(?=a)*b", "a repeat * of a lookahead", 5, "(?:(?=a))*b"),
+    ("(?<!a){2}", "a repeat {2} of a lookbehind", 6, None),  # (no repeat of a lookbehind without the flag either)
+    ("x$?", "a repeat ? of the assertion $", 2, None),
+    ("a?+", "a repeat of the repeat ? (Python's possessive a*+ is none of ECMA's)", 2, None),
+    (r"(a)\2", r"a back-reference \2 to group 2 (the pattern has 1 group)", 3, r"(a)\x02"),
+    (r"\k<n>(?<m>a)", r"a back-reference \k<n> to no group of that name", 0, None),
+    ("(?<a>x)(?<a>y)", "a second group named a where the first may match too", 7, None),
+    ("(?<1a>x)", "a group name that is no identifier (a named group is (?<name>...), its name a letter, $ or _, "
+                 "then letters, digits, $ or _)", 0, None),
+    (r"\1a(", "a group that is never closed", 3, None),  # (Python's re stopped at \1, which it reads first)
+    (r"\xZ", r"\x without its two hex digits", 0, "xZ"),
+    (r"\u12", r"\u without its four hex digits (or \u{...} with one to six)", 0, "u12"),
+    (r"\u{110000}", r"a code point escape past U+10FFFF (the last code point)", 0, None),
+    (r"\pL", r"\p with no {...} after it (a property class is \p{L})", 0, "pL"),
+    (r"[\d-z]", r"a class escape at an end of the range \d-z", 1, r"[\d\-z]"),
+    ("a\\", "a backslash that ends the pattern, escaping nothing", 1, "a\\\\"),
+])
+def test_a_schema_patterns_syntax_errors_under_the_u_flag_are_refused_by_gen_a_cell_and_the_engine(pattern, what, at,
+                                                                                                   instead):
+    """gen() took these (Python's re or the regex package reads each) though ECMA 262 refuses each
+    with the u flag JSON Schema asks patterns be read with; the engine took some (a{, a], \\01,
+    the lookahead's repeat) and refused others in Python's words. gen(), a %%lm cell's literal
+    and the engine refuse each, in one message."""
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.constrained.schema import load_schema
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+    fix = f"write {json.dumps(instead)}{_AS_WITHOUT}" if instead is not None else "fix the pattern"
+    words = (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema "
+             f"reads it: it has {what} at position {at}, {_U_FLAG_ERROR}{fix}")
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    assert str(e.value) == words
+    with pytest.raises(ValueError) as e:
+        load_schema(schema)
+    assert str(e.value) == words
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
+    assert words in str(e.value)
+    if instead is not None:
+        assert sgl.gen("x", json_schema={"pattern": instead}).params.json_schema == {"pattern": instead}
+
+
+def test_gen_and_the_engine_refuse_the_same_random_schema_patterns_in_the_same_words():
+    """A property check over random patterns of ECMA's, Python's and neither's syntax: each pattern
+    gen() refuses the engine refuses, in the same words, and each the engine refuses as a syntax
+    error under the u flag gen() refuses, in the same words (the engine refuses more: Python's
+    re, with which jsonschema checks each output, has no \\p{L} or named groups)."""
+    import random
+
+    from lmnb_engine.json_schema import loaded_schema
+
+    tokens = ["a", "(", ")", "(?:", "(?=", "(?<!", "(?<n>", "|", "*", "+", "?", "{2}", "{,3}", "{", "}", "[", "]", "[^",
+              "-", "^", "$", "\\", "\\d", "\\b", "\\1", "\\0", "\\01", "\\8", "\\k", "\\k<n>", "\\c", "\\cA", "\\x",
+              "\\x41", "\\u{41}", "\\u{110000}", "\\p{L}", "\\pL", "\\%", "\\-", "\\]", "\\Z", "1", ","]
+
+    def refusal(pattern, engine):
+        try:
+            loaded_schema({"pattern": pattern}, engine=engine)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    rng = random.Random(0)
+    refused_by_both = 0
+    for _ in range(1500):
+        pattern = "".join(rng.choice(tokens) for _ in range(rng.randint(1, 6)))
+        by_gen, by_engine = refusal(pattern, False), refusal(pattern, True)
+        if by_gen is not None:
+            assert by_engine == by_gen, pattern
+            refused_by_both += 1
+        elif by_engine is not None:
+            assert "cannot be read as JSON Schema reads it" not in by_engine, pattern
+    assert refused_by_both > 500  # (most such patterns are errors)
 
 
 def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monkeypatch):

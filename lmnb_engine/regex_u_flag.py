@@ -1,0 +1,278 @@
+"""The syntax errors of ECMA 262's regular expressions with the u flag that JSON Schema asks a
+``pattern`` be read with (2020-12 core, section 6.4), among the patterns Python's ``re`` or the
+``regex`` package read: ECMA 262 section 22.2.1 with ``[+UnicodeMode]``, where Annex B's
+readings without the flag (a lone ``{``, ``\\c`` before no letter, ``\\1`` in a class as an
+octal escape ...) are errors. Standard library only; ``json_schema`` words them, for the
+language's schema check and the engine's alike.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple, Optional
+
+# ECMA 262's SyntaxCharacter and "/": the characters an identity escape may stand for under the u flag
+_SYNTAX_CHARACTERS = "^$\\.*+?()[]{}|/"
+# the letters an ECMA escape with the u flag may begin with: an assertion (b, B), a control escape
+# (f n r t v), a control letter (c), a class (d D s S w W, p P), a code (x, u) or a group name (k);
+# in a class, b is a backspace and B and k no escape, and "-" is one
+_ESCAPE_LETTERS = "bBfnrtvcdDsSwWpPxuk"
+_CLASS_ESCAPE_LETTERS = "bfnrtvcdDsSwWpPxu-"
+_CLASS_ESCAPES = "dDsSwWpP"
+_DIGITS = "0123456789"  # (ECMA's DecimalDigit: ASCII only, where str.isdigit takes any script's)
+_DECIMAL = re.compile("[0-9]+")  # (a class escape cannot end a range under the u flag)
+
+# A RegExpIdentifierName (ECMA 262 section 22.2.1: ID_Start or $ _, then ID_Continue or $, ZWNJ, ZWJ),
+# as Python's identifiers approximate it
+_GROUP_NAME = re.compile(r"[^\W\d][\w$\u200c\u200d]*|\$[\w$\u200c\u200d]*")
+_QUANTIFIER_BRACES = re.compile(r"\{[0-9]+(,[0-9]*)?\}")
+_PROPERTY = re.compile(r"[pP]\{[^}]*\}")
+_CODE_POINT = re.compile(r"u\{([0-9A-Fa-f]+)\}")
+_HEX = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}")
+_LEGACY_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")  # (Annex B's LegacyOctalEscapeSequence: at most 0o377)
+
+
+class UFlagError(NamedTuple):
+    """A syntax error of a pattern under the u flag: where it starts in the pattern, what it is
+    (words that follow "it has"), and the pattern written so that it means, with the flag, what
+    ECMA reads it as without it (Annex B), or None where that reading is an error too."""
+
+    at: int
+    what: str
+    instead: Optional[str]
+
+
+def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
+    """(where, the character) of the first identity escape in the schema ``pattern`` that ECMA 262
+    refuses with the u flag: there ``IdentityEscape[+UnicodeMode]`` is a ``SyntaxCharacter`` or "/"
+    (and ``ClassEscape`` adds "-"), so ``\\U``, ``\\%`` or ``\\e`` are syntax errors, which without
+    the flag (Annex B) stand for the character itself; None where there is none. A digit after a
+    backslash (a back-reference, ``\\0``) is no identity escape and is left to ``u_flag_error``."""
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < n:
+            c = pattern[i + 1]
+            allowed = _CLASS_ESCAPE_LETTERS if in_class else _ESCAPE_LETTERS
+            if not (c in _DIGITS or c in _SYNTAX_CHARACTERS or c in allowed):
+                return i, c
+            i += 2
+            continue
+        in_class = ch != "]" if in_class else ch == "["
+        i += 1
+    return None
+
+
+def _octal_reading(pattern: str, i: int) -> tuple[int, str]:
+    """(where it ends, Annex B's reading) of the decimal escape at ``pattern[i]`` (a backslash before
+    a digit) read as a legacy octal escape, ``\\xHH`` (``\\1`` is U+0001), or, for 8 and 9, as the
+    digit itself."""
+    octal = _LEGACY_OCTAL.match(pattern, i + 1)
+    if octal is None:
+        return i + 2, pattern[i + 1]
+    return octal.end(), f"\\x{int(octal.group(), 8):02x}"
+
+
+def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, UFlagError]]:
+    """The error of the escape at ``pattern[i]`` (a backslash) under the u flag, with where the
+    escape ends; None where it is valid or is an identity escape (``identity_escape``'s)."""
+    n = len(pattern)
+    if i + 1 >= n:
+        return i + 1, UFlagError(i, "a backslash that ends the pattern, escaping nothing", pattern[:i] + "\\\\")
+    c = pattern[i + 1]
+
+    def instead(end: int, text: str) -> str:
+        return pattern[:i] + text + pattern[end:]
+
+    if c == "c" and not (i + 2 < n and pattern[i + 2].isascii() and pattern[i + 2].isalpha()):
+        return i + 2, UFlagError(i, "\\c before no ASCII letter (a control escape is \\cA to \\cZ)", instead(i + 1, "\\\\"))
+    if c in "pP" and not _PROPERTY.match(pattern, i + 1):
+        return i + 2, UFlagError(i, f"\\{c} with no {{...}} after it (a property class is \\{c}{{L}})", instead(i + 1, ""))
+    if c in "xu" and not _HEX.match(pattern, i + 1):
+        code_point = _CODE_POINT.match(pattern, i + 1) if c == "u" else None
+        if code_point and int(code_point.group(1), 16) <= 0x10FFFF:
+            return None
+        what = ("a code point escape past U+10FFFF (the last code point)" if code_point else
+                f"\\{c} without its {'two' if c == 'x' else 'four'} hex digits"
+                + (" (or \\u{...} with one to six)" if c == "u" else ""))
+        return i + 2, UFlagError(i, what, None if code_point else instead(i + 1, ""))
+    if c == "0" and i + 2 < n and pattern[i + 2] in _DIGITS:
+        end, octal = _octal_reading(pattern, i)
+        return end, UFlagError(i, f"an octal escape {pattern[i:end]} (with the flag \\0 is NUL, before no digit)",
+                               instead(end, octal))
+    if in_class and c in "123456789":
+        end, octal = _octal_reading(pattern, i)
+        return end, UFlagError(i, f"a back-reference {pattern[i:end]} in a class", instead(end, octal))
+    if not in_class and c == "k" and not (pattern.startswith("<", i + 2) and (m := _GROUP_NAME.match(pattern, i + 3))
+                                          and pattern.startswith(">", m.end())):
+        return i + 2, UFlagError(i, "\\k with no group name <name> after it", instead(i + 1, ""))
+    return None
+
+
+def _escape_end(pattern: str, i: int) -> int:
+    """Where the valid escape at ``pattern[i]`` (a backslash, ``_escape_error`` None) ends."""
+    c = pattern[i + 1]
+    found = (_PROPERTY.match(pattern, i + 1) if c in "pP" else _HEX.match(pattern, i + 1) or
+             _CODE_POINT.match(pattern, i + 1) if c in "xu" else None)
+    if found:
+        return found.end()
+    if c == "k":
+        return pattern.index(">", i) + 1
+    if c in "123456789":
+        return _DECIMAL.match(pattern, i + 1).end()
+    return i + 3 if c == "c" else i + 2
+
+
+def _class_end(pattern: str, i: int) -> tuple[int, Optional[UFlagError]]:
+    """(where the class opening at ``pattern[i]`` ends, its first error under the u flag, or None).
+    An unclosed class is left to the other checks (it ends the pattern)."""
+    n, j = len(pattern), i + 1 + pattern.startswith("^", i + 1)
+    atoms: list[tuple[int, int, bool]] = []  # (start, end, a class escape) of each atom, "-" too
+    while j < n and pattern[j] != "]":
+        if pattern[j] == "\\":
+            found = _escape_error(pattern, j, in_class=True)
+            if found:
+                return found[0], found[1]
+            end = _escape_end(pattern, j) if pattern[j + 1] != "-" else j + 2
+            atoms.append((j, end, pattern[j + 1] in _CLASS_ESCAPES))
+            j = end
+        else:
+            atoms.append((j, j + 1, False))
+            j += 1
+    k = 0
+    while k + 2 < len(atoms):  # (ranges: an atom, "-", an atom; read left to right as ECMA's grammar does)
+        (start, _, left), (dash, dash_end, _), (_, end, right) = atoms[k:k + 3]
+        if pattern[dash:dash_end] == "-":
+            if left or right:
+                return j + 1, UFlagError(start, f"a class escape at an end of the range {pattern[start:end]}",
+                                         pattern[:dash] + "\\" + pattern[dash:])
+            k += 3
+        else:
+            k += 1
+    return j + 1, None
+
+
+class _Place(NamedTuple):
+    """Where a scan of a pattern is: in which group (its id, 0 for the pattern itself), which of
+    its alternatives, at what depth, and the place of the group in the group around it."""
+
+    group: int
+    alternative: int
+    depth: int
+    outer: Optional["_Place"]
+
+
+def _may_both_match(first: _Place, second: _Place) -> bool:
+    """Whether groups at the places ``first`` and ``second`` may both take part in a match: unless
+    they are in different alternatives of the innermost group holding both (ES2025's
+    MightBothParticipate). Checking each named group against the last one of its name suffices:
+    an earlier one in the same alternative as it would be in the same alternative as that last one."""
+    while first.depth > second.depth:
+        first = first.outer
+    while second.depth > first.depth:
+        second = second.outer
+    while first.group != second.group:
+        first, second = first.outer, second.outer
+    return first.alternative == second.alternative
+
+
+def u_flag_error(pattern: str) -> Optional[UFlagError]:
+    """The first syntax error under the u flag of ``pattern`` other than an identity escape
+    (``identity_escape``) and those Python's ``re`` raises too once ECMA's syntax is spelled as its
+    (unbalanced parentheses, a repeat of nothing, ``{2,1}``, ``[z-a]``): ECMA 262 section 22.2.1
+    with ``[+UnicodeMode]``. A lone ``{``, ``}`` or ``]`` (a ``PatternCharacter`` is no
+    ``SyntaxCharacter``); a repeated assertion (only Annex B's ``QuantifiableAssertion``, without
+    the flag, repeats a lookahead); a repeat of a repeat (``a?+``, Python's possessive repeat); a group never closed, a ``)`` closing none (which Python's
+    ``re`` may report after an error of its own, ``\\1a(``); ``\\c`` before no letter, ``\\p`` or ``\\x`` or ``\\u`` without
+    what follows them, a code point past U+10FFFF, ``\\0`` before a digit and a back-reference in
+    a class (Annex B's octal escapes), ``\\k`` with no name; a back-reference to no group (by
+    number or name); a group name that is none, or one named twice in a single alternative
+    (ES2025 allows a name twice only in different alternatives); a class escape at an end of a
+    range (``[\\d-z]``); a backslash that ends the pattern. None where there is none."""
+    groups = 0
+    names: dict[str, tuple] = {}  # each group name: the place (_Place) of the last group of that name
+    references: list[tuple[int, int | str, int]] = []  # (where, group number or name, where it ends)
+    stack: list[tuple[str, int]] = []  # per open group: its kind and start
+    place = _Place(0, 0, 0, None)  # the group and alternative the scan is in
+    last = None  # the previous item outside a class, where it is an assertion: (its start, what it is), else None
+    i, n = 0, len(pattern)
+    while i < n:
+        c, closed = pattern[i], None
+        if c == "\\":
+            found = _escape_error(pattern, i, in_class=False)
+            if found:
+                return found[1]
+            end = _escape_end(pattern, i)
+            if pattern[i + 1] in "bB":
+                closed = (i, f"the assertion \\{pattern[i + 1]}")
+            if pattern[i + 1] in "123456789" or pattern[i + 1] == "k":
+                ref = pattern[i + 3:end - 1] if pattern[i + 1] == "k" else int(pattern[i + 1:end])
+                references.append((i, ref, end))
+            i = end
+        elif c == "[":
+            i, error = _class_end(pattern, i)
+            if error:
+                return error
+        elif c == "(":
+            kind, width = "group", 1
+            if pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+                kind, width = "lookaround", 3 + (pattern[i + 2] == "<")
+            elif pattern.startswith("(?<", i):
+                name = _GROUP_NAME.match(pattern, i + 3)
+                if not (name and pattern.startswith(">", name.end())):
+                    return UFlagError(i, "a group name that is no identifier (a named group is (?<name>...), its "
+                                         "name a letter, $ or _, then letters, digits, $ or _)", None)
+                groups += 1
+                if name.group() in names and _may_both_match(names[name.group()], place):
+                    return UFlagError(i, f"a second group named {name.group()} where the first may match too", None)
+                names[name.group()] = place
+                width = name.end() + 1 - i
+            elif pattern.startswith("(?", i):
+                width = 2  # ((?: and Python's own syntax, which the other checks read)
+            else:
+                groups += 1
+            stack.append((kind, i))
+            place = _Place(i + 1, 0, place.depth + 1, place)  # (its id: where it opens, past the root's 0)
+            i += width
+        elif c == ")":
+            if not stack:
+                return UFlagError(i, "a ) that closes no group", None)
+            kind, start = stack.pop()
+            place = place.outer
+            if kind == "lookaround":
+                closed = (start, "a look" + ("ahead" if pattern[start + 2] in "=!" else "behind"))
+            i += 1
+        elif c == "|":
+            place = place._replace(alternative=place.alternative + 1)
+            i += 1
+        elif c in "*+?" or _QUANTIFIER_BRACES.match(pattern, i):
+            end = _QUANTIFIER_BRACES.match(pattern, i).end() if c == "{" else i + 1
+            end += pattern.startswith("?", end)  # (lazy)
+            if last is not None:  # (Annex B repeats a lookahead, as a group of it does with the flag)
+                start, what = last
+                instead = pattern[:start] + "(?:" + pattern[start:i] + ")" + pattern[i:] if what == "a lookahead" else None
+                return UFlagError(i, f"a repeat {pattern[i:end]} of {what}", instead)
+            if end < n and (pattern[end] in "*+?" or _QUANTIFIER_BRACES.match(pattern, end)):
+                return UFlagError(end, f"a repeat of the repeat {pattern[i:end]} (Python's possessive a*+ is none of "
+                                       "ECMA's)", None)
+            i = end
+        elif c in "^$":
+            closed = (i, f"the assertion {c}")
+            i += 1
+        elif c in "{}]":
+            return UFlagError(i, f"a lone {c} (the flag reads it only escaped, \\{c})", pattern[:i] + "\\" + pattern[i:])
+        else:
+            i += 1
+        last = closed
+    if stack:
+        return UFlagError(stack[-1][1], "a group that is never closed", None)
+    named = set(names)
+    for at, ref, end in references:
+        if isinstance(ref, int) and ref > groups:
+            octal_end, octal = _octal_reading(pattern, at)
+            held = f"{groups} group{'' if groups == 1 else 's'}"
+            return UFlagError(at, f"a back-reference {pattern[at:end]} to group {ref} (the pattern has {held})",
+                              pattern[:at] + octal + pattern[octal_end:])
+        if isinstance(ref, str) and ref not in named:
+            return UFlagError(at, f"a back-reference {pattern[at:end]} to no group of that name", None)
+    return None
