@@ -242,8 +242,16 @@ def _engine_checker(validator: type):
     checker = jsonschema.FormatChecker(formats=())
     checker.checkers = dict(validator.FORMAT_CHECKER.checkers)
     python_check, raises = checker.checkers["regex"]
-    checker.checks("regex", raises)(lambda pattern: python_check(pattern) and not (isinstance(pattern, str)
-                                                                                 and u_flag_problem(pattern)))
+
+    def regex_format(pattern: Any) -> bool:
+        import warnings
+
+        with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
+            warnings.simplefilter("ignore", FutureWarning)
+            python_reads = python_check(pattern)
+        return python_reads and not (isinstance(pattern, str) and u_flag_problem(pattern))
+
+    checker.checks("regex", raises)(regex_format)
     return checker
 
 
@@ -387,30 +395,40 @@ def u_flag_problem(pattern: str) -> Optional[str]:
     (``regex_u_flag.u_flag_error``: a lone ``{``, ``\\c`` before no letter, a back-reference in a
     class ...), with the pattern written to mean what it means without the flag, each such error
     respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning. Asked by the language's
-    schema check and the engine's alike, so both refuse the same patterns in the same words."""
+    schema check and the engine's alike, so both refuse the same patterns in the same words.
+
+    A pattern whose every such error has a reading without the flag (Annex B) that Python's ``re``
+    reads it as too (``\\-`` and ``\\%`` as the character, a lone ``{``, ``[\\1]`` as octal 1) is
+    taken: every dialect a backend may read it in reads it alike, and such escapes are common in
+    schemas written for Python or Pydantic (``^\\d{3}\\-\\d{4}$``), as a validator that falls back to
+    Annex B's grammar takes them (corvus-json-schema's ecmaregex). One read otherwise by Python
+    (``x\\Z``, ``a{,3}``) or not at all (``\\k``) is refused."""
+    from lmnb_engine.regex_errors import python_reading  # (it imports this module)
     from lmnb_engine.regex_u_flag import identity_escape, u_flag_error
 
     found = identity_escape(pattern)
+    unescaped = pattern
+    while (more := identity_escape(unescaped)) is not None:
+        unescaped = unescaped[:more[0]] + unescaped[more[0] + 1:]
+    error = u_flag_error(unescaped)
+    if found is None and error is None:
+        return None
+    instead = unescaped if error is None else error.instead
+    for _ in range(MAX_U_FLAG_FIXES):  # (each error of the pattern respelled: a{,3} is a\{,3\})
+        more = u_flag_error(instead) if instead is not None and identity_escape(instead) is None else None
+        if more is None:
+            break
+        instead = more.instead
+    else:
+        instead = None
+    if instead is not None and (read := python_reading(pattern)) is not None and python_reading(instead) == read:
+        return None
     if found is None:
-        error = u_flag_error(pattern)
-        if error is None:
-            return None
-        instead = error.instead
-        for _ in range(MAX_U_FLAG_FIXES):  # (each error of the pattern respelled: a{,3} is a\{,3\})
-            more = u_flag_error(instead) if instead is not None and identity_escape(instead) is None else None
-            if more is None:
-                break
-            instead = more.instead
-        else:
-            instead = None
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
                "without it" if instead is not None else "fix the pattern")
         return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
-    unescaped = pattern
-    while (more := identity_escape(unescaped)) is not None:
-        unescaped = unescaped[:more[0]] + unescaped[more[0] + 1:]
     code = " (ECMA's escape of a code point is \\u{...} or \\uXXXX, its u lowercase)" if c == "U" else ""
     return (f"it escapes {json_value(c, SHOWN_CHARS)} at position {at}, an identity escape ECMA 262 refuses with the u flag "
             "JSON Schema asks patterns be read with (2020-12 core, section 6.4): there a backslash stands before a "

@@ -424,18 +424,18 @@ def _literal_reading(pattern: str, at: int) -> str:
     Python reads the pattern, a "--" it reads in a range (``[(--]``, "(" to "-"; ``[--a]``, "-" to
     "a") has one "-" escaped, the one that keeps Python's reading (``[(-\\-]``, ``[\\--a]``);
     where it does not (``[a--b]``, a range down from "a"), both, each "-" a character."""
-    read = _python_reading(pattern)
+    read = python_reading(pattern)
     while at is not None:
         n = 1 if pattern[at] == "[" else 2
         ways = [pattern[:at] + "".join("\\" + c for c in pattern[at:at + n]) + pattern[at + n:]]
         if pattern.startswith("--", at):
             ways += [pattern[:at + 1] + "\\" + pattern[at + 1:], pattern[:at] + "\\" + pattern[at:]]
-        pattern = next((way for way in ways if read is not None and _python_reading(way) == read), ways[0])
+        pattern = next((way for way in ways if read is not None and python_reading(way) == read), ways[0])
         at = _flag_position(pattern)  # (each escape takes a flag away: the loop ends)
     return pattern
 
 
-def _python_reading(pattern: str) -> str | None:
+def python_reading(pattern: str) -> str | None:
     """Python's parse of ``pattern`` (warnings ignored), written out (a group's parse compares by
     identity, its text by value), or None where it cannot read it, or holds a Unicode class, which
     Python reads only held by other characters: two patterns Python reads alike parse alike."""

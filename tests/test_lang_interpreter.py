@@ -239,7 +239,7 @@ def test_a_schema_pattern_valid_only_without_the_u_flag_is_refused_saying_so(pat
 
 @pytest.mark.parametrize("pattern, escaped, at, unescaped", [
     (r"^a\UD83D\UDE00+$", "U", 2, "^aUD83DUDE00+$"),  # (ECMA's \u is lowercase: no escape; the engine refused it)
-    (r"a\%b", "%", 1, "a%b"), (r"[\e\-]", "e", 1, r"[e\-]"), (r"x\Z", "Z", 1, "xZ"),
+    (r"\Ax", "A", 0, "Ax"), (r"[\e\-]", "e", 1, r"[e\-]"), (r"x\Z", "Z", 1, "xZ"),
     (r"[a\B]", "B", 2, "[aB]"),  # (in a class, \B is no escape)
 ])
 def test_a_schema_patterns_identity_escape_the_u_flag_refuses_is_refused_where_gen_is_called(pattern, escaped, at,
@@ -264,11 +264,11 @@ def test_a_schema_patterns_identity_escape_the_u_flag_refuses_is_refused_where_g
 
 
 def test_the_engine_refuses_a_schema_patterns_identity_escape_in_gen_s_words():
-    """gen() and a cell refused an identity escape the u flag refuses (\\% and \\Z), but the engine,
+    """gen() and a cell refused an identity escape the u flag refuses (\\A and \\Z), but the engine,
     and so lmnb serve for a client's schema, took them, reading the pattern as Python does."""
     from lmnb_engine.constrained.schema import load_schema
 
-    for pattern in (r"a\%b", r"x\Z"):
+    for pattern in (r"\Ax", r"x\Z"):
         schema = {"type": "string", "pattern": pattern}
         with pytest.raises(ValueError) as said:
             sgl.gen("x", json_schema=schema)
@@ -288,15 +288,8 @@ _AS_WITHOUT = ", which means, with the flag too, what ECMA reads it as without i
     (r"\k", r"\k with no group name <name> after it", 0, "k"),
     (r"a\c", r"\c before no ASCII letter (a control escape is \cA to \cZ)", 1, r"a\\c"),
     (r"[\c1]", r"\c before no ASCII letter (a control escape is \cA to \cZ)", 1, r"[\\c1]"),
-    (r"[\1]", r"a back-reference \1 in a class", 1, r"[\x01]"),  # (Annex B: octal 1)
-    (r"[a\101]", r"a back-reference \101 in a class", 2, r"[a\x41]"),  # (octal 101 is 65, "A")
-    (r"\01", r"an octal escape \01 (with the flag \0 is NUL, before no digit)", 0, r"\x01"),
-    ("a{", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{"),
     ("a{,3}", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{,3\}"),  # (both lone braces escaped)
-    ("a}", r"a lone } (the flag reads it only escaped, \})", 1, r"a\}"),
-    ("a]", r"a lone ] (the flag reads it only escaped, \])", 1, r"a\]"),
     ("[]]", r"a lone ] (the flag reads it only escaped, \])", 2, r"[]\]"),  # ([] is the empty class)
-    ("(?=a)*b", "a repeat * of a lookahead", 5, "(?:(?=a))*b"),
     ("(?<!a){2}", "a repeat {2} of a lookbehind", 6, None),  # (no repeat of a lookbehind without the flag either)
     ("x$?", "a repeat ? of the assertion $", 2, None),
     ("a?+", "a repeat of the repeat ? (Python's possessive a*+ is none of ECMA's)", 2, None),
@@ -337,6 +330,27 @@ def test_a_schema_patterns_syntax_errors_under_the_u_flag_are_refused_by_gen_a_c
     assert words in str(e.value)
     if instead is not None:
         assert sgl.gen("x", json_schema={"pattern": instead}).params.json_schema == {"pattern": instead}
+
+
+@pytest.mark.parametrize("pattern, annex_b", [
+    (r"^\d{3}\-\d{4}$", r"^\d{3}-\d{4}$"), (r"a\%b", "a%b"), (r"a\ b", "a b"), (r"\_x", "_x"), (r"\é", "é"),
+    (r"[\1]", r"[\x01]"), (r"[a\101]", r"[a\x41]"), (r"\01", r"\x01"),  # (Annex B: octal escapes)
+    ("a{", r"a\{"), ("a}", r"a\}"), ("a]", r"a\]"), ("(?=a)*b", "(?:(?=a))*b"),
+])
+def test_a_schema_pattern_python_reads_as_ecma_does_without_the_u_flag_is_taken(pattern, annex_b):
+    """Each is a syntax error under ECMA 262's u flag, and means the same without it (Annex B: the
+    spelling beside it, which the flag reads alike) and to Python's re, which the engine and
+    jsonschema read patterns with: every dialect reads it alike, and gen(), a cell's literal and
+    the engine take it (they refused it; schemas written for Python or Pydantic escape "-" so)."""
+    from lmnb.template import parse
+    from lmnb_engine.constrained.schema import load_schema
+
+    texts = ["", "a", "a{", "a}", "a]", "a%b", "a b", "_x", "é", "\x01", "aA", "b", "123-4567", "123_4567", "x"]
+    assert [bool(re.search(pattern, t)) for t in texts] == [bool(re.search(annex_b, t)) for t in texts]
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+    assert sgl.gen("x", json_schema=schema).params.json_schema == schema
+    assert load_schema(schema) is not None
+    assert parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
 
 
 def test_gen_and_the_engine_refuse_the_same_random_schema_patterns_in_the_same_words():
