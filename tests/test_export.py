@@ -1850,6 +1850,14 @@ def test_lmnb_run_notes_a_cell_of_an_unknown_type_in_the_exports_words(tmp_path,
      '"display_data", "data": 5, "metadata": {}}]}]}',
      'cell 1\'s output 2 has "data" that is a number, not an object of its data by MIME type; write "outputs": [] '
      'for the cell in the file\'s JSON (a run fills it)'),
+    # nbformat: "TypeError: unhashable type: 'list'" (or 'NotebookNode'), naming no cell
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
+     '"metadata": {}, "outputs": [{"output_type": "stream", "name": "stdout", "text": ""}, {"output_type": []}]}, '
+     '{"cell_type": "code", "source": "", "metadata": {}, "outputs": [{"output_type": {}}]}]}',
+     'cell 1\'s output 2 has "output_type" that is a list, not a string naming its kind ("stream", "display_data", '
+     '"execute_result" or "error"); write "outputs": [] for the cell in the file\'s JSON (a run fills it); cell 2\'s '
+     'output 1 has "output_type" that is an object, not a string naming its kind ("stream", "display_data", '
+     '"execute_result" or "error"); write "outputs": [] for the cell in the file\'s JSON (a run fills it)'),
 ])
 def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path, capsys, text, shape):
     """JSON whose shape is no notebook's (a list, "cells" that is no list, a cell that is no

@@ -248,8 +248,10 @@ def _bundle_problems(number: int, cell: dict) -> list:
     """What in the cell numbered ``number`` (its parsed JSON, whose ``outputs`` are a list of
     objects) is no object where nbformat's reader takes one, each with the fix: its
     ``"attachments"`` (name → {MIME type: data}), an attachment, or the ``"data"`` ({MIME type:
-    data}) of a display output. nbformat's reader failed on each with "missing an expected key:
-    'int' object has no attribute 'values'", naming neither the cell nor the field."""
+    data}) of a display output; and an output's ``"output_type"`` that is a list or an object,
+    which the reader cannot look up. nbformat's reader failed on each with "missing an expected key:
+    'int' object has no attribute 'values'" (or "unhashable type: 'list'"), naming neither the cell
+    nor the field."""
     problems = []
     if "attachments" in cell:
         attachments = cell["attachments"]
@@ -264,7 +266,12 @@ def _bundle_problems(number: int, cell: dict) -> list:
                          for name, value in attachments.items() if not isinstance(value, dict)]
     outputs = cell.get("outputs", ()) if cell.get("cell_type") == "code" else ()  # (the reader reads no other's)
     for k, output in enumerate(outputs, start=1):
-        if output.get("output_type") in ("execute_result", "display_data") and not isinstance(output.get("data", {}), dict):
+        kind = output.get("output_type")
+        if isinstance(kind, (list, dict)):  # (the reader looks it up in a set: "unhashable type: 'list'")
+            problems.append(f'cell {number}\'s output {k} has "output_type" that is {_json_shape(kind)}, not a '
+                            'string naming its kind ("stream", "display_data", "execute_result" or "error"); write '
+                            '"outputs": [] for the cell in the file\'s JSON (a run fills it)')
+        elif kind in ("execute_result", "display_data") and not isinstance(output.get("data", {}), dict):
             problems.append(f'cell {number}\'s output {k} has "data" that is {_json_shape(output["data"])}, not an '
                             'object of its data by MIME type; write "outputs": [] for the cell in the file\'s JSON '
                             "(a run fills it)")
