@@ -564,7 +564,15 @@ class Scheduler:
             if too_big or n > room or (n < extend and self.chunked is not None):
                 self.cache.dec_lock_ref(match.node)
                 break
-            self._start(req, match)  # from here on a failure releases the request's lock
+            try:
+                self._start(req, match)  # (after it, a failure releases the lock with the request)
+            except Exception:
+                # The request is in no row of the step, so recovery would not release what it took
+                # (its table row, its lock on the prefix): give them back, and let recovery fail it
+                # with the step's error (left waiting, it would fail again on every step).
+                self._unstart(req, match.node)
+                self._step_reqs.append(req)
+                raise
             admitted.append(req)
             self._step_reqs.append(req)
             self._alloc_for([(req, n)])
@@ -613,6 +621,16 @@ class Scheduler:
         if req.cached_tokens is None:
             req.cached_tokens = min(match.length, req.prompt_len)
         req.status = ReqStatus.RUNNING
+
+    def _unstart(self, req: Req, node) -> None:
+        """Undo what a failed ``_start`` of ``req`` took: its table row, if it got one, and the
+        lock ``_admit_waiting`` put on the matched prefix's ``node``; ``req`` is a waiting request
+        again, holding nothing."""
+        if req.req_pool_idx is not None:
+            self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.last_node = None, None
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+        self.cache.dec_lock_ref(node)
 
     def _unblock_head(self) -> None:
         """Nothing runs and nothing could be admitted: the head request can never fit."""

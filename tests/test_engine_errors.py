@@ -828,6 +828,25 @@ def test_an_error_inside_a_step_fails_that_step_only(engine, hf, monkeypatch):
     assert_idle_accounting(engine)
 
 
+def test_a_failure_binding_a_request_to_its_table_row_gives_back_the_row_and_the_prefix_lock(engine, hf, monkeypatch):
+    """The write of a cached prefix into a new request's table row raised: the request stayed
+    waiting with the row taken and its prefix locked (neither released by recovery, the request
+    being in no row of the step), and was started again on a second row the next step."""
+    pool = engine.scheduler.req_to_token_pool
+    rows = pool.available_size()
+    engine.generate("the cat", GREEDY)  # cached: the next prompt's prefix is written into its row
+    monkeypatch.setattr(pool, "write", failing_at_call(pool.write, 1, "simulated table write failure"))
+    r = engine.generate("the cat sat", GREEDY)
+    assert r.finish_reason.type == "abort"
+    assert r.finish_reason.message == "internal error: RuntimeError: simulated table write failure"
+    assert pool.available_size() == rows
+    assert_idle_accounting(engine)  # (protected_tokens 0: no lock left on the cached prefix)
+    p = engine.encode("the cat sat")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+    assert pool.available_size() == rows
+    assert_idle_accounting(engine)
+
+
 def test_a_failed_prefill_does_not_fail_the_requests_decoding_beside_it(engine, hf, monkeypatch):
     # a step's failure aborted every request running when the step began, though a step that
     # admits requests runs their prefill alone: a decoding request died of another one's prefill
