@@ -577,6 +577,37 @@ def test_openai_completion_backend_selects_like_the_native_endpoint(backends):
         assert b.get_meta_info(name)["normalized_prompt_logprobs"] == pytest.approx(want, abs=1e-4)
 
 
+def test_a_select_of_more_choices_than_lmnb_serve_takes_in_one_request_is_scored_in_several(backends, monkeypatch):
+    """lmnb serve refuses a request of more than MAX_REQUEST_SAMPLES samples (400), and
+    RuntimeEndpoint sent a select's prompt and all its choices (and their unconditional scores) in
+    one /generate request: a select of more choices failed. With both bounds cut to 3 here, seven
+    choices are scored in several requests, to the in-process backend's scores."""
+    from lmnb.backend import runtime_endpoint
+    from lmnb_engine.http_server import app
+
+    assert runtime_endpoint.MAX_BATCH_PROMPTS == app.MAX_REQUEST_SAMPLES  # (lmnb does not import the server)
+    local, remote, _ = backends
+    monkeypatch.setattr(app, "MAX_REQUEST_SAMPLES", 3)
+    monkeypatch.setattr(runtime_endpoint, "MAX_BATCH_PROMPTS", 3)
+    choices = [" red", " green", " blue", " yellow", " black", " white", " a colour of its own"]
+
+    @sgl.function
+    def pick(s, method):
+        s += "The sky on a clear day is" + sgl.select("c", choices=choices, choices_method=method)
+
+    for method in (sgl.token_length_normalized, sgl.unconditional_likelihood_normalized):
+        want, got = pick.run(backend=local, method=method), pick.run(backend=remote, method=method)
+        assert got.error() is None and got["c"] == want["c"]
+        w, g = want.get_meta_info("c"), got.get_meta_info("c")
+        assert g["normalized_prompt_logprobs"] == pytest.approx(w["normalized_prompt_logprobs"], abs=1e-4)
+        assert [[t[1] for t in e] for e in g["input_token_logprobs"]] == [
+            [t[1] for t in e] for e in w["input_token_logprobs"]]
+        for key in ("input_token_logprobs", "unconditional_token_logprobs"):
+            assert [[t[0] for t in e] for e in g.get(key) or []] == [
+                pytest.approx([t[0] for t in e], abs=1e-4) for e in w.get(key) or []]
+        assert (g.get("unconditional_token_logprobs") is None) == (method is sgl.token_length_normalized)
+
+
 @pytest.mark.parametrize("choices", [["ab", "bc"], ["nnu\U0001F642", "q\u00e9b\u4e2d"], ["ab", "a"]])
 def test_openai_completion_select_after_an_empty_prompt_scores_or_fails_as_in_process(backends, choices):
     """The OpenAI backend sent the empty prompt among the prompts to echo, which the server refuses

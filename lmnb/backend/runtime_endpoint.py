@@ -50,6 +50,11 @@ SCORE_WINDOW = 2
 # requests); 8 back covers every difference of the bench's prompts and choices, which lie within
 # the prompt's last word (benches/results/2026-12-05-cpu-select-score-window.md).
 RESCORE_WINDOW = 8
+# The most prompts one /generate request of a select carries (the prompt and its choices; their
+# unconditional scores): lmnb serve refuses a request of more samples (its MAX_REQUEST_SAMPLES) with a
+# 400, so a select of more choices is scored in several requests, in the choices' order. SGLang sets
+# no bound.
+MAX_BATCH_PROMPTS = 16384
 CONNECT_TIMEOUT_S = 10.0
 # Seconds to wait for a response (for a stream: for its next event). Long enough for a long
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
@@ -507,15 +512,29 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """Prompt logprobs of every text from token ``start`` on (each text after ``images``, the
         same data URLs for all, when the prompt has [issue 10] images), as part of ``call``."""
         body = {
-            "text": texts,
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True,
             "logprob_start_len": start,
-            "rid": [f"{rid}-{i}" for i in range(len(texts))],
         }
         if images:
             body["image_data"] = [images] * len(texts)
-        return self._batch(self._request("POST", "/generate", body, call=call), len(texts))
+        return self._scores("text", texts, body, f"{rid}-", call)
+
+    def _scores(self, key: str, prompts: list, body: dict, rid: str, call: _Call) -> list[dict]:
+        """The results of POST /generate for ``prompts`` (under ``key``: "text" or "input_ids",
+        the ``i``-th with request id ``rid + str(i)``) with the rest of ``body`` (whose lists of one
+        item per prompt, ``image_data``, are cut as the prompts are), in order, as part of ``call``:
+        in requests of at most ``MAX_BATCH_PROMPTS`` prompts, one after another, so that the
+        prompt the caller put first is cached before the choices that share it are computed."""
+        per_prompt = [k for k, v in body.items() if isinstance(v, list)]
+        items: list = []
+        for at in range(0, len(prompts), MAX_BATCH_PROMPTS):
+            part = prompts[at:at + MAX_BATCH_PROMPTS]
+            cut = {k: body[k][at:at + len(part)] for k in per_prompt}
+            res = self._request("POST", "/generate", {
+                **body, **cut, key: part, "rid": [f"{rid}{i}" for i in range(at, at + len(part))]}, call=call)
+            items += self._batch(res, len(part))
+        return items
 
     def _batch(self, res: Any, count: int) -> list:
         """The results of a ``/generate`` call for ``count`` prompts (one: SGLang answers an object).
@@ -543,8 +562,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         return [e[1] for e in entries], [e[0] for e in entries]
 
     def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
-        """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
-        returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
+        """Prefill the prompt once, then score every ``prompt + choice`` in one batched request (in
+        several of ``MAX_BATCH_PROMPTS`` each, in order, for more choices than that), returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
         differing token is found (``lmnb.choices``). A choice whose tokens differ from the prompt's
         already at the window's first token is scored again with the prompt alone, from
         ``RESCORE_WINDOW`` tokens further back, then, if they differ there too, from token 0.
@@ -592,14 +611,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             ))
         if unconditional:
             ctx = self._context_ids(rid, call)
-            res = self._request("POST", "/generate", {
-                "input_ids": [ctx + s.token_ids for s in out],
+            res = self._scores("input_ids", [ctx + s.token_ids for s in out], {
                 "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                 "return_logprob": True,
                 "logprob_start_len": len(ctx),
-                "rid": [f"{rid}-u{i}" for i in range(len(out))],
-            }, call=call)
-            res = self._batch(res, len(out))
+            }, f"{rid}-u", call)
             out = [dataclasses.replace(s, unconditional_logprobs=self._entries(r)[1]) for s, r in zip(out, res)]
         return out
 
