@@ -42,6 +42,11 @@ MAX_N = 128
 # ``gen()`` and ``run()`` through ``lmnb.ir.option_problem``, a ``%%lm`` cell's ``--temperature``):
 # NaN and inf compare as neither below nor above 0, so "finite" is said.
 TEMPERATURE_RULE = "must be a finite number >= 0 (0 is greedy)"
+# Why ``top_logprobs_num`` above 0 is refused without ``return_logprob``, in the words of
+# ``validate`` and of lmnb's gen (``lmnb.executor``, which refuses it for every backend: an OpenAI
+# API and an SGLang server drop it without a word).
+TOP_LOGPROBS_RULE = ("the top alternatives come only with the logprobs: also ask for return_logprob, or leave "
+                     "top_logprobs_num out")
 
 
 def finite_number(v: Any) -> bool:
@@ -346,8 +351,7 @@ class SamplingParams:
         if self.top_logprobs_num and self.return_logprob is False:
             # SGLang drops it without a word, and the caller got no alternatives and no reason; the
             # OpenAI routes refuse top_logprobs without logprobs, as OpenAI does
-            bad("top_logprobs_num", "the top alternatives come only with the logprobs: also ask for return_logprob, "
-                                    "or leave top_logprobs_num out")
+            bad("top_logprobs_num", TOP_LOGPROBS_RULE)
         if not is_int(self.logprob_start_len) or self.logprob_start_len < -1:
             bad("logprob_start_len", "must be -1 (no prompt logprobs) or an index >= 0")
         if self.regex is not None and self.json_schema is not None:

@@ -549,6 +549,38 @@ def test_text_async_iter_meta_data_ends_with_the_finish_reason_over_http(backend
     assert got[-1][1] == st.get_meta_info("x")  # the gen's final meta info (usage too)
 
 
+def test_top_logprobs_num_without_return_logprob_is_refused_alike_on_every_backend(backends):
+    """The engine and lmnb serve refuse top_logprobs_num without return_logprob; the OpenAI backend
+    dropped it without a word (and an SGLang server does), so one program got alternatives on no
+    backend, an error on two, in two wordings. Each of the two may be the gen's or run()'s."""
+    local, remote, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+    chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")
+    refused = ("top_logprobs_num=2 is invalid: the top alternatives come only with the logprobs: also ask for "
+               "return_logprob, or leave top_logprobs_num out")
+
+    @sgl.function
+    def ask(s, options, plain):
+        if plain:  # (the completion model has no chat template known to lmnb: plain text)
+            s += "A fruit:" + sgl.gen("reply", max_tokens=3, **options)
+            return
+        s += sgl.user("Name a fruit.")
+        s += sgl.assistant(sgl.gen("reply", max_tokens=3, **options))
+
+    for backend in (local, remote, completion, chat):
+        # (the gen's options, run()'s)
+        for gen, run in [({"top_logprobs_num": 2}, {}), ({}, {"top_logprobs_num": 2}),
+                         ({"top_logprobs_num": 2, "return_logprob": False}, {"return_logprob": True})]:
+            state = ask.run(gen, backend is completion, backend=backend, temperature=0, **run)
+            assert isinstance(state.error().__cause__, ValueError) and str(state.error().__cause__) == refused
+        # with the logprobs asked for (by the gen, or by run() under the gen's count), it runs
+        for gen, run in [({"top_logprobs_num": 2, "return_logprob": True}, {}),
+                         ({"top_logprobs_num": 2}, {"return_logprob": True})]:
+            state = ask.run(gen, backend is completion, backend=backend, temperature=0, **run)
+            assert state.error() is None
+            assert [len(top) for top in state.get_meta_info("reply")["output_top_logprobs"]] == [2] * 3
+
+
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):
     _, remote, url = backends
     chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")
