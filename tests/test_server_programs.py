@@ -612,15 +612,17 @@ def test_openai_completion_backend_selects_like_the_native_endpoint(backends):
 def test_a_select_of_more_choices_than_lmnb_serve_takes_in_one_request_is_scored_in_several(backends, monkeypatch):
     """lmnb serve refuses a request of more than MAX_REQUEST_SAMPLES samples (400), and
     RuntimeEndpoint sent a select's prompt and all its choices (and their unconditional scores) in
-    one /generate request: a select of more choices failed. With both bounds cut to 3 here, seven
-    choices are scored in several requests, to the in-process backend's scores."""
-    from lmnb.backend import runtime_endpoint
+    one /generate request, the OpenAI backend in one /v1/completions request: a select of more
+    choices failed. With the bounds cut to 3 here, seven choices are scored in several requests,
+    to the in-process backend's scores."""
+    from lmnb.backend import base, openai, runtime_endpoint
     from lmnb_engine.http_server import app
 
-    assert runtime_endpoint.MAX_BATCH_PROMPTS == app.MAX_REQUEST_SAMPLES  # (lmnb does not import the server)
-    local, remote, _ = backends
+    assert base.MAX_BATCH_PROMPTS == app.MAX_REQUEST_SAMPLES  # (lmnb does not import the server)
+    local, remote, url = backends
     monkeypatch.setattr(app, "MAX_REQUEST_SAMPLES", 3)
-    monkeypatch.setattr(runtime_endpoint, "MAX_BATCH_PROMPTS", 3)
+    for module in (runtime_endpoint, openai):
+        monkeypatch.setattr(module, "MAX_BATCH_PROMPTS", 3)
     choices = [" red", " green", " blue", " yellow", " black", " white", " a colour of its own"]
 
     @sgl.function
@@ -638,6 +640,13 @@ def test_a_select_of_more_choices_than_lmnb_serve_takes_in_one_request_is_scored
             assert [[t[0] for t in e] for e in g.get(key) or []] == [
                 pytest.approx([t[0] for t in e], abs=1e-4) for e in w.get(key) or []]
         assert (g.get("unconditional_token_logprobs") is None) == (method is sgl.token_length_normalized)
+    # the OpenAI backend's select (a completion model: its prompt and choices echoed) too
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+    want, got = pick.run(backend=local, method=sgl.token_length_normalized), pick.run(
+        backend=completion, method=sgl.token_length_normalized)
+    assert got.error() is None and got["c"] == want["c"]
+    assert got.get_meta_info("c")["normalized_prompt_logprobs"] == pytest.approx(
+        want.get_meta_info("c")["normalized_prompt_logprobs"], abs=1e-4)
 
 
 @pytest.mark.parametrize("choices", [["ab", "bc"], ["nnu\U0001F642", "q\u00e9b\u4e2d"], ["ab", "a"]])

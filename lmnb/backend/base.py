@@ -52,6 +52,12 @@ class Completion:
     meta_info: dict
 
 
+# The most prompts one request of a select's scoring carries (the prompt and its choices; their
+# unconditional scores): lmnb serve refuses a request of more samples (its MAX_REQUEST_SAMPLES) with a
+# 400, so the server backends score a select of more choices in several requests, in the choices'
+# order. SGLang sets no bound.
+MAX_BATCH_PROMPTS = 16384
+
 DELTA_TOKENS = "delta_tokens"
 """``generate_stream`` meta_info key of the tokens of one streamed delta (see there)."""
 

@@ -28,8 +28,8 @@ import weakref
 from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
-    AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason,
-    check_utf8,
+    MAX_BATCH_PROMPTS, AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt,
+    aborted_reason, check_utf8,
 )
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
@@ -632,7 +632,8 @@ class OpenAI(BaseBackend):
             request.close()
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
-        """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request returns the prompt
+        """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request (several of
+        ``MAX_BATCH_PROMPTS`` prompts each, in order, for more choices) returns the prompt
         logprobs of ``prompt`` and of every ``prompt + choice`` (servers that support echo: lmnb,
         vLLM, SGLang); tokens are then compared as strings to find where each choice starts
         (``lmnb.choices``). SGLang's OpenAI backend instead walks tokens with ``logit_bias``."""
@@ -651,14 +652,18 @@ class OpenAI(BaseBackend):
         # (an empty prompt has no tokens to compare with, and servers refuse an empty prompt)
         head = [prompt.text] if prompt.text else []
         texts = head + [prompt.text + c for c in choices]
-        ret = self._call(rid, model=self.model_name, prompt=texts, echo=True, max_tokens=0, logprobs=0, temperature=0)
-        if ret is _ABORTED:
-            raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
-        rows = self._choices(ret)
-        self._count_usage(ret.usage)
-        if len(rows) != len(texts):
-            raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(texts)} prompts; "
-                               "it cannot run select()")
+        rows = []
+        for at in range(0, len(texts), MAX_BATCH_PROMPTS):  # (in order: the prompt first, then its choices)
+            part = texts[at:at + MAX_BATCH_PROMPTS]
+            ret = self._call(rid, model=self.model_name, prompt=part, echo=True, max_tokens=0, logprobs=0, temperature=0)
+            if ret is _ABORTED:
+                raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
+            got = self._choices(ret)
+            self._count_usage(ret.usage)
+            if len(got) != len(part):
+                raise BackendError(f"{self.client.base_url} returned {len(got)} choices for {len(part)} prompts; "
+                                   "it cannot run select()")
+            rows += got
         if any(r.logprobs is None or not r.logprobs.tokens or len(r.logprobs.token_logprobs or ()) != len(r.logprobs.tokens)
                for r in rows):  # (zip below would drop the tokens beyond the logprobs)
             raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs (a token_logprobs entry "

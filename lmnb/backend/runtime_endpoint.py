@@ -25,8 +25,8 @@ import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable,
-    BaseBackend, Completion, Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
+    MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
+    BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -50,11 +50,6 @@ SCORE_WINDOW = 2
 # requests); 8 back covers every difference of the bench's prompts and choices, which lie within
 # the prompt's last word (benches/results/2026-12-05-cpu-select-score-window.md).
 RESCORE_WINDOW = 8
-# The most prompts one /generate request of a select carries (the prompt and its choices; their
-# unconditional scores): lmnb serve refuses a request of more samples (its MAX_REQUEST_SAMPLES) with a
-# 400, so a select of more choices is scored in several requests, in the choices' order. SGLang sets
-# no bound.
-MAX_BATCH_PROMPTS = 16384
 CONNECT_TIMEOUT_S = 10.0
 # Seconds to wait for a response (for a stream: for its next event). Long enough for a long
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
