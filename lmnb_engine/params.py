@@ -405,9 +405,11 @@ _FUZZY_ITEM = r"(?:\d+<=?)?[eids](?:<=?\d+)?"
 _FUZZY = re.compile(rf"\{{(?:{_FUZZY_ITEM}(?:,{_FUZZY_ITEM})*|\d*[eids](?:\+\d*[eids])*<=?\d+)(?::[^}}]*)?\}}")
 
 
-def _fuzzy_constraint(pattern: str) -> str | None:
-    """The first fuzzy constraint in ``pattern`` (its text), outside escapes and character classes;
-    None where it holds none."""
+def _fuzzy_constraint(pattern: str, verbose: bool = False) -> str | None:
+    """The first fuzzy constraint in ``pattern`` (its text), outside escapes, character classes and
+    comments; None where it holds none. ``verbose``: the pattern may be read with the VERBOSE flag
+    ((?x), whole or scoped), where the regex package reads a constraint with whitespace in it,
+    ``{ e <= 1 }``, as one (without the flag that is literal text) and "#" starts a comment."""
     i = 0
     while i < len(pattern):
         c = pattern[i]
@@ -419,8 +421,19 @@ def _fuzzy_constraint(pattern: str) -> str | None:
             i += pattern[i] == "]" if i < len(pattern) else 0
             while i < len(pattern) and pattern[i] != "]":
                 i += 2 if pattern[i] == "\\" else 1
+        elif pattern.startswith("(?#", i):  # (a comment runs to the first ")")
+            i = pattern.find(")", i)
+            if i < 0:
+                return None
+        elif c == "#" and verbose:
+            i = pattern.find("\n", i)
+            if i < 0:
+                return None
         elif c == "{" and (m := _FUZZY.match(pattern, i)):
             return m.group()
+        elif c == "{" and verbose and (end := pattern.find("}", i)) > 0:
+            if _FUZZY.fullmatch(text := re.sub(r"\s", "", pattern[i:end + 1])):
+                return text
         i += 1
     return None
 
@@ -464,7 +477,11 @@ def stop_regex_problem(value: Any) -> str | None:
             return (f"{shown_regex(pattern)} is a reverse pattern ((?r)), which matches leftwards from where a search "
                     "starts: the stop matcher reads the output as it grows, left to right, and would stop at the "
                     "wrong place or show the stop's text; remove (?r) and write the pattern to match forwards")
-        fuzzy = _fuzzy_constraint(pattern)
+        # ((?x) anywhere is the whole pattern's flag, read from the compiled pattern; a scoped (?x:...)
+        # is found in the text, at the cost of reading a constraint with spaces in a pattern that
+        # only names (?x: literally as one)
+        verbose = bool(compiled.flags & regex.VERBOSE) or re.search(r"\(\?[\w-]*x[\w-]*:", pattern) is not None
+        fuzzy = _fuzzy_constraint(pattern, verbose)
         if fuzzy:
             return (f"{shown_regex(pattern)} holds the fuzzy constraint {fuzzy}, whose match the regex package picks "
                     "by its own best-match rule, not leftmost as the text grows: the stop matcher would show part of "
