@@ -764,6 +764,11 @@ def test_rows_from_a_pipe_are_read_and_a_folder_is_named(tmp_path):
     assert [(r.index, r.line, r.fields) for r in rows] == [(0, 1, {"question": "q0"}), (1, 3, {"question": "q1"})]
     with pytest.raises(InputError, match=r"^the input .* is a folder; give the file of the rows$"):
         read_rows(tmp_path, "jsonl")
+    # (with no format given, a folder or a missing file without a suffix was told to name its format)
+    with pytest.raises(InputError, match=r"^the input .* is a folder; give the file of the rows$"):
+        read_rows(tmp_path)
+    with pytest.raises(InputError, match=r"^input file .*/rows does not exist$"):
+        read_rows(tmp_path / "rows")
 
 
 def test_ctrl_c_lets_the_running_rows_finish_and_starts_no_queued_one(tmp_path, monkeypatch):

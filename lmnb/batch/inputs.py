@@ -63,14 +63,14 @@ def read_rows(path: Path, fmt: Optional[str] = None) -> Iterator[InputRow]:
             format is unknown, or a CSV file has no usable header or is not UTF-8 (the message names
             the line).
     """
-    fmt = input_format(path, fmt)
-    try:
+    try:  # (before the format: a folder or a missing file without a suffix was told to name its format)
         if path.is_dir():
             raise InputError(f"the input {path} is a folder; give the file of the rows")
         if not path.exists():  # (a pipe, as /dev/stdin or <(jq ...), is read as a file is)
             raise InputError(f"input file {path} does not exist")
     except OSError as e:  # (a folder on the way that may not be read: "Permission denied")
         raise InputError(_unreadable(path, e)) from None
+    fmt = input_format(path, fmt)
     return _read(path, _jsonl(path) if fmt == "jsonl" else _delimited(path, "\t" if fmt == "tsv" else ","))
 
 
