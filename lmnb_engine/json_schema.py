@@ -381,6 +381,44 @@ def code_point_fix(pattern: str) -> Optional[str]:
             f"or as \\uXXXX up to U+FFFF, which both read alike, the pattern {json_value(python, SHOWN_CHARS)}")
 
 
+def _ecma_syntax_fix(pattern: str) -> Optional[str]:
+    """The fix of a schema's ``pattern`` that is ECMA 262's (JSON Schema's dialect) but that Python's
+    ``re`` (which the engine and jsonschema read it with) refuses for ECMA syntax it lacks: the
+    class of any character ``[^]`` (to ``re`` a class whose first member is "]", left open) and a
+    named group ``(?<name>``, written as what both read alike (``[\\s\\S]``, a plain group), where
+    ``re`` reads the result; else None (ECMA's empty class ``[]`` has no such spelling the engine
+    builds: ``(?!)`` is a lookahead). The engine said only "unterminated character set", "fix the
+    pattern", of such a pattern, valid in JSON Schema."""
+    from lmnb_engine.regex_errors import python_error  # (it imports this module)
+
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        if pattern.startswith("[^]", i):
+            out.append("[\\s\\S]")
+            i += 3
+        elif group := _ECMA_GROUP_NAME.match(pattern, i):
+            out.append("(")
+            i = group.end()
+        elif pattern[i] == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif pattern[i] == "[":  # (a class to its first "]" not escaped: ECMA's "]" first closes it, as above)
+            j = i + 1 + pattern.startswith("[^", i)
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            out.append(pattern[i:j + 1])
+            i = j + 1
+        else:
+            out.append(pattern[i])
+            i += 1
+    python = "".join(out)
+    if python == pattern or python_error(python) is not None:
+        return None
+    return ("it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern "
+            "here (jsonschema checks each output with it), lacks: [^] (any character) or a named group (?<name>...); "
+            f"write the pattern {json_value(python, SHOWN_CHARS)}, which both read alike")
+
+
 # At most this many syntax errors under the u flag are respelled in the spelling offered
 # (``u_flag_problem``): each is found by a pass over the pattern.
 MAX_U_FLAG_FIXES = 64
@@ -493,7 +531,8 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     ecma = ecma or every
     problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
-        fix = None if ecma else code_point_fix(pattern)  # (ecma: what gen() refuses, which no escape helps)
+        # (ecma: what gen() refuses, which no escape or respelling helps)
+        fix = None if ecma else code_point_fix(pattern) or _ecma_syntax_fix(pattern)
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
                 f"({problem}); {fix or 'fix the pattern'}{_u_flag_note(pattern) if ecma else ''}")
     if not unicode_classes(pattern):

@@ -1350,6 +1350,38 @@ def test_a_schema_patterns_code_point_escapes_get_their_python_spelling_from_the
         assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == (text in matched), text
 
 
+@pytest.mark.parametrize("pattern, python, texts", [
+    # (ECMA's [^] is any character, newlines too; the texts each pattern matches worked out by hand)
+    (r"^[^]{2}$", r"^[\s\S]{2}$", {"ab": True, "\n\t": True, "a": False, "abc": False}),
+    (r"^(?<year>\d{4})-[^]$", r"^(\d{4})-[\s\S]$", {"2024-x": True, "2024-\n": True, "24-x": False, "2024-": False}),
+    (r"^[(?<y>][^]$", r"^[(?<y>][\s\S]$", {"<x": True, "y]": True, "z]": False}),  # (no group inside a class)
+])
+def test_a_schema_patterns_ecma_syntax_python_lacks_gets_its_python_spelling_from_the_engine(pattern, python, texts):
+    """ECMA's class of any character [^] and named group (?<name>...), valid in JSON Schema and
+    taken by gen(), are refused by the engine, which reads a schema's pattern with Python's re as
+    jsonschema does: it said only "unterminated character set" or "unknown extension", "fix the
+    pattern". It now gives the pattern with [\\s\\S] and a plain group, which it takes."""
+    import lmnb
+
+    assert lmnb.gen("x", json_schema={"type": "string", "pattern": pattern})  # (gen() takes it)
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(e.value).endswith(
+        "; it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern here "
+        "(jsonschema checks each output with it), lacks: [^] (any character) or a named group (?<name>...); write "
+        f"the pattern {json.dumps(python)}, which both read alike"), str(e.value)
+    regex = schema_to_regex({"type": "string", "pattern": python})
+    for text, matches in texts.items():
+        assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == matches, text
+
+
+def test_a_schema_patterns_ecma_empty_class_is_refused_without_an_offer():
+    """ECMA's empty class [] has no spelling the engine builds ((?!) is a lookahead), so no pattern is offered."""
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": r"^[]$|^a$"})
+    assert str(e.value).endswith("(unterminated character set at position 1); fix the pattern"), str(e.value)
+
+
 def test_a_schema_patterns_lone_surrogate_pair_gets_its_python_spelling_from_the_engine():
     """Outside a class, Python's re reads ECMA's surrogate pair \\uD83D\\uDE00 (one code point under
     the u flag) as two surrogates, which no JSON string holds: the engine said to widen the pattern;
