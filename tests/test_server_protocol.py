@@ -1120,6 +1120,9 @@ def test_an_unknown_route_is_a_404_naming_the_path_the_closest_route_and_all_rou
         assert r.status_code == 404 and r.json() == {"error": {
             "message": f"the server has no route {path}{close}; its routes: {routes}", "type": "not_found_error",
             "param": None, "code": 404}}
+    r = httpx.get(url + "/" + "a" * 60000)  # (a long path is cut after 80 characters: it came back whole)
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == f"the server has no route /{'a' * 79}…; its routes: {routes}"
 
 
 def test_a_chat_request_whose_max_tokens_and_max_completion_tokens_disagree_is_refused(served):

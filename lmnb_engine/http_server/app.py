@@ -62,7 +62,7 @@ from lmnb_engine.http_server.protocol import (
     served_message,
     wire_message,
 )
-from lmnb_engine.json_schema import json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
 from lmnb_engine.params import MAX_N, SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
@@ -505,7 +505,9 @@ def _no_route(request: Request) -> str:
     close = difflib.get_close_matches(path, list(routes), n=1)
     hint = f" (did you mean {routes[close[0]]} {close[0]}?)" if close else ""
     listed = ", ".join(f"{methods} {route}" for route, methods in routes.items())
-    return f"the server has no route {path}{hint}; its routes: {listed}"
+    # (cut, as the other errors show a value: a path of 60 kB came back whole in the message)
+    shown = path if len(path) <= SHOWN_CHARS else path[:SHOWN_CHARS] + "…"
+    return f"the server has no route {shown}{hint}; its routes: {listed}"
 
 
 def sse(obj: Any) -> str:
