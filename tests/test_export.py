@@ -1785,6 +1785,8 @@ def test_a_cell_of_an_unknown_type_gets_a_note_from_both_exports(tmp_path):
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and f"[NbConvertApp] WARNING | {note}\n" in out.stderr
+    data["cells"][-1]["cell_type"] = "x" * 5000  # (cut after 80 characters, the quote counted: it was shown whole)
+    assert export_notebook(nbformat.from_dict(data))[1].notes[-1] == note.replace('"markdwon"', '"' + "x" * 79 + "…")
 
 
 def test_lmnb_run_notes_a_cell_of_an_unknown_type_in_the_exports_words(tmp_path, capsys):

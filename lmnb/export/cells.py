@@ -12,7 +12,6 @@ Each cell also records the global names it reads and binds (``symtable``).
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 import shlex
@@ -26,6 +25,7 @@ from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
 from lmnb.template.python_cell import indent_code
 from lmnb.template.cell_options import (CellLineError, CellOptions, check_cell_names, close_subcommand,
                                         parse_backend_line, parse_cell_line)
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 
 # Cell magics whose body is Python: the body is kept, the magic is dropped.
 PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
@@ -192,8 +192,9 @@ def cell_tags(cell) -> tuple:
 def unknown_cell_notes(cells, done: str = "left out") -> list[str]:
     """The notes on the notebook's ``cells`` (nbformat cells, in order) of a type Jupyter does not
     know, which the exports leave out and ``lmnb run`` keeps unrun (``done``: what was done with
-    the cell), as Jupyter runs none: a typo ("markdwon") lost a cell unseen."""
-    return [f"cell {n}: {done}, its cell_type {json.dumps(c.cell_type, ensure_ascii=False)} is none Jupyter "
+    the cell), as Jupyter runs none: a typo ("markdwon") lost a cell unseen. The type is cut after
+    ``SHOWN_CHARS`` characters, as errors show a value (one of 5000 characters was shown whole)."""
+    return [f"cell {n}: {done}, its cell_type {json_value(c.cell_type, SHOWN_CHARS)} is none Jupyter "
             "knows, so no Jupyter runs or shows it; write \"code\", \"markdown\" or \"raw\" in the file's JSON"
             for n, c in enumerate(cells, start=1)
             if isinstance(c.get("cell_type"), str) and c.cell_type not in NOTEBOOK_CELL_TYPES]
