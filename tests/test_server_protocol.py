@@ -1125,6 +1125,22 @@ def test_an_unknown_route_is_a_404_naming_the_path_the_closest_route_and_all_rou
     assert r.json()["error"]["message"] == f"the server has no route /{'a' * 79}…; its routes: {routes}"
 
 
+def test_a_generate_batch_whose_lists_do_not_fit_its_prompts_is_refused_naming_the_fix(served):
+    # it said "sampling_params has 1 entries for 2 prompts" and "the batch is empty", naming no fix
+    _, url = served
+    r = _post(url, "/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"
+    assert r.json()["error"]["message"] == ("sampling_params has 1 entry for 2 prompts: give one entry per prompt, "
+                                            "or one value (not a list) for all of them")
+    r = _post(url, "/generate", {"text": ["a"], "return_logprob": [True, False, True]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "return_logprob has 3 entries for 1 prompt: give one entry per prompt, or one value (not a list) for all of them")
+    r = _post(url, "/generate", {"text": [], "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": "the batch is empty: text is an empty list; give at least one prompt",
+        "type": "invalid_request_error", "param": "text", "code": 400}
+
+
 def test_a_chat_request_whose_max_tokens_and_max_completion_tokens_disagree_is_refused(served):
     # the reply was cut at max_completion_tokens without a word, though the client also asked for
     # max_tokens; OpenAI refuses the two together. One value given twice is that value.

@@ -522,7 +522,10 @@ def _per_item(value: Any, n: int, name: str) -> list:
     """A request field given once for all prompts or as a list with one entry per prompt."""
     if isinstance(value, list):
         if len(value) != n:
-            raise RequestError(f"{name} has {len(value)} entries for {n} prompts", param=name)
+            # (it said "has 1 entries for 2 prompts", naming no fix)
+            entries = f"{len(value)} entr{'y' if len(value) == 1 else 'ies'}"
+            raise RequestError(f"{name} has {entries} for {n} prompt{'s' * (n != 1)}: give one entry per prompt, or "
+                               "one value (not a list) for all of them", param=name)
         return value
     return [value] * n
 
@@ -658,7 +661,8 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
             raise RequestError("input_ids must be a list of token ids or a list of such lists", param="input_ids")
     n = len(prompts)
     if n == 0:
-        raise RequestError("the batch is empty", param="text")
+        # (only text can be empty: input_ids [] is one prompt of no tokens)
+        raise RequestError("the batch is empty: text is an empty list; give at least one prompt", param="text")
     sps = _per_item(body.get("sampling_params"), n, "sampling_params")
     want_lp = _per_item(body.get("return_logprob", False), n, "return_logprob")
     starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
