@@ -36,6 +36,19 @@ def stream(m: StopStringMatcher, pieces: list[str]) -> tuple[str, tuple | None, 
     return text, hit, shown
 
 
+def assert_streams_to_the_stop_by_definition(regex_: str, text: str, splits: tuple[list[str], ...]) -> tuple[int, str]:
+    """Feed ``text`` to a matcher of ``regex_`` split each way of ``splits``: it stops where a check
+    after each character does (``first_regex_stop_by_definition``), showing nothing of the stop
+    before; returns that stop."""
+    hit = first_regex_stop_by_definition([regex_], text)
+    assert hit is not None
+    for pieces in splits:
+        _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
+        assert got == hit, (regex_, pieces)
+        assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)  # the stop never shown
+    return hit
+
+
 def test_stop_string_found_across_chunks_and_held_back():
     m = StopStringMatcher(["o w", "STOP", ""])
     text, hit, shown = stream(m, ["Hel", "lo", " w", "orld"])
@@ -641,12 +654,7 @@ def test_a_stop_regex_whose_end_assertion_fails_only_because_the_text_ends_is_he
     # stopped (shown "a", "ab"), where one token "ab" stopped at (0, "a").
     for regex_, text in [(r"a\B", "ab"), (r"a(?!$)", "ax"), (r"a(?!\Z)", "ax"), (r"a(?!\b)", "ab"), (r"\w\B", "ab"),
                          (r"a[^x]*x\B", "ayyxb"), (r"b \b", "b a")]:
-        hit = first_regex_stop_by_definition([regex_], text)
-        assert hit is not None
-        for pieces in (list(text), [text]):
-            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
-            assert got == hit, (regex_, pieces)
-            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)  # the stop never shown
+        assert_streams_to_the_stop_by_definition(regex_, text, (list(text), [text]))
     # random patterns whose match may depend on text after the end, random texts and tokenizations:
     # the stop is the brute-force one, and no text shown before it reaches into it
     patterns = [r"a\B", r"a(?!$)", r"a(?!\Z)", r"a(?!\b)", r"\w\B", r"b \b", r"a[^x]*x\B", r"(?m)a(?!$)",
@@ -670,12 +678,7 @@ def test_a_stop_regex_whose_lookaround_condition_undoes_its_match_once_text_come
     # depended on the tokenization. Same with a negative condition, and after a longer prefix
     for regex_, text in [(r"x(?(?=y)q|)", "xy"), (r"x(?(?!y)|q)", "xy"), (r"ab(?(?=c)d|)", "zabc"),
                          (r"b(?(?<=ab)(?(?=c)q|)|w)", "abc")]:
-        hit = first_regex_stop_by_definition([regex_], text)
-        assert hit is not None
-        for pieces in (list(text), [text], [text[:-1], text[-1]]):
-            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
-            assert got == hit, (regex_, pieces)
-            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)
+        assert_streams_to_the_stop_by_definition(regex_, text, (list(text), [text], [text[:-1], text[-1]]))
 
 
 def test_a_stop_regex_whose_atomic_group_takes_more_once_text_comes_is_met_where_it_holds():
@@ -688,12 +691,7 @@ def test_a_stop_regex_whose_atomic_group_takes_more_once_text_comes_is_met_where
     for regex_, text in [(r"[ab](?>a*)(?<=b)", "ba"), (r"\wa*+(?<!a)", "ba"), (r"[ab](?>a*)(?=(?<!a))", "x ba"),
                          (r"b(?>a?)(?<!a)x?", "bax"), (r"\X(?<=e)", "e\u0301"), (r"\R(?<=\r)", "\r\n"),
                          (r"a\X(?<!\u0301)", "ae\u0301"), (r"[ab]a*(*PRUNE)(?<=b)", "ba"), (r"[ab]a*(*SKIP)(?<=b)", "ba")]:
-        hit = first_regex_stop_by_definition([regex_], text)
-        assert hit is not None
-        for pieces in (list(text), [text], [text[:-1], text[-1]]):
-            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
-            assert got == hit, (regex_, pieces)
-            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)
+        assert_streams_to_the_stop_by_definition(regex_, text, (list(text), [text], [text[:-1], text[-1]]))
 
 
 def test_a_stop_regex_with_a_lookbehind_after_a_repeat_holds_back_where_a_match_may_begin():
@@ -703,12 +701,7 @@ def test_a_stop_regex_with_a_lookbehind_after_a_repeat_holds_back_where_a_match_
     # there: tokens "a", "a", "b" stopped at (1, "ab") with "a" of the stop "aab" shown
     for regex_, text in [(r"a.*?(?<!a)", "aab"), (r"[ab][ab]{0,3}?(?<=ab)", "aaab"), (r"a.+?(?=(?<!a))", "aaab"),
                          (r"\w.*?(?<=b)[ax]", "aaaaba")]:
-        hit = first_regex_stop_by_definition([regex_], text)
-        assert hit is not None and hit[0] == 0
-        for pieces in (list(text), [text[:-1], text[-1]]):
-            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
-            assert got == hit, (regex_, pieces)
-            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)
+        assert assert_streams_to_the_stop_by_definition(regex_, text, (list(text), [text[:-1], text[-1]]))[0] == 0
     # with min_new_tokens=3: the whole match "b" of "ba" is let through, and "baax" from the same
     # start ends after it, a stop; "ba" was shown of it (its partial fullmatch at 0 missed it too)
     assert feed_unchecked(StopStringMatcher([], [r"[ab].*?(?<!a)"]), ["b", "a", "a", "x"], 3) == ((0, "baax"), 0)
