@@ -379,6 +379,7 @@ def test_csv_rows_with_wrong_column_counts_are_reported_with_line_numbers(tmp_pa
     ]
     with pytest.raises(InputError, match="header"):
         list(read_rows(write_rows(tmp_path / "empty.csv", [])))
+    (tmp_path / "rows.txt").write_text("question\nq\n")  # (a file there: a missing one is named as missing first)
     with pytest.raises(InputError, match="--input-format"):
         list(read_rows(tmp_path / "rows.txt"))
 
