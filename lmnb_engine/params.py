@@ -11,7 +11,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_errors import python_error, shown_regex, stop_posix_problem
@@ -438,6 +438,49 @@ def _fuzzy_constraint(pattern: str, verbose: bool = False) -> str | None:
     return None
 
 
+# A group head that sets or clears flags in its scope, as the regex package reads one: (?x: (?-x: (?ix-s:
+_SCOPED_FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?:")
+
+
+def _escapes(pattern: str, verbose: bool) -> Iterator[str]:
+    """The character after the backslash of each escape outside a class of ``pattern`` that the
+    regex package reads as syntax (a ``\\G`` or ``\\K`` in a class is an error of its own): not one
+    in a comment, ``(?#...)`` (which ends at the first ``)`` no backslash escapes) or, where the
+    VERBOSE flag holds, from a ``#`` outside a class to the line's end (which may hold a ``)``).
+    ``verbose``: whether the flag holds for the whole pattern (``(?x)`` anywhere); a scoped ``(?x:``
+    or ``(?-x:`` sets it up to its group's ``)``. Each escape is read with its backslash, so
+    ``\\\\G`` is a backslash and a G."""
+    scopes, i, n = [verbose], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            yield pattern[i + 1:i + 2]
+            i += 2
+        elif pattern.startswith("(?#", i):
+            i += 3
+            while i < n and pattern[i] != ")":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+        elif c == "#" and scopes[-1]:
+            end = pattern.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif c == "[":  # (a "]" first, or after "^", is a member)
+            i += 1 + pattern.startswith("^", i + 1)
+            i += pattern.startswith("]", i)
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+        elif c == "(":
+            scoped = _SCOPED_FLAGS.match(pattern, i)
+            on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
+            scopes.append(("x" in on or scopes[-1]) and "x" not in off)
+            i += 1
+        else:
+            if c == ")" and len(scopes) > 1:
+                scopes.pop()
+            i += 1
+
+
 def stop_regex_problem(value: Any) -> str | None:
     """Why ``value`` is not a valid ``stop_regex``, or None when it is (None, a pattern, or a list of them).
 
@@ -467,9 +510,9 @@ def stop_regex_problem(value: Any) -> str | None:
             compiled = regex.compile(pattern)
         except regex.error as e:  # (in re's words and place where re refuses it too, as a regex= error)
             return f"{shown_regex(pattern)} is not a valid regular expression ({python_error(pattern) or e}); fix the pattern"
-        # (each escape read with its backslash, so "\\G" is a backslash and a G; \G in a set is
-        # an error the compile above reported)
-        if any(m.group(1) == "G" for m in re.finditer(r"\\(.)", pattern, re.DOTALL)):
+        # ((?x) anywhere is the whole pattern's flag, read from the compiled pattern)
+        escaped = set(_escapes(pattern, bool(compiled.flags & regex.VERBOSE)))
+        if "G" in escaped:
             return (f"{shown_regex(pattern)} holds \\G, which matches where a search starts: the output is searched "
                     "from where a stop may still begin, at every start, so it would match there, not at the output's "
                     "start; use \\A for the output's start")
@@ -477,16 +520,15 @@ def stop_regex_problem(value: Any) -> str | None:
             return (f"{shown_regex(pattern)} is a reverse pattern ((?r)), which matches leftwards from where a search "
                     "starts: the stop matcher reads the output as it grows, left to right, and would stop at the "
                     "wrong place or show the stop's text; remove (?r) and write the pattern to match forwards")
-        # ((?x) anywhere is the whole pattern's flag, read from the compiled pattern; a scoped (?x:...)
-        # is found in the text, at the cost of reading a constraint with spaces in a pattern that
-        # only names (?x: literally as one)
+        # (a scoped (?x:...) is found in the text, at the cost of reading a constraint with spaces in a
+        # pattern that only names (?x: literally as one)
         verbose = bool(compiled.flags & regex.VERBOSE) or re.search(r"\(\?[\w-]*x[\w-]*:", pattern) is not None
         fuzzy = _fuzzy_constraint(pattern, verbose)
         if fuzzy:
             return (f"{shown_regex(pattern)} holds the fuzzy constraint {fuzzy}, whose match the regex package picks "
                     "by its own best-match rule, not leftmost as the text grows: the stop matcher would show part of "
                     "such a stop or miss it; write the variants out as alternatives (colou?r, not (?:color){e<=1})")
-        if any(m.group(1) == "K" for m in re.finditer(r"\\(.)", pattern, re.DOTALL)):
+        if "K" in escaped:
             return (f"{shown_regex(pattern)} holds \\K, which drops what it matched before it from the match: the "
                     "stop matcher looks for where a stop may begin from its whole match, so it would miss stops "
                     "and show their text; put the part before \\K in a lookbehind, (?<=...), instead")
