@@ -432,8 +432,10 @@ def u_flag_problem(pattern: str) -> Optional[str]:
     engine's and jsonschema's reader) reads it as too; else another such error
     (``regex_u_flag.u_flag_error``: a lone ``{``, ``\\c`` before no letter, a back-reference in a
     class ...), with the pattern written to mean what it means without the flag, each such error
-    respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning. Asked by the language's
-    schema check and the engine's alike, so both refuse the same patterns in the same words.
+    respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning, else the patterns the user may
+    have meant that the flag reads (``UFlagError.meant``: for ``(?<n>a)\\k``, ``\\k<n>`` and ``k``).
+    Asked by the language's schema check and the engine's alike, so both refuse the same patterns in
+    the same words.
 
     A pattern whose every such error has a reading without the flag (Annex B) that Python's ``re``
     reads it as too (``\\-`` and ``\\%`` as the character, a lone ``{``, ``[\\1]`` as octal 1) is
@@ -462,8 +464,9 @@ def u_flag_problem(pattern: str) -> Optional[str]:
     if instead is not None and (read := python_reading(pattern)) is not None and python_reading(instead) == read:
         return None
     if found is None:
+        meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in error.meant if u_flag_problem(p) is None]
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
-               "without it" if instead is not None else "fix the pattern")
+               "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else "fix the pattern")
         return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found

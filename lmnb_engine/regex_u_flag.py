@@ -29,17 +29,22 @@ _QUANTIFIER_BRACES = re.compile(r"\{[0-9]+(,[0-9]*)?\}")
 _PROPERTY = re.compile(r"[pP]\{[^}]*\}")
 _CODE_POINT = re.compile(r"u\{([0-9A-Fa-f]+)\}")
 _HEX = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}")
+# A named group, ECMA's (?<name>...) or Python's (?P<name>...) (group 2: "P" or ""), not after an escaping backslash
+_NAMED_GROUP = re.compile(r"(?<!\\)((?:\\\\)*)\(\?(P?)<(" + _GROUP_NAME.pattern + ")>")
 _LEGACY_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")  # (Annex B's LegacyOctalEscapeSequence: at most 0o377)
 
 
 class UFlagError(NamedTuple):
     """A syntax error of a pattern under the u flag: where it starts in the pattern, what it is
     (words that follow "it has"), and the pattern written so that it means, with the flag, what
-    ECMA reads it as without it (Annex B), or None where that reading is an error too."""
+    ECMA reads it as without it (Annex B), or None where that reading is an error too; then, where
+    it is, the patterns the user may have meant, each with what it means (``(?<n>a)\\k<n>``, "a
+    back-reference to the group n")."""
 
     at: int
     what: str
     instead: Optional[str]
+    meant: tuple[tuple[str, str], ...] = ()
 
 
 def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
@@ -105,7 +110,13 @@ def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, U
         return end, UFlagError(i, f"a back-reference {pattern[i:end]} in a class", instead(end, octal))
     if not in_class and c == "k" and not (pattern.startswith("<", i + 2) and (m := _GROUP_NAME.match(pattern, i + 3))
                                           and pattern.startswith(">", m.end())):
-        return i + 2, UFlagError(i, "\\k with no group name <name> after it", instead(i + 1, ""))
+        named = list(dict.fromkeys(m.group(2, 3) for m in _NAMED_GROUP.finditer(pattern)))
+        if not named:  # (Annex B reads \k as the letter only in a pattern that names no group)
+            return i + 2, UFlagError(i, "\\k with no group name <name> after it", instead(i + 1, ""))
+        meant = [(instead(i + 2, f"(?P={name})" if python else f"\\k<{name}>"), f"a back-reference to the group {name}")
+                 for python, name in named]
+        return i + 2, UFlagError(i, "\\k with no group name <name> after it (an error without the flag too, where the "
+                                    "pattern names a group)", None, (*meant, (instead(i + 1, ""), "the letter k")))
     return None
 
 

@@ -332,6 +332,42 @@ def test_a_schema_patterns_syntax_errors_under_the_u_flag_are_refused_by_gen_a_c
         assert sgl.gen("x", json_schema={"pattern": instead}).params.json_schema == {"pattern": instead}
 
 
+@pytest.mark.parametrize("pattern, groups", [
+    (r"(?<n>a)\k", {"n": "a"}), (r"(?P<n>a)\k", {"n": "a"}), (r"(?<n>a)(?<m>b)\k", {"n": "a", "m": "b"}),
+])
+def test_a_bare_k_in_a_schema_pattern_that_names_a_group_is_offered_the_back_reference_and_the_letter(pattern, groups):
+    """ECMA 262 (Annex B.1.2) reads a bare \\k as the letter only in a pattern that names no group:
+    in "(?<n>a)\\k" it is an error without the u flag too (node: "Invalid named reference"), yet
+    "(?<n>a)k" was offered as what ECMA reads without the flag. Now both readings a user may mean
+    are offered: a back-reference to each group (\\k<n>, or (?P=n) for Python's (?P<n>...)), and
+    the letter. The reference: the regex package, which reads named groups of both syntaxes,
+    matches each offer against the groups' text then the group's again, or then "k"."""
+    import shutil
+
+    import regex
+
+    if shutil.which("node"):  # (the claim itself, where node is at hand)
+        run = subprocess.run(["node", "-e", "try { new RegExp(process.argv[1]) } catch (e) { process.exit(3) }",
+                              pattern], capture_output=True)
+        assert run.returncode == 3, pattern
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    message = str(e.value)
+    assert _AS_WITHOUT not in message and "(an error without the flag too, where the pattern names a group)" in message
+    offers = {what: json.loads(text) for text, what in re.findall(r'(?:write |, or )("(?:[^"\\]|\\.)*") for '
+                                                                  r'(a back-reference to the group \w+|the letter k)',
+                                                                  message)}
+    prefix = "".join(groups.values())
+    assert set(offers) == {f"a back-reference to the group {name}" for name in groups} | {"the letter k"}, message
+    for name, text in groups.items():  # (the regex package writes ECMA's \k<n> as (?P=n))
+        offer = re.sub(r"\\k<(\w+)>", r"(?P=\1)", offers[f"a back-reference to the group {name}"])
+        assert regex.fullmatch(offer, prefix + text), offers
+    assert regex.fullmatch(offers["the letter k"], prefix + "k"), offers
+    for offer in offers.values():
+        sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
+
+
 @pytest.mark.parametrize("pattern, annex_b", [
     (r"^\d{3}\-\d{4}$", r"^\d{3}-\d{4}$"), (r"a\%b", "a%b"), (r"a\ b", "a b"), (r"\_x", "_x"), (r"\é", "é"),
     (r"[\1]", r"[\x01]"), (r"[a\101]", r"[a\x41]"), (r"\01", r"\x01"),  # (Annex B: octal escapes)
