@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, Optional
 
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
+from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import python_error, shown_regex, stop_posix_problem
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
@@ -490,7 +491,8 @@ def stop_regex_problem(value: Any) -> str | None:
     empty string, which would stop before the first token, nor hold ``\\G``, nor a POSIX class
     (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
     read two ways, nor be a reverse pattern (``(?r)``) nor hold ``\\K``, whose matches the stop
-    matcher, reading the output left to right from where a match begins, does not find. The
+    matcher, reading the output left to right from where a match begins, does not find, nor a class
+    that matches no character (``regex_empty_class.empty_class_problem``, worded as for ``regex=``). The
     language's ``gen(stop_regex=...)`` and the cell parser ask the same question before anything runs.
     """
     if value is None:
@@ -537,7 +539,7 @@ def stop_regex_problem(value: Any) -> str | None:
                     "make it match at least one character")
         # (after the checks above, so that the readings this offers are not refused by them in turn:
         # [[:alpha:]]* was offered [A-Za-z]*, which matches the empty string)
-        problem = stop_posix_problem(pattern)
+        problem = stop_posix_problem(pattern) or empty_class_problem(pattern, stop=True)
         if problem:
             return problem
     return None

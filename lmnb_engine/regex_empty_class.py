@@ -4,7 +4,10 @@ A class such as ``[^\\s\\S]``, ``[^\\d\\D]`` or one of surrogates alone (``[\\ud
 Python's ``re`` (which flags only the ambiguous ``[\\s&&\\S]``), but it can never match, and the
 automaton library (Rust's regex, in outlines-core) refuses a pattern holding one ("no
 transitions"), even in a part the output could skip (``(a[^\\d\\D])?b``). So the language's
-``gen()``, a ``%%lm`` cell and the engine refuse it before compiling, in one message.
+``gen()``, a ``%%lm`` cell and the engine refuse it before compiling, in one message, and so
+they refuse it in a ``stop_regex``, which could never match there (and which the regex package, the
+stop matcher's reader, reads as every character where it is ``[^\\s\\S]``), naming what it keeps
+from matching and the pattern without that (``regex_dead_part``).
 
 Whether a class is empty is decided from what it holds, not from its spelling: the class is read
 by Python's ``re`` under the case-insensitive flag where it holds there, and searched for in a
@@ -35,6 +38,7 @@ from lmnb_engine.regex_errors import (
     shown_regex,
     unicode_classes,
 )
+from lmnb_engine.regex_dead_part import dead_part
 from lmnb_engine.regex_tree import constants as _c, parser
 
 # The code points the engine keeps for itself (constrained.regex_syntax leaves them out of classes)
@@ -58,11 +62,64 @@ def _text_characters() -> str:
     return codes.tobytes().decode("utf-32-be" if sys.byteorder == "big" else "utf-32-le")  # (a join of chr() takes 1 s)
 
 
-def empty_class_problem(pattern: str) -> str | None:
+def empty_class_problem(pattern: str, stop: bool = False) -> str | None:
     """Why ``pattern`` is refused for a character class that matches no character an output may
     hold (the module docstring says how that is decided), or None: the first such class, where it
-    starts, and the fix. None too where Python's ``re`` cannot read the pattern (its Unicode classes
-    held: ``classes_held``), whose error is named elsewhere."""
+    starts, what it keeps from ever matching (``regex_dead_part``: an alternative, a part repeated
+    zero times, the whole pattern), and the fix, the pattern without that part where it can be
+    written and is taken. None too where Python's ``re`` cannot read the pattern (its Unicode
+    classes held: ``classes_held``), whose error is named elsewhere. ``stop``: ``pattern`` is a
+    ``stop_regex``, matched by the regex package, not the automaton library, in text that may hold
+    U+10FFFE and U+10FFFF (the engine's markers only in a ``regex`` constraint's automaton); the
+    message names it as ``stop_regex_problem``'s do."""
+    found = _first_empty_class(pattern, stop)
+    if found is None:
+        return None
+    start, end, caseless = found
+    dead = dead_part(pattern, start, end)
+    offer = dead and dead.without
+    while offer and (more := _first_empty_class(offer, stop)) and (more_dead := dead_part(offer, *more[:2])):
+        offer = more_dead.without  # (each dead part out, one at a time: "[^\d\D]|[^\w\W]|b" is "b")
+    if offer and _taken(offer, stop):
+        fix = f"write {shown_regex(offer)} without it, or write the class you meant"
+    else:
+        fix = "remove it, or write the class you meant" if dead else "write the class you meant"
+    never = f"so {dead.what}" if dead else "so the pattern can never match"
+    if stop:  # (the stop matcher's own reading told where it differs: it would stop at any character)
+        misread = ("; the stop matcher (the regex package) reads the class as matching characters, and would stop "
+                   "at them" if _regex_package_reads_some(pattern[start:end], caseless) else "")
+        return (f"{shown_regex(pattern)} holds the class {pattern[start:end]} at position {start}, which matches no "
+                f"character an output may hold (surrogates are none): an empty class can never match, {never}"
+                f"{misread}; {fix}")
+    return (f"regex {shown_regex(pattern)} holds the class {pattern[start:end]} at position {start}, which matches no "
+            "character an output may hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, "
+            f"{never}, and the automaton library refuses it; {fix}")
+
+
+def _taken(pattern: str, stop: bool) -> bool:
+    """Whether ``pattern`` is taken as a ``stop_regex`` (``stop``) or a ``regex`` constraint."""
+    if stop:
+        from lmnb_engine.params import stop_regex_problem  # (it imports this module)
+
+        return stop_regex_problem(pattern) is None
+    from lmnb_engine.regex_errors import pattern_problem  # (it imports this module)
+
+    return pattern_problem(pattern) is None
+
+
+def _regex_package_reads_some(cls: str, caseless: bool) -> bool:
+    """Whether the regex package, the stop matcher's reader, reads the class ``cls`` as matching a
+    character (it reads a negated class of a class and its complement, ``[^\\s\\S]``, as every one)."""
+    import regex
+
+    compiled = regex.compile(cls, regex.IGNORECASE if caseless else 0)
+    return compiled.search(_FIRST_CHARACTERS) is not None or compiled.search(_text_characters()) is not None
+
+
+def _first_empty_class(pattern: str, stop: bool) -> tuple[int, int, bool] | None:
+    """(start, end, whether the case-insensitive flag holds there) of the first class of ``pattern``
+    that matches no character an output may hold (``empty_class_problem``'s ``stop`` says which) and
+    stands where the pattern reads it, or None."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -70,11 +127,8 @@ def empty_class_problem(pattern: str) -> str | None:
     except (re.error, RecursionError, OverflowError):
         return None
     for start, end, caseless in _classes(pattern):
-        cls = pattern[start:end]
-        if _matches_nothing(pattern, start, end, caseless) and _read(pattern, start, end):
-            return (f"regex {shown_regex(pattern)} holds the class {cls} at position {start}, which matches no character "
-                    "an output may hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, and "
-                    "the automaton library refuses it; remove it, or write the class you meant")
+        if _matches_nothing(pattern, start, end, caseless, stop) and _read(pattern, start, end):
+            return start, end, caseless
     return None
 
 
@@ -142,16 +196,18 @@ def _read(pattern: str, start: int, end: int) -> bool:
     return False
 
 
-def _matches_nothing(pattern: str, start: int, end: int, caseless: bool) -> bool:
+def _matches_nothing(pattern: str, start: int, end: int, caseless: bool, stop: bool = False) -> bool:
     """Whether the class ``pattern[start:end]`` (``[...]`` or ``[^...]``, as Python delimits it)
-    matches no character an output may hold, read under ``caseless`` (the module docstring)."""
+    matches no character an output may hold, read under ``caseless`` (the module docstring), the
+    engine's markers, U+10FFFE and U+10FFFF, among them for a ``stop`` regex."""
     cls = pattern[start:end]
     if not unicode_classes(cls):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compiled = re.compile(cls, re.IGNORECASE if caseless else 0)
         # (most classes hold a character below U+0800: the whole text, 0.2 s to build, is searched only past them)
-        return compiled.search(_FIRST_CHARACTERS) is None and compiled.search(_text_characters()) is None
+        return (compiled.search(_FIRST_CHARACTERS) is None and compiled.search(_text_characters()) is None
+                and not (stop and compiled.search("".join(map(chr, _MARKERS)))))
     from lmnb_engine.constrained.regex_syntax import class_syntax  # (torch-free; it imports this package)
 
     return _automaton_matches_nothing(("(?i)" if caseless else "") + class_syntax(pattern, start, caseless))

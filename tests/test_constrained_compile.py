@@ -2854,11 +2854,15 @@ def test_a_surrogate_outside_a_class_is_refused_by_name(backend, pattern):
 ])
 def test_a_class_that_matches_nothing_is_refused_by_gen_as_by_the_engine(backend, pattern, cls, at):
     # gen() took these (Python's re reads each as a valid class), and the engine refused them only when
-    # compiling ("has a part that matches no text"), or, for the last, built it
+    # compiling ("has a part that matches no text"), or, for the last, built it; what the class keeps
+    # from matching, and the pattern without it (test_a_part_an_empty_class_kills_...)
+    never, fix = {"x[^\\w\\W]|y": ('the alternative "x[^\\\\w\\\\W]" can never match', 'write "y" without it, or '),
+                  "(a[^\\d\\D])?b": ('the repeat "(a[^\\\\d\\\\D])?" can only match nothing', 'write "b" without it, or ')
+                  }.get(pattern, ("the pattern can never match", ""))
     assert _refused_alike(backend, pattern) == (
         f"regex {json.dumps(pattern)} holds the class {cls} at position {at}, which matches no character an output may "
-        "hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, and the automaton library "
-        "refuses it; remove it, or write the class you meant")
+        f"hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, so {never}, and the "
+        f"automaton library refuses it; {fix}write the class you meant")
     with pytest.raises(ValueError, match="no transitions"):  # (the library itself, on the engine's spelling)
         _library_builds_class(cls, pattern.startswith("(?i)"))
 
@@ -3463,3 +3467,61 @@ def test_a_stop_regex_property_class_in_posix_form_is_refused(pattern, at, liter
     # a "[:...:]" that the regex package reads as literal characters too, as Python's re does, is taken
     for alike in ("[[:Script=:]]", "[[:é:]]"):
         assert regex_module.fullmatch(alike, "[]") and lmnb.gen("x", stop_regex=alike).params.stop_regex == alike
+
+
+# Texts to check a pattern against with Python's re: every character below U+3000 alone, and every text
+# of up to three of a few characters
+_SAMPLE_TEXTS = [chr(c) for c in range(0x3000)] + ["".join(t) for n in range(4)
+                                                   for t in itertools.product("abcdefxyB\n", repeat=n)]
+
+
+def _spans(pattern, module=re):
+    """Where ``module`` (Python's re, or the regex package) finds ``pattern`` first in each sample text."""
+    compiled = module.compile(pattern)
+    return [m.span() if (m := compiled.search(t)) else None for t in _SAMPLE_TEXTS]
+
+
+@pytest.mark.parametrize("pattern, offer", [
+    ("[^\\s\\S]", None), ("x[^\\w\\W]y", None), ("[^\\w\\W]|b", "b"), ("(a[^\\d\\D])?b", "b"),
+    ("a(?:b|c[^\\d\\D]d|e)f", "a(?:b|e)f"), ("a[^\\d\\D]{0,2}b", "ab"), ("a[^\\d\\D]*?b", "ab"),
+    ("(?i)[^\\d\\D]|B", "(?i)B"), ("[^\\d\\D]|[^\\w\\W]|b", "b"), ("b|x[^\\w\\W]+", "b"),
+    ("(?:[^\\d\\D]|b)c", "(?:b)c"), ("[\\ud800]|b", "b"),
+    ("x[^\\x00-\\U0010ffff]|b", "b"),
+])
+def test_a_part_an_empty_class_kills_is_named_and_the_pattern_offered_without_it_for_regex_and_stop_regex(
+        backend, pattern, offer):
+    # stop_regex="[^\s\S]" was taken, and stopped at the first character (the regex package, the stop
+    # matcher's reader, reads it as every character); "[^\w\W]|b" was refused by regex= as a whole ("remove
+    # it") and taken by stop_regex=. Both refuse each now in the same words, naming what the class keeps
+    # from ever matching (an alternative, a repeat that can only match nothing, the whole pattern) and
+    # offering the pattern without it. The reference: Python's re over sample texts (the part named never
+    # matches, or only matches nothing; the offer finds the same matches; a pattern said never to match
+    # matches no text), and the regex package's own reading of the class, which the stop message names
+    import lmnb
+    from lmnb_engine.params import SamplingParams
+
+    said = _refused_alike(backend, pattern)
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", stop_regex=pattern)
+    stop_said = str(at_gen.value).removeprefix(f"gen(stop_regex={json.dumps(pattern)}) is invalid: ")
+    with pytest.raises(ValueError, match=re.escape(stop_said)):
+        SamplingParams(stop_regex=["ok", pattern]).validate()
+    misread = ("; the stop matcher (the regex package) reads the class as matching characters, and would stop at "
+               "them")
+    cls = re.search(r"holds the class (.*?) at position", stop_said).group(1)
+    assert (misread in stop_said) == any(regex_module.search(cls, t) for t in _SAMPLE_TEXTS[:0x3000])
+    # the same words, but for the markers the engine keeps out of a regex= automaton, and the library
+    assert said == "regex " + stop_said.replace(misread, "").replace(
+        "(surrogates are none)", "(surrogates and U+10FFFE-U+10FFFF are none)").replace(
+        "; ", ", and the automaton library refuses it; ", 1)
+    if offer is None:
+        assert "so the pattern can never match" in stop_said and stop_said.endswith("; write the class you meant")
+        assert _spans(pattern) == [None] * len(_SAMPLE_TEXTS)
+        return
+    assert stop_said.endswith(f"; write {json.dumps(offer)} without it, or write the class you meant")
+    assert _spans(pattern) == _spans(offer) and lmnb_gen_takes(offer) and lmnb.gen("x", stop_regex=offer)
+    part = json.loads(re.search(r'so the (?:alternative|repeat) ("(?:[^"\\]|\\.)*")', stop_said).group(1))
+    if "the repeat" in stop_said:
+        assert {span[1] - span[0] for span in _spans(part) if span} <= {0}, part
+    else:
+        assert _spans(part) == [None] * len(_SAMPLE_TEXTS), part

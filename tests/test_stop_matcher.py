@@ -1360,3 +1360,27 @@ def test_a_stop_regex_is_refused_for_a_keep_out_or_search_start_only_where_it_is
     read = spans(pattern) != spans(pattern[:at] + pattern[at + 2:])
     problem = stop_regex_problem(pattern)
     assert (problem is not None and f"holds {escape}" in problem) == read, (pattern, problem)
+
+
+def test_a_stop_regex_with_an_empty_class_is_refused_naming_what_it_keeps_from_matching_and_others_taken():
+    # "[^\s\S]" was taken as a stop regex, and the regex package reads it as every character: the output
+    # ended at its first. A conditional's branch, or a verbose pattern's repeat, is named with no rewrite
+    # offered (the reference: Python's re, by which each still matches "b"); a class in a part repeated
+    # zero times, or of U+10FFFE, a character an output may hold (the engine keeps it out of regex= only),
+    # is taken, and matches as Python's re says
+    import regex
+
+    from lmnb_engine.params import stop_regex_problem
+
+    text, hit, _ = stream(StopStringMatcher([], [r"[^\s\S]"]), ["he", "llo"])  # (what the stop matcher would do)
+    assert hit == (0, "h") and regex.search(r"[^\s\S]", "h") and re.search(r"[^\s\S]", "h") is None
+    assert "so the pattern can never match" in stop_regex_problem(r"[^\s\S]")
+    for pattern, part in [(r"(a)?(?(1)[^\d\D]|b)", 'the branch of the conditional "(?(1)[^\\\\d\\\\D]|b)" that holds it '
+                                                   "can never match"),
+                          (r"(?x) [^\d\D] ? b", 'the repeat "[^\\\\d\\\\D] ?" can only match nothing')]:
+        assert re.search(pattern, "b"), pattern
+        problem = stop_regex_problem(pattern)
+        assert f"so {part};" in problem and problem.endswith("; remove it, or write the class you meant"), problem
+    for pattern, text, stop in [(r"x(?:[^\s\S]){0}y", "axyb", "xy"), ("x[\U0010fffe]", "ax\U0010fffe", "x\U0010fffe")]:
+        assert stop_regex_problem(pattern) is None and re.search(pattern, text).group() == stop
+        assert stream(StopStringMatcher([], [pattern]), [text])[1] == (1, stop)
