@@ -422,10 +422,10 @@ def _fuzzy_constraint(pattern: str, verbose: bool = False) -> str | None:
             i += pattern[i] == "]" if i < len(pattern) else 0
             while i < len(pattern) and pattern[i] != "]":
                 i += 2 if pattern[i] == "\\" else 1
-        elif pattern.startswith("(?#", i):  # (a comment runs to the first ")")
-            i = pattern.find(")", i)
-            if i < 0:
-                return None
+        elif pattern.startswith("(?#", i):  # (a comment runs to the first ")" no backslash escapes)
+            i += 3
+            while i < len(pattern) and pattern[i] != ")":
+                i += 2 if pattern[i] == "\\" else 1
         elif c == "#" and verbose:
             i = pattern.find("\n", i)
             if i < 0:

@@ -1948,9 +1948,10 @@ def test_a_stop_regex_with_a_fuzzy_constraint_is_refused_naming_it(pattern, cons
 
 
 @pytest.mark.parametrize("pattern", [r"\{e<=1\}", r"[{e}]x", r"a{2,3}", r"x{ e }", r"[]{e}]x", r"ab\{e\}",
-                                     "(?#{e<=1})ab", "(?x)ab # {e<=1}\n", "(?x)a{2, 3}"])
+                                     "(?#{e<=1})ab", "(?x)ab # {e<=1}\n", "(?x)a{2, 3}", r"a(?#\){e<=1})b"])
 def test_a_stop_regex_with_braces_that_are_no_fuzzy_constraint_is_taken(pattern):
-    # (a comment's braces, (?#...) or after # under VERBOSE, constrain nothing)
+    # (a comment's braces, (?#...) or after # under VERBOSE, constrain nothing; a "\)" does not end a comment, so
+    # "a(?#\){e<=1})b" was refused for a constraint in its comment)
     import regex
 
     from lmnb_engine.params import stop_regex_problem
