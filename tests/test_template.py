@@ -627,6 +627,42 @@ def test_a_gen_with_choices_refuses_a_literal_temperature_in_the_words_gen_gives
     assert [e.value.message, str(python.value)] == [said, f"gen(..., choices=...) {said}"]
 
 
+@pytest.mark.parametrize("cell, options, named", [
+    ("{gen x temperature=-2 max_tokens=-1}", {"temperature": -2, "max_tokens": -1}, "max_tokens"),
+    ("{gen x max_tokens=-1 temperature=-2}", {"max_tokens": -1, "temperature": -2}, "max_tokens"),
+    ("{gen x top_p=5 temperature=-2}", {"top_p": 5, "temperature": -2}, "temperature"),
+    ("{gen x top_logprobs_num=-1 n=0}", {"top_logprobs_num": -1, "n": 0}, "n"),
+    ("{gen x min_tokens=-1 ignore_eos=2}", {"min_tokens": -1, "ignore_eos": 2}, "ignore_eos"),
+    ('{gen x choices=["a", "b"] choices_method=3 temperature=-1}',
+     {"choices": ["a", "b"], "choices_method": 3, "temperature": -1}, "temperature"),
+])
+def test_two_bad_values_in_one_gen_are_told_as_python_gen_tells_them(cell, options, named):
+    """A cell told the first bad literal it read (temperature last of all, after the others), Python's
+    gen() the first in its own order of checks: {gen x top_p=5 temperature=-2} said top_p where
+    gen(top_p=5, temperature=-2) says temperature. Now the cell names the option gen() names, in its
+    words and at its value, whatever the order written; from kernel variables too (where the cell's
+    own check of seed, min_p, ... came first)."""
+    with pytest.raises((TypeError, ValueError)) as python:
+        lmnb.gen("x", **options)
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    words = str(python.value).removeprefix("gen(..., choices=...) ")  # (a pick's words name no option)
+    assert e.value.message == words and named in words
+    assert e.value.col == cell.index(f" {named}=") + 2 + len(named) + 1  # (1-based: the value's first character)
+
+
+@pytest.mark.parametrize("cell", ["{gen x seed=a max_tokens=b}", "{gen x max_tokens=b seed=a}",
+                                  "{gen x min_p=c top_p=d}"])
+def test_two_bad_values_from_variables_are_told_as_python_gen_tells_them(cell):
+    kernel = {"a": 2**70, "b": -1, "c": 2, "d": 5}
+    keys = dict(item.split("=") for item in cell[7:-1].split())
+    with pytest.raises(ValueError) as python:
+        lmnb.gen("x", **{key: kernel[var] for key, var in keys.items()})
+    with pytest.raises(TemplateRuntimeError) as e:
+        faces(cell, **{var: kernel[var] for var in keys.values()})
+    assert e.value.message == f"gen: {python.value}"  # seed/min_p (the cell's own check) were told first
+
+
 def test_a_lone_carriage_return_ends_a_line_as_it_does_for_python():
     # ast numbered the lines of "{x/\ry}" at \r and the parser at \n only: an IndexError, not a position
     with pytest.raises(TemplateSyntaxError) as e:

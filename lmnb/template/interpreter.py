@@ -11,11 +11,12 @@ import re
 from typing import Any
 
 from lmnb.choices import choice_list
-from lmnb.ir import check_text
+from lmnb.ir import CHECKED_ALONE, check_text, param_problem
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names
 from lmnb.template.options import (
-    SAMPLING_FIELDS, braces_hint, branch_choices, check_literal, fork_count, fork_items, shared_by_branches)
+    SAMPLING_FIELDS, braces_hint, branch_choices, check_literal, first_refused, fork_count, fork_items,
+    shared_by_branches)
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -58,7 +59,7 @@ class _Run:
     def primitive(self, node: Primitive, s, local):
         import lmnb
 
-        kwargs = {}
+        kwargs, refused = {}, []
         for o in node.options:
             kwargs[o.key] = value = self.value(o.value, s, local, f"{node.primitive} option {o.key}={o.value.source}")
             if o.key == "choices":  # as lmnb.select reads them: a numpy array, a pandas Series, a set (sorted)
@@ -68,8 +69,16 @@ class _Run:
                     kwargs[o.key] = value = choice_list(value, o.value.source.strip())
                 except TypeError as e:  # (a dict: its keys or its values?)
                     raise self.error(str(e), o.value.offset) from None
+            # a value from a variable gets the check a literal got at parse time (None: one lmnb's
+            # own check refuses, which lmnb tells below)
             problem = _check_value(node.primitive, o.key, value)
-            if problem:  # a value from a variable gets the check a literal got at parse time
+            if problem or (o.key in CHECKED_ALONE and param_problem(o.key, value)):
+                refused.append((o, problem))
+        if refused:  # (of several, the one lmnb names for the same values, as the parser tells literals)
+            fine = {k: v for k, v in kwargs.items() if k not in {o.key for o, _ in refused}}
+            o, problem = refused[first_refused(node.primitive, [(o.key, kwargs[o.key]) for o, _ in refused], fine)
+                                 if len(refused) > 1 else 0]
+            if problem:
                 raise self.error(problem, o.value.offset)
         fn = getattr(lmnb, node.primitive)
         try:

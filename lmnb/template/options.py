@@ -245,6 +245,26 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
     return None
 
 
+def first_refused(primitive: str, refused: list, others: Mapping) -> int:
+    """Which of several refused option values (``refused``: ``(key, value)`` pairs, as written)
+    ``lmnb.<primitive>`` names when called with all of them and the ``others`` (the hole's values
+    it takes alone), as its index in ``refused``: gen() checks its arguments in an order of its
+    own, not the order a cell writes them, so a cell tells the one the same Python call tells.
+    It is the one whose refusal, given alone beside ``others``, reads as the call's; the first
+    written where none does (a problem only the cell finds)."""
+    import lmnb
+
+    def refusal(kwargs) -> Optional[str]:
+        try:
+            getattr(lmnb, primitive)(**others, **kwargs)
+        except Exception as e:  # (any refusal; what matters is which words)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    together = refusal(dict(refused))
+    return next((i for i, (key, value) in enumerate(refused) if refusal({key: value}) == together), 0)
+
+
 # Options whose value from a variable the cell checks at the option (gen()'s own check, in its
 # words) before it calls gen(): SamplingParams fields of the same name, which the engine checked only
 # once the gen was sent, so seed="a" or min_p=2 failed mid-run, away from its hole.

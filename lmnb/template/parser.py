@@ -318,19 +318,16 @@ class _Parser:
             if not value.strip():
                 raise self.error(f"option {key!r} has no value", rest_at + eq)
             expr = self.expr(value, rest_at + eq + 1)
-            if not (kind == "gen" and key == "temperature"):  # (checked below, once it is known whether gen picks)
-                self.check_literal(kind, key, expr)
             options.append(Option(key, expr, rest_at + at))
         # the options given a value here (a literal None is gen()'s default, as if not written:
         # choices=None makes no pick, as gen(choices=None) makes none); one read from a variable may
         # hold None too, so a combination it is in is left to lmnb.gen, as the cell runs
         valued = {o.key for o in options if _given(o.value)}
-        temperature = next((o for o in options if o.key == "temperature"), None)
-        if kind == "gen" and temperature is not None:  # gen(choices=...) checks it as select() does
-            # (choices from a variable most likely pick; select's rule and gen's refuse the same
-            # literals but None, which both take here, so only the words depend on the guess)
-            picks = any(o.key == "choices" and _literal(o.value) is not None for o in options)
-            self.check_literal(kind, "temperature", temperature.value, picks=picks)
+        # gen(choices=...) checks the temperature as select() does (choices from a variable most
+        # likely pick; select's rule and gen's refuse the same literals but None, which both take
+        # here, so only the words depend on the guess)
+        picks = kind == "gen" and any(o.key == "choices" and _literal(o.value) is not None for o in options)
+        self.refuse_literals(kind, options, picks)
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
         clash = [k for k in OUTPUT_OPTIONS if k in valued]
@@ -425,22 +422,31 @@ class _Parser:
             raise self.error("{video} needs frames=N (how many frames to sample)", start, hint="e.g. {video clip frames=8}")
         self.emit(Media(kind, source, frames, start))
 
-    def check_literal(self, kind: str, key: str, expr: Expr, picks: bool = False) -> None:
+    def refuse_literals(self, kind: str, options: list[Option], picks: bool) -> None:
         """Catch mistakes in literal option values at parse time, pointing at the value (``picks``:
-        ``options.check_literal``'s, a gen with choices)."""
-        body = expr.tree.body
-        if isinstance(body, ast.Set) and len(body.elts) == 1 and not isinstance(body.elts[0], ast.Constant):
-            # max_tokens={n}: braces as around a hole, which make a set here (found only as the gen ran)
-            inner = ast.unparse(body.elts[0])
-            raise self.error(f"{key}={{{inner}}} is a set: inside a hole an option's value is a Python expression "
-                             "already", expr.offset, hint=f"write {key}={inner}")
-        try:
-            value = ast.literal_eval(expr.tree.body)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return  # not a literal: checked by lmnb when the program runs
-        problem = opts.check_literal(kind, key, value, expr.source.strip(), picks)
-        if problem:
-            raise self.error(problem, expr.offset)
+        ``options.check_literal``'s, a gen with choices). Of several, the one ``lmnb.gen`` (or
+        ``select``) called with the same values names (``options.first_refused``), not the first
+        written, so that the cell and Python tell the same."""
+        refused, fine = [], {}
+        for o in options:
+            body = o.value.tree.body
+            if isinstance(body, ast.Set) and len(body.elts) == 1 and not isinstance(body.elts[0], ast.Constant):
+                # max_tokens={n}: braces as around a hole, which make a set here (found only as the gen ran)
+                inner = ast.unparse(body.elts[0])
+                raise self.error(f"{o.key}={{{inner}}} is a set: inside a hole an option's value is a Python "
+                                 "expression already", o.value.offset, hint=f"write {o.key}={inner}")
+            value = _literal(o.value)
+            if value is _NOT_LITERAL:
+                continue  # checked by lmnb when the program runs
+            problem = opts.check_literal(kind, o.key, value, o.value.source.strip(), picks and o.key == "temperature")
+            if problem:
+                refused.append((o, value, problem))
+            else:
+                fine[o.key] = value
+        if refused:
+            o, _, problem = refused[opts.first_refused(kind, [(o.key, v) for o, v, _ in refused], fine)
+                                    if len(refused) > 1 else 0]
+            raise self.error(problem, o.value.offset)
 
     def capture(self, name: str, offset: int) -> None:
         if self.scope.is_local(name):
