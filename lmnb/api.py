@@ -35,6 +35,7 @@ from lmnb.ir import (
     Video,
     _python_value,
     as_expr,
+    blank_name,
     check_flag,
     check_regex,
     check_stop_regex,
@@ -665,16 +666,17 @@ def gen(
 
 
 def _check_name(primitive: str, name: Any) -> None:
-    """A result name is a string (the variable's key) or None (unnamed). An empty name is refused:
-    SGLang stores the result under the key "" without a check, which no program means (an
-    f-string or a variable that came out empty), and a ``%%lm`` cell cannot name it."""
+    """A result name is a string (the variable's key) or None (unnamed). An empty or whitespace-only
+    name is refused: SGLang stores the result under the key "" or " " without a check, which no
+    program means (an f-string or a variable that came out blank), and a ``%%lm`` cell cannot name
+    it (nor put it among the kernel's variables). Other strings are taken, as SGLang takes them."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{primitive}() name must be a string (the variable to store the result in) or None, "
                         f"got {name!r}; the first positional argument is the name")
-    if name == "":
-        raise ValueError(f'{primitive}() name is empty (""), so the result could only be read as s[""]; give the '
-                         f'variable a name, e.g. {primitive}("answer", ...), or leave the name out ({primitive}(...) '
-                         "or name=None) to store the result in no variable")
+    if name is not None and not name.strip():
+        raise ValueError(f"{primitive}() name is {blank_name(name, 'result')}; give the variable a name, e.g. "
+                         f'{primitive}("answer", ...), or leave the name out ({primitive}(...) or name=None) to store '
+                         "the result in no variable")
 
 
 # SGLang's positional order for gen_int / gen_string: name, max_tokens, n, stop, stop_token_ids,

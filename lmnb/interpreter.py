@@ -24,7 +24,9 @@ from lmnb.backend.base import BaseBackend
 from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
 )
-from lmnb.ir import Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, role_message
+from lmnb.ir import (
+    Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, role_message,
+)
 from lmnb.user_site import running_for, user_site
 
 
@@ -88,13 +90,13 @@ class ProgramState:
         Raises:
             TypeError: ``name`` is not a string (None captured nothing, 5 made an int key).
             ValueError: a scope of the same name is open already (the inner one would close it), or
-                the name is empty ("": gen's rule, ``lmnb.api._check_name``).
+                the name is empty or only whitespace ("", " ": gen's rule, ``lmnb.api._check_name``).
         """
         if not isinstance(name, str):
             raise TypeError(f"var_scope name must be a string (the variable to capture the text into), got {name!r}")
-        if not name:
-            raise ValueError('var_scope name is empty (""), so the text could only be read as s[""]; give the '
-                             'variable a name, e.g. s.var_scope("answer")')
+        if not name.strip():
+            raise ValueError(f'var_scope name is {blank_name(name, "text")}; give the variable a name, e.g. '
+                             's.var_scope("answer")')
         if name in self._open_scopes:
             raise ValueError(f"var_scope {name!r} is open already; a nested scope needs another name")
         self._open_scopes.add(name)

@@ -675,6 +675,14 @@ def _schema_text_passes(text: str) -> bool:
     return True
 
 
+def blank_name(name: str, stored: str) -> str:
+    """What an empty or whitespace-only variable name ``name`` is, for a message: ``empty (""), so
+    the <stored> could only be read as s[""]``, or ``only whitespace (" "), ...`` (JSON-quoted, so
+    a tab or an ideographic space shows as its escape)."""
+    shown = json.dumps(name)
+    return f"{'empty' if not name else 'only whitespace'} ({shown}), so the {stored} could only be read as s[{shown}]"
+
+
 def check_stop_regex(stop_regex: Any) -> None:
     """Check ``gen(stop_regex=...)`` where it is called, with the engine's own rule.
 

@@ -2871,6 +2871,31 @@ def test_an_empty_result_name_is_refused_where_the_primitive_is_called():
             parse(cell)
 
 
+@pytest.mark.parametrize("name, shown", [(" ", '" "'), ("\t\n", '"\\t\\n"'), ("\u3000", '"\\u3000"')])
+def test_a_whitespace_only_result_name_is_refused_as_an_empty_one(name, shown):
+    """gen(" ") was taken (only "" was refused), the result stored under " ", which a %%lm --python
+    cell then put among the kernel's variables, where no code can name it: a name that came out
+    blank, as "" is. A name with text in it (" x", "my answer") is still SGLang's any string."""
+    calls = {"gen": lambda: sgl.gen(name), "select": lambda: sgl.select(name, choices=["a"]),
+             "gen_int": lambda: sgl.gen_int(name), "gen_string": lambda: sgl.gen_string(name=name)}
+    for primitive, call in calls.items():
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == (f"{primitive}() name is only whitespace ({shown}), so the result could only be read "
+                                f'as s[{shown}]; give the variable a name, e.g. {primitive}("answer", ...), or leave '
+                                f"the name out ({primitive}(...) or name=None) to store the result in no variable")
+
+    @sgl.function
+    def scoped(s):
+        with s.var_scope(name):
+            s += "x"
+
+    with pytest.raises(ValueError, match=re.escape(f"var_scope name is only whitespace ({shown}), so the text could "
+                                                   f"only be read as s[{shown}]; give the variable a name")):
+        scoped.run(backend=ScriptedBackend())
+    assert sgl.gen(" x").name == " x" and sgl.select("my answer", choices=["a"]).name == "my answer"
+
+
 def test_adding_none_is_a_type_error_as_adding_an_int_is():
     # s += None was a ValueError ("cannot add None to a program state"), s += 5 a TypeError
     none = re.escape("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
