@@ -963,15 +963,22 @@ class StreamExecutor:
         (from its ``seed_path``), so branches, of one fork or of several, are distinct samples,
         reproducibly; a gen's own ``seed`` is kept as given.
 
-        Raises ``ValueError`` for a ``top_logprobs_num`` above 0 without ``return_logprob`` (each
-        may come from the gen or from ``run()``'s defaults, so only here are both known), in the
-        engine's words, on every backend: the engine and ``lmnb serve`` refuse it, and an OpenAI
-        API and an SGLang server dropped it without a word."""
+        ``run()``'s ``top_logprobs_num`` is a default for the gens that ask for logprobs (SGLang's
+        ``run(top_logprobs_num=N)`` with ``return_logprob`` on some gens), so a gen that asks for
+        none is sent without it.
+
+        Raises ``ValueError`` for a gen's own ``top_logprobs_num`` above 0 without ``return_logprob``
+        (the gen's or ``run()``'s, so only here are both known), in the engine's words, on every
+        backend: the engine and ``lmnb serve`` refuse it, and an OpenAI API and an SGLang server
+        dropped it without a word."""
         p = params.merged_over(self.default_params)
         if p.top_logprobs_num and not p.return_logprob:
-            from lmnb_engine.params import TOP_LOGPROBS_RULE  # torch-free (import lmnb loads no engine)
+            if not params.top_logprobs_num:  # (run()'s count: no gen asked for top alternatives it cannot get)
+                p = dataclasses.replace(p, top_logprobs_num=None)
+            else:
+                from lmnb_engine.params import TOP_LOGPROBS_RULE  # torch-free (import lmnb loads no engine)
 
-            raise ValueError(f"top_logprobs_num={p.top_logprobs_num} is invalid: {TOP_LOGPROBS_RULE}")
+                raise ValueError(f"top_logprobs_num={p.top_logprobs_num} is invalid: {TOP_LOGPROBS_RULE}")
         if params.seed is None and p.seed is not None and self.seed_path:
             p = dataclasses.replace(p, seed=random.Random(f"{p.seed}:{self.seed_path}").randrange(2**62))
         if p.regex is None and p.json_schema is None and p.dtype is None:

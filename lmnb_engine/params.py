@@ -44,8 +44,8 @@ MAX_N = 128
 # NaN and inf compare as neither below nor above 0, so "finite" is said.
 TEMPERATURE_RULE = "must be a finite number >= 0 (0 is greedy)"
 # Why ``top_logprobs_num`` above 0 is refused without ``return_logprob``, in the words of
-# ``validate`` and of lmnb's gen (``lmnb.executor``, which refuses it for every backend: an OpenAI
-# API and an SGLang server drop it without a word).
+# ``validate`` and of lmnb's gen (``lmnb.executor``, which refuses a gen's own for every backend: an
+# OpenAI API and an SGLang server drop it without a word).
 TOP_LOGPROBS_RULE = ("the top alternatives come only with the logprobs: also ask for return_logprob, or leave "
                      "top_logprobs_num out")
 

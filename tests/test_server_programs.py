@@ -552,7 +552,8 @@ def test_text_async_iter_meta_data_ends_with_the_finish_reason_over_http(backend
 def test_top_logprobs_num_without_return_logprob_is_refused_alike_on_every_backend(backends):
     """The engine and lmnb serve refuse top_logprobs_num without return_logprob; the OpenAI backend
     dropped it without a word (and an SGLang server does), so one program got alternatives on no
-    backend, an error on two, in two wordings. Each of the two may be the gen's or run()'s."""
+    backend, an error on two, in two wordings. The gen's count is refused so; run()'s is a default
+    for the gens that ask for logprobs, as in SGLang (below)."""
     local, remote, url = backends
     completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
     chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")
@@ -569,7 +570,7 @@ def test_top_logprobs_num_without_return_logprob_is_refused_alike_on_every_backe
 
     for backend in (local, remote, completion, chat):
         # (the gen's options, run()'s)
-        for gen, run in [({"top_logprobs_num": 2}, {}), ({}, {"top_logprobs_num": 2}),
+        for gen, run in [({"top_logprobs_num": 2}, {}),
                          ({"top_logprobs_num": 2, "return_logprob": False}, {"return_logprob": True})]:
             state = ask.run(gen, backend is completion, backend=backend, temperature=0, **run)
             assert isinstance(state.error().__cause__, ValueError) and str(state.error().__cause__) == refused
@@ -579,6 +580,26 @@ def test_top_logprobs_num_without_return_logprob_is_refused_alike_on_every_backe
             state = ask.run(gen, backend is completion, backend=backend, temperature=0, **run)
             assert state.error() is None
             assert [len(top) for top in state.get_meta_info("reply")["output_top_logprobs"]] == [2] * 3
+
+
+def test_run_top_logprobs_num_is_a_default_for_the_gens_that_ask_for_logprobs(backends):
+    """SGLang's run(top_logprobs_num=N) sets the count once; the gens with return_logprob=True get N
+    alternatives per token and the others no logprobs. lmnb refused the whole program at the first
+    gen without return_logprob (top_logprobs_num=2 is invalid: ... also ask for return_logprob), on
+    every backend."""
+    local, remote, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+
+    @sgl.function
+    def two(s):
+        s += "A fruit:" + sgl.gen("plain", max_tokens=3) + " A tree:" + sgl.gen("scored", max_tokens=3,
+                                                                                return_logprob=True)
+
+    for backend in (local, remote, completion):
+        state = two.run(backend=backend, temperature=0, top_logprobs_num=2)
+        assert state.error() is None, backend
+        assert not any("logprobs" in key for key in state.get_meta_info("plain")), backend
+        assert [len(top) for top in state.get_meta_info("scored")["output_top_logprobs"]] == [2] * 3, backend
 
 
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):
