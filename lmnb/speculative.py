@@ -10,7 +10,10 @@ keeping the state per program instead of per backend so ``run_batch`` threads do
 
 from __future__ import annotations
 
+import bisect
+import codecs
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Optional
 
 from lmnb.backend.base import BackendError, reworded
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from lmnb.executor import StreamExecutor
 
 SPEC_MAX_TRIES = 3  # chat models: calls before giving up on a pattern (SGLang's)
+_BYTE_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Speculation:
         pieces = [t[2] for t in tokens if isinstance(t, (list, tuple)) and len(t) > 2 and isinstance(t[2], str)]
         if len(pieces) != len(tokens):
             return cls(text, None)
+        pieces = _token_texts(pieces)
         ends, pos = [], 0
         for piece in pieces:
             if pos == len(text):  # the tokens may go on past the text: a stop string matched in them
@@ -71,13 +76,34 @@ class Speculation:
         return self.ends[k - 1] if len(self.ends) >= k else None
 
     def tokens_in(self, n: int) -> Optional[int]:
-        """How many tokens the first ``n`` characters hold (a token cut in two counts); None if
-        boundaries are unknown."""
+        """How many tokens wrote the first ``n`` characters: up to the one that wrote the n-th (a
+        token cut in two counts; those after it that add no text, such as the first byte of the
+        next character, do not, as the engine stops at that token); None if boundaries are unknown."""
         if self.ends is None:
             return None
-        whole = sum(1 for e in self.ends if e <= n)  # (ends never decrease)
-        cut = whole < len(self.ends) and (self.ends[whole - 1] if whole else 0) < n
-        return whole + cut
+        if n <= 0:
+            return 0
+        return min(bisect.bisect_left(self.ends, n) + 1, len(self.ends))  # (ends never decrease)
+
+
+def _token_texts(pieces: list[str]) -> list[str]:
+    """The text each token adds, of the per-token texts ``pieces``. OpenAI (and ``lmnb serve``)
+    write a token holding part of a character as ``bytes:`` then its bytes, those that are no whole
+    character escaped (``bytes:\\xc3``): such a token adds the characters its bytes complete (none,
+    for the first byte of one), as the engine's text holds a character back until it is whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    out = []
+    for piece in pieces:
+        if not piece.startswith("bytes:"):
+            out.append(decoder.decode(b"", final=True) + piece)  # (bytes no token completed: U+FFFD)
+            decoder.reset()
+            continue
+        raw, pos = bytearray(), len("bytes:")
+        for m in _BYTE_ESCAPE.finditer(piece, pos):
+            raw += piece[pos:m.start()].encode("utf-8", "surrogatepass") + bytes([int(m[1], 16)])
+            pos = m.end()  # (a server's lone surrogate: no error here, and a text that does not add up)
+        out.append(decoder.decode(bytes(raw + piece[pos:].encode("utf-8", "surrogatepass"))))
+    return out
 
 
 def _spec_tokens_noted(e: Exception, spec_tokens: int, limit: Optional[int]) -> Exception:
@@ -150,6 +176,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         meta["finish_reason"] = finish
         meta.pop("completion_tokens", None)
         tokens = left.tokens_in(used)
+        if tokens is not None and finish["type"] == "length":  # (the limit's tokens, those that add no text too)
+            tokens = limit
         if tokens is not None:
             meta["completion_tokens"] = tokens
             for key in ("output_token_logprobs", "output_top_logprobs"):

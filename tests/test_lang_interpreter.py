@@ -2046,6 +2046,27 @@ def test_speculation_token_ends_by_hand():
     assert s.ends is None and s.end_of_tokens(1) == 1 and s.end_of_tokens(3) is None
 
 
+def test_speculation_token_ends_of_byte_tokens_by_hand():
+    """OpenAI and lmnb serve write a token holding part of a character as bytes:\\xNN. Those texts
+    did not add up to the text, so one such token anywhere in a speculative call made characters stand
+    in for tokens for every gen cut from it (gen(max_tokens=1) got " ", not " caf"). Each adds the
+    characters its bytes complete, none for a first byte, as the engine's text holds it back."""
+    from lmnb.speculative import Speculation
+
+    pieces = [" caf", "bytes:\\xc3", "bytes:\\xa9", " ", "bytes:\\xf0\\x9f", "bytes:\\x98\\x80", "!"]
+    s = Speculation.from_completion(" café 😀!", {"output_token_logprobs": [[0, i, t] for i, t in enumerate(pieces)]})
+    assert s.ends == (4, 4, 5, 6, 6, 7, 8)  # " café" is 5 characters, the emoji one
+    assert [s.end_of_tokens(k) for k in range(1, 8)] == [4, 4, 5, 6, 6, 7, 8]
+    # the tokens that wrote the first n characters: not a first byte after them (the engine stops before it)
+    assert [s.tokens_in(n) for n in range(9)] == [0, 1, 1, 1, 1, 3, 4, 6, 7]
+    # a first byte no token completes reads U+FFFD, as a decoder writes it
+    s = Speculation.from_completion("a\ufffdb", {"output_token_logprobs": [[0, 1, "a"], [0, 2, "bytes:\\xc3"], [0, 3, "b"]]})
+    assert s.ends == (1, 1, 3)
+    # special tokens the text skips count only where a gen's text needs them
+    s = Speculation.from_completion("a\nQ", {"output_token_logprobs": [[0, 1, "a\n"], [0, 2, "</s>"], [0, 3, "Q"]]})
+    assert s.tokens_in(2) == 1 and s.tokens_in(3) == 3
+
+
 def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     replies = iter(["Name: Carol\nAge: 41", "Name: Carol\nAge: 41"])
     be = ScriptedBackend(lambda p, params: next(replies), chat_template=CHATML, is_chat_model=True)

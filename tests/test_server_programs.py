@@ -1271,3 +1271,27 @@ def test_an_openai_choice_cut_before_its_grammar_matched_says_so_in_finish_messa
         state = digits.run(backend=completion, temperature=0, stream=stream)
         assert finish_reason_dict(state.get_meta_info("x")) == {
             "type": "length", "message": "incomplete: the token limit was reached before the output matched its regex"}
+
+
+def test_speculative_gens_with_byte_tokens_in_the_call_are_cut_as_the_same_gens_without_speculation(backends):
+    """A speculative call whose tokens hold part of a character (bytes:\\xNN in the OpenAI API's
+    logprobs, which the tiny model's output has) made characters stand in for tokens for every gen
+    cut from it: gen("a", max_tokens=1) got " ", a few characters, and the whole call's logprobs.
+    Reference: the same program without speculation, gen by gen (text, token count, logprobs)."""
+    _, _, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+    for k in range(1, 7):
+        def body(s):
+            s += "A fruit:" + sgl.gen("a", max_tokens=k, return_logprob=True) + " and" + sgl.gen("b", max_tokens=3)
+
+        spec = sgl.function(num_api_spec_tokens=16)(body).run(backend=completion, temperature=0)
+        plain = sgl.function(body).run(backend=completion, temperature=0)
+        assert spec.get_meta_info("a")["speculative"] and spec.get_meta_info("b")["speculative"]
+        call = spec.get_meta_info("a")["speculative_call"]
+        assert call["completion_tokens"] == 16
+        assert (spec["a"], spec["b"]) == (plain["a"], plain["b"]), k
+        got, want = spec.get_meta_info("a"), plain.get_meta_info("a")
+        assert got["completion_tokens"] == want["completion_tokens"] == k
+        assert [t[2] for t in got["output_token_logprobs"]] == [t[2] for t in want["output_token_logprobs"]]
+    first = sgl.function(num_api_spec_tokens=16)(body).run(backend=completion, temperature=0, return_logprob=True)
+    assert any(t[2].startswith("bytes:") for t in first.get_meta_info("a")["output_token_logprobs"])  # (the case)
