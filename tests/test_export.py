@@ -1002,6 +1002,46 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     assert len(p.notes) == 1 and p.notes[0].startswith(note), p.notes
 
 
+_WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{more}    def encode(self, x):\n"
+          "        {loop}:\n            return ch + x\n        return x\ntok = Tok()\n{after}")
+
+
+@pytest.mark.parametrize("init, more, loop, after, job", [
+    # (iterating an item of an attribute the class sets to a literal of strings reads it, as iterating the
+    # attribute itself does: the break-it review found `for ch in self.words[0]` noted as a change)
+    ("['ab', 'cd']", "", "for ch in self.words[0]", "", None),
+    ("{'a': ('x', 'y')}", "", "for ch in self.words['a']", "", None),
+    ("[['ab', 'c'], 'd']", "", "for ch in self.words[0][0]", "", None),
+    ("f'{1}ab'", "", "for ch in self.words[1:]", "", None),
+    ("{'a': 'xy'}", "", "for ch in self.words.get('a', '')", "", None),
+    # (an item that may be an iterator, which the loop consumes: still noted, and it carries over in the job)
+    ("[iter('xyz')]", "", "for ch in self.words[0]", "", ["xB", "yC", "zD"]),
+    ("['ab']", "    def add(self, it):\n        self.words.append(it)\n", "for ch in self.words[-1]",
+     "tok.add(iter('xyz'))", ["xB", "yC", "zD"]),
+    ("['ab']", "    def reset(self, it):\n        self.words = [it]\n", "for ch in self.words[0]",
+     "tok.reset(iter('xyz'))", ["xB", "yC", "zD"]),
+])
+def test_a_method_iterating_an_item_of_a_literal_attribute_reads_it(tmp_path, monkeypatch, init, more, loop, after,
+                                                                     job):
+    from helpers_export import write_rows
+
+    setup = _WORDS.format(init=init, more=more, loop=loop, after=after)
+    cell = "r = tok.encode(q)\nfor ch in r:\n    break"
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = [{"q": q} for q in "BCD"]
+    passes = _notebook_passes(f"{setup}\nq = 'A'", [cell], rows)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    if job is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
+        assert prompts[1::2] == passes and p.notes == [], p.notes
+    else:  # (each pass of the notebook starts from a new iterator: x; the job's rows go on from the last row's)
+        assert passes == [f"x{q}" for q in "BCD"] and prompts[1::2] == job
+        assert [n.split(" (")[0] for n in p.notes] == ["cell 1: tok, an instance of Tok that this cell makes once, is "
+                                                       "used by the rows"], p.notes
+
+
 def test_a_class_attribute_a_python_lm_cell_changes_starts_each_row_from_the_setup_value(tmp_path, monkeypatch):
     # a %%lm --python body runs on the notebook's globals (PythonCell.program), so its C.n += 1 changes the
     # set-up's class; the export looked for class changes in Python cells only: rows gave B1, C2, D3

@@ -38,7 +38,8 @@ def _read_only_methods(setup: list) -> dict:
         if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
             continue
         plain = _plain_attributes(methods)
-        out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain)}
+        literal = _literal_attributes(methods, plain)
+        out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain, literal)}
     return out
 
 
@@ -66,14 +67,55 @@ def _plain_attributes(methods: dict) -> set:
     return plain - other
 
 
-def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> bool:
+def _literal_attributes(methods: dict, plain: set) -> set:
+    """The attributes of ``plain`` (``_plain_attributes``) that the class's ``methods`` only ever set
+    to a literal of strings and numbers (``['ab', 'cd']``, ``{'a': (1, 2)}``: ``ast.literal_eval``'s)
+    or to a string (``str(x)``, an f-string), and use only to read (``_read``, iterating their items
+    too): their items, and the items of those, are strings, numbers or such literals, which no
+    iteration consumes (``for ch in self.words[0]`` reads)."""
+    import ast
+
+    out = set(plain)
+    for method in methods.values():
+        if not method.args.args:
+            continue
+        me = method.args.args[0].arg
+        parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(method):
+            if not (isinstance(node, ast.Attribute) and node.attr in out and isinstance(node.value, ast.Name)
+                    and node.value.id == me):
+                continue
+            if isinstance(node.ctx, ast.Load):
+                if not _read(node, parents, True, literal=True):
+                    out.discard(node.attr)
+                continue
+            value = parents[node].value if isinstance(parents[node], (ast.Assign, ast.AnnAssign)) else None
+            if not (_is_literal(value) or isinstance(value, ast.JoinedStr) or (
+                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "str")):
+                out.discard(node.attr)  # (and a target of a tuple, `self.a, self.b = ...`: its value unknown here)
+    return out
+
+
+def _is_literal(value) -> bool:
+    """Whether the expression ``value`` is a literal that ``ast.literal_eval`` reads."""
+    import ast
+
+    try:
+        ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _reads_only(method, methods: dict, seen: set, plain: set = frozenset(), literal: set = frozenset()) -> bool:
     """Whether ``method`` (a plain ``def`` of a class whose ``methods`` are given) changes nothing of
     its instance, as far as can be told safely: its first parameter is used only to read attributes
     (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``, ``_read``), or to call methods of
     the class that read only (``seen``: those being checked, taken to read only), or to reach its
     class (``type(self)``, ``self.__class__``: what is set there is a class attribute's change,
     ``_class_attributes``'). ``plain``: the attributes that hold plain containers
-    (``_plain_attributes``)."""
+    (``_plain_attributes``); ``literal``: those of them whose items are literals too
+    (``_literal_attributes``)."""
     import ast
 
     if method.decorator_list or not method.args.args:
@@ -93,9 +135,9 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> b
         if isinstance(user, ast.Call) and user.func is attribute:  # (self.m(...): a method of the class)
             called = methods.get(attribute.attr)
             if called is None or (called.name not in seen
-                                  and not _reads_only(called, methods, seen | {method.name}, plain)):
+                                  and not _reads_only(called, methods, seen | {method.name}, plain, literal)):
                 return False
-        elif not _read(attribute, parents, attribute.attr in plain):
+        elif not _read(attribute, parents, attribute.attr in plain, literal=attribute.attr in literal):
             return False
     return True
 
@@ -127,23 +169,24 @@ def _items_changed(loop, parents: dict) -> bool:
                for part in scope for n in ast.walk(part))
 
 
-def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
+def _read(value, parents: dict, plain: bool, item: bool = False, literal: bool = False) -> bool:
     """Whether ``value`` (an instance's attribute, or with ``item`` an item of it: ``self.rows[0]``,
     ``self.vocab.get(k)``) is only read where it is used (``_reads_only``): an item is looked at the
     same way (``self.rows[0].append(x)`` changes the attribute's list), but may be handed on, as
-    ``return self.vocab[k]`` does; ``plain``: the attribute holds a plain container."""
+    ``return self.vocab[k]`` does; ``plain``: the attribute holds a plain container; ``literal``:
+    one of literals (``_literal_attributes``), whose items are read by iterating them too."""
     import ast
 
     user = parents.get(value)
     if isinstance(user, ast.Subscript):
-        return user.value is not value or (isinstance(user.ctx, ast.Load) and _read(user, parents, plain, True))
+        return user.value is not value or (isinstance(user.ctx, ast.Load) and _read(user, parents, plain, True, literal))
     if isinstance(user, ast.Attribute):  # (self.vocab.get(k): a read method, and nothing else)
         call = parents.get(user)
         return (plain and isinstance(call, ast.Call) and call.func is user and user.attr in _READ_METHODS
-                and (user.attr != "get" or _read(call, parents, plain, True)))
+                and (user.attr != "get" or _read(call, parents, plain, True, literal)))
     # (running through a plain container reads it; through an item of one, `for x in self.its[0]`, it may
-    # consume an iterator the container holds)
-    iterable = plain and not item
+    # consume an iterator the container holds, but for an item of literals, `for ch in self.words[0]`)
+    iterable = plain and (not item or literal)
     if isinstance(user, ast.Call):  # (an argument: of a builtin that neither keeps nor changes it)
         return (isinstance(user.func, ast.Name) and user.func.id in _PURE_BUILTINS
                 and (iterable or user.func.id not in _ITERATING_BUILTINS))
