@@ -1002,6 +1002,62 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     assert len(p.notes) == 1 and p.notes[0].startswith(note), p.notes
 
 
+_GEN_XYZ = "def g():\n    yield from 'xyz'\n"
+
+
+@pytest.mark.parametrize("setup, cell, job, held", [
+    # (a set-up list or dict of plain values and objects: the objects carry over where the rows use them, as in a
+    # list of objects alone, but went without a note, where the export took only containers of objects alone)
+    (_COUNTER + "\nitems = [1, Counter()]", "r = str(items[1].bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = (1, Counter(), 2)", "r = str(items[-2].bump() + items[-1])", ["3", "4", "5"],
+     "a tuple holding an instance of Counter"),
+    (_COUNTER + "\nitems = {'a': Counter(), 'b': 3}", "r = str(items['a'].bump())", ["1", "2", "3"],
+     "a dict holding an instance of Counter"),
+    (_GEN_XYZ + "items = [1, g()]", "r = next(items[1])", ["x", "y", "z"], "a list holding an iterator (g())"),
+    ("items = {'a': iter('xyz'), 'b': 3}", "for r in items['a']:\n    break", ["x", "y", "z"],
+     "a dict holding an iterator (iter())"),
+    ("import random\nitems = ['ab', random.Random(0)]", "r = str(items[1].randrange(1000))",
+     (lambda rng: [str(rng.randrange(1000)) for _ in "BCD"])(__import__("random").Random(0)),
+     "a list holding a random number generator (random.Random())"),
+    (_COUNTER + "\nitems = [1, Counter()]", "r = ''\nfor h in items:\n    if isinstance(h, Counter):\n"
+     "        r += str(h.bump())", ["1", "2", "3"], "a list holding an instance of Counter"),
+    # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
+    # deepcopy cannot copy)
+    (_GEN_XYZ + "items = {'a': g(), 'b': 3}", "r = next(items.get('a'))", ["x", "y", "z"],
+     "a dict holding an iterator (g())"),
+    (_GEN_XYZ + "items = [1, g()]", "items.append(0)\nr = next(items[1])", ["x", "y", "z"],
+     "a list holding an iterator (g())"),
+    (_COUNTER + "\nitems = [1, Counter()]", "items.append(0)\nr = str(items[1].bump())", None, None),
+    # (an item the rows use that is a plain value, or an object's method that only reads it: nothing carries over)
+    (_GEN_XYZ + "items = ['ab', g()]", "r = items[0].upper()", None, None),
+    (_COUNTER + "\nitems = [Counter(), 5]", "r = str(items[-1].bit_length())", None, None),
+    (_GEN_XYZ + "items = {'a': 'xy', 'b': g()}", "r = items.get('a').upper() + items['a'][0]", None, None),
+    (_COUNTER + "\nitems = ['ab', Counter()]", "r = ''.join(w.upper() for w in items if isinstance(w, str))", None,
+     None),
+    ("class Tok:\n    def __init__(self):\n        self.vocab = {'A': 1}\n    def encode(self, x):\n"
+     "        return self.vocab.get(x, 0)\nitems = [0, Tok()]", "r = str(items[1].encode(q) + items[0])", None, None),
+])
+def test_a_setup_container_of_plain_values_and_objects_is_noted_for_the_objects_the_rows_change(
+        tmp_path, monkeypatch, setup, cell, job, held):
+    from helpers_export import write_rows
+
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = [{"q": q} for q in "BCD"]
+    passes = _notebook_passes(f"{setup}\nq = 'A'", [cell], rows)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    if job is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
+        assert prompts[1::2] == passes and p.notes == [], p.notes
+        return
+    assert passes == [job[0]] * 3  # (each pass of the notebook starts from new objects)
+    assert prompts[1::2] == job  # (what the note says: the job's rows go on from the last row's)
+    assert len(p.notes) == 1 and p.notes[0].startswith(f"cell 1: items, {held} that this cell makes once, is used by "
+                                                       "the rows"), p.notes
+
+
 _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{more}    def encode(self, x):\n"
           "        {loop}:\n            return ch + x\n        return x\ntok = Tok()\n{after}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from lmnb.export.cells import bound_by
-from lmnb.export.read_only import _ITERATING_BUILTINS, _read_only_methods
+from lmnb.export.read_only import _ITERATING_BUILTINS, _READ_METHODS, _read_only_methods
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements, _tests_unset
 
 
@@ -27,10 +27,11 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     generator (f())", C or None, whether it is a generator: a set-up generator function's call)
     for the set-up globals last bound at top level to a call of a set-up class, of
     ``_ITERATOR_CALLS`` or a set-up generator function, or of ``_GENERATOR_CALLS``; the same for
-    those bound to a list, tuple or dict (a display or a comprehension) whose every item or value
-    is such a call (``items = [gen()]``: "a list of iterators (gen())", C where all are instances
-    of C, generators where all are); (cell index, name) → the top-level ``def`` of each set-up
-    function)."""
+    those bound to a list, tuple or dict (a display or a comprehension) with an item or value that
+    is such a call, as (set-up cell index, "a list of iterators (gen())" for ``items = [gen()]``, "a
+    list holding an iterator (gen())" for ``[1, gen()]``, (the index or key, what it is as above or
+    None: a plain value) for each item: ``_container_items``); (cell index, name) → the top-level
+    ``def`` of each set-up function)."""
     import ast
 
     made: dict = {}
@@ -66,13 +67,17 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
             made[name] = (c.index, *what)
             continue
         kind, items = _container_items(value)
-        found = [making(item) for item in items]
-        if found and all(found):  # (every item such a call: a list that also holds a str has read methods)
-            what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators").replace(
-                "a random number generator", "random number generators").replace("a generator expression",
-                                                                                    "generator expressions")
-            one_class = found[0][1] if all(f == found[0] for f in found) else None
-            held[name] = (c.index, f"a {kind} of {what}", one_class, all(f[2] for f in found))
+        found = [(key, making(item)) for key, item in items]
+        objects = [f for _, f in found if f]
+        if not objects:
+            continue
+        if len(objects) == len(found):
+            what = "of " + objects[0][0].replace("an instance of", "instances of").replace(
+                "an iterator", "iterators").replace("a random number generator", "random number generators").replace(
+                "a generator expression", "generator expressions")
+        else:  # (a list that also holds a str: which item a row uses is told by its index, `items[1]`, where written)
+            what = "holding " + ", ".join(dict.fromkeys(f[0] for f in objects))
+        held[name] = (c.index, f"a {kind} {what}", found)
     return made, held, defs
 
 
@@ -130,20 +135,45 @@ def _container_classes(setup: list) -> set:
     return out
 
 
+# The key of an item of a held container that no constant names (a comprehension's, a computed dict key)
+_ANY = object()
+
+
 def _container_items(value) -> tuple[str, list]:
-    """("list", "tuple" or "dict"; the expressions of its items, or a dict's values) for a display or
-    a comprehension (one item: its element); ("", []) for another value."""
+    """("list", "tuple" or "dict"; (its index, or a dict's key where a constant, else ``_ANY``; the
+    expression) for each of its items, or a dict's values) for a display or a comprehension (one
+    item: its element, at ``_ANY``); ("", []) for another value."""
     import ast
 
     if isinstance(value, (ast.List, ast.Tuple)):
-        return type(value).__name__.lower(), list(value.elts)
+        if any(isinstance(e, ast.Starred) for e in value.elts):  # (the indices after *xs are unknown here)
+            return type(value).__name__.lower(), [(_ANY, e) for e in value.elts]
+        return type(value).__name__.lower(), list(enumerate(value.elts))
     if isinstance(value, ast.Dict):
-        return "dict", [v for k, v in zip(value.keys, value.values) if k is not None]  # (not a **spread's)
+        return "dict", [(k.value if isinstance(k, ast.Constant) else _ANY, v)
+                        for k, v in zip(value.keys, value.values) if k is not None]  # (not a **spread's)
     if isinstance(value, ast.ListComp):
-        return "list", [value.elt]
+        return "list", [(_ANY, value.elt)]
     if isinstance(value, ast.DictComp):
-        return "dict", [value.value]
+        return "dict", [(_ANY, value.value)]
     return "", []
+
+
+def _held_elements(entry: tuple, key) -> list:
+    """What the items of a held container (``entry``: ``_made_objects``') that a row may use are
+    (``making``'s tuples, the plain ones left out), where it uses the item at ``key`` (a constant:
+    ``items[1]``, ``items.get('a')``), or any (``_ANY``: ``items[i]``, a loop over them)."""
+    items = entry[2]
+    if key is not _ANY and not any(k is _ANY for k, _ in items):
+        if entry[1].startswith("a dict"):
+            chosen = [f for k, f in items if k == key]
+        elif isinstance(key, int) and not isinstance(key, bool) and -len(items) <= key < len(items):
+            chosen = [items[key][1]]
+        else:
+            chosen = [f for _, f in items]
+        if chosen:  # (a key no display names: set later, so any)
+            return [f for f in chosen if f]
+    return [f for _, f in items if f]
 
 
 def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
@@ -167,16 +197,19 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     # (the row's copy is Job.row_copy's, which copies built-in containers only: a row cell's c.bump() changes
     # the set-up's instance itself, but for an instance of a class that subclasses one)
     containers = _container_classes(setup)
-    # (nor a list or dict of generators that a row copies: deepcopy cannot copy a generator, which the copy,
-    # Job.row_copy's fallback, shares)
-    copied = tuple(n for n in copied if (n not in made or made[n][2] in containers) and not (n in held and held[n][3]))
-    places = [(where, tree, copied) for where, tree in _row_trees(row)]
+    # (a list or dict that holds them, which a row copies, copies them too, but for generators: deepcopy cannot
+    # copy one, which the copy, Job.row_copy's fallback, shares)
+    copied_held = {n for n in copied if n in held}
+    copied = tuple(n for n in copied if (n not in made or made[n][2] in containers) and n not in held)
+    # (where, tree, names that are not the set-up's there, whether its held containers are the row's copies)
+    places = [(where, tree, copied, True) for where, tree in _row_trees(row)]
     # (and the functions those cells define, which the rows call: `def take(): return next(it)`)
-    places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)))
-               for where, tree, skipped in list(places) for function in ast.walk(tree)
+    places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)), True)
+               for where, tree, skipped, _ in list(places) for function in ast.walk(tree)
                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                for name in [getattr(function, "name", "lambda")]]
-    places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], ()) for f in called if (f[0], f[1]) in defs]
+    places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], (), False) for f in called
+               if (f[0], f[1]) in defs]
     decorators = {name: d for (_, name), d in defs.items()
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
     # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
@@ -185,8 +218,39 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     # (a method so wrapped has a note of its own, below: its calls change the closure, not the instance)
     wrapped_methods = {(f[1], m.name) for f in called for m in methods.get((f[0], f[1]), [])
                if any(ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators for x in m.decorator_list)}
+
+    def elements(name: str, key, copies: bool) -> list:
+        """What the item (at ``key``) of the held ``name`` that a place uses may be, where it changes
+        from row to row: but for generators, not where the place reads the row's copy (``copies``)."""
+        found = _held_elements(held[name], key)
+        return [e for e in found if e[2]] if copies and name in copied_held else found
+
+    def changes(element: tuple, method, mixed: bool) -> bool:
+        """Whether calling ``method`` (None: ``next()``) on ``element`` (``making``'s tuple) changes it:
+        a set-up class's method that is no read-only one, any of another object's but, in a container that
+        also holds plain values (``mixed``), a str's or dict's read method that the object has not
+        (``w.upper()`` in a loop over them: the plain ones')."""
+        if method is None:
+            return True
+        if mixed and method in _READ_METHODS and method not in own_methods.get(element[1], {method}):
+            return False
+        if element[1] is not None:
+            return method not in read_only.get(element[1], ()) and (element[1], method) not in wrapped_methods
+        return True
+
+    # (the methods of each set-up class with no base but object, and no __getattr__: none other is its own;
+    # None for an iterator or a random number generator, which has none of _READ_METHODS)
+    own_methods: dict = {None: set()}
+    for _, stmt in _statements(setup):
+        if isinstance(stmt, ast.ClassDef) and not (stmt.keywords or stmt.decorator_list) and all(
+                ast.unparse(b) == "object" for b in stmt.bases):
+            names = {n for s in stmt.body for n in bound_by(s)}
+            own_methods[stmt.name] = names if not {"__getattr__", "__getattribute__"} & names else {*_READ_METHODS}
+        elif isinstance(stmt, ast.ClassDef):
+            own_methods[stmt.name] = {*_READ_METHODS}
+
     uses: dict = {}
-    for where, tree, skipped in places:
+    for where, tree, skipped, copies in places:
         for node, tests in _own_nodes(tree):
             if any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
@@ -208,12 +272,20 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                     got and not held[name.id][1].startswith("a dict")):
                 continue
             name = name.id
-            if iterating and known[name][2] is not None:
-                continue  # (an instance of a set-up class iterated: what its __iter__ does is not followed)
-            if isinstance(func, ast.Attribute) and (func.attr in read_only.get(known[name][2], ())
-                                                    or (known[name][2], func.attr) in wrapped_methods):
-                continue  # (tok.encode(x) of a method that changes nothing of tok)
-            if name not in bound and name not in skipped:
+            if name in bound or name in skipped:
+                continue
+            if known is made:
+                found, mixed = [made[name][1:]], False
+            else:  # (the item a constant names, items[1] or items.get('a'), where the display says what it is)
+                index = target.slice if isinstance(target, ast.Subscript) else target.args[0] if target.args else None
+                key = index.value if isinstance(index, ast.Constant) else -index.operand.value if (
+                    isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub)
+                    and isinstance(index.operand, ast.Constant) and isinstance(index.operand.value, int)) else _ANY
+                found, mixed = elements(name, key, copies), any(f is None for _, f in held[name][2])
+            method = func.attr if isinstance(func, ast.Attribute) else None
+            # (an instance of a set-up class iterated: what its __iter__ does is not followed; tok.encode(x) of a
+            # method that changes nothing of tok)
+            if any((e[1] is None) if iterating else changes(e, method, mixed) for e in found):
                 uses.setdefault(name, (known[name], f"`{shown}` in {where}"))
         # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
         for node, tests in _own_nodes(tree):
@@ -221,12 +293,12 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                 name, names = _held_items(iterated, target, held)
                 if name is None or name in bound or name in skipped or any(_tests_unset(t, lazy) for t in tests):
                     continue
+                found, mixed = elements(name, _ANY, copies), any(f is None for _, f in held[name][2])
                 for call in (n for part in scope for n in ast.walk(part) if isinstance(n, ast.Call)):
                     func = call.func
                     if isinstance(func, ast.Name) and func.id == "next" and call.args:
                         item = call.args[0]
-                    elif isinstance(func, ast.Attribute) and func.attr not in read_only.get(held[name][2], ()) \
-                            and (held[name][2], func.attr) not in wrapped_methods:
+                    elif isinstance(func, ast.Attribute) and any(changes(e, func.attr, mixed) for e in found):
                         item = func.value
                     else:
                         continue
