@@ -488,6 +488,18 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen a}{fork 2}{gen a}{join concat}", 2, 23, "already exists before the fork"),
         ("{fork 1, x in y}{join}", 2, 7, "name or a tuple of names"),
         ("{x +* 2}", 2, 5, "invalid Python expression"),
+        # a misspelt or capitalised construct word said only "invalid Python expression: invalid syntax. Perhaps
+        # you forgot a comma?", with the hint to double literal braces
+        ("{gne x max_tokens=3}", 2, 2, "'gne' starts no construct of the %%lm cell language, and the hole is no "
+                                       "Python expression either; did you mean {gen ...}?"),
+        ("A: {Gen x}", 2, 5, "'Gen' starts no construct of the %%lm cell language"),
+        ('{selct x choices=["a"]}', 2, 2, "did you mean {select ...}?"),
+        ("{for x in xs}\n{join}", 2, 2, "did you mean {fork ...}?"),
+        ("{usr hi}", 2, 2, "did you mean {user}?"),
+        ("{gen_int x}", 2, 2, "'gen_int' starts no construct of the %%lm cell language, and the hole is no Python "
+                              "expression either; did you mean {gen NAME dtype=int}?"),
+        ("{x y}", 2, 2, "invalid Python expression: invalid syntax"),  # no word close to a keyword
+        ("{in x}", 2, 2, "invalid Python expression: invalid syntax"),  # a Python keyword is no misspelt {join}
         ("{x!z}", 2, 3, "!r, !s or !a"),
         ('{gen "a"}', 2, 6, "not a variable name"),
         ("{/fork}", 2, 1, "closed with {join}"),

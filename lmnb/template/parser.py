@@ -249,7 +249,19 @@ class _Parser:
         if "{" in spec or "}" in spec:
             raise self.error("nested fields in a format spec are not supported", rest_at + rest.index("{", end) if "{" in spec else rest_at + end)
         self._refuse_self_documenting(rest[:end], rest_at, conversion, spec)
-        expr = self.expr(rest[:end], rest_at, hint_braces=True)
+        try:
+            expr = self.expr(rest[:end], rest_at, hint_braces=True)
+        except TemplateSyntaxError as e:
+            meant = _construct_meant(rest)
+            if meant is None or not e.message.startswith("invalid Python expression"):
+                raise
+            word, offer = meant
+            raise self.error(
+                f"{word!r} starts no construct of the %%lm cell language, and the hole is no Python "
+                f"expression either; did you mean {offer}?", rest_at + _lead(rest),
+                hint="a hole is a construct where it starts with one of the words " + ", ".join(KEYWORDS)
+                + " (lowercase, then a space); any other hole is a Python expression",
+            ) from None
         body = expr.tree.body
         if spec and isinstance(body, ast.Constant) and (isinstance(body.value, (str, bytes)) or spec[0].isspace()):
             # {"a": 1} parses as the constant "a" with format spec " 1", {1: 2} as 1 with " 2": JSON
@@ -716,6 +728,30 @@ def _option_value(rest: str, starts: list[tuple[int, str, int]], k: int) -> str:
     stop = starts[k + 1][0] if k + 1 < len(starts) else len(rest)
     value = rest[starts[k][2] + 1 : stop].rstrip()
     return value[:-1] if value.endswith(",") else value
+
+
+# lmnb's gen() shorthands, which a cell writes as a gen with a dtype
+_SHORTHANDS = {"gen_int": "{gen NAME dtype=int}", "gen_string": "{gen NAME dtype=str}"}
+_FIRST_WORD = re.compile(r"\s*([A-Za-z_]\w*)\s+\S")
+
+
+def _construct_meant(body: str) -> tuple[str, str] | None:
+    """(first word, the construct to offer) for a hole ``body`` that Python cannot parse and
+    whose first word, followed by more, is a keyword in another case or misspelt (``{Gen x}``,
+    ``{gne x}``, ``{selct x ...}``, ``{for x in xs}``) or lmnb's ``gen_int``/``gen_string``
+    (``{gen NAME dtype=int}`` in a cell); None where it is none of these."""
+    m = _FIRST_WORD.match(body)
+    if m is None:
+        return None
+    word = m.group(1)
+    if word in _SHORTHANDS:
+        return word, _SHORTHANDS[word]
+    if keyword.iskeyword(word) and word != "for":  # ({in x} is no misspelt {join}; {for x in xs} a {fork})
+        return None
+    close = _close_match(word.lower(), KEYWORDS)
+    if close is None:
+        return None
+    return word, "{" + close + ("}" if close in ROLES + ("join",) else " ...}")
 
 
 def _close_match(word: str, options) -> str | None:
