@@ -499,6 +499,13 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen_int x}", 2, 2, "'gen_int' starts no construct of the %%lm cell language, and the hole is no Python "
                               "expression either; did you mean {gen NAME dtype=int}?"),
         ("{x y}", 2, 2, "invalid Python expression: invalid syntax"),  # no word close to a keyword
+        # a tag in another case is a Python variable: the error fell on the block it left open or unopened, with the
+        # hint to add {join} or none at all
+        ("{System}\nhi\n{/system}", 4, 1, "hint: {System} at line 2, col 1 is read as a Python variable, not the "
+                                           "tag: write {system} (lowercase)"),
+        ("{fork 2}\nA{Join}", 2, 1, "hint: {Join} at line 3, col 2 is read as a Python variable, not the tag: write "
+                                    "{join} (lowercase)"),
+        ("{fork 2}\n{Join}\n{join}{user}x", 4, 7, "add {/user} where the block ends"),  # ({Join} is no hint there)
         ("{in x}", 2, 2, "invalid Python expression: invalid syntax"),  # a Python keyword is no misspelt {join}
         ("{x!z}", 2, 3, "!r, !s or !a"),
         ('{gen "a"}', 2, 6, "not a variable name"),

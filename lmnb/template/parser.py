@@ -107,10 +107,22 @@ class _Parser:
         self.stack: list[_Block] = []
         self.root: list[Node] = []
         self.arguments: dict[str, int] = {}  # kernel variable -> offset of first use
+        self.hole_spans: list[tuple[int, int]] = []  # (start, end) of each hole, set by run()
 
     # -- errors ---------------------------------------------------------------------------------
     def error(self, message: str, offset: int, hint: str | None = None) -> TemplateSyntaxError:
         return TemplateSyntaxError(message, self.src, offset, self.first_line, hint, self.indent)
+
+    def capitalised_tag(self, tag: str, after: int, before: int) -> str | None:
+        """A hint naming the first hole between offsets ``after`` and ``before`` that is ``tag``
+        (``join``, ``user``, ...) in another case, ``{Join}``, which reads as a Python variable, so
+        that the block it was to open or close is left unopened or unclosed; None where none is."""
+        for start, end in self.hole_spans:
+            body = self.src[start + 1 : end - 1].strip()
+            if after <= start < before and body != tag and body.lower() == tag:
+                return (f"{{{body}}} at {self.where(start)} is read as a Python variable, not the tag: "
+                        f"write {{{tag}}} (lowercase)")
+        return None
 
     def where(self, offset: int) -> str:
         from lmnb.template.errors import line_col
@@ -122,6 +134,7 @@ class _Parser:
     def run(self) -> dict:
         pieces = scan(self.src, self.first_line, self.indent)
         holes = {p.start: self.classify(p.start, p.end) for p in pieces if p.kind == "hole"}
+        self.hole_spans = [(p.start, p.end) for p in pieces if p.kind == "hole"]
         deleted = self.standalone_lines(pieces, holes)
         for p in pieces:
             if p.kind == "text":
@@ -138,7 +151,8 @@ class _Parser:
             hint = f"add {close} where the block ends"
             if b.kind == "role":  # most often a Python variable named user or system, meant as text
                 hint += f"; to insert a variable named {b.role} as text, write {{({b.role})}}"
-            raise self.error(f"{opener} is never closed", b.offset, hint=hint)
+            raise self.error(f"{opener} is never closed", b.offset,
+                             hint=self.capitalised_tag(close[1:-1], b.offset, len(self.src)) or hint)
         return dict(
             source=self.src,
             body=tuple(self.root),
@@ -477,7 +491,8 @@ class _Parser:
 
     def close_role(self, role: str, start: int) -> None:
         if not self.stack:
-            raise self.error(f"{{/{role}}} without an open {{{role}}}", start)
+            raise self.error(f"{{/{role}}} without an open {{{role}}}", start,
+                             hint=self.capitalised_tag(role, 0, start))
         b = self.stack[-1]
         if b.kind == "fork":
             raise self.error(
