@@ -3701,34 +3701,18 @@ def test_an_enum_members_attribute_the_rows_set_carries_over_as_its_note_says(tm
                                            p.notes[0]), p.notes
 
 
-def test_a_setup_generator_held_in_a_list_carries_over_in_the_job_as_its_note_says(tmp_path, monkeypatch):
-    """`items = [g()]` once, `next(items[0])` per row: the job's rows go on through the one generator
-    (x, y, z), where each pass of the notebook starts a new one (x); the export notes it."""
-    from helpers_export import write_rows
-
-    setup, cell = "def g():\n    yield from 'xyz'\nitems = [g()]", "r = next(items[0])"
-    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    ns: dict = {}  # (a pass of the notebook: the set-up, then the row's cell)
-    exec(setup, ns)
-    exec(cell, ns)
-    assert ns["r"] == "x"
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
-                               ["--num-threads", "1"])
-    assert prompts[1::2] == ["x", "y", "z"]
-    assert [n.split(",")[0] for n in p.notes] == ["cell 1: items"]
-
-
-@pytest.mark.parametrize("setup, cell", [("items = [(c for c in 'xyz')]", "r = next(items[0])"),
-                                         ("items = {'a': (c for c in 'xyz')}", "r = next(items['a'])")])
-def test_a_setup_generator_expression_held_in_a_list_or_dict_carries_over_in_the_job_as_its_note_says(
-        tmp_path, monkeypatch, setup, cell):
-    """A list or dict of generator expressions made once, `next(items[0])` per row: the export
-    failed with an IndexError (a generator expression's entry lacked the flag that says it is a
-    generator, which a list of g() calls has). A generator cannot be deep-copied, so the row's copy
-    shares it: the job's rows go on through it (x, y, z), where each pass of the notebook starts a
-    new one (x); the export notes it."""
+@pytest.mark.parametrize("setup, cell, note", [
+    ("def g():\n    yield from 'xyz'\nitems = [g()]", "r = next(items[0])", "cell 1: items, a list of iterators (g())"),
+    ("items = [(c for c in 'xyz')]", "r = next(items[0])", "cell 1: items, a list of iterators (generator expressions)"),
+    ("items = {'a': (c for c in 'xyz')}", "r = next(items['a'])",
+     "cell 1: items, a dict of iterators (generator expressions)")])
+def test_a_setup_generator_held_in_a_list_or_dict_carries_over_in_the_job_as_its_note_says(
+        tmp_path, monkeypatch, setup, cell, note):
+    """A list or dict of generators made once (`items = [g()]`, or of generator expressions),
+    `next(items[0])` per row: the job's rows go on through the one generator (x, y, z), where each
+    pass of the notebook starts a new one (x); the export notes it. A generator expression's entry
+    failed the export with an IndexError (it lacked the flag that says it is a generator, which a
+    list of g() calls has). A generator cannot be deep-copied, so the row's copy shares it."""
     from helpers_export import write_rows
 
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
@@ -3741,8 +3725,7 @@ def test_a_setup_generator_expression_held_in_a_list_or_dict_carries_over_in_the
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
                                ["--num-threads", "1"])
     assert prompts[1::2] == ["x", "y", "z"]
-    kind = "list" if setup.startswith("items = [") else "dict"
-    assert [n.split(" that ")[0] for n in p.notes] == [f"cell 1: items, a {kind} of iterators (generator expressions)"]
+    assert [n.split(" that ")[0] for n in p.notes] == [note]
 
 
 _HELPERS = "seen = []\ncalls = 0\n\ndef remember(x):\n    global calls\n    calls += 1\n    seen.append(x)\n    return len(seen)\n\n" \
