@@ -544,6 +544,8 @@ def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:
         assert httpx.get(url + "/get_model_info").status_code == 401
         assert httpx.get(url + "/health").status_code == 200
+        # a trailing slash is the route's path, to the key check too (it was a 307 before any check)
+        assert httpx.get(url + "/get_model_info/").status_code == 401 and httpx.get(url + "/health/").status_code == 200
         ok = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert httpx.get(url + "/get_model_info", headers={"Authorization": "bearer s3cret"}).status_code == 200
@@ -1123,6 +1125,23 @@ def test_an_unknown_route_is_a_404_naming_the_path_the_closest_route_and_all_rou
     r = httpx.get(url + "/" + "a" * 60000)  # (a long path is cut after 80 characters: it came back whole)
     assert r.status_code == 404
     assert r.json()["error"]["message"] == f"the server has no route /{'a' * 79}…; its routes: {routes}"
+
+
+def test_a_path_with_a_trailing_slash_is_served_as_the_route_without_it(served):
+    # POST /generate/ was a 307 redirect with an empty body, which httpx and the openai client do
+    # not follow (curl without -L showed nothing), and GET /v1/models/ asked for the model ""
+    engine, url = served
+    r = _post(url, "/generate/", {"text": "ab", "sampling_params": {"max_new_tokens": 3}})
+    assert r.status_code == 200 and r.json()["text"] == "xxx" and engine.prompts[-1] == "ab"
+    body = {"model": "rec", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = _post(url, "/v1/chat/completions//", body)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "xx"
+    assert engine.prompts[-1] == "[user]hi\n[assistant]"
+    assert httpx.get(url + "/v1/models/").json()["data"] == httpx.get(url + "/v1/models").json()["data"]
+    r = httpx.get(url + "/generate/")  # the route's methods still hold, said of the route
+    assert r.status_code == 405 and r.json()["error"]["message"] == "GET is not allowed on /generate; send POST /generate"
+    r = httpx.get(url + "/metrics/")  # a path with no route, slash or not, is the 404 naming what was asked
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith("the server has no route /metrics/; ")
 
 
 def test_a_generate_batch_whose_lists_do_not_fit_its_prompts_is_refused_naming_the_fix(served):

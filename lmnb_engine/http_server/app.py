@@ -43,6 +43,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 from starlette.responses import Response
 
 from lmnb_engine.http_server import DEFAULT_MAX_BODY_MB
@@ -108,6 +109,29 @@ class _Route(APIRoute):
                 return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", 500), 500)
 
         return route_handler
+
+
+class _SlashlessPaths:
+    """ASGI middleware serving a path with a trailing slash (``POST /generate/``) as the route
+    without it, when the app has that route: Starlette answered it with a 307 redirect and an
+    empty body, which curl without ``-L`` shows as nothing and httpx and the openai client do not
+    follow. The path names one route, so it is served, as a client that follows the redirect was
+    served, rather than refused. A pure ASGI middleware (not Starlette's ``BaseHTTPMiddleware``)
+    leaves the receive channel as it is (``check_api_key``), and runs before the router, so the
+    API key check and the route see the path without the slash (``/health/`` needs no key, and
+    ``/v1/models/`` lists the models: it was read as ``/v1/models/{model}`` with model "")."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            slashless = {**scope, "path": path.rstrip("/") or "/",
+                         "raw_path": scope.get("raw_path", path.encode()).rstrip(b"/") or b"/"}
+            if any(r.matches(slashless)[0] is not Match.NONE for r in scope["app"].router.routes):
+                scope = slashless
+        await self.app(scope, receive, send)
 
 
 class _Inbox:
@@ -804,6 +828,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None, dependencies=[Depends(check_api_key)])
     app.router.route_class = _Route  # before any route is added
+    app.router.redirect_slashes = False  # (_SlashlessPaths serves the path instead)
+    app.add_middleware(_SlashlessPaths)
     app.state.ctx = ctx
 
     @app.exception_handler(RequestError)
