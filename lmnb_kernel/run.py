@@ -137,8 +137,8 @@ def run(args) -> int:
     from jupyter_core.utils import run_sync
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import (file_in_the_way, folder_given, make_folders, notebook_path_problem, read_notebook,
-                              unnamed_output)
+    from lmnb.export import (folder_given, make_folders, notebook_path_problem, read_notebook, unnamed_output,
+                             why_unwritable)
     from lmnb_kernel.run_client import Client
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
@@ -207,9 +207,8 @@ def run(args) -> int:
                 print(f"lmnb run: created the folder {made} (it did not exist) for {out}", file=sys.stderr)
             _try_writing(out)
     except OSError as e:
-        blocker = file_in_the_way(out)  # (mkdir's "File exists" / "Not a directory" name another path)
-        print(f"lmnb run: cannot write {out}: {f'{blocker} is a file, not a folder' if blocker else e}",
-              file=sys.stderr)
+        print(f"lmnb run: cannot write {out}: {why_unwritable(out, e)}; give -o a path in a folder you can write "
+              f"to (e.g. -o {default.name})", file=sys.stderr)
         return 2
     # (in the notebook's own numbering: before a parameters cell is injected; said as the exports say it)
     for note in unknown_cell_notes(nb.cells, done="not run, kept as it is in the executed notebook"):

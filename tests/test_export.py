@@ -2520,7 +2520,8 @@ def test_lmnb_run_takes_a_notebook_whose_kernel_metadata_is_null_or_names_python
 
 def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     """`-o notes.txt/job.py` (notes.txt a file) said "[Errno 17] File exists: 'notes.txt'" for
-    export and run, and the job "[Errno 20] Not a directory: 'notes.txt/out.jsonl'"."""
+    export and run, and the job "[Errno 20] Not a directory: 'notes.txt/out.jsonl'"; then each
+    named the file in the way but no fix."""
     import argparse
 
     from lmnb.batch import Job
@@ -2533,16 +2534,69 @@ def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     nbformat.write(QA, nb_path)
     for target in (blocker / "job.py", blocker / "sub" / "job.py"):
         assert main(["export", str(nb_path), "-o", str(target)]) == 2
-        assert capsys.readouterr().err == f"lmnb export: cannot write {target}: {blocker} is a file, not a folder\n"
+        assert capsys.readouterr().err == (f"lmnb export: cannot write {target}: {blocker} is a file, not a folder; "
+                                           "give -o a path in a folder you can write to (e.g. -o qa.py)\n")
     target = blocker / "sub" / "out.ipynb"
     args = argparse.Namespace(notebook=str(nb_path), output=str(target), parameter=[], timeout=60, allow_errors=False)
     assert run(args) == 2
-    assert capsys.readouterr().err == f"lmnb run: cannot write {target}: {blocker} is a file, not a folder\n"
+    assert capsys.readouterr().err == (f"lmnb run: cannot write {target}: {blocker} is a file, not a folder; give -o a "
+                                       "path in a folder you can write to (e.g. -o qa.out.ipynb)\n")
     (tmp_path / "rows.jsonl").write_text('{"question": "q"}\n')
     job = Job("", ["question"], argv=["--input", str(tmp_path / "rows.jsonl"), "--output", str(blocker / "out.jsonl")])
     assert job.run(lambda question: None) == 2
     assert capsys.readouterr().err == (f"lmnb batch: the folder of the output file {blocker / 'out.jsonl'} is a file, "
-                                       f"{blocker}, not a folder\n")
+                                       f"{blocker}, not a folder; give --output a path in a folder this job can "
+                                       "write to (e.g. --output results.jsonl)\n")
+
+
+@pytest.mark.parametrize("failing, code, why", [
+    ("mkdir", "EPERM", "its folder {folder} cannot be made: Operation not permitted"),  # (-o /sys/a/job.py)
+    ("open", "EACCES", "Permission denied"),  # (a read-only folder)
+    ("open", "ENOENT", "No such file or directory (its folder {parent} is there, but takes no new files)"),  # (/proc)
+])
+def test_an_output_that_cannot_be_written_is_named_with_the_problem_and_the_fix(tmp_path, capsys, monkeypatch,
+                                                                               failing, code, why):
+    """-o /sys/a/job.py said "[Errno 1] Operation not permitted: '/sys/a'" and -o /proc/job.py "[Errno 2] No
+    such file or directory: '/proc/job.py'", naming no fix, in lmnb export and lmnb run alike."""
+    import argparse
+    import errno
+    import os
+    import pathlib
+
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run
+
+    nb_path = tmp_path / "qa.ipynb"
+    nbformat.write(QA, nb_path)
+    folder = tmp_path / "out"
+    if failing == "open":
+        folder.mkdir()
+    for name, command in [("job.py", "export"), ("x.ipynb", "run")]:
+        target = folder / name
+        real = getattr(pathlib.Path, failing) if failing == "mkdir" else open
+        failing_path = folder if failing == "mkdir" else target
+
+        def refuse(*args, real=real, failing_path=failing_path, **kwargs):  # (root passes any permission)
+            path = args[0]
+            if os.fspath(path) == str(failing_path):
+                raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), os.fspath(path))
+            return real(*args, **kwargs)
+
+        if failing == "mkdir":
+            monkeypatch.setattr(pathlib.Path, "mkdir", refuse)
+        else:
+            monkeypatch.setattr("builtins.open", refuse)
+            monkeypatch.setattr(pathlib.Path, "write_text", lambda self, *a, **k: refuse(self))
+        if command == "export":
+            status, example = main(["export", str(nb_path), "-o", str(target)]), "qa.py"
+        else:
+            status, example = run(argparse.Namespace(notebook=str(nb_path), output=str(target), parameter=[],
+                                                     timeout=60, allow_errors=False)), "qa.out.ipynb"
+        monkeypatch.undo()
+        assert status == 2
+        assert capsys.readouterr().err == (f"lmnb {command}: cannot write {target}: "
+                                           f"{why.format(folder=folder, parent=folder)}; give -o a path in a folder "
+                                           f"you can write to (e.g. -o {example})\n")
 
 
 def test_an_out_state_keeps_its_text_when_a_later_cell_continues_the_named_state(monkeypatch):

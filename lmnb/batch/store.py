@@ -23,7 +23,6 @@ How "exactly once" holds:
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -48,13 +47,15 @@ def _not_ours(path: Path, lineno: int) -> str:
             "or is another file); move the file away or fix that line, then run again")
 
 
+_OUTPUT_FIX = "give --output a path in a folder this job can write to (e.g. --output results.jsonl)"
+
+
 def _unwritable(path: Path, e: OSError) -> str:
     """Why the output file ``path`` cannot be opened to append to and read back (``e``), with the fix."""
-    why = e.strerror or str(e)
-    if e.errno == errno.ENOENT and path.parent.is_dir():  # (the folder is there: /proc, /sys take no new files)
-        why += f" (its folder {path.parent} is there, but takes no new files)"
-    return (f"cannot open the output file {path} to append the results to and read them back: {why}; give "
-            "--output a path in a folder this job can write to (e.g. --output results.jsonl)")
+    from lmnb.export import why_unwritable  # (here: lmnb.export imports lmnb.batch)
+
+    return (f"cannot open the output file {path} to append the results to and read them back: "
+            f"{why_unwritable(path, e)}; {_OUTPUT_FIX}")
 
 
 class StoreError(RuntimeError):
@@ -125,9 +126,8 @@ class ResultStore:
             self.made_folder = make_folders(self.path)
         except OSError as e:  # (a file there was "[Errno 20] Not a directory" from open())
             blocker = file_in_the_way(self.path)
-            why = (f"is a file, {blocker}, not a folder" if blocker else
-                   f"cannot be made: {e.strerror or e}; give --output a path in a folder this job can write to")
-            raise StoreError(f"the folder of the output file {self.path} {why}") from None
+            why = f"is a file, {blocker}, not a folder" if blocker else f"cannot be made: {e.strerror or e}"
+            raise StoreError(f"the folder of the output file {self.path} {why}; {_OUTPUT_FIX}") from None
         try:
             if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
                 what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"

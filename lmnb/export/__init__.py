@@ -11,6 +11,7 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -316,6 +317,23 @@ def file_in_the_way(path: Path) -> Optional[Path]:
     return existing if existing is not None and not existing.is_dir() else None
 
 
+def why_unwritable(path: Path, e: OSError) -> str:
+    """Why the output ``path`` cannot be written, ``e`` being the error of making its folders or
+    opening it, naming the path at fault: a file where a folder goes, a folder that cannot be made,
+    or the error's own words (not "[Errno 1] Operation not permitted: '/sys/a'", which named
+    another path than the output, or "No such file or directory" of a path under /proc, whose
+    folder is there). Shared by lmnb run, lmnb export and the batch job, each adding its fix."""
+    blocker = file_in_the_way(path)
+    if blocker is not None:  # (mkdir's "File exists" / "Not a directory" name another path)
+        return f"{blocker} is a file, not a folder"
+    why = e.strerror or str(e)
+    if e.filename is not None and Path(e.filename) in path.parents:
+        return f"its folder {e.filename} cannot be made: {why}"
+    if e.errno == errno.ENOENT and path.parent.is_dir():  # (/proc, /sys take no new files)
+        why += f" (its folder {path.parent} is there, but takes no new files)"
+    return why
+
+
 def make_folders(path: Path) -> Optional[Path]:
     """Make the folders ``path`` goes in that do not exist yet; returns the folder it goes in if
     any was made (None if none was), for the command to say so: a mistyped ``-o jbos/job.py`` made
@@ -427,9 +445,8 @@ def export(args: argparse.Namespace) -> int:
             print(f"lmnb export: created the folder {made} (it did not exist) for {out}", file=sys.stderr)
         out.write_text(source, encoding="utf-8")
     except OSError as e:
-        blocker = file_in_the_way(out)
-        why = f"{blocker} is a file, not a folder" if blocker else e
-        print(f"lmnb export: cannot write {out}: {why}", file=sys.stderr)
+        print(f"lmnb export: cannot write {out}: {why_unwritable(out, e)}; give -o a path in a folder you can "
+              f"write to (e.g. -o {default.name})", file=sys.stderr)
         return 2
     import shlex
 
