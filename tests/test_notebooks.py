@@ -52,10 +52,13 @@ def executed(tmp_path_factory, tiny_checkpoint_factory):
 
 @pytest.mark.parametrize("cell, problem", [
     ('{"cell_type": "code", "source": 5, "metadata": {}, "outputs": []}', "cell 2 has the source 5, not text"),
-    ('{"cell_type": "code", "source": null, "metadata": {}, "outputs": []}', "cell 2 has no source"),
+    # null is said as a value the key has, not as a missing key ("has no source" both were)
+    ('{"cell_type": "code", "source": null, "metadata": {}, "outputs": []}', "cell 2 has the source null, not text"),
     ('{"cell_type": "code", "metadata": {}, "outputs": []}', "cell 2 has no source"),
     ('{"source": "x = 1", "metadata": {}}', "cell 2 has no cell_type"),
-    ('{"cell_type": "markdown", "source": {"a": 1}, "metadata": {}}', "cell 2 has the source {'a': 1}, not text"),
+    ('{"cell_type": null, "source": "x = 1", "metadata": {}}', "cell 2 has the cell_type null, not a string"),
+    # (as the file's JSON spells it: {'a': 1} it was)
+    ('{"cell_type": "markdown", "source": {"a": 1}, "metadata": {}}', 'cell 2 has the source {"a": 1}, not text'),
 ])
 def test_a_notebook_cell_without_a_type_or_text_is_named_by_run_and_export(tmp_path, capsys, cell, problem):
     """nbformat reads a notebook whose cell has "source": 5 (hand-edited JSON); lmnb run and lmnb
@@ -80,9 +83,12 @@ def test_a_notebook_cell_without_a_type_or_text_is_named_by_run_and_export(tmp_p
 
 
 @pytest.mark.parametrize("cell, problem", [
-    ('{"id": "b", "cell_type": 5, "source": "x = 1", "metadata": {}}', "cell 2 has the cell_type 5, not a name"),
+    ('{"id": "b", "cell_type": 5, "source": "x = 1", "metadata": {}}', "cell 2 has the cell_type 5, not a string"),
+    # (null: "has no cell_type", as of a cell without one, it said)
+    ('{"id": "b", "cell_type": null, "source": "x = 1", "metadata": {}}',
+     "cell 2 has the cell_type null, not a string"),
     ('{"id": "b", "cell_type": "markdown", "source": ["a", 3], "metadata": {}}',
-     "cell 2 has the source ['a', 3], not text"),
+     'cell 2 has the source ["a", 3], not text'),
 ])
 def test_a_cell_whose_type_or_lines_are_no_text_is_named_where_nbformat_cannot_read_it(tmp_path, capsys, cell,
                                                                                      problem):
@@ -100,9 +106,10 @@ def test_a_cell_whose_type_or_lines_are_no_text_is_named_where_nbformat_cannot_r
                     '"source": ["x = ", "1"], "metadata": {}, "outputs": [], "execution_count": null}, ' + cell + "]}")
     said = (f"not a Jupyter notebook: {problem} (a cell has a cell_type such as \"code\" or \"markdown\", and a "
             "source: a string, or a list of strings, its lines); fix the cell in the file's JSON, or delete it")
-    for command in ("run", "export"):
+    # (export says it as it says a cell nbformat reads, without "cannot read": lmnb export: PATH: ...)
+    for command, where in [("run", f"cannot read {path}"), ("export", str(path))]:
         assert main([command, str(path)]) == 2
-        assert capsys.readouterr().err == f"lmnb {command}: cannot read {path}: {said}\n"
+        assert capsys.readouterr().err == f"lmnb {command}: {where}: {said}\n"
     with pytest.raises(Exception) as e:
         get_exporter("lmnb")().from_filename(str(path))
     assert str(e.value) == said

@@ -148,12 +148,16 @@ def _notebook_v4(data):
     return nb
 
 
+class CellsUnreadable(ValueError):
+    """Cells of a notebook that cannot be read (``cell_read_problem``), each named with the fix."""
+
+
 def _raise_cell_problems(cells) -> None:
-    """Raise ``ValueError`` naming every one of the notebook's ``cells`` (nbformat cells, in order)
-    that cannot be read (``cell_read_problem``), in one error: one run shows them all."""
+    """Raise ``CellsUnreadable`` naming every one of the notebook's ``cells`` (nbformat cells, in
+    order) that cannot be read (``cell_read_problem``), in one error: one run shows them all."""
     problems = [p for p in (cell_read_problem(n, c) for n, c in enumerate(cells, start=1)) if p]
     if problems:
-        raise ValueError(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read")) from None
+        raise CellsUnreadable(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read")) from None
 
 
 def _json_shape(value) -> str:
@@ -411,6 +415,9 @@ def export(args: argparse.Namespace) -> int:
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
     try:  # (first: lmnb export job.py, a script, said its output "job.py is a notebook")
         nb = read_notebook(path, check_cells=False)  # (export_notebook lists them with the cells it cannot export)
+    except CellsUnreadable as e:  # (cells nbformat cannot read past: said as export_notebook says the others,
+        print(f"lmnb export: {path}: {e}", file=sys.stderr)  # not "cannot read" for "cell_type": null only)
+        return 2
     except (OSError, ValueError) as e:  # (read_notebook: a ValueError names what is wrong and the fix)
         print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
         return 2

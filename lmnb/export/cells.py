@@ -221,14 +221,18 @@ def cell_read_problem(number: int, cell) -> Optional[str]:
 def _cell_shape_problem(cell) -> Optional[str]:
     """What makes a notebook cell one that cannot run or export, said after "cell N" (None if
     nothing): its type and its text must be strings (or a list of strings, its lines, as in the
-    file; nbformat's reader joins them)."""
+    file; nbformat's reader joins them). A key the cell lacks is said to be missing, one it gives
+    another value (null too: it said "has no cell_type" of ``"cell_type": null``) is shown as the
+    file's JSON spells it, cut after ``SHOWN_CHARS`` characters."""
     kind, source = cell.get("cell_type"), cell.get("source")
     if not isinstance(kind, str):
-        return "has no cell_type" if kind is None else f"has the cell_type {kind!r:.40}, not a name"
+        return "has no cell_type" if "cell_type" not in cell else \
+            f"has the cell_type {json_value(kind, SHOWN_CHARS)}, not a string"
     if isinstance(source, list) and all(isinstance(line, str) for line in source):
         return None
     if not isinstance(source, str):
-        return "has no source" if source is None else f"has the source {source!r:.40}, not text"
+        return "has no source" if "source" not in cell else \
+            f"has the source {json_value(source, SHOWN_CHARS)}, not text"
     return None
 
 
