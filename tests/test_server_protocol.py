@@ -891,8 +891,15 @@ def test_a_null_optional_field_is_its_default_as_the_openai_api_declares_it_null
     assert [c.text for c in done.choices] == ["x" * 16]  # the API's default max_tokens
     for p in engine.received:
         assert (p.n, p.presence_penalty, p.frequency_penalty, p.temperature, p.top_k, p.return_logprob) == (1, 0, 0, 1, -1, False)
-    r = _post(url, "/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "a"}]})
-    assert r.status_code == 400 and r.json()["error"]["message"] == "model: Field required"
+    # a required field's null is refused as null: each said "Field required", as of a field left out
+    for path, body, message in [
+        ("/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "a"}]},
+         "model: Input should be a valid string (got null)"),
+        ("/v1/chat/completions", {"model": "rec", "messages": None}, "messages: Input should be a valid list (got null)"),
+        ("/v1/completions", {"model": "rec", "prompt": None},
+         "prompt: it is null; a prompt is a string, a list of strings, a list of token ids (ints) or a list of such lists")]:
+        r = _post(url, path, body)
+        assert r.status_code == 400 and r.json()["error"]["message"] == message
 
 
 def test_a_batch_larger_than_the_thread_pool_leaves_threads_for_other_requests(monkeypatch):

@@ -138,7 +138,11 @@ class _SamplingRequest(_Strict):
         """A top-level null is the field's default: the OpenAI API marks its optional fields
         nullable (``"n": null``, ``"stream": null``, ``"presence_penalty": null``), and clients send
         null for a Python None (the official one for ``n=None``); OpenAI, vLLM and SGLang serve them."""
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        # (a required field's null stays, refused as null: "prompt: Field required" was said of "prompt": null)
+        return {k: v for k, v in data.items() if v is not None or k in cls.model_fields and
+                cls.model_fields[k].is_required()}
 
 
 class CompletionRequest(_SamplingRequest):
