@@ -1151,6 +1151,19 @@ def test_a_path_with_a_trailing_slash_is_served_as_the_route_without_it(served):
     assert r.status_code == 404 and r.json()["error"]["message"].startswith("the server has no route /metrics/; ")
 
 
+def test_an_empty_prompt_list_or_conversation_is_refused_naming_the_fix(served):
+    # they said only "prompt is empty" and "messages is empty"
+    _, url = served
+    r = _post(url, "/v1/completions", {"model": "rec", "prompt": []})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": "prompt is an empty list; give at least one prompt: a string, or a list of token ids",
+        "type": "invalid_request_error", "param": "prompt", "code": 400}
+    r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": []})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": 'messages is empty: give at least one message, [{"role": "user", "content": "..."}]',
+        "type": "invalid_request_error", "param": "messages", "code": 400}
+
+
 def test_a_generate_batch_whose_lists_do_not_fit_its_prompts_is_refused_naming_the_fix(served):
     # it said "sampling_params has 1 entries for 2 prompts" and "the batch is empty", naming no fix
     _, url = served

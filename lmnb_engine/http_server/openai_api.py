@@ -745,7 +745,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         else:
             prompts = list(p)
         if not prompts:
-            raise RequestError("prompt is empty", param="prompt")
+            raise RequestError("prompt is an empty list; give at least one prompt: a string, or a list of token ids",
+                               param="prompt")
         top = req.logprobs or 0
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
@@ -790,7 +791,9 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         max_tokens = _reply_limit(req)
         extra = _template_kwargs(req)
         if not req.messages:
-            raise RequestError("messages is empty", param="messages")
+            # (in the engine's words, Engine.apply_chat_template: it said only "messages is empty")
+            raise RequestError('messages is empty: give at least one message, [{"role": "user", "content": "..."}]',
+                               param="messages")
         if not engine.chat_template:
             raise RequestError("this model has no chat template; use /v1/completions", param="messages")
         images: list = []  # [issue 10] image_url parts, in order; each left an image token in its message
