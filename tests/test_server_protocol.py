@@ -1151,6 +1151,19 @@ def test_a_path_with_a_trailing_slash_is_served_as_the_route_without_it(served):
     assert r.status_code == 404 and r.json()["error"]["message"].startswith("the server has no route /metrics/; ")
 
 
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("body, shown", [("[]", "[]"), ("null", "null"), ('"hi"', '"hi"'), ("[" + "1," * 99 + "1]",
+                                                                                       "[" + "1, " * 26 + "1…")])
+def test_a_body_that_is_json_but_no_object_is_refused_alike_on_every_route(served, path, body, shown):
+    # the OpenAI routes said "Input should be a valid dictionary or instance of ChatRequest (got [])",
+    # naming a class of the server's code, and /generate "the body must be a JSON object"
+    _, url = served
+    r = _post(url, path, body)
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": f'the body must be a JSON object of the request\'s fields ({{"field": value, ...}}), not {shown}',
+        "type": "invalid_request_error", "param": None, "code": 400}
+
+
 def test_an_empty_prompt_list_or_conversation_is_refused_naming_the_fix(served):
     # they said only "prompt is empty" and "messages is empty"
     _, url = served

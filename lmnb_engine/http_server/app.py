@@ -657,11 +657,19 @@ def _parse_images(value: Any, n: int, batch: bool) -> list[list]:
     return per_prompt
 
 
+def not_an_object(body: Any) -> RequestError:
+    """The error of a request body that is JSON but no object (``[]``, ``"x"``, ``null``), said
+    alike by every route: the OpenAI routes said "Input should be a valid dictionary or instance
+    of CompletionRequest (got [])", naming a class of the server's code."""
+    return RequestError(f"the body must be a JSON object of the request's fields ({{\"field\": value, ...}}), not "
+                        f"{json_value(body, SHOWN_CHARS)}")
+
+
 def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     """(prompts, SamplingParams per prompt, rids, is_batch, options) of a /generate body; options
     hold ``images``, each prompt's [issue 10] images."""
     if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object")
+        raise not_an_object(body)
     for key, value in body.items():
         if key in _EMPTY_OK_KEYS:
             if value:

@@ -53,6 +53,7 @@ from lmnb_engine.http_server.app import (
     check_samples,
     encode_prompt,
     entry_error,
+    not_an_object,
     response_rids,
     rid_clash,
     sse,
@@ -648,21 +649,22 @@ def _validate(model: type, body: Any, path: str) -> Any:
     a string (``"max_tokens": "2"``), which OpenAI's API and /generate refuse, and a flag given
     anything but true or false (pydantic read ``"stream": "on"`` and ``"echo": 1`` as true); the
     flags of nested objects are ``StrictBool`` for that."""
-    if isinstance(body, dict):
-        unknown = sorted(k for k in body if k not in model.model_fields)
-        if unknown:  # (it lists the fields it uses; the one meant may be one it ignores)
-            key, unlisted = unknown[0], getattr(model, "IGNORED", ()) + getattr(model, "UNSERVED", ())
-            names = sorted(f for f in model.model_fields if f not in unlisted)
-            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, sorted(model.model_fields))}; "
-                               f"{path} takes {json_value(names)}", param=key)
-        for key, value in body.items():
-            annotation = model.model_fields[key].annotation
-            if isinstance(value, (bool, str)) and _holds(annotation, (int, float)):
-                shown = json_value(value) if isinstance(value, bool) else f"the string {json_value(value, 40)}"
-                raise RequestError(f"{key} must be a number, not {shown}; leave it out for the default",
-                                   param=key)
-            if value is not None and not isinstance(value, bool) and _holds(annotation, (bool,)):
-                raise RequestError(f"{key} must be true or false, not {json_value(value, 40)}", param=key)
+    if not isinstance(body, dict):
+        raise not_an_object(body)
+    unknown = sorted(k for k in body if k not in model.model_fields)
+    if unknown:  # (it lists the fields it uses; the one meant may be one it ignores)
+        key, unlisted = unknown[0], getattr(model, "IGNORED", ()) + getattr(model, "UNSERVED", ())
+        names = sorted(f for f in model.model_fields if f not in unlisted)
+        raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, sorted(model.model_fields))}; "
+                           f"{path} takes {json_value(names)}", param=key)
+    for key, value in body.items():
+        annotation = model.model_fields[key].annotation
+        if isinstance(value, (bool, str)) and _holds(annotation, (int, float)):
+            shown = json_value(value) if isinstance(value, bool) else f"the string {json_value(value, 40)}"
+            raise RequestError(f"{key} must be a number, not {shown}; leave it out for the default",
+                               param=key)
+        if value is not None and not isinstance(value, bool) and _holds(annotation, (bool,)):
+            raise RequestError(f"{key} must be true or false, not {json_value(value, 40)}", param=key)
     try:
         return model.model_validate(body)
     except ValidationError as e:  # (with the body: the error's place is named by it, field_place)
