@@ -1151,6 +1151,26 @@ def test_a_path_with_a_trailing_slash_is_served_as_the_route_without_it(served):
     assert r.status_code == 404 and r.json()["error"]["message"].startswith("the server has no route /metrics/; ")
 
 
+@pytest.mark.parametrize("field, value, param, message", [
+    # a field of several forms named only the first pydantic tried: "stop: Input should be a valid string"
+    ("stop", 5, "stop", "stop: Input should be a valid string or a valid list (got 5)"),
+    ("messages", [{"role": "user", "content": 5}], "messages[0].content",
+     "messages[0].content: Input should be a valid string or a valid list (got 5)"),
+    ("json_schema", 5, "json_schema", "json_schema: Input should be a valid string or a JSON object (got 5)"),
+    ("stop", [5], "stop[0]", "stop[0]: Input should be a valid string (got 5)"),  # (the list form's own error)
+    # an object named a class of the server's code: "a valid dictionary or instance of ChatMessage"
+    ("messages", [5], "messages[0]", "messages[0]: Input should be a JSON object (got 5)"),
+    ("response_format", 5, "response_format", "response_format: Input should be a JSON object (got 5)"),
+])
+def test_a_field_of_the_wrong_kind_is_named_with_the_kinds_it_takes_in_json_words(served, field, value, param,
+                                                                                  message):
+    _, url = served
+    body = {"model": "rec", "messages": [{"role": "user", "content": "a"}], field: value}
+    r = _post(url, "/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"] == {"message": message, "type": "invalid_request_error",
+                                                          "param": param, "code": 400}
+
+
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("body, shown", [("[]", "[]"), ("null", "null"), ('"hi"', '"hi"'), ("[" + "1," * 99 + "1]",
                                                                                        "[" + "1, " * 26 + "1…")])

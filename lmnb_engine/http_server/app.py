@@ -777,17 +777,34 @@ def field_place(path: Any, body: Any = _UNKNOWN, missing: bool = False) -> str:
     return place.removeprefix(".")
 
 
-def pydantic_message(error: dict) -> str:
+def _alternatives_error(errors: list, first: dict) -> dict:
+    """``first`` (a pydantic error), its message naming every form a union field takes where the
+    value fits none at all (each alternative's error has the same place but its own last part,
+    the form's tag): ``"stop": 5`` said "Input should be a valid string", the first form pydantic
+    tried, for a field that is a string or a list ("... a valid string or a valid list")."""
+    loc, prefix = first.get("loc", ()), "Input should be "
+    alike = [e for e in errors if len(e.get("loc", ())) == len(loc) and e["loc"][:-1] == loc[:-1]
+             and e.get("input", first.get("input")) == first.get("input")]
+    if len(loc) < 2 or len(alike) < 2 or not all(e.get("msg", "").startswith(prefix) for e in alike):
+        return first
+    forms = dict.fromkeys(pydantic_message(e, shown=False).removeprefix(prefix) for e in alike)
+    return {**first, "msg": prefix + " or ".join(forms), "type": "union"}  # (not the first form's kind, reworded)
+
+
+def pydantic_message(error: dict, shown: bool = True) -> str:
     """A pydantic validation ``error``'s message as the server's other errors word theirs: in JSON's
     words (a literal's choices ``"text", "json_object"``, not Python's ``'text'``), and with the
     value the client sent as JSON (``json_value``), which pydantic's message leaves out ("Input
     should be a valid string (got 5)"); not for a missing field (the value is the object around
-    it), nor for the prompt's own errors, which show it already."""
+    it), nor for the prompt's own errors, which show it already, nor when ``shown`` is False."""
     msg = error.get("msg", "invalid request")
     kind = error.get("type")
     if kind == "literal_error":  # (pydantic writes the choices with repr; they are short strings here)
         msg = msg.replace("'", '"')
-    if kind not in ("missing", "prompt") and "input" in error:  # ("prompt": openai_api._prompt_error)
+    elif kind in ("model_type", "dict_type"):  # (pydantic: "a valid dictionary or instance of ChatMessage", a class
+        # of the server's code, and "a valid dictionary", Python's word)
+        msg = "Input should be a JSON object"
+    if shown and kind not in ("missing", "prompt") and "input" in error:  # ("prompt": openai_api._prompt_error)
         try:
             msg += f" (got {json_value(error['input'], 40)})"
         except (TypeError, ValueError):  # (a ValidationError of a value that is no JSON, raised by code)
@@ -855,6 +872,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         # the deepest error: of a union's alternatives (a message's content is a string or a list of
         # parts), the one the value got furthest in, e.g. content[0].type, not content (a string)
         first = max(errs, key=lambda e: len(e.get("loc", ())), default={})
+        first = _alternatives_error(errs, first)
         loc = first.get("loc", ())
         where = field_place(loc[1:] if loc[:1] == ("body",) else loc, _UNKNOWN if exc.body is None else exc.body,
                             missing=first.get("type") == "missing")
