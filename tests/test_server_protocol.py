@@ -208,10 +208,16 @@ def _post(url, path, body, **kw):
          'unknown field "max_token" (did you mean "max_tokens"?); /v1/chat/completions takes ['),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "stream": True,
                                   "stream_options": {"include_usag": True}}, 400,
-         'stream_options.include_usag: Extra inputs are not permitted (did you mean "include_usage"?)'),
+         'stream_options.include_usag: unknown field (did you mean "include_usage"?); stream_options takes '
+         '["continuous_usage_stats", "include_usage"]'),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}],
                                   "response_format": {"type": "json_schema", "json_schema": {"schem": {}}}}, 400,
-         'response_format.json_schema.schem: Extra inputs are not permitted (did you mean "schema"?)'),
+         'response_format.json_schema.schem: unknown field (did you mean "schema"?); response_format.json_schema '
+         'takes ["description", "name", "schema", "strict"]'),
+        # a nested unknown field with none close named no field it takes: "Extra inputs are not permitted (got 1)"
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}],
+                                  "response_format": {"type": "json_object", "extra": 1}}, 400,
+         'response_format.extra: unknown field; response_format takes ["json_schema", "type"]'),
         ("/generate", {"text": "a", "sampling_param": {}}, 400,
          'unknown field "sampling_param" (did you mean "sampling_params"?); /generate takes ['),
         ("/v1/chat/completions", {"model": "rec", "messages": [], "bogus": 1}, 400,

@@ -796,7 +796,8 @@ def pydantic_message(error: dict, shown: bool = True) -> str:
     words (a literal's choices ``"text", "json_object"``, not Python's ``'text'``), and with the
     value the client sent as JSON (``json_value``), which pydantic's message leaves out ("Input
     should be a valid string (got 5)"); not for a missing field (the value is the object around
-    it), nor for the prompt's own errors, which show it already, nor when ``shown`` is False."""
+    it), nor for the prompt's own errors, which show it already, nor of an unknown field (its
+    value is no matter: openai_api._with_guess), nor when ``shown`` is False."""
     msg = error.get("msg", "invalid request")
     kind = error.get("type")
     if kind == "literal_error":  # (pydantic writes the choices with repr; they are short strings here)
@@ -804,7 +805,8 @@ def pydantic_message(error: dict, shown: bool = True) -> str:
     elif kind in ("model_type", "dict_type"):  # (pydantic: "a valid dictionary or instance of ChatMessage", a class
         # of the server's code, and "a valid dictionary", Python's word)
         msg = "Input should be a JSON object"
-    if shown and kind not in ("missing", "prompt") and "input" in error:  # ("prompt": openai_api._prompt_error)
+    # ("prompt": openai_api._prompt_error)
+    if shown and kind not in ("missing", "prompt", "unknown_field") and "input" in error:
         try:
             msg += f" (got {json_value(error['input'], 40)})"
         except (TypeError, ValueError):  # (a ValidationError of a value that is no JSON, raised by code)

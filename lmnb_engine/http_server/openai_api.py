@@ -53,6 +53,7 @@ from lmnb_engine.http_server.app import (
     check_samples,
     encode_prompt,
     entry_error,
+    field_place,
     not_an_object,
     response_rids,
     rid_clash,
@@ -668,7 +669,7 @@ def _validate(model: type, body: Any, path: str) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as e:  # (with the body: the error's place is named by it, field_place)
-        raise RequestValidationError([_with_guess(model, err) for err in e.errors()], body=body) from None
+        raise RequestValidationError([_with_guess(model, err, body) for err in e.errors()], body=body) from None
 
 
 def _refuse_misspelt_message_keys(body: Any) -> None:
@@ -682,15 +683,19 @@ def _refuse_misspelt_message_keys(body: Any) -> None:
             raise RequestError(problem, param=f"messages[{i}]")
 
 
-def _with_guess(model: type, error: dict) -> dict:
+def _with_guess(model: type, error: dict, body: Any) -> dict:
     """A pydantic ``error``, one of an unknown field of a nested object (``stream_options``,
-    ``response_format``: ``extra_forbidden``) with the field meant (``did_you_mean``) in its
-    message, as the top-level fields and /generate's sampling parameters have."""
+    ``response_format``: ``extra_forbidden``) said as the top-level fields and /generate's
+    sampling parameters say one: the field meant (``did_you_mean``) and the fields the object
+    takes, where pydantic said only "Extra inputs are not permitted"."""
     if error.get("type") != "extra_forbidden":
         return error
     loc = error.get("loc", ())
     names = _field_names(model, loc[:-1])
-    return {**error, "msg": error["msg"] + did_you_mean(loc[-1], names)} if names and loc else error
+    if not (names and loc):
+        return error
+    return {**error, "type": "unknown_field", "msg": f"unknown field{did_you_mean(loc[-1], names)}; "
+            f"{field_place(loc[:-1], body)} takes {json_value(sorted(names))}"}
 
 
 def _field_names(model: Any, loc: Sequence) -> list[str]:
