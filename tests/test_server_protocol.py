@@ -1116,11 +1116,22 @@ def test_a_route_asked_with_another_method_says_which_methods_it_takes(served):
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert r.json()["error"]["message"] == "GET is not allowed on /generate; send POST /generate"
     r = httpx.delete(url + "/v1/models")
-    assert r.status_code == 405 and r.headers["allow"] == "GET"
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}
     assert r.json()["error"]["message"] == "DELETE is not allowed on /v1/models; send GET /v1/models"
     r = httpx.put(url + "/flush_cache")  # a route of two methods
     assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "POST"}
     assert r.json()["error"]["message"] == "PUT is not allowed on /flush_cache; send GET or POST /flush_cache"
+
+
+def test_a_route_that_only_reads_answers_head_as_get_without_the_body(served):
+    # curl -I /health was a 405: FastAPI's routes take only the methods named (RFC 9110 9.3.2: HEAD with GET)
+    _, url = served
+    for path in ("/health", "/get_model_info", "/v1/models", "/v1/models/rec"):
+        got, head = httpx.get(url + path), httpx.head(url + path)
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["content-length"] == str(len(got.content))
+    r = httpx.head(url + "/flush_cache")  # its GET flushes: a HEAD must change nothing, so it is refused
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "POST"}
 
 
 def test_an_unknown_route_is_a_404_naming_the_path_the_closest_route_and_all_routes(served):

@@ -890,8 +890,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def http_error(request: Request, exc: StarletteHTTPException):
         message, allow = str(exc.detail), (exc.headers or {}).get("Allow")
         if exc.status_code == 405 and allow:  # the route is there: name the methods it takes
-            message = (f"{request.method} is not allowed on {request.url.path}; send "
-                       f"{' or '.join(sorted(allow.split(', ')))} {request.url.path}")
+            methods = sorted(set(allow.split(", ")) - {"HEAD"})  # (HEAD goes with GET: no method to send)
+            message = f"{request.method} is not allowed on {request.url.path}; send {' or '.join(methods)} {request.url.path}"
         elif exc.status_code == 404 and "endpoint" not in request.scope:  # (no route matched: the router's 404)
             message = _no_route(request)
         # (with its headers: a 405 must say Allow, RFC 9110 section 15.5.6)
@@ -1021,6 +1021,12 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         return outputs if batch or len(outputs) > 1 else outputs[0]
 
     add_openai_routes(app, ctx, json_body)
+    # HEAD where GET only reads (RFC 9110 section 9.3.2; the server sends the headers only): FastAPI's
+    # routes take only the methods named, so curl -I /health was a 405. Not /flush_cache, whose GET
+    # (SGLang's) flushes: a HEAD, which clients and proxies take to change nothing, must not.
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.methods == {"GET"}:
+            route.methods.add("HEAD")
     return app
 
 
