@@ -424,7 +424,12 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
 MAX_U_FLAG_FIXES = 64
 
 
-def u_flag_problem(pattern: str) -> Optional[str]:
+# (the engine's words for a back-reference that a schema pattern's fix would need: as regex_check's)
+_NO_BACK_REFERENCES = ("constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns "
+                       "compile to a finite automaton): repeat the group's pattern instead of referring to it")
+
+
+def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     """The words for the schema ``pattern``'s first syntax error under ECMA 262's u flag, which JSON
     Schema asks patterns be read with (2020-12 core, section 6.4), or None: an identity escape that
     flag refuses (``regex_u_flag.identity_escape``), offering the pattern with each such character
@@ -433,7 +438,9 @@ def u_flag_problem(pattern: str) -> Optional[str]:
     (``regex_u_flag.u_flag_error``: a lone ``{``, ``\\c`` before no letter, a back-reference in a
     class ...), with the pattern written to mean what it means without the flag, each such error
     respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning, else the patterns the user may
-    have meant that the flag reads (``UFlagError.meant``: for ``(?<n>a)\\k``, ``\\k<n>`` and ``k``).
+    have meant that the flag reads (``UFlagError.meant``: for ``(?<n>a)\\k``, ``\\k<n>`` and ``k``);
+    ``engine``: the in-process engine's words, which offer no back-reference, as constrained decoding
+    cannot do one, but say so and to repeat the group's pattern.
     Asked by the language's schema check and the engine's alike, so both refuse the same patterns in
     the same words.
 
@@ -464,9 +471,16 @@ def u_flag_problem(pattern: str) -> Optional[str]:
     if instead is not None and (read := python_reading(pattern)) is not None and python_reading(instead) == read:
         return None
     if found is None:
-        meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in error.meant if u_flag_problem(p) is None]
+        meant = [(p, what) for p, what in error.meant if u_flag_problem(p) is None]
+        # (the in-process engine builds no back-reference, in any syntax: offering one would only be refused next)
+        refs = engine and any(what.startswith("a back-reference") for _, what in meant)
+        meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in meant
+                 if not (refs and what.startswith("a back-reference"))]
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
-               "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else "fix the pattern")
+               "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
+               "" if refs else "fix the pattern")
+        if refs:
+            fix += ("; " if meant else "") + _NO_BACK_REFERENCES
         return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
@@ -528,7 +542,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     # the language's refusals first, in its words, for the engine too: an error of every dialect,
     # then one of ECMA's u flag; then, for the engine, Python's own errors
     every = _no_dialect_reads(pattern)
-    escape = None if every else u_flag_problem(pattern)
+    escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
     ecma = ecma or every

@@ -197,7 +197,8 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
     ``re`` may report after an error of its own, ``\\1a(``); ``\\c`` before no letter, ``\\p`` or ``\\x`` or ``\\u`` without
     what follows them, a code point past U+10FFFF, ``\\0`` before a digit and a back-reference in
     a class (Annex B's octal escapes), ``\\k`` with no name; a back-reference to no group (by
-    number or name); a group name that is none, or one named twice in a single alternative
+    number or name; ``\\k<n>`` to a group named in Python's syntax, ``(?P<n>...)``, is offered
+    Python's ``(?P=n)`` and ECMA's ``(?<n>...)``); a group name that is none, or one named twice in a single alternative
     (ES2025 allows a name twice only in different alternatives); a class escape at an end of a
     range (``[\\d-z]``); a backslash that ends the pattern. None where there is none."""
     groups = 0
@@ -285,5 +286,15 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
             return UFlagError(at, f"a back-reference {pattern[at:end]} to group {ref} (the pattern has {held})",
                               pattern[:at] + octal + pattern[octal_end:])
         if isinstance(ref, str) and ref not in named:
-            return UFlagError(at, f"a back-reference {pattern[at:end]} to no group of that name", None)
+            python = [m for m in _NAMED_GROUP.finditer(pattern) if m.group(2) and m.group(3) == ref]
+            if not python:
+                return UFlagError(at, f"a back-reference {pattern[at:end]} to no group of that name", None)
+            # (the group named as Python's re names it, (?P<n>...), which ECMA lacks: the back-reference
+            # spelled as Python's, or the group as ECMA's)
+            p = python[0].start() + len(python[0].group(1)) + 2  # (where its "P" is)
+            return UFlagError(at, f"a back-reference {pattern[at:end]} to the group {ref} named in Python's syntax "
+                                  f"(?P<{ref}>...), which ECMA lacks (ECMA names a group (?<{ref}>...))", None,
+                              ((pattern[:at] + f"(?P={ref})" + pattern[end:],
+                                f"a back-reference to the group {ref} in Python's syntax"),
+                               (pattern[:p] + pattern[p + 1:], f"a back-reference to the group {ref} in ECMA's syntax")))
     return None

@@ -368,6 +368,55 @@ def test_a_bare_k_in_a_schema_pattern_that_names_a_group_is_offered_the_back_ref
         sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
 
 
+@pytest.mark.parametrize("pattern, name, same, other", [
+    (r"(?P<n>a)\k<n>", "n", "aa", "ab"), (r"(?P<year>\d{2})-\k<year>", "year", "19-19", "19-20"),
+    (r"(?<m>b)(?P<n>a|c)\k<n>", "n", "baa", "bac"),
+])
+def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_and_is_offered_either_syntax(pattern, name, same,
+                                                                                                   other):
+    """\\k<n> to a group named (?P<n>...), Python's syntax, which ECMA 262 lacks, was refused as "a
+    back-reference \\k<n> to no group of that name" with "fix the pattern", though the group is there.
+    gen() and a cell now name the Python syntax and offer Python's back-reference (?P=n) or ECMA's
+    group (?<n>...); the engine, which builds no back-reference, says so and to repeat the group's
+    pattern. The reference: the regex package, which reads both syntaxes, matches each offer against
+    a text whose group is repeated (``same``, by hand) and not one where it differs (``other``), and
+    node, where at hand, refuses the pattern as ECMA."""
+    import shutil
+
+    import regex
+
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.constrained.schema import load_schema
+
+    if shutil.which("node"):
+        run = subprocess.run(["node", "-e", "try { new RegExp(process.argv[1], 'u') } catch (e) { process.exit(3) }",
+                              pattern], capture_output=True)
+        assert run.returncode == 3, pattern
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    message = str(e.value)
+    with pytest.raises(TemplateSyntaxError) as in_cell:
+        parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
+    assert message in str(in_cell.value)
+    assert (f"a back-reference \\k<{name}> to the group {name} named in Python's syntax (?P<{name}>...), which ECMA "
+            f"lacks (ECMA names a group (?<{name}>...))") in message, message
+    offers = {what: json.loads(offer) for offer, what in re.findall(
+        r'(?:write |, or )("(?:[^"\\]|\\.)*") for (a back-reference to the group \w+ in \w+\'s syntax)', message)}
+    assert set(offers) == {f"a back-reference to the group {name} in {s} syntax" for s in ("Python's", "ECMA's")}
+    for offer in offers.values():  # (the regex package writes ECMA's \k<n> as (?P=n))
+        read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", offer)
+        assert regex.fullmatch(read, same) and not regex.fullmatch(read, other), offer
+        sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
+    with pytest.raises(ValueError) as in_engine:
+        load_schema(schema)
+    engine = str(in_engine.value)
+    assert engine.split("; ")[0] == message.split("; ")[0]
+    assert engine.endswith("; constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns "
+                           "compile to a finite automaton): repeat the group's pattern instead of referring to it")
+    assert "write" not in engine.split("; ", 1)[1], engine
+
+
 @pytest.mark.parametrize("pattern, annex_b", [
     (r"^\d{3}\-\d{4}$", r"^\d{3}-\d{4}$"), (r"a\%b", "a%b"), (r"a\ b", "a b"), (r"\_x", "_x"), (r"\é", "é"),
     (r"[\1]", r"[\x01]"), (r"[a\101]", r"[a\x41]"), (r"\01", r"\x01"),  # (Annex B: octal escapes)
