@@ -123,7 +123,7 @@ def regex_problem(pattern: Any) -> str | None:
     return pattern_problem(pattern)
 
 
-def pattern_problem(pattern: str) -> str | None:
+def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     """Why the pattern ``pattern`` is refused, or None: an empty pattern (``empty_pattern_problem``),
     a Unicode class the automaton library does not build (``unbuilt_class_problem``) or at an end
     of a range (``class_range_problem``), a class Python's ``re`` flags as ambiguous
@@ -131,7 +131,8 @@ def pattern_problem(pattern: str) -> str | None:
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), or a class that matches no character (``regex_empty_class``). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
-    place in ``pattern``, and a pattern with classes is refused as its twin without them is."""
+    place in ``pattern``, and a pattern with classes is refused as its twin without them is.
+    ``empty_class`` False: all but that last check (the engine asks it before its own refusals)."""
     problem = empty_pattern_problem(pattern) or unbuilt_class_problem(pattern) or class_range_problem(pattern)
     if problem:
         return problem
@@ -153,7 +154,7 @@ def pattern_problem(pattern: str) -> str | None:
                 'use an unbounded repeat ("+" or "*") and bound the length with max_tokens instead')
     from lmnb_engine.regex_empty_class import empty_class_problem  # (it imports this module)
 
-    return empty_class_problem(pattern)
+    return empty_class_problem(pattern) if empty_class else None
 
 
 # Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come

@@ -33,6 +33,7 @@ from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import (
     classes_held,
     empty_pattern_problem,
+    pattern_problem,
     regex_problem,
     shown_regex,
     without_edge_anchors,
@@ -307,7 +308,8 @@ def _unread_problem(regex: str) -> str | None:
 
 def _automaton_regex(regex: str) -> str:
     """The user's ``regex`` without its edge anchors (``without_edge_anchors``), checked
-    (``check_regex``, and for a class that matches no character: ``empty_class_problem``) and in
+    (``check_regex``, and for a class that matches no character: ``empty_class_problem``, which,
+    where ``gen()`` finds it, comes before ``check_regex``'s refusals, as in ``gen()``) and in
     the automaton library's syntax (``automaton_syntax``).
 
     Raises:
@@ -323,6 +325,11 @@ def _automaton_regex(regex: str) -> str:
         check_regex(trimmed)
         spelled = automaton_syntax(trimmed)
     except GrammarError as e:
+        # (a class that matches no character, in gen()'s words, where gen() finds it: it asks for one before the
+        # engine's refusals, and offers the pattern without the part that holds it, lookaround or anchor and all)
+        empty = empty_class_problem(regex) if pattern_problem(regex, empty_class=False) is None else None
+        if empty:
+            raise GrammarError(empty) from None
         if trimmed == regex:
             raise
         named = str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)
