@@ -1098,6 +1098,45 @@ def test_a_method_iterating_an_item_of_a_literal_attribute_reads_it(tmp_path, mo
                                                        "used by the rows"], p.notes
 
 
+_FIRST = ("class Tok:\n    def __init__(self):\n        self.rows = [[]]\n        self.vocab = {'a': 'x'}\n"
+          "    def first(self):\n        return self.rows[0]\n    def word(self, k):\n        return self.vocab.get(k)\n"
+          "tok = Tok()")
+
+
+@pytest.mark.parametrize("cell, noted", [
+    # (a row that changes in place the item a read-only method passes out: the job's rows go on from the last's)
+    ("tok.first().append(q)\nr = str(len(tok.rows[0]))", "tok.first().append(q)"),
+    ("x = tok.first()\nx.append(q)\nr = str(len(tok.rows[0]))", "x = tok.first(); x.append(q)"),
+    ("x = tok.first()\nif q:\n    x[:0] = [q]\nr = str(len(tok.rows[0]))", "x = tok.first(); x[:0] = [q]"),
+    # (a row that only reads what is passed out, or changes its own copy, or a lookup's string: no note)
+    ("r = str(len(tok.first()) + 1)", None),
+    ("x = list(tok.first())\nx.append(q)\nr = str(len(x))", None),
+    ("x = tok.word('a')\nx = x.upper()\nr = x", None),
+])
+def test_a_row_changing_in_place_an_item_a_setup_method_passes_out_is_noted(tmp_path, monkeypatch, cell, noted):
+    # tok.first() returns self.rows[0], which export took for a read (such items are strings and numbers more
+    # often than not), so a row's tok.first().append(q) got no note, though the job's rows went on from the last
+    # row's list (1, 2, 3) where each pass of the notebook starts from a new Tok (1, 1, 1)
+    from helpers_export import write_rows
+
+    nb = notebook(f"{_FIRST}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = [{"q": q} for q in "BCD"]
+    passes = _notebook_passes(f"{_FIRST}\nq = 'A'", [cell], rows)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    if noted is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
+        assert prompts[1::2] == passes and p.notes == [], p.notes
+        return
+    assert passes == ["1", "1", "1"] and prompts[1::2] == ["1", "2", "3"]  # (as the note says: it carries over)
+    assert p.notes == [f"cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`{noted}` in "
+                       "cell 3, changing what tok.first() passes out): what its calls change carries over from row to "
+                       "row (what one row changes, the next row sees), where each pass of the notebook starts from a "
+                       "new one; make it in a cell that runs per row (tok = ... after the first %%lm cell), and rows "
+                       "running at once (--num-threads above 1) share it"], p.notes
+
+
 def test_a_class_attribute_a_python_lm_cell_changes_starts_each_row_from_the_setup_value(tmp_path, monkeypatch):
     # a %%lm --python body runs on the notebook's globals (PythonCell.program), so its C.n += 1 changes the
     # set-up's class; the export looked for class changes in Python cells only: rows gave B1, C2, D3

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from lmnb.export.cells import bound_by
-from lmnb.export.read_only import _ITERATING_BUILTINS, _READ_METHODS, _read_only_methods
+from lmnb.export.read_only import _ITERATING_BUILTINS, _READ_METHODS, _read_only_methods, _result_changed
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements, _tests_unset
 
 
@@ -251,6 +251,7 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
 
     uses: dict = {}
     for where, tree, skipped, copies in places:
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node, tests in _own_nodes(tree):
             if any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
@@ -287,6 +288,12 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
             # method that changes nothing of tok)
             if any((e[1] is None) if iterating else changes(e, method, mixed) for e in found):
                 uses.setdefault(name, (known[name], f"`{shown}` in {where}"))
+            # (a read-only method that passes out an item of an attribute, `return self.rows[0]`, which the row
+            # changes in place: tok.first().append(q), or x = tok.first(); x.append(q))
+            handed = not iterating and any(read_only.get(e[1], {}).get(method) for e in found)
+            changing = _result_changed(node, tree, parents) if handed else None
+            if changing:
+                uses.setdefault(name, (known[name], f"`{changing}` in {where}, changing what {shown} passes out"))
         # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
         for node, tests in _own_nodes(tree):
             for iterated, target, scope in _loop_items(node):

@@ -24,7 +24,9 @@ _CONTAINERS = frozenset({"dict", "list", "tuple", "set", "frozenset", "str", "so
 def _read_only_methods(setup: list) -> dict:
     """Class name → the methods of each set-up class (its last top-level definition) that change
     nothing of the instance they are called on (``_reads_only``), for the classes with no base
-    but ``object`` (an inherited method, ``__getattr__`` or ``__setattr__`` is not known here)."""
+    but ``object`` (an inherited method, ``__getattr__`` or ``__setattr__`` is not known here),
+    each → whether it passes out an item of an attribute (``_passes_out_item``), which its caller
+    may change in place."""
     import ast
 
     out: dict = {}
@@ -39,8 +41,71 @@ def _read_only_methods(setup: list) -> dict:
             continue
         plain = _plain_attributes(methods)
         literal = _literal_attributes(methods, plain)
-        out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain, literal)}
+        out[stmt.name] = {m: _passes_out_item(methods[m]) for m in methods
+                          if _reads_only(methods[m], methods, set(), plain, literal)}
     return out
+
+
+def _passes_out_item(method) -> bool:
+    """Whether ``method`` returns or yields an item of an attribute of its instance as it is
+    (``return self.rows[0]``, ``return self.vocab.get(k)``, ``self.rows[0][1]``), which ``_read``
+    takes for a read (such items are strings and numbers more often than not), but which a caller
+    may change in place (``_result_changed``)."""
+    import ast
+
+    me = method.args.args[0].arg
+    for node in ast.walk(method):
+        if not (isinstance(node, (ast.Return, ast.Yield)) and node.value is not None):
+            continue
+        value = node.value
+        while isinstance(value, ast.Subscript) or (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                                                   and value.func.attr == "get"):
+            value = value.value if isinstance(value, ast.Subscript) else value.func.value
+        if value is not node.value and isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) \
+                and value.value.id == me:
+            return True
+    return False
+
+
+def _changed_in_place(node, parents: dict) -> bool:
+    """Whether the value of the expression ``node`` is changed in place where it is used: a method
+    call on it other than ``_READ_METHODS`` (``row.append(x)``), or an attribute or item set or
+    deleted on it (``item.n = 1``, ``row[0] = x``), also through an attribute or item of it
+    (``h.seen.append(x)``). A value handed on (``out.append(w)``) is taken to be read."""
+    import ast
+
+    user = parents.get(node)
+    if isinstance(user, ast.Attribute):
+        call = parents.get(user)
+        if not isinstance(user.ctx, ast.Load) or (isinstance(call, ast.Call) and call.func is user):
+            return not isinstance(user.ctx, ast.Load) or user.attr not in _READ_METHODS
+        return _changed_in_place(user, parents)
+    if isinstance(user, ast.Subscript) and user.value is node:
+        return not isinstance(user.ctx, ast.Load) or _changed_in_place(user, parents)
+    return False
+
+
+def _result_changed(call, tree, parents: dict) -> str | None:
+    """Where the row code ``tree`` (``parents``: its nodes' parents) changes in place what ``call``
+    returns (``_changed_in_place``), in the same expression (``tok.first().append(q)``) or through
+    a name bound to it alone (``x = tok.first()``, then ``x.append(q)``): the statements that do
+    so, as written, or None."""
+    import ast
+
+    def statement(node) -> str:
+        while not isinstance(node, ast.stmt):
+            node = parents[node]
+        return ast.unparse(node)
+
+    if _changed_in_place(call, parents):
+        return statement(call)
+    bound = parents.get(call)
+    if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
+        return None
+    name = bound.targets[0].id
+    changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               and _changed_in_place(n, parents)]
+    return f"{ast.unparse(bound)}; {statement(changed[0])}" if changed else None
 
 
 def _plain_attributes(methods: dict) -> set:
@@ -153,20 +218,8 @@ def _items_changed(loop, parents: dict) -> bool:
 
     names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     scope = [*loop.body, *loop.orelse] if isinstance(loop, (ast.For, ast.AsyncFor)) else [parents[loop]]
-
-    def changed(node) -> bool:
-        user = parents.get(node)
-        if isinstance(user, ast.Attribute):
-            call = parents.get(user)
-            if not isinstance(user.ctx, ast.Load) or (isinstance(call, ast.Call) and call.func is user):
-                return not isinstance(user.ctx, ast.Load) or user.attr not in _READ_METHODS
-            return changed(user)
-        if isinstance(user, ast.Subscript) and user.value is node:
-            return not isinstance(user.ctx, ast.Load) or changed(user)
-        return False
-
-    return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load) and changed(n)
-               for part in scope for n in ast.walk(part))
+    return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+               and _changed_in_place(n, parents) for part in scope for n in ast.walk(part))
 
 
 def _read(value, parents: dict, plain: bool, item: bool = False, literal: bool = False) -> bool:
