@@ -40,6 +40,7 @@ from lmnb.ir import (
     check_regex,
     check_stop_regex,
     check_text,
+    close_match,
     dtype_regex,
     json_schema_value,
     token_bounds_problem,
@@ -219,6 +220,35 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
     return checked
 
 
+def _unexpected_keyword(call: str, kwargs: dict, accepted) -> None:
+    """Python's own TypeError for the first of ``kwargs`` that ``call`` (``gen``, ``gen_int``, ...)
+    has no parameter for, with "; did you mean 'max_tokens'?" naming the closest of ``accepted``,
+    as a ``%%lm`` cell's option error does (Python's names no parameter).
+
+    Raises:
+        TypeError: a keyword not in ``accepted``."""
+    for k in kwargs:
+        if k not in accepted:
+            close = close_match(k, sorted(accepted))
+            meant = f"; did you mean {close!r}?" if close else ""
+            raise TypeError(f"{call}() got an unexpected keyword argument {k!r}{meant}")
+
+
+def _offering_keywords(primitive: Callable) -> Callable:
+    """``primitive`` (``gen``, ``select``) refusing a misspelt keyword with "did you mean"
+    (``_unexpected_keyword``), before Python's bare TypeError would."""
+    accepted = frozenset(inspect.signature(primitive).parameters)
+
+    @functools.wraps(primitive)  # (inspect.signature and help() still show the primitive's own parameters)
+    def checked(*args, **kwargs):
+        __tracebackhide__ = True  # see lmnb.interpreter._run_body
+        if not accepted.issuperset(kwargs):
+            _unexpected_keyword(primitive.__name__, kwargs, accepted)
+        return primitive(*args, **kwargs)
+
+    return checked
+
+
 def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options: frozenset) -> None:
     """Refuse a keyword ``run_batch`` has no option for in words that name the program's
     arguments, as ``run`` does (``program 'f': got an unexpected keyword argument ...; its
@@ -228,8 +258,6 @@ def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options
 
     Raises:
         TypeError: a keyword that is neither ``batch_kwargs`` nor one of ``options``."""
-    import difflib
-
     unknown = [k for k in kwargs if k not in options and k != "batch_kwargs"]
     if not unknown:
         return
@@ -240,8 +268,8 @@ def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options
             k in program.arg_names) else ""  # (bind takes only declared arguments)
         raise TypeError(f"program {name!r}: run_batch() got its argument {k!r} by keyword; each item of batch_kwargs "
                         f"gives the program's arguments: put {k!r} in every item ({{{k!r}: ...}}){bound}")
-    close = difflib.get_close_matches(k, sorted(options), n=1)
-    meant = f"; did you mean the run_batch option {close[0]!r}?" if close else ""
+    close = close_match(k, sorted(options))
+    meant = f"; did you mean the run_batch option {close!r}?" if close else ""
     named = f"argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
     raise TypeError(f"program {name!r}: run_batch() got an unexpected keyword {named}; its arguments are "
                     f"{program.arg_names}, given by each item of batch_kwargs{meant}")
@@ -283,7 +311,12 @@ class SglFunction:
             raise TypeError(f"program {self.__name__!r} has no argument(s) {unknown}; it has {self.arg_names}")
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
-    def _check_args(self, args: tuple, kwargs: dict) -> None:
+    def _check_args(self, args: tuple, kwargs: dict, options: frozenset = frozenset()) -> None:
+        """Refuse ``args`` and ``kwargs`` that do not fit the program's signature; an unexpected
+        keyword close to an argument's name, or else to one of ``options`` (``run()``'s), is offered it.
+
+        Raises:
+            TypeError: naming the program, the problem and its arguments."""
         try:
             self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})
         except TypeError as e:
@@ -292,7 +325,13 @@ class SglFunction:
                 k for k in kwargs if k not in self.arg_names]
             if unknown and "unexpected keyword" not in str(e):  # (bind names only the first problem it meets)
                 e = f"{e}; unexpected keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
-            raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}") from None
+            meant = ""
+            if unknown:  # (a misspelt argument, or with options, a misspelt run() option)
+                arg = close_match(unknown[0], self.arg_names)
+                option = None if arg or not options else close_match(unknown[0], options)
+                meant = (f"; did you mean {arg!r}?" if arg else
+                         f"; did you mean the run option {option!r}?" if option else "")
+            raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}{meant}") from None
 
     @_refuse_shadowed_parameters
     def run(
@@ -367,7 +406,7 @@ class SglFunction:
         n, seed, use_thread, state = (_LMNB_RUN_OPTIONS[k] if v is _UNSET else v for k, v in options.items())
         stream = check_flag("stream", stream)
         use_thread = check_flag("use_thread", use_thread)
-        self._check_args(args, kwargs)
+        self._check_args(args, kwargs, _RUN_KEYWORDS)
         check_stop_regex(stop_regex)
         defaults = _run_defaults(
             "run", max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
@@ -532,6 +571,10 @@ class SglFunction:
         return f"<lmnb program {self.__name__}>"
 
 
+# run()'s own options, offered for a misspelt one (which run() takes as a program argument)
+_RUN_KEYWORDS = frozenset(inspect.signature(SglFunction.run).parameters) - {"self", "args", "kwargs"}
+
+
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
     """Decorator making ``func(s, ...)`` an LM program (``SglFunction``).
 
@@ -547,6 +590,7 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
     return decorator
 
 
+@_offering_keywords
 def gen(
     name: Optional[str] = None,
     max_tokens: Optional[int] = None,
@@ -688,6 +732,10 @@ _TYPED_GEN_ARGS = (
 )
 
 
+# the keywords gen_int and gen_string pass on to gen (dtype is theirs to set)
+_GEN_KEYWORDS = frozenset(inspect.signature(gen).parameters) - {"name", "dtype"}
+
+
 def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
     """``gen(name, dtype=dtype, ...)`` with positional arguments read in SGLang's gen_int order."""
     if len(args) > len(_TYPED_GEN_ARGS):
@@ -696,6 +744,7 @@ def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
         if key in kwargs:
             raise TypeError(f"{caller}() got multiple values for argument {key!r}")
         kwargs[key] = value
+    _unexpected_keyword(caller, kwargs, _GEN_KEYWORDS)
     _check_name(caller, name)  # (named as the user called it, not as gen)
     return gen(name, dtype=dtype, **kwargs)
 
@@ -715,6 +764,7 @@ def gen_string(name: Optional[str] = None, *args, **kwargs):
     return _typed_gen("gen_string", str, name, args, kwargs)
 
 
+@_offering_keywords
 def select(
     name: Optional[str] = None,
     choices: Optional[list[str]] = None,

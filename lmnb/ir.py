@@ -675,6 +675,16 @@ def _schema_text_passes(text: str) -> bool:
     return True
 
 
+def close_match(word: str, options) -> Optional[str]:
+    """The one of ``options`` closest to a misspelt ``word`` (difflib's, as Python's own "did you
+    mean" for names), or None where none is close: the word a "did you mean" offers, in a
+    ``%%lm`` cell's option error and the Python API's keyword errors alike."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return close[0] if close else None
+
+
 def blank_name(name: str, stored: str) -> str:
     """What an empty or whitespace-only variable name ``name`` is, for a message: ``empty (""), so
     the <stored> could only be read as s[""]``, or ``only whitespace (" "), ...`` (JSON-quoted, so

@@ -3990,7 +3990,7 @@ def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     with pytest.raises(TypeError) as e:
         prog.run(questoin="hi", backend=ScriptedBackend(lambda p, params: ""))
     assert str(e.value) == ("program 'prog': missing a required argument: 'question'; unexpected keyword "
-                            "argument 'questoin'; its arguments are ['question', 'style']")
+                            "argument 'questoin'; its arguments are ['question', 'style']; did you mean 'question'?")
 
     @sgl.function
     def open_ended(s, question, **extra):
@@ -4044,6 +4044,54 @@ def test_run_batch_names_the_programs_arguments_for_an_unknown_keyword_as_run_do
                             "arguments are ['q']")
     assert [st.text() for st in prog.run_batch([{"q": "a"}, {"q": "b"}], backend=be)] == ["a", "b"]
     assert [st.text() for st in open_ended.run_batch([{"z": 1}], backend=be)] == ["x"]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: sgl.gen("x", max_token=5), "gen() got an unexpected keyword argument 'max_token'; did you mean 'max_tokens'?"),
+    (lambda: sgl.gen("x", temprature=0), "gen() got an unexpected keyword argument 'temprature'; did you mean "
+                                         "'temperature'?"),
+    (lambda: sgl.select("x", choice=["a"]), "select() got an unexpected keyword argument 'choice'; did you mean "
+                                            "'choices'?"),
+    (lambda: sgl.gen_int("x", max_token=5), "gen_int() got an unexpected keyword argument 'max_token'; did you mean "
+                                            "'max_tokens'?"),
+    (lambda: sgl.gen_string("x", stop_regexp="a"), "gen_string() got an unexpected keyword argument 'stop_regexp'; "
+                                                   "did you mean 'stop_regex'?"),
+    # no parameter close: Python's own words
+    (lambda: sgl.gen("x", bogus=1), "gen() got an unexpected keyword argument 'bogus'"),
+    (lambda: sgl.gen_int("x", bogus=1), "gen_int() got an unexpected keyword argument 'bogus'"),
+])
+def test_a_misspelt_keyword_of_a_primitive_is_offered_the_parameter_meant(call, words):
+    """gen("x", max_token=5) said only Python's "gen() got an unexpected keyword argument
+    'max_token'" (gen_int and gen_string named gen, not themselves), where the cell's
+    {gen x max_token=5} offers 'max_tokens'. Still a TypeError, as under SGLang."""
+    with pytest.raises(TypeError) as e:
+        call()
+    assert str(e.value) == words
+
+
+def test_a_misspelt_keyword_of_run_is_offered_the_argument_or_run_option_meant():
+    """run() takes any other keyword as the program's argument, so a misspelt run option
+    (max_new_token=) or argument (qestion=) was named with the arguments and no offer."""
+    be = ScriptedBackend(lambda p, params: "")
+
+    @sgl.function
+    def prog(s, question):
+        s += question
+
+    with pytest.raises(TypeError) as e:
+        prog.run(question="a", max_new_token=3, backend=be)
+    assert str(e.value) == ("program 'prog': got an unexpected keyword argument 'max_new_token'; its arguments are "
+                            "['question']; did you mean the run option 'max_new_tokens'?")
+    with pytest.raises(TypeError) as e:  # calling the program is run()
+        prog(question="a", temprature=0, backend=be)
+    assert str(e.value).endswith("; did you mean the run option 'temperature'?")
+    with pytest.raises(TypeError) as e:  # the argument first: a program may name one like an option
+        prog.run(qestion="a", backend=be)
+    assert str(e.value).endswith("its arguments are ['question']; did you mean 'question'?")
+    with pytest.raises(TypeError) as e:  # an item gives arguments only: no run option offered there
+        prog.run_batch([{"question": "a", "temprature": 0}], backend=be)
+    assert str(e.value) == ("run_batch item 0: program 'prog': got an unexpected keyword argument 'temprature'; its "
+                            "arguments are ['question']")
 
 
 @pytest.mark.timeout(60)

@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lmnb.ir import OUTPUT_OPTIONS, token_bounds_problem
+from lmnb.ir import OUTPUT_OPTIONS, close_match, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
     LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
@@ -332,7 +332,7 @@ class _Parser:
         seen: set[str] = set()
         for k, (at, key, eq) in enumerate(starts):
             if key not in allowed:
-                close = _close_match(key, allowed)
+                close = close_match(key, allowed)
                 raise self.error(
                     f"{kind} has no option {key!r}" + (f"; did you mean {close!r}?" if close else ""),
                     rest_at + at, hint=f"{kind} options: {', '.join(allowed)}",
@@ -430,7 +430,7 @@ class _Parser:
             if kind == "image":
                 raise self.error("{image} takes no options", rest_at + at, hint="write {image SRC}; frames= is for {video}")
             if key != "frames":
-                close = _close_match(key, ["frames"])
+                close = close_match(key, ["frames"])
                 raise self.error(
                     f"video has no option {key!r}" + (f"; did you mean {close!r}?" if close else ""),
                     rest_at + at, hint="video's only option is frames=N",
@@ -763,17 +763,10 @@ def _construct_meant(body: str) -> tuple[str, str] | None:
         return word, _SHORTHANDS[word]
     if keyword.iskeyword(word) and word != "for":  # ({in x} is no misspelt {join}; {for x in xs} a {fork})
         return None
-    close = _close_match(word.lower(), KEYWORDS)
+    close = close_match(word.lower(), KEYWORDS)
     if close is None:
         return None
     return word, "{" + close + ("}" if close in ROLES + ("join",) else " ...}")
-
-
-def _close_match(word: str, options) -> str | None:
-    import difflib
-
-    close = difflib.get_close_matches(word, options, n=1)
-    return close[0] if close else None
 
 
 def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
