@@ -852,6 +852,12 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{fork {n}}x{join}", {"n": 2}, 7, "fork count must be an integer >= 1, got {2}: a set, as braces inside a "
                                            "hole make one; write the count without them ({fork n}, not {fork {n}})"),
         ("{fork {k}}x{join}", {"k": 2}, 7, "write the count without them ({fork k}, not {fork {k}})"),
+        # an expression of the fork that fails is named as written there: "{{n}} failed" and "{items + 1}
+        # failed" read as the literal-brace escape and a hole the cell does not have
+        ("{fork {n}}x{join}", {"n": [2]}, 7, "{fork {n}} failed: TypeError: unhashable type: 'list' (the braces "
+                                             "inside the hole make a set of n; write n without them)"),
+        ("{fork p in items + 1}x{join}", {"items": [1]}, 12, '{fork ... in items + 1} failed: TypeError: can only '
+                                                             'concatenate list (not "int") to list'),
         # (a set the variable holds: the braces are where s was set; the fix said {fork n}, not the user's s)
         ("{fork s}x{join}", {"s": {2}}, 7, "got {2}: a set; {fork s} takes the count itself: make s an integer "
                                            "(2, not {2})"),
@@ -1246,8 +1252,9 @@ def test_the_caret_is_under_the_column_on_a_line_with_tabs_or_wide_characters(be
 
 
 @pytest.mark.parametrize("items, why", [
-    (["a", "b"], "{{items}} failed: TypeError: unhashable type: 'list' (the braces inside the hole make a set of "
-                 "items; write items without them)"),
+    # the expression as written in the fork ("{{items}} failed" read as the literal-brace escape)
+    (["a", "b"], "{fork ... in {items}} failed: TypeError: unhashable type: 'list' (the braces inside the hole make "
+                 "a set of items; write items without them)"),
     (("a", "b"), "{fork ... in {items}}: {items} is a set, as braces inside a hole make one; write the items without "
                  "them ({fork ... in items}, not {fork ... in {items}})"),
 ])

@@ -125,7 +125,8 @@ class _Run:
 
     def branches(self, node: Fork, s, local) -> None:
         if node.count is not None:
-            n = self.value(node.count, s, local)
+            # (named as the fork shows it: "{n} failed" of {fork {n}} read as the literal-brace escape)
+            n = self.value(node.count, s, local, f"{{fork {node.count.source}}}")
             try:
                 n = fork_count(n, node.count.source)
             except ValueError as e:
@@ -134,7 +135,7 @@ class _Run:
             for f in forks:
                 self.block(f, node.body, local)
         else:
-            items = self.value(node.items, s, local)
+            items = self.value(node.items, s, local, f"{{fork ... in {node.items.source}}}")
             try:
                 items = fork_items(items, node.items.source)
             except (TypeError, ValueError) as e:
