@@ -723,6 +723,32 @@ def test_a_misspelt_kernel_variable_is_told_the_variable_it_is_closest_to():
     assert str(e.value).startswith("line 1, col 2: name 'o' is not defined\n")
 
 
+@pytest.mark.parametrize("cell, col, tag", [
+    ("a {Join} b", 4, "{join}"),
+    ("{System}", 2, "{system}"),
+    ("{ USER }", 3, "{user}"),
+    ("{Gen}", 2, "{gen ...}"),
+    ("{fork 2}x{Join}{join}", 11, "{join}"),  # inside a fork closed by {join}, so no block error names it
+])
+def test_a_lone_tag_in_another_case_is_told_the_tag(cell, col, tag):
+    """A lone {Join} or {System}, which unbalances no block, was read as a kernel variable and said
+    only "name 'Join' is not defined", with the hint to define it, though the construct was meant
+    (the block errors name it since 91edd9b)."""
+    name = cell.split("{")[-2 if cell.endswith("{join}") else -1].split("}")[0].strip()
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse(cell).bind({"Joins": 1})  # (a variable close to the name: the tag is offered, not it)
+    assert str(e.value).startswith(f"line 1, col {col}: name {name!r} is not defined; did you mean {tag}?\n")
+    assert e.value.hint.startswith(f"{{{name}}} is read as a Python variable, not the tag: write {tag} (lowercase), "
+                                   f"or define {name} in a Python cell first")
+
+
+@pytest.mark.parametrize("cell", ["{Join + 1}", "{join_}", "{Joins}"])
+def test_a_name_that_is_no_bare_tag_in_another_case_is_offered_no_tag(cell):
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse(cell).bind({})
+    assert "did you mean {" not in str(e.value) and "not the tag" not in e.value.hint
+
+
 def test_a_json_constant_in_a_hole_is_told_its_python_spelling():
     # json_schema={"required": true} or stop=null read a kernel variable `true`/`null`, and the hint said
     # only "define true in a Python cell first"

@@ -766,7 +766,13 @@ def _construct_meant(body: str) -> tuple[str, str] | None:
     close = close_match(word.lower(), KEYWORDS)
     if close is None:
         return None
-    return word, "{" + close + ("}" if close in ROLES + ("join",) else " ...}")
+    return word, construct_offer(close)
+
+
+def construct_offer(word: str) -> str:
+    """How a construct of the word ``word`` (one of ``KEYWORDS``) is written, for a "did you mean":
+    ``{join}``, ``{user}`` alone; ``{gen ...}``, ``{fork ...}`` with what follows left out."""
+    return "{" + word + ("}" if word in ROLES + ("join",) else " ...}")
 
 
 def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:

@@ -53,6 +53,19 @@ def _media_source_at(body, offset: int) -> Optional[Media]:
     return None
 
 
+def _tag_meant(name: str, source: str, offset: int) -> Optional[str]:
+    """The construct (``{join}``, ``{system}``, ``{gen ...}``) that the hole at ``offset`` of
+    ``source`` means where it is only the name ``name`` and that is a construct's word in another
+    case (``{Join}``, ``{SYSTEM}``), which Python reads as a variable; else None."""
+    from lmnb.template.parser import KEYWORDS, construct_offer
+
+    word = name.lower()
+    if word == name or word not in KEYWORDS:
+        return None
+    bare = source[:offset].rstrip().endswith("{") and source[offset + len(name):].lstrip().startswith("}")
+    return construct_offer(word) if bare else None
+
+
 def _did_you_mean(name: str, namespace: Mapping[str, Any]) -> str:
     """"; did you mean 'person'?" for a name the namespace lacks, naming its closest variable (as
     Python's own NameError suggests one), or "". IPython's history names (``_``, ``_i3``, ``_oh``)
@@ -117,7 +130,11 @@ class Template:
                     media.kind, media.source.source, media.frames.source if media.frames is not None else "N")
                 if path_hint is not None:  # ({image cat.png}: Python reads the variable cat)
                     hint = f"{path_hint}; or {hint}"
-                raise TemplateRuntimeError(f"name {name!r} is not defined{_did_you_mean(name, namespace)}",
+                tag = _tag_meant(name, self.source, offset)
+                if tag is not None:  # ({Join} alone, which unbalances no block, so the parser took it as a name)
+                    hint = f"{{{name}}} is read as a Python variable, not the tag: write {tag} (lowercase), or {hint}"
+                meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace)
+                raise TemplateRuntimeError(f"name {name!r} is not defined{meant}",
                                            self.source, offset, self.first_line, indent=self.indent, hint=hint)
             out[params[name]] = namespace[name]
         return out
