@@ -43,6 +43,7 @@ from lmnb.ir import (
     close_match,
     dtype_regex,
     json_schema_value,
+    output_clash,
     token_bounds_problem,
 )
 
@@ -683,9 +684,9 @@ def gen(
         regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
     )
     chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}
-    given = [k for k in OUTPUT_OPTIONS if chosen[k] is not None]
-    if len(given) > 1:
-        raise ValueError(f"gen() got both {given[0]} and {given[1]}; set only one")
+    clash = output_clash([k for k in OUTPUT_OPTIONS if chosen[k] is not None])
+    if clash:
+        raise ValueError(clash)
     if pick is not None:
         if n is not None and n != 1:  # (SGLang drops n here without a word: one variable, one pick)
             raise ValueError(f"gen(..., choices=...) picks one choice and takes no n (got n={n!r}); for several "

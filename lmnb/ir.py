@@ -28,6 +28,14 @@ DEFAULT_MAX_NEW_TOKENS = 128
 OUTPUT_OPTIONS = ("regex", "json_schema", "dtype", "choices")
 
 
+def output_clash(given: Sequence[str]) -> Optional[str]:
+    """gen()'s words for more than one of ``OUTPUT_OPTIONS`` given (``given``, in that order), or
+    None: a ``%%lm`` cell's literals and its values from variables are refused in the same words."""
+    if len(given) < 2:
+        return None
+    return f"gen() takes one of {', '.join(given)}: they each decide the output; keep one"
+
+
 def is_stop(value: Any) -> bool:
     """``value`` is a valid ``stop``: None, a string, or a list or tuple of strings."""
     return value is None or isinstance(value, str) or (

@@ -1473,7 +1473,7 @@ def test_dtype_int_becomes_regex_stops_and_parsed_value():
     bad = ScriptedBackend(lambda p, params: "forty")
     with pytest.raises(sgl.ProgramError, match="does not parse"):
         prog.run(backend=bad)["n"]
-    with pytest.raises(ValueError, match="only one"):
+    with pytest.raises(ValueError, match="takes one of regex, dtype: they each decide the output; keep one"):
         sgl.gen("x", dtype=int, regex="[0-9]")
     with pytest.raises(ValueError, match="not a valid regular expression"):
         sgl.gen("x", regex="(unclosed")

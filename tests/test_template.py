@@ -533,7 +533,7 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen ｉｆ}", 2, 6, "'if' is reserved in Python"),
         ("{fork __debug__ in xs}{join}", 2, 7, "'__debug__' is reserved in Python, so it cannot be a fork target"),
         ("{gen x # note\n max_tokens=3}", 2, 8, "a comment (#) cannot go inside {...}"),
-        ('{gen x regex="[0-9]+" dtype=int}', 2, 23, "gen takes one of regex, dtype"),
+        ('{gen x regex="[0-9]+" dtype=int}', 2, 23, "gen() takes one of regex, dtype"),
         ("{gen x temperature=-1}", 2, 20, "temperature must be a finite number >= 0"),
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
@@ -622,7 +622,9 @@ def test_a_combination_with_a_variable_is_decided_by_its_value_as_gen_decides_it
         lmnb.gen("x", **options, **{key: value})
     with pytest.raises(TemplateRuntimeError) as e:
         faces(cell, **kernel)
-    assert e.value.message == f"gen: {python.value}"
+    # (gen()'s words, which name gen already, unprefixed: "gen: gen() takes one of ..." read twice)
+    words = str(python.value)
+    assert e.value.message == (words if words.startswith("gen(") else f"gen: {words}")
 
 
 def test_a_gen_with_choices_keeps_what_a_pick_takes():
@@ -1349,6 +1351,31 @@ def test_a_literal_option_is_refused_in_the_words_gen_refuses_it_with(key, bad):
     with pytest.raises(TemplateRuntimeError) as e:
         faces(f"{{gen x {key}=v}}", v=bad)
     assert e.value.message in (str(python.value), f"gen: {python.value}")
+
+
+@pytest.mark.parametrize("options, values", [
+    ('regex="a" json_schema=S', {"S": "{}"}),
+    ('regex=R json_schema="{}"', {"R": "a"}),
+    ("regex=R json_schema=S", {"R": "a", "S": {"type": "string"}}),
+    ("regex=R dtype=int", {"R": "[0-9]+"}),
+])
+def test_two_output_options_are_refused_in_one_wording_literal_or_from_variables(options, values):
+    """{gen x regex=... json_schema=...} said "gen takes one of regex, json_schema: they each
+    decide the output; keep one", and the same with json_schema from a kernel variable "gen: gen()
+    got both regex and json_schema; set only one" (gen()'s words): gen(), the literal cell and the
+    cell with variables now say one thing, the literal's at its second option as before."""
+    pairs = [o.split("=", 1) for o in options.split()]
+    with pytest.raises(ValueError) as python:
+        lmnb.gen("x", **{k: values[v] if v in values else eval(v) for k, v in pairs})
+    assert str(python.value) == (f"gen() takes one of {pairs[0][0]}, {pairs[1][0]}: they each decide the output; "
+                                 "keep one")
+    with pytest.raises(TemplateSyntaxError) as e:  # all literals
+        parse("{gen x " + " ".join(f"{k}={values[v]!r}" if v in values else f"{k}={v}" for k, v in pairs) + "}")
+    assert e.value.message == str(python.value)
+    cell = "{gen x " + options + "}"
+    with pytest.raises(TemplateRuntimeError) as e:  # one or both from variables, as the cell runs
+        faces(cell, **values)
+    assert (e.value.message, e.value.offset) == (str(python.value), 0)
 
 
 @pytest.mark.parametrize("choices, words", [

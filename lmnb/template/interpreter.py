@@ -86,7 +86,9 @@ class _Run:
         except (TypeError, ValueError) as e:  # lmnb refused a value the check above lets through
             # at the option the message names ("stop=5 is invalid"), if exactly one; else the hole
             named = [o for o in node.options if re.search(rf"\b{re.escape(o.key)}\b", str(e))]
-            raise self.error(f"{node.primitive}: {e}", named[0].value.offset if len(named) == 1 else node.offset) from e
+            # (prefixed with the primitive's name, unless gen()'s words name it already: "gen() takes one of ...")
+            words = str(e) if str(e).startswith(f"{node.primitive}(") else f"{node.primitive}: {e}"
+            raise self.error(words, named[0].value.offset if len(named) == 1 else node.offset) from e
         expr.cell_offset = node.offset  # (its failure as it runs, the backend's refusal, points at the hole too)
         return expr
 

@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lmnb.ir import OUTPUT_OPTIONS, close_match, token_bounds_problem
+from lmnb.ir import OUTPUT_OPTIONS, close_match, output_clash, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
     LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
@@ -357,10 +357,10 @@ class _Parser:
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
         clash = [k for k in OUTPUT_OPTIONS if k in valued]
-        if kind == "gen" and len(clash) > 1:
+        problem = output_clash(clash) if kind == "gen" else None
+        if problem:
             second = next(o for o in options if o.key == clash[1])
-            raise self.error(f"gen takes one of {', '.join(clash)}: they each decide the output; keep one",
-                             second.offset)
+            raise self.error(problem, second.offset)
         if kind == "gen" and "choices" in valued:
             self._refuse_unused_by_a_pick(options)
         if kind == "gen":
