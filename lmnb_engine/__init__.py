@@ -9,8 +9,8 @@ from typing import Optional
 from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams
 
-__all__ = ["API_KEY_ENV", "MODEL_ENV", "Engine", "FinishReason", "GenerateResult", "RequestMeta", "SamplingParams", "StreamEvent",
-           "TokenLogprob", "model_or_env"]
+__all__ = ["API_KEY_ENV", "DEMO_MODEL_NAME", "MODEL_ENV", "Engine", "FinishReason", "GenerateResult", "RequestMeta", "SamplingParams", "StreamEvent",
+           "TokenLogprob", "is_demo_name", "model_or_env"]
 
 # The environment variable that names the model of every front end given none (``lmnb serve``,
 # ``%lm load``, batch jobs); tests and CI point it at a local checkpoint. Defined here, at the
@@ -25,9 +25,21 @@ MODEL_ENV = "LMNB_MODEL"
 API_KEY_ENV = "LMNB_API_KEY"
 
 
+# The built-in demo model's name, which every front end takes for it (``%lm load demo``, ``lmnb serve
+# --model demo``, ``lmnb.Engine("demo")``), as it takes no model; a local path "demo" is that path.
+DEMO_MODEL_NAME = "demo"
+
+
+def is_demo_name(model: object) -> bool:
+    """Whether ``model`` is ``DEMO_MODEL_NAME`` with no file or folder of that name where it is read."""
+    return model == DEMO_MODEL_NAME and not os.path.exists(model)
+
+
 def model_or_env(model: Optional[str] = None) -> Optional[str]:
-    """``model``, else ``$LMNB_MODEL``; None (the built-in demo model) when neither names one."""
-    return model or os.environ.get(MODEL_ENV) or None
+    """``model``, else ``$LMNB_MODEL``; None (the built-in demo model) when neither names one, or
+    the one named is the demo model's name (``is_demo_name``)."""
+    model = model or os.environ.get(MODEL_ENV) or None
+    return None if is_demo_name(model) else model
 
 
 def __getattr__(name: str):

@@ -375,7 +375,7 @@ class Engine:
     """An inference engine with RadixAttention, continuous batching and exact outputs.
 
     Args:
-        model: HF checkpoint directory or hub id (None = the bundled demo model); a shape preset
+        model: HF checkpoint directory or hub id (None or "demo" = the bundled demo model); a shape preset
             name with ``random_weights=True`` (see ``lmnb_engine.model_loader.load_model``).
         device, dtype: default cuda/bfloat16 when available, else cpu/float32.
         max_total_tokens: KV pool size in tokens (None = from ``mem_fraction``).

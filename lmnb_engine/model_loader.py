@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import lmnb_engine
+from lmnb_engine import is_demo_name
 from lmnb_engine import tokenizer as tok
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.model_config import MULTIMODAL_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
@@ -72,7 +73,8 @@ def load_model(
     """Load a Llama-family causal LM.
 
     Args:
-        model: None for the bundled demo checkpoint (``DEMO_MODEL_PATH``); a local HF checkpoint
+        model: None or "demo" (``lmnb_engine.DEMO_MODEL_NAME``, unless a local path of that name
+            exists) for the bundled demo checkpoint (``DEMO_MODEL_PATH``); a local HF checkpoint
             directory; a hub id (taken from the local HF cache, downloaded only when
             ``HF_HUB_OFFLINE`` is not set); or, with ``random_weights=True``, a shape preset name
             from ``models.presets.PRESETS`` (e.g. ``"llama-3-8b"``).
@@ -167,7 +169,7 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> tor
 
 def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path:
     """The local checkpoint directory for ``model`` (see ``load_model``)."""
-    if model is None:
+    if model is None or is_demo_name(model):  # ("demo", where the hub would be asked for a repo "demo")
         if not (DEMO_MODEL_PATH / "config.json").is_file():
             raise option_error(FileNotFoundError, f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no "
                                "config.json)", ("pass a checkpoint directory or hub id as `{}`", "model", None))

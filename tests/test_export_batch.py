@@ -1570,16 +1570,18 @@ def test_the_demo_model_named_is_the_default_model_not_other_settings(tmp_path, 
     import lmnb_engine
 
     demo = os.path.join(os.path.dirname(lmnb_engine.__file__), "demo_model")
-    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(5)])
     assert run_job(tmp_path, "--input", rows, "--limit", 1) == 0
     assert run_job(tmp_path, "--input", rows, "--limit", 2, "--model", demo + os.sep) == 0
     monkeypatch.setenv("LMNB_MODEL", demo)
     assert run_job(tmp_path, "--input", rows, "--limit", 3) == 0
+    monkeypatch.setenv("LMNB_MODEL", "demo")  # the demo model by its name (the hub was asked for "demo")
+    assert run_job(tmp_path, "--input", rows, "--limit", 4) == 0
     monkeypatch.delenv("LMNB_MODEL")
-    assert run_job(tmp_path, "--input", rows) == 0
+    assert run_job(tmp_path, "--input", rows, "--model", "demo") == 0
     results = read_results(tmp_path / "out.jsonl")
-    assert sorted(r["row"] for r in results) == [0, 1, 2, 3]
-    assert [r["settings"]["--model"] for r in results] == [None] * 4
+    assert sorted(r["row"] for r in results) == [0, 1, 2, 3, 4]
+    assert [r["settings"]["--model"] for r in results] == [None] * 5
     (tmp_path / "other").mkdir()
     assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", tmp_path / "other") == 2
 

@@ -372,14 +372,16 @@ def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, t
             "pass --max-total-tokens, or free some memory\n") in load_failure(f"%lm load {tiny_llama} --device cpu")
 
 
-def test_a_load_without_a_model_or_the_demo_checkpoint_names_the_positional_argument(ip, tmp_path, monkeypatch):
+@pytest.mark.parametrize("line", ["%lm load --device cpu", "%lm load demo --device cpu"])
+def test_a_load_without_a_model_or_the_demo_checkpoint_names_the_positional_argument(ip, tmp_path, monkeypatch, line):
     """It said to pass a checkpoint "as `model`", the Python API's argument: %lm load takes it as
-    its positional argument, which its own fix line names."""
+    its positional argument, which its own fix line names. `%lm load demo` is the demo model by
+    its name (it asked the model hub for a repo "demo", and failed with the hub client's words)."""
     import lmnb_engine.model_loader as model_loader
 
     monkeypatch.delenv("LMNB_MODEL", raising=False)
     monkeypatch.setattr(model_loader, "DEMO_MODEL_PATH", tmp_path / "demo_model")
-    result, out = run(ip, "%lm load --device cpu")
+    result, out = run(ip, line)
     assert not result.success
     assert (f"could not load the built-in demo model: FileNotFoundError: the demo checkpoint is not built yet "
             f"({tmp_path / 'demo_model'} has no config.json)\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face "

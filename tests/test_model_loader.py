@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +130,22 @@ def test_bfloat16_runs_and_stays_close(tiny_llama):
     b = r16.run(ForwardMode.EXTEND, [(r16.new_request(), ids)])
     assert b.dtype == torch.float32
     assert torch.corrcoef(torch.stack([a[0], b[0]]))[0, 1] > 0.99
+
+
+def test_demo_names_the_demo_checkpoint_unless_a_local_path_is_named_so(tmp_path, monkeypatch):
+    """load_model("demo") (so %lm load demo, lmnb serve --model demo) asked the model hub for a repo
+    "demo"; it is the built-in demo model's name, as no model is. A folder "demo" is still that folder."""
+    from lmnb_engine import model_or_env
+    from lmnb_engine.model_loader import DEMO_MODEL_PATH, _resolve_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LMNB_MODEL", raising=False)
+    assert _resolve_path("demo", False) == DEMO_MODEL_PATH and model_or_env("demo") is None
+    monkeypatch.setenv("LMNB_MODEL", "demo")
+    assert model_or_env(None) is None
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "config.json").write_text("{}")
+    assert _resolve_path("demo", False) == Path("demo") and model_or_env(None) == "demo"
 
 
 def test_unknown_path_names_it():

@@ -144,7 +144,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
     """Run programs on an in-process ``lmnb_engine.Engine``.
 
     Args:
-        model: HF checkpoint directory or hub id; None = the built-in demo model.
+        model: HF checkpoint directory or hub id; None or "demo" = the built-in demo model.
         engine: an existing ``lmnb_engine.Engine`` to use instead of creating one.
         chat_template_name: a registered template (``lmnb.chat_template``) instead of the model's.
         **engine_kwargs: passed to ``lmnb_engine.Engine`` (device, dtype, max_total_tokens, ...);

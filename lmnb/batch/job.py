@@ -26,6 +26,7 @@ from lmnb.batch.options import (add_parameters, engine_model, job_parser, make_b
                                 parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
+from lmnb_engine import is_demo_name
 
 
 def code_fingerprint(func: Callable) -> Optional[str]:
@@ -460,6 +461,8 @@ class Job:
         # the user's --model, or $LMNB_MODEL where it picks the engine's model (a notebook's own
         # model is in the script already)
         model = a.model if a.model or self.default_model else engine_model(a)
+        if is_demo_name(model):  # ("demo" is the demo model by name, as the engine loads it)
+            model = None
         if model and os.path.isdir(model):  # ("ckpt", "./ckpt/" and its absolute path are one model)
             model = os.path.realpath(model)
             if model == _demo_model_dir():  # the default's model, named: recorded as the default is

@@ -143,7 +143,8 @@ class _Parser(argparse.ArgumentParser):
 def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The arguments of ``%lm load`` (the magic's and the exporter's)."""
     parser.add_argument("model", nargs="?", help="Hugging Face checkpoint directory or hub id (or a preset with "
-                        "--random-weights); default: $LMNB_MODEL, else the built-in demo model")
+                        "--random-weights), or demo for the built-in demo model; default: $LMNB_MODEL, else "
+                        "the demo model")
     parser.add_argument("--device", action=Once, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", action=Once, help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--max-total-tokens", type=int, action=Once, help="KV pool size in tokens")

@@ -39,7 +39,7 @@ stop_raised: BaseException | None = None
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``lmnb serve`` options to ``parser``."""
     parser.add_argument("--model", action=Once, default=None,
-                        help=f"HF checkpoint directory or hub id (default: ${MODEL_ENV}, else the demo model)")
+                        help=f"HF checkpoint directory or hub id, or demo (default: ${MODEL_ENV}, else the demo model)")
     parser.add_argument("--host", action=Once, default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", action=Once, type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
     parser.add_argument("--api-key", action=Once, default=None,
