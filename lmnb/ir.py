@@ -701,23 +701,35 @@ def blank_name(name: str, stored: str) -> str:
     return f"{'empty' if not name else 'only whitespace'} ({shown}), so the {stored} could only be read as s[{shown}]"
 
 
-def check_stop_regex(stop_regex: Any) -> None:
-    """Check ``gen(stop_regex=...)`` where it is called, with the engine's own rule.
-
-    Raises:
-        ValueError: not a pattern or a list of them, an invalid pattern (``regex`` package syntax),
-            one that matches the empty string, or more patterns than the engine takes.
-    """
+def stop_regex_refusal(stop_regex: Any) -> Optional[str]:
+    """Why ``stop_regex`` is refused, in the words of ``gen()``, ``run()`` and a ``%%lm`` cell's
+    literal alike (``stop_regex="(" is invalid: "(" is not a valid regular expression ...``), by the
+    engine's own rule; None where it is taken."""
     if stop_regex is None:  # (a plain gen() loads nothing of the engine)
-        return
+        return None
     from lmnb_engine.json_schema import SHOWN_CHARS, json_value  # torch-free
     from lmnb_engine.params import MAX_STOP_REGEXES, stop_regex_problem
 
     problem = stop_regex_problem(stop_regex)
-    if problem:  # (too many patterns are counted, not shown; the shown ones as JSON, as the engine shows them)
-        many = isinstance(stop_regex, (list, tuple)) and len(stop_regex) > MAX_STOP_REGEXES
-        shown = "" if many else f"={json_value(stop_regex, SHOWN_CHARS)}"
-        raise ValueError(f"gen(stop_regex{shown}) is invalid: {problem}")
+    if not problem:
+        return None
+    # (too many patterns are counted, not shown; the shown ones as JSON, as the engine shows them)
+    many = isinstance(stop_regex, (list, tuple)) and len(stop_regex) > MAX_STOP_REGEXES
+    shown = "" if many else f"={json_value(stop_regex, SHOWN_CHARS)}"
+    return f"stop_regex{shown} is invalid: {problem}"
+
+
+def check_stop_regex(stop_regex: Any) -> None:
+    """Check ``gen(stop_regex=...)`` (or ``run``'s) where it is called, with the engine's own rule.
+
+    Raises:
+        ValueError: not a pattern or a list of them, an invalid pattern (``regex`` package syntax),
+            one that matches the empty string, or more patterns than the engine takes
+            (``stop_regex_refusal``'s words).
+    """
+    refusal = stop_regex_refusal(stop_regex)
+    if refusal:
+        raise ValueError(refusal)
 
 
 def check_regex(regex: Optional[str]) -> None:

@@ -369,16 +369,16 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
     # a pattern written as JSON, cut after 80 characters, as the engine's and the server's regex errors write it
     with pytest.raises(ValueError) as e:
         sgl.gen("x", stop_regex="(")
-    assert str(e.value) == ('gen(stop_regex="(") is invalid: "(" is not a valid regular expression (missing ), '
+    assert str(e.value) == ('stop_regex="(" is invalid: "(" is not a valid regular expression (missing ), '
                             "unterminated subpattern at position 0); fix the pattern")  # (placed as regex="(" places it)
     with pytest.raises(ValueError) as e:
         sgl.gen("x", stop_regex="(" + "a" * 100)
     long = '"(' + "a" * 78 + "\u2026"
-    assert str(e.value) == (f"gen(stop_regex={long}) is invalid: {long} is not a valid regular expression (missing ), "
+    assert str(e.value) == (f"stop_regex={long} is invalid: {long} is not a valid regular expression (missing ), "
                             "unterminated subpattern at position 0); fix the pattern")
     with pytest.raises(ValueError, match=r'"x\?" matches the empty string, so it would stop before the first token'):
         sgl.gen("x", stop_regex=["y", "x?"])
-    with pytest.raises(ValueError, match=r"stop_regex=5\) is invalid: must be a regular expression"):
+    with pytest.raises(ValueError, match=r"^stop_regex=5 is invalid: must be a regular expression"):
         sgl.gen("x", stop_regex=5)
 
 

@@ -3393,7 +3393,7 @@ def test_a_stop_string_or_stop_regex_holding_a_lone_surrogate_is_refused_where_i
                                          r"surrogate '\\udc00' at position 1"):
         sgl.gen("x", stop=["a", "x\udc00"])
     # a pattern is written as JSON, as gen(stop_regex=...) before it and the other stop_regex errors write it
-    with pytest.raises(ValueError, match=r'^gen\(stop_regex=\["a", "x\\udc00"\]\) is invalid: "x\\udc00" holds the '
+    with pytest.raises(ValueError, match=r'^stop_regex=\["a", "x\\udc00"\] is invalid: "x\\udc00" holds the '
                                          r'lone surrogate "\\udc00" at position 1, which is no Unicode character'):
         sgl.gen("x", stop_regex=["a", "x\udc00"])
 

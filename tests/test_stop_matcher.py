@@ -600,7 +600,7 @@ def test_stop_regexes_beyond_their_bound_are_refused_with_their_count():
 
     with pytest.raises(ValueError) as e:
         sgl.gen("x", stop_regex=["a"] * 33)
-    assert str(e.value).startswith("gen(stop_regex) is invalid: 33 patterns, above the limit of 32 (")
+    assert str(e.value).startswith("stop_regex is invalid: 33 patterns, above the limit of 32 (")
     assert stop_regex_problem(("a",) * 33).startswith("33 patterns, above the limit of 32")
     # one pattern is never too many, however long
     assert stop_regex_problem("|".join(f"x{i}" for i in range(100))) is None
@@ -1330,7 +1330,7 @@ def test_a_reverse_stop_regex_or_one_with_keep_out_is_refused_naming_it(pattern,
     with pytest.raises(ValueError) as e:
         SamplingParams(stop_regex=["ok", pattern]).validate()
     assert kind in str(e.value) and fix in str(e.value), str(e.value)
-    with pytest.raises(ValueError, match=r"^gen\(stop_regex=.*\) is invalid: .*" + re.escape(fix)):
+    with pytest.raises(ValueError, match=r"^stop_regex=.* is invalid: .*" + re.escape(fix)):
         sgl.gen("x", stop_regex=pattern)
     assert stop_regex_problem(pattern).startswith(json.dumps(pattern)) and fix in stop_regex_problem(pattern)
     assert stop_regex_problem(r"a\\Kb") is None and stop_regex_problem(r"[\\]K") is None

@@ -457,10 +457,11 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
                                                                         "parentheses too deeply for Python's re"),
         # gen()'s words for it (the cell said "got int"); tested to be gen()'s in test_lang_interpreter
         ("{gen n regex=5}", 2, 14, "regex must be a string, not int"),
-        ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex \"(ab\" is not a valid regular expression"),
-        ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex \"a*\" matches the empty string"),
+        ('{gen n stop_regex="(ab"}', 2, 19, 'stop_regex="(ab" is invalid: "(ab" is not a valid regular expression'),
+        ('{gen n stop_regex=["x", "a*"]}', 2, 19, 'stop_regex=["x", "a*"] is invalid: "a*" matches the empty string'),
         # as JSON, as the other stop_regex errors write a pattern (it said "stop_regex the pattern 'x\\ud800'")
-        ('{gen n stop_regex="x\\ud800"}', 2, 19, 'stop_regex "x\\ud800" holds the lone surrogate "\\ud800" at position 1'),
+        ('{gen n stop_regex="x\\ud800"}', 2, 19, 'stop_regex="x\\ud800" is invalid: "x\\ud800" holds the lone surrogate '
+                                                '"\\ud800" at position 1'),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
         ("{gen c json_schema='[1]'}", 2, 20, "must be a JSON object"),
         ("{gen c json_schema=[1]}", 2, 20, "json_schema must be a JSON string, a dict, a bool or a pydantic model "
@@ -868,7 +869,7 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
     [
         ("{gen x regex=pat}", {"pat": "[a-"}, 14, 'regex "[a-" cannot be compiled: it is not a valid regular '
                                                    "expression (unterminated character set at position 0); fix the pattern"),
-        ("{gen x stop_regex=pat}", {"pat": 5}, 19, "stop_regex must be a regular expression (a string)"),
+        ("{gen x stop_regex=pat}", {"pat": 5}, 19, "stop_regex=5 is invalid: must be a regular expression (a string)"),
         ("{gen x json_schema=S}", {"S": {"type": "objectx"}}, 20, "not a valid JSON Schema"),
         ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings"),
         ("{select x choices=labels}", {"labels": ["a", ""]}, 19, "choices must be non-empty strings: choice 2 of 2 is ''"),
@@ -1351,6 +1352,28 @@ def test_a_literal_option_is_refused_in_the_words_gen_refuses_it_with(key, bad):
     with pytest.raises(TemplateRuntimeError) as e:
         faces(f"{{gen x {key}=v}}", v=bad)
     assert e.value.message in (str(python.value), f"gen: {python.value}")
+
+
+@pytest.mark.parametrize("bad", ["(", ["a", "("], "a*", ["a"] * 33, 5])
+def test_a_bad_stop_regex_is_refused_in_gen_s_words_by_the_cell(bad):
+    """{gen x stop_regex="("} said 'stop_regex "(" is not a valid regular expression ...' where
+    gen(stop_regex="(") says 'gen(stop_regex="(") is invalid: "(" is not ...' (run()'s stop_regex
+    was named gen's too): both now say 'stop_regex="(" is invalid: ...', the cell at the option's
+    column, literal or from a variable."""
+    with pytest.raises(ValueError) as python:
+        lmnb.gen("x", stop_regex=bad)
+    words = str(python.value)
+    assert words.startswith("stop_regex=" if len(str(bad)) < 80 else "stop_regex is invalid: 33 patterns")
+    cell = f"{{gen x stop_regex={bad!r}}}"
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert (e.value.message, e.value.offset) == (words, cell.index("=") + 1)
+    with pytest.raises(TemplateRuntimeError) as e:
+        faces("{gen x stop_regex=p}", p=bad)
+    assert (e.value.message, e.value.offset) == (words, len("{gen x stop_regex="))
+    with pytest.raises(ValueError) as run:  # run()'s, which is no gen's
+        lmnb.function(lambda s: None).run(stop_regex=bad)
+    assert str(run.value) == words
 
 
 @pytest.mark.parametrize("options, values", [

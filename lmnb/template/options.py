@@ -14,7 +14,7 @@ import reprlib
 from collections.abc import Iterator, Mapping
 from typing import Optional
 
-from lmnb.ir import CHECKED_ALONE, dtype_regex, json_schema_value, param_problem
+from lmnb.ir import CHECKED_ALONE, dtype_regex, json_schema_value, param_problem, stop_regex_refusal
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -237,11 +237,8 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
         from lmnb.choices import choices_method_problem
 
         return choices_method_problem(value)
-    elif key == "stop_regex":
-        from lmnb_engine.params import stop_regex_problem  # the engine's own check (no torch)
-
-        problem = stop_regex_problem(value)
-        return f"stop_regex {problem}" if problem else None
+    elif key == "stop_regex":  # (the engine's own check, in gen()'s words)
+        return stop_regex_refusal(value)
     return None
 
 
