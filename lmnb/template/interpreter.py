@@ -95,11 +95,12 @@ class _Run:
     def media(self, node: Media, s, local):
         import lmnb
 
-        source = self.value(node.source, s, local)
+        # (named as the hole shows them, as a gen's options are: "{p + 1} failed" named a hole the cell lacks)
+        source = self.value(node.source, s, local, f"{{{node.kind} {node.source.source}}}")
         if node.frames is None:
             expr = lmnb.image(source)
         else:
-            frames = self.value(node.frames, s, local)
+            frames = self.value(node.frames, s, local, f"video option frames={node.frames.source}")
             try:
                 expr = lmnb.video(source, frames)
             except ValueError as e:  # a frame count that is not a positive int
