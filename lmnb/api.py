@@ -309,7 +309,9 @@ class SglFunction:
         """
         unknown = [k for k in kwargs if k not in self.arg_names]
         if unknown:
-            raise TypeError(f"program {self.__name__!r} has no argument(s) {unknown}; it has {self.arg_names}")
+            close = close_match(unknown[0], self.arg_names)
+            raise TypeError(f"program {self.__name__!r} has no argument(s) {unknown}; it has {self.arg_names}"
+                            + (f"; did you mean {close!r}?" if close else ""))
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
     def _check_args(self, args: tuple, kwargs: dict, options: frozenset = frozenset()) -> None:

@@ -4088,6 +4088,9 @@ def test_a_misspelt_keyword_of_run_is_offered_the_argument_or_run_option_meant()
     with pytest.raises(TypeError) as e:  # the argument first: a program may name one like an option
         prog.run(qestion="a", backend=be)
     assert str(e.value).endswith("its arguments are ['question']; did you mean 'question'?")
+    with pytest.raises(TypeError) as e:  # bind() takes arguments only
+        prog.bind(qestion="a")
+    assert str(e.value) == "program 'prog' has no argument(s) ['qestion']; it has ['question']; did you mean 'question'?"
     with pytest.raises(TypeError) as e:  # an item gives arguments only: no run option offered there
         prog.run_batch([{"question": "a", "temprature": 0}], backend=be)
     assert str(e.value) == ("run_batch item 0: program 'prog': got an unexpected keyword argument 'temprature'; its "
