@@ -18,8 +18,9 @@ from typing import NamedTuple, Optional
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, _class_items, _comments, _item_end, shown_regex
 
 # A repeat after an atom, as Python and the regex package read one: its low count, or none for
-# "?" and "*" (group 1: the low count of a counted repeat), then "?" (lazy) or "+" (possessive)
-_REPEAT = re.compile(r"(?:[?*+]|\{(\d*)(?:,\d*)?\})[?+]?")
+# "?" and "*" (group 1: the low count of a counted repeat, "{2}", "{2,}", "{,3}", "{,}"; "{}" is two
+# literal characters to both), then "?" (lazy) or "+" (possessive)
+_REPEAT = re.compile(r"(?:[?*+]|\{(?:(\d+)(?:,\d*)?|,\d*)\})[?+]?")
 # A reference to a group by number or name, whose number removing a group before it would change
 _GROUP_REFERENCE = re.compile(r"\\[1-9]|\\g<|\(\?P=|\(\?\(|\\k<")
 # The verbose flag, global or scoped ("(?x)", "(?ix:"): spaces may then stand between a part and its repeat
