@@ -1178,6 +1178,10 @@ def test_a_path_with_a_trailing_slash_is_served_as_the_route_without_it(served):
     # an object named a class of the server's code: "a valid dictionary or instance of ChatMessage"
     ("messages", [5], "messages[0]", "messages[0]: Input should be a JSON object (got 5)"),
     ("response_format", 5, "response_format", "response_format: Input should be a JSON object (got 5)"),
+    # two fields of one object refused for the same value are no forms of one field: it said 'type: Input should
+    # be "text", "json_object" or "json_schema" or a JSON object', the json_schema field's kind among type's
+    ("response_format", {"type": 5, "json_schema": 5}, "response_format.type",
+     'response_format.type: Input should be "text", "json_object" or "json_schema" (got 5)'),
 ])
 def test_a_field_of_the_wrong_kind_is_named_with_the_kinds_it_takes_in_json_words(served, field, value, param,
                                                                                   message):

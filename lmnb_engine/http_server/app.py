@@ -777,18 +777,38 @@ def field_place(path: Any, body: Any = _UNKNOWN, missing: bool = False) -> str:
     return place.removeprefix(".")
 
 
-def _alternatives_error(errors: list, first: dict) -> dict:
+def _alternatives_error(errors: list, first: dict, body: Any = _UNKNOWN) -> dict:
     """``first`` (a pydantic error), its message naming every form a union field takes where the
     value fits none at all (each alternative's error has the same place but its own last part,
     the form's tag): ``"stop": 5`` said "Input should be a valid string", the first form pydantic
-    tried, for a field that is a string or a list ("... a valid string or a valid list")."""
+    tried, for a field that is a string or a list ("... a valid string or a valid list"). Given
+    the ``body``, a last part that is a key of the object there is a field, not a form: two
+    fields of one object refused for the same value (``"response_format": {"type": 5,
+    "json_schema": 5}``) are not one field's forms."""
     loc, prefix = first.get("loc", ()), "Input should be "
     alike = [e for e in errors if len(e.get("loc", ())) == len(loc) and e["loc"][:-1] == loc[:-1]
              and e.get("input", first.get("input")) == first.get("input")]
+    holder = _value_at(body, loc[1:-1] if loc[:1] == ("body",) else loc[:-1])
+    if isinstance(holder, dict) and any(e["loc"][-1] in holder for e in alike):
+        return first
     if len(loc) < 2 or len(alike) < 2 or not all(e.get("msg", "").startswith(prefix) for e in alike):
         return first
     forms = dict.fromkeys(pydantic_message(e, shown=False).removeprefix(prefix) for e in alike)
     return {**first, "msg": prefix + " or ".join(forms), "type": "union"}  # (not the first form's kind, reworded)
+
+
+def _value_at(body: Any, path: Sequence) -> Any:
+    """What ``body`` holds at ``path`` (object keys and list indices, as a pydantic error's ``loc``),
+    or ``_UNKNOWN`` where it holds nothing there (or the body is unknown)."""
+    at = body
+    for key in path:
+        if isinstance(at, dict) and not isinstance(key, int) and key in at:
+            at = at[key]
+        elif isinstance(at, list) and isinstance(key, int) and 0 <= key < len(at):
+            at = at[key]
+        else:
+            return _UNKNOWN
+    return at
 
 
 def pydantic_message(error: dict, shown: bool = True) -> str:
@@ -874,7 +894,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         # the deepest error: of a union's alternatives (a message's content is a string or a list of
         # parts), the one the value got furthest in, e.g. content[0].type, not content (a string)
         first = max(errs, key=lambda e: len(e.get("loc", ())), default={})
-        first = _alternatives_error(errs, first)
+        first = _alternatives_error(errs, first, _UNKNOWN if exc.body is None else exc.body)
         loc = first.get("loc", ())
         where = field_place(loc[1:] if loc[:1] == ("body",) else loc, _UNKNOWN if exc.body is None else exc.body,
                             missing=first.get("type") == "missing")
