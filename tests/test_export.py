@@ -1024,6 +1024,12 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "a list holding a random number generator (random.Random())"),
     (_COUNTER + "\nitems = [1, Counter()]", "r = ''\nfor h in items:\n    if isinstance(h, Counter):\n"
      "        r += str(h.bump())", ["1", "2", "3"], "a list holding an instance of Counter"),
+    # (a set-up that moves or sets its items after the display: the index or key written no longer says which
+    # item it is, and the Counter the rows use went without a note)
+    (_COUNTER + "\nitems = [1, Counter()]\nitems.reverse()", "r = str(items[0].bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = {'a': 1, 'b': Counter()}\nitems['a'] = items.pop('b')", "r = str(items['a'].bump())",
+     ["1", "2", "3"], "a dict holding an instance of Counter"),
     # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
     # deepcopy cannot copy)
     (_GEN_XYZ + "items = {'a': g(), 'b': 3}", "r = next(items.get('a'))", ["x", "y", "z"],

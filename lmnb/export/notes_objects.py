@@ -55,6 +55,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         for name in bound_by(stmt):
             made.pop(name, None)
             held.pop(name, None)
+        for name in _changed_in_place(stmt, held):  # (its items may be others now: which one a key names is unknown)
+            held[name] = (*held[name][:2], [(_ANY, f) for _, f in held[name][2]])
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defs[(c.index, stmt.name)] = stmt
             generators.discard(stmt.name)
@@ -79,6 +81,26 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
             what = "holding " + ", ".join(dict.fromkeys(f[0] for f in objects))
         held[name] = (c.index, f"a {kind} {what}", found)
     return made, held, defs
+
+
+def _changed_in_place(stmt, held: dict) -> set:
+    """The names of ``held`` whose items the set-up statement ``stmt`` may set, move or remove
+    (``items[0] = Counter()``, ``del items['a']``, ``items.insert(0, x)``, ``items.reverse()``: any
+    call of a method but a read one), so that an index or key no longer says which item it is."""
+    import ast
+
+    out = set()
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            target = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr not in _READ_METHODS:
+            target = node.func.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in held:
+            out.add(target.id)
+    return out
 
 
 def _loop_items(node) -> list:
