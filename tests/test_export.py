@@ -1084,6 +1084,10 @@ _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{mo
      "tok.add(iter('xyz'))", ["xB", "yC", "zD"]),
     ("['ab']", "    def reset(self, it):\n        self.words = [it]\n", "for ch in self.words[0]",
      "tok.reset(iter('xyz'))", ["xB", "yC", "zD"]),
+    # (or that set-up code outside the class sets there, or stores in it: read as the class's literal, no note)
+    ("['ab']", "", "for ch in self.words[0]", "tok.words = [iter('xyz')]", ["xB", "yC", "zD"]),
+    ("['ab']", "", "for ch in self.words[-1]", "tok.words.append(iter('xyz'))", ["xB", "yC", "zD"]),
+    ("'ab'", "", "for ch in self.words", "tok.words = iter('xyz')", ["xB", "yC", "zD"]),
 ])
 def test_a_method_iterating_an_item_of_a_literal_attribute_reads_it(tmp_path, monkeypatch, init, more, loop, after,
                                                                      job):

@@ -39,7 +39,7 @@ def _read_only_methods(setup: list) -> dict:
         methods = {s.name: s for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
         if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
             continue
-        plain = _plain_attributes(methods)
+        plain = _plain_attributes(methods) - _changed_outside(setup, stmt)
         literal = _literal_attributes(methods, plain)
         out[stmt.name] = {m: _passes_out_item(methods[m]) for m in methods
                           if _reads_only(methods[m], methods, set(), plain, literal)}
@@ -106,6 +106,26 @@ def _result_changed(call, tree, parents: dict) -> str | None:
     changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                and _changed_in_place(n, parents)]
     return f"{ast.unparse(bound)}; {statement(changed[0])}" if changed else None
+
+
+def _changed_outside(setup: list, cls) -> set:
+    """The attribute names that set-up code outside the class ``cls`` (a ``ClassDef``) sets, deletes,
+    stores an item into or calls a method of other than a read one, on any object: ``tok.words =
+    [iter('xyz')]``, ``tok.words[0] = ...``, ``tok.words.append(...)``. What the class's methods set
+    such an attribute to is then not all it may hold (an iterator, which iterating consumes)."""
+    import ast
+
+    out = set()
+    for _, stmt in _statements(setup):
+        if isinstance(stmt, ast.ClassDef) and stmt.name == cls.name:  # (its methods: _plain_attributes)
+            continue
+        parents = {child: node for node in ast.walk(stmt) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if isinstance(node.ctx, (ast.Store, ast.Del)) or _changed_in_place(node, parents):
+                out.add(node.attr)
+    return out
 
 
 def _plain_attributes(methods: dict) -> set:
