@@ -274,7 +274,7 @@ class _Parser:
                 f"{word!r} starts no construct of the %%lm cell language, and the hole is no Python "
                 f"expression either; did you mean {offer}?", rest_at + _lead(rest),
                 hint="a hole is a construct where it starts with one of the words " + ", ".join(KEYWORDS)
-                + " (lowercase, then a space); any other hole is a Python expression",
+                + ", in lowercase, alone ({user}) or before a space ({gen x}); any other hole is a Python expression",
             ) from None
         body = expr.tree.body
         if spec and isinstance(body, ast.Constant) and (isinstance(body.value, (str, bytes)) or spec[0].isspace()):
