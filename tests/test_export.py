@@ -952,6 +952,22 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
 
 
 
+def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, list, list]:
+    """(the export's notes, r as each pass of the notebook gives it, r as the job's rows give it) for a
+    notebook of ``setup``, a %%lm cell of q, the Python ``cell`` that sets r and a %%lm cell of r, run
+    over the rows q = B, C, D."""
+    from helpers_export import write_rows
+
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = [{"q": q} for q in "BCD"]
+    passes = _notebook_passes(f"{setup}\nq = 'A'", [cell], rows)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    return p.notes, passes, prompts[1::2]
+
+
 @pytest.mark.parametrize("setup, cell, job, note", [
     (_COUNTER, "r = str(c.bump())", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in cell 3)"),
@@ -986,22 +1002,10 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     job's row copy, Job.row_copy, is c itself), as did h.bump() of a loop over a set-up list of
     them and a loop over a set-up iterator: the job's rows go on from the last row's object, where
     each notebook pass starts from a new one."""
-    from helpers_export import write_rows
-
-    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    passes = []
-    for q in "BCD":  # (each pass of the notebook: the set-up, then the row cell)
-        ns: dict = {}
-        exec(setup, ns)
-        exec(cell, ns)
-        passes.append(ns["r"])
-    assert passes == [job[0]] * 3
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
-                               ["--num-threads", "1"])
-    assert prompts[1::2] == job  # (what the note says: it carries over from row to row)
-    assert len(p.notes) == 1 and p.notes[0].startswith(note), p.notes
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, cell)
+    assert passes == [job[0]] * 3  # (each pass of the notebook: the set-up, then the row cell)
+    assert rows == job  # (what the note says: it carries over from row to row)
+    assert len(notes) == 1 and notes[0].startswith(note), notes
 
 
 _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
@@ -1048,22 +1052,14 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
 ])
 def test_a_setup_container_of_plain_values_and_objects_is_noted_for_the_objects_the_rows_change(
         tmp_path, monkeypatch, setup, cell, job, held):
-    from helpers_export import write_rows
-
-    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    rows = [{"q": q} for q in "BCD"]
-    passes = _notebook_passes(f"{setup}\nq = 'A'", [cell], rows)
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
-                               ["--num-threads", "1"])
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, cell)
     if job is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
-        assert prompts[1::2] == passes and p.notes == [], p.notes
+        assert rows == passes and notes == [], notes
         return
     assert passes == [job[0]] * 3  # (each pass of the notebook starts from new objects)
-    assert prompts[1::2] == job  # (what the note says: the job's rows go on from the last row's)
-    assert len(p.notes) == 1 and p.notes[0].startswith(f"cell 1: items, {held} that this cell makes once, is used by "
-                                                       "the rows"), p.notes
+    assert rows == job  # (what the note says: the job's rows go on from the last row's)
+    assert len(notes) == 1 and notes[0].startswith(f"cell 1: items, {held} that this cell makes once, is used by "
+                                                   "the rows"), notes
 
 
 _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{more}    def encode(self, x):\n"
@@ -1091,23 +1087,14 @@ _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{mo
 ])
 def test_a_method_iterating_an_item_of_a_literal_attribute_reads_it(tmp_path, monkeypatch, init, more, loop, after,
                                                                      job):
-    from helpers_export import write_rows
-
     setup = _WORDS.format(init=init, more=more, loop=loop, after=after)
-    cell = "r = tok.encode(q)\nfor ch in r:\n    break"
-    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    rows = [{"q": q} for q in "BCD"]
-    passes = _notebook_passes(f"{setup}\nq = 'A'", [cell], rows)
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
-                               ["--num-threads", "1"])
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, "r = tok.encode(q)\nfor ch in r:\n    break")
     if job is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
-        assert prompts[1::2] == passes and p.notes == [], p.notes
+        assert rows == passes and notes == [], notes
     else:  # (each pass of the notebook starts from a new iterator: x; the job's rows go on from the last row's)
-        assert passes == [f"x{q}" for q in "BCD"] and prompts[1::2] == job
-        assert [n.split(" (")[0] for n in p.notes] == ["cell 1: tok, an instance of Tok that this cell makes once, is "
-                                                       "used by the rows"], p.notes
+        assert passes == [f"x{q}" for q in "BCD"] and rows == job
+        assert [n.split(" (")[0] for n in notes] == ["cell 1: tok, an instance of Tok that this cell makes once, is "
+                                                     "used by the rows"], notes
 
 
 _FIRST = ("class Tok:\n    def __init__(self):\n        self.rows = [[]]\n        self.vocab = {'a': 'x'}\n"
