@@ -137,8 +137,8 @@ def run(args) -> int:
     from jupyter_core.utils import run_sync
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import (folder_given, make_folders, notebook_path_problem, read_notebook, unnamed_output,
-                             why_unwritable)
+    from lmnb.export import folder_given, notebook_path_problem, read_notebook, unnamed_output
+    from lmnb.output_paths import make_folders, why_unwritable
     from lmnb_kernel.run_client import Client
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read

@@ -30,6 +30,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from lmnb.output_paths import file_in_the_way, make_folders, why_unwritable
+
 try:  # POSIX; elsewhere runs are not protected against each other
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -52,8 +54,6 @@ _OUTPUT_FIX = "give --output a path in a folder this job can write to (e.g. --ou
 
 def _unwritable(path: Path, e: OSError) -> str:
     """Why the output file ``path`` cannot be opened to append to and read back (``e``), with the fix."""
-    from lmnb.export import why_unwritable  # (here: lmnb.export imports lmnb.batch)
-
     return (f"cannot open the output file {path} to append the results to and read them back: "
             f"{why_unwritable(path, e)}; {_OUTPUT_FIX}")
 
@@ -120,8 +120,6 @@ class ResultStore:
             StoreError: the file's folder cannot be made, another run holds the lock, a line is not a JSON record, the records
                 were keyed differently (with/without ``--id-field``), or a row has two records.
         """
-        from lmnb.export import file_in_the_way, make_folders  # (here: lmnb.export imports lmnb.batch)
-
         try:  # (made, as lmnb run and lmnb export make theirs; said by the job)
             self.made_folder = make_folders(self.path)
         except OSError as e:  # (a file there was "[Errno 20] Not a directory" from open())

@@ -11,7 +11,6 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import shlex
@@ -22,6 +21,7 @@ from typing import Optional, Sequence
 from lmnb.export.cells import ExportError, cell_read_problem, listed_cell_errors, read_cells, unknown_cell_notes
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
+from lmnb.output_paths import make_folders, why_unwritable
 from lmnb_engine.cli_options import Once
 
 __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
@@ -312,44 +312,6 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
         raise ExportError(f"the exported script does not compile{where}: {type(e).__name__}: {e}; split the "
                           "longest cells, or simplify expressions in their {...} holes") from None
     return source, p
-
-
-def file_in_the_way(path: Path) -> Optional[Path]:
-    """The nearest existing folder of ``path`` when it is no folder but a file, else None. Making
-    the folders fails on it with "File exists" or "Not a directory", naming another path."""
-    existing = next((parent for parent in path.parents if parent.exists()), None)
-    return existing if existing is not None and not existing.is_dir() else None
-
-
-def why_unwritable(path: Path, e: OSError) -> str:
-    """Why the output ``path`` cannot be written, ``e`` being the error of making its folders or
-    opening it, naming the path at fault: a file where a folder goes, a folder that cannot be made,
-    or the error's own words (not "[Errno 1] Operation not permitted: '/sys/a'", which named
-    another path than the output, or "No such file or directory" of a path under /proc, whose
-    folder is there). Shared by lmnb run, lmnb export and the batch job, each adding its fix."""
-    blocker = file_in_the_way(path)
-    if blocker is not None:  # (mkdir's "File exists" / "Not a directory" name another path)
-        return f"{blocker} is a file, not a folder"
-    why = e.strerror or str(e)
-    if e.filename is not None and Path(e.filename) in path.parents:
-        return f"its folder {e.filename} cannot be made: {why}"
-    if e.errno == errno.ENOENT and path.parent.is_dir():  # (/proc, /sys take no new files)
-        why += f" (its folder {path.parent} is there, but takes no new files)"
-    return why
-
-
-def make_folders(path: Path) -> Optional[Path]:
-    """Make the folders ``path`` goes in that do not exist yet; returns the folder it goes in if
-    any was made (None if none was), for the command to say so: a mistyped ``-o jbos/job.py`` made
-    a folder without a word, and the file seemed lost. Made, not refused: a new folder for the
-    output is the common case, and saying so shows a typo at once.
-
-    Raises:
-        OSError: a folder cannot be made (``file_in_the_way`` names a file in its place).
-    """
-    made = not path.parent.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.parent if made else None
 
 
 def unnamed_output(out: Optional[str], default: Path) -> Optional[str]:
