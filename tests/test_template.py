@@ -497,6 +497,7 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{selct x choices=["a"]}', 2, 2, "did you mean {select ...}?"),
         ("{for x in xs}\n{join}", 2, 2, "did you mean {fork ...}?"),
         ("{usr hi}", 2, 2, "did you mean {user}?"),
+        ("{fork 2}{Join concat}", 2, 10, "did you mean {join concat}?"),  # (it offered {join}, dropping concat)
         # (a tag is no word before a space: the hint said "(lowercase, then a space)" of {user} and {join} too)
         ("{Usr hi}", 2, 2, "hint: a hole is a construct where it starts with one of the words gen, select, fork, "
                                "join, image, video, system, user, assistant, in lowercase, alone ({user}) or before a "

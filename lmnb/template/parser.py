@@ -766,6 +766,8 @@ def _construct_meant(body: str) -> tuple[str, str] | None:
     close = close_match(word.lower(), KEYWORDS)
     if close is None:
         return None
+    if close == "join" and body[m.end(1):].split() == ["concat"]:  # (its one option, kept where written)
+        return word, "{join concat}"
     return word, construct_offer(close)
 
 
