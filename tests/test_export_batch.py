@@ -1586,6 +1586,30 @@ def test_the_demo_model_named_is_the_default_model_not_other_settings(tmp_path, 
     assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", tmp_path / "other") == 2
 
 
+@pytest.mark.parametrize("named", ["demo", "dir"])
+def test_the_demo_model_beside_a_notebooks_own_model_is_other_settings(tmp_path, capsys, monkeypatch, named):
+    """A notebook that loads a model of its own, run with `--model demo` (or the demo model's
+    directory), recorded --model as None, as a run without --model, which runs the notebook's model:
+    a rerun without --model took the demo model's rows as done, one file holding two models' rows.
+    Now the demo model is recorded by its name there, and the rerun is refused as other settings."""
+    import lmnb_engine
+
+    monkeypatch.chdir(tmp_path)  # (no folder "demo" here, which --model demo would name)
+    demo = "demo" if named == "demo" else os.path.join(os.path.dirname(lmnb_engine.__file__), "demo_model")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+
+    def job(*options) -> int:
+        argv = ["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress", *options]
+        return Job("t", ["question"], model=str(tmp_path / "nb_model"), argv=argv).run(
+            run_row, programs=[echo], backend=ScriptedBackend(reply))
+
+    assert job("--model", demo, "--limit", "2") == 0
+    assert job() == 2
+    assert ("holds rows run with other settings (--model: 'demo' there, None now)"
+            in capsys.readouterr().err)
+    assert [r["settings"]["--model"] for r in read_results(tmp_path / "out.jsonl")] == ["demo", "demo"]
+
+
 def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(tmp_path, capsys):
     """`job.py --backend URL/v1 --openai MODEL` with a name the server does not serve wrote an error
     record for every row (HTTP 404), and the rerun with the right name was refused as other settings;

@@ -26,7 +26,7 @@ from lmnb.batch.options import (add_parameters, engine_model, job_parser, make_b
                                 parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
-from lmnb_engine import is_demo_name
+from lmnb_engine import DEMO_MODEL_NAME, is_demo_name
 
 
 def code_fingerprint(func: Callable) -> Optional[str]:
@@ -455,18 +455,19 @@ class Job:
         """What the rows' results depend on besides their fields: the notebook parameters and the
         backend options, as JSON values (``repr`` for others). Each record carries them. A model
         given as a local directory is recorded as its real path, however it was spelled (the
-        built-in demo model's directory as None, as a run without --model records it), and a server
-        URL without a trailing "/"."""
+        built-in demo model, by its directory or its name "demo", as None, as a run without --model
+        records it, but as "demo" where the notebook loads a model of its own, which a run without
+        --model runs), and a server URL without a trailing "/"."""
         a = self.args
         # the user's --model, or $LMNB_MODEL where it picks the engine's model (a notebook's own
         # model is in the script already)
         model = a.model if a.model or self.default_model else engine_model(a)
-        if is_demo_name(model):  # ("demo" is the demo model by name, as the engine loads it)
-            model = None
         if model and os.path.isdir(model):  # ("ckpt", "./ckpt/" and its absolute path are one model)
             model = os.path.realpath(model)
-            if model == _demo_model_dir():  # the default's model, named: recorded as the default is
-                model = None
+        if _is_demo_model(model):  # (by its name "demo" or its folder, as the engine loads it)
+            # recorded as no --model where that runs the demo model too; beside a notebook's own model, which
+            # no --model runs, by its name: a rerun without --model is then other settings, not rows already done
+            model = None if not self.default_model or _is_demo_model(self.default_model) else DEMO_MODEL_NAME
         backend = a.backend if a.backend == "engine" else a.backend.rstrip("/")  # (a URL, with or without "/")
         values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": backend,
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
@@ -586,6 +587,12 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.exists() and b.exists() and a.samefile(b)
     except OSError:
         return False
+
+
+def _is_demo_model(model: Optional[str]) -> bool:
+    """Whether ``model`` (a ``--model`` or a notebook's) names the built-in demo model: its name
+    (``lmnb_engine.is_demo_name``) or its directory, however spelt."""
+    return is_demo_name(model) or bool(model) and os.path.isdir(model) and os.path.realpath(model) == _demo_model_dir()
 
 
 def _demo_model_dir() -> str:
