@@ -176,11 +176,15 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
         return DEMO_MODEL_PATH
     p = Path(model).expanduser()
     if p.exists():
+        # ("demo", the demo model's name, is taken for the file or folder of that name where there is one)
+        demo = (f"; the name {lmnb_engine.DEMO_MODEL_NAME!r} is taken for the {'file' if p.is_file() else 'folder'} "
+                f"here: for the built-in demo model, give its directory {DEMO_MODEL_PATH}"
+                if str(model) == lmnb_engine.DEMO_MODEL_NAME else "")
         if p.is_file():  # config.json or model.safetensors itself: "it has no config.json" puzzled
-            hint = f"; pass its directory {p.parent}" if (p.parent / "config.json").is_file() else ""
+            hint = f"; pass its directory {p.parent}" if (p.parent / "config.json").is_file() else demo
             raise FileNotFoundError(f"{p} is a file, not a Hugging Face checkpoint directory{hint}")
         if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"{p} is not a Hugging Face checkpoint directory: it has no config.json")
+            raise FileNotFoundError(f"{p} is not a Hugging Face checkpoint directory: it has no config.json{demo}")
         return p
     s = str(model)
     if not _HUB_ID.match(s) or s.startswith((".", "~")):

@@ -148,6 +148,24 @@ def test_demo_names_the_demo_checkpoint_unless_a_local_path_is_named_so(tmp_path
     assert _resolve_path("demo", False) == Path("demo") and model_or_env(None) == "demo"
 
 
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_demo_taken_for_a_local_path_that_is_no_checkpoint_names_the_demo_models_directory(tmp_path, monkeypatch, kind):
+    """With a folder (or file) "demo" that is no checkpoint where the model is read (a folder of demo
+    notebooks), %lm load demo said only "demo is not a Hugging Face checkpoint directory: it has no
+    config.json", not that the name was taken for that folder rather than the built-in demo model."""
+    from lmnb_engine.model_loader import DEMO_MODEL_PATH, _resolve_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir() if kind == "folder" else (tmp_path / "demo").write_text("")
+    with pytest.raises(FileNotFoundError) as e:
+        _resolve_path("demo", False)
+    assert str(e.value).endswith(f"; the name 'demo' is taken for the {kind} here: for the built-in demo model, "
+                                 f"give its directory {DEMO_MODEL_PATH}"), str(e.value)
+    with pytest.raises(FileNotFoundError) as e:  # (another name is told as before)
+        _resolve_path(str(tmp_path / "demo"), False)
+    assert "built-in demo model" not in str(e.value)
+
+
 def test_unknown_path_names_it():
     with pytest.raises(FileNotFoundError, match="no/such/dir"):
         load_model("./no/such/dir")
