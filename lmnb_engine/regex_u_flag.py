@@ -204,6 +204,7 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
     groups = 0
     names: dict[str, tuple] = {}  # each group name: the place (_Place) of the last group of that name
     references: list[tuple[int, int | str, int]] = []  # (where, group number or name, where it ends)
+    python_named: dict[str, int] = {}  # each name of a group named as Python's re names it, (?P<n>...): where it opens
     stack: list[tuple[str, int]] = []  # per open group: its kind and start
     place = _Place(0, 0, 0, None)  # the group and alternative the scan is in
     last = None  # the previous item outside a class, where it is an assertion: (its start, what it is), else None
@@ -241,6 +242,8 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
                 width = name.end() + 1 - i
             elif pattern.startswith("(?", i):
                 width = 2  # ((?: and Python's own syntax, which the other checks read)
+                if (python := _NAMED_GROUP.match(pattern, i)) and python.group(2):  # ((?P<n>...), not in a class)
+                    python_named.setdefault(python.group(3), i)
             else:
                 groups += 1
             stack.append((kind, i))
@@ -286,12 +289,11 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
             return UFlagError(at, f"a back-reference {pattern[at:end]} to group {ref} (the pattern has {held})",
                               pattern[:at] + octal + pattern[octal_end:])
         if isinstance(ref, str) and ref not in named:
-            python = [m for m in _NAMED_GROUP.finditer(pattern) if m.group(2) and m.group(3) == ref]
-            if not python:
+            if ref not in python_named:
                 return UFlagError(at, f"a back-reference {pattern[at:end]} to no group of that name", None)
             # (the group named as Python's re names it, (?P<n>...), which ECMA lacks: the back-reference
             # spelled as Python's, or the group as ECMA's)
-            p = python[0].start() + len(python[0].group(1)) + 2  # (where its "P" is)
+            p = python_named[ref] + 2  # (where its "P" is)
             return UFlagError(at, f"a back-reference {pattern[at:end]} to the group {ref} named in Python's syntax "
                                   f"(?P<{ref}>...), which ECMA lacks (ECMA names a group (?<{ref}>...))", None,
                               ((pattern[:at] + f"(?P={ref})" + pattern[end:],

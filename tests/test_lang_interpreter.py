@@ -417,6 +417,21 @@ def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_and_is_offe
     assert "write" not in engine.split("; ", 1)[1], engine
 
 
+@pytest.mark.parametrize("pattern", [r"[(?P<n>a)]\k<n>", r"[x(?P<n>a)]+\k<n>"])
+def test_a_python_group_spelt_inside_a_class_is_no_group_a_back_reference_may_name(pattern):
+    """``(?P<n>a)`` inside a class is its characters, no group: ``[(?P<n>a)]\\k<n>`` was told "a
+    back-reference \\k<n> to the group n named in Python's syntax" and offered ``[(?P<n>a)](?P=n)``,
+    a back-reference to no group, which gen() then took. It is a back-reference to no group of that
+    name, as before cdfe590. The reference: Python's re finds no group in the pattern's class."""
+    assert re.compile(pattern.split("\\k")[0]).groupindex == {}
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema={"type": "string", "pattern": pattern})
+    message = str(e.value)
+    at = pattern.index("\\k")
+    assert f"a back-reference \\k<n> to no group of that name at position {at}" in message
+    assert "(?P=n)" not in message and "Python's syntax" not in message, message
+
+
 @pytest.mark.parametrize("pattern, annex_b", [
     (r"^\d{3}\-\d{4}$", r"^\d{3}-\d{4}$"), (r"a\%b", "a%b"), (r"a\ b", "a b"), (r"\_x", "_x"), (r"\é", "é"),
     (r"[\1]", r"[\x01]"), (r"[a\101]", r"[a\x41]"), (r"\01", r"\x01"),  # (Annex B: octal escapes)
