@@ -473,9 +473,9 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     if found is None:
         meant = [(p, what) for p, what in error.meant if u_flag_problem(p) is None]
         # (the in-process engine builds no back-reference, in any syntax: offering one would only be refused next)
-        refs = engine and any(what.startswith("a back-reference") for _, what in meant)
+        refs = engine and any("back-reference" in what for _, what in meant)
         meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in meant
-                 if not (refs and what.startswith("a back-reference"))]
+                 if not (refs and "back-reference" in what)]
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
                "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
                "" if refs else "fix the pattern")

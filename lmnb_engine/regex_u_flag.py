@@ -198,7 +198,7 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
     what follows them, a code point past U+10FFFF, ``\\0`` before a digit and a back-reference in
     a class (Annex B's octal escapes), ``\\k`` with no name; a back-reference to no group (by
     number or name; ``\\k<n>`` to a group named in Python's syntax, ``(?P<n>...)``, is offered
-    Python's ``(?P=n)`` and ECMA's ``(?<n>...)``); a group name that is none, or one named twice in a single alternative
+    Python's ``(?P=n)`` and ECMA's ``(?<n>...)``, each such one respelt); a group name that is none, or one named twice in a single alternative
     (ES2025 allows a name twice only in different alternatives); a class escape at an end of a
     range (``[\\d-z]``); a backslash that ends the pattern. None where there is none."""
     groups = 0
@@ -292,11 +292,17 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
             if ref not in python_named:
                 return UFlagError(at, f"a back-reference {pattern[at:end]} to no group of that name", None)
             # (the group named as Python's re names it, (?P<n>...), which ECMA lacks: the back-reference
-            # spelled as Python's, or the group as ECMA's)
-            p = python_named[ref] + 2  # (where its "P" is)
+            # spelled as Python's, or the group as ECMA's; each such one, so that the offer is read)
+            python = [(a, r, e) for a, r, e in references if isinstance(r, str) and r not in named and r in python_named]
+            as_python, as_ecma = pattern, pattern
+            for a, r, e in reversed(python):
+                as_python = as_python[:a] + f"(?P={r})" + as_python[e:]
+            for p in sorted({python_named[r] + 2 for _, r, _ in python}, reverse=True):  # (where each "P" is)
+                as_ecma = as_ecma[:p] + as_ecma[p + 1:]
+            names = list(dict.fromkeys(r for _, r, _ in python))
+            groups = (f"a back-reference to the group {names[0]}" if len(names) == 1 else
+                      f"back-references to the groups {', '.join(names[:-1])} and {names[-1]}")
             return UFlagError(at, f"a back-reference {pattern[at:end]} to the group {ref} named in Python's syntax "
                                   f"(?P<{ref}>...), which ECMA lacks (ECMA names a group (?<{ref}>...))", None,
-                              ((pattern[:at] + f"(?P={ref})" + pattern[end:],
-                                f"a back-reference to the group {ref} in Python's syntax"),
-                               (pattern[:p] + pattern[p + 1:], f"a back-reference to the group {ref} in ECMA's syntax")))
+                              ((as_python, f"{groups} in Python's syntax"), (as_ecma, f"{groups} in ECMA's syntax")))
     return None

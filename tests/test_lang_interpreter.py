@@ -417,6 +417,36 @@ def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_and_is_offe
     assert "write" not in engine.split("; ", 1)[1], engine
 
 
+@pytest.mark.parametrize("pattern, same, other, names", [
+    (r"(?P<n>a|b)\k<n>\k<n>", "aaa", "aab", "the group n"),
+    (r"(?P<a>x|y)(?P<b>z|w)\k<a>\k<b>", "xzxz", "xzxw", "the groups a and b"),
+])
+def test_each_back_reference_to_a_python_named_group_is_respelt_in_the_offers(pattern, same, other, names):
+    """A second \\k<n> to a (?P<n>...) group was left in the offer, so "(?P<n>a)(?P=n)\\k<n>" was
+    dropped as refused itself, and for two groups both offers were, leaving "fix the pattern" (and
+    the engine not saying it cannot do a back-reference). Each is respelt now. The reference: the
+    regex package, reading both syntaxes, matches each offer against a text repeating the groups
+    (``same``, by hand) and not one where a repeat differs (``other``)."""
+    import regex
+
+    from lmnb_engine.constrained.schema import load_schema
+
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    message = str(e.value)
+    offers = {syntax: json.loads(offer) for offer, syntax in re.findall(
+        rf'(?:write |, or )("(?:[^"\\]|\\.)*") for a?\s?back-references? to {names} in (\w+)\'s syntax', message)}
+    assert set(offers) == {"Python", "ECMA"}, message
+    for offer in offers.values():  # (the regex package writes ECMA's \k<n> as (?P=n))
+        read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", offer)
+        assert regex.fullmatch(read, same) and not regex.fullmatch(read, other), offer
+        sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
+    with pytest.raises(ValueError) as in_engine:
+        load_schema(schema)
+    assert str(in_engine.value).endswith("repeat the group's pattern instead of referring to it"), str(in_engine.value)
+
+
 @pytest.mark.parametrize("pattern", [r"[(?P<n>a)]\k<n>", r"[x(?P<n>a)]+\k<n>"])
 def test_a_python_group_spelt_inside_a_class_is_no_group_a_back_reference_may_name(pattern):
     """``(?P<n>a)`` inside a class is its characters, no group: ``[(?P<n>a)]\\k<n>`` was told "a
