@@ -1107,6 +1107,7 @@ _FIRST = ("class Tok:\n    def __init__(self):\n        self.rows = [[]]\n      
     ("tok.first().append(q)\nr = str(len(tok.rows[0]))", "tok.first().append(q)"),
     ("x = tok.first()\nx.append(q)\nr = str(len(tok.rows[0]))", "x = tok.first(); x.append(q)"),
     ("x = tok.first()\nif q:\n    x[:0] = [q]\nr = str(len(tok.rows[0]))", "x = tok.first(); x[:0] = [q]"),
+    ("x = tok.first()\nx += [q]\nr = str(len(tok.rows[0]))", "x = tok.first(); x += [q]"),  # (a list's += extends it)
     # (a row that only reads what is passed out, or changes its own copy, or a lookup's string: no note)
     ("r = str(len(tok.first()) + 1)", None),
     ("x = list(tok.first())\nx.append(q)\nr = str(len(x))", None),

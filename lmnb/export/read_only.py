@@ -88,8 +88,8 @@ def _changed_in_place(node, parents: dict) -> bool:
 def _result_changed(call, tree, parents: dict) -> str | None:
     """Where the row code ``tree`` (``parents``: its nodes' parents) changes in place what ``call``
     returns (``_changed_in_place``), in the same expression (``tok.first().append(q)``) or through
-    a name bound to it alone (``x = tok.first()``, then ``x.append(q)``): the statements that do
-    so, as written, or None."""
+    a name bound to it alone (``x = tok.first()``, then ``x.append(q)``, or ``x += [q]``, which
+    extends a list in place): the statements that do so, as written, or None."""
     import ast
 
     def statement(node) -> str:
@@ -103,8 +103,9 @@ def _result_changed(call, tree, parents: dict) -> str | None:
     if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
         return None
     name = bound.targets[0].id
-    changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               and _changed_in_place(n, parents)]
+    changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and (
+        isinstance(n.ctx, ast.Load) and _changed_in_place(n, parents)
+        or isinstance(parents.get(n), ast.AugAssign) and parents[n].target is n)]
     return f"{ast.unparse(bound)}; {statement(changed[0])}" if changed else None
 
 
