@@ -740,7 +740,12 @@ _GEN_KEYWORDS = frozenset(inspect.signature(gen).parameters) - {"name", "dtype"}
 
 
 def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
-    """``gen(name, dtype=dtype, ...)`` with positional arguments read in SGLang's gen_int order."""
+    """``gen(name, dtype=dtype, ...)`` with positional arguments read in SGLang's gen_int order.
+
+    Raises:
+        TypeError: too many positional arguments, or a keyword gen() has not (``_unexpected_keyword``).
+        ValueError: a name ``_check_name`` refuses, or another output option (regex, json_schema,
+            choices) beside the ``dtype`` the caller sets."""
     if len(args) > len(_TYPED_GEN_ARGS):
         raise TypeError(f"{caller}() takes at most {len(_TYPED_GEN_ARGS) + 1} positional arguments")
     for key, value in zip(_TYPED_GEN_ARGS, args):
@@ -749,6 +754,10 @@ def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
         kwargs[key] = value
     _unexpected_keyword(caller, kwargs, _GEN_KEYWORDS)
     _check_name(caller, name)  # (named as the user called it, not as gen)
+    given = [k for k in OUTPUT_OPTIONS if kwargs.get(k) is not None]
+    if given:  # (gen()'s "takes one of dtype, choices ...; keep one" named a dtype the caller never wrote)
+        raise ValueError(f"{caller}() is gen(dtype={dtype.__name__}), which takes no {given[0]} beside dtype: they "
+                         f"each decide the output; call gen() with {given[0]} instead of {caller}()")
     return gen(name, dtype=dtype, **kwargs)
 
 

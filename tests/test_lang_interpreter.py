@@ -4114,6 +4114,21 @@ def test_a_misspelt_keyword_of_a_primitive_is_offered_the_parameter_meant(call, 
     assert str(e.value) == words
 
 
+@pytest.mark.parametrize("call, caller, dtype, key", [
+    (lambda: sgl.gen_int("x", choices=["1", "2"]), "gen_int", "int", "choices"),
+    (lambda: sgl.gen_int("x", 5, regex=r"\d"), "gen_int", "int", "regex"),
+    (lambda: sgl.gen_string("x", json_schema={"type": "string"}), "gen_string", "str", "json_schema"),
+])
+def test_an_output_option_of_gen_int_or_gen_string_names_the_dtype_they_set(call, caller, dtype, key):
+    """gen_int("x", choices=[...]) said gen()'s "gen() takes one of dtype, choices: ...; keep one",
+    naming a dtype the caller never wrote, and to keep one of two it cannot choose between (SGLang's
+    gen_int takes none of regex, json_schema, choices). It is still a ValueError."""
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value) == (f"{caller}() is gen(dtype={dtype}), which takes no {key} beside dtype: they each decide "
+                            f"the output; call gen() with {key} instead of {caller}()")
+
+
 def test_a_misspelt_keyword_of_run_is_offered_the_argument_or_run_option_meant():
     """run() takes any other keyword as the program's argument, so a misspelt run option
     (max_new_token=) or argument (qestion=) was named with the arguments and no offer."""
