@@ -814,9 +814,10 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
         record(t.program().func, **t.bind({"zero": 0}))
     assert str(e.value).startswith("line 1, col 22: gen option max_tokens=1 // zero failed: ZeroDivisionError")
     # an image's or video's source, and a video's frames, as the hole shows them: "{1 / zero} failed"
-    # named a hole the cell does not have
+    # named a hole the cell does not have (as did "{video 1 / zero}" of a video with frames=2)
     for cell, col, what in [("{image 1 / zero}", 8, "{image 1 / zero}"), ("{video 1 / zero frames=2}", 8,
-                             "{video 1 / zero}"), ("{video v frames=1 // zero}", 17, "video option frames=1 // zero")]:
+                             "{video 1 / zero frames=2}"), ("{video v frames=1 // zero}", 17,
+                                                            "video option frames=1 // zero")]:
         t = parse(cell)
         with pytest.raises(TemplateRuntimeError) as e:
             record(t.program().func, **t.bind({"zero": 0, "v": "clip.mp4"}))

@@ -96,7 +96,8 @@ class _Run:
         import lmnb
 
         # (named as the hole shows them, as a gen's options are: "{p + 1} failed" named a hole the cell lacks)
-        source = self.value(node.source, s, local, f"{{{node.kind} {node.source.source}}}")
+        frames = f" frames={node.frames.source}" if node.frames is not None else ""  # ({video v + 1 frames=2})
+        source = self.value(node.source, s, local, f"{{{node.kind} {node.source.source}{frames}}}")
         if node.frames is None:
             expr = lmnb.image(source)
         else:
