@@ -332,6 +332,18 @@ def test_a_schema_patterns_syntax_errors_under_the_u_flag_are_refused_by_gen_a_c
         assert sgl.gen("x", json_schema={"pattern": instead}).params.json_schema == {"pattern": instead}
 
 
+def _node_refuses(pattern: str, flags: str):
+    """Whether node's RegExp (ECMA 262 itself) refuses ``pattern`` with ``flags``; None where node
+    is not at hand."""
+    import shutil
+
+    if not shutil.which("node"):
+        return None
+    run = subprocess.run(["node", "-e", "try { new RegExp(process.argv[1], process.argv[2]) } catch (e) "
+                          "{ process.exit(3) }", pattern, flags], capture_output=True)
+    return run.returncode == 3
+
+
 @pytest.mark.parametrize("pattern, groups", [
     (r"(?<n>a)\k", {"n": "a"}), (r"(?P<n>a)\k", {"n": "a"}), (r"(?<n>a)(?<m>b)\k", {"n": "a", "m": "b"}),
 ])
@@ -342,14 +354,10 @@ def test_a_bare_k_in_a_schema_pattern_that_names_a_group_is_offered_the_back_ref
     are offered: a back-reference to each group (\\k<n>, or (?P=n) for Python's (?P<n>...)), and
     the letter. The reference: the regex package, which reads named groups of both syntaxes,
     matches each offer against the groups' text then the group's again, or then "k"."""
-    import shutil
 
     import regex
 
-    if shutil.which("node"):  # (the claim itself, where node is at hand)
-        run = subprocess.run(["node", "-e", "try { new RegExp(process.argv[1]) } catch (e) { process.exit(3) }",
-                              pattern], capture_output=True)
-        assert run.returncode == 3, pattern
+    assert _node_refuses(pattern, "") is not False, pattern  # (the claim itself, where node is at hand)
     schema = {"type": "string", "pattern": pattern}
     with pytest.raises(ValueError) as e:
         sgl.gen("x", json_schema=schema)
@@ -381,17 +389,13 @@ def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_and_is_offe
     pattern. The reference: the regex package, which reads both syntaxes, matches each offer against
     a text whose group is repeated (``same``, by hand) and not one where it differs (``other``), and
     node, where at hand, refuses the pattern as ECMA."""
-    import shutil
 
     import regex
 
     from lmnb.template import TemplateSyntaxError, parse
     from lmnb_engine.constrained.schema import load_schema
 
-    if shutil.which("node"):
-        run = subprocess.run(["node", "-e", "try { new RegExp(process.argv[1], 'u') } catch (e) { process.exit(3) }",
-                              pattern], capture_output=True)
-        assert run.returncode == 3, pattern
+    assert _node_refuses(pattern, "u") is not False, pattern
     schema = {"type": "string", "pattern": pattern}
     with pytest.raises(ValueError) as e:
         sgl.gen("x", json_schema=schema)
