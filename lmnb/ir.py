@@ -684,9 +684,10 @@ def _schema_text_passes(text: str) -> bool:
 
 
 def close_match(word: str, options) -> Optional[str]:
-    """The one of ``options`` closest to a misspelt ``word`` (difflib's, as Python's own "did you
-    mean" for names), or None where none is close: the word a "did you mean" offers, in a
-    ``%%lm`` cell's option error and the Python API's keyword errors alike."""
+    """The one of ``options`` closest to a misspelt ``word`` (difflib's ``get_close_matches``: a
+    similarity ratio of 0.6 or more), or None where none is close: the word every "did you mean" of
+    lmnb offers (a ``%%lm`` cell's option or variable, the Python API's keywords, ``%lm`` options
+    and subcommands, the export's notes on row fields)."""
     import difflib
 
     close = difflib.get_close_matches(word, list(options), n=1)

@@ -460,7 +460,7 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
     """Notes on the row fields that no cell sets and that are spelt like a name a cell sets: a
     typo (``{persn}`` beside ``person = "..."``), which fails the notebook's cell with a NameError,
     made the job ask every row for a field ``persn``, without a word."""
-    import difflib
+    from lmnb.ir import close_match
 
     defined = set(parameters)
     for c in p.cells:
@@ -470,9 +470,9 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
         # (a field that is a form of a set name, {text} beside texts = [...], names another thing on
         # purpose: no other name it is close to, `next`, is meant either)
         forms = n in examples or any(_word_forms(n, m) for m in defined)
-        close = [] if forms else difflib.get_close_matches(n, sorted(defined), n=1)
+        close = None if forms else close_match(n, sorted(defined))
         if close:
-            notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close[0]!r}, "
+            notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close!r}, "
                          f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
     return notes
 
@@ -567,9 +567,9 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
 def _did_you_mean(unused: list, read: set) -> str:
     """"; did you mean person?" naming the variables the rows read that are closest to misspelt
     ``--inputs`` names (a typo got only "never read it"), or ""."""
-    import difflib
+    from lmnb.ir import close_match
 
-    close = [m for n in unused for m in difflib.get_close_matches(n, sorted(read), n=1)]
+    close = [m for n in unused if (m := close_match(n, sorted(read)))]
     return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
 
 

@@ -9,13 +9,13 @@ package (imports go lmnb_kernel → lmnb).
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import shlex
 import unicodedata
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from lmnb.ir import close_match
 from lmnb_engine.cli_options import Once, OnceFlag
 from lmnb_engine.params import TEMPERATURE_RULE
 
@@ -122,9 +122,8 @@ def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str
     words = message.split()[2:]
     if "--" in words:  # the options after it are read as words: a guess would name them as they are
         return message + " ('--' ends the options; remove it)"
-    guesses = [(w, difflib.get_close_matches(w.split("=")[0][2:], [k[2:] for k in known], n=1))
-               for w in words if w.startswith("--")]
-    hints = [f"{w.split('=')[0]} → --{g[0]}" for w, g in guesses if g and g[0] != w.split("=")[0][2:]]
+    guesses = [(w, close_match(w.split("=")[0][2:], [k[2:] for k in known])) for w in words if w.startswith("--")]
+    hints = [f"{w.split('=')[0]} → --{g}" for w, g in guesses if g and g != w.split("=")[0][2:]]
     notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
     if len(hints) < len(guesses) or not guesses:  # (no "--" word: a stray word, as in "%%lm 3")
         notes.append(f"{help_line} lists the options")
@@ -190,8 +189,7 @@ def close_subcommand(word: str, subcommands) -> Optional[str]:
     name (``%lm stat``); None if none is close. The kernel and the export both say it."""
     if word.lower() in subcommands:
         return word.lower()
-    close = difflib.get_close_matches(word.lower(), list(subcommands), n=1)
-    return close[0] if close else None
+    return close_match(word.lower(), subcommands)
 
 
 def parse_backend_line(command: str, words: list[str]) -> argparse.Namespace:
