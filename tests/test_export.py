@@ -1117,24 +1117,16 @@ def test_a_row_changing_in_place_an_item_a_setup_method_passes_out_is_noted(tmp_
     # tok.first() returns self.rows[0], which export took for a read (such items are strings and numbers more
     # often than not), so a row's tok.first().append(q) got no note, though the job's rows went on from the last
     # row's list (1, 2, 3) where each pass of the notebook starts from a new Tok (1, 1, 1)
-    from helpers_export import write_rows
-
-    nb = notebook(f"{_FIRST}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    rows = [{"q": q} for q in "BCD"]
-    passes = _notebook_passes(f"{_FIRST}\nq = 'A'", [cell], rows)
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
-                               ["--num-threads", "1"])
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, _FIRST, cell)
     if noted is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
-        assert prompts[1::2] == passes and p.notes == [], p.notes
+        assert rows == passes and notes == [], notes
         return
-    assert passes == ["1", "1", "1"] and prompts[1::2] == ["1", "2", "3"]  # (as the note says: it carries over)
-    assert p.notes == [f"cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`{noted}` in "
+    assert passes == ["1", "1", "1"] and rows == ["1", "2", "3"]  # (as the note says: it carries over)
+    assert notes == [f"cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`{noted}` in "
                        "cell 3, changing what tok.first() passes out): what its calls change carries over from row to "
                        "row (what one row changes, the next row sees), where each pass of the notebook starts from a "
                        "new one; make it in a cell that runs per row (tok = ... after the first %%lm cell), and rows "
-                       "running at once (--num-threads above 1) share it"], p.notes
+                       "running at once (--num-threads above 1) share it"], notes
 
 
 def test_a_class_attribute_a_python_lm_cell_changes_starts_each_row_from_the_setup_value(tmp_path, monkeypatch):
