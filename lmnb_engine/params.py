@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_empty_class import empty_class_problem
-from lmnb_engine.regex_errors import python_error, shown_regex, stop_posix_problem
+from lmnb_engine.regex_errors import pattern_parts, python_error, shown_regex, stop_posix_problem
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
 
@@ -408,78 +408,32 @@ _FUZZY = re.compile(rf"\{{(?:{_FUZZY_ITEM}(?:,{_FUZZY_ITEM})*|\d*[eids](?:\+\d*[
 
 def _fuzzy_constraint(pattern: str, verbose: bool = False) -> str | None:
     """The first fuzzy constraint in ``pattern`` (its text), outside escapes, character classes and
-    comments; None where it holds none. ``verbose``: the pattern may be read with the VERBOSE flag
-    ((?x), whole or scoped), where the regex package reads a constraint with whitespace in it,
-    ``{ e <= 1 }``, as one (without the flag that is literal text) and "#" starts a comment."""
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":  # (a class: "]" first, or after "^", is a member; escapes are skipped)
-            i += 2 if pattern.startswith("[^", i) else 1
-            i += pattern[i] == "]" if i < len(pattern) else 0
-            while i < len(pattern) and pattern[i] != "]":
-                i += 2 if pattern[i] == "\\" else 1
-        elif pattern.startswith("(?#", i):  # (a comment runs to the first ")" no backslash escapes)
-            i += 3
-            while i < len(pattern) and pattern[i] != ")":
-                i += 2 if pattern[i] == "\\" else 1
-        elif c == "#" and verbose:
-            i = pattern.find("\n", i)
-            if i < 0:
-                return None
-        elif c == "{" and (m := _FUZZY.match(pattern, i)):
-            return m.group()
-        elif c == "{" and verbose and (end := pattern.find("}", i)) > 0:
-            if _FUZZY.fullmatch(text := re.sub(r"\s", "", pattern[i:end + 1])):
-                return text
-        i += 1
+    comments (``regex_errors.pattern_parts``); None where it holds none. ``verbose``: whether the
+    VERBOSE flag holds for the whole pattern (``(?x)`` anywhere); a scoped ``(?x:`` or ``(?-x:``
+    sets it up to its group's ``)``. Where it holds, the regex package reads a constraint with
+    whitespace in it, ``{ e <= 1 }``, as one (without the flag that is literal text) and "#"
+    starts a comment."""
+    for part in pattern_parts(pattern, "x" * verbose):
+        braces = [at for at in range(part.start, part.end) if pattern[at] == "{"] if part.kind == "" else []
+        for at in braces:
+            if m := _FUZZY.match(pattern, at):
+                return m.group()
+            if "x" in part.flags and (end := pattern.find("}", at)) > 0:
+                if _FUZZY.fullmatch(text := re.sub(r"\s", "", pattern[at:end + 1])):
+                    return text
     return None
-
-
-# A group head that sets or clears flags in its scope, as the regex package reads one: (?x: (?-x: (?ix-s:
-_SCOPED_FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?:")
 
 
 def _escapes(pattern: str, verbose: bool) -> Iterator[str]:
     """The character after the backslash of each escape outside a class of ``pattern`` that the
     regex package reads as syntax (a ``\\G`` or ``\\K`` in a class is an error of its own): not one
-    in a comment, ``(?#...)`` (which ends at the first ``)`` no backslash escapes) or, where the
-    VERBOSE flag holds, from a ``#`` outside a class to the line's end (which may hold a ``)``).
-    ``verbose``: whether the flag holds for the whole pattern (``(?x)`` anywhere); a scoped ``(?x:``
-    or ``(?-x:`` sets it up to its group's ``)``. Each escape is read with its backslash, so
-    ``\\\\G`` is a backslash and a G."""
-    scopes, i, n = [verbose], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\":
-            yield pattern[i + 1:i + 2]
-            i += 2
-        elif pattern.startswith("(?#", i):
-            i += 3
-            while i < n and pattern[i] != ")":
-                i += 2 if pattern[i] == "\\" else 1
-            i += 1
-        elif c == "#" and scopes[-1]:
-            end = pattern.find("\n", i)
-            i = n if end < 0 else end + 1
-        elif c == "[":  # (a "]" first, or after "^", is a member)
-            i += 1 + pattern.startswith("^", i + 1)
-            i += pattern.startswith("]", i)
-            while i < n and pattern[i] != "]":
-                i += 2 if pattern[i] == "\\" else 1
-            i += 1
-        elif c == "(":
-            scoped = _SCOPED_FLAGS.match(pattern, i)
-            on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
-            scopes.append(("x" in on or scopes[-1]) and "x" not in off)
-            i += 1
-        else:
-            if c == ")" and len(scopes) > 1:
-                scopes.pop()
-            i += 1
+    in a comment (``regex_errors.pattern_parts``: ``(?#...)``, which ends at the first ``)`` no
+    backslash escapes, or, where the VERBOSE flag holds, from a ``#`` outside a class to the line's
+    end, which may hold a ``)``). ``verbose``: whether the flag holds for the whole pattern
+    (``(?x)`` anywhere); a scoped ``(?x:`` or ``(?-x:`` sets it up to its group's ``)``. Each
+    escape is read with its backslash, so ``\\\\G`` is a backslash and a G."""
+    return (pattern[part.start + 1:part.start + 2] for part in pattern_parts(pattern, "x" * verbose)
+            if part.kind == "escape")
 
 
 def stop_regex_problem(value: Any) -> str | None:
@@ -522,10 +476,7 @@ def stop_regex_problem(value: Any) -> str | None:
             return (f"{shown_regex(pattern)} is a reverse pattern ((?r)), which matches leftwards from where a search "
                     "starts: the stop matcher reads the output as it grows, left to right, and would stop at the "
                     "wrong place or show the stop's text; remove (?r) and write the pattern to match forwards")
-        # (a scoped (?x:...) is found in the text, at the cost of reading a constraint with spaces in a
-        # pattern that only names (?x: literally as one)
-        verbose = bool(compiled.flags & regex.VERBOSE) or re.search(r"\(\?[\w-]*x[\w-]*:", pattern) is not None
-        fuzzy = _fuzzy_constraint(pattern, verbose)
+        fuzzy = _fuzzy_constraint(pattern, bool(compiled.flags & regex.VERBOSE))
         if fuzzy:
             return (f"{shown_regex(pattern)} holds the fuzzy constraint {fuzzy}, whose match the regex package picks "
                     "by its own best-match rule, not leftmost as the text grows: the stop matcher would show part of "

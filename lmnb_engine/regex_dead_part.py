@@ -7,7 +7,7 @@ holding it (``[^\\w\\W]|b``: the pattern matches what ``b`` does), a part that m
 zero times (``(a[^\\d\\D])?b``, ``x[^\\s\\S]*``: it only ever matches nothing), or a negative
 lookaround (``(?![^\\s\\S])``: it always holds). Where no such part holds it, the whole pattern
 never matches. The pattern is read as Python's parser delimits its classes and comments
-(``regex_errors._classes_and_comments``), its groups and ``|`` as written.
+(``regex_errors.pattern_parts``), its groups and ``|`` as written.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Optional
 
-from lmnb_engine.regex_errors import GLOBAL_FLAGS, _class_items, _comments, _item_end, shown_regex
+from lmnb_engine.regex_errors import GLOBAL_FLAGS, pattern_parts, shown_regex
 
 # A repeat after an atom, as Python and the regex package read one: its low count, or none for
 # "?" and "*" (group 1: the low count of a counted repeat, "{2}", "{2,}", "{,3}", "{,}"; "{}" is two
@@ -114,27 +114,15 @@ def _owner(groups: list[tuple[int, int]], at: int) -> tuple[int, int] | None:
 
 def _groups_and_bars(pattern: str) -> tuple[list[tuple[int, int]], list[int]]:
     """The (index of "(", index of its ")") of each group of ``pattern``, and the index of each "|"
-    outside classes, comments and escapes; a group never closed ends at the pattern's end."""
-    skip = dict(_comments(pattern))
-    for items in _class_items(pattern):
-        first = items[0][0]
-        skip[first - 1 if pattern[first - 1] == "[" else first - 2] = items[-1][1] + 1
+    outside classes, comments and escapes (``regex_errors.pattern_parts``); a group never closed
+    ends at the pattern's end."""
     groups, bars, open_ = [], [], []
-    i = 0
-    while i < len(pattern):
-        if i in skip:
-            i = skip[i]
-            continue
-        c = pattern[i]
-        if c == "\\":
-            i = _item_end(pattern, i)
-            continue
-        if c == "(":
-            open_.append(i)
-        elif c == ")" and open_:
-            groups.append((open_.pop(), i))
-        elif c == "|":
-            bars.append(i)
-        i += 1
+    for part in pattern_parts(pattern):
+        if part.kind == "(":
+            open_.append(part.start)
+        elif part.kind == ")" and open_:
+            groups.append((open_.pop(), part.start))
+        elif part.kind == "":
+            bars += [at for at in range(part.start, part.end) if pattern[at] == "|"]
     groups += [(at, len(pattern)) for at in open_]
     return groups, bars

@@ -31,10 +31,8 @@ from typing import Iterator
 
 from lmnb_engine.regex_errors import (
     _automaton_matches_nothing,
-    _class_items,
-    _comments,
-    _item_end,
     classes_held,
+    pattern_parts,
     shown_regex,
     unicode_classes,
 )
@@ -46,8 +44,6 @@ _MARKERS = (0x10FFFE, 0x10FFFF)
 _SURROGATES = (0xD800, 0xDFFF)
 _LITERAL = _c.LITERAL
 _REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", None))
-# A group head that sets or clears flags in its scope: (?i: (?-i: (?s-i: ...
-_SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
 
 
 _FIRST_CHARACTERS = "".join(map(chr, range(0x800)))
@@ -134,38 +130,10 @@ def _first_empty_class(pattern: str, stop: bool) -> tuple[int, int, bool] | None
 
 def _classes(pattern: str) -> Iterator[tuple[int, int, bool]]:
     """(start, end, whether the case-insensitive flag holds there) for each character class of
-    ``pattern`` as Python's parser delimits it (``regex_errors._class_items``), outside comments.
-    The flag holds where the pattern sets it globally (read by Python's parser) or a group opening
-    ``(?i:`` around the class does, and no ``(?-i:`` inside that."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        caseless = [bool(parser.parse(classes_held(pattern)).state.flags & re.IGNORECASE)]
-    class_end = {}
-    for items in _class_items(pattern):
-        first = items[0][0]
-        start = first - 1 if pattern[first - 1] == "[" else first - 2  # ("[" or "[^" before the first item)
-        class_end[start] = items[-1][1] + 1
-    comments = dict(_comments(pattern))
-    i, n = 0, len(pattern)
-    while i < n:
-        if i in comments:
-            i = comments[i]
-        elif i in class_end:
-            yield i, class_end[i], caseless[-1]
-            i = class_end[i]
-        elif pattern[i] == "\\":
-            i = _item_end(pattern, i)
-        elif pattern[i] == "(":
-            scoped = _SCOPED_FLAGS.match(pattern, i)
-            on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
-            caseless.append(("i" in on or caseless[-1]) and "i" not in off)
-            i += 1
-        elif pattern[i] == ")":
-            if len(caseless) > 1:
-                caseless.pop()
-            i += 1
-        else:
-            i += 1
+    ``pattern`` as Python's parser delimits it (``regex_errors.pattern_parts``), outside comments.
+    The flag holds where the pattern sets it globally or a group opening ``(?i:`` around the class
+    does, and no ``(?-i:`` inside that."""
+    return ((part.start, part.end, "i" in part.flags) for part in pattern_parts(pattern) if part.kind == "class")
 
 
 def _read(pattern: str, start: int, end: int) -> bool:

@@ -10,7 +10,10 @@ pattern (``gen(regex=5)``) with it too. The engine's own refusals of a class Pyt
 ambiguous (``ambiguous_class``) and of a Unicode class at an end of a range
 (``class_range_problem``), made before compiling (``constrained.regex_syntax``), are worded here
 too, and the language's two make them. A ``stop_regex`` error is placed as a ``regex`` error is
-(``python_error``). Importing it loads neither torch nor the engine's constrained-decoding package.
+(``python_error``). ``pattern_parts`` walks a pattern's text as written (its classes, comments,
+escapes and groups, with the inline flags in force) for the modules that read one so
+(``regex_empty_class``, ``regex_dead_part``, the engine's ``params`` for a ``stop_regex``). Importing
+it loads neither torch nor the engine's constrained-decoding package.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value, without_surrogates
 from lmnb_engine.regex_tree import parser
@@ -163,6 +166,11 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 # package's (the stop matcher's): Python's, aiLmsux, and b e f p r w and the versions V0 V1, which
 # Python refuses (its own error names them). (Not "(?R)": a recursion, to the regex package.)
 GLOBAL_FLAGS = re.compile(r"(?:\(\?(?:[abefiLmprsuwx]|V[01])+\))+")
+# A group head that sets or clears flags in its scope, (?i: (?-i: (?x-s: (?V1x: ...: its letters set
+# (group 1) and cleared (group 2), as the regex package (the stop matcher's reader) reads them, which
+# sets b e f p r w and V0 V1 there too and clears f w: a superset of Python's (aiLmsux set, imsx
+# cleared), so the two read any group head a pattern Python takes holds alike ("(?:" sets none)
+SCOPED_FLAGS = re.compile(r"\(\?((?:[abefiLmprsuwx]|V[01])*)(?:-([afiLmsuwx]+))?:")
 
 
 def without_edge_anchors(pattern: str) -> str:
@@ -914,50 +922,104 @@ def _class_range(pattern: str) -> tuple[int, int, int] | None:
 
 def _class_items(pattern: str) -> Iterator[list[tuple[int, int]]]:
     """Per character class of ``pattern``, in order, the (start, end) of each of its items
-    (``_classes_and_comments``)."""
-    return (items for kind, items in _classes_and_comments(pattern) if kind == "class")
+    (``pattern_parts``)."""
+    return (list(part.items) for part in pattern_parts(pattern) if part.kind == "class")
 
 
 def _comments(pattern: str) -> list[tuple[int, int]]:
-    """The (start, end) of each comment in ``pattern``, ``(?#...)`` or a verbose pattern's ``# ...``
-    (``_classes_and_comments``)."""
-    return [spans[0] for kind, spans in _classes_and_comments(pattern) if kind == "comment"]
+    """The (start, end) of each comment in ``pattern``, ``(?#...)`` or a verbose part's ``# ...``
+    (``pattern_parts``)."""
+    return [(part.start, part.end) for part in pattern_parts(pattern) if part.kind == "comment"]
 
 
-def _classes_and_comments(pattern: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
-    """``pattern``'s character classes and comments, in order, as Python's parser delimits them:
-    ("class", the (start, end) of each of its items) or ("comment", [(start, end)]). In a class,
-    after "[" and an optional "^", a "]" first is a literal, and each item is ``_item_end``'s (an
-    escape whole, a Unicode class whole, whose braces may hold a "["); the class ends at the next
-    "]". A comment, "(?#" outside a class, ends at the next ")" that no backslash escapes (its
-    "[" or "\\p{" is no class); in a verbose pattern (``(?x)`` opening it), one from a "#" outside
-    a class ends with its line. Either, unclosed, ends at the pattern's end."""
-    i, n = 0, len(pattern)
-    flags = GLOBAL_FLAGS.match(pattern)
-    verbose = flags is not None and "x" in flags.group()
+class PatternPart(NamedTuple):
+    """A part of a pattern's text (``pattern_parts``): its ``kind``, "class", "comment", "escape",
+    "(" (a group's opening character), ")", or "" (a run of other characters, "|" and "{" among
+    them, which holds no ``\\``, ``[``, ``(`` or ``)``, and a "#" only first, where the verbose flag
+    does not hold); its ``start`` and ``end`` in the pattern; the inline ``flags`` that hold there
+    (letters: the global ones and those a scoped group around it sets, less those one clears; for
+    a "(", those outside its group); and, for a class, the (start, end) of each of its ``items``."""
+
+    kind: str
+    start: int
+    end: int
+    flags: str
+    items: tuple[tuple[int, int], ...] = ()
+
+
+# A run of characters that opens no part of ``pattern_parts`` (a "#" ends it: a comment under (?x))
+_PLAIN = re.compile(r"[^\\\[()#]*")
+
+
+def pattern_parts(pattern: str, flags: str | None = None) -> Iterator[PatternPart]:
+    """``pattern``'s text, in order, as parts (``PatternPart``) delimited as Python's parser
+    delimits them, which the regex package's version 0 shares for every pattern both read. A
+    character class: after "[" and an optional "^", a "]" first is a literal, and each item is
+    ``_item_end``'s (an escape whole, a Unicode class whole, whose braces may hold a "["); the
+    class ends at the next "]". A comment, "(?#" outside a class, ends at the next ")" that no
+    backslash escapes (its "[" or "\\p{" is no class); where the verbose flag holds, one from a
+    "#" outside a class ends with its line. Either, unclosed, ends at the pattern's end. Outside
+    them an escape is one part (``_item_end``). ``flags``: the letters that hold over the whole
+    pattern (the regex package's, which reads ``(?x)`` anywhere as global: from the compiled
+    pattern), or None for those of the global flag groups opening it (``_leading_flags``: Python
+    takes them only there); a group ``SCOPED_FLAGS`` opens sets and clears its own up to its ")"."""
+    if flags is None:
+        flags = _leading_flags(pattern)
+    scopes, i, n = [flags], 0, len(pattern)
     while i < n:
+        start, held = i, scopes[-1]
         if pattern[i] == "\\":
             i = _item_end(pattern, i)
-        elif verbose and pattern[i] == "#":
-            start, end = i, pattern.find("\n", i)
+            yield PatternPart("escape", start, i, held)
+        elif pattern[i] == "#" and "x" in held:
+            end = pattern.find("\n", i)
             i = n if end < 0 else end + 1
-            yield "comment", [(start, i)]
+            yield PatternPart("comment", start, i, held)
         elif pattern.startswith("(?#", i):
-            start, i = i, i + 3
+            i += 3
             while i < n and pattern[i] != ")":
                 i += 2 if pattern[i] == "\\" else 1
             i = min(i + 1, n)
-            yield "comment", [(start, i)]
-        elif pattern[i] != "[":
-            i += 1
-        else:
+            yield PatternPart("comment", start, i, held)
+        elif pattern[i] == "[":
             i += 1 + pattern.startswith("^", i + 1)
             items: list[tuple[int, int]] = []
             while i < n and (not items or pattern[i] != "]"):
                 items.append((i, _item_end(pattern, i)))
                 i = items[-1][1]
-            yield "class", items
+            i = min(i + 1, n)
+            yield PatternPart("class", start, i, held, tuple(items))
+        elif pattern[i] == "(":
+            scoped = SCOPED_FLAGS.match(pattern, i)
+            on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
+            scopes.append("".join(c for c in held if c not in off) + on)
             i += 1
+            yield PatternPart("(", start, i, held)
+        elif pattern[i] == ")":
+            if len(scopes) > 1:
+                scopes.pop()
+            i += 1
+            yield PatternPart(")", start, i, held)
+        else:  # (a run of characters none of which opens a part: a long pattern is walked in fewer steps)
+            i = _PLAIN.match(pattern, i + 1).end()
+            yield PatternPart("", start, i, held)
+
+
+# What may open a pattern before its first item, as Python reads it: a global flag group (group 1: its
+# letters, the regex package's too, as GLOBAL_FLAGS's), a comment, and, once the verbose flag holds,
+# whitespace and a "#" comment to the line's end (group 2), which Python skips there
+_LEADING = re.compile(r"\(\?((?:[abefiLmprsuwx]|V[01])+)\)|\(\?#(?:\\.|[^\\)])*\)|(\s+|#[^\n]*\n?)")
+
+
+def _leading_flags(pattern: str) -> str:
+    """The letters of the global flag groups that open ``pattern``, read past comments between them
+    (``(?#c)(?x)``) and, after ``(?x)``, whitespace and ``#`` comments (``(?x) (?i)``), as Python
+    takes them as global there (and refuses them further on)."""
+    letters, at = "", 0
+    while (m := _LEADING.match(pattern, at)) and m.end() > at and not (m.group(2) and "x" not in letters):
+        letters += re.sub(r"V[01]", "", m.group(1) or "")
+        at = m.end()
+    return letters
 
 
 _ESCAPE_DIGITS = {"x": 2, "u": 4, "U": 8}  # (Python reads exactly as many hex digits, or refuses the pattern)

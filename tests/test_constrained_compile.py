@@ -3481,6 +3481,37 @@ def _spans(pattern, module=re):
     return [m.span() if (m := compiled.search(t)) else None for t in _SAMPLE_TEXTS]
 
 
+@pytest.mark.filterwarnings("ignore:Possible:FutureWarning")  # (nested set, set union: Python reads them as written)
+def test_the_classes_read_in_a_pattern_are_those_pythons_parser_reads_in_random_patterns():
+    # regex_errors.pattern_parts walks a pattern's text for the empty-class check (regex_empty_class), the part
+    # a class kills (regex_dead_part) and the stop regex checks (params). A "#" is a comment under a scoped
+    # (?x:...) and under an (?x) after a comment, (?#c)(?x), too: a "[" there was taken to open a class (the empty
+    # class after it was then missed, and "(?#c)(?x)a#[" raised IndexError). The reference: Python's parser,
+    # on random patterns it reads: each class found, held by a character the pattern lacks, is read as that
+    # character (not skipped in a comment), and no class is left in the parse but \d, \s, \w and their negations
+    from lmnb_engine.regex_empty_class import _classes
+    from lmnb_engine.regex_errors import classes_held
+    from lmnb_engine.regex_tree import constants, parser, walk
+
+    pieces = ["a", "|", "(", ")", "(?:", "(?x:", "(?i:", "(?-x:", "(?ix-s:", "(?#", "#", "\n", " ", "[", "[^", "]",
+              "\\", "\\d", "\\S", "\\x41", "\\N{SPACE}", "\\p{L}", "{2}", "*", "-", "^", "\\]", "\\[", "\\)", "\\#"]
+    heads = ["", "", "(?x)", "(?i)", "(?#c)(?x)", "(?x) (?i)"]
+    rng, read = random.Random(5), 0
+    while read < 400:
+        pattern = rng.choice(heads) + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        try:
+            parser.parse(classes_held(pattern))
+        except re.error:
+            continue
+        read += 1
+        held = pattern
+        for start, end, _ in reversed(list(_classes(pattern))):
+            held = held[:start] + "\ue000" + held[end:]
+        nodes = list(walk(parser.parse(classes_held(held))))
+        assert (sum(op is constants.LITERAL and av == 0xE000 for op, av in nodes) == held.count("\ue000")
+                and all(len(av) == 1 and av[0][0] is constants.CATEGORY for op, av in nodes if op is constants.IN)), pattern
+
+
 @pytest.mark.parametrize("pattern, offer", [
     ("[^\\s\\S]", None), ("x[^\\w\\W]y", None), ("[^\\w\\W]|b", "b"), ("(a[^\\d\\D])?b", "b"),
     ("a(?:b|c[^\\d\\D]d|e)f", "a(?:b|e)f"), ("a[^\\d\\D]{0,2}b", "ab"), ("a[^\\d\\D]*?b", "ab"),

@@ -1922,6 +1922,8 @@ def test_a_stop_regex_that_backtracks_catastrophically_aborts_its_own_request(en
     (r"a{e<=1}b", "{e<=1}"), (r"(?:color){e<=1}", "{e<=1}"), (r"x(?:ab){i<=1,d<=1}", "{i<=1,d<=1}"),
     (r"(?e)ab{e<=1}", "{e<=1}"), (r"z(?:abc){2i+2d+1s<=4}y", "{2i+2d+1s<=4}"), (r"q(?:ab){e}", "{e}"),
     (r"(?:stop){e<=1:[a-z]}", "{e<=1:[a-z]}"), ("(?x)a{ e <= 1 }b", "{e<=1}"), ("(?x:a{ e<=1\n})b", "{e<=1}"),
+    # (a "#" outside the (?x:...) is a literal, which the constraint follows: "(?x:" anywhere made every "#" a comment)
+    ("(?x:a)b#{e<=1}", "{e<=1}"),
 ])
 def test_a_stop_regex_with_a_fuzzy_constraint_is_refused_naming_it(pattern, constraint):
     # The regex package picks a fuzzy match by its own best-match rule, not leftmost as the output
@@ -1937,7 +1939,7 @@ def test_a_stop_regex_with_a_fuzzy_constraint_is_refused_naming_it(pattern, cons
     # (that it is fuzzy, by the regex package: the pattern matches a text one edit off its exact one)
     exact = {r"a{e<=1}b": "ab", r"(?:color){e<=1}": "color", r"x(?:ab){i<=1,d<=1}": "xab", r"(?e)ab{e<=1}": "ab",
              r"z(?:abc){2i+2d+1s<=4}y": "zabcy", r"q(?:ab){e}": "qab", r"(?:stop){e<=1:[a-z]}": "stop",
-             "(?x)a{ e <= 1 }b": "ab", "(?x:a{ e<=1\n})b": "ab"}[pattern]
+             "(?x)a{ e <= 1 }b": "ab", "(?x:a{ e<=1\n})b": "ab", "(?x:a)b#{e<=1}": "ab#"}[pattern]
     assert regex.fullmatch(pattern, exact) and regex.fullmatch(pattern, exact[:-1] + "q" + exact[-1:]) is not None
     with pytest.raises(ValueError) as e:
         SamplingParams(stop_regex=["ok", pattern]).validate()
@@ -1948,15 +1950,18 @@ def test_a_stop_regex_with_a_fuzzy_constraint_is_refused_naming_it(pattern, cons
 
 
 @pytest.mark.parametrize("pattern", [r"\{e<=1\}", r"[{e}]x", r"a{2,3}", r"x{ e }", r"[]{e}]x", r"ab\{e\}",
-                                     "(?#{e<=1})ab", "(?x)ab # {e<=1}\n", "(?x)a{2, 3}", r"a(?#\){e<=1})b"])
+                                     "(?#{e<=1})ab", "(?x)ab # {e<=1}\n", "(?x)a{2, 3}", r"a(?#\){e<=1})b",
+                                     "(?x:a)b{ e<=1 }"])
 def test_a_stop_regex_with_braces_that_are_no_fuzzy_constraint_is_taken(pattern):
     # (a comment's braces, (?#...) or after # under VERBOSE, constrain nothing; a "\)" does not end a comment, so
-    # "a(?#\){e<=1})b" was refused for a constraint in its comment)
+    # "a(?#\){e<=1})b" was refused for a constraint in its comment; spaced braces outside a (?x:...) are literal
+    # text, which "(?x:a)b{ e<=1 }" was refused for)
     import regex
 
     from lmnb_engine.params import stop_regex_problem
 
     compiled = regex.compile(pattern)  # (no error tolerance: a text one character off does not match)
-    exact = next(t for t in ["{e<=1}", "{x", "aa", "x{ e }", "]x", "ab{e}", "ab", "a{2,3}"] if compiled.fullmatch(t))
+    exact = next(t for t in ["{e<=1}", "{x", "aa", "x{ e }", "]x", "ab{e}", "ab", "a{2,3}", "ab{ e<=1 }"]
+                 if compiled.fullmatch(t))
     assert compiled.fullmatch("Q" + exact[1:]) is None
     assert stop_regex_problem(pattern) is None

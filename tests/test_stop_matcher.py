@@ -1341,7 +1341,7 @@ def test_a_reverse_stop_regex_or_one_with_keep_out_is_refused_naming_it(pattern,
     (r"a(?#\G)b", r"\G"), ("(?x)a # \\G\nb", r"\G"),
     # where the escape is read: a "#" is no comment without (?x), nor in a class; a (?x:...)'s comment may hold ")"
     (r"a#\Kb", r"\K"), (r"(?x)a[#]\Kb", r"\K"), ("(?x:a#)\n\\Kb)", r"\K"), ("(?x)(?-x:a#\\Kb)", r"\K"),
-    (r"x(?#)\Ga", r"\G"),
+    (r"x(?#)\Ga", r"\G"), ("a(?V1x: # \\K\n)b", r"\K"),  # (a flag group with a version: its "x" was not read)
 ])
 def test_a_stop_regex_is_refused_for_a_keep_out_or_search_start_only_where_it_is_read_not_in_a_comment(pattern, escape):
     # "a(?#\K)b" and "(?x)a # \K" hold \K only in a comment, which the regex package skips: they
@@ -1381,6 +1381,17 @@ def test_a_stop_regex_with_an_empty_class_is_refused_naming_what_it_keeps_from_m
         assert re.search(pattern, "b"), pattern
         problem = stop_regex_problem(pattern)
         assert f"so {part};" in problem and problem.endswith("; remove it, or write the class you meant"), problem
+    # a "[" in a comment opens no class where the verbose flag holds in a group (?x:...) or globally after a
+    # comment, (?#c)(?x): the empty class after it was read as part of one from that "[", and taken
+    for pattern in ["(?x:a#[\n)[^\\s\\S]|b", "(?#c)(?x)a#[\n[^\\s\\S]|b"]:
+        assert re.search(pattern, "ah") is None and regex.search(pattern, "ah"), pattern
+        problem = stop_regex_problem(pattern)
+        assert problem and "holds the class [^\\s\\S] at position" in problem and "the alternative" in problem, problem
+    # ... nor, there, a "[" alone in a comment, which was read as a class of no item: an IndexError, for regex= too
+    from lmnb_engine.regex_errors import pattern_problem
+
+    assert re.fullmatch("(?#c)(?x)a#[", "a") and regex.fullmatch("(?#c)(?x)a#[", "a")
+    assert stop_regex_problem("(?#c)(?x)a#[") is None and pattern_problem("(?#c)(?x)a#[") is None
     for pattern, text, stop in [(r"x(?:[^\s\S]){0}y", "axyb", "xy"), ("x[\U0010fffe]", "ax\U0010fffe", "x\U0010fffe")]:
         assert stop_regex_problem(pattern) is None and re.search(pattern, text).group() == stop
         assert stream(StopStringMatcher([], [pattern]), [text])[1] == (1, stop)

@@ -47,6 +47,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.regex_errors import (
+    SCOPED_FLAGS,
     UNICODE_CLASS_AT,
     ambiguous_class,
     class_range_problem,
@@ -67,8 +68,6 @@ _OCTAL = "01234567"
 _HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
 _VERBOSE_SPACE = " \t\n\r\v\f"
 _NEGATED_CATEGORIES = {"\\W": "\\w", "\\S": "\\s", "\\D": "\\d"}
-# A flag group that opens a group: (?s:, (?i-s: ... (its flags apply inside)
-_SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
 # The head of a group that holds letters: a flag group's, a named group's
 _GROUP_HEAD = re.compile(r"\(\?(?:[aiLmsux]*(?:-[imsx]+)?:|P<\w+>)")
 
@@ -339,7 +338,7 @@ def automaton_syntax(pattern: str) -> str:
             out.append(f"[^{'' if dotall[-1] else _char(10)}{_LEFT_OUT}]")
             i += 1
         elif ch == "(" and not pattern.startswith("(?#", i):
-            scoped = _SCOPED_FLAGS.match(pattern, i)
+            scoped = SCOPED_FLAGS.match(pattern, i)
             on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
             dotall.append(("s" in on or dotall[-1]) and "s" not in off)
             ignorecase.append(("i" in on or ignorecase[-1]) and "i" not in off)
