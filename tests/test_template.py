@@ -512,6 +512,14 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{fork 2}\nA{Join}", 2, 1, "hint: {Join} at line 3, col 2 is read as a Python variable, not the tag: write "
                                     "{join} (lowercase)"),
         ("{fork 2}\n{Join}\n{join}{user}x", 4, 7, "add {/user} where the block ends"),  # ({Join} is no hint there)
+        # an opener in another case, bare or the start of a Python expression ({Fork 2} is none, told at itself),
+        # left the {join} after it "without an open {fork}" with no hint, or "inside {user}" with the hint to close it
+        ("{Fork}\nA\n{join}", 4, 1, "hint: {Fork} at line 2, col 1 is read as a Python variable, not the tag: write "
+                                    "{fork ...} (lowercase, then a space)"),
+        ("{Fork(2)}A{join}", 2, 11, "hint: {Fork(2)} at line 2, col 1 is read as a Python expression, not the tag: "
+                                    "write {fork ...} (lowercase, then a space)"),
+        ("{user}{FORK -1}x{join}{/user}", 2, 17, "hint: {FORK -1} at line 2, col 7 is read as a Python expression"),
+        ("{Fork 2}\nA\n{join}", 2, 2, "did you mean {fork ...}?"),
         ("{in x}", 2, 2, "invalid Python expression: invalid syntax"),  # a Python keyword is no misspelt {join}
         ("{x!z}", 2, 3, "!r, !s or !a"),
         ('{gen "a"}', 2, 6, "not a variable name"),

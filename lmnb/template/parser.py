@@ -116,12 +116,21 @@ class _Parser:
     def capitalised_tag(self, tag: str, after: int, before: int) -> str | None:
         """A hint naming the first hole between offsets ``after`` and ``before`` that is ``tag``
         (``join``, ``user``, ...) in another case, ``{Join}``, which reads as a Python variable, so
-        that the block it was to open or close is left unopened or unclosed; None where none is."""
+        that the block it was to open or close is left unopened or unclosed; None where none is.
+        For ``fork``, whose tag takes more, also a Python expression that starts with the word in
+        another case (``{Fork(2)}``, ``{FORK -1}``; ``{Fork 2}`` is no expression and is told at itself)."""
         for start, end in self.hole_spans:
             body = self.src[start + 1 : end - 1].strip()
-            if after <= start < before and body != tag and body.lower() == tag:
+            word = _IDENT.match(body)
+            if not (after <= start < before and word and word.group() != tag and word.group().lower() == tag):
+                continue
+            if body == word.group():
+                how = "(lowercase, then a space)" if tag == "fork" else "(lowercase)"
                 return (f"{{{body}}} at {self.where(start)} is read as a Python variable, not the tag: "
-                        f"write {{{tag}}} (lowercase)")
+                        f"write {construct_offer(tag)} {how}")
+            if tag == "fork":
+                return (f"{{{body}}} at {self.where(start)} is read as a Python expression, not the tag: "
+                        f"write {construct_offer(tag)} (lowercase, then a space)")
         return None
 
     def where(self, offset: int) -> str:
@@ -574,9 +583,10 @@ class _Parser:
                 b = self.stack[-1]
                 raise self.error(
                     f"{{join}} inside {{{b.role}}} opened at {self.where(b.offset)}", start,
-                    hint=f"close the role with {{/{b.role}}} before {{join}}",
+                    hint=self.capitalised_tag("fork", b.offset, start)
+                    or f"close the role with {{/{b.role}}} before {{join}}",
                 )
-            raise self.error("{join} without an open {fork}", start)
+            raise self.error("{join} without an open {fork}", start, hint=self.capitalised_tag("fork", 0, start))
         b = self.stack.pop()
         branch, outer = self.scope, b.outer_scope
         self.scope = outer
