@@ -2575,9 +2575,11 @@ def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     (tmp_path / "rows.jsonl").write_text('{"question": "q"}\n')
     job = Job("", ["question"], argv=["--input", str(tmp_path / "rows.jsonl"), "--output", str(blocker / "out.jsonl")])
     assert job.run(lambda question: None) == 2
-    assert capsys.readouterr().err == (f"lmnb batch: the folder of the output file {blocker / 'out.jsonl'} is a file, "
-                                       f"{blocker}, not a folder; give --output a path in a folder this job can "
-                                       "write to (e.g. --output results.jsonl)\n")
+    # (it said "the folder of the output file P is a file, B, not a folder", in other words than the two above)
+    assert capsys.readouterr().err == (f"lmnb batch: cannot open the output file {blocker / 'out.jsonl'} to append the "
+                                       f"results to and read them back: {blocker} is a file, not a folder; give "
+                                       "--output a path in a folder this job can write to (e.g. --output "
+                                       "results.jsonl)\n")
 
 
 @pytest.mark.parametrize("failing, code, why", [

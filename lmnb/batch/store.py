@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from lmnb.output_paths import file_in_the_way, make_folders, why_unwritable
+from lmnb.output_paths import make_folders, why_unwritable
 
 try:  # POSIX; elsewhere runs are not protected against each other
     import fcntl
@@ -123,9 +123,7 @@ class ResultStore:
         try:  # (made, as lmnb run and lmnb export make theirs; said by the job)
             self.made_folder = make_folders(self.path)
         except OSError as e:  # (a file there was "[Errno 20] Not a directory" from open())
-            blocker = file_in_the_way(self.path)
-            why = f"is a file, {blocker}, not a folder" if blocker else f"cannot be made: {e.strerror or e}"
-            raise StoreError(f"the folder of the output file {self.path} {why}; {_OUTPUT_FIX}") from None
+            raise StoreError(_unwritable(self.path, e)) from None  # (in lmnb run's and lmnb export's words)
         try:
             if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
                 what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
