@@ -29,8 +29,8 @@ _QUANTIFIER_BRACES = re.compile(r"\{[0-9]+(,[0-9]*)?\}")
 _PROPERTY = re.compile(r"[pP]\{[^}]*\}")
 _CODE_POINT = re.compile(r"u\{([0-9A-Fa-f]+)\}")
 _HEX = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}")
-# A named group, ECMA's (?<name>...) or Python's (?P<name>...) (group 2: "P" or ""), not after an escaping backslash
-_NAMED_GROUP = re.compile(r"(?<!\\)((?:\\\\)*)\(\?(P?)<(" + _GROUP_NAME.pattern + ")>")
+# A named group's opening, ECMA's (?<name> or Python's (?P<name> (group 1: "P" or ""); _named_groups finds them
+_NAMED_GROUP = re.compile(r"\(\?(P?)<(" + _GROUP_NAME.pattern + ")>")
 _LEGACY_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")  # (Annex B's LegacyOctalEscapeSequence: at most 0o377)
 
 
@@ -66,6 +66,26 @@ def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
         in_class = ch != "]" if in_class else ch == "["
         i += 1
     return None
+
+
+def _named_groups(pattern: str) -> list[re.Match]:
+    """The openings of ``pattern``'s named groups (``_NAMED_GROUP``'s matches), in order: outside
+    escapes and character classes, where ``(?<n>`` is characters (``[(?<n>a)]`` names no group).
+    A class ends at its first "]" not escaped, as ECMA reads it (``[]`` is the empty class)."""
+    found, i, n, in_class = [], 0, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif (m := _NAMED_GROUP.match(pattern, i)) is not None:
+            found.append(m)
+        i += 1
+    return found
 
 
 def _octal_reading(pattern: str, i: int) -> tuple[int, str]:
@@ -110,7 +130,7 @@ def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, U
         return end, UFlagError(i, f"a back-reference {pattern[i:end]} in a class", instead(end, octal))
     if not in_class and c == "k" and not (pattern.startswith("<", i + 2) and (m := _GROUP_NAME.match(pattern, i + 3))
                                           and pattern.startswith(">", m.end())):
-        named = list(dict.fromkeys(m.group(2, 3) for m in _NAMED_GROUP.finditer(pattern)))
+        named = list(dict.fromkeys(m.group(1, 2) for m in _named_groups(pattern)))
         if not named:  # (Annex B reads \k as the letter only in a pattern that names no group)
             return i + 2, UFlagError(i, "\\k with no group name <name> after it", instead(i + 1, ""))
         meant = [(instead(i + 2, f"(?P={name})" if python else f"\\k<{name}>"), f"a back-reference to the group {name}")
@@ -242,8 +262,8 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
                 width = name.end() + 1 - i
             elif pattern.startswith("(?", i):
                 width = 2  # ((?: and Python's own syntax, which the other checks read)
-                if (python := _NAMED_GROUP.match(pattern, i)) and python.group(2):  # ((?P<n>...), not in a class)
-                    python_named.setdefault(python.group(3), i)
+                if (python := _NAMED_GROUP.match(pattern, i)) and python.group(1):  # ((?P<n>...), not in a class)
+                    python_named.setdefault(python.group(2), i)
             else:
                 groups += 1
             stack.append((kind, i))

@@ -295,6 +295,10 @@ _AS_WITHOUT = ", which means, with the flag too, what ECMA reads it as without i
     ("a?+", "a repeat of the repeat ? (Python's possessive a*+ is none of ECMA's)", 2, None),
     (r"(a)\2", r"a back-reference \2 to group 2 (the pattern has 1 group)", 3, r"(a)\x02"),
     (r"\k<n>(?<m>a)", r"a back-reference \k<n> to no group of that name", 0, None),
+    # (?<n> in a class is characters, so these name no group: the bare \k was told "an error without the flag too"
+    # with \k<n> offered, and \k<n> the Python-named group it is not (node reads "[(?<n>a)]\k" as matching "(k")
+    (r"[(?<n>a)]\k", r"\k with no group name <name> after it", 9, "[(?<n>a)]k"),
+    (r"[(?P<n>a)]\k<n>", r"a back-reference \k<n> to no group of that name", 10, None),
     ("(?<a>x)(?<a>y)", "a second group named a where the first may match too", 7, None),
     ("(?<1a>x)", "a group name that is no identifier (a named group is (?<name>...), its name a letter, $ or _, "
                  "then letters, digits, $ or _)", 0, None),
