@@ -977,6 +977,9 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     ("def g():\n    yield from 'xyz'\nit = g()", "for r in it:\n    break", ["x", "y", "z"],
      "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`for r in it` in cell 3)"),
     # (a generator expression, or the iterator of map(), zip(), ..., went without a note)
+    (_COUNTER, "x = c\nr = str(x.bump())", ["1", "2", "3"],  # (by another name: no note before)
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, x being "
+     "`c`)"),
     ("g = (c for c in 'xyz')", "r = next(g)", ["x", "y", "z"],
      "cell 1: g, an iterator (a generator expression) that this cell makes once, is used by the rows (`next(g)` in cell 3)"),
     ("m = map(str.upper, 'xyz')", "for r in m:\n    break", ["X", "Y", "Z"],
@@ -1030,6 +1033,13 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "        r += str(h.bump())", ["1", "2", "3"], "a list holding an instance of Counter"),
     # (a set-up that moves or sets its items after the display: the index or key written no longer says which
     # item it is, and the Counter the rows use went without a note)
+    # (the item by another name, taken out or unpacked: x.bump() went without a note, as a name no set-up binds)
+    (_COUNTER + "\nitems = [1, Counter()]", "x = items[1]\nr = str(x.bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, "
+     "x being `items[1]`)"),
+    (_COUNTER + "\nitems = [1, Counter()]", "a, b = items\nr = str(b.bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`b.bump()` in cell 3, "
+     "b being `items[1]`)"),
     (_COUNTER + "\nitems = [1, Counter()]\nitems.reverse()", "r = str(items[0].bump())", ["1", "2", "3"],
      "a list holding an instance of Counter"),
     (_COUNTER + "\nitems = {'a': 1, 'b': Counter()}\nitems['a'] = items.pop('b')", "r = str(items['a'].bump())",
@@ -1044,6 +1054,10 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     # (an item the rows use that is a plain value, or an object's method that only reads it: nothing carries over)
     (_GEN_XYZ + "items = ['ab', g()]", "r = items[0].upper()", None, None),
     (_COUNTER + "\nitems = [Counter(), 5]", "r = str(items[-1].bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter()]", "x = items[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,
+     None),
+    (_COUNTER + "\nitems = [1, Counter()]", "x = items[1]\nx = items[0]\nr = str(x.bit_length())", None, None),
     (_GEN_XYZ + "items = {'a': 'xy', 'b': g()}", "r = items.get('a').upper() + items['a'][0]", None, None),
     (_COUNTER + "\nitems = ['ab', Counter()]", "r = ''.join(w.upper() for w in items if isinstance(w, str))", None,
      None),
@@ -1058,8 +1072,9 @@ def test_a_setup_container_of_plain_values_and_objects_is_noted_for_the_objects_
         return
     assert passes == [job[0]] * 3  # (each pass of the notebook starts from new objects)
     assert rows == job  # (what the note says: the job's rows go on from the last row's)
-    assert len(notes) == 1 and notes[0].startswith(f"cell 1: items, {held} that this cell makes once, is used by "
-                                                   "the rows"), notes
+    assert len(notes) == 1 and notes[0].startswith(f"cell 1: items, {held}"), notes
+    assert notes[0].startswith(f"cell 1: items, {held.split(' that ')[0]} that this cell makes once, is used by the "
+                               "rows"), notes
 
 
 _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{more}    def encode(self, x):\n"

@@ -198,6 +198,38 @@ def _held_elements(entry: tuple, key) -> list:
     return [f for _, f in items if f]
 
 
+def _aliases(tree, made: dict, held: dict) -> dict:
+    """Name → the expression it stands for, for each name that ``tree`` (a row cell or a function
+    of one, its own nodes) binds once, to a ``made`` object or a ``held`` container's item:
+    ``x = c``, ``x = items[1]``, ``x = items.get('a')``, or by unpacking a held list or tuple,
+    ``a, b = items`` (b: ``items[1]``; after a starred target, negative indices). A name bound
+    again is left out: which value a use reads is not known here."""
+    import ast
+
+    bindings: dict = {}
+    found: dict = {}
+    for node, _ in _own_nodes(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) or isinstance(node, ast.arg):
+            name = node.id if isinstance(node, ast.Name) else node.arg
+            bindings[name] = bindings.get(name, 0) + 1
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target, value = node.targets[0], node.value
+        source = value.func.value if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+            value.func.attr == "get" else value.value if isinstance(value, ast.Subscript) else None
+        if isinstance(target, ast.Name) and (isinstance(value, ast.Name) and value.id in made or
+                                             isinstance(source, ast.Name) and source.id in held):
+            found[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, ast.Name) and value.id in held and \
+                not held[value.id][1].startswith("a dict"):  # (a dict unpacks to its keys)
+            star = next((i for i, e in enumerate(target.elts) if isinstance(e, ast.Starred)), None)
+            for i, element in enumerate(target.elts):
+                if isinstance(element, ast.Name) and i != star:
+                    index = i if star is None or i < star else i - len(target.elts)
+                    found[element.id] = ast.Subscript(value, ast.Constant(index), ast.Load())
+    return {name: value for name, value in found.items() if bindings.get(name) == 1}
+
+
 def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
     """The notes for set-up state that the rows carry on from row to row, which the job does not
     set back (each pass of the notebook starts from a new one): a ``_made_objects`` global (``objects``:
@@ -274,6 +306,8 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     uses: dict = {}
     for where, tree, skipped, copies in places:
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        # (x = items[1] then x.bump(), a, b = items then b.bump(): the item the row changes, by another name)
+        aliases = _aliases(tree, made, held)
         for node, tests in _own_nodes(tree):
             if any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
@@ -286,6 +320,10 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                 target, iterating, shown = func.value, False, ast.unparse(node)
             else:
                 continue
+            alias = target.id if isinstance(target, ast.Name) and target.id in aliases else None
+            if alias is not None:
+                target = aliases[alias]
+            being = f", {alias} being `{ast.unparse(target)}`" if alias is not None else ""
             # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump(), or of a dict by
             # get: next(items.get('a')))
             got = isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute) and target.func.attr == "get"
@@ -309,13 +347,14 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
             # (an instance of a set-up class iterated: what its __iter__ does is not followed; tok.encode(x) of a
             # method that changes nothing of tok)
             if any((e[1] is None) if iterating else changes(e, method, mixed) for e in found):
-                uses.setdefault(name, (known[name], f"`{shown}` in {where}"))
+                uses.setdefault(name, (known[name], f"`{shown}` in {where}{being}"))
             # (a read-only method that passes out an item of an attribute, `return self.rows[0]`, which the row
             # changes in place: tok.first().append(q), or x = tok.first(); x.append(q))
             handed = not iterating and any(read_only.get(e[1], {}).get(method) for e in found)
             changing = _result_changed(node, tree, parents) if handed else None
             if changing:
-                uses.setdefault(name, (known[name], f"`{changing}` in {where}, changing what {shown} passes out"))
+                uses.setdefault(name, (known[name], f"`{changing}` in {where}, changing what {shown} passes "
+                                                    f"out{being}"))
         # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
         for node, tests in _own_nodes(tree):
             for iterated, target, scope in _loop_items(node):
