@@ -1042,6 +1042,14 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "b being `items[1]`)"),
     (_COUNTER + "\nitems = [1, Counter()]\nitems.reverse()", "r = str(items[0].bump())", ["1", "2", "3"],
      "a list holding an instance of Counter"),
+    # (or by a function: random.shuffle(items) or a set-up function's xs.reverse() went without a note; Random(1)
+    # puts the Counter first)
+    (_COUNTER + "\nitems = [1, Counter()]\nimport random\nrandom.Random(1).shuffle(items)", "r = str(items[0].bump())",
+     ["1", "2", "3"], "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = [1, Counter()]\ndef swap(xs):\n    xs.reverse()\nswap(items)", "r = str(items[0].bump())",
+     ["1", "2", "3"], "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = [1, Counter()]\nitems.sort(key=lambda v: isinstance(v, int))", "r = str(items[0].bump())",
+     ["1", "2", "3"], "a list holding an instance of Counter"),
     (_COUNTER + "\nitems = {'a': 1, 'b': Counter()}\nitems['a'] = items.pop('b')", "r = str(items['a'].bump())",
      ["1", "2", "3"], "a dict holding an instance of Counter"),
     # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
@@ -1055,6 +1063,8 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_GEN_XYZ + "items = ['ab', g()]", "r = items[0].upper()", None, None),
     (_COUNTER + "\nitems = [Counter(), 5]", "r = str(items[-1].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter()]\ndef show(xs):\n    print(len(xs), xs.index(1))\nshow(items)\nimport random\n"
+     "print(random.Random(1).sample(items, 1), sorted(items, key=id))", "r = str(items[0].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,
      None),
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[1]\nx = items[0]\nr = str(x.bit_length())", None, None),

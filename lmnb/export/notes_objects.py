@@ -37,6 +37,7 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     made: dict = {}
     held: dict = {}
     defs: dict = {}
+    functions: dict = {}  # (each set-up function's last top-level def, by name)
     generators: set = set()
 
     def making(call) -> Optional[tuple]:
@@ -55,10 +56,11 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         for name in bound_by(stmt):
             made.pop(name, None)
             held.pop(name, None)
-        for name in _changed_in_place(stmt, held):  # (its items may be others now: which one a key names is unknown)
+            functions.pop(name, None)
+        for name in _changed_in_place(stmt, held, functions):  # (its items may be others now: which one a key names is unknown)
             held[name] = (*held[name][:2], [(_ANY, f) for _, f in held[name][2]])
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            defs[(c.index, stmt.name)] = stmt
+            defs[(c.index, stmt.name)] = functions[stmt.name] = stmt
             generators.discard(stmt.name)
             if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(stmt)):
                 generators.add(stmt.name)
@@ -83,23 +85,37 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     return made, held, defs
 
 
-def _changed_in_place(stmt, held: dict) -> set:
+# The functions (by their last name: random.shuffle, rng.shuffle, heapq.heapify) that reorder the list
+# passed them first, in place
+_REORDERING = frozenset({"shuffle", "heapify", "heappush", "heappop", "heapreplace", "heappushpop", "insort",
+                         "insort_left", "insort_right"})
+
+
+def _changed_in_place(stmt, held, functions: Optional[dict] = None) -> set:
     """The names of ``held`` whose items the set-up statement ``stmt`` may set, move or remove
     (``items[0] = Counter()``, ``del items['a']``, ``items.insert(0, x)``, ``items.reverse()``: any
-    call of a method but a read one), so that an index or key no longer says which item it is."""
+    call of a method but a read one; ``random.shuffle(items)``, ``_REORDERING``'s; a set-up function
+    of ``functions``, name → its ``def``, that does so to the parameter it is passed to,
+    ``swap(items)``), so that an index or key no longer says which item it is."""
     import ast
 
     out = set()
     for node in ast.walk(stmt):
+        targets = []
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            target = node.value
+            targets = [node.value]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 node.func.attr not in _READ_METHODS:
-            target = node.func.value
-        else:
-            continue
-        if isinstance(target, ast.Name) and target.id in held:
-            out.add(target.id)
+            targets = [node.func.value]
+        if isinstance(node, ast.Call) and node.args and ast.unparse(node.func).rsplit(".", 1)[-1] in _REORDERING:
+            targets.append(node.args[0])
+        function = (functions or {}).get(node.func.id) if isinstance(node, ast.Call) and \
+            isinstance(node.func, ast.Name) else None
+        if function is not None:  # (one level: what it calls is read as _REORDERING's or a method call)
+            params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+            changed = _changed_in_place(function, params)
+            targets += [arg for arg, param in zip(node.args, params) if param in changed]
+        out.update(t.id for t in targets if isinstance(t, ast.Name) and t.id in held)
     return out
 
 
