@@ -1052,6 +1052,16 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      ["1", "2", "3"], "a list holding an instance of Counter"),
     (_COUNTER + "\nitems = {'a': 1, 'b': Counter()}\nitems['a'] = items.pop('b')", "r = str(items['a'].bump())",
      ["1", "2", "3"], "a dict holding an instance of Counter"),
+    # (an object the set-up stores in a list or dict of plain values alone, by index, key, append or setdefault: the
+    # export took it for plain, and the Counter the rows use went without a note)
+    (_COUNTER + "\nitems = [1, 2]\nitems[0] = Counter()", "r = str(items[0].bump() + items[-1])", ["3", "4", "5"],
+     "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = {}\nitems['a'] = Counter()", "r = str(items['a'].bump())", ["1", "2", "3"],
+     "a dict of instances of Counter"),
+    (_COUNTER + "\nitems = [1, 2]\nitems.append(Counter())", "r = str(items[2].bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = {'b': 2}\nitems.setdefault('a', Counter())", "r = str(items['a'].bump())",
+     ["1", "2", "3"], "a dict holding an instance of Counter"),
     # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
     # deepcopy cannot copy)
     (_GEN_XYZ + "items = {'a': g(), 'b': 3}", "r = next(items.get('a'))", ["x", "y", "z"],
@@ -1063,6 +1073,9 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_GEN_XYZ + "items = ['ab', g()]", "r = items[0].upper()", None, None),
     (_COUNTER + "\nitems = [Counter(), 5]", "r = str(items[-1].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, 2]\nitems[0] = Counter()\nitems.append(Counter())", "r = str(items[1].bit_length())",
+     None, None),
+    (_COUNTER + "\nitems = {'b': 2}\nitems['a'] = Counter()", "r = str(items['b'].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter()]\ndef show(xs):\n    print(len(xs), xs.index(1))\nshow(items)\nimport random\n"
      "print(random.Random(1).sample(items, 1), sorted(items, key=id))", "r = str(items[0].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,

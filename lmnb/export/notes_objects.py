@@ -30,12 +30,15 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     those bound to a list, tuple or dict (a display or a comprehension) with an item or value that
     is such a call, as (set-up cell index, "a list of iterators (gen())" for ``items = [gen()]``, "a
     list holding an iterator (gen())" for ``[1, gen()]``, (the index or key, what it is as above or
-    None: a plain value) for each item: ``_container_items``); (cell index, name) → the top-level
+    None: a plain value) for each item: ``_container_items``), also a list or dict of plain values
+    alone that a later statement stores such a call in (``_stored_objects``, the cell index then
+    that statement's); (cell index, name) → the top-level
     ``def`` of each set-up function)."""
     import ast
 
     made: dict = {}
     held: dict = {}
+    plain: dict = {}  # (each set-up list or dict display of plain values alone: name → (kind, its items))
     defs: dict = {}
     functions: dict = {}  # (each set-up function's last top-level def, by name)
     generators: set = set()
@@ -56,9 +59,19 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         for name in bound_by(stmt):
             made.pop(name, None)
             held.pop(name, None)
+            plain.pop(name, None)
             functions.pop(name, None)
-        for name in _changed_in_place(stmt, held, functions):  # (its items may be others now: which one a key names is unknown)
+        stored = _stored_objects(stmt, {*plain, *held}, making)
+        # (its items may be others now: which one a key names is unknown; but for an object stored, which is put
+        # where its key says, below)
+        for name in _changed_in_place(stmt, held, functions) - {name for name, _, _ in stored}:
             held[name] = (*held[name][:2], [(_ANY, f) for _, f in held[name][2]])
+        for name in _changed_in_place(stmt, plain, functions) - {name for name, _, _ in stored}:
+            plain[name] = (plain[name][0], [(_ANY, f) for _, f in plain[name][1]])
+        for name, key, what in stored:  # (items = [1, 2], then items[0] = Counter(): it holds one now)
+            kind, found = plain.pop(name) if name in plain else (held[name][1].split()[1], held[name][2])
+            found = _with_stored(kind, found, key, what)
+            held[name] = (c.index, _described(kind, found), found)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defs[(c.index, stmt.name)] = functions[stmt.name] = stmt
             generators.discard(stmt.name)
@@ -72,17 +85,75 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
             continue
         kind, items = _container_items(value)
         found = [(key, making(item)) for key, item in items]
-        objects = [f for _, f in found if f]
-        if not objects:
-            continue
-        if len(objects) == len(found):
-            what = "of " + objects[0][0].replace("an instance of", "instances of").replace(
-                "an iterator", "iterators").replace("a random number generator", "random number generators").replace(
-                "a generator expression", "generator expressions")
-        else:  # (a list that also holds a str: which item a row uses is told by its index, `items[1]`, where written)
-            what = "holding " + ", ".join(dict.fromkeys(f[0] for f in objects))
-        held[name] = (c.index, f"a {kind} {what}", found)
+        if any(f for _, f in found):
+            held[name] = (c.index, _described(kind, found), found)
+        elif kind in ("list", "dict"):
+            plain[name] = (kind, found)
     return made, held, defs
+
+
+def _described(kind: str, found: list) -> str:
+    """What a held container is, "a list of iterators (gen())" or "a list holding an instance of C",
+    from its ``kind`` and items (``_made_objects``' (key, what) pairs, what None for a plain value)."""
+    objects = [f for _, f in found if f]
+    if len(objects) == len(found):
+        return f"a {kind} of " + objects[0][0].replace("an instance of", "instances of").replace(
+            "an iterator", "iterators").replace("a random number generator", "random number generators").replace(
+            "a generator expression", "generator expressions")
+    # (a list that also holds a str: which item a row uses is told by its index, `items[1]`, where written)
+    return f"a {kind} holding " + ", ".join(dict.fromkeys(f[0] for f in objects))
+
+
+# Where ``_stored_objects`` puts an item appended to a list
+_APPENDED = object()
+
+
+def _constant_key(node):
+    """The constant an index or key expression ``node`` is (``1``, ``-1``, ``'a'``), or ``_ANY``."""
+    import ast
+
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+            and isinstance(node.operand.value, int):
+        return -node.operand.value
+    return _ANY
+
+
+def _stored_objects(stmt, names: set, making) -> list:
+    """(name, key, what ``making`` says it is) for each object the set-up statement ``stmt`` makes
+    and stores in a list or dict of ``names``: ``items[0] = Counter()``, ``items.append(gen())``
+    (key ``_APPENDED``), ``items.insert(0, gen())`` (``_ANY``), ``d.setdefault('a', Counter())``."""
+    import ast
+
+    out = []
+    if isinstance(stmt, ast.Assign) and (what := making(stmt.value)) is not None:
+        out += [(t.value.id, _constant_key(t.slice), what) for t in stmt.targets
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in names]
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+            and call.func.value.id in names and not call.keywords:
+        method, args = call.func.attr, call.args
+        key, value = (_APPENDED, args[0]) if method == "append" and len(args) == 1 else \
+            (_ANY, args[1]) if method == "insert" and len(args) == 2 else \
+            (_constant_key(args[0]), args[1]) if method == "setdefault" and len(args) == 2 else (None, None)
+        if value is not None and (what := making(value)) is not None:
+            out.append((call.func.value.id, key, what))
+    return out
+
+
+def _with_stored(kind: str, found: list, key, what: tuple) -> list:
+    """The items (``_made_objects``' (key, what) pairs) of a list or dict (``kind``) once the object
+    ``what`` is stored at ``key`` (``_stored_objects``'): in its place where the key is known, else
+    with every key ``_ANY``."""
+    if key is not _ANY and not any(k is _ANY for k, _ in found):
+        if kind == "dict" and key is not _APPENDED:
+            return [(k, f) for k, f in found if k != key] + [(key, what)]
+        if kind == "list" and key is _APPENDED:
+            return [*found, (len(found), what)]
+        if kind == "list" and isinstance(key, int) and not isinstance(key, bool) and -len(found) <= key < len(found):
+            return [(k, what if i == key % len(found) else f) for i, (k, f) in enumerate(found)]
+    return [(_ANY, f) for _, f in found] + [(_ANY, what)]
 
 
 # The functions (by their last name: random.shuffle, rng.shuffle, heapq.heapify) that reorder the list
@@ -355,9 +426,7 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                 found, mixed = [made[name][1:]], False
             else:  # (the item a constant names, items[1] or items.get('a'), where the display says what it is)
                 index = target.slice if isinstance(target, ast.Subscript) else target.args[0] if target.args else None
-                key = index.value if isinstance(index, ast.Constant) else -index.operand.value if (
-                    isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub)
-                    and isinstance(index.operand, ast.Constant) and isinstance(index.operand.value, int)) else _ANY
+                key = _constant_key(index)
                 found, mixed = elements(name, key, copies), any(f is None for _, f in held[name][2])
             method = func.attr if isinstance(func, ast.Attribute) else None
             # (an instance of a set-up class iterated: what its __iter__ does is not followed; tok.encode(x) of a
