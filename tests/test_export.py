@@ -974,6 +974,9 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER + "\nhs = [Counter(), Counter()]", "r = ''.join(str(h.bump()) for h in hs)", ["11", "22", "33"],
      "cell 1: hs, a list of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in cell 3, "
      "an item of `hs`)"),
+    (_COUNTER + "\nhs = [Counter(), Counter()]", "xs = hs\nr = ''.join(str(h.bump()) for h in xs)", ["11", "22", "33"],
+     "cell 1: hs, a list of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in cell 3, "
+     "an item of `xs`)"),
     ("def g():\n    yield from 'xyz'\nit = g()", "for r in it:\n    break", ["x", "y", "z"],
      "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`for r in it` in cell 3)"),
     # (a generator expression, or the iterator of map(), zip(), ..., went without a note)
@@ -1037,6 +1040,9 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[1]\nr = str(x.bump())", ["1", "2", "3"],
      "a list holding an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, "
      "x being `items[1]`)"),
+    (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nr = str(xs[1].bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`xs[1].bump()` in cell 3, "
+     "xs being `items`)"),
     (_COUNTER + "\nitems = [1, Counter()]", "a, b = items\nr = str(b.bump())", ["1", "2", "3"],
      "a list holding an instance of Counter that this cell makes once, is used by the rows (`b.bump()` in cell 3, "
      "b being `items[1]`)"),
@@ -1073,6 +1079,7 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_GEN_XYZ + "items = ['ab', g()]", "r = items[0].upper()", None, None),
     (_COUNTER + "\nitems = [Counter(), 5]", "r = str(items[-1].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nr = str(xs[0].bit_length() + xs.count(1))", None, None),
     (_COUNTER + "\nitems = [1, 2]\nitems[0] = Counter()\nitems.append(Counter())", "r = str(items[1].bit_length())",
      None, None),
     (_COUNTER + "\nitems = {'b': 2}\nitems['a'] = Counter()", "r = str(items['b'].bit_length())", None, None),

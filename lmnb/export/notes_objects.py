@@ -287,8 +287,8 @@ def _held_elements(entry: tuple, key) -> list:
 
 def _aliases(tree, made: dict, held: dict) -> dict:
     """Name → the expression it stands for, for each name that ``tree`` (a row cell or a function
-    of one, its own nodes) binds once, to a ``made`` object or a ``held`` container's item:
-    ``x = c``, ``x = items[1]``, ``x = items.get('a')``, or by unpacking a held list or tuple,
+    of one, its own nodes) binds once, to a ``made`` object, a ``held`` container or its item:
+    ``x = c``, ``xs = items``, ``x = items[1]``, ``x = items.get('a')``, or by unpacking a held list or tuple,
     ``a, b = items`` (b: ``items[1]``; after a starred target, negative indices). A name bound
     again is left out: which value a use reads is not known here."""
     import ast
@@ -304,7 +304,7 @@ def _aliases(tree, made: dict, held: dict) -> dict:
         target, value = node.targets[0], node.value
         source = value.func.value if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
             value.func.attr == "get" else value.value if isinstance(value, ast.Subscript) else None
-        if isinstance(target, ast.Name) and (isinstance(value, ast.Name) and value.id in made or
+        if isinstance(target, ast.Name) and (isinstance(value, ast.Name) and (value.id in made or value.id in held) or
                                              isinstance(source, ast.Name) and source.id in held):
             found[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, ast.Name) and value.id in held and \
@@ -315,6 +315,23 @@ def _aliases(tree, made: dict, held: dict) -> dict:
                     index = i if star is None or i < star else i - len(target.elts)
                     found[element.id] = ast.Subscript(value, ast.Constant(index), ast.Load())
     return {name: value for name, value in found.items() if bindings.get(name) == 1}
+
+
+def _unaliased(node, aliases: dict) -> tuple:
+    """(``node``, an expression, with each name of ``aliases`` (``_aliases``') in it replaced by what
+    it stands for, ``xs[1]`` → ``items[1]``; the first such name, or None where there is none)."""
+    import ast
+    import copy
+
+    found = [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in aliases]
+    if not found:
+        return node, None
+
+    class _Swap(ast.NodeTransformer):
+        def visit_Name(self, name):
+            return copy.deepcopy(aliases[name.id]) if name.id in aliases else name
+
+    return _Swap().visit(copy.deepcopy(node)), found[0]
 
 
 def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
@@ -407,10 +424,8 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                 target, iterating, shown = func.value, False, ast.unparse(node)
             else:
                 continue
-            alias = target.id if isinstance(target, ast.Name) and target.id in aliases else None
-            if alias is not None:
-                target = aliases[alias]
-            being = f", {alias} being `{ast.unparse(target)}`" if alias is not None else ""
+            target, alias = _unaliased(target, aliases)
+            being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
             # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump(), or of a dict by
             # get: next(items.get('a')))
             got = isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute) and target.func.attr == "get"
@@ -443,7 +458,7 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
         # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
         for node, tests in _own_nodes(tree):
             for iterated, target, scope in _loop_items(node):
-                name, names = _held_items(iterated, target, held)
+                name, names = _held_items(_unaliased(iterated, aliases)[0], target, held)
                 if name is None or name in bound or name in skipped or any(_tests_unset(t, lazy) for t in tests):
                     continue
                 found, mixed = elements(name, _ANY, copies), any(f is None for _, f in held[name][2])
