@@ -1068,6 +1068,11 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "a list holding an instance of Counter"),
     (_COUNTER + "\nitems = {'b': 2}\nitems.setdefault('a', Counter())", "r = str(items['a'].bump())",
      ["1", "2", "3"], "a dict holding an instance of Counter"),
+    # (or in a loop, where which index or key it takes is not known)
+    (_COUNTER + "\nitems = {}\nfor k in 'ab':\n    items[k] = Counter()", "r = str(items['a'].bump())", ["1", "2", "3"],
+     "a dict of instances of Counter"),
+    (_COUNTER + "\nitems = [1, 2]\nfor _ in range(1):\n    items.append(Counter())", "r = str(items[2].bump())",
+     ["1", "2", "3"], "a list holding an instance of Counter"),
     # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
     # deepcopy cannot copy)
     (_GEN_XYZ + "items = {'a': g(), 'b': 3}", "r = next(items.get('a'))", ["x", "y", "z"],

@@ -123,9 +123,15 @@ def _constant_key(node):
 def _stored_objects(stmt, names: set, making) -> list:
     """(name, key, what ``making`` says it is) for each object the set-up statement ``stmt`` makes
     and stores in a list or dict of ``names``: ``items[0] = Counter()``, ``items.append(gen())``
-    (key ``_APPENDED``), ``items.insert(0, gen())`` (``_ANY``), ``d.setdefault('a', Counter())``."""
+    (key ``_APPENDED``), ``items.insert(0, gen())`` (``_ANY``), ``d.setdefault('a', Counter())``,
+    also in the body of a block (``for k in keys: d[k] = Counter()``; in a loop, at ``_ANY``)."""
     import ast
 
+    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try)):
+        loop = isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
+        inner = [*stmt.body, *getattr(stmt, "orelse", []), *getattr(stmt, "finalbody", []),
+                 *(s for h in getattr(stmt, "handlers", []) for s in h.body)]
+        return [(name, _ANY if loop else key, what) for s in inner for name, key, what in _stored_objects(s, names, making)]
     out = []
     if isinstance(stmt, ast.Assign) and (what := making(stmt.value)) is not None:
         out += [(t.value.id, _constant_key(t.slice), what) for t in stmt.targets
