@@ -320,6 +320,10 @@ class SglFunction:
 
         Raises:
             TypeError: naming the program, the problem and its arguments."""
+        state = next(iter(self.signature.parameters), None)
+        if state in kwargs:  # (bind's words, "multiple values for argument 's'", then also call it unexpected)
+            raise TypeError(f"program {self.__name__!r}: {state}= is the program's state, its first parameter, "
+                            f"which run() passes itself; leave it out (its arguments are {self.arg_names})")
         try:
             self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})
         except TypeError as e:

@@ -4163,6 +4163,10 @@ def test_a_misspelt_keyword_of_run_is_offered_the_argument_or_run_option_meant()
         prog.run_batch([{"question": "a", "temprature": 0}], backend=be)
     assert str(e.value) == ("run_batch item 0: program 'prog': got an unexpected keyword argument 'temprature'; its "
                             "arguments are ['question']")
+    with pytest.raises(TypeError) as e:  # the state by keyword: it said "multiple values for argument 's'" and
+        prog.run(question="a", a=1, s=3, backend=be)  # then "unexpected keyword arguments 'a', 's'"
+    assert str(e.value) == ("program 'prog': s= is the program's state, its first parameter, which run() passes "
+                            "itself; leave it out (its arguments are ['question'])")
 
 
 @pytest.mark.timeout(60)
