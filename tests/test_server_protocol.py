@@ -250,7 +250,13 @@ def _post(url, path, body, **kw):
         # an empty list of parts was rendered as an empty message too (OpenAI: 400, "empty array")
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": []}]}, 400,
          'messages[0].content is an empty list: give its text as "content"'),
-        ("/abort_request", {}, 400, "rid"),
+        # (it said 'abort_request needs {"rid": <request id>}' to each, naming neither what was sent nor what was wrong)
+        ("/abort_request", {}, 400, 'abort_request needs the id of the request to abort, {"rid": "<request id>"}; the '
+                                    'body has no rid (it has [])'),
+        ("/abort_request", {"id": "a"}, 400, 'the body has no rid (it has ["id"])'),
+        ("/abort_request", {"rid": 5}, 400, 'rid must be the request id as a JSON string, "rid": "<id>", not 5'),
+        ("/abort_request", ["a"], 400, 'the body must be a JSON object of the request\'s fields ({"field": value, ...}), '
+                                       'not ["a"]'),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
          "leaves no room for a reply in the model's context length of 4096"),  # not "max_new_tokens=0"
         ("/generate", {"text": "a", "stream": "no"}, 400, 'stream must be true or false, not "no"'),  # bool("no")

@@ -975,9 +975,15 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     @app.post("/abort_request")
     async def abort_request(request: Request):
         body = await json_body(request)
-        rid = body.get("rid") if isinstance(body, dict) else None
-        if not isinstance(rid, str):
-            raise RequestError("abort_request needs {\"rid\": <request id>}", param="rid")
+        if not isinstance(body, dict):
+            raise not_an_object(body)
+        if "rid" not in body:
+            raise RequestError('abort_request needs the id of the request to abort, {"rid": "<request id>"}; the body '
+                               f"has no rid (it has {json_value(sorted(body), SHOWN_CHARS)})", param="rid")
+        rid = body["rid"]
+        if not isinstance(rid, str):  # (an id is text: the rid /generate was given, or the one it made)
+            raise RequestError(f'rid must be the request id as a JSON string, "rid": "<id>", not {json_value(rid, 40)}',
+                               param="rid")
         batch = ctx.batches.get(rid)  # an OpenAI response id (of several prompts: each has a rid of its own)
         # (one finished, whose handles a route still holds, leaves the rid to a request taken since: in_use)
         if batch is not None and not all(h.done for h in batch):
