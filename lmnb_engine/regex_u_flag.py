@@ -224,7 +224,6 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
     groups = 0
     names: dict[str, tuple] = {}  # each group name: the place (_Place) of the last group of that name
     references: list[tuple[int, int | str, int]] = []  # (where, group number or name, where it ends)
-    python_named: dict[str, int] = {}  # each name of a group named as Python's re names it, (?P<n>...): where it opens
     stack: list[tuple[str, int]] = []  # per open group: its kind and start
     place = _Place(0, 0, 0, None)  # the group and alternative the scan is in
     last = None  # the previous item outside a class, where it is an assertion: (its start, what it is), else None
@@ -262,8 +261,6 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
                 width = name.end() + 1 - i
             elif pattern.startswith("(?", i):
                 width = 2  # ((?: and Python's own syntax, which the other checks read)
-                if (python := _NAMED_GROUP.match(pattern, i)) and python.group(1):  # ((?P<n>...), not in a class)
-                    python_named.setdefault(python.group(2), i)
             else:
                 groups += 1
             stack.append((kind, i))
@@ -302,6 +299,10 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
     if stack:
         return UFlagError(stack[-1][1], "a group that is never closed", None)
     named = set(names)
+    python_named: dict[str, int] = {}  # each name of a group named as Python's re names it, (?P<n>...): where it opens
+    for m in _named_groups(pattern):
+        if m.group(1):
+            python_named.setdefault(m.group(2), m.start())
     for at, ref, end in references:
         if isinstance(ref, int) and ref > groups:
             octal_end, octal = _octal_reading(pattern, at)
