@@ -40,11 +40,14 @@ from lmnb.ir import (
     check_regex,
     check_stop_regex,
     check_text,
-    close_match,
+    did_you_mean,
     dtype_regex,
     json_schema_value,
+    offering_keywords,
     output_clash,
     token_bounds_problem,
+    unexpected_keyword,
+    unexpected_keywords,
 )
 
 _default_backend = None
@@ -221,35 +224,6 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
     return checked
 
 
-def _unexpected_keyword(call: str, kwargs: dict, accepted) -> None:
-    """Python's own TypeError for the first of ``kwargs`` that ``call`` (``gen``, ``gen_int``, ...)
-    has no parameter for, with "; did you mean 'max_tokens'?" naming the closest of ``accepted``,
-    as a ``%%lm`` cell's option error does (Python's names no parameter).
-
-    Raises:
-        TypeError: a keyword not in ``accepted``."""
-    for k in kwargs:
-        if k not in accepted:
-            close = close_match(k, sorted(accepted))
-            meant = f"; did you mean {close!r}?" if close else ""
-            raise TypeError(f"{call}() got an unexpected keyword argument {k!r}{meant}")
-
-
-def _offering_keywords(primitive: Callable) -> Callable:
-    """``primitive`` (``gen``, ``select``) refusing a misspelt keyword with "did you mean"
-    (``_unexpected_keyword``), before Python's bare TypeError would."""
-    accepted = frozenset(inspect.signature(primitive).parameters)
-
-    @functools.wraps(primitive)  # (inspect.signature and help() still show the primitive's own parameters)
-    def checked(*args, **kwargs):
-        __tracebackhide__ = True  # see lmnb.interpreter._run_body
-        if not accepted.issuperset(kwargs):
-            _unexpected_keyword(primitive.__name__, kwargs, accepted)
-        return primitive(*args, **kwargs)
-
-    return checked
-
-
 def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options: frozenset) -> None:
     """Refuse a keyword ``run_batch`` has no option for in words that name the program's
     arguments, as ``run`` does (``program 'f': got an unexpected keyword argument ...; its
@@ -269,10 +243,8 @@ def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options
             k in program.arg_names) else ""  # (bind takes only declared arguments)
         raise TypeError(f"program {name!r}: run_batch() got its argument {k!r} by keyword; each item of batch_kwargs "
                         f"gives the program's arguments: put {k!r} in every item ({{{k!r}: ...}}){bound}")
-    close = close_match(k, sorted(options))
-    meant = f"; did you mean the run_batch option {close!r}?" if close else ""
-    named = f"argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
-    raise TypeError(f"program {name!r}: run_batch() got an unexpected keyword {named}; its arguments are "
+    meant = did_you_mean(unknown, ("the run_batch option ", options))
+    raise TypeError(f"program {name!r}: run_batch() got {unexpected_keywords(unknown)}; its arguments are "
                     f"{program.arg_names}, given by each item of batch_kwargs{meant}")
 
 
@@ -309,9 +281,8 @@ class SglFunction:
         """
         unknown = [k for k in kwargs if k not in self.arg_names]
         if unknown:
-            close = close_match(unknown[0], self.arg_names)
             raise TypeError(f"program {self.__name__!r} has no argument(s) {unknown}; it has {self.arg_names}"
-                            + (f"; did you mean {close!r}?" if close else ""))
+                            + did_you_mean(unknown, ("", self.arg_names)))
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
     def _check_args(self, args: tuple, kwargs: dict, options: frozenset = frozenset()) -> None:
@@ -330,14 +301,12 @@ class SglFunction:
             params = self.signature.parameters.values()
             unknown = [] if any(p.kind is p.VAR_KEYWORD for p in params) else [
                 k for k in kwargs if k not in self.arg_names]
-            if unknown and "unexpected keyword" not in str(e):  # (bind names only the first problem it meets)
-                e = f"{e}; unexpected keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
-            meant = ""
-            if unknown:  # (a misspelt argument, or with options, a misspelt run() option)
-                arg = close_match(unknown[0], self.arg_names)
-                option = None if arg or not options else close_match(unknown[0], options)
-                meant = (f"; did you mean {arg!r}?" if arg else
-                         f"; did you mean the run option {option!r}?" if option else "")
+            if unknown and "unexpected keyword" in str(e):  # (bind names only the first of them)
+                e = f"got {unexpected_keywords(unknown)}"
+            elif unknown:  # (bind names only the first problem it meets)
+                e = f"{e}; {unexpected_keywords(unknown).removeprefix('an ')}"
+            # a misspelt argument, or else a misspelt run() option
+            meant = did_you_mean(unknown, ("", self.arg_names), ("the run option ", options))
             raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}{meant}") from None
 
     @_refuse_shadowed_parameters
@@ -597,7 +566,7 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
     return decorator
 
 
-@_offering_keywords
+@offering_keywords
 def gen(
     name: Optional[str] = None,
     max_tokens: Optional[int] = None,
@@ -747,7 +716,7 @@ def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
     """``gen(name, dtype=dtype, ...)`` with positional arguments read in SGLang's gen_int order.
 
     Raises:
-        TypeError: too many positional arguments, or a keyword gen() has not (``_unexpected_keyword``).
+        TypeError: too many positional arguments, or a keyword gen() has not (``unexpected_keyword``).
         ValueError: a name ``_check_name`` refuses, or another output option (regex, json_schema,
             choices) beside the ``dtype`` the caller sets."""
     if len(args) > len(_TYPED_GEN_ARGS):
@@ -756,7 +725,7 @@ def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
         if key in kwargs:
             raise TypeError(f"{caller}() got multiple values for argument {key!r}")
         kwargs[key] = value
-    _unexpected_keyword(caller, kwargs, _GEN_KEYWORDS)
+    unexpected_keyword(caller, kwargs, _GEN_KEYWORDS)
     _check_name(caller, name)  # (named as the user called it, not as gen)
     given = [k for k in OUTPUT_OPTIONS if kwargs.get(k) is not None]
     if given:  # (gen()'s "takes one of dtype, choices ...; keep one" named a dtype the caller never wrote)
@@ -780,7 +749,7 @@ def gen_string(name: Optional[str] = None, *args, **kwargs):
     return _typed_gen("gen_string", str, name, args, kwargs)
 
 
-@_offering_keywords
+@offering_keywords
 def select(
     name: Optional[str] = None,
     choices: Optional[list[str]] = None,
@@ -882,6 +851,7 @@ def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
 
 
+@offering_keywords
 def image(source: Any) -> Image:
     """An image input: a file path, ``PIL.Image.Image``, encoded bytes or ``data:image/...;base64``
     URL (http(s) URLs only with ``LMNB_ALLOW_REMOTE_MEDIA=1``). Runs with a LLaVA checkpoint on the
@@ -891,6 +861,7 @@ def image(source: Any) -> Image:
     return Image(source)
 
 
+@offering_keywords
 def video(source: Any, num_frames: int) -> Video:
     """A video file sampled uniformly to ``num_frames`` frames (decord, else PyAV, else Pillow),
     each given to the model as an image (its own placeholder and cache key). Same backends as

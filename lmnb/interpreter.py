@@ -25,7 +25,8 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
 )
 from lmnb.ir import (
-    Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, role_message,
+    Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
+    role_message,
 )
 from lmnb.user_site import running_for, user_site
 
@@ -107,6 +108,7 @@ class ProgramState:
             self._open_scopes.discard(name)
             self.stream_executor.submit(VarScopeEnd(name))
 
+    @offering_keywords
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
         """``size`` branches continuing from this state's current text (waits for queued work).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
@@ -692,6 +693,58 @@ def close_match(word: str, options) -> Optional[str]:
 
     close = difflib.get_close_matches(word, list(options), n=1)
     return close[0] if close else None
+
+
+def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:
+    """The "; did you mean ...?" ending a refusal of the unknown ``words`` (keywords, options; in
+    the order the refusal names them): each word is offered its ``close_match`` in the first of
+    ``tiers`` (``(label, names)`` pairs, the label written before the name, e.g. ``"the run option
+    "``) that has one. One word: ``; did you mean 'max_tokens'?``; several, each offer after its
+    word: ``; did you mean 'max_token' → 'max_tokens', 'temprature' → 'temperature'?`` (as a cell's
+    ``%%lm --temprature`` is offered its option); "" where no word has a close name."""
+    offers = []
+    for word in words:
+        offer = next((f"{label}{match!r}" for label, names in tiers if (match := close_match(word, sorted(names)))),
+                     None)
+        if offer is not None:
+            offers.append(offer if len(words) == 1 else f"{word!r} → {offer}")
+    return f"; did you mean {', '.join(offers)}?" if offers else ""
+
+
+def unexpected_keywords(words: Sequence[str]) -> str:
+    """``an unexpected keyword argument 'a'``, or for several ``unexpected keyword arguments 'a',
+    'b'`` (Python's ``TypeError`` names only the first of them)."""
+    if len(words) == 1:
+        return f"an unexpected keyword argument {words[0]!r}"
+    return f"unexpected keyword arguments {', '.join(map(repr, words))}"
+
+
+def unexpected_keyword(call: str, kwargs: dict, accepted) -> None:
+    """Python's own TypeError for the keywords of ``kwargs`` that ``call`` (``gen``, ``gen_int``,
+    ``fork``, ...) has no parameter for, naming every one of them (Python's names the first), each
+    offered the closest of ``accepted`` (``did_you_mean``), as a ``%%lm`` cell's options are.
+
+    Raises:
+        TypeError: a keyword not in ``accepted``."""
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise TypeError(f"{call}() got {unexpected_keywords(unknown)}{did_you_mean(unknown, ('', accepted))}")
+
+
+def offering_keywords(primitive: Callable) -> Callable:
+    """``primitive`` (``gen``, ``select``, ``image``, ``video``, a state's ``fork``) refusing
+    unknown keywords with "did you mean" (``unexpected_keyword``), before Python's TypeError would
+    name only the first, with no offer."""
+    accepted = frozenset(inspect.signature(primitive).parameters) - {"self"}
+
+    @functools.wraps(primitive)  # (inspect.signature and help() still show the primitive's own parameters)
+    def checked(*args, **kwargs):
+        __tracebackhide__ = True  # see lmnb.interpreter._run_body
+        if not accepted.issuperset(kwargs):
+            unexpected_keyword(primitive.__name__, kwargs, accepted)
+        return primitive(*args, **kwargs)
+
+    return checked
 
 
 def blank_name(name: str, stored: str) -> str:

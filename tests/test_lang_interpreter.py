@@ -4077,9 +4077,9 @@ def test_run_batch_names_the_programs_arguments_for_an_unknown_keyword_as_run_do
                             "are ['q'], given by each item of batch_kwargs")
     with pytest.raises(TypeError) as e:
         prog.run_batch(batch_kwargs=[{"q": "a"}], temprature=0, bogus=1, backend=be)
-    assert str(e.value) == ("program 'prog': run_batch() got an unexpected keyword arguments 'temprature', 'bogus'; "
-                            "its arguments are ['q'], given by each item of batch_kwargs; did you mean the run_batch "
-                            "option 'temperature'?")
+    assert str(e.value) == ("program 'prog': run_batch() got unexpected keyword arguments 'temprature', 'bogus'; "
+                            "its arguments are ['q'], given by each item of batch_kwargs; did you mean 'temprature' → "
+                            "the run_batch option 'temperature'?")
     # an argument of the program given by keyword (run takes it so) goes in the items, or bind
     with pytest.raises(TypeError) as e:
         prog.run_batch([{}], q="a", backend=be)
@@ -4112,6 +4112,22 @@ def test_run_batch_names_the_programs_arguments_for_an_unknown_keyword_as_run_do
     # no parameter close: Python's own words
     (lambda: sgl.gen("x", bogus=1), "gen() got an unexpected keyword argument 'bogus'"),
     (lambda: sgl.gen_int("x", bogus=1), "gen_int() got an unexpected keyword argument 'bogus'"),
+    # several: each named and offered its parameter (only the first was, and Python names only the first)
+    (lambda: sgl.gen("x", max_token=5, temprature=0.5),
+     "gen() got unexpected keyword arguments 'max_token', 'temprature'; did you mean 'max_token' → 'max_tokens', "
+     "'temprature' → 'temperature'?"),
+    (lambda: sgl.gen("x", bogus=1, temprature=0),  # (an offer only for the word that has one close)
+     "gen() got unexpected keyword arguments 'bogus', 'temprature'; did you mean 'temprature' → 'temperature'?"),
+    (lambda: sgl.select("x", choice=["a"], temprature=0),
+     "select() got unexpected keyword arguments 'choice', 'temprature'; did you mean 'choice' → 'choices', "
+     "'temprature' → 'temperature'?"),
+    (lambda: sgl.gen_string("x", stop_regexp="a", max_token=2),
+     "gen_string() got unexpected keyword arguments 'stop_regexp', 'max_token'; did you mean 'stop_regexp' → "
+     "'stop_regex', 'max_token' → 'max_tokens'?"),
+    # image and video had Python's words only ("video() got an unexpected keyword argument 'frames'")
+    (lambda: sgl.image(src="cat.png"), "image() got an unexpected keyword argument 'src'; did you mean 'source'?"),
+    (lambda: sgl.video("clip.mp4", frames=8),
+     "video() got an unexpected keyword argument 'frames'; did you mean 'num_frames'?"),
 ])
 def test_a_misspelt_keyword_of_a_primitive_is_offered_the_parameter_meant(call, words):
     """gen("x", max_token=5) said only Python's "gen() got an unexpected keyword argument
@@ -4120,6 +4136,51 @@ def test_a_misspelt_keyword_of_a_primitive_is_offered_the_parameter_meant(call, 
     with pytest.raises(TypeError) as e:
         call()
     assert str(e.value) == words
+
+
+def test_a_misspelt_keyword_of_fork_is_offered_the_parameter_meant():
+    """s.fork(sise=2) said Python's "ProgramState.fork() got an unexpected keyword argument
+    'sise'" with no offer, as gen's keywords are offered theirs."""
+    @sgl.function
+    def prog(s):
+        s.fork(sise=2, position_id_offset=None)
+
+    with pytest.raises(TypeError) as e:
+        prog.run(backend=ScriptedBackend())
+    assert str(e.value) == ("fork() got unexpected keyword arguments 'sise', 'position_id_offset'; did you "
+                            "mean 'sise' → 'size', 'position_id_offset' → 'position_ids_offset'?")
+
+
+def test_several_misspelt_keywords_of_run_run_batch_and_bind_are_each_offered_theirs():
+    """run, run_batch and bind offered only the first unknown keyword its name (run_batch said
+    "got an unexpected keyword arguments 'a', 'b'"); each is offered its own now, an argument of
+    the program before a run option."""
+    be = ScriptedBackend(lambda p, params: "")
+
+    @sgl.function
+    def prog(s, question, style="short"):
+        s += question
+
+    with pytest.raises(TypeError) as e:
+        prog.run(question="a", styel="x", max_new_token=3, bogus=1, backend=be)
+    assert str(e.value) == ("program 'prog': got unexpected keyword arguments 'styel', 'max_new_token', 'bogus'; "
+                            "its arguments are ['question', 'style']; did you mean 'styel' → 'style', 'max_new_token' "
+                            "→ the run option 'max_new_tokens'?")
+    with pytest.raises(TypeError) as e:  # bind() reports a missing argument first: the unknown ones after it
+        prog.run(qestion="a", temprature=0, backend=be)
+    assert str(e.value) == ("program 'prog': missing a required argument: 'question'; unexpected keyword arguments "
+                            "'qestion', 'temprature'; its arguments are ['question', 'style']; did you mean 'qestion' "
+                            "→ 'question', 'temprature' → the run option 'temperature'?")
+    with pytest.raises(TypeError) as e:
+        prog.run_batch([{"question": "a"}], temprature=0, max_new_token=3, backend=be)
+    assert str(e.value) == ("program 'prog': run_batch() got unexpected keyword arguments 'temprature', "
+                            "'max_new_token'; its arguments are ['question', 'style'], given by each item of "
+                            "batch_kwargs; did you mean 'temprature' → the run_batch option 'temperature', "
+                            "'max_new_token' → the run_batch option 'max_new_tokens'?")
+    with pytest.raises(TypeError) as e:
+        prog.bind(qestion="a", styel="b")
+    assert str(e.value) == ("program 'prog' has no argument(s) ['qestion', 'styel']; it has ['question', 'style']; "
+                            "did you mean 'qestion' → 'question', 'styel' → 'style'?")
 
 
 @pytest.mark.parametrize("call, caller, dtype, key", [

@@ -531,6 +531,14 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{video clip}", 2, 1, "needs frames=N"),
         ("{image p frames=2}", 2, 10, "takes no options"),
         ("{video c num_frames=3}", 2, 10, "did you mean 'frames'"),
+        # every unknown option, each offered its own (only the first was, so the next showed on the next run)
+        ("{gen a max_token=3 temprature=0.5}", 2, 8, "gen has no options 'max_token', 'temprature'; did you mean "
+                                                     "'max_token' → 'max_tokens', 'temprature' → 'temperature'?"),
+        ('{select a choice=["x"] temprature=0 bogus=1}', 2, 11, "select has no options 'choice', 'temprature', "
+                                                                "'bogus'; did you mean 'choice' → 'choices', "
+                                                                "'temprature' → 'temperature'?"),
+        ("{video c fps=2 num_frames=3}", 2, 10, "video has no options 'fps', 'num_frames'; did you mean 'num_frames' "
+                                                "→ 'frames'?"),
         ("{video c frames=0}", 2, 17, "integer >= 1"),
         ("{video c frames=2, frames=3}", 2, 20, "given twice"),
         ("{video c frames=}", 2, 16, "has no value"),

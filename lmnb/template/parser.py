@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lmnb.ir import OUTPUT_OPTIONS, close_match, output_clash, token_bounds_problem
+from lmnb.ir import OUTPUT_OPTIONS, close_match, did_you_mean, output_clash, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
     LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
@@ -337,15 +337,13 @@ class _Parser:
                 raise self.error(
                     f"{name!r} is reserved in Python, so it cannot name a {kind} result (the variable could "
                     "never be read)", rest_at + _lead(rest), hint=f"pick another name, e.g. {name}_")
+        unknown = [(at, key) for at, key, _ in starts if key not in allowed]
+        if unknown:  # (all of them, each offered its option: fixing one showed the next only on the next run)
+            raise self.error(_no_options(kind, [key for _, key in unknown], allowed), rest_at + unknown[0][0],
+                             hint=f"{kind} options: {', '.join(allowed)}")
         options: list[Option] = []
         seen: set[str] = set()
         for k, (at, key, eq) in enumerate(starts):
-            if key not in allowed:
-                close = close_match(key, allowed)
-                raise self.error(
-                    f"{kind} has no option {key!r}" + (f"; did you mean {close!r}?" if close else ""),
-                    rest_at + at, hint=f"{kind} options: {', '.join(allowed)}",
-                )
             if key in seen:
                 raise self.error(f"option {key!r} is given twice", rest_at + at)
             seen.add(key)
@@ -434,16 +432,15 @@ class _Parser:
                 f"{kind} source must be a path, bytes or a PIL image, got {type(literal).__name__}", source.offset,
                 hint="put the path in quotes, or name a kernel variable that holds the image",
             )
+        if kind == "image" and starts:
+            raise self.error("{image} takes no options", rest_at + starts[0][0],
+                             hint="write {image SRC}; frames= is for {video}")
+        unknown = [(at, key) for at, key, _ in starts if key != "frames"]
+        if unknown:
+            raise self.error(_no_options("video", [key for _, key in unknown], ["frames"]), rest_at + unknown[0][0],
+                             hint="video's only option is frames=N")
         frames = None
         for k, (at, key, eq) in enumerate(starts):
-            if kind == "image":
-                raise self.error("{image} takes no options", rest_at + at, hint="write {image SRC}; frames= is for {video}")
-            if key != "frames":
-                close = close_match(key, ["frames"])
-                raise self.error(
-                    f"video has no option {key!r}" + (f"; did you mean {close!r}?" if close else ""),
-                    rest_at + at, hint="video's only option is frames=N",
-                )
             if frames is not None:
                 raise self.error("option 'frames' is given twice", rest_at + at)
             value = _option_value(rest, starts, k)
@@ -715,6 +712,14 @@ def _comment_at(source: str) -> int | None:
     except (tokenize.TokenError, SyntaxError):
         pass
     return None
+
+
+def _no_options(kind: str, keys: list[str], allowed) -> str:
+    """``gen has no option 'max_token'; did you mean 'max_tokens'?``, naming every unknown key of
+    one hole (``gen has no options 'a', 'b'; did you mean 'a' → ...``), each offered its closest
+    option, as ``lmnb.gen`` names unknown keywords."""
+    named = f"option {keys[0]!r}" if len(keys) == 1 else f"options {', '.join(map(repr, keys))}"
+    return f"{kind} has no {named}{did_you_mean(keys, ('', allowed))}"
 
 
 def _option_starts(rest: str) -> list[tuple[int, str, int]]:
