@@ -421,7 +421,7 @@ class LMMagics(Magics):
         TemplateRuntimeError: line 2, ...", the same error in lmnb's inner words); None: the
         outcome's own error, if any."""
         # Variables the program finished are results even if a later part failed or was stopped.
-        self.shell.push(outcome.captured, interactive=False)
+        self.shell.push(_readable(outcome.captured), interactive=False)
         if args.out:
             self.shell.push({args.out: outcome.state}, interactive=False)
         if outcome.status == "done" and args.state:
@@ -463,6 +463,25 @@ def _rerun_note(rerun, name: str):
         return (f"re-run: state {name!r} still holds this cell's earlier turn, as later cells extended it; "
                 f"to start over, %lm reset {name} and re-run its cells in order")
     return None
+
+
+def _readable(captured: dict) -> dict:
+    """The results of ``captured`` that code can read back as kernel variables. A ``--python``
+    body's name computed as it ran (``gen(f"my {x}")``; a literal one is refused as the cell is
+    read) may be no Python name: that result is kept in the state only, and said so on stderr
+    (it became a variable no code could read, without a word)."""
+    from lmnb.template.python_cell import result_name_problem, variable_name_for
+
+    readable = {}
+    for name, value in captured.items():
+        problem = result_name_problem(name)
+        if problem is None:
+            readable[name] = value
+        else:
+            sys.stderr.write(f"lmnb: the result {name!r} is in no kernel variable: {problem}; it is kept in the "
+                             f"cell's state only (st[{name!r}] reads it after %%lm --out st); name it "
+                             f"{variable_name_for(name)!r} to have the variable\n")
+    return readable
 
 
 def _warn_shadowed_builtins(names, ns) -> None:

@@ -278,6 +278,27 @@ def test_python_mode_runs_a_program_body_with_state_s(ip):
     assert again.success, out.stdout
 
 
+def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_the_state(ip):
+    """gen("my answer") in a --python body put a kernel variable 'my answer' in the namespace,
+    which no code can read, without a word. A literal name is refused at it before anything runs;
+    a name computed as the body runs keeps its result in the state only, said on stderr."""
+    result, out = run(ip, '%%lm --python --static --temperature 0\ns += "Q:"\ns += lmnb.gen("my answer", max_tokens=3)')
+    assert type(result.error_in_exec).__name__ == "CellError"
+    assert str(result.error_in_exec).startswith("line 3, col 15: lmnb.gen('my answer') names the kernel variable its "
+                                                "result goes in, but 'my answer' is no Python name, so no code could "
+                                                "read the variable; name it 'my_answer'")
+    assert "my answer" not in ip.user_ns and summaries(out) == []  # (nothing ran)
+    result, out = run(ip, '%%lm --python --static --temperature 0 --out st\nname = "my " + "answer"\ns += "Q:"\n'
+                          's += lmnb.gen(name, max_tokens=3)\ns += lmnb.gen("fine", max_tokens=2)')
+    assert result.success, out.stdout
+    assert "my answer" not in ip.user_ns and ip.user_ns["st"]["my answer"] == greedy(ip, "Q:", 3)
+    assert ip.user_ns["fine"] == ip.user_ns["st"]["fine"]  # (the other result is a variable as before)
+    assert out.stderr == ("lmnb: the result 'my answer' is in no kernel variable: 'my answer' is no Python name; it is "
+                          "kept in the cell's state only (st['my answer'] reads it after %%lm --out st); name it "
+                          "'my_answer' to have the variable\n")
+    del ip.user_ns["st"], ip.user_ns["fine"]
+
+
 def test_a_result_named_like_a_builtin_is_flagged_once(ip):
     # {gen print} hid print() from every later cell without a word
     result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen print max_tokens=2}{select list choices=['a', 'b']}")

@@ -1247,6 +1247,34 @@ def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, wo
     parse_python("class C:\n    s = 1", first_line=2)  # an attribute of C
 
 
+@pytest.mark.parametrize("body, line, col, message, fix", [
+    ('s += "Q:"\ns += lmnb.gen("my answer", max_tokens=3)', 3, 15, "lmnb.gen('my answer') names the kernel variable its "
+     "result goes in, but 'my answer' is no Python name, so no code could read the variable; name it 'my_answer'",
+     "lmnb.gen('my_answer', ...)"),
+    ('s += "Q:"\ns += gen(name="1st pick", max_tokens=3)', 3, 15, "'1st pick' is no Python name", "gen('_1st_pick', ...)"),
+    ('s += "Q:"\ns += select("class", choices=["a"])', 3, 13, "'class' is reserved in Python", "select('class_', ...)"),
+    # Python reads the name ﬁle as file (NFKC): a variable ﬁle in the namespace is one no code reads
+    ('s += "Q:"\nif True:\n    s += lmnb.gen_int("ﬁle")', 4, 23, "Python reads the name 'ﬁle' as 'file'",
+     "lmnb.gen_int('file', ...)"),
+    ('with s.var_scope("the text"):\n    s += "x"', 2, 18, "'the text' is no Python name", "s.var_scope('the_text')"),
+])
+def test_a_python_cells_literal_result_name_that_no_variable_can_have_is_refused_at_it(body, line, col, message, fix):
+    """gen("my answer") in a --python body put a kernel variable named 'my answer' in the
+    namespace without a word, which no code can read (a {gen my answer} hole is refused); it is
+    refused at the name now, before anything runs, with a Python name to give it."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse_python(body, first_line=2)
+    assert (e.value.line, e.value.col) == (line, col), str(e.value)
+    assert message in e.value.message and e.value.hint.endswith(f'(s += "..."): {fix}')
+
+
+def test_a_python_cells_result_names_that_are_taken_or_known_only_as_it_runs_are_not_refused():
+    for body in ['s += lmnb.gen("my_answer")', 's += lmnb.gen(f"my {x}")', 's += lmnb.gen("")',  # (gen's own refusal)
+                 'def ask(t):\n    return lmnb.gen("a b")\nprog = lmnb.function(lambda t: t + lmnb.gen("c d"))',
+                 'x = {"my answer": 1}["my answer"]', 's += lmnb.gen(None)']:
+        parse_python(body, first_line=2)
+
+
 def test_constant_prefix_is_visible_to_the_batch_tracer():
     # run_batch prefills the text every item starts with; both faces must let the tracer see it.
     from lmnb.tracer import extract_prefix

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import sys
 import tokenize
+import unicodedata
 from dataclasses import dataclass, field
 
 from lmnb.template.errors import (LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset,
                                   offset_of, surrogate_problem)
+from lmnb.template.parser import is_reserved
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,16 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
                                   "replaces it with another value, so nothing after it reaches the model; add to "
                                   "it with s += ... (or use another name)",
                                   source, node_offset(source, found), first_line, indent=indent)
+    found = _unreadable_result_name(tree)
+    if found is not None:  # the kernel would put it among its variables, where no code could read it
+        call, name, node = found
+        problem, fix = result_name_problem(name), variable_name_for(name)
+        raise TemplateSyntaxError(f"{call}({name!r}) names the kernel variable its result goes in, but {problem}, so "
+                                  f"no code could read the variable; name it {fix!r}", source,
+                                  node_offset(source, node), first_line,
+                                  f"the first argument of {call} names its variable; the prompt is what s holds "
+                                  f"(s += \"...\"): {call}({fix!r}{'' if call.endswith('var_scope') else ', ...'})",
+                                  indent)
     ast.increment_lineno(tree, first_line - 1)
     cell = PythonCell(source, first_line, filename, tree)
     try:  # what only a function body refuses (await, nonlocal) shows here, not as a traceback later
@@ -96,6 +109,52 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
         raise TemplateSyntaxError(f"invalid Python in a --python body (it runs as the program's function): "
                                   f"{e.msg}", source, offset, first_line, indent=indent) from None
     return cell
+
+
+# the calls whose first argument (or name=) names a variable of the state, which a cell captures
+_NAMING_CALLS = ("gen", "select", "gen_int", "gen_string", "var_scope")
+
+
+def _unreadable_result_name(tree: ast.AST) -> tuple[str, str, ast.AST] | None:
+    """(the call as written, its name, the name's node) of the first ``gen("my answer")`` (``lmnb.gen``, ``select``,
+    ``gen_int``, ``gen_string``, ``s.var_scope``) of the body itself whose literal name
+    ``result_name_problem`` refuses; functions defined in the body are left alone (they may be
+    programs of their own, whose results the cell does not capture), as are names computed as
+    it runs and blank ones, which ``gen`` refuses itself."""
+    todo = list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        if not isinstance(node, ast.Call):
+            continue
+        call = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        named = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
+        if (call in _NAMING_CALLS and isinstance(named, ast.Constant) and isinstance(named.value, str)
+                and named.value.strip() and result_name_problem(named.value)):
+            return ast.unparse(node.func), named.value, named
+    return None
+
+
+def result_name_problem(name: str) -> str | None:
+    """Why a result named ``name`` can be in no kernel variable that code reads back by that name
+    (``'my answer' is no Python name``), None where it can."""
+    if not name.isidentifier():
+        return f"{name!r} is no Python name"
+    if is_reserved(name):
+        return f"{unicodedata.normalize('NFKC', name)!r} is reserved in Python"
+    if unicodedata.normalize("NFKC", name) != name:
+        return f"Python reads the name {name!r} as {unicodedata.normalize('NFKC', name)!r}"
+    return None
+
+
+def variable_name_for(name: str) -> str:
+    """A Python name close to the result name ``name`` (``my answer`` → ``my_answer``, ``1st`` →
+    ``_1st``, ``class`` → ``class_``), to offer in ``result_name_problem``'s refusal."""
+    fixed = re.sub(r"\W+", "_", unicodedata.normalize("NFKC", name)).strip("_") or "result"
+    fixed = "_" + fixed if fixed[0].isdigit() else fixed
+    return fixed + "_" if is_reserved(fixed) else fixed
 
 
 def _yield_in_body(tree: ast.AST) -> ast.AST | None:
