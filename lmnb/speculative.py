@@ -14,7 +14,7 @@ import bisect
 import codecs
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from lmnb.backend.base import BackendError, reworded
 from lmnb.ir import Gen, GenParams
@@ -32,21 +32,31 @@ class Speculation:
     ``ends``, the character offset in ``text`` where each of its tokens ends (None when the
     backend gave no per-token text, or it did not add up to ``text``); a token that adds no text
     (a special token the text skips) ends where the one before it ends. ``ignore_eos``: the call
-    went on past EOS, so its text serves only gens that do too."""
+    went on past EOS, so its text serves only gens that do too. ``logprobs``: the call's
+    ``output_token_logprobs`` and ``output_top_logprobs`` entries of the tokens of ``ends`` (key
+    to a tuple as long as ``ends``), so that a gen served later reports its own tokens' logprobs."""
 
     text: str = ""
     ends: Optional[tuple[int, ...]] = None
     ignore_eos: bool = False
+    logprobs: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_completion(cls, text: str, meta: dict) -> "Speculation":
+    def from_completion(cls, text: str, meta: dict,
+                        token_text: Optional[Callable[[int], str]] = None) -> "Speculation":
         """The speculation of one completion call: its ``text`` and, when ``meta`` holds per-token texts
         that add up to it (special tokens the text skips aside), the character offsets where its
-        tokens end (else None)."""
+        tokens end (else None). A token text holding U+FFFD (a token that is part of a character,
+        as the engine and SGLang's native API write it) is replaced by ``token_text(token_id)``
+        where given (``bytes:\\xc3``, the backend's own reading of its bytes): U+FFFD says
+        neither how many bytes the token holds nor which token completes the character."""
         tokens = meta.get("output_token_logprobs") or []
         pieces = [t[2] for t in tokens if isinstance(t, (list, tuple)) and len(t) > 2 and isinstance(t[2], str)]
         if len(pieces) != len(tokens):
             return cls(text, None)
+        if token_text is not None:
+            pieces = [token_text(t[1]) if "\ufffd" in p and isinstance(t[1], int) else p
+                      for t, p in zip(tokens, pieces)]
         pieces = _token_texts(pieces)
         ends, pos = [], 0
         for piece in pieces:
@@ -59,12 +69,20 @@ class Speculation:
             ends.append(pos)
         if pos < len(text):  # (byte tokens shown as "\ufffd" do not add up to the text)
             return cls(text, None)
-        return cls(text, tuple(ends))
+        logprobs = {key: tuple(meta[key][: len(ends)]) for key in ("output_token_logprobs", "output_top_logprobs")
+                    if isinstance(meta.get(key), list) and len(meta[key]) >= len(ends)}
+        return cls(text, tuple(ends), logprobs=logprobs)
 
-    def drop(self, n: int) -> "Speculation":
-        """What is left after the first ``n`` characters are used (a token cut in two counts as one)."""
-        ends = None if self.ends is None else tuple(e - n for e in self.ends if e > n)
-        return dataclasses.replace(self, text=self.text[n:], ends=ends)
+    def drop(self, n: int, tokens: Optional[int] = None) -> "Speculation":
+        """What is left after the first ``n`` characters are used (a token cut in two counts as one,
+        and stays with its logprobs), by the first ``tokens`` tokens where that is known (a gen cut
+        at its max_tokens: the tokens after them that add no text yet, such as the first byte of
+        the next character, are the next gen's, not dropped with the characters)."""
+        if self.ends is None:
+            return dataclasses.replace(self, text=self.text[n:])
+        kept = [i for i, e in enumerate(self.ends) if (e > n if tokens is None else i >= tokens)]
+        return dataclasses.replace(self, text=self.text[n:], ends=tuple(self.ends[i] - n for i in kept),
+                                   logprobs={k: tuple(v[i] for i in kept) for k, v in self.logprobs.items()})
 
     def end_of_tokens(self, k: int) -> Optional[int]:
         """Characters in the first ``k`` tokens; None if fewer are left (or boundaries are unknown:
@@ -157,7 +175,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         except (ValueError, BackendError) as e:
             raise _spec_tokens_noted(e, ex.num_api_spec_tokens, limit) from None
         ex._check_finish([comps[0].meta_info])
-        left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info),
+        token_text = getattr(ex.backend, "token_text", None)  # (the in-process engine reads a token's bytes)
+        left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info, token_text),
                                    ignore_eos=bool(params.ignore_eos))
         call = comps[0].meta_info
     hit = params.first_stop_match(left.text) if stops else None
@@ -168,7 +187,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}
     else:  # the call ended first: this gen takes all of it
         pos, used, finish = len(left.text), len(left.text), None
-    ex.speculation = left.drop(pos)
+    ex.speculation = left.drop(pos, limit if finish is not None and finish["type"] == "length" else None)
     meta = dict(call or {}, speculative=True)
     if call is not None:  # (usage counts the call's tokens, not the share of the gen that made it)
         meta["speculative_call"] = {k: call[k] for k in ("completion_tokens", "finish_reason") if k in call}
@@ -181,8 +200,9 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         if tokens is not None:
             meta["completion_tokens"] = tokens
             for key in ("output_token_logprobs", "output_top_logprobs"):
-                if isinstance(meta.get(key), list):
-                    meta[key] = meta[key][:tokens]
+                meta.pop(key, None)  # (the call's, all of them)
+                if key in left.logprobs:  # this gen's own tokens', a gen served from the leftover's too
+                    meta[key] = list(left.logprobs[key][:tokens])
     if not params.return_logprob:  # asked for the cut only
         meta.pop("output_token_logprobs", None)
         meta.pop("output_top_logprobs", None)

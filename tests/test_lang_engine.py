@@ -211,6 +211,39 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
 
+def test_api_speculative_gens_with_byte_tokens_on_the_engine_are_cut_as_without_speculation_with_their_logprobs(backend):
+    """The engine (as SGLang's native API) writes a token holding part of a character as U+FFFD,
+    so a speculative call's token texts did not add up to its text and characters stood in for
+    tokens: gen("a", max_tokens=1) got " " (one character), with no completion_tokens and the
+    whole call's 16 logprobs; and a gen served from the call's leftover had no logprobs at all.
+    Reference: the same program's "a" without speculation, and the one call's own tokens (the
+    same request without speculation) for "b", which its leftover serves."""
+    def whole(s):
+        s += "A fruit:" + sgl.gen("ab", max_tokens=16, return_logprob=True, return_text_in_logprobs=True)
+
+    ref = sgl.function(whole).run(backend=backend, temperature=0)
+    entries, text = ref.get_meta_info("ab")["output_token_logprobs"], ref["ab"]
+    assert any("\ufffd" in t[2] for t in entries[:6])  # (the case: byte tokens among the first few)
+    stop = entries[12][2]  # a stop the call writes late, where "b" ends
+    assert text.index(stop) > len("".join(t[2] for t in entries[:8]))
+    for k in range(1, 7):
+        def body(s):
+            s += "A fruit:" + sgl.gen("a", max_tokens=k, return_logprob=True)
+            s += sgl.gen("b", stop=stop, return_logprob=True)
+
+        spec = sgl.function(num_api_spec_tokens=16)(body).run(backend=backend, temperature=0)
+        plain = sgl.function(body).run(backend=backend, temperature=0)
+        a, want = spec.get_meta_info("a"), plain.get_meta_info("a")
+        assert spec["a"] == plain["a"] and a["completion_tokens"] == want["completion_tokens"] == k, k
+        assert [t[1] for t in a["output_token_logprobs"]] == [t[1] for t in want["output_token_logprobs"]]
+        b = spec.get_meta_info("b")
+        assert "prompt_tokens" not in b  # (served from the leftover: no call of its own)
+        assert spec["a"] + spec["b"] == text[: text.index(stop)]
+        assert b["completion_tokens"] == 13 - k
+        assert [t[1:] for t in b["output_token_logprobs"]] == [t[1:] for t in entries[k:13]]  # (ids and texts)
+        assert [t[0] for t in b["output_token_logprobs"]] == pytest.approx([t[0] for t in entries[k:13]], abs=1e-4)
+
+
 def test_api_speculative_execution_with_ignore_eos_or_min_tokens_gives_the_same_gens_as_without_it():
     """max_tokens went by characters (' 6\n\nQ: What is 2 plu' for 20 tokens): the speculative
     call's token texts hold the "</s>"/"<s>" the text skips (ignore_eos), so no token boundary was

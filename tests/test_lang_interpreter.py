@@ -2169,6 +2169,49 @@ def test_speculation_token_ends_of_byte_tokens_by_hand():
     assert s.tokens_in(2) == 1 and s.tokens_in(3) == 3
 
 
+def test_speculation_token_ends_of_byte_tokens_written_as_replacement_characters_by_hand():
+    """The engine and SGLang's native API write a token holding part of a character as U+FFFD,
+    which says neither its bytes nor which token completes the character: characters stood in
+    for tokens. A backend that reads a token's bytes (the in-process engine's token_text) gives
+    them, and the ends are those of bytes:\\xNN texts."""
+    from lmnb.speculative import Speculation
+
+    lps = {"output_token_logprobs": [[0, 5, "\ufffd"], [0, 6, "\ufffd"], [0, 7, "!"]]}
+    assert Speculation.from_completion("é!", lps).ends is None  # (no reading of the bytes: characters)
+    s = Speculation.from_completion("é!", lps, {5: "bytes:\\xc3", 6: "bytes:\\xa9"}.__getitem__)
+    assert s.ends == (0, 1, 2) and s.end_of_tokens(1) == 0 and s.tokens_in(1) == 2
+
+
+def test_a_speculative_gen_served_from_the_leftover_reports_its_own_tokens_and_logprobs():
+    """A gen served from an earlier gen's speculative call had no logprobs (return_logprob=True
+    gave none), and a gen cut at max_tokens before the first byte of a character (which adds no
+    text yet) took that token with its characters: the next gen counted one token less. Reference:
+    the call's tokens by hand, each gen taking its own in order."""
+    from lmnb.backend.base import Completion
+
+    pieces = [" caf", "bytes:\\xc3", "bytes:\\xa9", " and", " tea", "."]
+
+    class Tokens(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion(" café and tea.", {
+                "id": rid, "prompt_tokens": 1, "completion_tokens": 6, "finish_reason": {"type": "length", "length": 16},
+                "output_token_logprobs": [[-0.1 * i, i, piece] for i, piece in enumerate(pieces)]})]
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += "x" + sgl.gen("a", max_tokens=1, return_logprob=True)  # " caf"; the first byte of "é" is b's
+        s += sgl.gen("b", stop=" tea", return_logprob=True)  # the two bytes, " and", and " tea" holding the stop
+        s += sgl.gen("c", max_tokens=2, return_logprob=True)  # " tea" (the stop is left for it) and "."
+
+    be = Tokens()
+    st = prog.run(backend=be)
+    assert (st["a"], st["b"], st["c"]) == (" caf", "é and", " tea.") and be.kinds() == ["generate"]
+    got = {k: (st.get_meta_info(k)["completion_tokens"], [t[1] for t in st.get_meta_info(k)["output_token_logprobs"]])
+           for k in "abc"}
+    assert got == {"a": (1, [0]), "b": (4, [1, 2, 3, 4]), "c": (2, [4, 5])}
+
+
 def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     replies = iter(["Name: Carol\nAge: 41", "Name: Carol\nAge: 41"])
     be = ScriptedBackend(lambda p, params: next(replies), chat_template=CHATML, is_chat_model=True)

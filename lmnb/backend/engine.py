@@ -256,6 +256,16 @@ class Engine(AssignableChatTemplate, BaseBackend):
         result = self.engine.generate(ids, SamplingParams(max_new_tokens=0))
         return self._meta(result, GenParams(), ids, counts, text.text if counts else "")
 
+    def token_text(self, token_id: int) -> str:
+        """Token ``token_id``'s text as OpenAI's logprobs (and ``lmnb serve``'s) write it: one holding
+        part of a character, whose decoded text is U+FFFD, as ``bytes:`` then its bytes
+        (``bytes:\\xc3``). API speculative execution finds where a call's tokens end in its text from
+        these (``lmnb.speculative.Speculation``): U+FFFD says neither how many bytes a token holds nor
+        which token completes a character."""
+        from lmnb_engine.http_server.openai_api import _token  # (lmnb serve's own reading of the bytes)
+
+        return _token(self.engine, token_id)
+
     def check_images(self) -> None:
         """[issue 10] Raises ``BackendCannotRun`` (a ``ValueError``) naming a text-only model for image() and video() alike, as
         ``RuntimeEndpoint`` does (the engine's own message speaks of images only), or a checkpoint
