@@ -328,7 +328,7 @@ class LMMagics(Magics):
             raise CellError(str(e)) from None
         except KeyboardInterrupt:  # (the first JSON schema check imports jsonschema: a second or so)
             raise cell_interrupt("the cell was stopped while it was being read; nothing ran") from None
-        captures = () if args.python else template.captures
+        captures = python.captures if args.python else template.captures  # (a --python body's literal names)
         try:
             check_cell_names(args.out, captures)
         except CellLineError as e:

@@ -280,10 +280,15 @@ def test_cells_the_kernel_refuses_are_refused_at_export_with_its_message(cell, m
     assert str(e.value) == message
 
 
-def test_a_python_cells_out_may_name_a_gen_as_in_the_kernel():
-    # the kernel knows a --python body's names only as it runs, and runs this cell: so does the export
-    _, p = export_notebook(notebook('q = "x"', "%%lm --python --out o\ns += q + lmnb.gen('o', max_tokens=1)"))
-    assert p.lm_cells[0].options.out == "o" and p.lm_cells[0].captures == ("o",)
+def test_a_python_cells_out_naming_its_literal_gen_is_refused_as_in_the_kernel():
+    # the kernel ran this cell (it knew a --python body's names only as it ran) and --out overwrote the
+    # gen's variable with the state; it reads a literal name before the cell runs now: so does the export
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "x"', "%%lm --python --out o\ns += q + lmnb.gen('o', max_tokens=1)"))
+    assert str(e.value).startswith("cell 2 (%%lm): --out o is also a variable the cell captures")
+    # a name computed as it runs is known only then, in the kernel too
+    _, p = export_notebook(notebook('q = "x"', "%%lm --python --out o\ns += q + lmnb.gen(q[:0] + 'o', max_tokens=1)"))
+    assert p.lm_cells[0].options.out == "o"
 
 
 @pytest.mark.parametrize("cells, words", [

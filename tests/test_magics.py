@@ -253,7 +253,9 @@ def test_a_result_named_get_ipython_is_refused_before_the_cell_runs(ip):
     or %lm cell failed with "TypeError: 'str' object is not callable"."""
     try:
         for cell in ("%%lm --quiet --temperature 0\nSay:{gen get_ipython max_tokens=1}",
-                     "%%lm --quiet --out get_ipython\nSay:{gen ok max_tokens=1}"):
+                     "%%lm --quiet --out get_ipython\nSay:{gen ok max_tokens=1}",
+                     # a --python body's literal name (it set the variable, as the template's was refused)
+                     "%%lm --quiet --python\ns += 'Say:' + lmnb.gen('get_ipython', max_tokens=1)"):
             result, out = run(ip, cell)
             assert not result.success and type(result.error_in_exec).__name__ == "UsageError"
             assert "'get_ipython' would replace IPython's get_ipython" in str(result.error_in_exec)
@@ -299,6 +301,14 @@ def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_t
     del ip.user_ns["st"], ip.user_ns["fine"]
 
 
+def test_a_python_cells_out_naming_its_literal_gen_is_refused_before_the_cell_runs(ip):
+    # --out o overwrote gen("o")'s variable with the state; a literal name is known before the cell
+    # runs now, so --out is checked against it as against a template's {gen o}
+    result, out = run(ip, '%%lm --python --static --out o\ns += "Q:" + lmnb.gen("o", max_tokens=3)')
+    assert type(result.error_in_exec).__name__ == "UsageError" and "o" not in ip.user_ns
+    assert str(result.error_in_exec).startswith("--out o is also a variable the cell captures")
+
+
 def test_a_result_named_like_a_builtin_is_flagged_once(ip):
     # {gen print} hid print() from every later cell without a word
     result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen print max_tokens=2}{select list choices=['a', 'b']}")
@@ -314,7 +324,10 @@ def test_a_result_named_like_a_builtin_is_flagged_once(ip):
 
 
 @pytest.mark.parametrize("cell, what", [("%%lm --quiet --temperature 0\nSay:{gen lmnb max_tokens=1}", "the result"),
-                                        ("%%lm --quiet --out lmnb\nSay:{gen ok max_tokens=1}", "--out")])
+                                        ("%%lm --quiet --out lmnb\nSay:{gen ok max_tokens=1}", "--out"),
+                                        # (a --python body's gen("lmnb") replaced the module, without a word)
+                                        ("%%lm --quiet --python\ns += 'Say:'\ns += lmnb.gen('lmnb', max_tokens=1)",
+                                         "the result")])
 def test_a_result_named_lmnb_is_refused_before_the_cell_runs(ip, cell, what):
     """{gen lmnb} / --out lmnb replaced the lmnb module in the kernel (with a warning only): every
     later --python cell failed with "'str' object has no attribute 'gen'"."""

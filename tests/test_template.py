@@ -1268,6 +1268,13 @@ def test_a_python_cells_literal_result_name_that_no_variable_can_have_is_refused
     assert message in e.value.message and e.value.hint.endswith(f'(s += "..."): {fix}')
 
 
+def test_a_python_cells_captures_are_the_names_its_body_writes_as_string_literals():
+    # what the kernel checks before the cell runs (gen("lmnb") replaced the lmnb module)
+    cell = parse_python('s += lmnb.select(name="b", choices=["x"])\nwith s.var_scope("v"):\n    s += gen("a")\n'
+                        's += lmnb.gen(f"c{1}") + lmnb.gen("a")\ndef ask(t):\n    return lmnb.gen("own")', first_line=2)
+    assert cell.captures == ("b", "v", "a")
+
+
 def test_a_python_cells_result_names_that_are_taken_or_known_only_as_it_runs_are_not_refused():
     for body in ['s += lmnb.gen("my_answer")', 's += lmnb.gen(f"my {x}")', 's += lmnb.gen("")',  # (gen's own refusal)
                  'def ask(t):\n    return lmnb.gen("a b")\nprog = lmnb.function(lambda t: t + lmnb.gen("c d"))',

@@ -372,8 +372,8 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
                           captures=template.captures)
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
-    try:  # the kernel's checks, which refuse the cell before it runs (a --python body's names: as it runs)
-        check_cell_names(options.out, () if options.python else cell.captures)
+    try:  # the kernel's checks, which refuse the cell before it runs (a --python body's literal names too)
+        check_cell_names(options.out, program.captures if options.python else cell.captures)
     except CellLineError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
     return cell

@@ -252,8 +252,9 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
 def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
-    (``checked_out``), ``captures`` the variables its prompt template captures (none for a
-    ``--python`` body, whose names are known only as it runs).
+    (``checked_out``), ``captures`` the variables its prompt template captures (a ``--python``
+    body's: those it names with a string literal, ``PythonCell.captures``; others are known only
+    as it runs).
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs

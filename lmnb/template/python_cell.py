@@ -35,6 +35,12 @@ class PythonCell:
         exec(self.compiled(name), namespace, local)
         return lmnb.function(local[name])
 
+    @property
+    def captures(self) -> tuple[str, ...]:
+        """The variables the body names with a string literal (``lmnb.gen("answer")``, in order):
+        those the kernel knows before the cell runs; names computed as it runs are not here."""
+        return tuple(dict.fromkeys(name for _, name, _ in _literal_result_names(self.tree)))
+
     def compiled(self, name: str = "cell"):
         """The code of a module defining ``def <name>(s): <body>``."""
         func = ast.FunctionDef(
@@ -89,7 +95,7 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
                                   "replaces it with another value, so nothing after it reaches the model; add to "
                                   "it with s += ... (or use another name)",
                                   source, node_offset(source, found), first_line, indent=indent)
-    found = _unreadable_result_name(tree)
+    found = next((f for f in _literal_result_names(tree) if result_name_problem(f[1])), None)
     if found is not None:  # the kernel would put it among its variables, where no code could read it
         call, name, node = found
         problem, fix = result_name_problem(name), variable_name_for(name)
@@ -115,13 +121,13 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
 _NAMING_CALLS = ("gen", "select", "gen_int", "gen_string", "var_scope")
 
 
-def _unreadable_result_name(tree: ast.AST) -> tuple[str, str, ast.AST] | None:
-    """(the call as written, its name, the name's node) of the first ``gen("my answer")`` (``lmnb.gen``, ``select``,
-    ``gen_int``, ``gen_string``, ``s.var_scope``) of the body itself whose literal name
-    ``result_name_problem`` refuses; functions defined in the body are left alone (they may be
-    programs of their own, whose results the cell does not capture), as are names computed as
-    it runs and blank ones, which ``gen`` refuses itself."""
-    todo = list(ast.iter_child_nodes(tree))
+def _literal_result_names(tree: ast.AST) -> list[tuple[str, str, ast.AST]]:
+    """(the call as written, its name, the name's node) of each ``gen("answer")`` (``lmnb.gen``,
+    ``select``, ``gen_int``, ``gen_string``, ``s.var_scope``) of the body itself that names its
+    variable with a string literal, in order; functions defined in the body are left alone (they
+    may be programs of their own, whose results the cell does not capture), as are names computed
+    as it runs and blank ones, which ``gen`` refuses itself."""
+    found, todo = [], list(ast.iter_child_nodes(tree))
     while todo:
         node = todo.pop(0)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
@@ -132,9 +138,9 @@ def _unreadable_result_name(tree: ast.AST) -> tuple[str, str, ast.AST] | None:
         call = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
         named = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
         if (call in _NAMING_CALLS and isinstance(named, ast.Constant) and isinstance(named.value, str)
-                and named.value.strip() and result_name_problem(named.value)):
-            return ast.unparse(node.func), named.value, named
-    return None
+                and named.value.strip()):
+            found.append((ast.unparse(node.func), named.value, named))
+    return sorted(found, key=lambda f: (f[2].lineno, f[2].col_offset))
 
 
 def result_name_problem(name: str) -> str | None:
