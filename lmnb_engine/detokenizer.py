@@ -1,7 +1,8 @@
 """Incremental detokenization for streamed output.
 
 The detokenizer decodes a sliding window of ids and emits only the text that the newest token
-added, holding it back while it ends in U+FFFD (an incomplete UTF-8 sequence). The window starts
+added, holding it back while it ends in U+FFFD (an incomplete UTF-8 sequence) and, with
+SentencePiece byte fallback, while a run of byte tokens is open (``_run_holders``). The window starts
 a few prompt tokens back so tokenizers that drop a leading space at the start of a decode
 (SentencePiece) still produce the right first word. This is the scheme of vLLM's
 ``detokenize_incrementally`` and SGLang's ``DetokenizerManager`` (``surr_offset``/``read_offset``).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import bisect
 import codecs
+import json
+import weakref
 from typing import Any, Callable, Sequence
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
@@ -34,6 +37,50 @@ def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]],
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
+# tokenizer -> its _run_holders, special tokens skipped and not: reading the decoder costs a
+# serialization (of the decoder alone), once per tokenizer rather than per request
+_HOLDERS: "weakref.WeakKeyDictionary[Any, dict[bool, frozenset[int]]]" = weakref.WeakKeyDictionary()
+
+
+def _run_holders(tokenizer: Any, skip_special_tokens: bool) -> frozenset[int]:
+    """The ids after which the text of a run of byte tokens is held back: with a ``ByteFallback``
+    decoder (SentencePiece byte fallback: Llama 2, Mistral), its ``<0xNN>`` tokens, and the special
+    tokens where they are skipped (a skipped token never reaches the decoder, so the run goes on
+    past it); no ids for other tokenizers, whose decoders read each byte once.
+
+    ``ByteFallback`` reads a run of byte tokens as one string where the run is valid UTF-8 and as
+    one U+FFFD per byte where it is not, so a later byte of the run (a stray ``<0xFF>`` after the
+    bytes of "中") turns the characters already there into U+FFFD: the run's text is final only
+    once a token the decoder reads as text ends it, or the output ends."""
+    try:
+        holders = _HOLDERS.get(tokenizer)
+    except TypeError:  # (not weakly referable: read each time)
+        holders = None
+    if holders is None:
+        holders = _new_run_holders(tokenizer)
+        try:
+            _HOLDERS[tokenizer] = holders
+        except TypeError:
+            pass
+    return holders[skip_special_tokens]
+
+
+def _new_run_holders(tokenizer: Any) -> dict[bool, frozenset[int]]:
+    """``_run_holders``'s answers (skip_special_tokens -> ids), read from the tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    found, stack = set(), [json.loads(decoder.__getstate__())] if decoder is not None else []
+    while stack:
+        d = stack.pop()
+        found.add(d.get("type"))
+        stack.extend(d.get("decoders") or [])
+    if "ByteFallback" not in found:
+        return {True: frozenset(), False: frozenset()}
+    byte_ids = frozenset({backend.token_to_id(f"<0x{b:02X}>") for b in range(256)} - {None})
+    special = {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if t.special}
+    return {True: byte_ids | special, False: byte_ids}
+
+
 class IncrementalDetokenizer:
     """Decodes output token ids one at a time into ``text`` (always complete characters).
 
@@ -46,7 +93,13 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._decode_ids = _decoder(tokenizer, skip_special_tokens)
-        self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._holders = _run_holders(tokenizer, skip_special_tokens)
+        # (a run of byte tokens ending the prompt would read as one run with the output's first
+        # bytes: the context ends before it)
+        end = len(prompt_ids)
+        while end and int(prompt_ids[end - 1]) in self._holders:
+            end -= 1
+        self._ids = [int(i) for i in prompt_ids[max(0, end - _CONTEXT_TOKENS) : end]]
         self._n_context = len(self._ids)
         self._prefix = 0  # window start (ids[prefix:read] is already turned into text)
         self._read = self._n_context
@@ -64,11 +117,13 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append one output token; return the text it completes ("" while bytes are pending)."""
-        self._ids.append(int(token_id))
+        token_id = int(token_id)
+        self._ids.append(token_id)
         window_before = self._decode(self._ids[self._prefix : self._read])
         window_now = self._decode(self._ids[self._prefix :])
         delta = ""
-        if len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT):
+        if (len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT)
+                and token_id not in self._holders):
             delta = self._new_text(window_before, window_now)
             self.text += delta
             self._prefix, self._read = self._read, len(self._ids)
@@ -79,15 +134,12 @@ class IncrementalDetokenizer:
         """The text that ``ids[read:end]`` adds to ``window_before`` (the text of ``ids[prefix:read]``),
         ``window`` being the text of ``ids[prefix:end]``.
 
-        That is ``window`` past ``window_before``, unless ``window`` does not begin with it: with
-        SentencePiece byte fallback, ``window_before`` may end in characters spelled by byte tokens
-        ("中" as ``<0xE4><0xB8><0xAD>``), and the tokenizers library's ``ByteFallback`` decoder reads
-        a run of byte tokens that is not valid UTF-8 as one U+FFFD per byte, the run's valid
-        characters included: an invalid byte token after them turns "中" into three U+FFFD. The
-        characters streamed stay; the new tokens are then read as the tokenizer reads them alone
-        (one U+FFFD per invalid byte), where a slice by length read one byte as three U+FFFD.
-        (A decode that cleans up spaces, " ," to ",", may also rewrite the end of ``window_before``:
-        the slice dropped the "," there; read alone, it is kept.)"""
+        That is ``window`` past ``window_before``, unless ``window`` does not begin with it: a
+        decode that cleans up spaces, " ," to ",", may rewrite the end of ``window_before`` (the
+        slice dropped the "," there; read alone, it is kept). The new tokens are then read as the
+        tokenizer reads them alone. (With SentencePiece byte fallback a run of byte tokens would
+        rewrite the characters of the run before it, "中" into three U+FFFD after a stray byte:
+        no window ends inside a run, ``_run_holders``.)"""
         if window.startswith(window_before):
             return window[len(window_before) :]
         return self._decode(self._ids[self._read : end])
@@ -110,14 +162,17 @@ class IncrementalDetokenizer:
         so a U+FFFD that ends their text is the character itself, and stays."""
         if self._read == len(self._ids):
             return ""
-        window_before = self._decode(self._ids[self._prefix : self._read])
-        delta = self._new_text(window_before, self._decode(self._ids[self._prefix :]))
-        if delta.endswith(_REPLACEMENT):
-            delta = self._whole_characters(delta, window_before)
+        delta = self._pending_text()
         self.text += delta
         self._prefix = self._read = len(self._ids)
         self._history[-1] = (self._prefix, self._read, len(self.text))
         return delta
+
+    def _pending_text(self) -> str:
+        """The text ``flush`` adds now, nothing changed (the held tokens' whole characters)."""
+        window_before = self._decode(self._ids[self._prefix : self._read])
+        delta = self._new_text(window_before, self._decode(self._ids[self._prefix :]))
+        return self._whole_characters(delta, window_before) if delta.endswith(_REPLACEMENT) else delta
 
     def _whole_characters(self, delta: str, window_before: str) -> str:
         """``delta``, the pending tokens' text ending in U+FFFD, up to the incomplete character at
@@ -155,6 +210,34 @@ class IncrementalDetokenizer:
             return text
         rest = b"".join(raw[whole:])
         return text + rest[: len(rest) - len(incomplete)].decode("utf-8", "replace")
+
+    def newest_text_start(self) -> int:
+        """Where in ``text`` the newest token's own text begins (a character index), for offsets
+        into the text such as completions' ``text_offset``. After tokens held back (the bytes of a
+        character, a run of byte tokens), that is past the whole characters they spell: where the
+        newest token ended the hold, its ``add`` returned their text with its own; where it is
+        held too, its bytes begin after them. A token whose bytes complete a character begun by
+        held tokens shares that character's start. Costs up to three decodes where tokens were
+        held, none otherwise.
+
+        Raises:
+            ValueError: no token was added."""
+        if len(self._history) < 2:
+            raise ValueError("no token added")
+        prefix, read, start = self._history[-2]
+        if read >= len(self._ids) - 1:  # (none held before it)
+            return start
+        if self._history[-1][2] == start:  # held too: after the whole characters of those before it
+            newest = self._ids.pop()
+            try:
+                return start + len(self._pending_text())
+            finally:
+                self._ids.append(newest)
+        window_before = self._decode(self._ids[prefix:read])
+        held = self._decode(self._ids[prefix:-1])
+        if held.startswith(window_before) and self._decode(self._ids[prefix:]).startswith(held):
+            return start + len(held) - len(window_before)
+        return start  # (the held text is not final without it: it completes their character)
 
     def whole_tokens(self, num_chars: int) -> tuple[int, int]:
         """``(n, length)``: the most leading output tokens whose text all lies in

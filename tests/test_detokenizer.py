@@ -107,6 +107,24 @@ def _incomplete_tail(raw: bytes) -> int:
     return 0
 
 
+def _byte_fallback_reference(tok, prompt, out):
+    """What the detokenizer's text of ``out`` after ``prompt`` must be, worked from the tokenizer's
+    one-shot decode: ``out`` with its skipped special tokens and the bytes of a character cut at
+    its end (``_incomplete_tail``) left out, decoded after a piece ("a", the text's one-shot
+    decode then being the rest of the whole decode) where the prompt is not empty (its own bytes
+    at its end, if any, would read with the output's), else alone."""
+    special = set(tok.all_special_ids)
+    out = [i for i in out if i not in special]
+    k = 0
+    while k < len(out) and tok.convert_ids_to_tokens(out[len(out) - 1 - k]).startswith("<0x"):
+        k += 1  # the run of byte tokens at the end
+    out = out[: len(out) - _incomplete_tail(bytes(i - 1 for i in out[len(out) - k:]))]
+    if not prompt:
+        return tok.decode(out)
+    head = tok.encode("a", add_special_tokens=False)
+    return tok.decode(head + out)[len(tok.decode(head)):]
+
+
 def test_a_byte_fallback_output_reads_as_the_tokenizer_decodes_it_less_a_cut_character(byte_fallback):
     # Worked with the tokenizers library's ByteFallback decoder: a run of byte tokens that is not
     # valid UTF-8 reads as one U+FFFD per byte, so "ok" + <0xE4><0xB8> (a "中" missing its last
@@ -118,56 +136,69 @@ def test_a_byte_fallback_output_reads_as_the_tokenizer_decodes_it_less_a_cut_cha
     assert tok.decode(ids[:-1]) == "ok\ufffd\ufffd"
     detok = IncrementalDetokenizer(tok, [])
     assert "".join(detok.add(t) for t in ids) + detok.flush() == detok.text == "ok\ufffd\ufffd"
-    # random outputs of pieces, byte-spelled characters, bytes that never form one and a cut inside
-    # a character, each prefix flushed: the text is the tokenizer's decode of the ids less the
-    # bytes of the character cut (found by _incomplete_tail), after the prompt's. (A byte-spelled character is
-    # followed by a piece: were invalid bytes to follow it in one run of byte tokens, the tokenizer
-    # would read it as U+FFFD too, though it was streamed; see the next test.)
+    # random outputs of pieces, byte-spelled characters, bytes that never form one (also right
+    # after a character, in one run with it), skipped special tokens inside runs and a cut inside
+    # a character, each prefix flushed, after prompts ending in a piece, in the bytes of a
+    # character and inside one, and no prompt: the text is the tokenizer's one-shot decode of the
+    # ids less the bytes of the character cut (_byte_fallback_reference)
     pieces = [tok.convert_tokens_to_ids(p) for p in ("▁", "a", "b", "ok", "▁a", "▁ok", "é")]
-    chars = [b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80", b"\xc3\x9f"]  # 中 😀 ß
-    invalid = [b"\xff", b"\xc0", b"\xe4\xb8", b"\xf0\x9f\x98"]  # invalid for good before a lead byte or piece
+    chars = [b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80", b"\xc3\x9f", b"A"]  # 中 😀 ß, and an ASCII byte
+    invalid = [b"\xff", b"\xc0", b"\xe4\xb8", b"\xf0\x9f\x98", b"\xad", b"\x80"]  # invalid before a piece
     rng = random.Random(0)
-    prompt = tok.encode("a b", add_special_tokens=False)
-    for _ in range(300):
-        ids, after_piece = [], True
+    head = tok.encode("a b", add_special_tokens=False)
+    prompts = [head, head + byte(0xC3, 0x9F), head + byte(0xE4, 0xB8) + [tok.eos_token_id], []]
+    for _ in range(400):
+        ids = []
         for _ in range(rng.randint(1, 8)):
-            kind = rng.choice(["piece", "char", "invalid", "continuation" if after_piece else "piece"])
+            kind = rng.choice(["piece", "char", "invalid", "eos"])
             if kind == "piece":
                 ids.append(rng.choice(pieces))
-            elif kind == "char":
-                ids += byte(*rng.choice(chars)) + [rng.choice(pieces)]
+            elif kind == "eos":
+                ids.append(tok.eos_token_id)
             else:
-                ids += byte(*(rng.choice(invalid) if kind == "invalid" else rng.choice([b"\xad", b"\x80"])))
-            after_piece = kind in ("piece", "char")
+                ids += byte(*rng.choice(chars if kind == "char" else invalid))
         if rng.random() < 0.6:  # a cut inside a character
-            c = rng.choice(chars)
+            c = rng.choice(chars[:3])
             ids += byte(*c[: rng.randint(1, len(c) - 1)])
+        prompt = rng.choice(prompts)
         for n in range(1, len(ids) + 1):
             out = ids[:n]
-            k = 0
-            while k < len(out) and tok.convert_ids_to_tokens(out[len(out) - 1 - k]).startswith("<0x"):
-                k += 1  # the run of byte tokens at the end
-            tail = _incomplete_tail(bytes(i - 1 for i in out[len(out) - k:]))
             detok = IncrementalDetokenizer(tok, prompt)
             streamed = "".join(detok.add(t) for t in out) + detok.flush()
-            assert streamed == detok.text == tok.decode(prompt + out[: len(out) - tail])[len(tok.decode(prompt)):], out
+            assert streamed == detok.text == _byte_fallback_reference(tok, prompt, out), (prompt, out)
 
 
-def test_bytes_that_spoil_a_run_of_byte_tokens_read_alone_after_the_characters_streamed(byte_fallback):
-    # "中" as byte tokens is streamed at once; a stray <0xFF> after it makes the run invalid, and
-    # the tokenizer then reads all four bytes as U+FFFD. The "中" streamed stays, and the new
-    # tokens read as the tokenizer reads them alone: one U+FFFD (a slice by length gave three)
+@pytest.mark.parametrize("bytes_, after, want", [
+    ((0xE4, 0xB8, 0xAD), True, "ok中 ok"),  # one character split across three tokens
+    ((0xE4, 0xB8, 0xAD, 0xFF), True, "ok" + "\ufffd" * 4 + " ok"),  # a spoilt run: each byte U+FFFD
+    ((0xE4, 0xB8, 0xAD, 0xFF), False, "ok" + "\ufffd" * 4),  # the same, ending the output
+    ((0xE4, 0xB8, 0xAD, 0xAD), True, "ok" + "\ufffd" * 4 + " ok"),  # a stray continuation byte spoils it too
+    ((0xFF, 0xE4, 0xB8, 0xAD), True, "ok" + "\ufffd" * 4 + " ok"),  # invalid, then valid: one run
+    ((0xE4, 0xB8, 0xAD, 0xE4, 0xB8), False, "ok中"),  # a run cut at the end: the cut character left out
+    ((0xFF, 0xE4, 0xB8), False, "ok\ufffd"),
+])
+def test_a_run_of_byte_tokens_streams_as_the_tokenizer_decodes_the_whole_output(byte_fallback, bytes_, after, want):
+    # The tokenizers library's ByteFallback decoder reads a run of byte tokens at once: valid
+    # UTF-8 as its characters, else one U+FFFD per byte, so a stray byte after the bytes of "中"
+    # turns that "中" into U+FFFD too. The run's text is held back until a piece ends it (or the
+    # output does), so the text streamed is what the tokenizer's one-shot decode gives (wanted
+    # texts worked by hand from that rule; before, "中" was streamed as soon as its last byte
+    # came, and the text read "ok中" + "\ufffd" where the decode read four U+FFFD).
     tok, byte = byte_fallback, (lambda *bs: [1 + b for b in bs])
     ok = tok.convert_tokens_to_ids("▁ok")
-    for tail in ([ok], byte(0xE4, 0xB8, 0xE4)):  # text after it, or invalid bytes and a cut at the end
-        ids = [ok] + byte(0xE4, 0xB8, 0xAD) + byte(0xFF) + tail
-        detok = IncrementalDetokenizer(tok, [])
-        deltas = [detok.add(t) for t in ids] + [detok.flush()]
-        assert deltas[:4] == ["ok", "", "", "中"]
-        cut = 3 if tail != [ok] else 0  # (the incomplete "E4" at the end is left out)
-        want = tok.decode(ids[:4]) + tok.decode(ids[4 : len(ids) - (cut and 1)])
-        assert "".join(deltas) == detok.text == want, tail
-    assert want == "ok中\ufffd\ufffd\ufffd"
+    ids = [ok] + byte(*bytes_) + ([ok] if after else [])
+    detok = IncrementalDetokenizer(tok, [])
+    deltas = [detok.add(t) for t in ids] + [detok.flush()]
+    assert "".join(deltas) == detok.text == want
+    assert deltas[1 : 1 + len(bytes_)] == [""] * len(bytes_)  # (nothing of the run before it ends)
+    cut = 2 if bytes_[-1] == 0xB8 else 0
+    assert want == tok.decode(ids[: len(ids) - cut])  # the one-shot decode, less a cut character's bytes
+    # a skipped special token (an EOS inside the run) does not end it; one kept does
+    eos = tok.eos_token_id
+    ids = [ok] + byte(0xE4, 0xB8, 0xAD) + [eos] + byte(0xFF) + [ok]
+    for skip, want in ((True, "ok" + "\ufffd" * 4 + " ok"), (False, "ok中</s>\ufffd ok")):
+        detok = IncrementalDetokenizer(tok, [], skip_special_tokens=skip)
+        assert "".join(detok.add(t) for t in ids) + detok.flush() == want == tok.decode(ids, skip_special_tokens=skip)
 
 
 def test_other_families_never_end_inside_a_character_and_keep_a_real_replacement_character():
@@ -239,3 +270,34 @@ def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     calls, decode = [], tok.decode
     tok.decode = lambda ids, **kw: calls.append(ids) or decode(ids, **kw)
     assert _decoder(tok, True)(ids) == decode(ids, skip_special_tokens=True) and calls == [ids]
+
+
+@pytest.mark.parametrize("bytes_", [(0xE4, 0xB8, 0xAD, 0xE4, 0xB8, 0xAD), (0xE4, 0xB8, 0xAD, 0xFF), (0xFF, 0xE4, 0xB8, 0xAD),
+                                    (0xE4, 0xB8), (0xFF,)])
+def test_the_newest_tokens_text_start_is_past_the_whole_characters_before_it(byte_fallback, bytes_):
+    # completions' text_offset: a byte token begins after the whole characters before it (the
+    # output so far less a cut character's bytes, _byte_fallback_reference), and the piece ending
+    # a run where its own text (" ok", read after "a") begins in the decode of the output up to
+    # it. Before, text_offset was worked from a second detokenizer that streamed "中" before a
+    # stray byte spoilt it: the piece after "ok" E4 B8 AD FF was put at 5 of the returned text,
+    # "ok" + four U+FFFD + " ok", inside the U+FFFD (6 is the space).
+    from types import SimpleNamespace
+
+    from lmnb_engine.http_server.openai_api import CompletionLogprobs
+
+    tok, byte = byte_fallback, (lambda *bs: [1 + b for b in bs])
+    ok = tok.convert_tokens_to_ids("▁ok")
+    ids = [ok] + byte(*bytes_) + [ok]
+    a = tok.encode("a", add_special_tokens=False)
+    own_ok = len(tok.decode(a + [ok])) - len(tok.decode(a))  # " ok": 3
+    want = [len(_byte_fallback_reference(tok, [], ids[:i])) if tok.convert_ids_to_tokens(t).startswith("<0x")
+            else len(tok.decode(ids[: i + 1])) - (own_ok if i else 2) for i, t in enumerate(ids)]
+    detok = IncrementalDetokenizer(tok, [])
+    starts = []
+    for t in ids:
+        detok.add(t)
+        starts.append(detok.newest_text_start())
+    assert starts == want
+    engine = SimpleNamespace(tokenizer=tok, decode=lambda ids, skip_special_tokens=False: tok.decode(ids))
+    lps = [SimpleNamespace(token_id=t, logprob=-1.0, top=None) for t in ids]
+    assert CompletionLogprobs(engine, 10, None, []).add(lps)["text_offset"] == [10 + w for w in want]

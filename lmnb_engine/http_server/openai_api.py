@@ -589,7 +589,8 @@ class CompletionLogprobs:
 
     def __init__(self, engine: Any, offset: int, first_id: Optional[int] = None, context: Sequence[int] = ()):
         self.engine, self.offset, self.first_id = engine, offset, first_id
-        self.text = IncrementalDetokenizer(engine, context, skip_special_tokens=True)  # decodes with engine.decode
+        # (the engine's tokenizer, as the returned text's detokenizer reads the tokens)
+        self.text = IncrementalDetokenizer(engine.tokenizer, context, skip_special_tokens=True)
 
     def add(self, lps: list) -> dict:
         """The object for ``lps`` (``TokenLogprob``s, None for prompt token 0), the next tokens."""
@@ -601,10 +602,9 @@ class CompletionLogprobs:
             values.append(None if lp is None else finite(lp.logprob))
             tops.append(None if lp is None else _completion_top(engine, lp, tokens[-1], values[-1]))
             start = len(self.text.text)  # where the text this token adds (or completes) begins
-            delta = self.text.add(tid) if tid is not None else ""
-            own = engine.decode([tid], skip_special_tokens=True) if delta.startswith(_REPLACEMENT) else ""
-            if own and not own.startswith(_REPLACEMENT) and delta.endswith(own):
-                start += len(delta) - len(own)  # after the U+FFFD of earlier byte tokens that never formed a character
+            if tid is not None:
+                self.text.add(tid)
+                start = self.text.newest_text_start()  # (past the text of tokens held back before it)
             offsets.append(self.offset + start)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
