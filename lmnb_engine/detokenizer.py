@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import codecs
 import json
+import re
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -21,6 +22,7 @@ from typing import Any, Callable, Sequence
 # (SGLang: INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
 _CONTEXT_TOKENS = 5
 _REPLACEMENT = "\ufffd"
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
@@ -79,6 +81,26 @@ def _new_run_holders(tokenizer: Any) -> dict[bool, frozenset[int]]:
     byte_ids = frozenset({backend.token_to_id(f"<0x{b:02X}>") for b in range(256)} - {None})
     special = {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if t.special}
     return {True: byte_ids | special, False: byte_ids}
+
+
+def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | None:
+    """The bytes of ``ids`` for a slow (Python) SentencePiece tokenizer (one with an ``sp_model``:
+    a checkpoint whose tokenizer_config names a SentencePiece-only class, such as
+    ``GPTSw3Tokenizer``), read as ``constrained.vocab`` reads a fast one's, which needs the Rust
+    tokenizer: ``<0xNN>`` is the byte NN, other pieces their text with "▁" a space, special tokens
+    none. None for other tokenizers. (Its decode reads a character cut at the end as one U+FFFD
+    per byte, as the fast one does.)"""
+    if getattr(tokenizer, "sp_model", None) is None:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    raw = []
+    for i, token in zip(ids, tokenizer.convert_ids_to_tokens(ids)):
+        m = _BYTE_TOKEN.fullmatch(token)
+        if i in special:
+            raw.append(b"")
+        else:
+            raw.append(bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode())
+    return raw
 
 
 class IncrementalDetokenizer:
@@ -181,8 +203,8 @@ class IncrementalDetokenizer:
         where it begins inside a token (byte-level BPE), that token's bytes before it, read as the
         ``ByteLevel`` decoder reads bytes (``String::from_utf8_lossy``: Python's "replace").
         ``delta`` itself where nothing is incomplete (a real or an invalid byte's U+FFFD) or the
-        tokenizer's bytes cannot be read (an unsupported family). ``window_before``: the text of
-        ``ids[prefix:read]``."""
+        tokenizer's bytes cannot be read (an unsupported family, or a slow tokenizer other than
+        SentencePiece's). ``window_before``: the text of ``ids[prefix:read]``."""
         from lmnb_engine.constrained.errors import GrammarError
         from lmnb_engine.constrained.vocab import token_bytes
 
@@ -190,7 +212,9 @@ class IncrementalDetokenizer:
         try:
             raw = [b or b"" for b in token_bytes(self._tokenizer, pending)]
         except (GrammarError, AttributeError, TypeError):
-            return delta
+            raw = _slow_sentencepiece_bytes(self._tokenizer, pending)
+            if raw is None:
+                return delta
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         whole = 0  # pending tokens that end on a character boundary
         for k, b in enumerate(raw, 1):

@@ -301,3 +301,31 @@ def test_the_newest_tokens_text_start_is_past_the_whole_characters_before_it(byt
     engine = SimpleNamespace(tokenizer=tok, decode=lambda ids, skip_special_tokens=False: tok.decode(ids))
     lps = [SimpleNamespace(token_id=t, logprob=-1.0, top=None) for t in ids]
     assert CompletionLogprobs(engine, 10, None, []).add(lps)["text_offset"] == [10 + w for w in want]
+
+
+def test_a_slow_sentencepiece_tokenizer_leaves_a_cut_character_out_as_a_fast_one_does(tmp_path):
+    # A checkpoint whose tokenizer_config names a SentencePiece-only class (GPTSw3Tokenizer) loads
+    # as a slow (Python) tokenizer, whose decode reads a character cut at the end as one U+FFFD
+    # per byte: "ok" + <0xE4><0xB8> flushed as "ok" + two U+FFFD, where a fast tokenizer's text
+    # leaves the cut character out (flush's docstring). Its decode reads invalid bytes one U+FFFD
+    # each and keeps the valid characters of the run ("中" then <0xFF> is "中" + U+FFFD), so the
+    # text streamed, less the cut character, is its one-shot decode (worked by hand below).
+    spm = pytest.importorskip("sentencepiece")
+    from lmnb_engine.tokenizer import load_tokenizer
+
+    text = ["hello world ok the cat is red", "ok ok a b ab okay", "the answer is ok"] * 50
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(tmp_path / "spiece"), vocab_size=300,
+                                   model_type="bpe", byte_fallback=True, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+                                   minloglevel=2)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "GPTSw3Tokenizer"}')
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    tok = load_tokenizer(tmp_path)
+    assert getattr(tok, "backend_tokenizer", None) is None  # (slow)
+    ok, byte = tok.convert_tokens_to_ids("▁ok"), (lambda *bs: tok.convert_tokens_to_ids([f"<0x{b:02X}>" for b in bs]))
+    cases = [([ok] + byte(0xE4, 0xB8), "ok"), ([ok] + byte(0xE4, 0xB8, 0xAD, 0xE4), "ok中"),
+             ([ok] + byte(0xFF, 0xE4, 0xB8), "ok\ufffd"), ([ok] + byte(0xE4, 0xB8, 0xAD, 0xFF) + [ok], "ok中\ufffd ok"),
+             ([ok] + byte(0xE4, 0xB8) + [ok], "ok\ufffd\ufffd ok")]
+    for ids, want in cases:
+        detok = IncrementalDetokenizer(tok, [])
+        assert "".join(detok.add(t) for t in ids) + detok.flush() == detok.text == want, ids
+    assert tok.decode(cases[0][0]) == "ok\ufffd\ufffd" and tok.decode(cases[3][0]) == cases[3][1]
