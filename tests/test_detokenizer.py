@@ -329,3 +329,32 @@ def test_a_slow_sentencepiece_tokenizer_leaves_a_cut_character_out_as_a_fast_one
         detok = IncrementalDetokenizer(tok, [])
         assert "".join(detok.add(t) for t in ids) + detok.flush() == detok.text == want, ids
     assert tok.decode(cases[0][0]) == "ok\ufffd\ufffd" and tok.decode(cases[3][0]) == cases[3][1]
+
+
+def test_logprob_tokens_of_sentencepiece_pieces_keep_their_leading_space(byte_fallback):
+    # The tokenizer's decode of "▁ok" alone strips its space ("ok", as at the start of a text), so
+    # completions' tokens read "ok" for "▁ok" and "ok" alike: their top_logprobs collided under
+    # "ok" (the less likely one lost), and a token did not read as the text at its text_offset.
+    # The token's text is now its own bytes from the vocabulary (" ok"), as vLLM puts the space back.
+    from types import SimpleNamespace
+
+    from lmnb_engine.http_server.openai_api import CompletionLogprobs, _completion_top, _token
+    from lmnb_engine.outputs import TokenLogprob
+
+    tok, byte = byte_fallback, (lambda *bs: [1 + b for b in bs])
+    engine = SimpleNamespace(tokenizer=tok, decode=lambda ids, skip_special_tokens=False: tok.decode(ids))
+    spaced, bare = tok.convert_tokens_to_ids("▁ok"), tok.convert_tokens_to_ids("ok")
+    assert tok.decode([spaced]) == tok.decode([bare]) == "ok"  # (the collision)
+    assert [_token(engine, i) for i in (spaced, bare, tok.eos_token_id)] == [" ok", "ok", "</s>"]
+    assert [_token(engine, i) for i in byte(0xE4, 0x41)] == ["bytes:\\xe4", "A"]
+    top = ((spaced, -0.5), (bare, -1.0))
+    assert _completion_top(engine, TokenLogprob(bare, -1.0, top), "ok", -1.0) == {" ok": -0.5, "ok": -1.0}
+    # each token reads as the returned text at its offset (the text after the prompt "a b")
+    prompt = tok.encode("a b", add_special_tokens=False)
+    ids = [spaced, bare, tok.convert_tokens_to_ids("▁a"), spaced]
+    detok = IncrementalDetokenizer(tok, prompt)
+    text = "".join(detok.add(t) for t in ids) + detok.flush()
+    assert text == " okok a ok"
+    lps = [SimpleNamespace(token_id=t, logprob=-1.0, top=None) for t in ids]
+    got = CompletionLogprobs(engine, 0, None, prompt).add(lps)
+    assert [text[o : o + len(t)] for t, o in zip(got["tokens"], got["text_offset"])] == got["tokens"]

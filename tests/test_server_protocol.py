@@ -3167,7 +3167,8 @@ def test_completion_top_logprobs_of_tokens_that_read_alike_keep_the_most_likely(
     from lmnb_engine.outputs import TokenLogprob
 
     texts = {5: "A", 6: "A", 7: "B"}
-    engine = types.SimpleNamespace(decode=lambda ids: "".join(texts[i] for i in ids))
+    no_vocabulary = type("Tokenizer", (), {})()  # (a tokenizer whose token bytes are not read: its decode is used)
+    engine = types.SimpleNamespace(decode=lambda ids: "".join(texts[i] for i in ids), tokenizer=no_vocabulary)
     top = ((5, -0.25), (6, -1.5), (7, -2.0))  # most likely first, as the sampler's topk gives them
     assert _completion_top(engine, TokenLogprob(6, -1.5, top), "A", -1.5) == {"A": -0.25, "B": -2.0}
     assert _completion_top(engine, TokenLogprob(7, -2.0, top[:2]), "B", -2.0) == {"A": -0.25, "B": -2.0}

@@ -515,16 +515,21 @@ def _usage(results: list) -> dict:
 
 
 def _token(engine: Any, token_id: int) -> str:
-    """A token's text in logprobs. A token holding part of a character decodes alone to U+FFFD;
-    it is written as OpenAI writes one, ``bytes:`` then its own bytes with those that are not
-    whole characters escaped (``bytes:\\xf0\\x9f``), so distinct byte tokens stay distinct:
-    completions' ``top_logprobs`` are keyed by this text, and byte tokens all read U+FFFD collided."""
-    text = engine.decode([token_id])
-    if _REPLACEMENT in text:
-        raw = _raw_bytes(engine, token_id)
-        if raw is not None and _REPLACEMENT.encode() not in raw:  # (not a real U+FFFD in the vocabulary)
-            return "bytes:" + raw.decode("utf-8", "backslashreplace")
-    return text
+    """A token's text in logprobs: its own bytes from the vocabulary (``_raw_bytes``) where they are
+    whole characters, so a SentencePiece word piece keeps its leading space (``▁ok`` is " ok",
+    which the tokenizer's decode of the token alone strips, as at the start of a text; vLLM puts
+    it back likewise), else its decode. A token holding part of a character decodes alone to
+    U+FFFD; it is written as OpenAI writes one, ``bytes:`` then its own bytes with those that are
+    not whole characters escaped (``bytes:\\xf0\\x9f``). So tokens of different bytes read apart:
+    completions' ``top_logprobs`` are keyed by this text, and byte tokens, which all read U+FFFD,
+    and " ok" and "ok", which both read "ok", collided."""
+    raw = _raw_bytes(engine, token_id)
+    if raw is None:
+        return engine.decode([token_id])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + raw.decode("utf-8", "backslashreplace")
 
 
 _RAW_BYTES: "weakref.WeakKeyDictionary[Any, Optional[list]]" = weakref.WeakKeyDictionary()  # tokenizer -> table
