@@ -310,7 +310,7 @@ def test_a_slow_sentencepiece_tokenizer_leaves_a_cut_character_out_as_a_fast_one
     # leaves the cut character out (flush's docstring). Its decode reads invalid bytes one U+FFFD
     # each and keeps the valid characters of the run ("中" then <0xFF> is "中" + U+FFFD), so the
     # text streamed, less the cut character, is its one-shot decode (worked by hand below).
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm  # (a dev dependency: pyproject.toml)
     from lmnb_engine.tokenizer import load_tokenizer
 
     text = ["hello world ok the cat is red", "ok ok a b ab okay", "the answer is ok"] * 50
@@ -338,7 +338,8 @@ def test_logprob_tokens_of_sentencepiece_pieces_keep_their_leading_space(byte_fa
     # The token's text is now its own bytes from the vocabulary (" ok"), as vLLM puts the space back.
     from types import SimpleNamespace
 
-    from lmnb_engine.http_server.openai_api import CompletionLogprobs, _completion_top, _token
+    from lmnb_engine.http_server.openai_api import CompletionLogprobs, _completion_top
+    from lmnb_engine.token_text import token_text as _token
     from lmnb_engine.outputs import TokenLogprob
 
     tok, byte = byte_fallback, (lambda *bs: [1 + b for b in bs])

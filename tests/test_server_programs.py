@@ -421,7 +421,7 @@ def test_completion_top_logprobs_always_hold_the_sampled_token(backends, engines
 
     import httpx
 
-    from lmnb_engine.http_server.openai_api import _token  # (a byte token's text: bytes:\xNN)
+    from lmnb_engine.token_text import token_text as _token  # (a byte token's text: bytes:\xNN)
 
     gen = httpx.post(f"{url}/generate", timeout=60, json={
         "text": "The river", "return_logprob": True, "top_logprobs_num": 1,
@@ -449,7 +449,7 @@ def test_openai_backend_top_logprobs_are_the_top_n_without_the_sampled_token(bac
     is /generate's ``output_top_logprobs`` for the same seeded sample."""
     import httpx
 
-    from lmnb_engine.http_server.openai_api import _token  # (a byte token's text: bytes:\\xNN)
+    from lmnb_engine.token_text import token_text as _token  # (a byte token's text: bytes:\\xNN)
 
     _, _, url = backends
     backend = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)

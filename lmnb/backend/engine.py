@@ -262,9 +262,9 @@ class Engine(AssignableChatTemplate, BaseBackend):
         (``bytes:\\xc3``). API speculative execution finds where a call's tokens end in its text from
         these (``lmnb.speculative.Speculation``): U+FFFD says neither how many bytes a token holds nor
         which token completes a character."""
-        from lmnb_engine.http_server.openai_api import _token  # (lmnb serve's own reading of the bytes)
+        from lmnb_engine.token_text import token_text  # (lmnb serve's own reading of the bytes)
 
-        return _token(self.engine, token_id)
+        return token_text(self.engine, token_id)
 
     def check_images(self) -> None:
         """[issue 10] Raises ``BackendCannotRun`` (a ``ValueError``) naming a text-only model for image() and video() alike, as

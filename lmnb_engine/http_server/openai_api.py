@@ -23,10 +23,8 @@ rid aborts every choice.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
-import weakref
 from typing import Any, AsyncIterator, ClassVar, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
@@ -74,9 +72,7 @@ from lmnb_engine.http_server.protocol import (
 from lmnb_engine.json_schema import json_value
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
-
-_REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
-
+from lmnb_engine.token_text import token_bytes, token_text
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -514,56 +510,6 @@ def _usage(results: list) -> dict:
     }
 
 
-def _token(engine: Any, token_id: int) -> str:
-    """A token's text in logprobs: its own bytes from the vocabulary (``_raw_bytes``) where they are
-    whole characters, so a SentencePiece word piece keeps its leading space (``▁ok`` is " ok",
-    which the tokenizer's decode of the token alone strips, as at the start of a text; vLLM puts
-    it back likewise), else its decode. A token holding part of a character decodes alone to
-    U+FFFD; it is written as OpenAI writes one, ``bytes:`` then its own bytes with those that are
-    not whole characters escaped (``bytes:\\xf0\\x9f``). So tokens of different bytes read apart:
-    completions' ``top_logprobs`` are keyed by this text, and byte tokens, which all read U+FFFD,
-    and " ok" and "ok", which both read "ok", collided."""
-    raw = _raw_bytes(engine, token_id)
-    if raw is None:
-        return engine.decode([token_id])
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return "bytes:" + raw.decode("utf-8", "backslashreplace")
-
-
-_RAW_BYTES: "weakref.WeakKeyDictionary[Any, Optional[list]]" = weakref.WeakKeyDictionary()  # tokenizer -> table
-_RAW_BYTES_LOCK = threading.Lock()
-
-
-def _raw_bytes(engine: Any, token_id: int) -> Optional[bytes]:
-    """The bytes token ``token_id`` stands for, from the tokenizer's vocabulary (``<0xNN>`` byte
-    tokens, byte-level BPE); None where the tokenizer's family is not one constrained decoding reads."""
-    from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.constrained.vocab import token_bytes_table
-
-    tok = engine.tokenizer
-    with _RAW_BYTES_LOCK:
-        if tok not in _RAW_BYTES:
-            try:
-                _RAW_BYTES[tok] = token_bytes_table(tok, len(tok))[0]
-            except (GrammarError, TypeError, AttributeError):
-                _RAW_BYTES[tok] = None
-        table = _RAW_BYTES[tok]
-    return table[token_id] if table is not None and 0 <= token_id < len(table) else None
-
-
-def _token_bytes(engine: Any, token_id: int, text: str) -> list[int]:
-    """OpenAI's ``bytes`` of a token whose ``_token`` is ``text``: the token's own UTF-8 bytes. A
-    token holding part of a character has them from the vocabulary (its text is ``bytes:...``), so
-    a client joining a reply's ``bytes`` gets the reply's text."""
-    if text.startswith("bytes:") or _REPLACEMENT in text:
-        raw = _raw_bytes(engine, token_id)
-        if raw is not None:
-            return list(raw)
-    return list(text.encode("utf-8"))
-
-
 def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
     """A chat choice's ``logprobs`` of ``lps``. It decodes every token (and may read the vocabulary
     once), so routes call it on a worker thread, off the event loop."""
@@ -571,13 +517,13 @@ def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
         return None
     content = []
     for lp in lps:
-        tok = _token(engine, lp.token_id)
+        tok = token_text(engine, lp.token_id)
         content.append({
             "token": tok,
             "logprob": finite(lp.logprob),
-            "bytes": _token_bytes(engine, lp.token_id, tok),
+            "bytes": token_bytes(engine, lp.token_id, tok),
             "top_logprobs": [
-                {"token": (t := _token(engine, tid)), "logprob": finite(v), "bytes": _token_bytes(engine, tid, t)}
+                {"token": (t := token_text(engine, tid)), "logprob": finite(v), "bytes": token_bytes(engine, tid, t)}
                 for tid, v in lp.top
             ],
         })
@@ -603,7 +549,7 @@ class CompletionLogprobs:
         tokens, values, tops, offsets = [], [], [], []
         for lp in lps:
             tid = self.first_id if lp is None else lp.token_id
-            tokens.append("" if tid is None else _token(engine, tid))
+            tokens.append("" if tid is None else token_text(engine, tid))
             values.append(None if lp is None else finite(lp.logprob))
             tops.append(None if lp is None else _completion_top(engine, lp, tokens[-1], values[-1]))
             start = len(self.text.text)  # where the text this token adds (or completes) begins
@@ -625,7 +571,7 @@ def _completion_top(engine: Any, lp: Any, token: str, value: Optional[float]) ->
     where a less likely token of the same text overwrote it."""
     top: dict = {}
     for t, v in lp.top or ():
-        top.setdefault(_token(engine, t), finite(v))
+        top.setdefault(token_text(engine, t), finite(v))
     top.setdefault(token, value)  # (a top token of the same text already holds its place)
     return top
 
