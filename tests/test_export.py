@@ -1163,10 +1163,19 @@ _FIRST = ("class Tok:\n    def __init__(self):\n        self.rows = [[]]\n      
     ("x = tok.first()\nx.append(q)\nr = str(len(tok.rows[0]))", "x = tok.first(); x.append(q)"),
     ("x = tok.first()\nif q:\n    x[:0] = [q]\nr = str(len(tok.rows[0]))", "x = tok.first(); x[:0] = [q]"),
     ("x = tok.first()\nx += [q]\nr = str(len(tok.rows[0]))", "x = tok.first(); x += [q]"),  # (a list's += extends it)
+    # (rebound to a value that may be it, or under an if, or after the change: still noted)
+    ("x = tok.first()\nx = x if q else []\nx.append(q)\nr = str(len(tok.rows[0]))", "x = tok.first(); x.append(q)"),
+    ("x = tok.first()\nif q == 'Z':\n    x = []\nx.append(q)\nr = str(len(tok.rows[0]))",
+     "x = tok.first(); x.append(q)"),
+    ("x = tok.first()\nx.append(q)\nx = []\nr = str(len(tok.rows[0]))", "x = tok.first(); x.append(q)"),
     # (a row that only reads what is passed out, or changes its own copy, or a lookup's string: no note)
     ("r = str(len(tok.first()) + 1)", None),
     ("x = list(tok.first())\nx.append(q)\nr = str(len(x))", None),
     ("x = tok.word('a')\nx = x.upper()\nr = x", None),
+    # (a name bound again to a new list before the change: it no longer names what tok.first() passed out; the
+    # export noted x.append(q) as a change of tok's list)
+    ("x = tok.first()\nx = []\nx.append(q)\nr = str(len(tok.rows[0]) + len(x))", None),
+    ("x = tok.first()\nn = len(x)\nx, y = [], n\nx.append(q)\nr = str(len(tok.rows[0]) + y)", None),
 ])
 def test_a_row_changing_in_place_an_item_a_setup_method_passes_out_is_noted(tmp_path, monkeypatch, cell, noted):
     # tok.first() returns self.rows[0], which export took for a read (such items are strings and numbers more

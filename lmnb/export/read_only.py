@@ -103,10 +103,34 @@ def _result_changed(call, tree, parents: dict) -> str | None:
     if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
         return None
     name = bound.targets[0].id
-    changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and (
+    ended = _rebound_after(bound, name, parents)
+    changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and n not in ended and (
         isinstance(n.ctx, ast.Load) and _changed_in_place(n, parents)
         or isinstance(parents.get(n), ast.AugAssign) and parents[n].target is n)]
     return f"{ast.unparse(bound)}; {statement(changed[0])}" if changed else None
+
+
+def _rebound_after(bound, name: str, parents: dict) -> set:
+    """The nodes where ``name``, bound by the statement ``bound``, is surely bound to another value:
+    those of the statements after the first one that binds it again (``x = []``, ``x, y = ...``) in
+    the same body as ``bound`` (``x = tok.first()``), which runs whenever ``bound`` has and before
+    them, to a value that does not read it (``x = x or []`` may keep it). A binding under an ``if``
+    or in a loop, or a use after the body (past a ``break``) is not followed: such uses are kept."""
+    import ast
+
+    body = next((b for field in ("body", "orelse", "finalbody") for b in [getattr(parents.get(bound), field, None)]
+                 if isinstance(b, list) and bound in b), None)
+    if body is None:
+        return set()
+    after = body[body.index(bound) + 1:]
+    for i, stmt in enumerate(after):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) \
+            and stmt.value is not None else []
+        reads = any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)) if targets else True
+        if not reads and any(isinstance(e, ast.Name) and e.id == name for t in targets
+                             for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+            return {n for later in after[i + 1:] for n in ast.walk(later)}
+    return set()
 
 
 def _changed_outside(setup: list, cls) -> set:
