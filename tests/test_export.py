@@ -1078,6 +1078,24 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "a dict of instances of Counter"),
     (_COUNTER + "\nitems = [1, 2]\nfor _ in range(1):\n    items.append(Counter())", "r = str(items[2].bump())",
      ["1", "2", "3"], "a list holding an instance of Counter"),
+    # (an item reached through a starred target, a slice, or a builtin that picks one: max(items, key=f), min,
+    # next(iter(items)), sorted(items)[0]; all went without a note)
+    (_COUNTER + "\nitems = [1, Counter()]", "a, *m = items\nr = str(m[0].bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`m[0].bump()` in cell 3, "
+     "m being `items[1:]`)"),
+    (_COUNTER + "\nitems = [Counter(), 1, 2]", "*m, b = items\nr = str(m[0].bump() + b)", ["3", "4", "5"],
+     "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = [1, Counter()]", "r = ''\nfor h in items[1:]:\n    r += str(h.bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter"),
+    (_COUNTER + "\nitems = [Counter(), Counter()]", "r = str(max(items, key=lambda h: h.n).bump())", ["1", "2", "3"],
+     "a list of instances of Counter that this cell makes once, is used by the rows (`max(items, key=lambda h: h.n)"
+     ".bump()` in cell 3)"),
+    (_COUNTER + "\nitems = (Counter(), 5)", "x = min(items[:1], key=id)\nr = str(x.bump())", ["1", "2", "3"],
+     "a tuple holding an instance of Counter"),
+    (_COUNTER + "\nitems = [Counter()]", "r = str(next(iter(items)).bump())", ["1", "2", "3"],
+     "a list of instances of Counter"),
+    (_COUNTER + "\nitems = [Counter(), Counter()]", "xs = sorted(items, key=id)\nr = str(xs[0].bump())",
+     ["1", "2", "3"], "a list of instances of Counter"),
     # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
     # deepcopy cannot copy)
     (_GEN_XYZ + "items = {'a': g(), 'b': 3}", "r = next(items.get('a'))", ["x", "y", "z"],
@@ -1098,6 +1116,8 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,
      None),
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[1]\nx = items[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [Counter(), 1, 2]", "a, *m = items\nr = str(m[0].bit_length() + m[-1])", None, None),
+    (_COUNTER + "\nitems = [1, 2, Counter()]", "*m, b = items\nr = str(m[-1].bit_length() + items[1:][0])", None, None),
     (_GEN_XYZ + "items = {'a': 'xy', 'b': g()}", "r = items.get('a').upper() + items['a'][0]", None, None),
     (_COUNTER + "\nitems = ['ab', Counter()]", "r = ''.join(w.upper() for w in items if isinstance(w, str))", None,
      None),

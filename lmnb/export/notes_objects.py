@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from lmnb.export.cells import bound_by
+from lmnb.export.held_items import _ANY, _as_item, _constant_key, _items_of
 from lmnb.export.read_only import _ITERATING_BUILTINS, _READ_METHODS, _read_only_methods, _result_changed
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements, _tests_unset
 
@@ -108,18 +109,6 @@ def _described(kind: str, found: list) -> str:
 _APPENDED = object()
 
 
-def _constant_key(node):
-    """The constant an index or key expression ``node`` is (``1``, ``-1``, ``'a'``), or ``_ANY``."""
-    import ast
-
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
-            and isinstance(node.operand.value, int):
-        return -node.operand.value
-    return _ANY
-
-
 def _stored_objects(stmt, names: set, making) -> list:
     """(name, key, what ``making`` says it is) for each object the set-up statement ``stmt`` makes
     and stores in a list or dict of ``names``: ``items[0] = Counter()``, ``items.append(gen())``
@@ -211,21 +200,20 @@ def _loop_items(node) -> list:
 
 def _held_items(iterated, target, held: dict) -> tuple:
     """(the ``held`` name, the names that ``target`` binds to its items) where a loop over
-    ``iterated`` takes the items of a list or tuple ``held`` names (``for h in handlers``), or the
-    values of a dict (``handlers.values()``, the second of ``k, h`` in ``handlers.items()``: its keys
+    ``iterated`` takes the items of a list or tuple ``held`` names (``for h in handlers``, or
+    ``held_items``' forms: ``handlers[1:]``, ``sorted(handlers)``), or the values of a dict
+    (``handlers.values()``, the second of ``k, h`` in ``handlers.items()``: its keys
     are no such objects); (None, set()) otherwise."""
     import ast
 
     def names(node) -> set:
         return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
-    if isinstance(iterated, ast.Name) and iterated.id in held and not held[iterated.id][1].startswith("a dict"):
-        return iterated.id, names(target)
+    if (name := _items_of(iterated, held)) is not None:  # (items, items[1:], sorted(items), d.values())
+        return name, names(target)
     if isinstance(iterated, ast.Call) and not iterated.args and isinstance(iterated.func, ast.Attribute) \
             and isinstance(iterated.func.value, ast.Name) and iterated.func.value.id in held:
         name, method = iterated.func.value.id, iterated.func.attr
-        if method == "values" and held[name][1].startswith("a dict"):
-            return name, names(target)
         if method == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
             return name, names(target.elts[1])
     return None, set()
@@ -248,10 +236,6 @@ def _container_classes(setup: list) -> set:
                                                   for b in stmt.bases):
             out.add(stmt.name)
     return out
-
-
-# The key of an item of a held container that no constant names (a comprehension's, a computed dict key)
-_ANY = object()
 
 
 def _container_items(value) -> tuple[str, list]:
@@ -294,8 +278,10 @@ def _held_elements(entry: tuple, key) -> list:
 def _aliases(tree, made: dict, held: dict) -> dict:
     """Name → the expression it stands for, for each name that ``tree`` (a row cell or a function
     of one, its own nodes) binds once, to a ``made`` object, a ``held`` container or its item:
-    ``x = c``, ``xs = items``, ``x = items[1]``, ``x = items.get('a')``, or by unpacking a held list or tuple,
-    ``a, b = items`` (b: ``items[1]``; after a starred target, negative indices). A name bound
+    ``x = c``, ``xs = items``, ``x = items[1]``, ``x = items.get('a')``, ``x = max(items, key=f)``,
+    ``xs = sorted(items)`` (``held_items``' forms), or by unpacking a held list or tuple, ``a, b =
+    items`` (b: ``items[1]``; after a starred target, negative indices; the starred one, ``*m``:
+    ``items[1:]``). A name bound
     again is left out: which value a use reads is not known here."""
     import ast
 
@@ -311,7 +297,8 @@ def _aliases(tree, made: dict, held: dict) -> dict:
         source = value.func.value if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
             value.func.attr == "get" else value.value if isinstance(value, ast.Subscript) else None
         if isinstance(target, ast.Name) and (isinstance(value, ast.Name) and (value.id in made or value.id in held) or
-                                             isinstance(source, ast.Name) and source.id in held):
+                                             isinstance(source, ast.Name) and source.id in held or
+                                             _items_of(value, held) or _as_item(value, held) is not value):
             found[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, ast.Name) and value.id in held and \
                 not held[value.id][1].startswith("a dict"):  # (a dict unpacks to its keys)
@@ -320,6 +307,11 @@ def _aliases(tree, made: dict, held: dict) -> dict:
                 if isinstance(element, ast.Name) and i != star:
                     index = i if star is None or i < star else i - len(target.elts)
                     found[element.id] = ast.Subscript(value, ast.Constant(index), ast.Load())
+                elif i == star and isinstance(element.value, ast.Name):  # (a, *m, b = items: m is items[1:-1])
+                    after = len(target.elts) - 1 - i
+                    upper = ast.UnaryOp(ast.USub(), ast.Constant(after)) if after else None
+                    found[element.value.id] = ast.Subscript(value, ast.Slice(ast.Constant(i) if i else None, upper),
+                                                            ast.Load())
     return {name: value for name, value in found.items() if bindings.get(name) == 1}
 
 
@@ -431,6 +423,7 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
             else:
                 continue
             target, alias = _unaliased(target, aliases)
+            target = _as_item(target, held)  # (max(items, key=f), m[0] of a, *m = items: an item of items)
             being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
             # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump(), or of a dict by
             # get: next(items.get('a')))
