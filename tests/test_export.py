@@ -1096,6 +1096,19 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "a list of instances of Counter"),
     (_COUNTER + "\nitems = [Counter(), Counter()]", "xs = sorted(items, key=id)\nr = str(xs[0].bump())",
      ["1", "2", "3"], "a list of instances of Counter"),
+    # (a list, dict or set made by its constructor, list(), dict(a=...), or a set display: the export took list() for
+    # no container, and the Counter stored in it went without a note)
+    (_COUNTER + "\nitems = list()\nitems.append(Counter())", "r = str(items[0].bump())", ["1", "2", "3"],
+     "a list of instances of Counter"),
+    (_COUNTER + "\nitems = dict()\nitems['a'] = Counter()", "r = str(items['a'].bump())", ["1", "2", "3"],
+     "a dict of instances of Counter"),
+    (_COUNTER + "\nitems = dict(a=Counter(), b=2)", "r = str(items['a'].bump() + items['b'])", ["3", "4", "5"],
+     "a dict holding an instance of Counter"),
+    (_COUNTER + "\nitems = set()\nitems.add(Counter())", "r = ''\nfor h in items:\n    r += str(h.bump())",
+     ["1", "2", "3"], "a set of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in "
+     "cell 3, an item of `items`)"),
+    (_COUNTER + "\nitems = {Counter()}", "r = str(next(iter(items)).bump())", ["1", "2", "3"],
+     "a set of instances of Counter"),
     # (a row that changes it in place has its own copy of it, and so of the Counter, but shares the generator, which
     # deepcopy cannot copy)
     (_GEN_XYZ + "items = {'a': g(), 'b': 3}", "r = next(items.get('a'))", ["x", "y", "z"],
@@ -1111,6 +1124,7 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_COUNTER + "\nitems = [1, 2]\nitems[0] = Counter()\nitems.append(Counter())", "r = str(items[1].bit_length())",
      None, None),
     (_COUNTER + "\nitems = {'b': 2}\nitems['a'] = Counter()", "r = str(items['b'].bit_length())", None, None),
+    (_COUNTER + "\nitems = dict(a=Counter(), b=2)", "r = str(items['b'].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter()]\ndef show(xs):\n    print(len(xs), xs.index(1))\nshow(items)\nimport random\n"
      "print(random.Random(1).sample(items, 1), sorted(items, key=id))", "r = str(items[0].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,

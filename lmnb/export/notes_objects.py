@@ -88,7 +88,7 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         found = [(key, making(item)) for key, item in items]
         if any(f for _, f in found):
             held[name] = (c.index, _described(kind, found), found)
-        elif kind in ("list", "dict"):
+        elif kind in ("list", "set", "dict"):
             plain[name] = (kind, found)
     return made, held, defs
 
@@ -111,8 +111,9 @@ _APPENDED = object()
 
 def _stored_objects(stmt, names: set, making) -> list:
     """(name, key, what ``making`` says it is) for each object the set-up statement ``stmt`` makes
-    and stores in a list or dict of ``names``: ``items[0] = Counter()``, ``items.append(gen())``
-    (key ``_APPENDED``), ``items.insert(0, gen())`` (``_ANY``), ``d.setdefault('a', Counter())``,
+    and stores in a list, set or dict of ``names``: ``items[0] = Counter()``, ``items.append(gen())``
+    (key ``_APPENDED``), ``items.insert(0, gen())`` or a set's ``items.add(gen())`` (``_ANY``),
+    ``d.setdefault('a', Counter())``,
     also in the body of a block (``for k in keys: d[k] = Counter()``; in a loop, at ``_ANY``)."""
     import ast
 
@@ -130,6 +131,7 @@ def _stored_objects(stmt, names: set, making) -> list:
             and call.func.value.id in names and not call.keywords:
         method, args = call.func.attr, call.args
         key, value = (_APPENDED, args[0]) if method == "append" and len(args) == 1 else \
+            (_ANY, args[0]) if method == "add" and len(args) == 1 else \
             (_ANY, args[1]) if method == "insert" and len(args) == 2 else \
             (_constant_key(args[0]), args[1]) if method == "setdefault" and len(args) == 2 else (None, None)
         if value is not None and (what := making(value)) is not None:
@@ -239,9 +241,10 @@ def _container_classes(setup: list) -> set:
 
 
 def _container_items(value) -> tuple[str, list]:
-    """("list", "tuple" or "dict"; (its index, or a dict's key where a constant, else ``_ANY``; the
-    expression) for each of its items, or a dict's values) for a display or a comprehension (one
-    item: its element, at ``_ANY``); ("", []) for another value."""
+    """("list", "tuple", "set" or "dict"; (its index, or a dict's key where a constant, else ``_ANY``
+    (a set's items: always); the expression) for each of its items, or a dict's values) for a
+    display, a comprehension (one item: its element, at ``_ANY``) or a constructor called with no
+    items, ``list()``, ``set()``, ``dict()``, ``dict(a=Counter())``; ("", []) for another value."""
     import ast
 
     if isinstance(value, (ast.List, ast.Tuple)):
@@ -251,10 +254,17 @@ def _container_items(value) -> tuple[str, list]:
     if isinstance(value, ast.Dict):
         return "dict", [(k.value if isinstance(k, ast.Constant) else _ANY, v)
                         for k, v in zip(value.keys, value.values) if k is not None]  # (not a **spread's)
-    if isinstance(value, ast.ListComp):
-        return "list", [(_ANY, value.elt)]
+    if isinstance(value, ast.Set):
+        return "set", [(_ANY, e) for e in value.elts]
+    if isinstance(value, (ast.ListComp, ast.SetComp)):
+        return "list" if isinstance(value, ast.ListComp) else "set", [(_ANY, value.elt)]
     if isinstance(value, ast.DictComp):
         return "dict", [(_ANY, value.value)]
+    # (the constructors called empty, as a display is written: list(), set(), dict() or dict(a=Counter()))
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("list", "set", "dict") \
+            and not value.args and (value.func.id == "dict" or not value.keywords) \
+            and all(k.arg is not None for k in value.keywords):  # (not a **spread's)
+        return value.func.id, [(k.arg, k.value) for k in value.keywords]
     return "", []
 
 
