@@ -3705,6 +3705,24 @@ def test_a_row_field_spelt_like_a_set_variable_is_noted_as_a_typo():
     assert p.inputs == ("person",) and p.notes == []  # (a field the notebook sets to an example is no typo)
 
 
+@pytest.mark.parametrize("cell, field, tag", [("a {Join} b", "Join", "{join}"), ("{SYSTEM}x", "SYSTEM", "{system}"),
+                                             ("{fork 2}x{Join}{join}", "Join", "{join}")])
+def test_a_row_field_that_is_a_tag_in_another_case_is_noted_with_the_tag(cell, field, tag):
+    """{Join} fails the notebook's cell with "name 'Join' is not defined; did you mean {join}?"
+    (Template.bind); the export made Join a row field every row had to give, without a word."""
+    from lmnb.template.errors import TemplateRuntimeError
+
+    with pytest.raises(TemplateRuntimeError, match=f"did you mean {tag}"):  # (the cell's words in the notebook)
+        parse(f"{{q}}{cell}").bind({"q": "A"})
+    _, p = export_notebook(notebook("q = 'A'", f"%%lm\n{{q}}{cell}{{gen x max_tokens=1}}"))
+    assert p.inputs == ("q", field)
+    assert p.notes == [f"{field}: {{{field}}} in %%lm cell 2 is read as a Python variable, not the tag, and no cell "
+                       f"sets it, so a row field; did you mean {tag}? (write it lowercase, or name the row fields "
+                       "with --inputs)"]
+    _, p = export_notebook(notebook("q = 'A'", "%%lm\n{q}{Join + 1}{gen x max_tokens=1}"))
+    assert p.notes == []  # (no bare hole: Python's, as the notebook reads it)
+
+
 @pytest.mark.parametrize("setup, field", [("qs = ['a', 'b']", "q"), ("names = ['Ann']", "name"),
                                           ("q = 'x'", "qs"), ("boxes = []", "box"), ("name_2 = 'B'", "name"),
                                           ("q1 = 1", "q"), ("entries = []", "entry"), ("entry = 'e'", "entries")])

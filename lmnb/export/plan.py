@@ -459,7 +459,8 @@ def _moved_setup_cells(before: list, after: list, examples: set) -> list:
 def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
     """Notes on the row fields that no cell sets and that are spelt like a name a cell sets: a
     typo (``{persn}`` beside ``person = "..."``), which fails the notebook's cell with a NameError,
-    made the job ask every row for a field ``persn``, without a word."""
+    made the job ask every row for a field ``persn``, without a word; or like a tag in another case
+    (``{Join}``), which the notebook's cell offers the tag for."""
     from lmnb.ir import close_match
 
     defined = set(parameters)
@@ -467,6 +468,12 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
         defined |= _value_names(c) if isinstance(c, Code) else set(c.sets) if isinstance(c, LMCell) else set()
     notes = []
     for n in p.inputs:
+        meant = _tag_meant_by(p, n)
+        if meant:  # ({Join}: the cell fails in the notebook, saying "did you mean {join}?")
+            notes.append(f"{n}: {{{n}}} in %%lm cell {meant[0]} is read as a Python variable, not the tag, and no cell "
+                         f"sets it, so a row field; did you mean {meant[1]}? (write it lowercase, or name the row "
+                         "fields with --inputs)")
+            continue
         # (a field that is a form of a set name, {text} beside texts = [...], names another thing on
         # purpose: no other name it is close to, `next`, is meant either)
         forms = n in examples or any(_word_forms(n, m) for m in defined)
@@ -475,6 +482,20 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
             notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close!r}, "
                          f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
     return notes
+
+
+def _tag_meant_by(p: Plan, name: str) -> Optional[tuple]:
+    """(the %%lm cell's index, the tag: ``{join}``) for the first template of ``p`` whose hole that
+    first reads ``name`` is that name alone and a tag's word in another case (``{Join}``,
+    ``{SYSTEM}``: ``Template.bind``'s hint in the notebook); else None."""
+    from lmnb.template.template import _tag_meant
+
+    for c in p.lm_cells:
+        offsets = getattr(c.template, "argument_offsets", {})
+        tag = _tag_meant(name, c.template.source, offsets[name]) if name in offsets else None
+        if tag:
+            return c.index, tag
+    return None
 
 
 def _word_forms(a: str, b: str) -> bool:
