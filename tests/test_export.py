@@ -917,6 +917,7 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
     ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
+    (_COUNTER, "def f(x):\n    x = Counter()\n    return x.bump()\nr = str(f(c))"),  # (its x: a new one)
     # (a method that only reads its instance, itself or through another such method: nothing carries over)
     ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
      "        return [self.vocab.get(ch, 0) for ch in x] + [self.size(), self.vocab['a']]\n    def size(self):\n"
@@ -1007,6 +1008,16 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
      "    def take(self):\n        for x in self.its[0]:\n            return x\nsrc = Src()", "r = src.take()",
      ["x", "y", "z"], "cell 1: src, an instance of Src that this cell makes once, is used by the rows "
      "(`src.take()` in cell 3)"),
+    # (passed to a function of the row's, or of the set-up's, that changes its parameter: no note before)
+    (_COUNTER, "def f(x):\n    return x.bump()\nr = str(f(c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, in its "
+     "f(), x being `c`)"),
+    (_COUNTER + "\ndef use(x):\n    return x.bump()", "r = str(use(c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in use(), a "
+     "function of cell 1, x being `c`)"),
+    ("def g():\n    yield from 'xyz'\nitems = [g()]", "def take(it):\n    return next(it)\nxs = items\nr = take(xs[0])",
+     ["x", "y", "z"], "cell 1: items, a list of iterators (g()) that this cell makes once, is used by the rows "
+     "(`next(it)` in cell 3, in its take(), it being `items[0]`)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1096,6 +1107,10 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "a list of instances of Counter"),
     (_COUNTER + "\nitems = [Counter(), Counter()]", "xs = sorted(items, key=id)\nr = str(xs[0].bump())",
      ["1", "2", "3"], "a list of instances of Counter"),
+    # (an item passed to a function of the row's that changes it: no note before)
+    (_COUNTER + "\nitems = [1, Counter()]", "def f(h):\n    return h.bump()\nr = str(f(items[1]))", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`h.bump()` in cell 3, in "
+     "its f(), h being `items[1]`)"),
     # (a list, dict or set made by its constructor, list(), dict(a=...), or a set display: the export took list() for
     # no container, and the Counter stored in it went without a note)
     (_COUNTER + "\nitems = list()\nitems.append(Counter())", "r = str(items[0].bump())", ["1", "2", "3"],
@@ -1125,6 +1140,7 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      None, None),
     (_COUNTER + "\nitems = {'b': 2}\nitems['a'] = Counter()", "r = str(items['b'].bit_length())", None, None),
     (_COUNTER + "\nitems = dict(a=Counter(), b=2)", "r = str(items['b'].bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter()]", "def f(x):\n    return x.bit_length()\nr = str(f(items[0]))", None, None),
     (_COUNTER + "\nitems = [1, Counter()]\ndef show(xs):\n    print(len(xs), xs.index(1))\nshow(items)\nimport random\n"
      "print(random.Random(1).sample(items, 1), sorted(items, key=id))", "r = str(items[0].bit_length())", None, None),
     (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,
@@ -1202,6 +1218,11 @@ _FIRST = ("class Tok:\n    def __init__(self):\n        self.rows = [[]]\n      
     ("x = tok.first()\nif q == 'Z':\n    x = []\nx.append(q)\nr = str(len(tok.rows[0]))",
      "x = tok.first(); x.append(q)"),
     ("x = tok.first()\nx.append(q)\nx = []\nr = str(len(tok.rows[0]))", "x = tok.first(); x.append(q)"),
+    # (passed to a function of the row's, or of the set-up's, that changes its parameter in place: no note before)
+    ("def f(x):\n    x.append(q)\nf(tok.first())\nr = str(len(tok.rows[0]))", "f(tok.first()); x.append(q)"),
+    ("def f(n, x):\n    x += [n]\ny = tok.first()\nf(q, x=y)\nr = str(len(tok.rows[0]))",
+     "y = tok.first(); f(q, x=y); x += [n]"),
+    ("r = str(len(add(tok.first(), q)))", "r = str(len(add(tok.first(), q))); x.append(y)"),
     # (a row that only reads what is passed out, or changes its own copy, or a lookup's string: no note)
     ("r = str(len(tok.first()) + 1)", None),
     ("x = list(tok.first())\nx.append(q)\nr = str(len(x))", None),
@@ -1210,12 +1231,17 @@ _FIRST = ("class Tok:\n    def __init__(self):\n        self.rows = [[]]\n      
     # export noted x.append(q) as a change of tok's list)
     ("x = tok.first()\nx = []\nx.append(q)\nr = str(len(tok.rows[0]) + len(x))", None),
     ("x = tok.first()\nn = len(x)\nx, y = [], n\nx.append(q)\nr = str(len(tok.rows[0]) + y)", None),
+    # (a function that only reads what it is passed, or changes its own copy: no note)
+    ("def f(x):\n    return len(x)\nr = str(f(tok.first()) + 1)", None),
+    ("def f(x):\n    x = list(x)\n    x.append(q)\n    return x\nr = str(len(f(tok.first())))", None),
+    ("x = tok.first()\nx = list(x)\nx.append(q)\nr = str(len(x))", None),
 ])
 def test_a_row_changing_in_place_an_item_a_setup_method_passes_out_is_noted(tmp_path, monkeypatch, cell, noted):
     # tok.first() returns self.rows[0], which export took for a read (such items are strings and numbers more
     # often than not), so a row's tok.first().append(q) got no note, though the job's rows went on from the last
     # row's list (1, 2, 3) where each pass of the notebook starts from a new Tok (1, 1, 1)
-    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, _FIRST, cell)
+    setup = _FIRST + "\ndef add(x, y):\n    x.append(y)\n    return x"  # (a set-up function that changes x)
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, cell)
     if noted is None:  # (each row gives what its pass of the notebook gives, and nothing is noted)
         assert rows == passes and notes == [], notes
         return

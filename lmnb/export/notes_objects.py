@@ -304,11 +304,7 @@ def _aliases(tree, made: dict, held: dict) -> dict:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target, value = node.targets[0], node.value
-        source = value.func.value if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
-            value.func.attr == "get" else value.value if isinstance(value, ast.Subscript) else None
-        if isinstance(target, ast.Name) and (isinstance(value, ast.Name) and (value.id in made or value.id in held) or
-                                             isinstance(source, ast.Name) and source.id in held or
-                                             _items_of(value, held) or _as_item(value, held) is not value):
+        if isinstance(target, ast.Name) and _stands_for(value, made, held):
             found[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, ast.Name) and value.id in held and \
                 not held[value.id][1].startswith("a dict"):  # (a dict unpacks to its keys)
@@ -323,6 +319,50 @@ def _aliases(tree, made: dict, held: dict) -> dict:
                     found[element.value.id] = ast.Subscript(value, ast.Slice(ast.Constant(i) if i else None, upper),
                                                             ast.Load())
     return {name: value for name, value in found.items() if bindings.get(name) == 1}
+
+
+def _stands_for(value, made: dict, held: dict) -> bool:
+    """Whether the expression ``value`` is a ``made`` object, a ``held`` container or its item, as a
+    name bound to it stands for it (``_aliases``): ``c``, ``items``, ``items[1]``,
+    ``items.get('a')``, or ``held_items``' forms, ``max(items, key=f)``, ``sorted(items)``."""
+    import ast
+
+    source = value.func.value if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+        value.func.attr == "get" else value.value if isinstance(value, ast.Subscript) else None
+    return (isinstance(value, ast.Name) and (value.id in made or value.id in held)
+            or isinstance(source, ast.Name) and source.id in held
+            or _items_of(value, held) is not None or _as_item(value, held) is not value)
+
+
+def _argument_places(places: list, row: list, made: dict, held: dict) -> list:
+    """For each function of ``places`` (``_carried_over``'s: a row cell's, or a set-up one the rows
+    call) and each call of it at the top level of a row cell that passes it a set-up object, a held
+    container or its item (``_stands_for``, after the cell's own ``_aliases``: ``f(c)``,
+    ``use(items[1])``), that place again, its parameters standing for what is passed: (where, the
+    ``def``, its local names but those parameters, True (what is passed is the row's), parameter →
+    the expression passed). A parameter the function binds again is left out."""
+    import ast
+
+    calls = [(node, aliases) for _, tree in _row_trees(row) for aliases in [_aliases(tree, made, held)]
+             for node, _ in _own_nodes(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    out = []
+    for where, function, skipped, _ in places:
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        positional = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+        named = {*(a.arg for a in function.args.args), *(a.arg for a in function.args.kwonlyargs)}
+        rebound = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        for call, aliases in calls:
+            if call.func.id != function.name:
+                continue
+            starred = next((i for i, a in enumerate(call.args) if isinstance(a, ast.Starred)), len(call.args))
+            given = {**dict(zip(positional, call.args[:starred])),
+                     **{k.arg: k.value for k in call.keywords if k.arg in named}}
+            found = {param: value for param, arg in given.items() for value in [_unaliased(arg, aliases)[0]]
+                     if param not in rebound and _stands_for(value, made, held)}
+            if found:
+                out.append((where, function, tuple(n for n in skipped if n not in found), True, found))
+    return out
 
 
 def _unaliased(node, aliases: dict) -> tuple:
@@ -367,7 +407,8 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     # copy one, which the copy, Job.row_copy's fallback, shares)
     copied_held = {n for n in copied if n in held}
     copied = tuple(n for n in copied if (n not in made or made[n][2] in containers) and n not in held)
-    # (where, tree, names that are not the set-up's there, whether its held containers are the row's copies)
+    # (where, tree, names that are not the set-up's there, whether its held containers are the row's copies; and
+    # for a function a row passes an object, what its parameters stand for: _argument_places)
     places = [(where, tree, copied, True) for where, tree in _row_trees(row)]
     # (and the functions those cells define, which the rows call: `def take(): return next(it)`)
     places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)), True)
@@ -376,6 +417,10 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                for name in [getattr(function, "name", "lambda")]]
     places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], (), False) for f in called
                if (f[0], f[1]) in defs]
+    # (and those functions where a row passes them an object, f(c) of def f(x): x.bump(): x stands for c there)
+    places += _argument_places(places, row, made, held)
+    # (the set-up functions a row may call by name, which it may pass what a method passes out: f(tok.first()))
+    setup_functions = {name: d for (_, name), d in sorted(defs.items(), key=lambda kv: kv[0][0]) if name not in bound}
     decorators = {name: d for (_, name), d in defs.items()
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
     # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
@@ -416,10 +461,12 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
             own_methods[stmt.name] = {*_READ_METHODS}
 
     uses: dict = {}
-    for where, tree, skipped, copies in places:
+    for where, tree, skipped, copies, *passed in places:
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         # (x = items[1] then x.bump(), a, b = items then b.bump(): the item the row changes, by another name)
-        aliases = _aliases(tree, made, held)
+        aliases = {**_aliases(tree, made, held), **(passed[0] if passed else {})}
+        functions = {**setup_functions, **{f.name: f for f in ast.walk(tree)
+                                           if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}}
         for node, tests in _own_nodes(tree):
             if any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
@@ -460,7 +507,7 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
             # (a read-only method that passes out an item of an attribute, `return self.rows[0]`, which the row
             # changes in place: tok.first().append(q), or x = tok.first(); x.append(q))
             handed = not iterating and any(read_only.get(e[1], {}).get(method) for e in found)
-            changing = _result_changed(node, tree, parents) if handed else None
+            changing = _result_changed(node, tree, parents, functions) if handed else None
             if changing:
                 uses.setdefault(name, (known[name], f"`{changing}` in {where}, changing what {shown} passes "
                                                     f"out{being}"))

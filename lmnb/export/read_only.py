@@ -85,51 +85,106 @@ def _changed_in_place(node, parents: dict) -> bool:
     return False
 
 
-def _result_changed(call, tree, parents: dict) -> str | None:
+def _statement(node, parents: dict) -> str:
+    """The statement that holds ``node`` (``parents``: the nodes' parents), as written."""
+    import ast
+
+    while not isinstance(node, ast.stmt):
+        node = parents[node]
+    return ast.unparse(node)
+
+
+def _changed_by_call(node, parents: dict, functions: dict) -> str | None:
+    """Where the value of ``node``, an argument of a call of one of ``functions`` (name → its
+    ``def``: ``f(tok.first())``), is changed in place by that function through the parameter it is
+    passed to (``_changed_in_place``: ``def f(x): x.append(q)``, or ``x += [q]``; not after the
+    parameter is bound again at the function's top level, ``_rebound_in``): that statement of the
+    function, as written, or None. What the function hands it on to is not followed."""
+    import ast
+
+    user = parents.get(node)
+    user = parents.get(user) if isinstance(user, ast.keyword) else user  # (f(x=y): the keyword's call)
+    if not (isinstance(user, ast.Call) and isinstance(user.func, ast.Name) and user.func.id in functions):
+        return None
+    function = functions[user.func.id]
+    positional = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    index = next((i for i, a in enumerate(user.args) if a is node), None)
+    if index is not None:  # (after a *spread, which parameter it is, is not known here)
+        starred = any(isinstance(a, ast.Starred) for a in user.args[:index + 1])
+        param = positional[index] if index < len(positional) and not starred else None
+    else:
+        param = next((k.arg for k in user.keywords if k.value is node), None)
+    if param is None:
+        return None
+    inner = {child: n for n in ast.walk(function) for child in ast.iter_child_nodes(n)}
+    ended = _rebound_in(function.body, param)  # (def f(x): x = list(x); x.append(q) changes its copy)
+    changed = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == param and n not in ended and (
+        isinstance(n.ctx, ast.Load) and _changed_in_place(n, inner)
+        or isinstance(inner.get(n), ast.AugAssign) and inner[n].target is n)]
+    return _statement(changed[0], inner) if changed else None
+
+
+def _result_changed(call, tree, parents: dict, functions: dict | None = None) -> str | None:
     """Where the row code ``tree`` (``parents``: its nodes' parents) changes in place what ``call``
     returns (``_changed_in_place``), in the same expression (``tok.first().append(q)``) or through
     a name bound to it alone (``x = tok.first()``, then ``x.append(q)``, or ``x += [q]``, which
-    extends a list in place): the statements that do so, as written, or None."""
+    extends a list in place), also by passing it to a function of ``functions`` (name → its ``def``)
+    that does so to its parameter (``f(tok.first())``, ``_changed_by_call``): the statements that
+    do so, as written, or None."""
     import ast
 
+    functions = functions or {}
+
     def statement(node) -> str:
-        while not isinstance(node, ast.stmt):
-            node = parents[node]
-        return ast.unparse(node)
+        return _statement(node, parents)
 
     if _changed_in_place(call, parents):
         return statement(call)
+    if inside := _changed_by_call(call, parents, functions):
+        return f"{statement(call)}; {inside}"
     bound = parents.get(call)
     if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
         return None
     name = bound.targets[0].id
     ended = _rebound_after(bound, name, parents)
     changed = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and n not in ended and (
-        isinstance(n.ctx, ast.Load) and _changed_in_place(n, parents)
+        isinstance(n.ctx, ast.Load) and (_changed_in_place(n, parents) or _changed_by_call(n, parents, functions))
         or isinstance(parents.get(n), ast.AugAssign) and parents[n].target is n)]
-    return f"{ast.unparse(bound)}; {statement(changed[0])}" if changed else None
+    if not changed:
+        return None
+    inside = _changed_by_call(changed[0], parents, functions) if isinstance(changed[0].ctx, ast.Load) \
+        and not _changed_in_place(changed[0], parents) else None
+    return f"{ast.unparse(bound)}; {statement(changed[0])}" + (f"; {inside}" if inside else "")
 
 
 def _rebound_after(bound, name: str, parents: dict) -> set:
     """The nodes where ``name``, bound by the statement ``bound``, is surely bound to another value:
     those of the statements after the first one that binds it again (``x = []``, ``x, y = ...``) in
     the same body as ``bound`` (``x = tok.first()``), which runs whenever ``bound`` has and before
-    them, to a value that does not read it (``x = x or []`` may keep it). A binding under an ``if``
+    them, to a value that does not read it (``x = x or []`` may keep it) or to a copy (``x = list(x)``:
+    ``_rebound_in``). A binding under an ``if``
     or in a loop, or a use after the body (past a ``break``) is not followed: such uses are kept."""
-    import ast
-
     body = next((b for field in ("body", "orelse", "finalbody") for b in [getattr(parents.get(bound), field, None)]
                  if isinstance(b, list) and bound in b), None)
-    if body is None:
-        return set()
-    after = body[body.index(bound) + 1:]
-    for i, stmt in enumerate(after):
+    return set() if body is None else _rebound_in(body[body.index(bound) + 1:], name)
+
+
+def _rebound_in(statements: list, name: str) -> set:
+    """The nodes of ``statements`` (a body, or its part after a binding of ``name``) after the first
+    of them that binds ``name`` to a value that does not read it, or to a new plain container
+    (``x = list(x)``, ``_CONTAINERS``' call, as ``x = list(tok.first())`` is taken to copy), at that
+    level (``_rebound_after``)."""
+    import ast
+
+    for i, stmt in enumerate(statements):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) \
             and stmt.value is not None else []
+        copied = isinstance(stmt, (ast.Assign, ast.AnnAssign)) and isinstance(stmt.value, ast.Call) \
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in _CONTAINERS
         reads = any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.value)) if targets else True
-        if not reads and any(isinstance(e, ast.Name) and e.id == name for t in targets
-                             for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
-            return {n for later in after[i + 1:] for n in ast.walk(later)}
+        if (copied or not reads) and any(isinstance(e, ast.Name) and e.id == name for t in targets
+                                         for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+            return {n for later in statements[i + 1:] for n in ast.walk(later)}
     return set()
 
 
