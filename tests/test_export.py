@@ -918,6 +918,11 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
     ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
     (_COUNTER, "def f(x):\n    x = Counter()\n    return x.bump()\nr = str(f(c))"),  # (its x: a new one)
+    # (a loop over a slice of a list of generators, or over a starred name's, runs through the list and consumes none
+    # of them: it was noted as consuming them)
+    ("def g():\n    yield from 'xyz'\nitems = [g(), g()]", "n = 0\nfor x in items[1:]:\n    n += 1\nr = str(n)"),
+    ("def g():\n    yield from 'xyz'\nitems = [g(), g()]",
+     "a, *m = items\nr = str(len(list(m)) + len([x for x in m]))"),
     # (a method that only reads its instance, itself or through another such method: nothing carries over)
     ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
      "        return [self.vocab.get(ch, 0) for ch in x] + [self.size(), self.vocab['a']]\n    def size(self):\n"
@@ -1098,6 +1103,9 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
      "a list holding an instance of Counter"),
     (_COUNTER + "\nitems = [1, Counter()]", "r = ''\nfor h in items[1:]:\n    r += str(h.bump())", ["1", "2", "3"],
      "a list holding an instance of Counter"),
+    (_GEN_XYZ + "items = [1, g()]", "a, *m = items\nfor h in m:\n    r = next(h)", ["x", "y", "z"],
+     "a list holding an iterator (g()) that this cell makes once, is used by the rows (`next(h)` in cell 3, an item of "
+     "`m`)"),
     (_COUNTER + "\nitems = [Counter(), Counter()]", "r = str(max(items, key=lambda h: h.n).bump())", ["1", "2", "3"],
      "a list of instances of Counter that this cell makes once, is used by the rows (`max(items, key=lambda h: h.n)"
      ".bump()` in cell 3)"),

@@ -481,6 +481,8 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                 continue
             target, alias = _unaliased(target, aliases)
             target = _as_item(target, held)  # (max(items, key=f), m[0] of a, *m = items: an item of items)
+            if iterating and isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Slice):
+                continue  # (for x in items[1:] runs through a new list of them, consuming none: its loop, below)
             being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
             # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump(), or of a dict by
             # get: next(items.get('a')))
