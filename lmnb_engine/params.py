@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import pattern_parts, python_error, shown_regex, stop_posix_problem
+from lmnb_engine.regex_never import never_problem
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
 
@@ -446,7 +447,9 @@ def stop_regex_problem(value: Any) -> str | None:
     (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
     read two ways, nor be a reverse pattern (``(?r)``) nor hold ``\\K``, whose matches the stop
     matcher, reading the output left to right from where a match begins, does not find, nor a class
-    that matches no character (``regex_empty_class.empty_class_problem``, worded as for ``regex=``). The
+    that matches no character (``regex_empty_class.empty_class_problem``, worded as for ``regex=``), nor
+    an assertion that keeps it from ever matching (``regex_never.never_problem``: ``a\\bb``, ``$a``,
+    ``(?!)``), where the output would run to its max tokens unstopped. The
     language's ``gen(stop_regex=...)`` and the cell parser ask the same question before anything runs.
     """
     if value is None:
@@ -490,7 +493,7 @@ def stop_regex_problem(value: Any) -> str | None:
                     "make it match at least one character")
         # (after the checks above, so that the readings this offers are not refused by them in turn:
         # [[:alpha:]]* was offered [A-Za-z]*, which matches the empty string)
-        problem = stop_posix_problem(pattern) or empty_class_problem(pattern, stop=True)
+        problem = stop_posix_problem(pattern) or empty_class_problem(pattern, stop=True) or never_problem(pattern)
         if problem:
             return problem
     return None

@@ -1395,3 +1395,80 @@ def test_a_stop_regex_with_an_empty_class_is_refused_naming_what_it_keeps_from_m
     for pattern, text, stop in [(r"x(?:[^\s\S]){0}y", "axyb", "xy"), ("x[\U0010fffe]", "ax\U0010fffe", "x\U0010fffe")]:
         assert stop_regex_problem(pattern) is None and re.search(pattern, text).group() == stop
         assert stream(StopStringMatcher([], [pattern]), [text])[1] == (1, stop)
+
+
+def _short_texts() -> list[str]:
+    """Every text of up to 4 characters from word and non-word ones, a newline among them."""
+    import itertools
+
+    return ["".join(t) for n in range(5) for t in itertools.product("ab \n-é", repeat=n)]
+
+
+def _matches_some(pattern: str, texts: list[str]) -> bool:
+    import regex
+
+    compiled = regex.compile(pattern)
+    return any(compiled.search(t) for t in texts)
+
+
+@pytest.mark.parametrize("pattern, part", [
+    ("(?!)", "the negative lookaround (?!) at position 0"), ("x(?!a*)", "the negative lookaround (?!a*) at position 1"),
+    ("(?<!)a", "the negative lookaround (?<!) at position 0"),
+    (r"a\bb", r"the word boundary \b at position 1"), (r" \b-", r"the word boundary \b at position 1"),
+    (r"(?i)[a-z]\bé", r"the word boundary \b at position 9"), (r"(x\w\b\w)+", r"the word boundary \b at position 4"),
+    (r"a\B ", r"\B at position 1"), (r"a\Ab", r"\A at position 1"), ("a^b", "^ at position 1"),
+    ("(?m)a^b", "^ at position 5"), (r"a\Z\n", r"\Z at position 1"), ("$a", "$ at position 0"),
+    ("(?m:a$b)", "$ at position 5"), (r"(?=a\bb)", r"the word boundary \b at position 4"),
+])
+def test_a_stop_regex_that_an_assertion_keeps_from_ever_matching_is_refused_naming_it(pattern, part):
+    # "a\bb", "$a", "(?!)" were taken and never matched: the output ran to its max tokens and the
+    # user never learned why. The reference: the regex package (the stop matcher's reader) finds no
+    # match in any text of up to 4 characters of word, non-word and newline ones
+    import lmnb as sgl
+    from lmnb_engine import SamplingParams
+    from lmnb_engine.params import stop_regex_problem
+
+    assert not _matches_some(pattern, _short_texts())
+    problem = stop_regex_problem(pattern)
+    assert problem and problem.startswith(json.dumps(pattern, ensure_ascii=False) + " can never match") and part in problem, problem
+    with pytest.raises(ValueError, match=re.escape(part)):
+        SamplingParams(stop_regex=["ok", pattern]).validate()
+    with pytest.raises(ValueError, match=r"^stop_regex=.* is invalid: .*can never match"):
+        sgl.gen("x", stop_regex=pattern)
+
+
+def test_a_stop_regex_whose_assertion_may_hold_or_may_be_done_without_is_taken():
+    # an alternative, an optional part or a negative lookaround lets the pattern match without the
+    # assertion; "$" before "\n", "^" after it, "\b" beside a character of either kind, or beside a
+    # group: each matches one of the short texts (the regex package's own search), and is taken
+    from lmnb_engine.params import stop_regex_problem
+
+    texts = _short_texts()
+    for pattern in [r"a\bb|b", r"(a\bb)?b", r"(a\bb)*b", r"a(?!a\bb)", "a$\n", "(?m)\n^b", r".\b.", r"\Ba\B",
+                    r"a\b-", r"a\b(?:-)", r"(a)\bb|\n", r"a(?!(?=a))", r"a(?!b?)|b", "a\\b\\b-"]:
+        assert _matches_some(pattern, texts), pattern
+        assert stop_regex_problem(pattern) is None, pattern
+
+
+def test_no_stop_regex_refused_for_an_assertion_matches_any_short_text():
+    # soundness, over random patterns of characters, classes, assertions, groups, repeats and
+    # alternatives: every one refused as never matching matches none of the short texts (a false
+    # refusal would turn a working stop away); and some are refused
+    import random
+
+    from lmnb_engine.regex_never import never_problem
+
+    rng = random.Random(7)
+    atoms = ["a", "b", " ", "-", r"\n", "é", ".", r"\w", r"\W", "[a ]", r"[^\n]", r"\s"]
+    asserts = [r"\b", r"\B", r"\A", r"\Z", "^", "$", "(?!)", "(?<!)", "(?!a?)", "(?!b)", "(?=a)"]
+    texts, refused = _short_texts(), 0
+    for _ in range(400):
+        items = [rng.choice(atoms + asserts) for _ in range(rng.randint(2, 5))]
+        if rng.random() < 0.3:
+            at = rng.randrange(len(items))
+            items[at] = f"(?:{items[at]}{rng.choice(atoms)}){rng.choice(['', '?', '+', '*'])}"
+        pattern = rng.choice(["", "(?m)", "(?i)", "(?s)"]) + "".join(items) + rng.choice(["", "|b", "|(?!)"])
+        if never_problem(pattern):
+            refused += 1
+            assert not _matches_some(pattern, texts), pattern
+    assert refused > 50

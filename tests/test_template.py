@@ -1419,7 +1419,7 @@ def test_a_literal_option_is_refused_in_the_words_gen_refuses_it_with(key, bad):
     assert e.value.message in (str(python.value), f"gen: {python.value}")
 
 
-@pytest.mark.parametrize("bad", ["(", ["a", "("], "a*", ["a"] * 33, 5])
+@pytest.mark.parametrize("bad", ["(", ["a", "("], "a*", ["a"] * 33, 5, "$a"])
 def test_a_bad_stop_regex_is_refused_in_gen_s_words_by_the_cell(bad):
     """{gen x stop_regex="("} said 'stop_regex "(" is not a valid regular expression ...' where
     gen(stop_regex="(") says 'gen(stop_regex="(") is invalid: "(" is not ...' (run()'s stop_regex
