@@ -126,6 +126,26 @@ def reach(pattern: str) -> int | None:
 
 
 @functools.lru_cache(maxsize=256)
+def settled_width(pattern: str) -> int | None:
+    """The most characters a match of ``pattern`` consumes, where what lies past them can change
+    whether it matches only through the assertions it makes at the characters it consumed or
+    right after them (anchors, word boundaries, lookbehinds, none of which reads more than the
+    character after its position and whether one follows that), not a lookahead nor what commits
+    to its first way (an atomic group, a possessive repeat). None where that is unbounded or not
+    known (as ``reach``), or the pattern reads so otherwise."""
+    try:
+        parsed = parse_as_python(pattern)
+        if parsed.state.flags & re.VERBOSE:
+            return None
+        for op, av in walk(parsed):
+            if op.name in ("ATOMIC_GROUP", "POSSESSIVE_REPEAT") or (op.name in ("ASSERT", "ASSERT_NOT") and av[0] > 0):
+                return None
+        return _span(parsed)[0]
+    except (Unreadable, _Unbounded):
+        return None
+
+
+@functools.lru_cache(maxsize=256)
 def assertion_reach(pattern: str) -> int | None:
     """The most characters that an assertion of ``pattern`` may read from its own position on: a
     lookahead's reach, 2 for an end or word-boundary assertion ("$" reads up to a final newline's

@@ -13,7 +13,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
-from lmnb_engine.regex_reach import assertion_reach, reach
+from lmnb_engine.regex_reach import assertion_reach, reach, settled_width
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
@@ -126,8 +126,21 @@ class StopRegexes:
         # unbounded: a match more text may still complete or make new begins in the last reach - 1
         # characters, so a search need not start before them
         self.reach = [reach(p) for p in patterns or ()]
+        # per pattern: how many characters its matches consume at most, where safe_len may tell
+        # from the text's end that a start that many or more before it begins no stop (_settled);
+        # None where it may not (a longer pattern is not asked: each start tried costs 10 matches)
+        self.settled_width = [w if (w := settled_width(p)) is not None and w <= _SETTLED_WIDTH else None
+                              for p in patterns or ()]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
+
+
+# The longest match (in characters) of a pattern whose starts near the text's end safe_len may find
+# settled (StopRegexes.settled_width)
+_SETTLED_WIDTH = 32
+# What may follow the text, as its assertions at or before the text's end tell it apart: nothing, a
+# word character, another, a final newline, a newline and more (StopStringMatcher._settled)
+_FOLLOWERS = ("", "a", " ", "\n", "\n ")
 
 
 # The end assertions and negative lookaheads, as text found in a pattern: _END_ASSERTION, and the
@@ -170,13 +183,15 @@ _NO_SUPERSET = re.compile(r"\(\?>|[*+?}]\+|\(\*|\(\?(?:R|&|P>|[+-]?\d)|\(\?[a-zA
 
 
 # The relaxed form of each assertion whose value at a position may change once text comes after
-# the text's end: it first reads that far ahead (to the end for a word boundary, one further for
-# "$", which also holds before a final newline, and, erring towards holding back, for "\Z" and
-# "\z"), and a read past the end makes the search partial, so the match start is kept.
+# the text's end: it first reads that far ahead (to the end for a word boundary; for "$", which
+# also holds before a final newline, one further after a newline, but no further than a character
+# that is none, after which it fails whatever comes: "a$" on "ab" is no partial match; erring
+# towards holding back, two for "\Z" and "\z"), and a read past the end makes the search partial,
+# so the match start is kept.
 # (Patterns without an end assertion or a negative lookahead, _END_ASSERTION, are not rewritten.)
 _RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?=[\s\S])\m)",
           "\\M": r"(?:(?=[\s\S])\M)", "\\Z": r"(?:(?=[\s\S]{2})\Z)", "\\z": r"(?:(?=[\s\S]{2})\z)",
-          "$": r"(?:(?=[\s\S]{2})$)"}
+          "$": r"(?:(?=\n[\s\S]|[^\n])$)"}
 # ... and "^" in multiline mode, whose value at the text's end is known (the character before),
 # but where the regex package's partial search drops a start when a lazy repeat before it reaches
 # the text's end and it fails there ("(?m)a[\s\S]*?^b" on "xaa": partial at 2, not 1, though
@@ -369,7 +384,8 @@ def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
         return None
 
 
-def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> int:
+def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool],
+                settled: Callable[[int], bool] = lambda start: False) -> int:
     """Where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
     begins, ``len(text)`` where none may: no start before it can begin a stop in any text that
     extends ``text``, so later searches may start there (safe_len's floor).
@@ -381,7 +397,9 @@ def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) ->
     every start is tried with a partial ``fullmatch``; past it, the search goes on. A start where
     the rest of the text is a whole match is passed over too unless ``extends(start)``: a longer
     match may begin there ("ab|abc" after "ab"; not "ab" after "x", "ab", which nothing can make
-    a stop, so it is shown at once, as a stop string's is).
+    a stop, so it is shown at once, as a stop string's is). A start ``settled`` says no stop can
+    begin at is passed over too ("a" of ``a$`` after "xa", which the relaxed ``$`` reads as
+    partial: no text after it makes a stop there).
 
     No start passed over can begin a stop in any longer text: one the search went past begins no
     match nor partial match; one whose partial ``fullmatch`` is None begins only matches that end
@@ -396,11 +414,14 @@ def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) ->
     # (a search from past the text's end searches from its end: an empty match there, passed
     # over, would be found again and again)
     while pos <= len(text) and (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
-        if m.partial:
-            return m.start()
+        if m.partial:  # (no start before it begins a match or a partial one)
+            if not settled(m.start()):
+                return m.start()
+            pos = m.start() + 1
+            continue
         for start in range(pos, m.start() + 1):
             whole = rx.fullmatch(text, start, partial=True, timeout=REGEX_TIMEOUT_S)
-            if whole is not None and (whole.partial or extends(start)):
+            if whole is not None and (whole.partial or extends(start)) and not settled(start):
                 return start
         pos = m.start() + 1
     return len(text)
@@ -484,6 +505,38 @@ class StopStringMatcher:
         if reach is not None and len(text) - start >= reach:
             return False
         return a is None or a.extends(text, start)
+
+    def _settled(self, k: int, text: str, start: int) -> bool:
+        """Whether no stop of regex ``k`` can begin at ``start`` in any text that extends ``text``
+        (``text`` being checked, or not: the first ``min_new_tokens``), where every match from
+        ``start`` ends in ``text`` (``StopRegexes.settled_width``): a stop from there would be a
+        match that a longer text holds and a shorter one, cut where it was checked, did not
+        (``_new_match``), and for each end the match's assertions read no more of what follows
+        than whether it is nothing, a word character, another, a final newline or a newline and
+        more (``_FOLLOWERS``), so it is no stop where each match that what follows may make, the
+        text holds already, and one after a newline and more, after the newline alone: "a" of
+        ``a$`` after "xa" (a newline after it keeps it a match, anything else makes none), not
+        " " of ``" \\b"`` after "x " ("a" after it makes it one).
+
+        Raises:
+            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+        """
+        width = self._shared.settled_width[k]
+        if width is None or start + width > len(text):
+            return False
+        pattern = self._regexes[k].pattern
+        # (an assertion before the text's last character reads only text that is there: only a
+        # match ending at its last character or after it may read what follows)
+        for end in range(max(start + 1, len(text) - 1), len(text) + 1):
+            holds = []
+            for follower in _FOLLOWERS:
+                exact = _ending_by(pattern, len(text) + len(follower) - end, exact=True)
+                if exact is None:
+                    return False
+                holds.append(exact.match(text + follower, start, timeout=REGEX_TIMEOUT_S) is not None)
+            if (any(holds[1:]) and not holds[0]) or (holds[4] and not holds[3]):
+                return False
+        return True
 
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
@@ -590,7 +643,8 @@ class StopStringMatcher:
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up:
                 try:
-                    pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text))
+                    pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text),
+                                      functools.partial(self._settled, i, text))
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)
             safe = min(safe, pos)

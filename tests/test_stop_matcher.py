@@ -1472,3 +1472,62 @@ def test_no_stop_regex_refused_for_an_assertion_matches_any_short_text():
             refused += 1
             assert not _matches_some(pattern, texts), pattern
     assert refused > 50
+
+
+def _least_stop_start(pattern: str, text: str, alphabet: str, longest: int = 2) -> int:
+    """Where the first stop that a text extending ``text`` (checked to its end) by up to
+    ``longest`` characters of ``alphabet`` may hold begins, by the matcher's own ``find`` of each;
+    ``len(text)`` where none does: what may be shown of ``text`` is the text before it."""
+    import itertools
+
+    least = len(text)
+    for n in range(1, longest + 1):
+        for more in itertools.product(alphabet, repeat=n):
+            hit = StopStringMatcher([], [pattern]).find(text + "".join(more), len(text))
+            least = min(least, hit[0]) if hit else least
+    return least
+
+
+@pytest.mark.parametrize("pattern", [r"a$", r"(?m)a$", r"a\n?$", r"a\b", r"ab\b", r"\ba\b", r" \b", r"a\Z",
+                                     r"(?m)^a$", r"(?<=a)b$", r"a$|ab"])
+def test_text_before_a_stop_regex_ending_in_an_end_assertion_is_shown_once_no_stop_can_begin_in_it(pattern):
+    # "xa" of a$ in the first min_new_tokens (not checked; "a" a match there is passed over), then
+    # " ": "a " was held back, though no text after it makes a stop begin in it ($ after "a" fails
+    # once " " follows), until the next token; a$ on "aa" held it all, "a\b" on "a" the "a". Now
+    # what is shown is all before where a stop may yet begin, by the definition: the least start of
+    # a stop that find meets in any text extending it by up to 2 characters (as far as these
+    # patterns read past a match), each text being checked (a stop not found in it) or not
+    alphabet = "ab \n"
+    import itertools
+
+    for text in ["".join(t) for n in range(1, 4) for t in itertools.product(alphabet, repeat=n)]:
+        want = _least_stop_start(pattern, text, alphabet)
+        assert StopStringMatcher([], [pattern]).safe_len(text) == want, (pattern, text)
+        checked = StopStringMatcher([], [pattern])
+        if checked.find(text, 0) is None:
+            assert checked.safe_len(text) == want, (pattern, text)
+
+
+def test_no_text_a_stop_regex_may_yet_begin_a_stop_in_is_shown_for_random_patterns_with_end_assertions():
+    # soundness of the starts safe_len now passes over at the text's end, over random patterns of
+    # characters, classes, anchors, boundaries and lookbehinds: nothing shown lies at or past where
+    # a stop may begin in a text longer by up to 3 characters (_least_stop_start: more than a start
+    # passed over for its matches all ending in the text needs, whose stop 2 would show), each
+    # text checked or not
+    import itertools
+
+    rng = random.Random(11)
+    atoms = ["a", " ", r"\n", ".", r"\w", r"\W", "[a ]", "a?", "(?:a |a)", "[a ]{1,2}"]
+    asserts = [r"\b", r"\B", r"\Z", "$", "^", r"\A", "(?<=a)", "(?<! )"]
+    texts = ["".join(t) for n in range(1, 4) for t in itertools.product("a \n", repeat=n)]
+    for _ in range(25):
+        items = [rng.choice(atoms + asserts) for _ in range(rng.randint(1, 3))]
+        pattern = rng.choice(["", "(?m)"]) + "".join(items) + rng.choice(asserts) + rng.choice(["", "|a$"])
+        if re.search(pattern, ""):
+            continue
+        for text in texts:
+            want = _least_stop_start(pattern, text, "a \n", longest=3)
+            assert StopStringMatcher([], [pattern]).safe_len(text) <= want, (pattern, text)
+            checked = StopStringMatcher([], [pattern])
+            if checked.find(text, 0) is None:
+                assert checked.safe_len(text) <= want, (pattern, text)
