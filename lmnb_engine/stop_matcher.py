@@ -131,6 +131,8 @@ class StopRegexes:
         # None where it may not (a longer pattern is not asked: each start tried costs 10 matches)
         self.settled_width = [w if (w := settled_width(p)) is not None and w <= _SETTLED_WIDTH else None
                               for p in patterns or ()]
+        # per pattern: its head relaxed as for the partial search (_open_head), None where it has none
+        self.open_heads = [_open_head(p) for p in patterns or ()]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -384,6 +386,50 @@ def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
         return None
 
 
+# A class of every character ([\s\S] and its like), as written in a pattern
+_ANY_CLASS = re.compile(r"\[(?:\\s\\S|\\S\\s|\\d\\D|\\D\\d|\\w\\W|\\W\\w)\]")
+
+
+def _open_head(pattern: str) -> Any:
+    """The part of ``pattern`` before its first repeat of any character (``[\\s\\S]*?``, ``[\\d\\D]*``,
+    ``.*`` under ``(?s)``) outside every group, compiled relaxed as for the partial search
+    (``_relaxed``), where the pattern has no ``|`` outside groups and is not verbose; None where
+    it has no such repeat or the head cannot be read so. Once the head matches whole from a
+    start, and no match is in the text, a match from there stays open: what follows reads
+    anything until the tail matches (``StopStringMatcher._open``)."""
+    import regex
+
+    from lmnb_engine.regex_errors import pattern_parts
+
+    depth, cut = 0, None
+    parts = list(pattern_parts(pattern))
+    for k, part in enumerate(parts):
+        text = pattern[part.start:part.end]
+        if "x" in part.flags:
+            return None
+        if part.kind == "(":
+            depth += 1
+        elif part.kind == ")":
+            depth -= 1
+        elif depth == 0 and part.kind == "" and "|" in text:
+            return None
+        elif depth == 0 and cut is None:
+            following = parts[k + 1] if k + 1 < len(parts) else None
+            if (part.kind == "class" and _ANY_CLASS.fullmatch(text) and following is not None
+                    and following.kind == "" and re.match(r"[*+](?!\+)", pattern[following.start:following.end])):
+                cut = part.start
+            elif part.kind == "" and "s" in part.flags and (dot := re.search(r"\.[*+](?!\+)", text)):
+                cut = part.start + dot.start()
+    if cut is None:
+        return None
+    head = pattern[:cut]
+    relaxed = _relaxed(head) if _END_ASSERTION.search(head) else head
+    try:
+        return None if relaxed is None else regex.compile(relaxed)
+    except regex.error:
+        return None
+
+
 def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool],
                 settled: Callable[[int], bool] = lambda start: False) -> int:
     """Where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
@@ -538,6 +584,23 @@ class StopStringMatcher:
                 return False
         return True
 
+    def _open(self, k: int, text: str, pos: int) -> bool:
+        """Whether regex ``k``'s head (``StopRegexes.open_heads``) matches whole from ``pos``: a
+        match from there stays open, the repeat of any character taking whatever comes until its
+        tail matches, so no search need find where one may begin (pos: before it none can, the
+        caller knows). The search of an open match read all of it on every token (linear in its
+        length: ``\\bBEGIN\\b[\\s\\S]*?\\bEND\\b``), the head reads only itself. A head that
+        times out is given up on as a search is."""
+        head = self._shared.open_heads[k]
+        if head is None or pos >= len(text):
+            return False
+        try:
+            m = head.match(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)
+        except TimeoutError:
+            self._timed_out(k, self._regexes[k], text)
+            return False
+        return m is not None and not m.partial
+
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
         self._shared.problem = (
@@ -635,13 +698,15 @@ class StopStringMatcher:
             pos = floor = self._floor(i, text)
             if (reach := self._shared.reach[i]) is not None:  # (what more text can make a stop begins after)
                 pos = floor = min(len(text), max(floor, len(text) - reach + 1))
+            open_ = False  # (whether a match of the pattern stays open from pos, whatever comes)
             if (i not in self._shared.given_up and (loose := self._read(i, text, loosened=True)) is not None
                     and loose.first_end is None):
                 # (a match more text may complete is one of the pattern without its assertions too,
                 # and no earlier start has one: often none at all, and nothing is searched)
                 pos = floor = max(floor, loose.live_start(len(text)))
+                open_ = self._open(i, text, pos)
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
-            if rx is not None and i not in self._shared.given_up:
+            if rx is not None and i not in self._shared.given_up and not open_:
                 try:
                     pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text),
                                       functools.partial(self._settled, i, text))

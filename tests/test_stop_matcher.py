@@ -1531,3 +1531,34 @@ def test_no_text_a_stop_regex_may_yet_begin_a_stop_in_is_shown_for_random_patter
             checked = StopStringMatcher([], [pattern])
             if checked.find(text, 0) is None:
                 assert checked.safe_len(text) <= want, (pattern, text)
+
+
+def test_an_open_stop_regex_match_after_its_head_is_not_searched_again_and_streams_as_the_search_said(monkeypatch):
+    # \bBEGIN\b[\s\S]*?\bEND\b after "BEGIN": safe_len searched the open match to the text's end on
+    # every token (linear in its length, quadratic over the output); now a head matched whole
+    # before a repeat of any character keeps the match open with no search. What is shown and
+    # found is the search's (the reference: the same matcher with no head, which searches), over
+    # random streams, min_new_tokens or not
+    from lmnb_engine import stop_matcher
+
+    rng = random.Random(3)
+    for pattern in [r"\bBEGIN\b[\s\S]*?\bEND\b", r"\ba[\s\S]*?b\b", r"(?s)a.*?b$", r"a[ab]?[\s\S]+?b",
+                    r"(?<= )a[\d\D]*?b", r"(?m)^a[\s\S]*?^b", r"a[\s\S]*?(?!b)c", r"a\B[\s\S]*?\bb"]:
+        assert stop_matcher._open_head(pattern) is not None, pattern
+        for _ in range(60):
+            pieces = ["".join(rng.choice("aab \nBEGIN") for _ in range(rng.randint(1, 3))) for _ in range(12)]
+            unchecked = rng.choice([0, rng.randint(1, 12)])
+            new, searched = StopStringMatcher([], [pattern]), StopStringMatcher([], [pattern])
+            searched._shared.open_heads = [None]
+            assert feed_unchecked(new, pieces, unchecked) == feed_unchecked(searched, pieces, unchecked), (pattern, pieces)
+    for pattern in ["a|b[\\s\\S]*", "(a[\\s\\S]*)b", "x[\\s\\S]*+y", "(?x)a [\\s\\S]*b", r"\[\s\S]*b", "ab.*c"]:
+        assert stop_matcher._open_head(pattern) is None, pattern  # (an alternative, a group, possessive, ...)
+    # an open match over 500 tokens: the search runs only until the head is matched
+    calls = []
+    live_start = stop_matcher._live_start
+    monkeypatch.setattr(stop_matcher, "_live_start", lambda *args, **kwargs: calls.append(1) or live_start(*args, **kwargs))
+    m, text = StopStringMatcher([], [r"\bBEGIN\b[\s\S]*?\bEND\b"]), "x BEGIN"
+    for _ in range(500):
+        text += " word"
+        assert m.find(text, len(text) - 5) is None and m.safe_len(text) == 2
+    assert calls == []
