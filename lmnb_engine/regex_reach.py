@@ -168,3 +168,21 @@ def assertion_reach(pattern: str) -> int | None:
         return most
     except (Unreadable, _Unbounded):
         return None
+
+
+def unbounded_lookahead(pattern: str) -> str | None:
+    """The first lookahead of ``pattern`` (``(?=...)`` or ``(?!...)``, outside classes and comments)
+    whose own pattern reads on without bound (``reach`` None: ``(?=[^z]*z)``), as written, or
+    None. Searched again from every start where a match may begin, such a lookahead reads to the
+    text's end each time."""
+    from lmnb_engine.regex_errors import pattern_parts
+
+    open_: list[int] = []
+    for part in pattern_parts(pattern):
+        if part.kind == "(":
+            open_.append(part.start)
+        elif part.kind == ")" and open_:
+            start = open_.pop()
+            if pattern.startswith(("(?=", "(?!"), start) and reach(pattern[start + 3:part.start]) is None:
+                return pattern[start:part.end]
+    return None

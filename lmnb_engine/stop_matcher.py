@@ -13,7 +13,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
-from lmnb_engine.regex_reach import assertion_reach, reach, settled_width
+from lmnb_engine.regex_reach import assertion_reach, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
@@ -603,10 +603,17 @@ class StopStringMatcher:
 
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
+        # (a lookahead reading to the text's end from each start costs time cubic in the output
+        # where matches end in the text not checked: "a[\s\S]*?(?=[^z]*z)|a" after 200 "a"s, no
+        # overlapping alternatives, which the words below alone sent the user looking for)
+        lookahead = unbounded_lookahead(rx.pattern)
+        ahead = (f", or the lookahead {lookahead}, which reads on without bound, read to the output's end again from "
+                 "each place a match may begin" if lookahead else "")
+        fix = " and each lookahead reads a bounded stretch" if lookahead else ""
         self._shared.problem = (
             f"stop_regex {shown_regex(rx.pattern)} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of "
-            'output (catastrophic backtracking, as in a repeat of overlapping alternatives like "(x|x)+"); rewrite it '
-            "so each character can be matched one way only")
+            f'output (catastrophic backtracking, as in a repeat of overlapping alternatives like "(x|x)+"{ahead}); '
+            f"rewrite it so each character can be matched one way only{fix}")
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
         """The stop in ``text`` that ends first after ``new_from`` (the length of the text already

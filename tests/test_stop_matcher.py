@@ -1562,3 +1562,21 @@ def test_an_open_stop_regex_match_after_its_head_is_not_searched_again_and_strea
         text += " word"
         assert m.find(text, len(text) - 5) is None and m.safe_len(text) == 2
     assert calls == []
+
+
+def test_a_stop_regex_given_up_names_a_lookahead_that_reads_on_without_bound():
+    # "a[\s\S]*?(?=[^z]*z)|a" after 200 "a"s in min_new_tokens, then one more, was given up for
+    # "catastrophic backtracking, as in a repeat of overlapping alternatives" it does not hold: its
+    # lookahead reads to the output's end from each start (cubic work per token). The message now
+    # names that lookahead where the pattern has one, as written, outside classes and comments
+    import regex
+
+    from lmnb_engine.regex_reach import unbounded_lookahead
+
+    for pattern, named in [(r"a[\s\S]*?(?=[^z]*z)|a", "(?=[^z]*z)"), (r"a(?!b*c)", "(?!b*c)"), (r"(x|x)+y", None),
+                           (r"a(?=b{1,3})", None), (r"[(?=a*)]x", None), (r"a(?#(?=b*)c", None), (r"(?<=a*)b", None)]:
+        assert unbounded_lookahead(pattern) == named, pattern
+        m = StopStringMatcher([], [pattern])
+        m._timed_out(0, regex.compile(pattern), "a" * 201)
+        assert m.problem.startswith(f"stop_regex {json.dumps(pattern)} took over ") and "(x|x)+" in m.problem
+        assert (f"or the lookahead {named}, which reads on without bound" in m.problem) == (named is not None), m.problem
