@@ -248,7 +248,7 @@ def _engine_checker(validator: type):
 
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
-            python_reads = python_check(pattern)
+            python_reads = python_check(ecma_names_as_python(pattern) if isinstance(pattern, str) else pattern)
         return python_reads and not (isinstance(pattern, str) and u_flag_problem(pattern))
 
     checker.checks("regex", raises)(regex_format)
@@ -335,6 +335,21 @@ def _ecma_as_python(pattern: str, u_flag: bool = True) -> tuple[str, Callable[[i
     return "".join(out), place
 
 
+def ecma_names_as_python(pattern: str) -> str:
+    """``pattern`` with each of ECMA 262's named group openings ``(?<year>`` (outside escapes and
+    classes: ``regex_u_flag.named_groups``) spelled as a plain group holding a comment of the same
+    length, ``((?#ear)``, which Python's ``re`` reads (it has no ``(?<name>``). A group's name
+    changes no string the pattern matches, so the engine checks and builds a schema's pattern from
+    this spelling, and an error after the group keeps its place in the pattern as written.
+    Python's ``(?P<name>`` and the rest are left as they are (``\\k<year>`` too, which ``re``
+    refuses)."""
+    from lmnb_engine.regex_u_flag import named_groups
+
+    for m in reversed([m for m in named_groups(pattern) if not m.group(1)]):
+        pattern = pattern[:m.start()] + "((?#" + m.group(2)[1:] + ")" + pattern[m.end():]
+    return pattern
+
+
 def _code_point_escape(pattern: str, i: int) -> Optional[tuple[str, int]]:
     """(Python's ``\\U`` escape of the code point, where it ends in ``pattern``) for the ECMA code
     point escape at ``pattern[i]``: the u flag's ``\\u{1F600}`` (up to U+10FFFF) or a surrogate
@@ -374,7 +389,7 @@ def code_point_fix(pattern: str) -> Optional[str]:
     from lmnb_engine.regex_errors import python_error  # (it imports this module)
 
     python = _code_points_as_python(pattern)
-    if python == pattern or python_error(python) is not None:
+    if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
     return ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
             "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, "
@@ -384,11 +399,11 @@ def code_point_fix(pattern: str) -> Optional[str]:
 def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     """The fix of a schema's ``pattern`` that is ECMA 262's (JSON Schema's dialect) but that Python's
     ``re`` (which the engine and jsonschema read it with) refuses for ECMA syntax it lacks: the
-    class of any character ``[^]`` (to ``re`` a class whose first member is "]", left open) and a
-    named group ``(?<name>``, written as what both read alike (``[\\s\\S]``, a plain group), where
-    ``re`` reads the result; else None (ECMA's empty class ``[]`` has no such spelling the engine
-    builds: ``(?!)`` is a lookahead). The engine said only "unterminated character set", "fix the
-    pattern", of such a pattern, valid in JSON Schema."""
+    class of any character ``[^]`` (to ``re`` a class whose first member is "]", left open),
+    written as what both read alike (``[\\s\\S]``), where ``re`` reads the result (ECMA's named
+    groups as the engine reads them: ``ecma_names_as_python``); else None (ECMA's empty class ``[]``
+    has no such spelling the engine builds: ``(?!)`` is a lookahead). The engine said only
+    "unterminated character set", "fix the pattern", of such a pattern, valid in JSON Schema."""
     from lmnb_engine.regex_errors import python_error  # (it imports this module)
 
     out, i, n = [], 0, len(pattern)
@@ -396,9 +411,6 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
         if pattern.startswith("[^]", i):
             out.append("[\\s\\S]")
             i += 3
-        elif group := _ECMA_GROUP_NAME.match(pattern, i):
-            out.append("(")
-            i = group.end()
         elif pattern[i] == "\\":
             out.append(pattern[i:i + 2])
             i += 2
@@ -412,10 +424,10 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
             out.append(pattern[i])
             i += 1
     python = "".join(out)
-    if python == pattern or python_error(python) is not None:
+    if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
     return ("it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern "
-            "here (jsonschema checks each output with it), lacks: [^] (any character) or a named group (?<name>...); "
+            "here (jsonschema checks each output with it), lacks: [^] (any character); "
             f"write the pattern {json_value(python, SHOWN_CHARS)}, which both read alike")
 
 
@@ -546,7 +558,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
     ecma = ecma or every
-    problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
+    # (the engine reads ECMA's named groups: ecma_names_as_python, which keeps each error's place)
+    problem = (python_error(*_ecma_as_python(pattern), written=pattern) if ecma else
+               python_error(ecma_names_as_python(pattern), written=pattern))
     if problem:
         # (ecma: what gen() refuses, which no escape or respelling helps)
         fix = None if ecma else code_point_fix(pattern) or _ecma_syntax_fix(pattern)

@@ -29,7 +29,7 @@ _QUANTIFIER_BRACES = re.compile(r"\{[0-9]+(,[0-9]*)?\}")
 _PROPERTY = re.compile(r"[pP]\{[^}]*\}")
 _CODE_POINT = re.compile(r"u\{([0-9A-Fa-f]+)\}")
 _HEX = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}")
-# A named group's opening, ECMA's (?<name> or Python's (?P<name> (group 1: "P" or ""); _named_groups finds them
+# A named group's opening, ECMA's (?<name> or Python's (?P<name> (group 1: "P" or ""); named_groups finds them
 _NAMED_GROUP = re.compile(r"\(\?(P?)<(" + _GROUP_NAME.pattern + ")>")
 _LEGACY_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")  # (Annex B's LegacyOctalEscapeSequence: at most 0o377)
 
@@ -68,10 +68,11 @@ def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
     return None
 
 
-def _named_groups(pattern: str) -> list[re.Match]:
+def named_groups(pattern: str) -> list[re.Match]:
     """The openings of ``pattern``'s named groups (``_NAMED_GROUP``'s matches), in order: outside
     escapes and character classes, where ``(?<n>`` is characters (``[(?<n>a)]`` names no group).
-    A class ends at its first "]" not escaped, as ECMA reads it (``[]`` is the empty class)."""
+    A class ends at its first "]" not escaped, as ECMA reads it (``[]`` is the empty class). Also
+    ``json_schema.ecma_names_as_python``'s scan."""
     found, i, n, in_class = [], 0, len(pattern), False
     while i < n:
         ch = pattern[i]
@@ -130,7 +131,7 @@ def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, U
         return end, UFlagError(i, f"a back-reference {pattern[i:end]} in a class", instead(end, octal))
     if not in_class and c == "k" and not (pattern.startswith("<", i + 2) and (m := _GROUP_NAME.match(pattern, i + 3))
                                           and pattern.startswith(">", m.end())):
-        named = list(dict.fromkeys(m.group(1, 2) for m in _named_groups(pattern)))
+        named = list(dict.fromkeys(m.group(1, 2) for m in named_groups(pattern)))
         if not named:  # (Annex B reads \k as the letter only in a pattern that names no group)
             return i + 2, UFlagError(i, "\\k with no group name <name> after it", instead(i + 1, ""))
         meant = [(instead(i + 2, f"(?P={name})" if python else f"\\k<{name}>"), f"a back-reference to the group {name}")
@@ -300,7 +301,7 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
         return UFlagError(stack[-1][1], "a group that is never closed", None)
     named = set(names)
     python_named: dict[str, int] = {}  # each name of a group named as Python's re names it, (?P<n>...): where it opens
-    for m in _named_groups(pattern):
+    for m in named_groups(pattern):
         if m.group(1):
             python_named.setdefault(m.group(2), m.start())
     for at, ref, end in references:

@@ -288,6 +288,40 @@ def test_sampled_formats_lengths_and_decimal_bounds_validate(engines):
     assert all(validator.is_valid(v) for v in values), values
 
 
+def test_a_schema_pattern_with_ecma_named_groups_is_taken_and_its_outputs_match_it(engines, tiny_llama):
+    """JSON Schema's patterns are ECMA 262's, where (?<year>...) names a group; the engine, reading
+    a pattern with Python's re (which has no such syntax), refused it and offered the pattern
+    with a plain group. A name changes no string the pattern matches: the engine takes it, in a
+    dict, in a pydantic class (whose Rust regex reads it too) and over HTTP, and every output is
+    a JSON string that fully matches the pattern with plain groups (the reference, Python's re)."""
+    import json
+
+    from pydantic import BaseModel, Field
+
+    from helpers_lang import live_server
+
+    pattern, python = r"(?<year>\d{4})-(?<m>\d{2})|x(?<m>[a-c])", r"(\d{4})-(\d{2})|x([a-c])"  # (a name twice: ES2025)
+    schema = {"type": "string", "pattern": pattern}
+
+    class Dated(BaseModel):
+        d: str = Field(pattern=r"^(?<year>\d{4})-\d{2}$")
+
+    on = engines[0]
+    rs = on.generate("x", SamplingParams(n=6, seed=2, max_new_tokens=16, json_schema=schema))
+    dated = on.generate("x", SamplingParams(n=4, seed=2, max_new_tokens=24, json_schema=Dated))
+    with live_server(on, served_model_name="x") as url:
+        import httpx
+
+        served = httpx.post(f"{url}/generate", json={"text": "x", "sampling_params": {
+            "max_new_tokens": 16, "temperature": 0, "json_schema": json.dumps(schema)}}, timeout=60)
+    assert served.status_code == 200, served.text
+    texts = [r.text for r in rs if r.finish_reason.type == "stop"] + [served.json()["text"]]
+    assert len(texts) >= 4, [r.text for r in rs]
+    assert all(re.fullmatch(python, json.loads(t)) for t in texts), texts
+    values = [Dated.model_validate_json(r.text).d for r in dated if r.finish_reason.type == "stop"]
+    assert values and all(re.fullmatch(r"\d{4}-\d{2}", v) for v in values), [r.text for r in dated]
+
+
 def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborted_by_name(engines, caplog):
     """A grammar whose every allowed token is a stop token id (or EOS) that min_new_tokens still
     bans left no token: the argmax of all -inf logits, token 0, failed the grammar, and the request

@@ -29,7 +29,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.json_schema import code_point_fix
+from lmnb_engine.json_schema import code_point_fix, ecma_names_as_python
 from lmnb_engine.regex_errors import shown_regex
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
@@ -232,7 +232,8 @@ def _without_edge_anchors(items: list, state, start: bool = True, end: bool = Tr
 def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int | None = None,
                   name: str | None = None) -> str:
     """The regex of the JSON string literals (quotes included) that decode to a full match of
-    ``pattern`` (a JSON Schema ``pattern``, read by Python's ``re`` as jsonschema reads it) with
+    ``pattern`` (a JSON Schema ``pattern``, read by Python's ``re`` as jsonschema reads it, ECMA's
+    named groups as plain ones: ``ecma_names_as_python``) with
     ``min_length`` to ``max_length`` characters (code points, as JSON Schema counts; None: no
     upper bound). ``name`` is what messages call it (default: the pattern itself).
 
@@ -246,7 +247,7 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            parsed = _p.parse(pattern)
+            parsed = _p.parse(ecma_names_as_python(pattern))  # (ECMA's (?<name>: a name matches nothing)
     except (re.error, OverflowError, RecursionError) as e:
         raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} is not a regular expression Python's re "
                            f"reads ({e}), and JSON Schema validators check it with one; fix it") from None
