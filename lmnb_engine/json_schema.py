@@ -341,8 +341,8 @@ def ecma_names_as_python(pattern: str) -> str:
     length, ``((?#ear)``, which Python's ``re`` reads (it has no ``(?<name>``). A group's name
     changes no string the pattern matches, so the engine checks and builds a schema's pattern from
     this spelling, and an error after the group keeps its place in the pattern as written.
-    Python's ``(?P<name>`` and the rest are left as they are (``\\k<year>`` too, which ``re``
-    refuses)."""
+    Python's ``(?P<name>`` and the rest are left as they are (``\\k<year>`` too: no regular
+    language holds a back-reference, ``_refused_pattern`` refuses it)."""
     from lmnb_engine.regex_u_flag import named_groups
 
     for m in reversed([m for m in named_groups(pattern) if not m.group(1)]):
@@ -437,8 +437,17 @@ MAX_U_FLAG_FIXES = 64
 
 
 # (the engine's words for a back-reference that a schema pattern's fix would need: as regex_check's)
-_NO_BACK_REFERENCES = ("constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns "
-                       "compile to a finite automaton): repeat the group's pattern instead of referring to it")
+NO_BACK_REFERENCES = ("constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns "
+                      "compile to a finite automaton): repeat the group's pattern instead of referring to it")
+
+
+def back_reference_words(reference: re.Match) -> str:
+    """What is wrong with a pattern that has the back-reference by name ``reference`` (a match of
+    ``\\k<name>``, the name its group 1), and what to write instead, words that follow the
+    pattern: a back-reference matches the very text its group matched, which no regular language,
+    and so no automaton the engine builds, can express."""
+    return (f"has a back-reference {reference.group()} at position {reference.start()}: it matches again the very text "
+            f"the group {reference.group(1)} matched, which no regular language expresses; {NO_BACK_REFERENCES}")
 
 
 def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
@@ -492,7 +501,7 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
                "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
                "" if refs else "fix the pattern")
         if refs:
-            fix += ("; " if meant else "") + _NO_BACK_REFERENCES
+            fix += ("; " if meant else "") + NO_BACK_REFERENCES
         return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
@@ -545,8 +554,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     ``ecma``: the error is found once its ECMA syntax is spelled as Python's (``_ecma_as_python``,
     which keeps positions), as ``_no_dialect_reads`` found it. The language's refusals come first,
     in its words, for the engine too (``ecma`` False): an error of every dialect, then one of ECMA's
-    u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does."""
+    u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
+    then, for the engine, a back-reference by name (``back_reference_words``), which it cannot build."""
     from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
+    from lmnb_engine.regex_u_flag import named_back_reference
 
     if not isinstance(pattern, str):
         return None
@@ -557,6 +568,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
+    # (ECMA's \k<n>, which Python's re reads as an error: the engine could read it no other way)
+    reference = None if ecma or every else named_back_reference(pattern)
+    if reference:
+        return f"JSON schema at {where}: the pattern {shown} {back_reference_words(reference)}"
     ecma = ecma or every
     # (the engine reads ECMA's named groups: ecma_names_as_python, which keeps each error's place)
     problem = (python_error(*_ecma_as_python(pattern), written=pattern) if ecma else

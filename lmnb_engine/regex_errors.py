@@ -23,7 +23,8 @@ import re
 import warnings
 from typing import Any, Callable, Iterator, NamedTuple
 
-from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value, without_surrogates
+from lmnb_engine.json_schema import (SHOWN_CHARS, as_ranges, back_reference_words, code_point_runs, json_value,
+                                      without_surrogates)
 from lmnb_engine.regex_tree import parser
 
 
@@ -130,7 +131,9 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     """Why the pattern ``pattern`` is refused, or None: an empty pattern (``empty_pattern_problem``),
     a Unicode class the automaton library does not build (``unbuilt_class_problem``) or at an end
     of a range (``class_range_problem``), a class Python's ``re`` flags as ambiguous
-    (``ambiguous_class``), a syntax error (``invalid_regex``), a repeat count above what ``re``
+    (``ambiguous_class``), a back-reference by name in another dialect's syntax, ``\\k<n>``, which
+    ``re`` refuses (``_named_reference_problem``) before any other syntax error, since no
+    automaton can do it, a syntax error (``invalid_regex``), a repeat count above what ``re``
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), or a class that matches no character (``regex_empty_class``). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
@@ -149,7 +152,7 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     except FutureWarning as w:
         return ambiguous_class(pattern, w)
     except re.error as e:
-        return invalid_regex(pattern, e)
+        return _named_reference_problem(pattern) or invalid_regex(pattern, e)
     except RecursionError:
         return _too_deep(pattern)
     except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
@@ -158,6 +161,22 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     from lmnb_engine.regex_empty_class import empty_class_problem  # (it imports this module)
 
     return empty_class_problem(pattern) if empty_class else None
+
+
+# A back-reference by name in the syntax of ECMA 262, .NET and the regex package (the name: group 1)
+_NAMED_REFERENCE = re.compile(r"\\k<(\w+)>")
+
+
+def _named_reference_problem(pattern: str) -> str | None:
+    """Why ``pattern``, which Python's ``re`` refuses, is refused for its first back-reference by
+    name in another dialect's syntax, ``\\k<n>`` (an escape outside classes and comments:
+    ``pattern_parts``), or None where it has none: ``re`` said only that it cannot read it (or that
+    it cannot read the ``(?<n>`` group before it), where respelling it as Python's ``(?P=n)`` would
+    only be refused next."""
+    for part in pattern_parts(pattern):
+        if part.kind == "escape" and (reference := _NAMED_REFERENCE.match(pattern, part.start)):
+            return f"regex {shown_regex(pattern)} {back_reference_words(reference)}"
+    return None
 
 
 # Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come

@@ -9,7 +9,7 @@ language's schema check and the engine's alike.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 # ECMA 262's SyntaxCharacter and "/": the characters an identity escape may stand for under the u flag
 _SYNTAX_CHARACTERS = "^$\\.*+?()[]{}|/"
@@ -31,6 +31,7 @@ _CODE_POINT = re.compile(r"u\{([0-9A-Fa-f]+)\}")
 _HEX = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}")
 # A named group's opening, ECMA's (?<name> or Python's (?P<name> (group 1: "P" or ""); named_groups finds them
 _NAMED_GROUP = re.compile(r"\(\?(P?)<(" + _GROUP_NAME.pattern + ")>")
+_NAMED_REFERENCE = re.compile(r"\\k<(" + _GROUP_NAME.pattern + ")>")
 _LEGACY_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")  # (Annex B's LegacyOctalEscapeSequence: at most 0o377)
 
 
@@ -73,20 +74,29 @@ def named_groups(pattern: str) -> list[re.Match]:
     escapes and character classes, where ``(?<n>`` is characters (``[(?<n>a)]`` names no group).
     A class ends at its first "]" not escaped, as ECMA reads it (``[]`` is the empty class). Also
     ``json_schema.ecma_names_as_python``'s scan."""
-    found, i, n, in_class = [], 0, len(pattern), False
+    return [m for i in _outside_classes(pattern) if (m := _NAMED_GROUP.match(pattern, i)) is not None]
+
+
+def named_back_reference(pattern: str) -> Optional[re.Match]:
+    """The first back-reference by name in ``pattern``, ECMA's ``\\k<name>`` (also the regex
+    package's and .NET's), outside character classes (``_outside_classes``), or None."""
+    return next((m for i in _outside_classes(pattern) if (m := _NAMED_REFERENCE.match(pattern, i))), None)
+
+
+def _outside_classes(pattern: str) -> Iterator[int]:
+    """Where each item of ``pattern`` outside character classes starts, an escape (its backslash)
+    or a character, in order. A class ends at its first "]" not escaped, as ECMA reads it (``[]``
+    is the empty class)."""
+    i, n, in_class = 0, len(pattern), False
     while i < n:
         ch = pattern[i]
+        if not in_class and ch != "[":
+            yield i
         if ch == "\\":
             i += 2
             continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif (m := _NAMED_GROUP.match(pattern, i)) is not None:
-            found.append(m)
+        in_class = ch != "]" if in_class else ch == "["
         i += 1
-    return found
 
 
 def _octal_reading(pattern: str, i: int) -> tuple[int, str]:

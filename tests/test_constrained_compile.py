@@ -91,6 +91,32 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
 
 
 
+def test_a_back_reference_by_name_is_refused_as_one_that_no_automaton_can_do(backend):
+    """ECMA's \\k<n> (a schema's pattern is ECMA's; the regex package's and .NET's too) was
+    refused only as Python's re refuses it: "unknown extension ?<n" (regex=) or "bad escape \\k"
+    (a schema, once its named group was read), "fix the pattern", as if respelling it would do.
+    A back-reference matches again the very text its group matched, which no regular language
+    expresses: both now say so, where it stands, and to repeat the group's pattern. So does a
+    back-reference by number or Python's (?P=n), which named a '\\1' the user may not have written."""
+    why = ("it matches again the very text the group n matched, which no regular language expresses; constrained "
+           "decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns compile to a finite "
+           "automaton): repeat the group's pattern instead of referring to it")
+    for pattern, at in ((r"(?<n>a|b)\k<n>", 9), (r"(?P<n>a)x\k<n>", 9), (r"[\k<n>](?<n>a)\k<n>", 14)):
+        assert _refused_alike(backend, pattern) == (
+            f"regex {json.dumps(pattern)} has a back-reference \\k<n> at position {at}: {why}")
+    pattern = r"^(?<n>[a-z])-\k<n>$"
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(e.value) == f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} has a back-reference \\k<n> at position 13: {why}"
+    for pattern in (r"(a)\1", r"(?P<n>a)(?P=n)"):
+        with pytest.raises(GrammarError) as e:
+            backend.to_regex(regex=pattern)
+        assert str(e.value) == (f"regex {json.dumps(pattern)} uses a backreference to group 1 (it matches again the very "
+                                "text that group matched, which no regular language expresses), which constrained "
+                                "decoding cannot support (patterns compile to a finite automaton): repeat the group's "
+                                "pattern instead of referring to it")
+
+
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
     # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
     from lmnb_engine.regex_errors import without_edge_anchors

@@ -38,7 +38,9 @@ _AT_NAMES = {
 def _unsupported(op, av) -> tuple[str, str] | None:
     """(feature name, fix) if the parsed node ``(op, av)`` has no finite-automaton equivalent."""
     if op is _c.GROUPREF:
-        return f"a backreference '\\{av}'", "repeat the group's pattern instead of referring to it"
+        # (by number: Python's parser reads (?P=n) as its group's number, which \1 and (?P=n) both name)
+        return (f"a backreference to group {av} (it matches again the very text that group matched, which no regular "
+                "language expresses)"), "repeat the group's pattern instead of referring to it"
     if op is _c.GROUPREF_EXISTS:
         return "a conditional group '(?(n)...|...)'", "write the alternatives out with '|'"
     if op in (_c.ASSERT, _c.ASSERT_NOT):
