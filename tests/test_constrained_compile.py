@@ -3600,3 +3600,20 @@ def test_an_empty_class_in_a_part_the_engine_cannot_build_is_named_alike_by_gen_
     assert said.endswith(f"; write {json.dumps(offer)} without it, or write the class you meant"), said
     assert _spans(pattern) == _spans(offer)
     backend.compile(regex=offer)
+
+
+@pytest.mark.parametrize("pattern, without", [
+    (r"c(?<=c)[^\s\S]?", "c(?<=c)"), (r"(?<=a)b|[^\s\S]", "(?<=a)b"), (r"(a)\1|x[^\d\D]", r"(a)\1"),
+    (r"^a\b|[^\w\W]$", r"^a\b"), (r"a(?<=[^\s\S])b|c(?<!d)", "c(?<!d)"),
+])
+def test_an_empty_class_beside_a_part_the_engine_cannot_build_offers_no_pattern_the_engine_refuses(backend, pattern,
+                                                                                                  without):
+    # gen("x", regex=r"c(?<=c)[^\s\S]?"), a %%lm cell and the engine offered "c(?<=c)", the pattern without the
+    # empty class, which gen() takes and the engine then refuses for its lookbehind. No such pattern is offered:
+    # the fix says to remove the part, and what the engine says of the pattern without it (the reference: the
+    # engine's own refusal of that pattern, the one offered before)
+    said = _refused_alike(backend, pattern)
+    with pytest.raises(GrammarError) as refused:
+        backend.compile(regex=without)
+    assert said.endswith(f"; remove it, or write the class you meant; but without it, {refused.value}"), said
+    assert "without it, or" not in said
