@@ -872,12 +872,36 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     grammar backends do, so the language's early check leaves them to the backend. Each class is
     asked of that library itself (``_automaton_reads``): one it cannot build (a Unicode block, the
     ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix (``_unbuilt_class_fix``)."""
+    from lmnb_engine.regex_properties import unknown_property
+
     for m in unicode_classes(pattern):
         cls = m.group(2)
+        if unknown_property(cls):
+            return f"regex {shown_regex(pattern)} uses the class {cls}, which names no Unicode property; " + (
+                _unknown_class_fix(pattern, m.start(2), cls))
         if not _automaton_reads(cls):
             return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
                     f"regex) does not read; {_unbuilt_class_fix(pattern, m.start(2), cls)}")
     return None
+
+
+_PROPERTY_KINDS = ("use a general category, a script or a binary property the automaton library reads (\\p{L}, \\p{Greek}, \\p{Alphabetic}), "
+                   "or the characters as a class")
+
+
+def _unknown_class_fix(pattern: str, at: int, cls: str) -> str:
+    """How to write ``pattern`` for the class ``cls`` at ``at``, whose name no regex dialect knows
+    (``\\p{Lettr}``): the class of ECMA's property closest to it (``regex_properties.closest_property``,
+    ``\\p{Letter}``), which the automaton library reads, with the whole pattern so written where
+    ``gen()`` then takes it; else the kinds of class that library reads."""
+    from lmnb_engine.regex_properties import closest_property
+
+    meant = closest_property(cls)
+    if meant is None or not _automaton_reads(meant):
+        return _PROPERTY_KINDS
+    respelled = pattern[:at] + meant + pattern[at + len(cls):]
+    return f"did you mean {meant}? " + (f"write {shown_regex(respelled)}" if pattern_problem(respelled) is None
+                                        else f"write {meant}")
 
 
 def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
@@ -898,8 +922,7 @@ def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
         if pattern_problem(respelled) is None:
             return f"write {shown_regex(respelled)}, its characters as code-point ranges"
         return f"write {cls} as {ranges}, its characters as code-point ranges"
-    return ("use a general category, a script or a binary property it reads (\\p{L}, \\p{Greek}, \\p{Alphabetic}), "
-            "or the characters as a class")
+    return _PROPERTY_KINDS
 
 
 def class_range_problem(pattern: str) -> str | None:

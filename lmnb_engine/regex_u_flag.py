@@ -2,8 +2,9 @@
 ``pattern`` be read with (2020-12 core, section 6.4), among the patterns Python's ``re`` or the
 ``regex`` package read: ECMA 262 section 22.2.1 with ``[+UnicodeMode]``, where Annex B's
 readings without the flag (a lone ``{``, ``\\c`` before no letter, ``\\1`` in a class as an
-octal escape ...) are errors. Standard library only; ``json_schema`` words them, for the
-language's schema check and the engine's alike.
+octal escape ...) are errors. Standard library only, but for the ``regex`` package's property
+names (``regex_properties``); ``json_schema`` words them, for the language's schema check and
+the engine's alike.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, U
         return i + 2, UFlagError(i, "\\c before no ASCII letter (a control escape is \\cA to \\cZ)", instead(i + 1, "\\\\"))
     if c in "pP" and not _PROPERTY.match(pattern, i + 1):
         return i + 2, UFlagError(i, f"\\{c} with no {{...}} after it (a property class is \\{c}{{L}})", instead(i + 1, ""))
+    if c in "pP" and (unknown := _unknown_property(pattern, i)):
+        return unknown
     if c in "xu" and not _HEX.match(pattern, i + 1):
         code_point = _CODE_POINT.match(pattern, i + 1) if c == "u" else None
         if code_point and int(code_point.group(1), 16) <= 0x10FFFF:
@@ -149,6 +152,23 @@ def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, U
         return i + 2, UFlagError(i, "\\k with no group name <name> after it (an error without the flag too, where the "
                                     "pattern names a group)", None, (*meant, (instead(i + 1, ""), "the letter k")))
     return None
+
+
+def _unknown_property(pattern: str, i: int) -> Optional[tuple[int, UFlagError]]:
+    """The error of the property class at ``pattern[i]`` (``\\p{...}``) where its name is one no
+    regex dialect knows (``regex_properties.unknown_property``), with the pattern with ECMA's
+    property closest to it offered (``closest_property``), and where the class ends; None for
+    any other."""
+    from lmnb_engine.regex_properties import closest_property, unknown_property
+
+    end = _PROPERTY.match(pattern, i + 1).end()
+    if not unknown_property(pattern[i:end]):
+        return None
+    meant = closest_property(pattern[i:end])
+    offer = ((pattern[:i] + meant + pattern[end:], f"the class {meant}"),) if meant else ()
+    kinds = "" if meant else (" (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, or a script, "
+                              "\\p{Script=Greek})")
+    return end, UFlagError(i, f"a class {pattern[i:end]} naming no Unicode property{kinds}", None, offer)
 
 
 def _escape_end(pattern: str, i: int) -> int:

@@ -604,8 +604,8 @@ def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_
     regex_module.compile(pattern)  # the regex package reads it; the automaton library does not:
     with pytest.raises(Exception, match="NFA"):
         Index(pattern, Vocabulary(9, {b"a": [1], b"\xce\xa9": [2]}))
-    fix = fix or (r"use a general category, a script or a binary property it reads (\p{L}, \p{Greek}, \p{Alphabetic}), "
-                  "or the characters as a class")
+    fix = fix or (r"use a general category, a script or a binary property the automaton library reads (\p{L}, \p{Greek}, "
+                  r"\p{Alphabetic}), or the characters as a class")
     said = (f"regex {json.dumps(pattern)} uses the class {shown}, which the engine's automaton library (Rust's regex) "
             f"does not read; {fix}")
     with pytest.raises(ValueError) as at_gen:
@@ -628,6 +628,38 @@ def test_a_pattern_with_a_unicode_class_gets_the_checks_its_twin_without_gets(ba
     with pytest.raises(GrammarError) as plain:
         backend.compile(regex=twin)
     assert str(with_class.value).replace(json.dumps(pattern), "P") == str(plain.value).replace(json.dumps(twin), "P")
+
+
+@pytest.mark.parametrize("pattern, offer", [
+    (r"\p{Lettr}+", r"\p{Letter}+"), (r"[\p{Alphabtic}\d]", r"[\p{Alphabetic}\d]"), (r"\p{^Lettr}", r"\P{Letter}"),
+    (r"x\p{xyzzy}", None), (r"\p{Script=Greak}", None),
+])
+def test_a_class_of_no_known_property_is_refused_by_name_with_the_one_meant(backend, pattern, offer):
+    # regex=r"\p{Lettr}+" was told the automaton library "does not read" it and to use a category, a script or
+    # a binary property, as \p{InGreek} is, though no reader knows the name: it is told that, with the closest
+    # property's pattern offered, which gen() takes and the engine builds (the reference: node's RegExp and the
+    # regex package refuse the name, and read the offer's class as the letters, \p{L}, where it names Letter)
+    import regex as regex_module
+
+    import lmnb
+
+    cls = re.search(r"\\[pP]\{[^}]*\}", pattern).group()
+    with pytest.raises(regex_module.error):
+        regex_module.compile(cls)
+    said = _refused_alike(backend, pattern)
+    head = f"regex {json.dumps(pattern)} uses the class {cls}, which names no Unicode property; "
+    if offer is None:
+        assert said == head + (r"use a general category, a script or a binary property the automaton library reads "
+                               r"(\p{L}, \p{Greek}, \p{Alphabetic}), or the characters as a class")
+        return
+    meant = re.search(r"\\[pP]\{[^}]*\}", offer).group()
+    assert said == head + f"did you mean {meant}? write {json.dumps(offer)}"
+    assert lmnb.gen("x", regex=offer).params.regex == offer
+    backend.submit(offer).result()
+    if "Letter" in meant:
+        letters = regex_module.sub(r"\\([pP])\{Letter\}", r"\\\1{L}", offer)
+        assert [bool(regex_module.fullmatch(offer, t)) for t in _SAMPLE_TEXTS[:3000]] == [
+            bool(regex_module.fullmatch(letters, t)) for t in _SAMPLE_TEXTS[:3000]]
 
 
 def test_unicode_classes_the_automaton_reads_pass(backend):

@@ -455,6 +455,60 @@ def test_each_back_reference_to_a_python_named_group_is_respelt_in_the_offers(pa
     assert str(in_engine.value).endswith("repeat the group's pattern instead of referring to it"), str(in_engine.value)
 
 
+@pytest.mark.parametrize("pattern, offer", [
+    (r"^\p{Lettr}+$", r"^\p{Letter}+$"), (r"[\p{Alphabtic}\d]", r"[\p{Alphabetic}\d]"), (r"\P{gc=Lettr}", r"\P{gc=Letter}"),
+    (r"\p{Uppercase_Leter}", r"\p{Uppercase_Letter}"), (r"x\p{xyzzy}", None), (r"\p{Script=Greak}", None),
+])
+def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_with_the_name_meant(pattern, offer):
+    """A schema pattern's \\p{Lettr}, which no regex dialect knows (ECMA 262 with the u flag JSON
+    Schema asks for refuses it: node's RegExp, where at hand), passed gen() and a %%lm cell, and was
+    left to the backend: the engine said only that it takes no \\p{...} in a schema, an
+    OpenAI-compatible API whatever it says. It is refused where it is written, naming the class,
+    with the pattern holding ECMA's property of the closest name offered, which node and gen()
+    take; none where no name is close."""
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.constrained.schema import load_schema
+
+    assert _node_refuses(pattern, "u") is not False, pattern
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    message = str(e.value)
+    with pytest.raises(TemplateSyntaxError) as in_cell:
+        parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
+    with pytest.raises(ValueError) as in_engine:
+        load_schema(schema)
+    assert message in str(in_cell.value) and str(in_engine.value) == message
+    cls = re.search(r"\\[pP]\{[^}]*\}", pattern).group()
+    at = pattern.index(cls)
+    head = (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has "
+            f"a class {cls} naming no Unicode property")
+    tail = (f" at position {at}, a syntax error of ECMA 262 with the u flag JSON Schema asks patterns be read with "
+            "(2020-12 core, section 6.4); ")
+    if offer is None:
+        assert message == (head + " (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, or a "
+                           "script, \\p{Script=Greek})" + tail + "fix the pattern")
+        return
+    meant = re.search(r"\\[pP]\{[^}]*\}", offer).group()
+    assert message == head + tail + f"write {json.dumps(offer)} for the class {meant}"
+    assert _node_refuses(offer, "u") is not True and sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+
+
+def test_each_ecma_property_name_offered_is_one_ecma_reads_and_none_is_refused():
+    """The names a misspelt property class is offered from (ECMA 262's general categories and
+    binary properties) are each read by node's RegExp with the u flag (where at hand), and none is
+    refused as unknown: Changes_When_NFKC_Casefolded (CWKCF), which the regex package and Rust's
+    regex lack, too."""
+    from lmnb_engine.regex_properties import ECMA_PROPERTY_NAMES, unknown_property
+
+    classes = [f"\\p{{{name}}}" for name in ECMA_PROPERTY_NAMES]
+    # (38 categories, each with its short and long name, 4 with a third; 53 binary properties, 8 without a short name)
+    assert len(set(ECMA_PROPERTY_NAMES)) == len(ECMA_PROPERTY_NAMES) == 38 * 2 + 4 + 53 * 2 - 8
+    assert _node_refuses("".join(classes), "u") is not True
+    assert not [cls for cls in classes if unknown_property(cls)]
+    assert unknown_property(r"\p{Lettr}") and unknown_property(r"\p{gc=CWKCF}")  # (a binary property is no category)
+
+
 @pytest.mark.parametrize("pattern", [r"[(?P<n>a)]\k<n>", r"[x(?P<n>a)]+\k<n>"])
 def test_a_python_group_spelt_inside_a_class_is_no_group_a_back_reference_may_name(pattern):
     """``(?P<n>a)`` inside a class is its characters, no group: ``[(?P<n>a)]\\k<n>`` was told "a
