@@ -34,8 +34,8 @@ from lmnb_engine.regex_errors import (
     classes_held,
     pattern_parts,
     shown_regex,
+    unbuilt_feature,
     unicode_classes,
-    without_edge_anchors,
 )
 from lmnb_engine.regex_dead_part import dead_part
 from lmnb_engine.regex_tree import constants as _c, parser
@@ -77,7 +77,7 @@ def empty_class_problem(pattern: str, stop: bool = False) -> str | None:
     offer = dead and dead.without
     while offer and (more := _first_empty_class(offer, stop)) and (more_dead := dead_part(offer, *more[:2])):
         offer = more_dead.without  # (each dead part out, one at a time: "[^\d\D]|[^\w\W]|b" is "b")
-    unbuilt = None if stop or not offer else _unbuilt(offer)
+    unbuilt = None if stop or not offer else unbuilt_feature(offer)
     if offer and not unbuilt and _taken(offer, stop):
         fix = f"write {shown_regex(offer)} without it, or write the class you meant"
     else:
@@ -94,21 +94,6 @@ def empty_class_problem(pattern: str, stop: bool = False) -> str | None:
     return (f"regex {shown_regex(pattern)} holds the class {pattern[start:end]} at position {start}, which matches no "
             "character an output may hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, "
             f"{never}, and the automaton library refuses it; {fix}")
-
-
-def _unbuilt(pattern: str) -> str | None:
-    """The engine's words for what in the ``regex`` constraint ``pattern`` no automaton can do (a
-    lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
-    its edge anchors, as the engine asks), or None where it has none."""
-    from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.constrained.regex_check import check_regex  # (torch-free; it imports this module)
-
-    trimmed = without_edge_anchors(pattern)
-    try:
-        check_regex(trimmed)
-    except GrammarError as e:
-        return str(e).replace(shown_regex(trimmed), shown_regex(pattern), 1)
-    return None
 
 
 def _taken(pattern: str, stop: bool) -> bool:

@@ -163,6 +163,30 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     return empty_class_problem(pattern) if empty_class else None
 
 
+def unbuilt_feature(pattern: str) -> str | None:
+    """The engine's words for what in the ``regex`` constraint ``pattern`` no automaton can build (a
+    lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
+    its edge anchors, as the engine asks), or None where it has none. ``gen()`` leaves these to the
+    backend, but offers no pattern that holds one (``offer_taken``)."""
+    from lmnb_engine.constrained.errors import GrammarError
+    from lmnb_engine.constrained.regex_check import check_regex  # (torch-free; it imports this module)
+
+    trimmed = without_edge_anchors(pattern)
+    try:
+        check_regex(trimmed)
+    except GrammarError as e:
+        return str(e).replace(shown_regex(trimmed), shown_regex(pattern), 1)
+    return None
+
+
+def offer_taken(pattern: str) -> bool:
+    """Whether ``pattern``, written as the fix of a refused one, may be offered: ``gen()`` takes it
+    (``pattern_problem``) and the engine builds it (``unbuilt_feature``), so that no offer is
+    refused next (``c(?<=x)\\p{InGreek}`` is offered ``[\\u0370-\\u03ff]`` for its class, not
+    ``c(?<=x)[\\u0370-\\u03ff]``, which holds the lookbehind)."""
+    return pattern_problem(pattern) is None and unbuilt_feature(pattern) is None
+
+
 # A back-reference by name in the syntax of ECMA 262, .NET and the regex package (the name: group 1)
 _NAMED_REFERENCE = re.compile(r"\\k<(\w+)>")
 
@@ -323,6 +347,11 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     i = int(m.group(1))
     n = 1 if pattern[i] == "[" else 2
     read_literally = _literal_reading(pattern, i)
+    # (where the rest of the pattern holds what the engine cannot build, no whole pattern is offered:
+    # the flagged class alone is, written as each reading has it)
+    alone_fix = _class_alone_fix(pattern, i) if unbuilt_feature(read_literally) else None
+    if alone_fix:
+        return alone_fix
     refused = pattern_problem(read_literally)
     if refused is None:
         literal, alone = f"{shown_regex(read_literally)} to mean the characters", ""
@@ -350,6 +379,24 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     else:
         return f"write {literal}" if literal else f"{alone}; fix the pattern"
     return f"{offer}, or {literal}" if literal else f"{offer}; {alone}"
+
+
+def _class_alone_fix(pattern: str, at: int) -> str | None:
+    """``_ambiguity_fix`` of the class of ``pattern`` that holds ``at`` (as the automaton library
+    delimits it: ``_rust_classes``), taken as a pattern alone, said as the fix for that class;
+    None where no class holds ``at`` or Python flags none alone."""
+    for start, end in _rust_classes(pattern):
+        if start <= at < end and (start, end) != (0, len(pattern)):
+            cls = pattern[start:end]
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", FutureWarning)
+                    parser.parse(classes_held(cls))
+            except FutureWarning as w:
+                return f"for the class {cls}: {_ambiguity_fix(cls, w)}"
+            except (re.error, RecursionError, OverflowError):
+                return None
+    return None
 
 
 def _posix_reading(pattern: str) -> tuple[str, str] | None:
@@ -381,7 +428,7 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
         if spelled is None:
             return None
         rewrites.append((start, end, spelled))
-    return _rewritten(pattern, rewrites, names, lambda fixed: pattern_problem(fixed) is None)
+    return _rewritten(pattern, rewrites, names, offer_taken)
 
 
 def _rewritten(pattern: str, rewrites: list[tuple[int, int, str]], names: list[str],
@@ -420,7 +467,7 @@ def _members_reading(pattern: str) -> tuple[str, str] | None:
             return None
         names.append(text)
         rewrites.append((start, end, spelled))
-    return _rewritten(pattern, rewrites, names, lambda fixed: pattern_problem(fixed) is None)
+    return _rewritten(pattern, rewrites, names, offer_taken)
 
 
 def _flagged(cls: str) -> bool:
@@ -833,7 +880,7 @@ def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
             first, second = _complement(m.group(1)), second if m.group(2) == "--" else _complement(second)
             name = "difference" if m.group(2) == "--" else "intersection"
             fixed = pattern[:m.start()] + f"[^{first}{second}]" + pattern[m.end():]
-            return (fixed, name) if pattern_problem(fixed) is None else None
+            return (fixed, name) if offer_taken(fixed) else None
     return None
 
 
@@ -900,7 +947,7 @@ def _unknown_class_fix(pattern: str, at: int, cls: str) -> str:
     if meant is None or not _automaton_reads(meant):
         return _PROPERTY_KINDS
     respelled = pattern[:at] + meant + pattern[at + len(cls):]
-    return f"did you mean {meant}? " + (f"write {shown_regex(respelled)}" if pattern_problem(respelled) is None
+    return f"did you mean {meant}? " + (f"write {shown_regex(respelled)}" if offer_taken(respelled)
                                         else f"write {meant}")
 
 
@@ -919,7 +966,7 @@ def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
     ranges = as_ranges(cls)
     if ranges:
         respelled = pattern[:at] + (ranges[1:-1] if _in_a_class(pattern, at) else ranges) + pattern[at + len(cls):]
-        if pattern_problem(respelled) is None:
+        if offer_taken(respelled):
             return f"write {shown_regex(respelled)}, its characters as code-point ranges"
         return f"write {cls} as {ranges}, its characters as code-point ranges"
     return _PROPERTY_KINDS
@@ -937,10 +984,12 @@ def class_range_problem(pattern: str) -> str | None:
     start, dash, end = found
     cls = (UNICODE_CLASS_AT.match(pattern, start) or UNICODE_CLASS_AT.match(pattern, dash + 1)).group()
     escaped = pattern[:dash] + "\\-" + pattern[dash + 1:]
+    # (the range alone, where the whole pattern so written holds what the engine cannot build)
+    escaped = shown_regex(escaped) if offer_taken(escaped) else pattern[start:dash] + "\\-" + pattern[dash + 1:end]
     return (f"regex {shown_regex(pattern)} uses the class {cls} as an end of the range {pattern[start:end]} (at "
             f"position {start}), which the automaton library (Rust's regex) refuses: a range runs between two "
-            f"characters; write {shown_regex(escaped)} for the class, the character and a hyphen, or give the "
-            "range two characters")
+            f"characters; write {escaped} for the class, the character and a hyphen, or give the range two "
+            "characters")
 
 
 def _class_range(pattern: str) -> tuple[int, int, int] | None:

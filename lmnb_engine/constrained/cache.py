@@ -33,7 +33,6 @@ from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import (
     classes_held,
     empty_pattern_problem,
-    pattern_problem,
     regex_problem,
     shown_regex,
     without_edge_anchors,
@@ -306,11 +305,25 @@ def _unread_problem(regex: str) -> str | None:
     return None
 
 
+def _refused_by_gen(regex: str) -> str | None:
+    """``gen()``'s words on ``regex`` (``regex_problem``), which Python's parser reads, or None where
+    ``gen()`` takes it, or where that parser cannot read it for its counts or depth, which the
+    engine's own limits name (``check_regex``: "above the limit of 1000")."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _p.parse(classes_held(regex))
+    except (RecursionError, OverflowError):
+        return None
+    return regex_problem(regex)
+
+
 def _automaton_regex(regex: str) -> str:
     """The user's ``regex`` without its edge anchors (``without_edge_anchors``), checked
-    (``check_regex``, and for a class that matches no character: ``empty_class_problem``, which,
-    where ``gen()`` finds it, comes before ``check_regex``'s refusals, as in ``gen()``) and in
-    the automaton library's syntax (``automaton_syntax``).
+    (``check_regex``, and ``gen()``'s checks, ``regex_problem``, which, where ``gen()`` refuses the
+    pattern, come before ``check_regex``'s refusals, as in ``gen()``; then for a class that matches
+    no character: ``empty_class_problem``) and in the automaton library's syntax
+    (``automaton_syntax``).
 
     Raises:
         GrammarError: from those checks, naming the pattern as the user wrote it (with its anchors)
@@ -325,15 +338,15 @@ def _automaton_regex(regex: str) -> str:
         check_regex(trimmed)
         spelled = automaton_syntax(trimmed)
     except GrammarError as e:
-        # (a class that matches no character, in gen()'s words, where gen() finds it: it asks for one before the
-        # engine's refusals, and offers the pattern without the part that holds it, lookaround or anchor and all)
-        empty = empty_class_problem(regex) if pattern_problem(regex, empty_class=False) is None else None
-        if empty:
-            raise GrammarError(empty) from None
+        # (gen()'s words where gen() refuses the pattern too, a class that matches no character or one the
+        # library cannot build beside a lookbehind: it asks before the engine's refusals, and offers no fix
+        # the engine refuses, regex_errors.offer_taken)
+        said = _refused_by_gen(regex)
+        if said:
+            raise GrammarError(said) from None
         if trimmed == regex:
             raise
-        named = str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)
-        raise GrammarError(regex_problem(regex) or named) from None
+        raise GrammarError(str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)) from None
     problem = empty_class_problem(regex)  # (which the library refuses only compiling, in its own words)
     if problem:
         raise GrammarError(problem)
