@@ -461,7 +461,8 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning, else the patterns the user may
     have meant that the flag reads (``UFlagError.meant``: for ``(?<n>a)\\k``, ``\\k<n>`` and ``k``);
     ``engine``: the in-process engine's words, which offer no back-reference, as constrained decoding
-    cannot do one, but say so and to repeat the group's pattern.
+    cannot do one, but say so and to repeat the group's pattern, and no ``\\p{...}`` class, which it
+    takes in no schema (for ``\\p{Lettr}``: ECMA's closest, ``\\p{Letter}``, named, and that).
     Asked by the language's schema check and the engine's alike, so both refuse the same patterns in
     the same words.
 
@@ -471,7 +472,7 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     schemas written for Python or Pydantic (``^\\d{3}\\-\\d{4}$``), as a validator that falls back to
     Annex B's grammar takes them (corvus-json-schema's ecmaregex). One read otherwise by Python
     (``x\\Z``, ``a{,3}``) or not at all (``\\k``) is refused."""
-    from lmnb_engine.regex_errors import python_reading  # (it imports this module)
+    from lmnb_engine.regex_errors import python_reading, unicode_classes  # (it imports this module)
     from lmnb_engine.regex_u_flag import identity_escape, u_flag_error
 
     found = identity_escape(pattern)
@@ -493,15 +494,22 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
         return None
     if found is None:
         meant = [(p, what) for p, what in error.meant if u_flag_problem(p) is None]
-        # (the in-process engine builds no back-reference, in any syntax: offering one would only be refused next)
+        # (the in-process engine builds no back-reference, in any syntax, and takes no \\p{...} class in a
+        # schema: offering one would only be refused next)
         refs = engine and any("back-reference" in what for _, what in meant)
+        classes = [what for p, what in meant if unicode_classes(p)] if engine else []
         meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in meant
-                 if not (refs and "back-reference" in what)]
+                 if not (refs and "back-reference" in what) and what not in classes]
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
                "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
-               "" if refs else "fix the pattern")
+               "" if refs or classes else "fix the pattern")
         if refs:
             fix += ("; " if meant else "") + NO_BACK_REFERENCES
+        if classes:
+            fix += ("; " if meant or refs else "") + (
+                f"ECMA's closest is {classes[0]}, but this engine takes no \\p{{...}} class in a schema (its outputs are "
+                "made to pass jsonschema's check, which reads a pattern with Python's re, which has none): write the "
+                "characters as a class")
         return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
