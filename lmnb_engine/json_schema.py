@@ -385,15 +385,26 @@ def _code_points_as_python(pattern: str) -> str:
 def code_point_fix(pattern: str) -> Optional[str]:
     """The fix of a schema's ``pattern`` that Python's ``re`` (which the engine and jsonschema read
     it with) reads otherwise than ECMA 262 for its code point escapes only: the pattern with each
-    spelled as both read it (``_code_points_as_python``), where ``re`` reads that; else None."""
+    spelled as both read it (``_code_points_as_python``), where ``re`` reads that (how to spell
+    them alone where the engine would refuse that pattern for more: ``_engine_builds``); else None."""
     from lmnb_engine.regex_errors import python_error  # (it imports this module)
 
     python = _code_points_as_python(pattern)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
+    whole = f", the pattern {json_value(python, SHOWN_CHARS)}" if _engine_builds(python) else ""
     return ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
             "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, "
-            f"or as \\uXXXX up to U+FFFF, which both read alike, the pattern {json_value(python, SHOWN_CHARS)}")
+            f"or as \\uXXXX up to U+FFFF, which both read alike{whole}")
+
+
+def _engine_builds(python: str) -> bool:
+    """Whether the engine builds the schema pattern ``python`` (one Python's ``re`` reads, or with
+    ECMA's named groups), so that it may be offered whole: it holds no lookaround, back-reference
+    or anchor inside (``regex_errors.unbuilt_feature``), which the engine would refuse next."""
+    from lmnb_engine.regex_errors import unbuilt_feature  # (it imports this module)
+
+    return unbuilt_feature(ecma_names_as_python(python)) is None
 
 
 def _ecma_syntax_fix(pattern: str) -> Optional[str]:
@@ -401,7 +412,8 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     ``re`` (which the engine and jsonschema read it with) refuses for ECMA syntax it lacks: the
     class of any character ``[^]`` (to ``re`` a class whose first member is "]", left open),
     written as what both read alike (``[\\s\\S]``), where ``re`` reads the result (ECMA's named
-    groups as the engine reads them: ``ecma_names_as_python``); else None (ECMA's empty class ``[]``
+    groups as the engine reads them: ``ecma_names_as_python``; ``[\\s\\S]`` alone where the engine
+    would refuse that pattern for more: ``_engine_builds``); else None (ECMA's empty class ``[]``
     has no such spelling the engine builds: ``(?!)`` is a lookahead). The engine said only
     "unterminated character set", "fix the pattern", of such a pattern, valid in JSON Schema."""
     from lmnb_engine.regex_errors import python_error  # (it imports this module)
@@ -426,9 +438,10 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     python = "".join(out)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
+    written = f"the pattern {json_value(python, SHOWN_CHARS)}" if _engine_builds(python) else "[\\s\\S] for each [^]"
     return ("it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern "
-            "here (jsonschema checks each output with it), lacks: [^] (any character); "
-            f"write the pattern {json_value(python, SHOWN_CHARS)}, which both read alike")
+            f"here (jsonschema checks each output with it), lacks: [^] (any character); write {written}, which both "
+            "read alike")
 
 
 # At most this many syntax errors under the u flag are respelled in the spelling offered

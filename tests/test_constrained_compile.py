@@ -1457,6 +1457,24 @@ def test_a_schema_patterns_ecma_syntax_python_lacks_gets_its_python_spelling_fro
         assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == matches, text
 
 
+@pytest.mark.parametrize("pattern, python, ending", [
+    (r"c(?<=x)[^]", r"c(?<=x)[\s\S]", "write [\\s\\S] for each [^], which both read alike"),
+    (r"^a\b[^]$", r"^a\b[\s\S]$", "write [\\s\\S] for each [^], which both read alike"),
+    (r"c(?<=x)\u{1F600}", "c(?<=x)\U0001F600", "or as \\uXXXX up to U+FFFF, which both read alike"),
+])
+def test_a_schema_patterns_python_spelling_is_not_offered_whole_where_the_engine_refuses_it(pattern, python, ending):
+    """The engine offered "c(?<=x)[\\s\\S]" for the schema pattern c(?<=x)[^] (and the character
+    itself for a code point escape), which it then refused for the lookbehind. Beside what it
+    cannot build it now says how to spell that syntax alone, offering no whole pattern (the
+    reference: the engine's own refusal of the pattern offered before)."""
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(e.value).endswith(ending) and 'write "' not in str(e.value) and "the pattern \"" not in str(
+        e.value).split("; ", 1)[1], str(e.value)
+    with pytest.raises(GrammarError, match="which constrained decoding cannot support"):
+        schema_to_regex({"type": "string", "pattern": python})
+
+
 def test_a_schema_patterns_ecma_empty_class_is_refused_without_an_offer():
     """ECMA's empty class [] has no spelling the engine builds ((?!) is a lookahead), so no pattern is offered."""
     with pytest.raises(GrammarError) as e:
