@@ -861,6 +861,19 @@ def test_the_openai_client_retrieves_the_served_model_and_a_wrong_name_is_a_404(
         assert e.value.body["message"] == 'model "gpt-4" is not served here; use "org/tiny-model"'
 
 
+def test_a_request_without_a_model_is_served_by_the_served_model(served):
+    """SGLang's server (model defaults to "default") and vLLM's take a completion or chat request
+    with no model, or "model": null, and curl examples written for them leave it out; lmnb serve
+    refused them with "model: Field required"."""
+    _, url = served
+    for path, body in (("/v1/completions", {"prompt": "a", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2})):
+        for model in ({}, {"model": None}):
+            reply = _post(url, path, {**body, **model})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["model"] == "rec"
+
+
 def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message():
     """An in-stream error reached programs as the error object's repr ({'message': ..., 'type': ...})."""
 
@@ -904,9 +917,8 @@ def test_a_null_optional_field_is_its_default_as_the_openai_api_declares_it_null
     for p in engine.received:
         assert (p.n, p.presence_penalty, p.frequency_penalty, p.temperature, p.top_k, p.return_logprob) == (1, 0, 0, 1, -1, False)
     # a required field's null is refused as null: each said "Field required", as of a field left out
+    # (a null model is the served one, as a model left out: test_a_request_without_a_model_...)
     for path, body, message in [
-        ("/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "a"}]},
-         "model: Input should be a valid string (got null)"),
         ("/v1/chat/completions", {"model": "rec", "messages": None}, "messages: Input should be a valid list (got null)"),
         ("/v1/completions", {"model": "rec", "prompt": None},
          "prompt: it is null; a prompt is a string, a list of strings, a list of token ids (ints) or a list of such lists")]:

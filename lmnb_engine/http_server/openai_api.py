@@ -101,7 +101,9 @@ class ResponseFormat(_Strict):
 
 
 class _SamplingRequest(_Strict):
-    model: str
+    # Optional, as on SGLang's server (its default "default") and vLLM's: curl and scripts written
+    # for them leave it out, and there is one model to serve; OpenAI's API requires it
+    model: str = "default"
     max_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
