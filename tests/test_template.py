@@ -604,6 +604,29 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize("cell, col, words, hint", [
+    ('{select c choices=["yes" "no"]}', 20, '"yes" "no" in choices= is one string, \'yesno\'', 'write "yes", "no"'),
+    ("{select c choices=['a', 'b' 'c' 'd']}", 25, "'b' 'c' 'd' in choices= is one string, 'bcd'", "write 'b', 'c', 'd'"),
+    ('{gen x stop=("\\n" "Q:",) max_tokens=3}', 14, '"\\n" "Q:" in stop= is one string, \'\\nQ:\'', 'write "\\n", "Q:"'),
+    ('{select c choices=["a" f"{x}"]}', 20, '"a" f"{x}" in choices= is one string', 'write "a", f"{x}"'),
+])
+def test_strings_side_by_side_in_a_list_option_are_a_missing_comma(cell, col, words, hint):
+    """Options are separated by spaces, and so, to a newcomer, are a list's items: choices=["yes"
+    "no"] was Python's one string 'yesno', a select of one choice that always "won"."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell, first_line=2)
+    assert (e.value.line, e.value.col) == (2, col), str(e.value)  # the item's first character
+    assert str(e.value).splitlines()[0] == (
+        f"line 2, col {col}: {words}: Python joins strings written side by side; a list's items are separated "
+        "by commas (spaces separate only a hole's options)")
+    assert e.value.hint == hint
+
+
+def test_strings_side_by_side_over_lines_in_a_list_option_are_one_long_string():
+    """Pieces on separate lines are how a long string is written; they stay one choice."""
+    assert parse('{select c choices=["a long "\n "choice", "b"]}') is not None
+
+
 @pytest.mark.parametrize("key, text, value", [
     ("max_tokens", "3", 3), ("stop", "'.'", "."), ("seed", "7", 7), ("n", "2", 2), ("top_p", "0.5", 0.5)])
 def test_a_gen_with_choices_refuses_a_generation_option_at_the_option(key, text, value):

@@ -467,6 +467,13 @@ class _Parser:
                 inner = ast.unparse(body.elts[0])
                 raise self.error(f"{o.key}={{{inner}}} is a set: inside a hole an option's value is a Python "
                                  "expression already", o.value.offset, hint=f"write {o.key}={inner}")
+            joined = _side_by_side_strings(o.value)
+            if joined:
+                pieces, value, at = joined
+                raise self.error(f"{' '.join(pieces)} in {o.key}= is one string{value}: Python joins strings "
+                                 "written side by side; a list's items are separated by commas (spaces "
+                                 "separate only a hole's options)", o.value.offset + at,
+                                 hint=f"write {', '.join(pieces)}")
             value = _literal(o.value)
             if value is _NOT_LITERAL:
                 continue  # checked by lmnb when the program runs
@@ -676,6 +683,32 @@ def _literal(expr: Expr):
         return ast.literal_eval(expr.tree.body)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return _NOT_LITERAL
+
+
+def _side_by_side_strings(expr: Expr):
+    """``(pieces, value, offset)`` for the first item of a list, tuple or set literal that is string
+    literals side by side on one line (``["yes" "no"]``: the pieces' texts, ``", 'yesno'"`` or ""
+    for an f-string, and the item's offset in ``expr.source``), else None. Python joins them into one string; in a cell, where options are
+    separated by spaces, that is a missing comma (choices=["yes" "no"] was a select of one choice).
+    Pieces on separate lines are left alone: the way to write a long string over lines."""
+    body = expr.tree.body
+    if not isinstance(body, (ast.List, ast.Tuple, ast.Set)):
+        return None
+    wrapped = "(" + expr.source + ")"  # (what expr.tree was parsed from)
+    lines = wrapped.splitlines(keepends=True)
+    for item in body.elts:
+        if not isinstance(item, (ast.Constant, ast.JoinedStr)) or not isinstance(getattr(item, "value", ""), str):
+            continue
+        text = ast.get_source_segment(wrapped, item)
+        starts = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                  if t.type == tokenize.STRING or t.type == getattr(tokenize, "FSTRING_START", None)]
+        if len(starts) > 1 and len({t.start[0] for t in starts}) == 1:
+            line = lines[item.lineno - 1]
+            at = sum(map(len, lines[:item.lineno - 1])) + len(line.encode()[:item.col_offset].decode()) - 1
+            pieces = [text[t.start[1]:e.start[1]].rstrip() for t, e in zip(starts, starts[1:])]
+            value = f", {item.value!r}" if isinstance(item, ast.Constant) else ""
+            return pieces + [text[starts[-1].start[1]:].rstrip()], value, at
+    return None
 
 
 def _given(expr: Expr) -> bool:
