@@ -106,6 +106,31 @@ def test_a_lazily_opened_pil_image_read_from_two_threads_at_once(tmp_path):
         assert results == [expected, expected]
 
 
+def test_a_file_url_is_read_as_the_path_it_names(tmp_path):
+    """SGLang's load_image reads a file:// URL as its path (urlparse, unquote); lmnb said "no image
+    file at 'file:///...'; check the path" of a file that was there, and a remote backend's data URL
+    and a video's frames likewise."""
+    from lmnb.backend.media import data_url
+    from lmnb_engine.multimodal.image_io import check_image_source
+
+    img = random_image(1)
+    path = tmp_path / "a b%.png"  # (a space and a "%": the URL percent-encodes both)
+    path.write_bytes(png_bytes(img))
+    for url in (path.as_uri(), "file://localhost" + path.as_uri()[len("file://"):]):
+        assert "%20" in url and "%25" in url
+        check_image_source(url)
+        assert load_image(url).hash == load_image(path).hash
+        assert data_url(url) == "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+    with pytest.raises(ImageInputError, match=r"is a file on another host, 'elsewhere'; copy it here"):
+        load_image("file://elsewhere" + str(path))
+    with pytest.raises(ImageInputError, match="no image file at 'file:///no/such.png'; check the path"):
+        load_image("file:///no/such.png")
+    gif = tmp_path / "v w.gif"
+    frames = [Image.new("RGB", (8, 8), (i * 30, 0, 0)) for i in range(8)]
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
+    assert [f.getpixel((0, 0))[0] for f in sample_video_frames(gif.as_uri(), 4)] == [0, 60, 120, 210]
+
+
 def test_bare_base64_passed_as_a_path_says_so_without_echoing_it():
     """image(<bare base64 string>) raised OSError 'File name too long' with the whole string."""
     data = base64.b64encode(png_bytes(random_image(3, size=(64, 64)))).decode()

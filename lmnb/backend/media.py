@@ -207,10 +207,10 @@ def _encoded(source: Any, pixel_hash: str) -> Optional[bytes]:
     edited since); None for other images and URLs."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source)
-    from lmnb_engine.multimodal.image_io import is_http_url
+    from lmnb_engine.multimodal.image_io import file_path, is_http_url
 
     if isinstance(source, (str, os.PathLike)) and not is_http_url(str(source)):
-        return Path(source).expanduser().read_bytes()
+        return file_path(os.fspath(source)).read_bytes()
     filename = getattr(source, "filename", None)
     if getattr(source, "format", None) in AS_IS_FORMATS and isinstance(filename, str) and os.path.isfile(filename):
         raw = Path(filename).read_bytes()

@@ -14,6 +14,7 @@ import hashlib
 import io
 import os
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def load_image(
     """Decode ``source`` into an RGB image and hash it.
 
     Args:
-        source: a ``PIL.Image.Image``; a path (``str``/``PathLike``); ``bytes``/``bytearray`` of an
+        source: a ``PIL.Image.Image``; a path (``str``/``PathLike``) or ``file://`` URL; ``bytes``/``bytearray`` of an
             encoded image (PNG, JPEG, ...); a ``data:image/...;base64,...`` URL; or an
             ``http(s)://`` URL when remote fetching is enabled.
         max_bytes: largest encoded size accepted.
@@ -142,17 +143,31 @@ def _source_string(source: Any) -> str:
 
 
 def _image_file(source: str, max_bytes: int) -> Path:
-    """The file at path ``source`` (``~`` expanded).
+    """The file at path ``source`` (``~`` expanded, a ``file://`` URL read as its path).
 
     Raises:
         ImageInputError: no file there, or one over ``max_bytes``."""
-    path = Path(source).expanduser()
+    path = file_path(source)
     if not _is_file(path):
         raise _no_file(source)
     size = path.stat().st_size
     if size > max_bytes:
         raise ImageInputError(f"image file {source!r} is {size} bytes, over the limit of {max_bytes}; shrink it")
     return path
+
+
+def file_path(source: str) -> Path:
+    """The local path that ``source`` names: a ``file://`` URL's (``file:///tmp/a%20b.png`` is
+    ``/tmp/a b.png``; SGLang's ``load_image`` reads them so), else ``source`` with ``~`` expanded.
+
+    Raises:
+        ImageInputError: a ``file://`` URL of a host other than this one."""
+    if source[:7].lower() != "file://":
+        return Path(source).expanduser()
+    url = urllib.parse.urlsplit(source)
+    if url.netloc not in ("", "localhost"):
+        raise ImageInputError(f"{source!r} is a file on another host, {url.netloc!r}; copy it here and pass its path")
+    return Path(urllib.parse.unquote(url.path))
 
 
 def _is_file(path: Path) -> bool:

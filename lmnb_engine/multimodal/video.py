@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lmnb_engine.multimodal.image_io import ImageInputError, _is_file, is_data_url, is_http_url
+from lmnb_engine.multimodal.image_io import ImageInputError, _is_file, file_path, is_data_url, is_http_url
 
 DEFAULT_MAX_VIDEO_BYTES = 512 * 2**20
 
@@ -49,7 +49,7 @@ def sample_video_frames(source: Any, num_frames: int, max_bytes: int = DEFAULT_M
     """RGB frames sampled uniformly from the video at ``source`` (a path).
 
     Args:
-        source: path (``str``/``PathLike``) of a video file (any format the reader decodes), or
+        source: path (``str``/``PathLike``) or ``file://`` URL of a video file (any format the reader decodes), or
             an animated image with the Pillow fallback.
         num_frames: frames wanted (>= 1); a shorter video gives all its frames.
         max_bytes: largest file accepted.
@@ -63,7 +63,7 @@ def sample_video_frames(source: Any, num_frames: int, max_bytes: int = DEFAULT_M
     if is_data_url(source) or is_http_url(source):  # echoed whole, a data URL's megabytes filled the error
         raise ImageInputError(f"a video is read from a file, not a URL ({source[:40]!r}...); save it to a file "
                               "and pass its path")
-    path = Path(source).expanduser()
+    path = file_path(os.fspath(source))
     if not _is_file(path):
         raise ImageInputError(f"no video file at {str(source)!r}; check the path")
     if path.stat().st_size > max_bytes:
