@@ -402,6 +402,22 @@ def test_id_field_keys_rows_so_reordered_input_is_still_skipped(tmp_path):
         ResultStore(tmp_path / "out.jsonl").open()
 
 
+def test_an_id_field_that_no_row_has_is_refused_before_any_row_runs(tmp_path, capsys):
+    """A misspelt --id-field made every row a bad_input record, with a stderr line per row (1003
+    lines for 1000 rows), and exit 1, as if the input were wrong."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"key": i, "question": f"q{i}"} for i in range(50)] + [[1]])
+    assert run_job(tmp_path, "--input", rows, "--id-field", "kye") == 2
+    assert capsys.readouterr().err == (
+        "lmnb batch: --id-field kye: no input row has a field 'kye' (did you mean 'key'?); the rows' fields: 'key', "
+        "'question'. Give the field that holds each row's id, or leave --id-field out to key rows by their "
+        "position\n")
+    assert not (tmp_path / "out.jsonl").exists()
+    rows = write_rows(tmp_path / "rows.jsonl", [{"key": "a", "question": "x"}, {"question": "y"}])
+    assert run_job(tmp_path, "--input", rows, "--id-field", "key") == 1  # one row has it: the other is bad input
+    assert [r["status"] for r in sorted(read_results(tmp_path / "out.jsonl"), key=lambda r: r["row"])] == [
+        "ok", "bad_input"]
+
+
 def test_a_second_run_on_the_same_output_is_refused_while_one_is_writing(tmp_path):
     first = ResultStore(tmp_path / "out.jsonl")
     first.open()

@@ -520,6 +520,9 @@ class Job:
         shadowed = self._parameter_fields(rows)
         if shadowed:
             return fatal(shadowed)
+        unknown_id = _unknown_id_field(rows, args.id_field)
+        if unknown_id:
+            return fatal(unknown_id)
         unread_fields = sorted({str(k) for row in rows if row.error is None for k in row.fields} - {args.id_field})
         if not self.inputs and unread_fields:  # (not refused: running one program over and over may be meant)
             shown = ", ".join(map(repr, unread_fields[:5])) + (", ..." if len(unread_fields) > 5 else "")
@@ -602,3 +605,20 @@ def _demo_model_dir() -> str:
 
     spec = importlib.util.find_spec("lmnb_engine")
     return os.path.realpath(os.path.join(list(spec.submodule_search_locations)[0], "demo_model"))
+
+
+def _unknown_id_field(rows: Sequence[Any], id_field: Optional[str]) -> Optional[str]:
+    """Why ``--id-field`` cannot key ``rows`` (the rows ``read_rows`` gives), or None: no row that
+    could be read has the field, so it is a misspelt or wrong option (each row was refused alone,
+    a bad_input record and a stderr line per row), named with the fields the rows do have."""
+    fields = [row.fields for row in rows if row.error is None]
+    if id_field is None or not fields or any(id_field in f for f in fields):
+        return None
+    from lmnb.ir import close_match
+
+    names = sorted({str(k) for f in fields for k in f})
+    meant = close_match(id_field, names)
+    shown = ", ".join(map(repr, names[:10])) + (", ..." if len(names) > 10 else "") if names else "none"
+    return (f"--id-field {id_field}: no input row has a field {id_field!r}"
+            f"{f' (did you mean {meant!r}?)' if meant else ''}; the rows' fields: {shown}. Give the field "
+            "that holds each row's id, or leave --id-field out to key rows by their position")
