@@ -874,6 +874,28 @@ def test_a_request_without_a_model_is_served_by_the_served_model(served):
             assert reply.json()["model"] == "rec"
 
 
+def test_a_chat_request_without_max_tokens_gets_what_a_kv_pool_smaller_than_the_context_leaves():
+    """A chat request without max_tokens gets what the context leaves, as in vLLM; where the KV
+    pool is smaller than the context (a long-context model on a small GPU), that was more than the
+    pool holds, and every such request was a 400 naming a max_tokens no one set. SGLang clamps it
+    to the pool (max_req_len); lmnb now does too."""
+
+    class SmallPool(RecordingEngine):
+        def model_info(self):
+            return {**super().model_info(), "max_total_tokens": 100}
+
+    engine = SmallPool()
+    with live_server(engine, served_model_name="rec") as url:
+        prompt = "[user]hi\n[assistant]"  # (the stand-in's template; one token per character)
+        reply = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200, reply.text
+        assert engine.received[-1].max_new_tokens == 100 - len(prompt)
+        too_long = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 100}]})
+        assert too_long.status_code == 400 and too_long.json()["error"]["message"] == (
+            "the chat prompt is 118 tokens, which leaves no room for a reply in the server's KV cache of 100 tokens; "
+            "shorten the messages")
+
+
 def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message():
     """An in-stream error reached programs as the error object's repr ({'message': ..., 'type': ...})."""
 

@@ -23,6 +23,7 @@ import binascii
 import collections
 import contextlib
 import difflib
+import functools
 import hmac
 import itertools
 import json
@@ -209,6 +210,12 @@ class ServerContext:
         # with its id aborts in the engine at once: those submitted already run meanwhile
         self.held_responses: dict[str, list] = {}
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
+
+    @functools.cached_property
+    def kv_pool_tokens(self) -> Optional[int]:
+        """The KV pool's size in tokens, the most one request can hold (None: an engine stand-in
+        that does not say)."""
+        return self.engine.model_info().get("max_total_tokens")
 
     def refuse_images(self, text_only: RequestError) -> NoReturn:
         """Raise for a request with images, which ``multimodal`` (None) cannot take:

@@ -783,11 +783,15 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 except ValueError as e:
                     raise RequestError(str(e), param="messages") from None
             if max_tokens is None:
-                if len(prompt) >= engine.context_len:  # else the engine's message names a max_new_tokens no one set
+                # what the context leaves, or a smaller KV pool (SGLang's max_req_len clamps so): a pool
+                # smaller than the context refused every request without max_tokens, naming one no one set
+                room, where = engine.context_len, f"the model's context length of {engine.context_len} tokens"
+                if ctx.kv_pool_tokens is not None and ctx.kv_pool_tokens < room:
+                    room, where = ctx.kv_pool_tokens, f"the server's KV cache of {ctx.kv_pool_tokens} tokens"
+                if len(prompt) >= room:  # else the engine's message names a max_new_tokens no one set
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
-                                       f"in the model's context length of {engine.context_len} tokens; shorten "
-                                       "the messages", param="messages")
-                max_tokens = engine.context_len - len(prompt)
+                                       f"in {where}; shorten the messages", param="messages")
+                max_tokens = room - len(prompt)
             if req.top_logprobs and not req.logprobs:
                 raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
             params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
