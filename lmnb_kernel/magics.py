@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import traceback
 from typing import Iterator, Optional
@@ -39,6 +40,10 @@ from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
 from lmnb_kernel.session import NO_TREE_ROUTE, get_session
 from lmnb_kernel.tables import cell_summary
+
+# The engine's words for a prompt that fits the context but not with its new tokens (a gen's
+# max_tokens, a cell's --max-tokens): "prompt of 499 tokens + max_tokens=20 exceeds ..."
+_PROMPT_AND_NEW = re.compile(r"prompt of (\d+) tokens? \+ max_(?:new_)?tokens=(\d+) exceeds the model's context")
 
 # Output mode for every cell: "live" (a widget while running), "static" (display updates only) or
 # "headless" (lmnb run: display updates once a second; a frame renders the whole run on the kernel's
@@ -374,6 +379,8 @@ class LMMagics(Magics):
                 # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
                 if start is not None and "tokens exceeds the model's context length" in message:
                     message += self._overflow_hint(args.state, start)
+                elif start is not None and "exceeds the model's context length" in message:
+                    message += self._state_and_tokens_hint(args.state, start, message)
             self.finish(args, view, outcome, count, cell_id, rerun, message)
             if message is not None:
                 raise CellError(message) from outcome.error
@@ -393,6 +400,26 @@ class LMMagics(Magics):
                 return (f"\nthe state {name!r} holds {held} of those tokens (the model's context is {context_len}): "
                         f"shorten this cell's text, or {fix}")
         return f"\nthe state {name!r} has grown past the model's context; {fix}"
+
+    def _state_and_tokens_hint(self, name: str, state, message: str) -> str:
+        """What to say of a ``--state`` cell whose prompt fits the model's context but not with its
+        new tokens (``message``: the engine's "prompt of N tokens + max_tokens=M exceeds ..."),
+        where the state holds so many of them that the cell would fit without it: "shorten the
+        prompt" named the cell's few lines. Nothing where it would not fit even so (the fix is
+        lowering max_tokens), or where the state's tokens cannot be counted here (a server)."""
+        said = _PROMPT_AND_NEW.search(message)
+        if said is None or self.session.remote is not None:
+            return ""
+        prompt, new = map(int, said.groups())
+        try:
+            held = len(self.session.prompt_ids(state))
+        except ValueError:  # an image of the state that cannot be read any more
+            return ""
+        context_len = self.session.engine("%%lm").context_len
+        if prompt - held + new > context_len:
+            return ""
+        return (f"\nthe state {name!r} holds {held} of those {prompt} tokens: `%lm reset {name}` starts it afresh, "
+                "or continue in a new --state")
 
     def make_view(self, args, count):
         """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless)."""

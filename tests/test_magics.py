@@ -108,6 +108,18 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
     assert not failed.success and "has grown past" not in out9.stdout
     assert (f"the state 'small' holds {held} of those tokens (the model's context is {context_len}): shorten this "
             "cell's text, or `%lm reset small` starts it afresh") in out9.stdout
+    # a state that fills most of the context, and a cell whose gen fits without it: the engine's "shorten the
+    # prompt or lower max_tokens" alone named the cell's one word, not the state that holds the tokens
+    encode = get_session().engine("test").encode
+    words = next(n for n in range(1, context_len) if len(encode("word " * n)) >= context_len // 2)
+    half, out10 = run(ip, "%%lm --static --temperature 0 --state half\n" + "word " * words)
+    assert half.success, out10.stdout
+    held = len(encode(get_session().states["half"].state.text()))
+    failed, out11 = run(ip, f"%%lm --static --state half\nmore{{gen w max_tokens={context_len // 2}}}")
+    prompt = len(encode(get_session().states["half"].state.text() + "more"))
+    assert not failed.success and f"prompt of {prompt} tokens + max_tokens={context_len // 2} exceeds" in out11.stdout
+    assert (f"the state 'half' holds {held} of those {prompt} tokens: `%lm reset half` starts it afresh, or continue "
+            "in a new --state") in out11.stdout
 
 
 def _refused_for_max_tokens(ip, options: str, limit: int):
