@@ -131,6 +131,19 @@ def test_a_file_url_is_read_as_the_path_it_names(tmp_path):
     assert [f.getpixel((0, 0))[0] for f in sample_video_frames(gif.as_uri(), 4)] == [0, 60, 120, 210]
 
 
+def test_a_folder_given_as_an_image_or_video_is_named_as_a_folder(tmp_path):
+    """A folder said "no image file at '<folder>'; check the path", where the path was right."""
+    from lmnb_engine.multimodal.image_io import check_image_source
+
+    for check in (load_image, check_image_source):
+        with pytest.raises(ImageInputError) as e:
+            check(str(tmp_path))
+        assert str(e.value) == f"{str(tmp_path)!r} is a folder, not an image file; give the path of an image in it"
+    with pytest.raises(ImageInputError) as e:
+        sample_video_frames(tmp_path, 2)
+    assert str(e.value) == f"{str(tmp_path)!r} is a folder, not a video file; give the path of a video in it"
+
+
 def test_bare_base64_passed_as_a_path_says_so_without_echoing_it():
     """image(<bare base64 string>) raised OSError 'File name too long' with the whole string."""
     data = base64.b64encode(png_bytes(random_image(3, size=(64, 64)))).decode()

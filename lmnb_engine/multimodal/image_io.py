@@ -149,7 +149,7 @@ def _image_file(source: str, max_bytes: int) -> Path:
         ImageInputError: no file there, or one over ``max_bytes``."""
     path = file_path(source)
     if not _is_file(path):
-        raise _no_file(source)
+        raise _no_file(source, path)
     size = path.stat().st_size
     if size > max_bytes:
         raise ImageInputError(f"image file {source!r} is {size} bytes, over the limit of {max_bytes}; shrink it")
@@ -178,13 +178,24 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def _no_file(source: str) -> ImageInputError:
-    """The error for a path with no file; a string longer than any file name, or one that is the
-    base64 of an image (a 1x1 PNG is 92 characters), is image data, said so without echoing it all."""
+def _no_file(source: str, path: Path) -> ImageInputError:
+    """The error for a path with no file (``path``: where ``source`` points); a string longer than
+    any file name, or one that is the base64 of an image (a 1x1 PNG is 92 characters), is image
+    data, said so without echoing it all; a folder is named as one."""
     if len(source) > 255 or _is_base64_image(source):
         return ImageInputError(f"no image file at {source[:40]!r}... ({len(source)} characters: image data, not a "
                                "path?); pass the image's bytes or a data:image/<type>;base64,<data> URL")
+    if is_folder(path):
+        return ImageInputError(f"{source!r} is a folder, not an image file; give the path of an image in it")
     return ImageInputError(f"no image file at {source!r}; check the path")
+
+
+def is_folder(path: Path) -> bool:
+    """``path.is_dir()``, False too where the name is too long to be a folder's (``OSError``)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _is_base64_image(text: str) -> bool:

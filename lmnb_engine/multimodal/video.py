@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lmnb_engine.multimodal.image_io import ImageInputError, _is_file, file_path, is_data_url, is_http_url
+from lmnb_engine.multimodal.image_io import ImageInputError, _is_file, file_path, is_data_url, is_folder, is_http_url
 
 DEFAULT_MAX_VIDEO_BYTES = 512 * 2**20
 
@@ -64,6 +64,8 @@ def sample_video_frames(source: Any, num_frames: int, max_bytes: int = DEFAULT_M
         raise ImageInputError(f"a video is read from a file, not a URL ({source[:40]!r}...); save it to a file "
                               "and pass its path")
     path = file_path(os.fspath(source))
+    if is_folder(path):
+        raise ImageInputError(f"{str(source)!r} is a folder, not a video file; give the path of a video in it")
     if not _is_file(path):
         raise ImageInputError(f"no video file at {str(source)!r}; check the path")
     if path.stat().st_size > max_bytes:
