@@ -446,6 +446,24 @@ def test_a_setup_container_only_a_called_function_changes_in_place_is_noted_as_c
         f"them, {importlib.import_module('lmnb.export.notes_wording')._RACE}"]
 
 
+def test_a_name_an_lm_cell_reads_that_only_a_later_cell_sets_is_noted():
+    """Run out of order in Jupyter (cell 2 first), the notebook worked; its script runs the cells in
+    order, and every row failed with NameError, told to fix its input, without a word at export."""
+    nb = notebook('%%lm --temperature 0\nQ: Where does {person} live?\nA:{gen city max_tokens=5}',
+                  'person = "Arvel"\nq = "x"', "%%lm\n{q}{city}{gen more max_tokens=1}", "%%lm\n{more}{q}")
+    _, p = export_notebook(nb)
+    assert [n for n in p.notes if "later cell" in n] == [
+        "cell 1: the %%lm cell reads person, which only a later cell, 2, sets: the script runs the cells in the "
+        "notebook's order, so every row would fail with NameError (in Jupyter, running cell 2 first hides it); move "
+        "the code that sets person above cell 1"]
+    # set above too (the later cell sets it again), a star import above that may set it: no note
+    for cells in (('person = "Arvel"', *nb.cells[0:1], 'person = "Bexa"'),
+                  ("from math import *", "%%lm --temperature 0\n{pi}{gen city max_tokens=5}", "pi = 3")):
+        cells = [c.source if not isinstance(c, str) else c for c in cells]
+        _, p = export_notebook(notebook(*cells))
+        assert not [n for n in p.notes if "later cell" in n], p.notes
+
+
 @pytest.mark.parametrize("row, kind", [
     ("a()\nb()\nn = str(stats)", "is changed by the rows' calls"),
     ("stats['row'] = q\na()\nb()\nn = str(stats)", "is changed in place per row too"),

@@ -260,6 +260,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
         p.notes.append(f"{', '.join(from_star)}: read by the %%lm cells and set by no cell, so taken to come from "
                        f"{stars}, not to be row fields; name the row fields with --inputs if one is")
     p.notes += _misspelt_fields(p, examples, parameters) if given is None else []
+    p.notes += _read_before_set(cells, p)
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
@@ -496,6 +497,30 @@ def _tag_meant_by(p: Plan, name: str) -> Optional[tuple]:
         if tag:
             return c.index, tag
     return None
+
+
+def _read_before_set(cells: list, p: Plan) -> list[str]:
+    """Notes on the names a ``%%lm`` cell reads that only a later cell sets (``{person}`` in cell 1,
+    ``person = "Arvel"`` in cell 2): in Jupyter, running that cell first hides it, but the script
+    runs the cells in order, and each row failed with a NameError, told to fix its input. Not where
+    an earlier cell star-imports, which may set it."""
+    notes = []
+    for c in p.lm_cells:
+        earlier = [d for d in cells if d.index < c.index and isinstance(d, (Code, LMCell))]
+        if any(isinstance(d, Code) and d.star_imports for d in earlier):
+            continue
+        set_before = {n for d in earlier for n in (d.assigns if isinstance(d, Code) else d.sets)}
+        for n in c.reads:
+            if n in set_before or n in p.inputs or n in p.parameters:
+                continue
+            later = next((d for d in cells if d.index > c.index and (
+                n in d.assigns if isinstance(d, Code) else isinstance(d, LMCell) and n in d.sets)), None)
+            if later is not None:
+                notes.append(f"cell {c.index}: the %%lm cell reads {n}, which only a later cell, {later.index}, sets: "
+                             f"the script runs the cells in the notebook's order, so every row would fail with "
+                             f"NameError (in Jupyter, running cell {later.index} first hides it); move the code "
+                             f"that sets {n} above cell {c.index}")
+    return notes
 
 
 def _word_forms(a: str, b: str) -> bool:
