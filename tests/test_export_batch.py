@@ -272,6 +272,29 @@ def test_a_run_whose_rows_all_failed_shows_no_speed(tmp_path, capsys):
     assert re.search(r"\n  [0-9.]+ s: [0-9.]+ rows/s, [0-9.]+ generated tokens/s\n", capsys.readouterr().err)
 
 
+def test_rows_whose_code_reads_a_name_nothing_set_are_not_blamed_on_the_input(tmp_path, capsys):
+    """A notebook whose %%lm cell read a variable only a later cell set (run first in Jupyter) failed
+    every row with NameError, and the summary said to fix the input and run again."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}, {"question": "c"}])
+
+    def run_row(question):
+        if question != "c":
+            return person  # noqa: F821 - the notebook's read of a name only a later cell sets
+        raise ValueError("another failure")
+
+    job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress"])
+    assert job.run(run_row, backend=ScriptedBackend(reply)) == 1
+    err = capsys.readouterr().err
+    [said] = [line for line in err.splitlines() if "nothing set" in line]
+    assert said.startswith("  2 rows failed because the notebook's code reads a name that nothing set (NameError: "
+                           "name 'person' is not defined")
+    assert said.endswith("), which no input row can fix; in the notebook, set it in a cell above the one that reads it "
+                         "(lmnb export notes a %%lm cell that reads one only a later cell sets) and export it again; "
+                         "then run with --retry-errors to rerun the failed rows (rows already done are kept)")
+    assert '  other rows with "status": "error" or "bad_input" say why in "error"' in err  # (the ValueError's row)
+    assert "fix the input" not in err
+
+
 def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):
     """An exported job whose %%lm cell writes text before its gen, run on an OpenAI chat model
     (--openai m, no --completion), failed every row with the backend's refusal and ended with "fix

@@ -46,6 +46,9 @@ class RowRunner:
         self.unreachable: list[str] = []
         # the same for rows whose program this backend cannot run (BackendCannotRun), whatever their input
         self.cannot_run: list[str] = []
+        # and the errors of rows whose code read a name nothing set (a NameError): the notebook's
+        # code, not the row's input, which reaches it as run_row's arguments (a missing field is bad_input)
+        self.undefined: list[str] = []
         self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr kept per row (several threads)
         self.written: dict[int, str] = {}  # row index → status of each record this run wrote
 
@@ -339,6 +342,8 @@ class RowRunner:
                 cause = _in_chain(e, kind)
                 if cause is not None:
                     failed.append(str(cause))
+            if isinstance(e, NameError):
+                self.undefined.append(error)
         record = {
             **base,
             "status": OK if error is None else ERROR,
@@ -375,7 +380,7 @@ class RowRunner:
                          "the same command again to do the remaining rows")
         elif self.signals and self.left:
             lines.append("  stopped early: run the same command again to do the remaining rows")
-        elif self.unreachable or self.cannot_run:  # not the input's fault: "fix the input" would mislead
+        elif self.unreachable or self.cannot_run or self.undefined:  # not the input's fault: "fix the input" would mislead
             if self.unreachable:
                 lines.append(f"  {_rows(len(self.unreachable))} failed because the backend could not be reached "
                              f"({self.unreachable[0]}); once it answers, run the same command again with "
@@ -386,7 +391,13 @@ class RowRunner:
                              "and export it again, or change the backend (the job's --backend, --openai MODEL, "
                              "--completion); then run with --retry-errors to rerun the failed rows (rows already "
                              "done are kept)")
-            if len(self.unreachable) + len(self.cannot_run) < c[ERROR] or c[BAD_INPUT]:  # (others failed otherwise)
+            if self.undefined:
+                lines.append(f"  {_rows(len(self.undefined))} failed because the notebook's code reads a name that "
+                             f"nothing set ({self.undefined[0]}), which no input row can fix; in the notebook, set it in a "
+                             "cell above the one that reads it (lmnb export notes a %%lm cell that reads one only a "
+                             "later cell sets) and export it again; then run with --retry-errors to rerun the failed "
+                             "rows (rows already done are kept)")
+            if len(self.unreachable) + len(self.cannot_run) + len(self.undefined) < c[ERROR] or c[BAD_INPUT]:
                 lines.append('  other rows with "status": "error" or "bad_input" say why in "error"')
         elif c[ERROR] or c[BAD_INPUT]:
             kinds = " or ".join(f'"{k}"' for k, n in (("error", c[ERROR]), ("bad_input", c[BAD_INPUT])) if n)
