@@ -55,6 +55,20 @@ class OnceFlag(_GivenOnce):
         setattr(namespace, self.dest, True)
 
 
+def pool_tokens(text: str) -> int:
+    """argparse ``type=`` of ``--max-total-tokens`` (``%lm load``, ``lmnb serve``, an exported job):
+    a whole number; argparse's own words were "invalid int value: 'abc'". The engine refuses a
+    pool too small, naming the least.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is no whole number."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be the KV pool's size as a whole number of tokens (e.g. 4096), "
+                                         f"got {text!r}") from None
+
+
 # argparse reads an argument that starts with "-" as an option unless it looks like a negative number,
 # which before Python 3.14 is -1 or -1.5 only: `lmnb run -p lr -1e-3` (or -1_000, -0x20, -inf) said
 # "argument -p/--parameter: expected 2 arguments", though papermill takes it.

@@ -88,6 +88,16 @@ def test_a_backend_line_option_given_twice_is_refused(command, words, message):
     assert str(e.value) == message
 
 
+def test_a_load_lines_pool_size_that_is_no_whole_number_is_named_in_words():
+    """``%lm load --max-total-tokens 4k`` said argparse's "invalid int value: '4k'"."""
+    from lmnb.template.cell_options import parse_backend_line
+
+    with pytest.raises(CellLineError) as e:
+        parse_backend_line("load", ["--max-total-tokens", "4k"])
+    assert str(e.value) == ("argument --max-total-tokens: must be the KV pool's size as a whole number of tokens "
+                            "(e.g. 4096), got '4k'")
+
+
 def test_a_backend_line_option_given_once_is_read():
     from lmnb.template.cell_options import parse_backend_line
 

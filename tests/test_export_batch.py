@@ -470,6 +470,9 @@ def test_parameters_are_options_typed_like_their_defaults():
     ("--limit", "abc", "argument --limit: expected a whole number, got 'abc'"),
     ("--num-threads", "1.5", "argument --num-threads: expected a whole number, got '1.5'"),
     ("--num-threads", "0", "argument --num-threads: must be at least 1, got 0"),
+    # (argparse's "invalid int value: 'abc'", as lmnb serve's and %lm load's: test_server_cli, test_export)
+    ("--max-total-tokens", "abc",
+     "argument --max-total-tokens: must be the KV pool's size as a whole number of tokens (e.g. 4096), got 'abc'"),
 ])
 def test_a_count_option_that_is_no_whole_number_is_named_in_words(capsys, option, text, message):
     """argparse named the type function instead: "invalid _count value: 'abc'"."""

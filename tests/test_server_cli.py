@@ -255,6 +255,18 @@ def test_lmnb_serve_refuses_an_option_given_twice_before_loading(capsys, words, 
     assert capsys.readouterr().err.rstrip().endswith(f"lmnb serve: error: {option} is given twice; give it once")
 
 
+def test_lmnb_serve_names_a_pool_size_that_is_no_whole_number_in_words(capsys):
+    """argparse said "argument --max-total-tokens: invalid int value: 'abc'"."""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--max-total-tokens", "4k"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(
+        "lmnb serve: error: argument --max-total-tokens: must be the KV pool's size as a whole number of tokens "
+        "(e.g. 4096), got '4k'")
+
+
 def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     # the warning came from warnings.warn, with the server module's path and its source line
     out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0", "--port", "0",

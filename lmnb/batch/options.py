@@ -20,7 +20,7 @@ from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
-from lmnb_engine.cli_options import Once, OnceFlag, in_option_syntax, take_negative_numbers
+from lmnb_engine.cli_options import Once, OnceFlag, in_option_syntax, pool_tokens, take_negative_numbers
 
 OPENAI_KEY_ENV = "OPENAI_API_KEY"  # (where the openai client, and so lmnb.OpenAI, reads its key)
 
@@ -100,7 +100,7 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
                         + (model or f"${MODEL_ENV}, else the built-in demo model") + ")")
     p.add_argument("--device", action=Once, help="engine backend: cuda or cpu")
     p.add_argument("--dtype", action=Once, help="engine backend: float32, bfloat16 or float16")
-    p.add_argument("--max-total-tokens", action=Once, type=int, metavar="N",
+    p.add_argument("--max-total-tokens", action=Once, type=pool_tokens, metavar="N",
                    help="engine backend: KV cache size in tokens (default: from the free memory)")
     if not per_row:
         return p

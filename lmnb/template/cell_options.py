@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from lmnb.ir import close_match
-from lmnb_engine.cli_options import Once, OnceFlag
+from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens
 from lmnb_engine.params import TEMPERATURE_RULE
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
@@ -146,7 +146,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         "the demo model")
     parser.add_argument("--device", action=Once, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", action=Once, help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
-    parser.add_argument("--max-total-tokens", type=int, action=Once, help="KV pool size in tokens")
+    parser.add_argument("--max-total-tokens", type=pool_tokens, action=Once, help="KV pool size in tokens")
     parser.add_argument("--random-weights", action=OnceFlag, help="seeded random weights (benchmarks)")
     return parser
 

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env
-from lmnb_engine.cli_options import Once, in_option_syntax
+from lmnb_engine.cli_options import Once, in_option_syntax, pool_tokens
 
 DEFAULT_PORT = 30000  # SGLang's default
 # The largest request body read, in MiB, unless ``--max-body-mb`` says otherwise: room for a long
@@ -49,7 +49,7 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", action=Once, default=None, help="model name in the OpenAI API (default: the model path)")
     parser.add_argument("--device", action=Once, default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", action=Once, default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
-    parser.add_argument("--max-total-tokens", action=Once, type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
+    parser.add_argument("--max-total-tokens", action=Once, type=pool_tokens, default=None, help="KV cache size in tokens (default: from the free memory)")
     parser.add_argument("--max-body-mb", action=Once, type=float, default=DEFAULT_MAX_BODY_MB,
                         help=f"refuse request bodies larger than this many MiB with a 413 (default {DEFAULT_MAX_BODY_MB})")
     parser.add_argument("--incremental-streaming-output", action="store_true",
