@@ -5,6 +5,7 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
 import operator
@@ -456,7 +457,8 @@ class SglFunction:
         progress_bar = check_flag("progress_bar", progress_bar)
         generator_style = check_flag("generator_style", generator_style)
         if not isinstance(batch_kwargs, (list, tuple)):
-            raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
+            raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}"
+                            + _batch_fix(batch_kwargs))
         items = []
         params = list(self.signature.parameters.values())[1:]
         only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
@@ -876,3 +878,14 @@ def video(source: Any, num_frames: int) -> Video:
     if count is None or count < 1:
         raise ValueError(f"video() num_frames must be a positive integer, got {num_frames!r}")
     return Video(source, count)
+
+
+def _batch_fix(batch_kwargs: Any) -> str:
+    """The fix for a ``run_batch`` argument that is no list or tuple (SGLang's asserts one): a dict
+    is one item's arguments; another iterable (a generator, ``map``) is made a list first;
+    anything else gets no fix."""
+    if isinstance(batch_kwargs, collections.abc.Mapping):
+        return ": a dict is one run's arguments; pass [the dict] for a batch of one, or call run(**the dict)"
+    if isinstance(batch_kwargs, collections.abc.Iterable) and not isinstance(batch_kwargs, (str, bytes)):
+        return ": make it a list first, list(...)"
+    return ""

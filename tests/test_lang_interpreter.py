@@ -4585,6 +4585,16 @@ def test_run_batch_fills_keyword_only_arguments_from_dict_items_and_says_a_tuple
         prog.run_batch([{"a": 1, "b": 2}, (1, 2)], backend=be)
     with pytest.raises(TypeError, match=r"^run_batch item 1 is int 5, not a dict or tuple$"):  # (it said "a int")
         prog.run_batch([{"a": 1, "b": 2}, 5], backend=be)
+    # a batch that is no list said only "not generator" / "not dict", with no fix
+    with pytest.raises(TypeError, match=r"^run_batch takes a list of argument dicts, not generator: make it a list "
+                                        r"first, list\(\.\.\.\)$"):
+        prog.run_batch(({"a": i, "b": i} for i in range(2)), backend=be)
+    with pytest.raises(TypeError, match=r"^run_batch takes a list of argument dicts, not dict: a dict is one run's "
+                                        r"arguments; pass \[the dict\] for a batch of one, or call run\(\*\*the "
+                                        r"dict\)$"):
+        prog.run_batch({"a": 1, "b": 2}, backend=be)
+    with pytest.raises(TypeError, match=r"^run_batch takes a list of argument dicts, not int$"):
+        prog.run_batch(5, backend=be)
     missing = "run_batch item 0: program 'prog': missing a required argument: 'b'; its arguments are ['a', 'b', 'c']"
     with pytest.raises(TypeError, match=f"^{re.escape(missing + hint)}$"):
         prog.run_batch([(1,)], backend=be)
