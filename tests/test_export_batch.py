@@ -295,6 +295,54 @@ def test_rows_whose_code_reads_a_name_nothing_set_are_not_blamed_on_the_input(tm
     assert "fix the input" not in err
 
 
+SETUP_FAILS = [
+    # (the notebook's cells, the failing line as the script has it, where it failed, the error and the fix)
+    (['person = open("data.txt").read().strip(); q = "x"',
+      "%%lm --temperature 0\n{q} Q: Where does {person} live? A:{gen city max_tokens=5}"],
+     'person = open("data.txt").read().strip(); q = "x"', "the notebook's set-up failed in cell 1, before any row ran",
+     "FileNotFoundError: [Errno 2] No such file or directory: 'data.txt'; the path 'data.txt' is read from the "
+     "folder the job runs in, {cwd}, where lmnb run and Jupyter read it from the notebook's folder; the script's "
+     "folder has it: run the job from there (cd {sub}, with --input and --output given from there), or open it by "
+     "its full path in the notebook and export it again"),
+    (["def load():\n    return 1 / 0", "n = load()", '%%lm\n{q} {n}{gen a max_tokens=2}'],
+     "return 1 / 0", "the notebook's set-up failed in cell 2, before any row ran",
+     "ZeroDivisionError: division by zero; fix the notebook and export it again"),
+    # no %%lm cell: no rows (the backend starts after the parameters cell, so none is needed to get there)
+    (['open("gone.txt")', ("parameters", "n = 1")], 'open("gone.txt")', "the notebook failed in cell 1",
+     "FileNotFoundError: [Errno 2] No such file or directory: 'gone.txt'; the path 'gone.txt' is read from the "
+     "folder the job runs in, {cwd}, where lmnb run and Jupyter read it from the notebook's folder; run the job "
+     "from the folder that has it, or open it by its full path in the notebook and export it again"),
+]
+
+
+@pytest.mark.parametrize("cells, line, failed, end", SETUP_FAILS,
+                         ids=["relative path", "set-up function", "no %%lm cell"])
+def test_a_set_up_cell_that_raises_ends_the_job_with_one_message_and_exit_2(tmp_path, cells, line, failed, end):
+    """A set-up cell that opened a file by a relative path worked under lmnb run (which runs the
+    notebook in its folder) but the exported job, run from another folder, ended with Python's
+    traceback and exit 1, which the docs give to failed rows; any set-up error did."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "data.txt").write_text("Arvel\n")
+    source, _ = export_notebook(notebook(*cells), "rel.ipynb", "rel.py")
+    (sub / "rel.py").write_text(source)
+    lineno = next(i for i, text in enumerate(source.splitlines(), 1) if text.strip().startswith(line))
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "x"}])
+    options = ["--input", "rows.jsonl", "--output", "out.jsonl", "--no-progress"] if "%%lm" in cells[-1] else []
+    done = subprocess.run([sys.executable, "sub/rel.py", *options, "--backend", "http://127.0.0.1:9"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    here = os.path.realpath(tmp_path)  # (the job says the folder as os.getcwd() gives it)
+    assert done.stderr == (f"lmnb batch: {failed} (rel.py line {lineno}: {line}): "
+                           f"{end.format(cwd=here, sub=os.path.join(here, 'sub'))}\n"), done.stderr
+    assert not (tmp_path / "out.jsonl").exists() and rows.exists()
+
+
 def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):
     """An exported job whose %%lm cell writes text before its gen, run on an OpenAI chat model
     (--openai m, no --completion), failed every row with the backend's refusal and ended with "fix

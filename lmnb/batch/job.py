@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from lmnb.batch import setup_error
 from lmnb.batch.inputs import InputError, read_rows
 from lmnb.batch.options import (add_parameters, engine_model, job_parser, make_backend,
                                 parameter_options, start_failure)
@@ -337,6 +338,10 @@ class Job:
         self.parameter_values: dict = {}
         self._kept: list = []  # (keep)
         self._star_builtins: tuple = ()  # (star_import)
+        self._end_setup: Callable[[], None] = lambda: None  # (gives back the excepthook for the set-up's errors)
+        caller = sys._getframe(1)  # the script, whose module level goes on to run the notebook's set-up
+        if caller.f_globals.get("__name__") == "__main__":
+            self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
 
     def keep(self, namespace: dict, /, *names: str) -> None:
         """Keep the values that ``namespace`` (the script's globals, once the cells run once ran)
@@ -508,6 +513,7 @@ class Job:
         """
         if not self.per_row:
             raise RuntimeError("Job(per_row=False) has no input rows to run; call start()")
+        self._end_setup()
         if self.args is None:
             self.args = self._parser().parse_args(self.argv)
         args = self.args

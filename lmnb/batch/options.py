@@ -125,8 +125,8 @@ JOB_EXIT_STATUSES = """exit status:
   0    every row of the results file is ok
   1    some rows failed or had bad input: their records' "error" says why; fix the
        input and run again (--retry-errors: also the failed rows whose input is the same)
-  2    the options, the input, the results file or the backend cannot be used (the
-       message says which, and how to fix it)
+  2    the options, the input, the results file or the backend cannot be used, or the
+       notebook's set-up raised (the message says which, and how to fix it)
   130  stopped by Ctrl-C or SIGTERM with rows left: run the same command again to continue
   141  the pipe that the rows print into was closed (| head); the rest run on a rerun"""
 
