@@ -2393,7 +2393,7 @@ def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, not
         from lmnb.batch import Job
         from lmnb.batch.options import make_backend
 
-        assert "completion=True, timeout=30.0)" in source
+        assert "completion=True, timeout=30.0, options_first=True)" in source
         job = Job("j", ["q"], backend=backend.url, openai_model="m", completion=True, timeout=30.0,
                   argv=["--input", "in.jsonl", "--output", "out.jsonl"])
         args = job._parser().parse_args(job.argv)

@@ -343,6 +343,27 @@ def test_a_set_up_cell_that_raises_ends_the_job_with_one_message_and_exit_2(tmp_
     assert not (tmp_path / "out.jsonl").exists() and rows.exists()
 
 
+@pytest.mark.parametrize("options", [["--help"], ["--input", "rows.jsonl", "--output", "out.jsonl", "--limt", "3"]])
+def test_the_command_line_is_read_before_the_set_up_cells_run(tmp_path, options):
+    """Without a parameters cell, the job read its options only when its rows started, so --help
+    and a misspelt option ran every set-up cell first (a slow one, or one that failed and hid the
+    help). A set-up cell that writes a file shows whether it ran."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook('open("ran.txt", "w").close()\nq = "x"', "%%lm\n{q}{gen a max_tokens=1}"),
+                                "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", *options], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    if options == ["--help"]:
+        assert (done.returncode, done.stdout.startswith("usage: job.py")) == (0, True), done.stderr
+    else:
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (2, "job.py: error: unrecognized arguments: --limt 3")
+    assert not (tmp_path / "ran.txt").exists()
+
+
 def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):
     """An exported job whose %%lm cell writes text before its gen, run on an OpenAI chat model
     (--openai m, no --completion), failed every row with the backend's refusal and ended with "fix

@@ -306,6 +306,11 @@ class Job:
         argv: command-line arguments (default ``sys.argv[1:]``).
         per_row: False for a notebook without ``%%lm`` cells: no input rows, only the backend and
             parameter options (the script calls ``start`` instead of ``run``).
+        options_first: True for a script without a parameters cell (whose ``parameters`` call reads
+            the command line where the cell is): run as ``__main__``, the job reads its command line
+            as it is made, before the notebook's set-up cells run, so ``--help`` and a misspelt
+            option answer at once (they ran every set-up cell first, a slow one or one that fails
+            too). Exits as ``argparse`` does on bad options (status 2).
     """
 
     # The script's run_row calls these through the job object, whose name the exporter keeps free:
@@ -322,7 +327,7 @@ class Job:
                  types: Optional[dict] = None,
                  model: Optional[str] = None, backend: Optional[str] = None, openai_model: Optional[str] = None,
                  completion: bool = False, timeout: Optional[float] = None,
-                 argv: Optional[Sequence[str]] = None, per_row: bool = True):
+                 argv: Optional[Sequence[str]] = None, per_row: bool = True, options_first: bool = False):
         self.description = description
         self.inputs = list(inputs)
         self.texts = list(texts)
@@ -341,6 +346,8 @@ class Job:
         self._end_setup: Callable[[], None] = lambda: None  # (gives back the excepthook for the set-up's errors)
         caller = sys._getframe(1)  # the script, whose module level goes on to run the notebook's set-up
         if caller.f_globals.get("__name__") == "__main__":
+            if options_first:
+                self.args = self._parser().parse_args(self.argv)
             self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
 
     def keep(self, namespace: dict, /, *names: str) -> None:

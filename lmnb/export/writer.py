@@ -175,7 +175,9 @@ class _Writer:
         texts = f", texts={list(self.p.texts)!r}" if self.p.texts else ""
         if self.p.types:  # (the type's name: the builtin, as the job line comes before the notebook's code)
             texts += ", types={" + ", ".join(f"{n!r}: {t.__name__}" for n, t in self.p.types.items()) + "}"
-        return f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()})"
+        first = "" if self.p.parameters else ", options_first=True"  # (a parameters cell reads them where it is)
+        return (f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()}"
+                f"{first})")
 
     def backend_kwargs(self) -> str:
         kwargs = []
