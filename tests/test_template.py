@@ -1305,6 +1305,22 @@ def test_a_python_cells_result_names_that_are_taken_or_known_only_as_it_runs_are
         parse_python(body, first_line=2)
 
 
+def test_a_python_cells_call_of_another_objects_select_or_gen_is_no_result_name():
+    # soup.select("div.item p") (BeautifulSoup), df.select("first name") (polars), db.select(...)
+    # were refused as results no variable can hold, and their strings checked as the cell's
+    # variables (df.select("o") beside --out o, "input" warned of as a builtin): a method of
+    # another object is not lmnb's. lmnb's own, bare, of the module or of an alias the body
+    # imports it as, still are
+    for body in ['rows = soup.select("div.item p")\ns += rows[0].text', 'cols = df.select("first name")\ns += str(cols)',
+                 'x = db.select("SELECT * FROM t")\ns += model.gen("class")', 's += str(df.select("o", "input"))']:
+        assert parse_python(body, first_line=2).captures == (), body
+    for body, name in [('import lmnb as sgl\ns += sgl.gen("my answer")', "my answer"),
+                       ('s += lmnb.select("class", choices=["a"])', "class"), ('s += gen("a b")', "a b")]:
+        with pytest.raises(TemplateSyntaxError, match=f"\\({name!r}\\) names the kernel variable"):
+            parse_python(body, first_line=2)
+    assert parse_python('import lmnb as sgl\ns += sgl.gen("a") + lmnb.gen("b") + x.gen("c")').captures == ("a", "b")
+
+
 def test_constant_prefix_is_visible_to_the_batch_tracer():
     # run_batch prefills the text every item starts with; both faces must let the tracer see it.
     from lmnb.tracer import extract_prefix

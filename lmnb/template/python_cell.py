@@ -122,11 +122,16 @@ _NAMING_CALLS = ("gen", "select", "gen_int", "gen_string", "var_scope")
 
 
 def _literal_result_names(tree: ast.AST) -> list[tuple[str, str, ast.AST]]:
-    """(the call as written, its name, the name's node) of each ``gen("answer")`` (``lmnb.gen``,
-    ``select``, ``gen_int``, ``gen_string``, ``s.var_scope``) of the body itself that names its
-    variable with a string literal, in order; functions defined in the body are left alone (they
-    may be programs of their own, whose results the cell does not capture), as are names computed
-    as it runs and blank ones, which ``gen`` refuses itself."""
+    """(the call as written, its name, the name's node) of each ``gen("answer")`` (``gen``,
+    ``select``, ``gen_int``, ``gen_string``, bare or of the ``lmnb`` module, as the kernel's
+    globals or the body's ``import lmnb as sgl`` name it; ``s.var_scope``) of the body itself
+    that names its variable with a string literal, in order. A method of another object is not
+    lmnb's (``soup.select("div p")``, ``df.select("first name")``: its string is no result name);
+    functions defined in the body are left alone (they may be programs of their own, whose results
+    the cell does not capture), as are names computed as it runs and blank ones, which ``gen``
+    refuses itself."""
+    modules = {"lmnb"} | {alias.asname for node in ast.walk(tree) if isinstance(node, ast.Import)
+                          for alias in node.names if alias.name == "lmnb" and alias.asname}
     found, todo = [], list(ast.iter_child_nodes(tree))
     while todo:
         node = todo.pop(0)
@@ -135,7 +140,12 @@ def _literal_result_names(tree: ast.AST) -> list[tuple[str, str, ast.AST]]:
         todo.extend(ast.iter_child_nodes(node))
         if not isinstance(node, ast.Call):
             continue
-        call = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        func, call = node.func, None
+        if isinstance(func, ast.Name):
+            call = func.id
+        elif isinstance(func, ast.Attribute) and (func.attr == "var_scope" or (
+                isinstance(func.value, ast.Name) and func.value.id in modules)):
+            call = func.attr
         named = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
         if (call in _NAMING_CALLS and isinstance(named, ast.Constant) and isinstance(named.value, str)
                 and named.value.strip()):
