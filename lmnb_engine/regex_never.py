@@ -35,8 +35,8 @@ from typing import Any
 from lmnb_engine.regex_dead_part import dead_part
 from lmnb_engine.regex_errors import pattern_parts, shown_regex
 from lmnb_engine.regex_reach import Unreadable, parse_as_python
+from lmnb_engine.regex_tree import one_character, walk
 from lmnb_engine.regex_tree import parser as _sre
-from lmnb_engine.regex_tree import walk
 
 # The flags (pattern_parts' letters) under which the rules above are the regex package's reading:
 # others (word mode "w", which moves \b to Unicode's word boundaries and adds line breaks to ^ and
@@ -48,8 +48,6 @@ _ASSERTIONS = {"\\b": "AT_BOUNDARY", "\\B": "AT_NON_BOUNDARY", "\\A": "AT_BEGINN
                "\\Z": "AT_END_STRING", "^": "AT_BEGINNING", "$": "AT_END"}
 # What consumes exactly one character, as Python's parser names it
 _ONE_CHARACTER = ("LITERAL", "NOT_LITERAL", "ANY", "IN")
-_CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
-               "CATEGORY_NOT_SPACE": r"\S", "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W"}
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,32 +208,10 @@ def _leaf(node: Any, flags: str) -> Any:
     or None where it is not written here (a class item it lacks)."""
     import regex
 
-    op, av = node[0].name, node[1]
-    if op == "LITERAL":
-        text = _char(av)
-    elif op == "NOT_LITERAL":
-        text = f"[^{_char(av)}]"
-    elif op == "ANY":
-        text = "."
-    else:
-        items = []
-        for item_op, item_av in av:
-            if item_op.name == "NEGATE":
-                items.append("^")
-            elif item_op.name == "LITERAL":
-                items.append(_char(item_av))
-            elif item_op.name == "RANGE":
-                items.append(f"{_char(item_av[0])}-{_char(item_av[1])}")
-            elif item_op.name == "CATEGORY" and item_av.name in _CATEGORIES:
-                items.append(_CATEGORIES[item_av.name])
-            else:
-                return None
-        text = "[" + "".join(items) + "]"
+    text = one_character(node[0].name, node[1])
+    if text is None:
+        return None
     return regex.compile(_scoped(text, flags))
-
-
-def _char(code: int) -> str:
-    return f"\\U{code:08x}"
 
 
 def _only(leaf: Any, category: str, flags: str) -> bool:

@@ -5,7 +5,8 @@ places: the constrained-decoding check names the features a finite automaton lac
 (``constrained.regex_check``) and the modules that rewrite a pattern for the automaton library
 read its tree, the stop matcher measures how far a stop regex reads (``regex_reach``) and builds
 automata of stop regexes (``stop_automaton``), ``regex_errors`` words what Python refuses, and
-``regex_empty_class`` finds a class that matches no character. They import the parser modules from here, and search the tree with ``walk``.
+``regex_empty_class`` finds a class that matches no character. They import the parser modules from here, and search the tree with ``walk``;
+the stop automaton and ``regex_never`` write a one-character item back as a pattern with ``one_character``.
 """
 
 from __future__ import annotations
@@ -37,3 +38,41 @@ def walk(node: Any) -> Iterator[tuple[Any, Any]]:
             if len(node) == 2 and isinstance(node[0], constants._NamedIntConstant):
                 yield node
             stack.extend(part for part in reversed(node) if isinstance(part, (list, tuple, parser.SubPattern)))
+
+
+# A class's category items, as Python's parser names them, written as the regex package reads them
+_CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
+               "CATEGORY_NOT_SPACE": r"\S", "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W"}
+
+
+def one_character(name: str, av: Any) -> str | None:
+    """The item of a parse that consumes one character, ``(op, av)`` with ``op.name`` ``name``
+    (``LITERAL``, ``NOT_LITERAL``, ``ANY``, ``IN``), as a pattern the regex package reads alike
+    (each character escaped as ``\\U0000NNNN``: ``[^\\U00000061]`` for ``NOT_LITERAL`` 97); None for
+    another item, or a class holding an item not written here (a category other than ``\\d``,
+    ``\\s``, ``\\w`` and their negations)."""
+    if name == "LITERAL":
+        return _char(av)
+    if name == "NOT_LITERAL":
+        return f"[^{_char(av)}]"
+    if name == "ANY":
+        return "."
+    if name != "IN":
+        return None
+    parts = []
+    for op, item in av:
+        if op.name == "NEGATE":
+            parts.append("^")
+        elif op.name == "LITERAL":
+            parts.append(_char(item))
+        elif op.name == "RANGE":
+            parts.append(f"{_char(item[0])}-{_char(item[1])}")
+        elif op.name == "CATEGORY" and item.name in _CATEGORIES:
+            parts.append(_CATEGORIES[item.name])
+        else:
+            return None
+    return "[" + "".join(parts) + "]"
+
+
+def _char(code: int) -> str:
+    return f"\\U{code:08x}"

@@ -43,6 +43,7 @@ import re
 from typing import Any
 
 from lmnb_engine.regex_reach import Unreadable, parse_as_python
+from lmnb_engine.regex_tree import one_character
 from lmnb_engine.regex_tree import parser as _sre
 
 # Positions (pattern characters, repeats written out) above which a pattern gets no automaton:
@@ -91,10 +92,6 @@ class State:
         self.next: dict[str, Step] = {}
         self.held = False
 
-_CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
-               "CATEGORY_NOT_SPACE": r"\S", "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W"}
-
-
 class _Unsupported(Exception):
     """The pattern holds something the automaton does not represent."""
 
@@ -108,10 +105,6 @@ def _letters(flags: int) -> str:
 def _mask(positions: Any) -> int:
     """The int whose bit p is set for each position p."""
     return sum(1 << p for p in set(positions))
-
-
-def _char(code: int) -> str:
-    return f"\\U{code:08x}"
 
 
 class StopAutomaton:
@@ -192,14 +185,11 @@ class StopAutomaton:
         return result
 
     def _item(self, name: str, av: Any, scopes: str) -> tuple[bool, set[int], set[int]]:
-        if name == "LITERAL":
-            return self._leaf(_char(av), scopes)
-        if name == "NOT_LITERAL":
-            return self._leaf(f"[^{_char(av)}]", scopes)
-        if name == "ANY":
-            return self._leaf(".", scopes)
-        if name == "IN":
-            return self._leaf(self._set(av), scopes)
+        if name in ("LITERAL", "NOT_LITERAL", "ANY", "IN"):
+            text = one_character(name, av)
+            if text is None:
+                raise _Unsupported(f"{name} with an item not written")
+            return self._leaf(text, scopes)
         if name == "SUBPATTERN":
             _, add, remove, sub = av
             if (add | remove) & (re.ASCII | re.UNICODE):
@@ -231,22 +221,6 @@ class StopAutomaton:
         if self._loosened and name in ("AT", "ASSERT", "ASSERT_NOT"):
             return True, set(), set()  # (an assertion left out: it matches the empty string)
         raise _Unsupported(name)  # AT, ASSERT, ASSERT_NOT, GROUPREF, ATOMIC_GROUP, POSSESSIVE_REPEAT, ...
-
-    @staticmethod
-    def _set(items: list) -> str:
-        parts = []
-        for op, av in items:
-            if op.name == "NEGATE":
-                parts.append("^")
-            elif op.name == "LITERAL":
-                parts.append(_char(av))
-            elif op.name == "RANGE":
-                parts.append(f"{_char(av[0])}-{_char(av[1])}")
-            elif op.name == "CATEGORY" and av.name in _CATEGORIES:
-                parts.append(_CATEGORIES[av.name])
-            else:
-                raise _Unsupported(f"{op.name} in a set")
-        return "[" + "".join(parts) + "]"
 
     # -- reading
 

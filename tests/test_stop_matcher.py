@@ -1580,3 +1580,23 @@ def test_a_stop_regex_given_up_names_a_lookahead_that_reads_on_without_bound():
         m._timed_out(0, regex.compile(pattern), "a" * 201)
         assert m.problem.startswith(f"stop_regex {json.dumps(pattern)} took over ") and "(x|x)+" in m.problem
         assert (f"or the lookahead {named}, which reads on without bound" in m.problem) == (named is not None), m.problem
+
+
+def test_a_one_character_item_is_written_back_as_a_pattern_matching_the_same_characters():
+    # the stop automaton and the never-matching check (regex_never) write a literal, a negated one,
+    # "." and a class back as a pattern (one writer, regex_tree.one_character); the reference: the
+    # regex package's own reading of the item as written, over characters of every kind
+    import regex
+
+    from lmnb_engine.regex_tree import one_character
+    from lmnb_engine.regex_tree import parser as sre
+
+    characters = "aZé_1 \n\t-]^\\[\U0001f600\u212a"
+    for item in ["a", "é", "]", "\\^", "[^a]", ".", "[a-c\\d_]", "[^\\s\\W]", "[\\S\\D-]", "[\\]\\\\^]", "[^\\n]"]:
+        (op, av), = sre.parse(item)
+        written = regex.compile(one_character(op.name, av))
+        want = regex.compile(item)
+        assert [bool(written.fullmatch(c)) for c in characters] == [bool(want.fullmatch(c)) for c in characters], item
+    assert one_character("AT", None) is None and one_character("IN", sre.parse(r"[\x00-\x7f\w]")[0][1]) is not None
+    (op, av), = sre.parse("(?u:[\\w])")[0][1][3]
+    assert one_character(op.name, av) == "[\\w]"
