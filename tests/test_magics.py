@@ -313,6 +313,22 @@ def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_t
     del ip.user_ns["st"], ip.user_ns["fine"]
 
 
+def test_a_python_cells_fork_branch_result_named_with_a_space_runs(ip):
+    # b += lmnb.gen("idea text") in fork branches the body reads back itself (b["idea text"]) was
+    # refused before the cell ran, though no branch's result becomes a kernel variable unjoined;
+    # joined, the result is kept in the state only, said on stderr, as a computed name's is
+    body = ('f = s.fork(2)\nfor b in f:\n    b += "Q:" + lmnb.gen("idea text", max_tokens=2)\n'
+            's += "|".join(b["idea text"] for b in f)\n')
+    result, out = run(ip, "%%lm --python --static --temperature 0 --out st\n" + body)
+    assert result.success, out.stdout
+    assert "idea text" not in ip.user_ns and out.stderr == ""
+    assert ip.user_ns["st"].text() == "|".join([greedy(ip, "Q:", 2)] * 2)
+    result, out = run(ip, "%%lm --python --static --temperature 0\n" + body + "f.join()\n")
+    assert result.success and "idea text" not in ip.user_ns
+    assert out.stderr.startswith("lmnb: the result 'idea text' is in no kernel variable: 'idea text' is no Python name")
+    del ip.user_ns["st"]
+
+
 def test_a_python_cells_out_naming_its_literal_gen_is_refused_before_the_cell_runs(ip):
     # --out o overwrote gen("o")'s variable with the state; a literal name is known before the cell
     # runs now, so --out is checked against it as against a template's {gen o}

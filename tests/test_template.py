@@ -1321,6 +1321,18 @@ def test_a_python_cells_call_of_another_objects_select_or_gen_is_no_result_name(
     assert parse_python('import lmnb as sgl\ns += sgl.gen("a") + lmnb.gen("b") + x.gen("c")').captures == ("a", "b")
 
 
+def test_a_python_cells_fork_branch_result_name_is_not_refused_before_the_cell_runs():
+    # b += lmnb.gen("idea text") of a fork's branch b is a kernel variable only once the branches are
+    # joined (then the kernel keeps a name no variable can have in the state, said on stderr); the
+    # body reading b["idea text"] of each branch was refused as naming a kernel variable
+    body = ('f = s.fork(3)\nfor b in f:\n    b += "Idea:" + lmnb.gen("idea text", max_tokens=20)\n'
+            's += "\\n".join(b["idea text"] for b in f)\nwith f[0].var_scope("the text"):\n    f[0] += "x"')
+    assert parse_python(body, first_line=2).captures == ("idea text", "the text")
+    for body in ['f = s.fork(2)\ns += lmnb.gen("a b")', 'x = lmnb.gen("a b")\ns += x', 'with s.var_scope("a b"):\n    s += "x"']:
+        with pytest.raises(TemplateSyntaxError, match="'a b' is no Python name"):
+            parse_python(body, first_line=2)
+
+
 def test_constant_prefix_is_visible_to_the_batch_tracer():
     # run_batch prefills the text every item starts with; both faces must let the tracer see it.
     from lmnb.tracer import extract_prefix

@@ -95,7 +95,9 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
                                   "replaces it with another value, so nothing after it reaches the model; add to "
                                   "it with s += ... (or use another name)",
                                   source, node_offset(source, found), first_line, indent=indent)
-    found = next((f for f in _literal_result_names(tree) if result_name_problem(f[1])), None)
+    branches = _branch_parts(tree)  # (a branch's result is a kernel variable only if the branches are joined)
+    found = next((f for f in _literal_result_names(tree) if result_name_problem(f[1]) and f[2] not in branches),
+                 None)
     if found is not None:  # the kernel would put it among its variables, where no code could read it
         call, name, node = found
         problem, fix = result_name_problem(name), variable_name_for(name)
@@ -151,6 +153,22 @@ def _literal_result_names(tree: ast.AST) -> list[tuple[str, str, ast.AST]]:
                 and named.value.strip()):
             found.append((ast.unparse(node.func), named.value, named))
     return sorted(found, key=lambda f: (f[2].lineno, f[2].col_offset))
+
+
+def _branch_parts(tree: ast.AST) -> set:
+    """The nodes of what the body adds to a state other than ``s`` (``b += lmnb.gen("idea text")``
+    of a fork's branch ``b``, ``b.var_scope(...)``): a branch's result reaches the kernel's
+    variables only if the body joins the branches, so a name there that no variable can have is
+    caught as the cell runs (``_readable`` in the kernel), not refused before: the branches'
+    ``b["idea text"]``, read in the body, are a program the kernel ran without a word."""
+    parts: set = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and not (isinstance(node.target, ast.Name) and node.target.id == "s"):
+            parts.update(ast.walk(node.value))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "var_scope"
+              and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "s")):
+            parts.update(ast.walk(node))
+    return parts
 
 
 def result_name_problem(name: str) -> str | None:
