@@ -1600,3 +1600,28 @@ def test_a_one_character_item_is_written_back_as_a_pattern_matching_the_same_cha
     assert one_character("AT", None) is None and one_character("IN", sre.parse(r"[\x00-\x7f\w]")[0][1]) is not None
     (op, av), = sre.parse("(?u:[\\w])")[0][1][3]
     assert one_character(op.name, av) == "[\\w]"
+
+
+def test_the_never_matching_check_searches_each_class_beside_a_word_boundary_once(monkeypatch):
+    # "\w\b\W" 40 times searched all 1.1 million characters an output may hold 4 times per \b
+    # (160 searches, 4 s for a 240-character stop_regex, in gen(), SamplingParams and the engine
+    # each); a class is searched for once (cached), a literal not at all (it is its one character).
+    # The reference for the answers: the regex package's own search of a text the pattern matches,
+    # or of every short text for one refused
+    import regex
+
+    from lmnb_engine import regex_empty_class
+    from lmnb_engine.regex_never import never_problem
+
+    searches = []
+    every = regex_empty_class._text_characters
+    monkeypatch.setattr(regex_empty_class, "_text_characters", lambda: searches.append(1) or every())
+    for pattern, text, most in [("q" + r"\w\b\W" * 40, "q" + "a-" * 40, 4), ("q" + r"a\b-é\Bb" * 30, "q" + "a-éb" * 30, 0),
+                                (r"(?m)[ab]\b[ab]", None, 4)]:
+        searches.clear()
+        problem = never_problem(pattern)
+        if text is None:
+            assert problem is not None and not _matches_some(pattern, _short_texts())
+        else:
+            assert problem is None and regex.search(pattern, text)
+        assert len(searches) <= most, (pattern, len(searches))
