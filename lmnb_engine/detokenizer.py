@@ -141,14 +141,16 @@ class IncrementalDetokenizer:
         """Append one output token; return the text it completes ("" while bytes are pending)."""
         token_id = int(token_id)
         self._ids.append(token_id)
-        window_before = self._decode(self._ids[self._prefix : self._read])
-        window_now = self._decode(self._ids[self._prefix :])
         delta = ""
-        if (len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT)
-                and token_id not in self._holders):
-            delta = self._new_text(window_before, window_now)
-            self.text += delta
-            self._prefix, self._read = self._read, len(self._ids)
+        # (a token holding a run's text back adds none, so nothing is decoded: the window grows with
+        # the run, and decoding it for each of the run's tokens cost time quadratic in the run)
+        if token_id not in self._holders:
+            window_before = self._decode(self._ids[self._prefix : self._read])
+            window_now = self._decode(self._ids[self._prefix :])
+            if len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT):
+                delta = self._new_text(window_before, window_now)
+                self.text += delta
+                self._prefix, self._read = self._read, len(self._ids)
         self._history.append((self._prefix, self._read, len(self.text)))
         return delta
 

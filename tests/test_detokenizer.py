@@ -389,3 +389,24 @@ def test_an_engines_stream_adds_up_to_the_tokenizers_decode_with_byte_fallback(b
             assert result.text == _byte_fallback_reference(tok, prompt, result.token_ids), (seed, result.token_ids)
     finally:
         engine.shutdown()
+
+
+def test_a_long_run_of_byte_tokens_is_decoded_once_not_once_a_token(byte_fallback, monkeypatch):
+    # the detokenizer holds a run of byte tokens back, and decoded the whole held window for each
+    # of its tokens: 4000 byte tokens of "中" cost 3.8 s on the scheduler's thread (0.06 s before
+    # runs were held), time quadratic in the run; a token that holds the run back decodes
+    # nothing. Counted in ids decoded; the text is the tokenizer's one-shot decode
+    from lmnb_engine import detokenizer
+
+    decoded = []
+    real = detokenizer._decoder
+    monkeypatch.setattr(detokenizer, "_decoder", lambda tok, skip: (
+        lambda ids, decode=real(tok, skip): decoded.append(len(ids)) or decode(ids)))
+    ok = byte_fallback.convert_tokens_to_ids("▁ok")
+    ids = [1 + b for b in "中".encode()] * 200 + [ok]  # (<0xE4><0xB8><0xAD> 200 times, then " ok")
+    d = IncrementalDetokenizer(byte_fallback, [ok])
+    text = "".join(d.add(i) for i in ids[:-1])
+    assert text == ""  # (the run is held until the token that ends it)
+    text += d.add(ids[-1]) + d.flush()
+    assert d.text == text == byte_fallback.decode([ok] + ids)[len("ok"):] == "中" * 200 + " ok"
+    assert sum(decoded) <= 4 * len(ids), sum(decoded)
