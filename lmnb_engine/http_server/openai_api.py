@@ -74,6 +74,7 @@ from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
 from lmnb_engine.token_text import token_bytes, token_text
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
