@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from lmnb_engine.json_schema import (SHOWN_CHARS, as_ranges, back_reference_words, code_point_runs, json_value,
                                       without_surrogates)
-from lmnb_engine.regex_tree import parser
+from lmnb_engine.regex_tree import constants, parser, walk
 
 
 def shown_regex(pattern: str) -> str:
@@ -133,12 +133,15 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     of a range (``class_range_problem``), a class Python's ``re`` flags as ambiguous
     (``ambiguous_class``), a back-reference by name in another dialect's syntax, ``\\k<n>``, which
     ``re`` refuses (``_named_reference_problem``) before any other syntax error, since no
-    automaton can do it, a syntax error (``invalid_regex``), a repeat count above what ``re``
+    automaton can do it, ECMA's named group ``(?<year>`` (``_named_group_problem``, offering
+    Python's ``(?P<year>``), a syntax error (``invalid_regex``), a repeat count above what ``re``
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
-    of levels), or a class that matches no character (``regex_empty_class``). The pattern
+    of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
+    number or Python's ``(?P=n)``, which no backend can constrain output with
+    (``back_reference_problem``, the engine's words). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
-    ``empty_class`` False: all but that last check (the engine asks it before its own refusals)."""
+    ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
     problem = empty_pattern_problem(pattern) or unbuilt_class_problem(pattern) or class_range_problem(pattern)
     if problem:
         return problem
@@ -147,12 +150,12 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", FutureWarning)
-            parser.parse(held)  # (not re.compile, whose cache skips the parse, and the warning, the second time)
+            parsed = parser.parse(held)  # (not re.compile, whose cache skips the parse, and the warning, the second time)
             re.compile(held)  # (the compiler's own errors: a look-behind of varying width)
     except FutureWarning as w:
         return ambiguous_class(pattern, w)
     except re.error as e:
-        return _named_reference_problem(pattern) or invalid_regex(pattern, e)
+        return _named_reference_problem(pattern) or _named_group_problem(pattern, e) or invalid_regex(pattern, e)
     except RecursionError:
         return _too_deep(pattern)
     except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
@@ -160,7 +163,36 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
                 'use an unbounded repeat ("+" or "*") and bound the length with max_tokens instead')
     from lmnb_engine.regex_empty_class import empty_class_problem  # (it imports this module)
 
-    return empty_class_problem(pattern) if empty_class else None
+    # (a class that matches no character first: its words name what the engine refuses beside it)
+    problem = empty_class_problem(pattern) if empty_class else None
+    return problem or back_reference_problem(parsed, pattern)
+
+
+def unsupported_words(pattern: str, feature: str, fix: str) -> str:
+    """The engine's refusal of ``pattern`` for ``feature`` (e.g. "a lookbehind"), which no finite
+    automaton expresses, with the ``fix`` (``constrained.regex_check``'s words)."""
+    return (f"regex {shown_regex(pattern)} uses {feature}, which constrained decoding cannot support "
+            f"(patterns compile to a finite automaton): {fix}")
+
+
+def back_reference_feature(group: int) -> tuple[str, str]:
+    """(feature, fix), as ``unsupported_words`` takes them, for a back-reference to group number
+    ``group``: Python's parser reads ``(?P=n)`` as its group's number, which ``\\1`` and
+    ``(?P=n)`` both name."""
+    return (f"a backreference to group {group} (it matches again the very text that group matched, which no regular "
+            "language expresses)"), "repeat the group's pattern instead of referring to it"
+
+
+def back_reference_problem(parsed, pattern: str) -> str | None:
+    """The engine's words (``unsupported_words``) for the first back-reference, by number or
+    Python's ``(?P=n)``, in ``pattern`` parsed by ``re._parser`` (``parsed``), or None where it has
+    none. No backend can constrain output with one (no regular language holds it: xgrammar says
+    "Backreference is not supported yet", outlines' automaton library has none), so ``gen()``
+    refuses it, where it leaves a lookaround to the backend (``pattern_problem``). Python's own
+    parser tells a back-reference from an octal escape (``[\\1]``, ``\\101``) and from a
+    reference to no group (``\\10`` before a tenth)."""
+    return next((unsupported_words(pattern, *back_reference_feature(av))
+                 for op, av in walk(parsed) if op is constants.GROUPREF), None)
 
 
 def unbuilt_feature(pattern: str) -> str | None:
@@ -201,6 +233,37 @@ def _named_reference_problem(pattern: str) -> str | None:
         if part.kind == "escape" and (reference := _NAMED_REFERENCE.match(pattern, part.start)):
             return f"regex {shown_regex(pattern)} {back_reference_words(reference)}"
     return None
+
+
+# A named group's opening as ECMA 262, .NET and Rust's regex write it, (?<name>, with a name Python
+# takes (group 1), which Python's re writes (?P<name>
+_OTHER_NAMED_GROUP = re.compile(r"\(\?<([^\W\d]\w*)>")
+
+
+def _named_group_problem(pattern: str, error: re.error) -> str | None:
+    """Why ``pattern`` is refused where Python's ``re`` refused it (``error``) at a named group's
+    opening in another dialect's syntax, ``(?<year>`` (outside classes and comments:
+    ``pattern_parts``), with Python's spelling, ``(?P<year>``, offered: the whole pattern so
+    written, each such group respelled, where ``gen()`` takes it and the engine builds it (as
+    ``offer_taken`` asks); else that group alone, and why the pattern so written is refused
+    next (a back-reference, a lookbehind ...); or None for another error, or where ``re``
+    refuses the respelled pattern too (a name given twice, another syntax error)."""
+    opens = [part.start for part in pattern_parts(pattern)
+             if part.kind == "(" and _OTHER_NAMED_GROUP.match(pattern, part.start)]
+    if error.pos is None or error.pos - 1 not in opens:
+        return None
+    python = pattern
+    for at in reversed(opens):
+        python = python[:at + 2] + "P" + python[at + 2:]
+    if python_error(python) is not None:
+        return None
+    name = _OTHER_NAMED_GROUP.match(pattern, error.pos - 1).group(1)
+    refused = pattern_problem(python) or unbuilt_feature(python)
+    part = f"(?P<{name}>...) for it" if len(opens) == 1 else "(?P<name>...) for each (?<name>...)"
+    fix = f"write {shown_regex(python)}" if refused is None else f"write {part}; but so written, {refused}"
+    return (f"regex {shown_regex(pattern)} cannot be compiled: it is not a valid regular expression "
+            f"({error_words(pattern, error)}); Python's re, which reads a regex here, names a group (?P<{name}>...), "
+            f"where ECMA 262, .NET and Rust's regex write (?<{name}>...): {fix}")
 
 
 # Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come

@@ -117,6 +117,92 @@ def test_a_back_reference_by_name_is_refused_as_one_that_no_automaton_can_do(bac
                                 "pattern instead of referring to it")
 
 
+_NO_BACK_REFERENCE = ("(it matches again the very text that group matched, which no regular language expresses), which "
+                      "constrained decoding cannot support (patterns compile to a finite automaton): repeat the group's "
+                      "pattern instead of referring to it")
+
+
+@pytest.mark.parametrize("pattern, group, matched, unmatched", [
+    (r"(a)\1", 1, "aa", "a"), (r"(?P<n>a|b)x(?P=n)", 1, "bxb", "axb"),
+    (r"(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\10", 10, "abcdefghijj", "abcdefghija"),
+    (r"c(?<=c)(a)\1", 1, "caa", "ca"),  # (beside a lookbehind, which gen() leaves to the backend: named first)
+])
+def test_a_back_reference_by_number_is_refused_by_gen_as_the_engine_refuses_it(backend, pattern, group, matched,
+                                                                                unmatched):
+    """gen(regex="(a)\\1") and a %%lm cell took a back-reference, which no backend can constrain
+    output with (the engine cannot; xgrammar says "Backreference is not supported yet", outlines'
+    automaton library has none), and the program failed when it ran ("Gen('a') failed: GrammarError
+    ..."). They now refuse it, in the engine's words; the reference: Python's re reads each as a
+    back-reference (it matches a repeat of the group's text and nothing else)."""
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses a backreference to group {group} {_NO_BACK_REFERENCE}")
+    assert re.fullmatch(pattern, matched) and not re.fullmatch(pattern, unmatched)
+
+
+def test_what_only_looks_like_a_back_reference_is_not_refused_as_one(backend):
+    """"\\1" in a class, and "\\101" (three octal digits), are octal escapes to Python's re (the
+    characters U+0001 and "A"), so gen() and the engine take them; "\\10" before a tenth group is
+    a reference to no group, which Python refuses as it did."""
+    import lmnb
+
+    for pattern, text in ((r"(a)[\1]", "a\x01"), (r"(a)\101", "aA")):
+        lmnb.gen("x", regex=pattern)
+        assert re.fullmatch(backend.compile(regex=pattern).regex, text), pattern
+    assert _refused_alike(backend, r"(a)\10") == (
+        'regex "(a)\\\\10" cannot be compiled: it is not a valid regular expression (invalid group reference 10 at '
+        "position 4); fix the pattern")
+
+
+def _named_group_words(pattern, name, at):
+    return (f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression (unknown extension "
+            f"?<{name[0]} at position {at}); Python's re, which reads a regex here, names a group (?P<{name}>...), "
+            f"where ECMA 262, .NET and Rust's regex write (?<{name}>...): ")
+
+
+@pytest.mark.parametrize("pattern, name, at, python, texts", [
+    (r"(?<year>\d{4})", "year", 1, r"(?P<year>\d{4})", ["2024", "202", "20245", "abcd"]),
+    (r"^(?<y>\d{2})-(?<m>[a-c])$|x", "y", 2, r"^(?P<y>\d{2})-(?P<m>[a-c])$|x", ["12-a", "12-d", "x", "1-a"]),
+    # (the "(?<" in a class and in a comment opens no group: only the third is respelled)
+    (r"[(?<]a(?#(?<c>)(?<n>[A-Z])", "n", 16, r"[(?<]a(?#(?<c>)(?P<n>[A-Z])", ["(aB", "<ab", "?aC", "aB"]),
+])
+def test_an_ecma_named_group_in_a_regex_is_offered_pythons_spelling(backend, pattern, name, at, python, texts):
+    """gen(regex=r"(?<year>\\d{4})"), a %%lm cell and the engine said only "unknown extension ?<y
+    ... fix the pattern". They now offer the pattern with Python's (?P<year>, which gen() takes and
+    the engine builds, and which matches what the regex package (which reads (?<year> as Python
+    reads (?P<year>) reads the pattern as matching."""
+    import lmnb
+
+    assert _refused_alike(backend, pattern) == _named_group_words(pattern, name, at) + f"write {json.dumps(python)}"
+    lmnb.gen("x", regex=python)
+    built = backend.compile(regex=python).regex
+    for text in texts:
+        assert bool(re.fullmatch(built, text)) == bool(regex_module.fullmatch(pattern, text)), text
+
+
+@pytest.mark.parametrize("pattern, name, at, python, part", [
+    (r"c(?<=c)(?<year>\d)", "year", 8, r"c(?<=c)(?P<year>\d)", "(?P<year>...) for it"),
+    (r"(?<y>a)-(?<m>b)\1", "y", 1, r"(?P<y>a)-(?P<m>b)\1", "(?P<name>...) for each (?<name>...)"),
+])
+def test_an_ecma_named_group_beside_what_the_engine_refuses_is_offered_alone(backend, pattern, name, at, python, part):
+    """Where the pattern with Python's (?P<name> is refused next (a lookbehind, a back-reference),
+    no whole pattern is offered: the group's spelling alone, and the engine's words on that pattern
+    (the reference: the engine's own refusal of it)."""
+    with pytest.raises(GrammarError) as refused:
+        backend.compile(regex=python)
+    assert _refused_alike(backend, pattern) == (
+        _named_group_words(pattern, name, at) + f"write {part}; but so written, {refused.value}")
+
+
+@pytest.mark.parametrize("pattern, error", [
+    (r"(?<m>a)|(?<m>b)", "unknown extension ?<m at position 1"),  # (a name twice: re refuses it so spelt too)
+    (r"(?<a$>x)", "unknown extension ?<a at position 1"),  # (ECMA's "$" in a name, which re refuses in any spelling)
+    (r"(?<n>a", "unknown extension ?<n at position 1"),
+])
+def test_an_ecma_named_group_is_offered_no_spelling_python_refuses(backend, pattern, error):
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression ({error}); fix the pattern")
+
+
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
     # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
     from lmnb_engine.regex_errors import without_edge_anchors

@@ -3019,7 +3019,8 @@ def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_
            "position 1); fix the pattern"),
     # (Rust's named group, which the automaton library took: refused in gen()'s words)
     ("(?<n>a)", 'regex "(?<n>a)" cannot be compiled: it is not a valid regular expression (unknown extension ?<n at '
-                "position 1); fix the pattern"),
+                "position 1); Python's re, which reads a regex here, names a group (?P<n>...), where ECMA 262, .NET "
+                'and Rust\'s regex write (?<n>...): write "(?P<n>a)"'),
 ])
 def test_an_invalid_regexs_error_reads_the_same_in_process_and_over_http(tiny_llama, pattern, message):
     """The engine's regex errors wrote the pattern as Python does ('a['), which the server rewrote

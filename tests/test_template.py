@@ -450,6 +450,17 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{select pick choices=["a", "b", "a"]}', 2, 22, "choices must differ; 'a' is listed more than once"),
         ('{gen n regex="(ab"}', 2, 14, 'regex "(ab" cannot be compiled: it is not a valid regular expression (missing '
                                         "), unterminated subpattern at position 0); fix the pattern"),
+        # a back-reference passed here and failed when the gen ran ("Gen('n') failed: GrammarError ..."): no backend
+        # can constrain output with one (the engine's words)
+        ('{gen n regex="(a)\\\\1"}', 2, 14, 'regex "(a)\\\\1" uses a backreference to group 1 (it matches again the '
+                                          "very text that group matched, which no regular language expresses), which "
+                                          "constrained decoding cannot support (patterns compile to a finite "
+                                          "automaton): repeat the group's pattern instead of referring to it"),
+        # ECMA's named group was told only "fix the pattern": Python's spelling is offered
+        ('{gen n regex="(?<y>a)"}', 2, 14, 'regex "(?<y>a)" cannot be compiled: it is not a valid regular expression '
+                                           "(unknown extension ?<y at position 1); Python's re, which reads a regex "
+                                           "here, names a group (?P<y>...), where ECMA 262, .NET and Rust's regex "
+                                           'write (?<y>...): write "(?P<y>a)"'),
         # a Unicode class at an end of a range passed (re read it held as a range a-z) and failed in the engine
         ('{gen n regex="[\\\\p{L}-z]"}', 2, 14, 'regex "[\\\\p{L}-z]" uses the class \\p{L} as an end of the range'),
         # Python's parser ran out of recursion, and the RecursionError escaped parse

@@ -14,7 +14,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import classes_held, shown_regex
+from lmnb_engine.regex_errors import back_reference_feature, classes_held, shown_regex, unsupported_words
 from lmnb_engine.regex_tree import constants as _c
 from lmnb_engine.regex_tree import parser as _p
 from lmnb_engine.regex_tree import walk
@@ -38,9 +38,7 @@ _AT_NAMES = {
 def _unsupported(op, av) -> tuple[str, str] | None:
     """(feature name, fix) if the parsed node ``(op, av)`` has no finite-automaton equivalent."""
     if op is _c.GROUPREF:
-        # (by number: Python's parser reads (?P=n) as its group's number, which \1 and (?P=n) both name)
-        return (f"a backreference to group {av} (it matches again the very text that group matched, which no regular "
-                "language expresses)"), "repeat the group's pattern instead of referring to it"
+        return back_reference_feature(av)
     if op is _c.GROUPREF_EXISTS:
         return "a conditional group '(?(n)...|...)'", "write the alternatives out with '|'"
     if op in (_c.ASSERT, _c.ASSERT_NOT):
@@ -153,11 +151,7 @@ def check_parsed(parsed, pattern: str) -> None:
     for op, av in walk(parsed):
         found = _unsupported(op, av)
         if found is not None:
-            feature, fix = found
-            raise GrammarError(
-                f"regex {shown_regex(pattern)} uses {feature}, which constrained decoding cannot support "
-                f"(patterns compile to a finite automaton): {fix}"
-            )
+            raise GrammarError(unsupported_words(pattern, *found))
     count = largest_repeat(parsed)
     if count > MAX_REPEAT_COUNT:
         raise GrammarError(_too_many(pattern, str(count)))
