@@ -392,10 +392,23 @@ def code_point_fix(pattern: str) -> Optional[str]:
     python = _code_points_as_python(pattern)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
-    whole = f", the pattern {json_value(python, SHOWN_CHARS)}" if _engine_builds(python) else ""
+    names = _ecma_named_groups(python)
+    kept = f" ({names}: ECMA's, which this engine reads and Python's re does not)" if names else ""
+    whole = f", the pattern {json_value(python, SHOWN_CHARS)}{kept}" if _engine_builds(python) else ""
     return ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
             "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, "
             f"or as \\uXXXX up to U+FFFF, which both read alike{whole}")
+
+
+def _ecma_named_groups(pattern: str) -> str:
+    """ECMA's named groups in ``pattern`` (``regex_u_flag.named_groups``), for an offer that keeps
+    them ("its named group (?<year>...)", "its named groups (?<y>...), (?<m>...)"), or "" where it
+    has none: the engine reads them (as plain groups: ``ecma_names_as_python``), Python's ``re``
+    does not, so an offer holding one is not read alike by ``re`` and ECMA."""
+    from lmnb_engine.regex_u_flag import named_groups
+
+    names = list(dict.fromkeys(f"(?<{m.group(2)}>...)" for m in named_groups(pattern) if not m.group(1)))
+    return f"its named group{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
 
 def _engine_builds(python: str) -> bool:
@@ -438,10 +451,13 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     python = "".join(out)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
-    written = f"the pattern {json_value(python, SHOWN_CHARS)}" if _engine_builds(python) else "[\\s\\S] for each [^]"
+    whole, names = _engine_builds(python), _ecma_named_groups(python)
+    written = f"the pattern {json_value(python, SHOWN_CHARS)}" if whole else "[\\s\\S] for each [^]"
+    # (a named group kept in the whole pattern: ECMA's and the engine's reading, not re's)
+    alike = (f"which ECMA and this engine read alike: Python's re reads [\\s\\S] so too, but not {names}"
+             if whole and names else "which both read alike")
     return ("it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern "
-            f"here (jsonschema checks each output with it), lacks: [^] (any character); write {written}, which both "
-            "read alike")
+            f"here (jsonschema checks each output with it), lacks: [^] (any character); write {written}, {alike}")
 
 
 # At most this many syntax errors under the u flag are respelled in the spelling offered

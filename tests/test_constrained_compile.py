@@ -6,6 +6,7 @@ become a match), ``jsonschema`` validation, plain arithmetic, the tokenizer's ow
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import functools
@@ -1488,12 +1489,15 @@ def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend():
         schema_to_regex(schema)
 
 
-@pytest.mark.parametrize("pattern, python", [
-    (r"^[\uD83D\uDE00-\uD83D\uDE4F]+$", "^[\U0001F600-\U0001F64F]+$"),  # (the emoticons, by their surrogate pairs)
-    (r"^\u{1F600}\ud83d\ude4f$", "^\U0001F600\U0001F64F$"),  # (past U+FFFF: the characters themselves)
-    (r"^\\u[\u{41}-\u{5A}]$", r"^\\u[\u0041-\u005A]$"),  # (an escaped backslash, then "u")
+@pytest.mark.parametrize("pattern, python, kept", [
+    (r"^[\uD83D\uDE00-\uD83D\uDE4F]+$", "^[\U0001F600-\U0001F64F]+$", ""),  # (the emoticons, by their surrogate pairs)
+    (r"^\u{1F600}\ud83d\ude4f$", "^\U0001F600\U0001F64F$", ""),  # (past U+FFFF: the characters themselves)
+    (r"^\\u[\u{41}-\u{5A}]$", r"^\\u[\u0041-\u005A]$", ""),  # (an escaped backslash, then "u")
+    # (ECMA's named group kept, which the engine reads and Python's re does not: the words said "both read alike")
+    (r"^(?<e>\u{1F600})\u{1F64F}?$", "^(?<e>\U0001F600)\U0001F64F?$",
+     " (its named group (?<e>...): ECMA's, which this engine reads and Python's re does not)"),
 ])
-def test_a_schema_patterns_code_point_escapes_get_their_python_spelling_from_the_engine(pattern, python):
+def test_a_schema_patterns_code_point_escapes_get_their_python_spelling_from_the_engine(pattern, python, kept):
     """gen() takes ECMA's code point escapes (the u flag's \\u{1F600}, a surrogate pair), which the
     engine, reading a schema's pattern with Python's re as jsonschema does, refuses: re reads
     \\u{ as an error and a pair as two surrogates ("bad character range" for the emoticons). It said
@@ -1508,27 +1512,41 @@ def test_a_schema_patterns_code_point_escapes_get_their_python_spelling_from_the
     assert str(e.value).endswith(
         "; Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
         "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, or as "
-        f"\\uXXXX up to U+FFFF, which both read alike, the pattern {json.dumps(python, ensure_ascii=False)}"), str(e.value)
+        f"\\uXXXX up to U+FFFF, which both read alike, the pattern {json.dumps(python, ensure_ascii=False)}{kept}"), str(
+        e.value)
     regex = schema_to_regex({"type": "string", "pattern": python})  # (the offer is taken, and means the same)
     assert lmnb.gen("x", json_schema={"type": "string", "pattern": python})  # (and by gen())
     texts = ("\U0001F600", "\U0001F64F", "\U0001F600\U0001F64F", "A", "\\uZ")
-    matched = [text for text in texts if re.search(python, text)]
+    with pytest.raises(re.error) if kept else contextlib.nullcontext():  # (the words' reference: re refuses it)
+        re.compile(python)
+    matched = [text for text in texts if regex_module.search(python, text)]  # (which reads (?<e> as ECMA does)
     assert matched  # (each offer matches some text, the characters meant)
     for text in texts:
         assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == (text in matched), text
 
 
-@pytest.mark.parametrize("pattern, python, texts", [
+_BOTH_READ = "which both read alike"
+# (a named group kept: ECMA and the engine read the offer, Python's re does not: it has no (?<name>)
+_NAMES_KEPT = "which ECMA and this engine read alike: Python's re reads [\\s\\S] so too, but not its named group"
+
+
+@pytest.mark.parametrize("pattern, python, alike, texts", [
     # (ECMA's [^] is any character, newlines too; the texts each pattern matches worked out by hand)
-    (r"^[^]{2}$", r"^[\s\S]{2}$", {"ab": True, "\n\t": True, "a": False, "abc": False}),
-    (r"^(?<year>\d{4})-[^]$", r"^(?<year>\d{4})-[\s\S]$", {"2024-x": True, "2024-\n": True, "24-x": False, "2024-": False}),
-    (r"^[(?<y>][^]$", r"^[(?<y>][\s\S]$", {"<x": True, "y]": True, "z]": False}),  # (no group inside a class)
+    (r"^[^]{2}$", r"^[\s\S]{2}$", _BOTH_READ, {"ab": True, "\n\t": True, "a": False, "abc": False}),
+    (r"^(?<year>\d{4})-[^]$", r"^(?<year>\d{4})-[\s\S]$", f"{_NAMES_KEPT} (?<year>...)",
+     {"2024-x": True, "2024-\n": True, "24-x": False, "2024-": False}),
+    (r"^(?<y>\d)(?<m>[a-c])[^]$", r"^(?<y>\d)(?<m>[a-c])[\s\S]$", f"{_NAMES_KEPT}s (?<y>...), (?<m>...)",
+     {"1a\n": True, "1d\n": False}),
+    (r"^[(?<y>][^]$", r"^[(?<y>][\s\S]$", _BOTH_READ, {"<x": True, "y]": True, "z]": False}),  # (no group in a class)
 ])
-def test_a_schema_patterns_ecma_syntax_python_lacks_gets_its_python_spelling_from_the_engine(pattern, python, texts):
+def test_a_schema_patterns_ecma_syntax_python_lacks_gets_its_python_spelling_from_the_engine(pattern, python, alike,
+                                                                                              texts):
     """ECMA's class of any character [^], valid in JSON Schema and taken by gen(), is refused by
     the engine, which reads a schema's pattern with Python's re as jsonschema does: it said only
     "unterminated character set", "fix the pattern". It now gives the pattern with [\\s\\S],
-    which it takes (ECMA's named group beside it kept: the engine reads it as a plain group)."""
+    which it takes (ECMA's named group beside it kept: the engine reads it as a plain group, and
+    the words say that only it and ECMA read that pattern alike, where they said "both": Python's
+    re refuses "(?<year>")."""
     import lmnb
 
     assert lmnb.gen("x", json_schema={"type": "string", "pattern": pattern})  # (gen() takes it)
@@ -1537,7 +1555,12 @@ def test_a_schema_patterns_ecma_syntax_python_lacks_gets_its_python_spelling_fro
     assert str(e.value).endswith(
         "; it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern here "
         "(jsonschema checks each output with it), lacks: [^] (any character); write "
-        f"the pattern {json.dumps(python)}, which both read alike"), str(e.value)
+        f"the pattern {json.dumps(python)}, {alike}"), str(e.value)
+    try:  # (the words' reference: whether Python's re reads the offer)
+        re.compile(python)
+        assert alike == _BOTH_READ
+    except re.error:
+        assert alike != _BOTH_READ
     regex = schema_to_regex({"type": "string", "pattern": python})
     for text, matches in texts.items():
         assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == matches, text
