@@ -448,7 +448,8 @@ class LMMagics(Magics):
         TemplateRuntimeError: line 2, ...", the same error in lmnb's inner words); None: the
         outcome's own error, if any."""
         # Variables the program finished are results even if a later part failed or was stopped.
-        self.shell.push(_readable(outcome.captured), interactive=False)
+        variables = _readable(outcome.captured)
+        self.shell.push(variables, interactive=False)
         if args.out:
             self.shell.push({args.out: outcome.state}, interactive=False)
         if outcome.status == "done" and args.state:
@@ -462,11 +463,11 @@ class LMMagics(Magics):
             tokens = _tokens(view.model)
             self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
             if not args.quiet:
-                meta = {"lmnb": {"tokens": tokens, "captured": list(outcome.captured), "status": outcome.status}}
+                meta = {"lmnb": {"tokens": tokens, "captured": list(variables), "status": outcome.status}}
                 if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took
                     meta["lmnb"]["interrupt_s"] = round(outcome.interrupt_s, 3)
                 note = _rerun_note(rerun, args.state) if outcome.status == "done" else None
-                display(cell_summary(outcome.captured, tokens, args.state, note), raw=True, metadata=meta)
+                display(cell_summary(variables, tokens, args.state, note), raw=True, metadata=meta)
         except KeyboardInterrupt:
             raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
 

@@ -307,6 +307,9 @@ def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_t
     assert result.success, out.stdout
     assert "my answer" not in ip.user_ns and ip.user_ns["st"]["my answer"] == greedy(ip, "Q:", 3)
     assert ip.user_ns["fine"] == ip.user_ns["st"]["fine"]  # (the other result is a variable as before)
+    # the summary lists the variables the cell set: 'my answer = ...' named one that is not there
+    [summary] = [o for o in out.outputs if "tokens" in (o.metadata or {}).get("lmnb", {})]
+    assert summary.metadata["lmnb"]["captured"] == ["fine"] and "my answer" not in summary.data["text/plain"]
     assert out.stderr == ("lmnb: the result 'my answer' is in no kernel variable: 'my answer' is no Python name; it is "
                           "kept in the cell's state only (st['my answer'] reads it after %%lm --out st); name it "
                           "'my_answer' to have the variable\n")
