@@ -39,9 +39,25 @@ def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]],
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-# tokenizer -> its _run_holders, special tokens skipped and not: reading the decoder costs a
-# serialization (of the decoder alone), once per tokenizer rather than per request
-_HOLDERS: "weakref.WeakKeyDictionary[Any, dict[bool, frozenset[int]]]" = weakref.WeakKeyDictionary()
+# tokenizer -> its _run_holders (special tokens skipped and not) and _run_bytes: reading the
+# decoder costs a serialization (of the decoder alone), once per tokenizer rather than per request
+_RUNS: "weakref.WeakKeyDictionary[Any, tuple[dict[bool, frozenset[int]], dict[int, bytes] | None]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _runs(tokenizer: Any) -> tuple[dict[bool, frozenset[int]], dict[int, bytes] | None]:
+    """``(_run_holders's answers by skip_special_tokens, _run_bytes's answer)``, read once per tokenizer."""
+    try:
+        found = _RUNS.get(tokenizer)
+    except TypeError:  # (not weakly referable: read each time)
+        found = None
+    if found is None:
+        found = _new_runs(tokenizer)
+        try:
+            _RUNS[tokenizer] = found
+        except TypeError:
+            pass
+    return found
 
 
 def _run_holders(tokenizer: Any, skip_special_tokens: bool) -> frozenset[int]:
@@ -54,33 +70,97 @@ def _run_holders(tokenizer: Any, skip_special_tokens: bool) -> frozenset[int]:
     one U+FFFD per byte where it is not, so a later byte of the run (a stray ``<0xFF>`` after the
     bytes of "中") turns the characters already there into U+FFFD: the run's text is final only
     once a token the decoder reads as text ends it, or the output ends."""
-    try:
-        holders = _HOLDERS.get(tokenizer)
-    except TypeError:  # (not weakly referable: read each time)
-        holders = None
-    if holders is None:
-        holders = _new_run_holders(tokenizer)
-        try:
-            _HOLDERS[tokenizer] = holders
-        except TypeError:
-            pass
-    return holders[skip_special_tokens]
+    return _runs(tokenizer)[0][skip_special_tokens]
 
 
-def _new_run_holders(tokenizer: Any) -> dict[bool, frozenset[int]]:
-    """``_run_holders``'s answers (skip_special_tokens -> ids), read from the tokenizer."""
+def _run_bytes(tokenizer: Any) -> dict[int, bytes] | None:
+    """The byte of each ``<0xNN>`` token (id -> one byte) where the decoder is Llama 2's or
+    Gemma's: ``Replace("▁", " ")`` (or none), ``ByteFallback``, ``Fuse``, then at most a ``Strip``
+    of one leading character. That decoder writes a run of byte tokens after other text (the
+    decoded text of at least one token that is not a byte token) as ``ByteFallback`` reads the run
+    alone, so the run's text is known from its bytes (``_RunLength``). None for other decoders
+    (another step could rewrite the run's text), and where ``constrained.vocab.token_bytes``,
+    which ``_whole_characters`` reads, reads a byte token otherwise."""
+    return _runs(tokenizer)[1]
+
+
+def _new_runs(tokenizer: Any) -> tuple[dict[bool, frozenset[int]], dict[int, bytes] | None]:
+    """``_runs``'s answer, read from the tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = getattr(backend, "decoder", None)
-    found, stack = set(), [json.loads(decoder.__getstate__())] if decoder is not None else []
+    spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
+    found, stack = set(), [spec] if spec else []
     while stack:
         d = stack.pop()
         found.add(d.get("type"))
         stack.extend(d.get("decoders") or [])
     if "ByteFallback" not in found:
-        return {True: frozenset(), False: frozenset()}
-    byte_ids = frozenset({backend.token_to_id(f"<0x{b:02X}>") for b in range(256)} - {None})
+        return {True: frozenset(), False: frozenset()}, None
+    byte_of = {backend.token_to_id(f"<0x{b:02X}>"): bytes([b]) for b in range(256)}
+    byte_of.pop(None, None)
+    byte_ids = frozenset(byte_of)
     special = {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if t.special}
-    return {True: byte_ids | special, False: byte_ids}
+    holders = {True: byte_ids | special, False: byte_ids}
+    return holders, (byte_of if _writes_runs_as_read(spec) and _read_alike(tokenizer, byte_of) else None)
+
+
+def _writes_runs_as_read(spec: dict) -> bool:
+    """Whether the decoder ``spec`` (its JSON) is ``_run_bytes``'s: after ``ByteFallback`` only
+    ``Fuse`` joins the strings, and a ``Strip`` after it cuts at most one character off the start
+    of the whole text, which a run after other text never begins."""
+    chain = list(spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
+    if chain and chain[0].get("type") == "Replace":  # ("▁" never occurs in "<0xNN>")
+        if chain[0].get("pattern") != {"String": "\u2581"} or chain[0].get("content") != " ":
+            return False
+        chain.pop(0)
+    if [d.get("type") for d in chain[:2]] != ["ByteFallback", "Fuse"]:
+        return False
+    strip = chain[2:]
+    return not strip or (len(strip) == 1 and strip[0].get("type") == "Strip"
+                         and strip[0].get("start", 0) <= 1 and strip[0].get("stop") == 0)
+
+
+def _read_alike(tokenizer: Any, byte_of: dict[int, bytes]) -> bool:
+    """Whether ``constrained.vocab.token_bytes`` reads each byte token as its byte."""
+    from lmnb_engine.constrained.errors import GrammarError
+    from lmnb_engine.constrained.vocab import token_bytes
+
+    try:
+        return token_bytes(tokenizer, list(byte_of)) == list(byte_of.values())
+    except GrammarError:
+        return False
+
+
+class _RunLength:
+    """The length of the text ``_pending_text`` gives for a run of byte tokens ``ids[read:end]``
+    held after other text, read a token's bytes at a time (``_run_bytes``): ``ByteFallback``'s text
+    of the run less a character cut at its end (the bytes Python's incremental UTF-8 decoder holds
+    at the end, as ``_whole_characters`` reads them), that is the characters of the bytes before
+    the cut where they are valid UTF-8, else one U+FFFD per byte. (Where the run is not valid
+    before the cut, the strict decoder has failed: the bytes it failed on lie before those held.)
+    ``_pending_text`` decodes the whole run for it, and ``newest_text_start`` asked for it for
+    every token of a run, which cost time quadratic in the run."""
+
+    def __init__(self, read: int) -> None:
+        self.read = self.end = read
+        self._strict = codecs.getincrementaldecoder("utf-8")()  # (until the run is spoilt)
+        self._lossy = codecs.getincrementaldecoder("utf-8")("replace")  # (its state: the cut bytes)
+        self._bytes = self._chars = 0
+        self._valid = True
+
+    def add(self, raw: bytes) -> None:
+        """Read the next token of the run, whose bytes are ``raw`` (none for a skipped special token)."""
+        self.end += 1
+        self._bytes += len(raw)
+        self._lossy.decode(raw)
+        if self._valid:
+            try:
+                self._chars += len(self._strict.decode(raw))
+            except UnicodeDecodeError:
+                self._valid = False
+
+    def __len__(self) -> int:
+        return self._chars if self._valid else self._bytes - len(self._lossy.getstate()[0])
 
 
 def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | None:
@@ -116,6 +196,10 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._decode_ids = _decoder(tokenizer, skip_special_tokens)
         self._holders = _run_holders(tokenizer, skip_special_tokens)
+        # (a decode that cleans up spaces may rewrite a run's text: its bytes do not tell it)
+        cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._byte_of = None if cleans_up else _run_bytes(tokenizer)
+        self._run: _RunLength | None = None  # the held run's text read so far, for newest_text_start
         # (a run of byte tokens ending the prompt would read as one run with the output's first
         # bytes: the context ends before it)
         end = len(prompt_ids)
@@ -243,8 +327,10 @@ class IncrementalDetokenizer:
         character, a run of byte tokens), that is past the whole characters they spell: where the
         newest token ended the hold, its ``add`` returned their text with its own; where it is
         held too, its bytes begin after them. A token whose bytes complete a character begun by
-        held tokens shares that character's start. Costs up to three decodes where tokens were
-        held, none otherwise.
+        held tokens shares that character's start. Costs no decode where none was held before it
+        or it is held in a run of byte tokens after other text (``_run_length``: a token's bytes
+        read per token), else up to three decodes of the held tokens (once per run where it ends
+        one).
 
         Raises:
             ValueError: no token was added."""
@@ -254,6 +340,9 @@ class IncrementalDetokenizer:
         if read >= len(self._ids) - 1:  # (none held before it)
             return start
         if self._history[-1][2] == start:  # held too: after the whole characters of those before it
+            run = self._run_length(len(self._ids) - 1)
+            if run is not None:
+                return start + run
             newest = self._ids.pop()
             try:
                 return start + len(self._pending_text())
@@ -264,6 +353,25 @@ class IncrementalDetokenizer:
         if held.startswith(window_before) and self._decode(self._ids[prefix:]).startswith(held):
             return start + len(held) - len(window_before)
         return start  # (the held text is not final without it: it completes their character)
+
+    def _run_length(self, end: int) -> int | None:
+        """``len(self._pending_text())`` were the output ``ids[:end]``, read from the bytes of the
+        held tokens (``_RunLength``, kept from the last call while the same run is held) where they
+        are byte tokens and skipped special tokens after a token of the window (``ids[prefix:read]``
+        not empty) and ``_run_bytes`` holds; None elsewhere (a held token is read as text, or no
+        token comes before the run in the window, where a ``Strip`` may cut the run's space)."""
+        if self._byte_of is None or self._prefix == self._read:
+            return None
+        run = self._run
+        if run is None or run.read != self._read or run.end > end:
+            run = self._run = _RunLength(self._read)
+        for i in self._ids[run.end : end]:
+            raw = self._byte_of.get(i, b"" if i in self._holders else None)
+            if raw is None:
+                self._run = None
+                return None
+            run.add(raw)
+        return len(run)
 
     def whole_tokens(self, num_chars: int) -> tuple[int, int]:
         """``(n, length)``: the most leading output tokens whose text all lies in
@@ -281,5 +389,6 @@ class IncrementalDetokenizer:
             raise ValueError(f"cannot keep {num_kept} of {self.num_tokens} detokenized tokens")
         del self._ids[self._n_context + num_kept :]
         del self._history[num_kept + 1 :]
+        self._run = None  # (it read tokens that may be gone)
         self._prefix, self._read, text_len = self._history[-1]
         self.text = self.text[:text_len]

@@ -303,6 +303,116 @@ def test_the_newest_tokens_text_start_is_past_the_whole_characters_before_it(byt
     assert CompletionLogprobs(engine, 10, None, []).add(lps)["text_offset"] == [10 + w for w in want]
 
 
+def _newest_text_start_by_decoding(detok):
+    """``newest_text_start`` as it was worked before a held run was read from its bytes (the
+    reference): a token held after held tokens begins after the text ``flush`` would give them,
+    decoded; a token that ends a hold, after the held tokens' text in the decode up to it."""
+    prefix, read, start = detok._history[-2]
+    ids = detok._ids
+    if read >= len(ids) - 1:
+        return start
+    if detok._history[-1][2] == start:
+        newest = ids.pop()
+        try:
+            return start + len(detok._pending_text())
+        finally:
+            ids.append(newest)
+    window_before, held = detok._decode(ids[prefix:read]), detok._decode(ids[prefix:-1])
+    if held.startswith(window_before) and detok._decode(ids[prefix:]).startswith(held):
+        return start + len(held) - len(window_before)
+    return start
+
+
+def test_text_starts_inside_random_runs_of_byte_tokens_are_the_decoded_ones(byte_fallback):
+    # newest_text_start reads a held run of byte tokens from its bytes (_RunLength) where it
+    # decoded the whole run for each of its tokens; the starts are those the decodes give
+    # (_newest_text_start_by_decoding), and for a token that adds no text, the length of the
+    # output before it as the tokenizer's one-shot decode reads it less a cut character
+    # (_byte_fallback_reference). Random outputs of long runs: characters split into byte tokens,
+    # spaces and ASCII as bytes, bytes that spoil a run, EOS inside runs (skipped and kept), runs
+    # cut at the end; after prompts ending in a piece, in bytes, and none (nothing decoded before
+    # the run: decoded as before); with rollbacks; and with a decoder that strips each string
+    # before joining them (" A" spelled in bytes reads "A": not read from the bytes).
+    from tokenizers import Tokenizer, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    from lmnb_engine.detokenizer import _run_bytes
+
+    tok, byte = byte_fallback, (lambda *bs: [1 + b for b in bs])
+    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Strip(" ", 1, 0),
+                                         decoders.Fuse()])
+    strips_each = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    assert _run_bytes(tok) is not None and _run_bytes(strips_each) is None
+    pieces = [tok.convert_tokens_to_ids(p) for p in ("▁", "a", "ok", "▁ok", "é")]
+    chars = [b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80", b"\xc3\x9f", b"A", b" ", b"\xef\xbf\xbd"]  # 中 😀 ß A, space, U+FFFD
+    invalid = [b"\xff", b"\xc0", b"\xe4\xb8", b"\xf0\x9f\x98", b"\xad", b"\x80", b"\xed\xa0", b"\xf4\x90"]
+    head = tok.encode("a b", add_special_tokens=False)
+    prompts = [head, head + byte(0xC3, 0x9F), head + byte(0xE4, 0xB8) + [tok.eos_token_id], []]
+    rng = random.Random(0)
+
+    def output():
+        ids = []
+        for _ in range(rng.randint(1, 6)):
+            kind = rng.choice(["piece", "run", "run", "eos"])
+            if kind == "piece":
+                ids.append(rng.choice(pieces))
+            elif kind == "eos":
+                ids.append(tok.eos_token_id)
+            for _ in range(rng.randint(1, 12) if kind == "run" else 0):
+                ids += [tok.eos_token_id] if rng.random() < 0.05 else byte(
+                    *rng.choice(invalid if rng.random() < 0.08 else chars))
+        if rng.random() < 0.5:  # cut inside a character
+            c = rng.choice(chars[:3])
+            ids += byte(*c[: rng.randint(1, len(c) - 1)])
+        return ids
+
+    checked = 0
+    for n in range(600):
+        t, skip, prompt = rng.choice([tok, tok, strips_each]), rng.random() < 0.8, rng.choice(prompts)
+        detok = IncrementalDetokenizer(t, prompt, skip_special_tokens=skip)
+        ids = output()
+        while detok.num_tokens < len(ids):
+            i = detok.num_tokens
+            added = detok.add(ids[i])
+            start = detok.newest_text_start()
+            assert start == _newest_text_start_by_decoding(detok), (n, prompt, ids[: i + 1], skip)
+            # (but Python's incremental decoder, which flush reads, holds back ED A0, a surrogate's
+            # start, as a cut character: the reference shows it)
+            if added == "" and skip and t is tok and byte(0xED)[0] not in ids[:i]:
+                assert start == len(_byte_fallback_reference(tok, prompt, ids[:i])), (n, prompt, ids[: i + 1])
+                checked += 1
+            if rng.random() < 0.03:  # rollback, and go on with other tokens
+                keep = rng.randint(0, detok.num_tokens)
+                detok.rollback(keep)
+                ids[keep:] = output()
+    assert checked > 5000, checked
+
+
+def test_the_text_start_of_each_token_of_a_long_run_costs_no_decode(byte_fallback, monkeypatch):
+    # newest_text_start decoded the whole held run for each of its tokens (three decodes, and
+    # read the run's token bytes): /v1/completions text_offset over 4000 byte tokens of "中" took
+    # 19.1 s, time quadratic in the run. It now reads each token's byte once and decodes only at
+    # the token that ends the run. Counted in decode calls and ids decoded.
+    from lmnb_engine import detokenizer
+
+    decoded = []
+    real = detokenizer._decoder
+    monkeypatch.setattr(detokenizer, "_decoder", lambda tok, skip: (
+        lambda ids, decode=real(tok, skip): decoded.append(len(ids)) or decode(ids)))
+    ok = byte_fallback.convert_tokens_to_ids("▁ok")
+    ids = [1 + b for b in "中".encode()] * 200 + [1 + 0xE4, byte_fallback.eos_token_id, ok]
+    d = IncrementalDetokenizer(byte_fallback, [ok])
+    starts = []
+    for i in ids:
+        d.add(i)
+        starts.append(d.newest_text_start())
+    # (each byte after the whole characters before it; " ok" after the run, which the cut "中" spoils)
+    assert starts == [k // 3 for k in range(601)] + [200, 601]
+    # (two decodes in add(" ok"), three in its newest_text_start: 1,608 calls and 304,317 ids before)
+    assert len(decoded) <= 5 and sum(decoded) <= 4 * len(ids), (len(decoded), sum(decoded))
+
+
 def test_a_slow_sentencepiece_tokenizer_leaves_a_cut_character_out_as_a_fast_one_does(tmp_path):
     # A checkpoint whose tokenizer_config names a SentencePiece-only class (GPTSw3Tokenizer) loads
     # as a slow (Python) tokenizer, whose decode reads a character cut at the end as one U+FFFD
