@@ -146,7 +146,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     The gen takes at most ``max_new_tokens`` tokens of the text (before a stop string, if one
     comes first), as it would without speculation; the call asks for per-token text to find them
     (SGLang counts characters instead, which is also the fallback where a backend gives no token
-    texts). A gen without stops calls again when fewer tokens than that are left over.
+    texts). A gen calls again when fewer tokens than that are left over and none of its stops.
 
     Returns the gen's text and its meta_info: its own share of the call, ``completion_tokens``
     (left out where token boundaries are unknown) and ``finish_reason`` (``length``, or ``stop``
@@ -161,8 +161,10 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     left = ex.speculation
     if left.ignore_eos and not params.ignore_eos:  # this gen would stop at an EOS in that text
         serves = False
-    elif stops:  # the leftover serves this gen if it holds one of its stops; without stops, max_tokens tokens
-        serves = params.first_stop(left.text) >= 0
+    elif stops:  # the leftover serves this gen if it holds one of its stops or max_tokens tokens (SGLang
+        # serves a gen with stops from any leftover, cut at max_tokens characters or where the leftover ends)
+        serves = params.first_stop(left.text) >= 0 or (
+            bool(left.text) and limit is not None and left.end_of_tokens(limit) is not None)
     else:
         serves = bool(left.text) and left.end_of_tokens(limit or 0) is not None
     if not serves:

@@ -244,6 +244,26 @@ def test_api_speculative_gens_with_byte_tokens_on_the_engine_are_cut_as_without_
         assert [t[0] for t in b["output_token_logprobs"]] == pytest.approx([t[0] for t in entries[k:13]], abs=1e-4)
 
 
+def test_api_speculative_execution_serves_a_gen_with_stops_from_a_leftover_holding_its_max_tokens():
+    """A gen with stops (on the demo model every gen: its chat template's "</s>") was served from the
+    leftover only if that held one of them, so gen("b", max_tokens=3) after gen("a", max_tokens=2)
+    made its own call; a leftover holding its max_tokens tokens now serves it, as SGLang serves a gen
+    with stops from any leftover. Reference: the same program without speculation."""
+    def prog(s):
+        s += "A fruit:" + sgl.gen("a", max_tokens=2) + sgl.gen("b", max_tokens=3, return_logprob=True)
+
+    backend = sgl.Engine()
+    try:
+        plain, spec = (sgl.function(prog).run(backend=backend, temperature=0),
+                       sgl.function(num_api_spec_tokens=16)(prog).run(backend=backend, temperature=0))
+    finally:
+        backend.shutdown()
+    assert (spec["a"], spec["b"]) == (plain["a"], plain["b"]) and own(spec, "b") == own(plain, "b")
+    ids = [[t[1] for t in st.get_meta_info("b")["output_token_logprobs"]] for st in (spec, plain)]
+    assert ids[0] == ids[1]
+    assert "prompt_tokens" not in spec.get_meta_info("b")  # (served from a's call)
+
+
 def test_api_speculative_execution_with_ignore_eos_or_min_tokens_gives_the_same_gens_as_without_it():
     """max_tokens went by characters (' 6\n\nQ: What is 2 plu' for 20 tokens): the speculative
     call's token texts hold the "</s>"/"<s>" the text skips (ignore_eos), so no token boundary was

@@ -2142,6 +2142,24 @@ def test_api_speculative_gens_without_stops_keep_their_max_tokens():
     assert "output_token_logprobs" not in st.get_meta_info("a")  # asked for the cut, not shown
 
 
+def test_api_speculative_gens_with_stops_are_served_from_a_leftover_holding_their_max_tokens():
+    """A gen with stops (on a chat-template model every gen: its "</s>") was served from the
+    leftover only if that held one of its stops, so a gen cut at max_tokens before any stop made
+    its own call; it is served when the leftover holds its max_tokens tokens (SGLang serves such a
+    gen from any leftover). Reference: without speculation "b" gets max_tokens tokens, "cd"."""
+    be = ScriptedBackend(lambda p, params: "abcdefghij")
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += "x" + sgl.gen("a", max_tokens=2)
+        s += sgl.gen("b", max_tokens=2, stop="\n")
+        s += sgl.gen("c", max_tokens=8, stop="\n")  # 6 characters left: a call of its own
+
+    st = prog.run(backend=be)
+    assert (st["a"], st["b"], st["c"]) == ("ab", "cd", "abcdefgh") and be.kinds() == ["generate", "generate"]
+    assert st.get_meta_info("b")["finish_reason"] == {"type": "length", "length": 2}
+
+
 def test_api_speculative_gens_report_their_own_share_of_the_call():
     """The gen that made the call reported the whole call (8 tokens, finish length 64), the
     gens served from it nothing; each now reports its own tokens and finish reason, as it would
