@@ -73,14 +73,18 @@ class Speculation:
                     if isinstance(meta.get(key), list) and len(meta[key]) >= len(ends)}
         return cls(text, tuple(ends), logprobs=logprobs)
 
-    def drop(self, n: int, tokens: Optional[int] = None) -> "Speculation":
-        """What is left after the first ``n`` characters are used (a token cut in two counts as one,
-        and stays with its logprobs), by the first ``tokens`` tokens where that is known (a gen cut
-        at its max_tokens: the tokens after them that add no text yet, such as the first byte of
-        the next character, are the next gen's, not dropped with the characters)."""
+    def drop(self, n: int) -> "Speculation":
+        """What is left after the first ``n`` characters are used: the tokens after the one that
+        wrote the n-th character (a token cut in two, by a stop or a fill, stays with its logprobs).
+        Those that add no text yet (the first byte of a character, a special token the text skips)
+        stay too, even where a gen cut at max_tokens counted them: without speculation the next gen
+        starts from the text, which lacks them, and generates them again."""
         if self.ends is None:
             return dataclasses.replace(self, text=self.text[n:])
-        kept = [i for i, e in enumerate(self.ends) if (e > n if tokens is None else i >= tokens)]
+        first = bisect.bisect_left(self.ends, n)  # (ends never decrease)
+        if n > 0 and first < len(self.ends) and self.ends[first] == n:  # it wrote the n-th: used
+            first += 1
+        kept = range(first, len(self.ends))
         return dataclasses.replace(self, text=self.text[n:], ends=tuple(self.ends[i] - n for i in kept),
                                    logprobs={k: tuple(v[i] for i in kept) for k, v in self.logprobs.items()})
 
@@ -189,7 +193,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}
     else:  # the call ended first: this gen takes all of it
         pos, used, finish = len(left.text), len(left.text), None
-    ex.speculation = left.drop(pos, limit if finish is not None and finish["type"] == "length" else None)
+    ex.speculation = left.drop(pos)
     meta = dict(call or {}, speculative=True)
     if call is not None:  # (usage counts the call's tokens, not the share of the gen that made it)
         meta["speculative_call"] = {k: call[k] for k in ("completion_tokens", "finish_reason") if k in call}

@@ -2219,10 +2219,12 @@ def test_speculation_token_ends_by_hand():
     # a stop string matched in the tokens but not returned: the ends stop at the text
     assert Speculation.from_completion("ab c", {"output_token_logprobs": lps["output_token_logprobs"][:2]
                                                 + [[-0.4, 4, "\nQ"]]}).ends == (2, 4)
-    # special tokens the text skips (ignore_eos) add no text but count
+    # special tokens the text skips (ignore_eos) add no text but count; those after a cut are the next
+    # gen's (without speculation it starts from "a\n" and generates them again)
     s = Speculation.from_completion("a\nQb", {"output_token_logprobs": [[0, 1, "a\n"], [0, 2, "</s>"], [0, 3, "<s>"],
                                                                         [0, 4, "Q"], [0, 5, "b"], [0, 2, "</s>"]]})
-    assert s.ends == (2, 2, 2, 3, 4) and s.end_of_tokens(3) == 2 and s.drop(2).ends == (1, 2)
+    assert s.ends == (2, 2, 2, 3, 4) and s.end_of_tokens(3) == 2 and s.drop(2).ends == (0, 0, 1, 2)
+    assert s.drop(2).end_of_tokens(1) == 0 and s.drop(3).ends == (1,)
     # byte tokens whose texts do not add up to the text: characters stand in for tokens
     s = Speculation.from_completion("é!", {"output_token_logprobs": [[0, 5, "\ufffd"], [0, 6, "\ufffd"], [0, 7, "!"]]})
     assert s.ends is None and s.end_of_tokens(1) == 1 and s.end_of_tokens(3) is None
@@ -2244,6 +2246,13 @@ def test_speculation_token_ends_of_byte_tokens_by_hand():
     # a first byte no token completes reads U+FFFD, as a decoder writes it
     s = Speculation.from_completion("a\ufffdb", {"output_token_logprobs": [[0, 1, "a"], [0, 2, "bytes:\\xc3"], [0, 3, "b"]]})
     assert s.ends == (1, 1, 3)
+    # after a stop and a fill: the first byte of "中" right after them stays, with its logprob
+    s = Speculation.from_completion("foo\n中bar", {"output_token_logprobs": [
+        [-0.1, 1, "foo"], [-0.2, 2, "\n"], [-0.3, 3, "bytes:\\xe4"], [-0.4, 4, "bytes:\\xb8\\xad"], [-0.5, 5, "bar"]]})
+    left = s.drop(3).drop(1)  # gen(stop="\n") took "foo", a fill "\n"
+    assert left.ends == (0, 1, 4) and [t[1] for t in left.logprobs["output_token_logprobs"]] == [3, 4, 5]
+    assert left.end_of_tokens(1) == 0 and left.drop(0) == left  # a gen of 1 token: "", and the next writes it again
+    assert left.drop(1).ends == (3,)  # a fill "中"
     # special tokens the text skips count only where a gen's text needs them
     s = Speculation.from_completion("a\nQ", {"output_token_logprobs": [[0, 1, "a\n"], [0, 2, "</s>"], [0, 3, "Q"]]})
     assert s.tokens_in(2) == 1 and s.tokens_in(3) == 3
