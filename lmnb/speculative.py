@@ -187,7 +187,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         call = comps[0].meta_info
     hit = params.first_stop_match(left.text) if stops else None
     end = left.end_of_tokens(limit) if limit is not None else None
-    if end is not None and (hit is None or end <= hit[0]):  # max_tokens ends it before any stop would
+    # max_tokens ends it before a stop is whole (the engine matches a stop once its last character is written)
+    if end is not None and (hit is None or end < hit[0] + len(hit[1])):
         pos, used, finish = end, end, {"type": "length", "length": limit}
     elif hit is not None:  # (the tokens that wrote the stop count, as they do without speculation)
         pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}

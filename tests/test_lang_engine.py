@@ -294,6 +294,26 @@ def test_api_speculative_execution_serves_a_gen_with_stops_from_a_leftover_holdi
     assert "prompt_tokens" not in spec.get_meta_info("b")  # (served from a's call)
 
 
+def test_api_speculative_gen_cut_at_max_tokens_inside_a_stop_is_cut_as_without_speculation():
+    """A stop that starts within a gen's max_tokens tokens but ends after them cut the gen at its
+    start: gen("b", max_tokens=1, stop=" harbor.") got "" (finish stop, 2 tokens) where without
+    speculation it gets " harbor" (finish length, 1 token): the engine meets a stop only once its
+    last character is written. Reference: the same program without speculation."""
+    def prog(s):  # the demo model writes " see the", " harbor", "."
+        s += "A fruit:" + sgl.gen("a", max_tokens=2) + sgl.gen("b", max_tokens=1, stop=" harbor.")
+        s += sgl.gen("c", max_tokens=2, stop=" harbor.")  # ". Travel": the stop's start is past
+
+    backend = sgl.Engine()
+    try:
+        plain, spec = (f.run(backend=backend, temperature=0)
+                       for f in (sgl.function(prog), sgl.function(num_api_spec_tokens=16)(prog)))
+    finally:
+        backend.shutdown()
+    assert plain["b"] == " harbor" and own(plain, "b") == (1, {"type": "length", "length": 1})  # (the case)
+    assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
+    assert not any("prompt_tokens" in spec.get_meta_info(k) for k in "bc")  # (served from a's call)
+
+
 def test_api_speculative_execution_keeps_special_tokens_after_a_fill_for_the_next_gen():
     """On the demo model: the leftover after a fill dropped the "</s>" "<s>" right after it under
     ignore_eos (the text skips them), so gen("b", max_tokens=1) got "Q" where without speculation
