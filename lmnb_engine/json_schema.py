@@ -392,8 +392,9 @@ def code_point_fix(pattern: str) -> Optional[str]:
     python = _code_points_as_python(pattern)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
-    names = _ecma_named_groups(python)
-    kept = f" ({names}: ECMA's, which this engine reads and Python's re does not)" if names else ""
+    names, python_only = _ecma_named_groups(python), _python_only(python)
+    kept = (f" ({names}: ECMA's, which this engine reads and Python's re does not)" if names else "") + (
+        f" ({python_only}: Python's, which this engine reads and ECMA does not)" if python_only else "")
     whole = f", the pattern {json_value(python, SHOWN_CHARS)}{kept}" if _engine_builds(python) else ""
     return ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
             "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, "
@@ -411,13 +412,29 @@ def _ecma_named_groups(pattern: str) -> str:
     return f"its named group{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
 
+def _python_only(pattern: str) -> str:
+    """Python's syntax in ``pattern`` that ECMA 262 lacks (``regex_u_flag.python_only_syntax``), for
+    an offer that keeps it ("its (?P<y>...), (?i)"), or "" where it has none: the engine and
+    Python's ``re`` read it, ECMA does not, so an offer holding it is not read alike by both."""
+    from lmnb_engine.regex_u_flag import python_only_syntax
+
+    found = [s if s.endswith(")") else s + "...)" for s in python_only_syntax(pattern)]
+    return f"its {', '.join(found)}" if found else ""
+
+
 def _engine_builds(python: str) -> bool:
     """Whether the engine builds the schema pattern ``python`` (one Python's ``re`` reads, or with
     ECMA's named groups), so that it may be offered whole: it holds no lookaround, back-reference
-    or anchor inside (``regex_errors.unbuilt_feature``), which the engine would refuse next."""
-    from lmnb_engine.regex_errors import unbuilt_feature  # (it imports this module)
+    or anchor inside (``regex_errors.unbuilt_feature``), nor case-insensitive matching, ``(?i)`` or
+    ``(?i:...)``, which the engine would refuse next (``constrained.json_string``)."""
+    from lmnb_engine.regex_errors import classes_held, unbuilt_feature  # (it imports this module)
+    from lmnb_engine.regex_tree import constants, parser, walk
 
-    return unbuilt_feature(ecma_names_as_python(python)) is None
+    spelled = ecma_names_as_python(python)
+    parsed = parser.parse(classes_held(spelled))  # (read: the offers' callers checked python_error first)
+    ignores_case = bool(parsed.state.flags & constants.SRE_FLAG_IGNORECASE) or any(
+        op is constants.SUBPATTERN and av[1] & constants.SRE_FLAG_IGNORECASE for op, av in walk(parsed))
+    return not ignores_case and unbuilt_feature(spelled) is None
 
 
 def _ecma_syntax_fix(pattern: str) -> Optional[str]:
@@ -451,11 +468,15 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     python = "".join(out)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
-    whole, names = _engine_builds(python), _ecma_named_groups(python)
+    whole, names, python_only = _engine_builds(python), _ecma_named_groups(python), _python_only(python)
     written = f"the pattern {json_value(python, SHOWN_CHARS)}" if whole else "[\\s\\S] for each [^]"
-    # (a named group kept in the whole pattern: ECMA's and the engine's reading, not re's)
-    alike = (f"which ECMA and this engine read alike: Python's re reads [\\s\\S] so too, but not {names}"
-             if whole and names else "which both read alike")
+    # (ECMA's named group kept in the whole pattern: ECMA's and the engine's reading, not re's; Python's
+    # syntax kept, (?P<y>, (?i): re's and the engine's, not ECMA's; both: the engine's alone)
+    readers = ("which this engine reads" if names and python_only else
+               "which ECMA and this engine read alike" if names else "which Python's re and this engine read alike")
+    unread = "; ".join(([f"Python's re reads [\\s\\S] so too, but not {names}"] if names else [])
+                       + ([f"ECMA reads [\\s\\S] so too, but not {python_only} (Python's)"] if python_only else []))
+    alike = f"{readers}: {unread}" if whole and (names or python_only) else "which both read alike"
     return ("it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern "
             f"here (jsonschema checks each output with it), lacks: [^] (any character); write {written}, {alike}")
 

@@ -84,6 +84,19 @@ def named_back_reference(pattern: str) -> Optional[re.Match]:
     return next((m for i in _outside_classes(pattern) if (m := _NAMED_REFERENCE.match(pattern, i))), None)
 
 
+# Python's syntax that ECMA 262 lacks, as an opening outside classes: a named group (?P<name>, a
+# back-reference (?P=name), a comment (?#...) and inline flags, (?i) or scoped (?i:...) (group 1: what to call it)
+_PYTHON_ONLY = re.compile(r"\(\?(?:P<[^>]*>|P=\w+\)|#[^)]*\)|[aiLmsux-]+[:)])")
+
+
+def python_only_syntax(pattern: str) -> list[str]:
+    """Each of ``pattern``'s openings of Python's ``re`` syntax that ECMA 262 reads as an error
+    (``_PYTHON_ONLY``: ``(?P<y>``, ``(?P=y)``, ``(?#c)``, ``(?i)``, ``(?i:``), as written, in order,
+    each once, outside character classes (``_outside_classes``)."""
+    found = (m.group() for i in _outside_classes(pattern) if (m := _PYTHON_ONLY.match(pattern, i)) is not None)
+    return list(dict.fromkeys(found))
+
+
 def _outside_classes(pattern: str) -> Iterator[int]:
     """Where each item of ``pattern`` outside character classes starts, an escape (its backslash)
     or a character, in order. A class ends at its first "]" not escaped, as ECMA reads it (``[]``

@@ -1566,10 +1566,54 @@ def test_a_schema_patterns_ecma_syntax_python_lacks_gets_its_python_spelling_fro
         assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == matches, text
 
 
+_ANY = ("; it holds syntax of ECMA 262, JSON Schema's dialect, that Python's re, which reads a schema's pattern here "
+        "(jsonschema checks each output with it), lacks: [^] (any character); write the pattern ")
+_CODE_POINT = ("; Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
+               "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the character itself, "
+               "or as \\uXXXX up to U+FFFF, which both read alike, the pattern ")
+
+
+@pytest.mark.parametrize("pattern, python, ending", [
+    (r"(?P<y>a)[^]", r"(?P<y>a)[\s\S]", "which Python's re and this engine read alike: ECMA reads [\\s\\S] so too, "
+     "but not its (?P<y>...) (Python's)"),
+    (r"(?#c)(?s:a)[^]", r"(?#c)(?s:a)[\s\S]", "which Python's re and this engine read alike: ECMA reads [\\s\\S] so "
+     "too, but not its (?#c), (?s:...) (Python's)"),
+    (r"(?<x>a)(?P<y>b)[^]", r"(?<x>a)(?P<y>b)[\s\S]", "which this engine reads: Python's re reads [\\s\\S] so too, but "
+     "not its named group (?<x>...); ECMA reads [\\s\\S] so too, but not its (?P<y>...) (Python's)"),
+    (r"(?P<y>a)\u{1F600}", "(?P<y>a)\U0001F600", "(its (?P<y>...): Python's, which this engine reads and ECMA does not)"),
+])
+def test_a_schema_patterns_offer_keeping_python_syntax_does_not_say_ecma_reads_it(pattern, python, ending):
+    """gen() takes the schema pattern (?P<y>a)[^]; the engine offered "(?P<y>a)[\\s\\S]", "which both
+    read alike" (Python's re and ECMA), but ECMA has no (?P<y> (nor (?i), (?#c), (?i:...)). The words
+    now say which readers read the offer. The reference: Python's re compiles each offer, node's
+    RegExp with the u flag (ECMA 262 itself, where at hand) refuses it, and the engine builds it."""
+    import shutil
+    import subprocess
+
+    import lmnb
+
+    assert lmnb.gen("x", json_schema={"type": "string", "pattern": pattern})  # (gen() takes it)
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    lead = _CODE_POINT if "\\u{" in pattern else _ANY
+    assert str(e.value).endswith(f"{lead}{json.dumps(python, ensure_ascii=False)}"
+                                 f"{' ' if lead is _CODE_POINT else ', '}{ending}"), str(e.value)
+    if "(?<x>" not in python:
+        re.compile(python)  # (Python's re reads it)
+    if shutil.which("node"):  # (ECMA does not)
+        run = subprocess.run(["node", "-e", "try { new RegExp(process.argv[1], 'u') } catch (e) { process.exit(3) }",
+                              python], capture_output=True)
+        assert run.returncode == 3, python
+    assert schema_to_regex({"type": "string", "pattern": python})  # (the engine builds the offer)
+
+
 @pytest.mark.parametrize("pattern, python, ending", [
     (r"c(?<=x)[^]", r"c(?<=x)[\s\S]", "write [\\s\\S] for each [^], which both read alike"),
     (r"^a\b[^]$", r"^a\b[\s\S]$", "write [\\s\\S] for each [^], which both read alike"),
     (r"c(?<=x)\u{1F600}", "c(?<=x)\U0001F600", "or as \\uXXXX up to U+FFFF, which both read alike"),
+    # (case-insensitive matching, which a schema string cannot have: "(?i)a[\\s\\S]" was offered whole, then refused)
+    (r"(?i)a[^]", r"(?i)a[\s\S]", "write [\\s\\S] for each [^], which both read alike"),
+    (r"(?i:a)\u{1F600}", "(?i:a)\U0001F600", "or as \\uXXXX up to U+FFFF, which both read alike"),
 ])
 def test_a_schema_patterns_python_spelling_is_not_offered_whole_where_the_engine_refuses_it(pattern, python, ending):
     """The engine offered "c(?<=x)[\\s\\S]" for the schema pattern c(?<=x)[^] (and the character
@@ -1580,7 +1624,7 @@ def test_a_schema_patterns_python_spelling_is_not_offered_whole_where_the_engine
         schema_to_regex({"type": "string", "pattern": pattern})
     assert str(e.value).endswith(ending) and 'write "' not in str(e.value) and "the pattern \"" not in str(
         e.value).split("; ", 1)[1], str(e.value)
-    with pytest.raises(GrammarError, match="which constrained decoding cannot support"):
+    with pytest.raises(GrammarError, match="which constrained decoding cannot support|case-insensitive matching"):
         schema_to_regex({"type": "string", "pattern": python})
 
 
