@@ -223,12 +223,13 @@ def copies_problem(schema: Any, engine: bool = True) -> None:
 @functools.cache
 def _syntax_checker():
     """A ``jsonschema`` format checker of the ``regex`` format alone, which refuses a pattern only
-    where ``_no_dialect_reads`` (``checked_schema``'s ``engine`` False)."""
+    where ``_no_dialect_reads``, ``u_flag_problem`` or ``back_reference_problem`` (``checked_schema``'s
+    ``engine`` False)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
-    checker.checks("regex")(lambda pattern: not (isinstance(pattern, str)
-                                                 and (_no_dialect_reads(pattern) or u_flag_problem(pattern))))
+    checker.checks("regex")(lambda pattern: not (isinstance(pattern, str) and (
+        _no_dialect_reads(pattern) or u_flag_problem(pattern) or back_reference_problem(pattern))))
     return checker
 
 
@@ -236,7 +237,8 @@ def _syntax_checker():
 def _engine_checker(validator: type):
     """``validator``'s own format checker (jsonschema's default for its draft) with its ``regex``
     check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
-    u flag (``u_flag_problem``), as the language's check (``_syntax_checker``) does."""
+    u flag (``u_flag_problem``) or a back-reference (``back_reference_problem``), as the language's
+    check (``_syntax_checker``) does."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -249,7 +251,8 @@ def _engine_checker(validator: type):
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
             python_reads = python_check(ecma_names_as_python(pattern) if isinstance(pattern, str) else pattern)
-        return python_reads and not (isinstance(pattern, str) and u_flag_problem(pattern))
+        return python_reads and not (isinstance(pattern, str) and (u_flag_problem(pattern)
+                                                                    or back_reference_problem(pattern)))
 
     checker.checks("regex", raises)(regex_format)
     return checker
@@ -500,6 +503,34 @@ def back_reference_words(reference: re.Match) -> str:
             f"the group {reference.group(1)} matched, which no regular language expresses; {NO_BACK_REFERENCES}")
 
 
+def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
+    """The engine's words for the schema ``pattern``'s first back-reference (at ``where``, its
+    ``pattern`` keyword's place), or None where it has none: ECMA's ``\\k<n>``
+    (``back_reference_words``), else one by number, ``\\1``, or Python's ``(?P=n)``, as Python's
+    parser reads the pattern once its ECMA syntax is spelled as Python's (``_ecma_as_python``: a
+    named group stays a group, so its number holds), worded as the engine's string check words it
+    (``regex_errors.back_reference_problem``, at the schema the keyword is in). No backend can
+    constrain output with one (no regular language holds it), so ``gen()`` refuses it as the
+    engine does. A pattern Python's parser cannot read then is left to the other checks."""
+    import warnings
+
+    from lmnb_engine.regex_errors import back_reference_problem as numbered, classes_held  # (it imports this module)
+    from lmnb_engine.regex_tree import parser
+    from lmnb_engine.regex_u_flag import named_back_reference
+
+    reference = named_back_reference(pattern)
+    if reference:
+        return f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {back_reference_words(reference)}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = parser.parse(classes_held(_ecma_as_python(pattern)[0]))
+    except (re.error, RecursionError, OverflowError):
+        return None
+    problem = numbered(parsed, pattern)
+    return problem and f"JSON schema pattern at {where.rsplit('/', 1)[0]}: {problem}"
+
+
 def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     """The words for the schema ``pattern``'s first syntax error under ECMA 262's u flag, which JSON
     Schema asks patterns be read with (2020-12 core, section 6.4), or None: an identity escape that
@@ -510,9 +541,10 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     class ...), with the pattern written to mean what it means without the flag, each such error
     respelled (up to ``MAX_U_FLAG_FIXES``), where it has that meaning, else the patterns the user may
     have meant that the flag reads (``UFlagError.meant``: for ``(?<n>a)\\k``, ``\\k<n>`` and ``k``);
-    ``engine``: the in-process engine's words, which offer no back-reference, as constrained decoding
-    cannot do one, but say so and to repeat the group's pattern, and no ``\\p{...}`` class, which it
-    takes in no schema (for ``\\p{Lettr}``: ECMA's closest, ``\\p{Letter}``, named, and that).
+    No back-reference is offered, as constrained decoding cannot do one (``gen()`` refuses it as the
+    engine does: ``back_reference_problem``); the words say so and to repeat the group's pattern.
+    ``engine``: the in-process engine's words, which offer no ``\\p{...}`` class, which it takes in
+    no schema (for ``\\p{Lettr}``: ECMA's closest, ``\\p{Letter}``, named, and that).
     Asked by the language's schema check and the engine's alike, so both refuse the same patterns in
     the same words.
 
@@ -544,9 +576,9 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
         return None
     if found is None:
         meant = [(p, what) for p, what in error.meant if u_flag_problem(p) is None]
-        # (the in-process engine builds no back-reference, in any syntax, and takes no \\p{...} class in a
-        # schema: offering one would only be refused next)
-        refs = engine and any("back-reference" in what for _, what in meant)
+        # (no back-reference is offered, in any syntax: gen() refuses one as the engine does, which builds
+        # none; nor, by the engine, a \\p{...} class, which it takes in no schema: each would be refused next)
+        refs = any("back-reference" in what for _, what in meant)
         classes = [what for p, what in meant if unicode_classes(p)] if engine else []
         meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in meant
                  if not (refs and "back-reference" in what) and what not in classes]
@@ -615,7 +647,6 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
     then, for the engine, a back-reference by name (``back_reference_words``), which it cannot build."""
     from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
-    from lmnb_engine.regex_u_flag import named_back_reference
 
     if not isinstance(pattern, str):
         return None
@@ -626,10 +657,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
-    # (ECMA's \k<n>, which Python's re reads as an error: the engine could read it no other way)
-    reference = None if ecma or every else named_back_reference(pattern)
+    # (a back-reference, which no backend builds: gen() refuses it as the engine does)
+    reference = None if every else back_reference_problem(pattern, where)
     if reference:
-        return f"JSON schema at {where}: the pattern {shown} {back_reference_words(reference)}"
+        return reference
     ecma = ecma or every
     # (the engine reads ECMA's named groups: ecma_names_as_python, which keeps each error's place)
     problem = (python_error(*_ecma_as_python(pattern), written=pattern) if ecma else

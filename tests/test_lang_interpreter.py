@@ -144,8 +144,9 @@ def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
     """A schema ``pattern`` that is a syntax error in every dialect (an unclosed group: Python's
     re, the regex package and ECMA 262 all refuse it) passed gen()'s check and failed only when
     the gen ran; it is refused at the call, in the engine's words. A pattern some dialect reads
-    still passes: a Unicode class, ECMA's named group and back-reference, ECMA's [^] (any
-    character), which Python's two dialects refuse."""
+    still passes: a Unicode class, ECMA's named group, ECMA's [^] (any character), which Python's two
+    dialects refuse (ECMA's back-reference \\k<n>, which no backend builds, gen() refuses as the
+    engine does: test_a_schema_patterns_back_reference_is_refused_at_gen_and_a_cell_in_the_engines_words)."""
     def schema(pattern):
         return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
 
@@ -155,7 +156,7 @@ def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
                             "valid regular expression (missing ), unterminated subpattern at position 1); fix the pattern")
     # (ECMA's [^] and [] before a later "]" or ")": Python's dialects read that "]" as a member of the
     # class, so ^<([^]*?)>$ read as "missing )" and was refused, though valid ECMA; found in review)
-    for read in (r"\p{Lu}+", r"(?<n>x)\k<n>", "[^]", r"\cA", r"^<([^]*?)>[a-z]+$", r"(a[]|b)[0-9]"):
+    for read in (r"\p{Lu}+", r"(?<n>x)", "[^]", r"\cA", r"^<([^]*?)>[a-z]+$", r"(a[]|b)[0-9]"):
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
@@ -178,7 +179,7 @@ def test_gen_finds_a_schema_patterns_fatal_error_after_ecma_syntax(pattern, erro
         sgl.gen("x", json_schema=schema(pattern))
     assert str(e.value) == (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
                             f"it is not a valid regular expression ({error}); fix the pattern")
-    for read in (r"(?<year>\d{4})-(\d{2})", r"[\x05-\cZ]", "[]\\]", r"(?<n>[a-z])\k<n>[^]"):  # (valid ECMA, taken)
+    for read in (r"(?<year>\d{4})-(\d{2})", r"[\x05-\cZ]", "[]\\]", r"(?<n>[a-z])[^]"):  # (valid ECMA, taken)
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
@@ -336,6 +337,15 @@ def test_a_schema_patterns_syntax_errors_under_the_u_flag_are_refused_by_gen_a_c
         assert sgl.gen("x", json_schema={"pattern": instead}).params.json_schema == {"pattern": instead}
 
 
+# the words gen() and the engine end a refusal of a schema pattern with when a back-reference would fix it,
+# and their words for one by number or Python's (?P=n)
+_NO_BACK_REFERENCES = ("constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns "
+                       "compile to a finite automaton): repeat the group's pattern instead of referring to it")
+_NUMBERED = ("(it matches again the very text that group matched, which no regular language expresses), which "
+             "constrained decoding cannot support (patterns compile to a finite automaton): repeat the group's "
+             "pattern instead of referring to it")
+
+
 def _node_refuses(pattern: str, flags: str):
     """Whether node's RegExp (ECMA 262 itself) refuses ``pattern`` with ``flags``; None where node
     is not at hand."""
@@ -351,13 +361,14 @@ def _node_refuses(pattern: str, flags: str):
 @pytest.mark.parametrize("pattern, groups", [
     (r"(?<n>a)\k", {"n": "a"}), (r"(?P<n>a)\k", {"n": "a"}), (r"(?<n>a)(?<m>b)\k", {"n": "a", "m": "b"}),
 ])
-def test_a_bare_k_in_a_schema_pattern_that_names_a_group_is_offered_the_back_reference_and_the_letter(pattern, groups):
+def test_a_bare_k_in_a_schema_pattern_that_names_a_group_is_offered_the_letter_and_no_back_reference(pattern, groups):
     """ECMA 262 (Annex B.1.2) reads a bare \\k as the letter only in a pattern that names no group:
     in "(?<n>a)\\k" it is an error without the u flag too (node: "Invalid named reference"), yet
-    "(?<n>a)k" was offered as what ECMA reads without the flag. Now both readings a user may mean
-    are offered: a back-reference to each group (\\k<n>, or (?P=n) for Python's (?P<n>...)), and
-    the letter. The reference: the regex package, which reads named groups of both syntaxes,
-    matches each offer against the groups' text then the group's again, or then "k"."""
+    "(?<n>a)k" was offered as what ECMA reads without the flag. Now the letter is offered, and,
+    for a back-reference the user may mean, that no backend can do one, as gen() and the engine
+    refuse one (they offered \\k<n>, or (?P=n) for Python's (?P<n>...), which gen() then took and
+    the engine refused). The reference: the regex package matches the offer against the groups'
+    text then "k"."""
 
     import regex
 
@@ -371,28 +382,28 @@ def test_a_bare_k_in_a_schema_pattern_that_names_a_group_is_offered_the_back_ref
                                                                   r'(a back-reference to the group \w+|the letter k)',
                                                                   message)}
     prefix = "".join(groups.values())
-    assert set(offers) == {f"a back-reference to the group {name}" for name in groups} | {"the letter k"}, message
-    for name, text in groups.items():  # (the regex package writes ECMA's \k<n> as (?P=n))
-        offer = re.sub(r"\\k<(\w+)>", r"(?P=\1)", offers[f"a back-reference to the group {name}"])
-        assert regex.fullmatch(offer, prefix + text), offers
+    assert set(offers) == {"the letter k"} and message.endswith("; " + _NO_BACK_REFERENCES), message
     assert regex.fullmatch(offers["the letter k"], prefix + "k"), offers
-    for offer in offers.values():
-        sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
+    sgl.gen("x", json_schema={"type": "string", "pattern": offers["the letter k"]})  # (the offer is taken)
+    back_reference = pattern.replace("\\k", "\\k<n>")  # (what the words say no backend does)
+    with pytest.raises(ValueError, match=re.escape(_NO_BACK_REFERENCES)):
+        sgl.gen("x", json_schema={"type": "string", "pattern": back_reference})
 
 
 @pytest.mark.parametrize("pattern, name, same, other", [
     (r"(?P<n>a)\k<n>", "n", "aa", "ab"), (r"(?P<year>\d{2})-\k<year>", "year", "19-19", "19-20"),
     (r"(?<m>b)(?P<n>a|c)\k<n>", "n", "baa", "bac"),
 ])
-def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_and_is_offered_either_syntax(pattern, name, same,
+def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_alike_at_gen_and_the_engine(pattern, name, same,
                                                                                                    other):
     """\\k<n> to a group named (?P<n>...), Python's syntax, which ECMA 262 lacks, was refused as "a
     back-reference \\k<n> to no group of that name" with "fix the pattern", though the group is there.
-    gen() and a cell now name the Python syntax and offer Python's back-reference (?P=n) or ECMA's
-    group (?<n>...); the engine, which builds no back-reference, says so and to repeat the group's
-    pattern. The reference: the regex package, which reads both syntaxes, matches each offer against
-    a text whose group is repeated (``same``, by hand) and not one where it differs (``other``), and
-    node, where at hand, refuses the pattern as ECMA."""
+    gen(), a cell and the engine now name the Python syntax, and, since no backend builds a
+    back-reference (gen() refuses (?P=n) and \\k<n> as the engine does), say so and to repeat the
+    group's pattern, in the same words (gen() and a cell offered Python's (?P=n) or ECMA's
+    (?<n>...)\\k<n>, which the engine refused). The reference: the regex package, which reads both
+    syntaxes, tells the back-reference by the texts whose group is repeated (``same``, by hand) or
+    not (``other``); node, where at hand, refuses the pattern as ECMA."""
 
     import regex
 
@@ -409,50 +420,41 @@ def test_a_back_reference_to_a_group_named_in_pythons_syntax_says_so_and_is_offe
     assert message in str(in_cell.value)
     assert (f"a back-reference \\k<{name}> to the group {name} named in Python's syntax (?P<{name}>...), which ECMA "
             f"lacks (ECMA names a group (?<{name}>...))") in message, message
-    offers = {what: json.loads(offer) for offer, what in re.findall(
-        r'(?:write |, or )("(?:[^"\\]|\\.)*") for (a back-reference to the group \w+ in \w+\'s syntax)', message)}
-    assert set(offers) == {f"a back-reference to the group {name} in {s} syntax" for s in ("Python's", "ECMA's")}
-    for offer in offers.values():  # (the regex package writes ECMA's \k<n> as (?P=n))
-        read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", offer)
-        assert regex.fullmatch(read, same) and not regex.fullmatch(read, other), offer
-        sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
+    read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", pattern)  # (the regex package writes ECMA's \k<n> as (?P=n))
+    assert regex.fullmatch(read, same) and not regex.fullmatch(read, other)  # (a back-reference)
     with pytest.raises(ValueError) as in_engine:
         load_schema(schema)
-    engine = str(in_engine.value)
-    assert engine.split("; ")[0] == message.split("; ")[0]
-    assert engine.endswith("; constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns "
-                           "compile to a finite automaton): repeat the group's pattern instead of referring to it")
-    assert "write" not in engine.split("; ", 1)[1], engine
+    assert str(in_engine.value) == message and message.endswith("; " + _NO_BACK_REFERENCES), message
+    assert "write" not in message.split("; ", 1)[1], message
+    for spelling in (pattern.replace(f"\\k<{name}>", f"(?P={name})"), pattern.replace("(?P<", "(?<")):
+        with pytest.raises(ValueError, match=re.escape(_NO_BACK_REFERENCES) + "|" + re.escape(_NUMBERED)):
+            sgl.gen("x", json_schema={"type": "string", "pattern": spelling})  # (what was offered: refused)
 
 
-@pytest.mark.parametrize("pattern, same, other, names", [
-    (r"(?P<n>a|b)\k<n>\k<n>", "aaa", "aab", "the group n"),
-    (r"(?P<a>x|y)(?P<b>z|w)\k<a>\k<b>", "xzxz", "xzxw", "the groups a and b"),
+@pytest.mark.parametrize("pattern, same, other", [
+    (r"(?P<n>a|b)\k<n>\k<n>", "aaa", "aab"), (r"(?P<a>x|y)(?P<b>z|w)\k<a>\k<b>", "xzxz", "xzxw"),
 ])
-def test_each_back_reference_to_a_python_named_group_is_respelt_in_the_offers(pattern, same, other, names):
-    """A second \\k<n> to a (?P<n>...) group was left in the offer, so "(?P<n>a)(?P=n)\\k<n>" was
-    dropped as refused itself, and for two groups both offers were, leaving "fix the pattern" (and
-    the engine not saying it cannot do a back-reference). Each is respelt now. The reference: the
-    regex package, reading both syntaxes, matches each offer against a text repeating the groups
-    (``same``, by hand) and not one where a repeat differs (``other``)."""
+def test_each_back_reference_to_a_python_named_group_is_refused_alike_without_an_offer(pattern, same, other):
+    """Several \\k<n> to (?P<n>...) groups: gen() offered each respelt ((?P<n>a|b)(?P=n)(?P=n), or
+    ECMA's), which it took and the engine refused; gen() and the engine now refuse the pattern in
+    the same words, offering no back-reference, which no backend builds. The reference: the regex
+    package matches the pattern against a text repeating the groups (``same``, by hand) and not
+    one where a repeat differs (``other``): a back-reference."""
     import regex
 
     from lmnb_engine.constrained.schema import load_schema
 
+    read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", pattern)  # (the regex package writes ECMA's \k<n> as (?P=n))
+    assert regex.fullmatch(read, same) and not regex.fullmatch(read, other)
     schema = {"type": "string", "pattern": pattern}
     with pytest.raises(ValueError) as e:
         sgl.gen("x", json_schema=schema)
     message = str(e.value)
-    offers = {syntax: json.loads(offer) for offer, syntax in re.findall(
-        rf'(?:write |, or )("(?:[^"\\]|\\.)*") for a?\s?back-references? to {names} in (\w+)\'s syntax', message)}
-    assert set(offers) == {"Python", "ECMA"}, message
-    for offer in offers.values():  # (the regex package writes ECMA's \k<n> as (?P=n))
-        read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", offer)
-        assert regex.fullmatch(read, same) and not regex.fullmatch(read, other), offer
-        sgl.gen("x", json_schema={"type": "string", "pattern": offer})  # (each offer is taken)
+    assert "named in Python's syntax (?P<" in message, message
+    assert message.endswith("; " + _NO_BACK_REFERENCES) and "write" not in message.split("; ", 1)[1], message
     with pytest.raises(ValueError) as in_engine:
         load_schema(schema)
-    assert str(in_engine.value).endswith("repeat the group's pattern instead of referring to it"), str(in_engine.value)
+    assert str(in_engine.value) == message
 
 
 @pytest.mark.parametrize("pattern, offer", [
@@ -551,6 +553,58 @@ def test_a_schema_pattern_python_reads_as_ecma_does_without_the_u_flag_is_taken(
     assert sgl.gen("x", json_schema=schema).params.json_schema == schema
     assert load_schema(schema) is not None
     assert parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
+
+
+@pytest.mark.parametrize("pattern, group, same, other", [
+    (r"^(a|b)\1$", 1, "aa", "ab"), (r"^(?P<n>a|b)(?P=n)$", 1, "bb", "ba"), (r"^(?<n>a|b)x\1$", 1, "axa", "axb"),
+    (r"^(x)(?<n>a|b)\2$", 2, "xaa", "xab"), (r"^(?<n>a|b)\k<n>$", None, "aa", "ab"),
+])
+def test_a_schema_patterns_back_reference_is_refused_at_gen_and_a_cell_in_the_engines_words(pattern, group, same,
+                                                                                            other):
+    """A schema pattern with a back-reference, ^(a|b)\\1$, passed gen() and a %%lm cell and was
+    refused only when the engine built it ("JSON schema pattern at #/properties/a: regex ... uses a
+    backreference to group 1 ..."), though no backend builds one; gen() and a cell now refuse it
+    up front in the engine's words (ECMA's \\k<n> too, in the engine's words for it). The
+    reference: the regex package matches a text repeating the group (``same``, by hand) and not
+    one where the repeat differs (``other``); the words worked out by hand."""
+    import regex
+
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.constrained.schema import schema_to_regex
+
+    read = re.sub(r"\\k<(\w+)>", r"(?P=\1)", pattern)  # (the regex package writes ECMA's \k<n> as (?P=n))
+    assert regex.fullmatch(read, same) and not regex.fullmatch(read, other)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+    if group is None:
+        said = (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} has a back-reference \\k<n> at "
+                f"position {pattern.index(chr(92) + 'k')}: it matches again the very text the group n matched, which no regular "
+                f"language expresses; {_NO_BACK_REFERENCES}")
+    else:
+        said = (f"JSON schema pattern at #/properties/a: regex {json.dumps(pattern)} uses a backreference to group "
+                f"{group} {_NUMBERED}")
+    with pytest.raises(ValueError) as at_gen:
+        sgl.gen("x", json_schema=schema)
+    with pytest.raises(TemplateSyntaxError) as in_cell:
+        parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
+    with pytest.raises(ValueError) as in_engine:
+        schema_to_regex(schema)
+    assert str(at_gen.value) == said == str(in_engine.value)
+    assert said in str(in_cell.value)
+
+
+@pytest.mark.parametrize("pattern", [r"^[\1]a$", r"^(a)[\1]$", r"^\1$"])
+def test_a_schema_patterns_octal_escape_or_reference_to_no_group_is_no_back_reference_refusal(pattern):
+    """An octal escape in a class ([\\1], as ECMA's Annex B and Python's re read it) is no
+    back-reference: gen() takes it as before; \\1 before any group is refused as before, as a
+    reference to no group, not as a back-reference."""
+    schema = {"type": "string", "pattern": pattern}
+    if pattern != r"^\1$":
+        assert sgl.gen("x", json_schema=schema).params.json_schema == schema
+        return
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    assert "a back-reference \\1 to group 1 (the pattern has 0 groups) at position 1" in str(e.value), str(e.value)
+    assert _NO_BACK_REFERENCES not in str(e.value) and "backreference to group" not in str(e.value)
 
 
 def test_gen_and_the_engine_refuse_the_same_random_schema_patterns_in_the_same_words():
