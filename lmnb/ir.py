@@ -687,8 +687,9 @@ def _schema_text_passes(text: str) -> bool:
 def close_match(word: str, options) -> Optional[str]:
     """The one of ``options`` closest to a misspelt ``word`` (difflib's ``get_close_matches``: a
     similarity ratio of 0.6 or more), or None where none is close: the word every "did you mean" of
-    lmnb offers (a ``%%lm`` cell's option or variable, the Python API's keywords, ``%lm`` options
-    and subcommands, the export's notes on row fields)."""
+    lmnb offers (a ``%%lm`` cell's variable, the Python API's keywords, ``%lm`` subcommands, the
+    export's notes on row fields; command-line options, ``lmnb_engine.cli_options.suggest_option``,
+    by the same rule)."""
     import difflib
 
     close = difflib.get_close_matches(word, list(options), n=1)

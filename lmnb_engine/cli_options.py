@@ -12,6 +12,7 @@ names its fix in each front end's syntax (``option_error``, ``in_option_syntax``
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import weakref
 
@@ -80,6 +81,38 @@ def take_negative_numbers(parser: argparse.ArgumentParser) -> None:
     ``-0x20``, ``-inf``), not only argparse's -1 and -1.5. For a parser none of whose options
     looks like a number (argparse then reads such arguments as values only)."""
     parser._negative_number_matcher = _NEGATIVE_NUMBER
+
+
+def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str | None = None) -> str:
+    """argparse's ``message`` with "did you mean" for each unrecognized option close to one of
+    ``parser``'s (``--temprature`` → ``--temperature``; difflib's ``get_close_matches``, the rule of
+    ``lmnb.ir.close_match``), and, where ``help_line`` is given (``%%lm --help``), for an
+    unrecognized word with no close option (``--bogus``, a stray ``3``) the line that lists the
+    options. A word that is no option (``3``) is offered none. Other messages come back as they are."""
+    if not message.startswith("unrecognized arguments:"):
+        return message
+    known = [o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    # compared without the "--" every option shares: with it, "--bogus" was "close" to "--out"
+    words = message.split()[2:]
+    if "--" in words:  # the options after it are read as words: a guess would name them as they are
+        return message + " ('--' ends the options; remove it)"
+    guesses = [(w.split("=")[0], difflib.get_close_matches(w.split("=")[0][2:], sorted(known), n=1))
+               for w in words if w.startswith("--")]
+    hints = [f"{w} → --{g[0]}" for w, g in guesses if g and g[0] != w[2:]]
+    notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
+    if help_line and (len(hints) < len(guesses) or not guesses):  # (no "--" word: a stray word, as in "%%lm 3")
+        notes.append(f"{help_line} lists the options")
+    return message + f" ({'; '.join(notes)})" if notes else message
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose "unrecognized arguments" refusal offers each misspelt
+    option its closest option (``suggest_option``): ``lmnb run`` / ``serve`` / ``export`` (their
+    subparsers are of their parser's class) and an exported job, whose ``--limt 3`` was refused with
+    no guess. Python 3.11's argparse has no such offer. Exits 2 with the usage, as argparse does."""
+
+    def error(self, message: str):
+        super().error(suggest_option(message, self))
 
 
 def option_error(kind: type, problem: str, *fixes: tuple) -> BaseException:

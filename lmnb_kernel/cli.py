@@ -7,11 +7,12 @@ Lives in ``lmnb_kernel`` because it sits at the top of the import chain
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import signal
 import sys
 import threading
+
+from lmnb_engine.cli_options import SuggestingParser  # (no torch: the engine package alone, as lmnb imports it)
 
 # subcommand -> (module, function, one-line help). Each module exposes
 # ``<function>_arguments(parser)`` and ``<function>(args) -> int``. Help texts are written as
@@ -126,7 +127,8 @@ def _version() -> str:
 
 
 def _run(chosen: str | None, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lmnb", description="lmnb: LM programs in notebooks")
+    # (a misspelt option is offered its closest, in each subcommand: add_parser makes parser_class's)
+    parser = SuggestingParser(prog="lmnb", description="lmnb: LM programs in notebooks")
     parser.add_argument("--version", action="version", version=f"lmnb {_version()}")  # (for a bug report)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers = {}

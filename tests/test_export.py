@@ -88,6 +88,23 @@ def test_a_backend_line_option_given_twice_is_refused(command, words, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("line, message", [
+    ("%lm load demo --devise cpu", "unrecognized arguments: --devise cpu (did you mean: --devise → --device?)"),
+    ("%lm connect http://h:9 --api_key k", "unrecognized arguments: --api_key k (did you mean: --api_key → --api-key?)"),
+    ("%lm connect http://h:9 --bogus", "unrecognized arguments: --bogus (%lm connect --help lists the options)"),
+    ("%lm connect http://h:9 extra", "unrecognized arguments: extra (%lm connect --help lists the options)"),
+])
+def test_a_backend_lines_misspelt_option_is_offered_the_closest(line, message):
+    """Exporting a notebook whose ``%lm load`` line misspelt an option said "unrecognized arguments:
+    --devise cpu" and no more, where the kernel's ``%lm load`` offers ``--device``; now the same words."""
+    from helpers_export import notebook
+    from lmnb.export import ExportError, export_notebook
+
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook(line, 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    assert str(e.value) == f"cell 1: {line}: {message}"
+
+
 def test_a_load_lines_pool_size_that_is_no_whole_number_is_named_in_words():
     """``%lm load --max-total-tokens 4k`` said argparse's "invalid int value: '4k'"."""
     from lmnb.template.cell_options import parse_backend_line

@@ -360,8 +360,29 @@ def test_the_command_line_is_read_before_the_set_up_cells_run(tmp_path, options)
     if options == ["--help"]:
         assert (done.returncode, done.stdout.startswith("usage: job.py")) == (0, True), done.stderr
     else:
-        assert (done.returncode, done.stderr.splitlines()[-1]) == (2, "job.py: error: unrecognized arguments: --limt 3")
+        # it said "unrecognized arguments: --limt 3" and no more
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (
+            2, "job.py: error: unrecognized arguments: --limt 3 (did you mean: --limt → --limit?)")
     assert not (tmp_path / "ran.txt").exists()
+
+
+def test_a_misspelt_option_of_a_job_is_offered_the_closest_the_parameters_included(tmp_path):
+    """A job named each unknown option with no guess; a notebook parameter's option (papermill's
+    --temperature) is among those offered, and a word that is no option (junk) is offered none."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook(("parameters", "temperature = 0.5"), 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"),
+                                "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", "--input", "rows.jsonl", "--output", "out.jsonl",
+                           "--temprature=0.2", "--limt", "3", "junk"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2, "job.py: error: unrecognized arguments: --temprature=0.2 --limt 3 junk (did you mean: --temprature → "
+           "--temperature, --limt → --limit?)")
 
 
 def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):

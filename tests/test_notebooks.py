@@ -507,6 +507,26 @@ def test_an_unknown_option_shows_the_subcommands_usage(capsys):
     assert err.endswith("lmnb run: error: unrecognized arguments: --bogus\n")
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["run", "nb.ipynb", "--ouptut", "out.ipynb"],
+     "lmnb run: error: unrecognized arguments: --ouptut out.ipynb (did you mean: --ouptut → --output?)"),
+    (["serve", "--prot", "1"], "lmnb serve: error: unrecognized arguments: --prot 1 (did you mean: --prot → --port?)"),
+    (["export", "nb.ipynb", "--outptu=job.py"],
+     "lmnb export: error: unrecognized arguments: --outptu=job.py (did you mean: --outptu → --output?)"),
+    (["--verison"], "lmnb: error: unrecognized arguments: --verison (did you mean: --verison → --version?)"),
+    # a word that is no option is offered none
+    (["run", "nb.ipynb", "junk"], "lmnb run: error: unrecognized arguments: junk"),
+])
+def test_a_misspelt_option_is_offered_the_closest(capsys, argv, line):
+    """`lmnb run nb.ipynb --ouptut out.ipynb` said "unrecognized arguments: --ouptut out.ipynb" and
+    no more, where a %%lm cell's misspelt option is offered the closest."""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert (e.value.code, capsys.readouterr().err.splitlines()[-1]) == (2, line)
+
+
 def test_the_exit_statuses_are_in_the_help(capsys):
     from lmnb_kernel.cli import main
 

@@ -20,19 +20,21 @@ from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
-from lmnb_engine.cli_options import Once, OnceFlag, in_option_syntax, pool_tokens, take_negative_numbers
+from lmnb_engine.cli_options import (Once, OnceFlag, SuggestingParser, in_option_syntax, pool_tokens,
+                                    take_negative_numbers)
 
 OPENAI_KEY_ENV = "OPENAI_API_KEY"  # (where the openai client, and so lmnb.OpenAI, reads its key)
 
 DEFAULT_THREADS = 16
 
 
-class _JobParser(argparse.ArgumentParser):
+class _JobParser(SuggestingParser):
     """Parses the job's options, then fills in the notebook's backend: ``--openai``, ``--completion``
     and ``--timeout`` default to the notebook's only when ``--backend`` is not given, since they
     describe the notebook's server (``--backend engine`` on a job whose notebook connected to an
     OpenAI-compatible server sent the rows to the official OpenAI API); ``--completion`` only with
-    the notebook's ``--openai`` model, since it says what kind of model that is."""
+    the notebook's ``--openai`` model, since it says what kind of model that is. A misspelt option,
+    the notebook parameters' included, is offered its closest (``SuggestingParser``)."""
 
     notebook_backend: tuple = (None, None, False, None)  # backend, openai model, completion, timeout
 

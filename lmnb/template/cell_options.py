@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from lmnb.ir import close_match
-from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens
+from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
 from lmnb_engine.params import TEMPERATURE_RULE
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
@@ -110,26 +110,6 @@ class CellOptions:
         return kw
 
 
-def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str) -> str:
-    """argparse's ``message`` with "did you mean" for each unrecognized option close to a real one
-    (``--temprature`` → ``--temperature``), as ``{gen ...}`` options get, and, for an unrecognized
-    word with no close option (``--bogus``), the line that lists the options (``help_line``, e.g.
-    ``%%lm --help``)."""
-    if not message.startswith("unrecognized arguments:"):
-        return message
-    known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
-    # compared without the "--" every option shares: with it, "--bogus" was "close" to "--out"
-    words = message.split()[2:]
-    if "--" in words:  # the options after it are read as words: a guess would name them as they are
-        return message + " ('--' ends the options; remove it)"
-    guesses = [(w, close_match(w.split("=")[0][2:], [k[2:] for k in known])) for w in words if w.startswith("--")]
-    hints = [f"{w.split('=')[0]} → --{g}" for w, g in guesses if g and g != w.split("=")[0][2:]]
-    notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
-    if len(hints) < len(guesses) or not guesses:  # (no "--" word: a stray word, as in "%%lm 3")
-        notes.append(f"{help_line} lists the options")
-    return message + f" ({'; '.join(notes)})"
-
-
 class CellLineError(ValueError):
     """The ``%%lm`` line cannot be read; the message names the option and the fix."""
 
@@ -199,10 +179,11 @@ def parse_backend_line(command: str, words: list[str]) -> argparse.Namespace:
         CellLineError: an unknown option or a missing URL.
     """
     add = add_load_arguments if command == "load" else add_connect_arguments
+    parser = add(_Parser(prog=f"%lm {command}", add_help=False))
     try:
-        return add(_Parser(prog=f"%lm {command}", add_help=False)).parse_args(words)
-    except argparse.ArgumentError as e:
-        raise CellLineError(str(e)) from None
+        return parser.parse_args(words)
+    except (argparse.ArgumentError, CellLineError) as e:  # (the kernel's %lm line offers the same)
+        raise CellLineError(suggest_option(str(e), parser, f"%lm {command} --help")) from None
 
 
 def option_parser() -> argparse.ArgumentParser:
