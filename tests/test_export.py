@@ -2261,6 +2261,35 @@ def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
     assert (tmp_path / "qa.py").read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
 
 
+def test_nbconvert_says_in_a_line_why_it_cannot_write_the_script_and_makes_a_missing_folder(tmp_path):
+    """`jupyter nbconvert --to lmnb` to a path it cannot write ended on nbconvert's writer's OSError
+    traceback (NotADirectoryError, IsADirectoryError, FileNotFoundError): it now fails as for a
+    notebook it cannot export, naming the path, why and the fix, as lmnb export does; a --output in
+    a folder not there (FileNotFoundError too) has it made, as lmnb export makes it."""
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    (tmp_path / "afile").write_text("mine\n")
+    (tmp_path / "folder.py").mkdir()
+    fix = "give a folder you can write to, e.g. --output-dir . --output"
+    cases = [(["--output", "afile/x"], f"cannot write afile/x.py: afile is a file, not a folder; {fix} x"),
+             (["--output", "folder"], f"cannot write folder.py: Is a directory; {fix} folder")]
+    if Path("/proc/self").is_dir():  # (Linux: a folder that takes no new files)
+        cases.append((["--output-dir", "/proc"], "cannot write /proc/qa.py: No such file or directory (its folder "
+                                                 f"/proc is there, but takes no new files); {fix} qa"))
+    for args, said in cases:
+        run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", *args, "qa.ipynb"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1, run.stderr
+        assert "Error while converting 'qa.ipynb'" in run.stderr
+        assert not re.search(r"(NotADirectory|IsADirectory|FileNotFound)Error", run.stderr), run.stderr
+        assert run.stderr.rstrip().endswith(f"NotebookExportError: {said}"), run.stderr
+    assert (tmp_path / "afile").read_text() == "mine\n" and list((tmp_path / "folder.py").iterdir()) == []
+    run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--output", "jobs/new/qa", "qa.ipynb"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "created the folder jobs/new (it did not exist) for jobs/new/qa.py" in run.stderr
+    assert (tmp_path / "jobs" / "new" / "qa.py").read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
+
+
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 

@@ -21,6 +21,7 @@ from traitlets import List, Unicode
 
 from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text
 from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
+from lmnb.output_paths import make_folders, why_unwritable
 
 
 class NotebookExportError(ExportError, ConversionException):
@@ -74,11 +75,33 @@ class LMScriptExporter(Exporter):
                 f"{out} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), so it "
                 f"is left as it is; give another name with --output, e.g. --output {script}_job, or run lmnb export "
                 "with -o, or move the file away first")
+        if out is not None:
+            self._ready_to_write(out, script)
         # (the copy's unknown cells are raw cells, which the export leaves out without a note)
         for note in plan.notes + unknown_cell_notes(nb.cells):
             self.log.warning("%s", note)
         resources["output_extension"] = ".py"
         return source, resources
+
+    def _ready_to_write(self, out: Path, script: str) -> None:
+        """Make the folders the app's output file ``out`` goes in and open it for appending, as
+        lmnb export makes them before it writes, so that a path it cannot write is said in a line:
+        nbconvert's writer ended on an OSError traceback (a file where a folder goes, a folder as
+        the output, a --output in a folder not there, /proc). ``script``: its name without .py.
+
+        Raises:
+            NotebookExportError: ``out`` cannot be written, naming it, why (``why_unwritable``)
+                and the fix.
+        """
+        try:
+            made = make_folders(out)
+            with open(out, "a", encoding="utf-8"):  # (an empty new file, which the writer fills next)
+                pass
+        except OSError as e:
+            raise NotebookExportError(f"cannot write {out}: {why_unwritable(out, e)}; give a folder you can write "
+                                      f"to, e.g. --output-dir . --output {script}") from None
+        if made is not None:  # (a mistyped --output folder is made: said, as lmnb export says it)
+            self.log.info("created the folder %s (it did not exist) for %s", made, out)
 
     def _export(self, nb, resources: dict):
         """``export_notebook`` of ``nb``, named after ``resources`` as nbconvert names the files:
