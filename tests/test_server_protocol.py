@@ -255,6 +255,13 @@ def _post(url, path, body, **kw):
                                     'body has no rid (it has [])'),
         ("/abort_request", {"id": "a"}, 400, 'the body has no rid (it has ["id"])'),
         ("/abort_request", {"rid": 5}, 400, 'rid must be the request id as a JSON string, "rid": "<id>", not 5'),
+        # extra keys were dropped unread (as SGLang's AbortReq drops them): a misspelt field aborted nothing it meant
+        ("/abort_request", {"rid": "x", "ridd": 1}, 400,
+         'unknown field "ridd" (did you mean "rid"?); /abort_request takes ["abort_all", "rid"]'),
+        # SGLang's abort_all: true aborted nothing (an empty rid), false is its default
+        ("/abort_request", {"rid": "", "abort_all": True}, 400,
+         'lmnb serve does not abort all requests at once (abort_all is true); abort each by its id, '
+         '{"rid": "<request id>"}, and leave abort_all out'),
         ("/abort_request", ["a"], 400, 'the body must be a JSON object of the request\'s fields ({"field": value, ...}), '
                                        'not ["a"]'),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
@@ -1837,7 +1844,8 @@ def test_abort_request_takes_an_openai_response_id_and_aborts_all_its_choices(pa
             lines = r.iter_lines()
             first = next(lines)
             rid = json.loads(first[5:])["id"]
-            assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": True}
+            # (with SGLang's abort_all at its default, false, as a client written for SGLang may send it)
+            assert _post(url, "/abort_request", {"rid": rid, "abort_all": False}).json() == {"success": True}
             chunks = _sse_json([first, *lines])
         assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": False}  # (ended: nothing to abort)
         finish = {ch["index"]: ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]}

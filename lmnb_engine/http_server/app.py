@@ -627,6 +627,9 @@ _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "image_data",
 }
+# /abort_request's fields: SGLang's AbortReq's that a client sends (its finished_reason and
+# abort_message are filled in by SGLang's own server, not by a client)
+_ABORT_KEYS = {"rid", "abort_all"}
 _EMPTY_OK_KEYS = {"video_data", "audio_data", "modalities", "lora_path", "session_params"}
 _WHY_NOT = {"video_data": "send a video's frames as images in image_data, with one image token per frame"}
 
@@ -984,9 +987,17 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         body = await json_body(request)
         if not isinstance(body, dict):
             raise not_an_object(body)
+        if body.get("abort_all", False) is not False:  # (SGLang's; false, its default, is taken)
+            raise RequestError(f"lmnb serve does not abort all requests at once (abort_all is "
+                               f"{json_value(body['abort_all'], 40)}); abort each by its id, {{\"rid\": \"<request id>\"}}, "
+                               "and leave abort_all out", param="abort_all")
         if "rid" not in body:
             raise RequestError('abort_request needs the id of the request to abort, {"rid": "<request id>"}; the body '
                                f"has no rid (it has {json_value(sorted(body), SHOWN_CHARS)})", param="rid")
+        unknown = next((key for key in body if key not in _ABORT_KEYS), None)
+        if unknown is not None:  # (SGLang's AbortReq drops unknown keys: {"rid": "x", "ridd": 1} passed unheard)
+            raise RequestError(f"unknown field {json_value(unknown, 40)}{did_you_mean(unknown, _ABORT_KEYS)}; "
+                               f"/abort_request takes {json_value(sorted(_ABORT_KEYS))}", param=unknown)
         rid = body["rid"]
         if not isinstance(rid, str):  # (an id is text: the rid /generate was given, or the one it made)
             raise RequestError(f'rid must be the request id as a JSON string, "rid": "<id>", not {json_value(rid, 40)}',
