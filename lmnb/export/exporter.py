@@ -43,6 +43,10 @@ class LMScriptExporter(Exporter):
     inputs = List(Unicode(), default_value=None, allow_none=True,
                   help="the fields each input row gives (default: the notebook's example inputs)").tag(config=True)
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        _logger(self.log).addFilter(_ONE_LINE)  # (once: a logger keeps one of an equal filter)
+
     def _file_extension_default(self):
         return ".py"
 
@@ -126,14 +130,35 @@ def _no_schema_log():
     past (a cell of an unknown type) is exported as lmnb export exports it, which logs nothing."""
     from traitlets.log import get_logger
 
-    log = get_logger()
-    logger = log.logger if isinstance(log, logging.LoggerAdapter) else log
+    logger = _logger(get_logger())
     quiet = _SchemaLogFilter()
     logger.addFilter(quiet)
     try:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def _logger(log) -> logging.Logger:
+    """The ``logging.Logger`` of ``log`` (traitlets' loggers may be a ``LoggerAdapter``)."""
+    return log.logger if isinstance(log, logging.LoggerAdapter) else log
+
+
+class _OneLineError(logging.Filter):
+    """Says a ``NotebookExportError`` in the line that logs it, without its traceback: nbconvert's
+    app logs a conversion's error with ``exc_info`` ("Error while converting 'nb.ipynb'" and a
+    traceback through nbconvert and the exporter), where the error's message names the problem and
+    the fix, as ``lmnb export`` says it in one line. Other records pass as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, NotebookExportError) and isinstance(record.args, tuple):
+            record.msg, record.args = f"{record.msg}: %s", (*record.args, error)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_ONE_LINE = _OneLineError()
 
 
 class _SchemaLogFilter(logging.Filter):
