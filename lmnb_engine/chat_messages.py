@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional
 
@@ -78,6 +79,37 @@ def missing_content(index: int, role: Any, content: Any, other_keys: Iterable[st
             "list of text parts)")
 
 
+def with_call_arguments(index: int, message: dict) -> dict:
+    """Message ``index`` with each of its ``tool_calls``' ``function.arguments`` that is a string
+    (OpenAI's form: the call's JSON object as text) read into the object, as SGLang and vLLM hand
+    them to a chat template (transformers' form for tool-use templates: Llama 3.1's and Qwen2.5's
+    ``arguments | tojson`` wrote the text as one JSON string, escaped, ``"{\\"city\\": ...}"``);
+    blank text is no arguments, ``{}``. ``message`` itself is left as it is (a new dict where a call
+    changed); a message without a list of ``tool_calls`` is returned as it is.
+
+    Raises:
+        ValueError: an ``arguments`` string that is no JSON, naming the call and the fix.
+    """
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    read = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        text = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(text, str):
+            read.append(call)
+            continue
+        try:
+            arguments = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"messages[{index}].tool_calls[{j}].function.arguments is not JSON ({e.msg} at "
+                             f"character {e.pos}): {json_value(text, 40)}; give the call's arguments as the text of a "
+                             'JSON object, "arguments": "{\\"city\\": \\"Paris\\"}"') from None
+        read.append({**call, "function": {**function, "arguments": arguments}})
+    return {**message, "tool_calls": read}
+
+
 def message_dicts(messages: Any) -> list[dict]:
     """``messages`` (a list of chat messages) as dicts, as ``text_message`` reads them: a dict as it
     is, another mapping copied, a pydantic model (the OpenAI SDK's ``ChatCompletionMessage``, a
@@ -123,12 +155,14 @@ def template_role(role: str) -> str:
 def text_message(index: int, message: dict) -> dict:
     """Message ``index`` (an OpenAI-style dict) as a chat template reads it, as the server's
     ``/v1/chat/completions`` renders it: a list of text parts joined into one string, content left
-    out of an assistant's tool call as "", "developer" as "system"; other keys are kept.
+    out of an assistant's tool call as "", "developer" as "system", a tool call's arguments text
+    read into its object (``with_call_arguments``); other keys are kept.
 
     Raises:
         ValueError: the message has a misspelt key (``misspelt_key``), no role, no content
             (``missing_content``), a content that is neither a string nor a list of text parts, or
-            a part that is not ``{"type": "text", "text": "..."}`` (an image part: render the text yourself, or send it to the server).
+            a part that is not ``{"type": "text", "text": "..."}`` (an image part: render the text yourself, or send it to the server),
+            or a tool call's arguments text that is no JSON (``with_call_arguments``).
     """
     problem = misspelt_key(index, message)
     if problem is not None:
@@ -145,7 +179,7 @@ def text_message(index: int, message: dict) -> dict:
     elif content is not None and not isinstance(content, str):
         raise ValueError(f"messages[{index}].content is {json_value(content, 40)}: give a string, or a list of "
                          'text parts ({"type": "text", "text": "..."})')
-    return {**message, "role": template_role(role), "content": content or ""}
+    return {**with_call_arguments(index, message), "role": template_role(role), "content": content or ""}
 
 
 def _part_text(index: int, j: int, part: Any) -> str:

@@ -566,6 +566,25 @@ def test_apply_chat_template_renders_messages_as_the_server_does(engine):
     assert "[{" not in engine.apply_chat_template(parts)
 
 
+def test_apply_chat_template_reads_a_tool_calls_arguments_text_into_its_object(engine, monkeypatch):
+    """A tool call's arguments, OpenAI's JSON text, went to the template as text, which Llama 3.1's
+    and Qwen2.5's templates write with tojson: one escaped JSON string ("{\\"city\\": ..."), not the
+    call's object as SGLang and vLLM hand it over. Expected, by hand: the object's JSON."""
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% for c in m.tool_calls or [] %}"
+                "[{{ c.function.name }} {{ c.function.arguments | tojson }}]{% endfor %}{% endfor %}")
+    monkeypatch.setattr(engine, "loaded", dataclasses.replace(engine.loaded, chat_template=template))
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "weather?"}, {"role": "assistant", "tool_calls": [call]}]
+    assert engine.apply_chat_template(messages, add_generation_prompt=False) == (
+        '<user>weather?<assistant>[weather {"city": "Paris"}]')
+    assert call["function"]["arguments"] == '{"city": "Paris"}'  # (the caller's message is left as it is)
+    blank = {**call, "function": {"name": "now", "arguments": " "}}  # (no arguments: {}, as SGLang reads it)
+    assert engine.apply_chat_template([{"role": "assistant", "tool_calls": [blank]}], False) == "<assistant>[now {}]"
+    bad = {**call, "function": {"name": "w", "arguments": "{city"}}
+    with pytest.raises(ValueError, match=r"^messages\[0\]\.tool_calls\[0\]\.function\.arguments is not JSON "):
+        engine.apply_chat_template([{"role": "assistant", "tool_calls": [bad]}])
+
+
 def test_apply_chat_template_reads_the_openai_sdks_message_objects_and_dataclasses_as_dicts(engine):
     """A reply's ``choices[0].message`` (the OpenAI SDK's pydantic ``ChatCompletionMessage``), which
     the SDK takes back in ``messages``, and a dataclass went to the template as they were, past the

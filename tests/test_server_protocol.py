@@ -559,6 +559,39 @@ def test_a_key_close_only_to_another_roles_key_is_no_misspelling(served):
     assert engine.prompts[-1] == "[user]weather?\n[assistant]\n[tool]sunny\n[tool]warm\n[assistant]"
 
 
+def test_a_tool_call_turn_reaches_the_chat_template_with_its_calls_as_sglang_hands_them_over():
+    """An assistant message's tool_calls (and a tool message's tool_call_id) were left out of what
+    the chat template got, so a template that renders calls (Llama 3.1's, Qwen2.5's) rendered an
+    empty assistant turn. They now reach it, each call's arguments text read into its object, as
+    SGLang's and vLLM's servers hand them over (transformers' form); text that is no JSON is a 400."""
+    class Engine(RecordingEngine):
+        def apply_chat_template(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
+            self.messages = messages
+            return super().apply_chat_template(messages, add_generation_prompt, chat_template_kwargs)
+
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    body = {"model": "rec", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]}
+    engine = Engine()
+    with live_server(engine, served_model_name="rec") as url:
+        assert _post(url, "/v1/chat/completions", body).status_code == 200
+        assert engine.messages == [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]
+        body["messages"][1]["tool_calls"] = [call, {**call, "function": {"name": "w", "arguments": "{city: 1}"}}]
+        r = _post(url, "/v1/chat/completions", body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "messages[1].tool_calls[1].function.arguments is not JSON (Expecting property name enclosed in double quotes "
+        'at character 1): "{city: 1}"; give the call\'s arguments as the text of a JSON object, "arguments": '
+        '"{\\"city\\": \\"Paris\\"}"')
+    assert r.json()["error"]["param"] == "messages[1].tool_calls"
+
+
 def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:
         assert httpx.get(url + "/get_model_info").status_code == 401

@@ -41,7 +41,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from lmnb_engine.chat_messages import TEMPLATE_REJECTED, missing_content, misspelt_key, template_kwargs, template_role
+from lmnb_engine.chat_messages import (
+    TEMPLATE_REJECTED, missing_content, misspelt_key, template_kwargs, template_role, with_call_arguments,
+)
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
@@ -835,7 +837,9 @@ def _usage_total(results: list, n_prompts: int) -> dict:
 
 
 def _plain_message(m: ChatMessage, i: int, images: list, ctx: ServerContext) -> dict:
-    """A message with string content (text parts joined). [issue 10] An ``image_url`` part
+    """A message with string content (text parts joined), its other keys kept for the template
+    (``with_call_arguments``: a tool call's arguments text read into its object, a 400 if no JSON,
+    as SGLang hands them over). [issue 10] An ``image_url`` part
     (OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}``) becomes
     the model's image token in the text and its URL is appended to ``images``; other parts are
     rejected (an image part too, where the model takes no images: ``ServerContext.refuse_images``)."""
@@ -875,10 +879,16 @@ def _plain_message(m: ChatMessage, i: int, images: list, ctx: ServerContext) -> 
             pieces.append(ctx.multimodal.image_token)
             images.append(url)
         content = "".join(pieces)
-    out = {"role": template_role(m.role), "content": content or ""}
+    # the message's other keys go to the template as SGLang hands them: an assistant's tool_calls (their
+    # arguments read into objects), a tool message's tool_call_id; they were left out, so a template
+    # that renders a tool call (Llama 3.1's, Qwen2.5's) got an empty assistant turn
+    out = {**(m.model_extra or {}), "role": template_role(m.role), "content": content or ""}
     if m.name:
         out["name"] = m.name
-    return out
+    try:
+        return with_call_arguments(i, out)
+    except ValueError as e:
+        raise RequestError(str(e), param=f"messages[{i}].tool_calls") from None
 
 
 async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kind: str, req: Any,
