@@ -1897,16 +1897,23 @@ class _ConflictEngine(RecordingEngine):
     """A ``RecordingEngine`` that aborts a prompt holding "!" after its first token, as the engine
     does when a grammar then allows only tokens that min_new_tokens still bans (``blocked_reason``)."""
 
+    def __init__(self):
+        super().__init__()
+        # (imported before the server serves, not in submit: its first import loads torch, seconds on a busy
+        # machine, within the first request's 5 s read timeout, so a test of it failed where it ran first)
+        from lmnb_engine.sampler import blocked_reason
+
+        self.blocked_reason = blocked_reason
+
     def submit(self, prompt, params, rid=None):
         from types import SimpleNamespace
 
         from lmnb_engine.outputs import GenerateResult, RequestMeta, StreamEvent
-        from lmnb_engine.sampler import blocked_reason
 
         handle = super().submit(prompt, params, rid)
         if "!" not in self.prompts[-1]:
             return handle
-        reason = blocked_reason(SimpleNamespace(params=params, grammar=object(), output_ids=[120]))
+        reason = self.blocked_reason(SimpleNamespace(params=params, grammar=object(), output_ids=[120]))
         result = GenerateResult(handle.rid, "x", [120], reason, RequestMeta(prompt_tokens=2, cached_tokens=0,
                                                                            completion_tokens=1))
         return RecordingHandle(handle.rid, [StreamEvent(handle.rid, "x", [120]),
