@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -83,12 +84,19 @@ def _stream(backend) -> list:
 
 
 @pytest.mark.parametrize("info", [b"{}", b"[]", b"null", b'{"model_path": 5}'])
-def test_model_info_of_another_shape_is_named(server, info):
-    """A KeyError ('model_path') or TypeError escaped, from the constructor or from a later call."""
+def test_model_info_of_another_shape_is_named(server, info, monkeypatch):
+    """A KeyError ('model_path') or TypeError escaped, from the constructor or from a later call.
+    The constructor that raises closes the client it made: its connection was left open, to the
+    garbage collector's "ResourceWarning: unclosed <socket.socket ...>"."""
+    import httpx
+
+    made = []
+    monkeypatch.setattr(httpx, "Client", lambda *a, _client=httpx.Client, **kw: made.append(_client(*a, **kw)) or made[-1])
     server.model_info = info
     with pytest.raises(BackendError, match=f"^GET {server.url}/get_model_info returned .*, not SGLang's model info "
                                            "\\(an object with a 'model_path' string\\)"):
         lmnb.RuntimeEndpoint(server.url)
+    assert len(made) == 1 and made[0].is_closed
 
 
 def test_a_chat_template_that_is_not_a_string_falls_back_to_the_model_paths(server):
@@ -1058,7 +1066,7 @@ def test_the_guessed_template_warning_points_at_the_users_code(server):
 
     server.answer = _completion_ok
     chat = _chat_roles
-    source = open(__file__).read().splitlines()
+    source = Path(__file__).read_text().splitlines()  # (open(...).read() left the file to the garbage collector)
     gen_line = source.index("def _chat_roles(s):") + 3  # (1-based: the second line of its body)
     assert source[gen_line - 1].strip().startswith("s += lmnb.assistant(lmnb.gen(")
 

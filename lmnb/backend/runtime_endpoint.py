@@ -187,11 +187,17 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
         if self.base_url.endswith("/v1"):
             hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
-        self.model_info = self._request("GET", "/get_model_info", not_found=hint, quick=self._quick_timeout())
-        if not isinstance(self.model_info, dict) or not isinstance(self.model_info.get("model_path"), str):
-            raise BackendError(f"GET {self.base_url}/get_model_info returned {_shown(self.model_info)}, not SGLang's "
-                               f"model info (an object with a 'model_path' string); is {self.base_url} an SGLang or "
-                               "lmnb server?")
+        try:
+            self.model_info = self._request("GET", "/get_model_info", not_found=hint, quick=self._quick_timeout())
+            if not isinstance(self.model_info, dict) or not isinstance(self.model_info.get("model_path"), str):
+                raise BackendError(f"GET {self.base_url}/get_model_info returned {_shown(self.model_info)}, not "
+                                   f"SGLang's model info (an object with a 'model_path' string); is {self.base_url} an "
+                                   "SGLang or lmnb server?")
+        except BaseException:
+            # (no endpoint comes back to shut down: the connection it opened was left to the garbage
+            # collector, "ResourceWarning: unclosed <socket.socket ...>")
+            self.shutdown()
+            raise
         self._template_name = chat_template_name
         self._template: Optional[ChatTemplate] = None
         self._incremental: Optional[bool] = None  # (_incremental_output: asked at the first stream)
