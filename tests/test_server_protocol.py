@@ -42,7 +42,8 @@ def served():
 @pytest.mark.parametrize("schema", [SCHEMA, SCHEMA_STR], ids=["dict", "str"])
 def test_constraints_reach_the_engine_unchanged_in_process_and_native_http(served, schema):
     engine, url = served
-    for backend in (sgl.Engine(engine=engine), sgl.RuntimeEndpoint(url)):
+    remote = sgl.RuntimeEndpoint(url)
+    for backend in (sgl.Engine(engine=engine), remote):
         engine.received.clear()
         constrained.run(regex=REGEX, schema=schema, backend=backend, temperature=0).sync()
         regex_params, schema_params = engine.received
@@ -53,6 +54,7 @@ def test_constraints_reach_the_engine_unchanged_in_process_and_native_http(serve
             assert isinstance(schema_params.json_schema, str) and json.loads(schema_params.json_schema) == schema
         else:
             assert schema_params.json_schema == schema
+    remote.shutdown()  # (its pooled connection was left to the garbage collector: ResourceWarning)
 
 
 def test_constraints_reach_the_engine_through_the_openai_backend(served):
@@ -97,6 +99,8 @@ def test_numpy_arrays_as_gen_options_are_read_alike_on_every_backend(served):
         assert [p.stop_token_ids for p in engine.received] == [[7, 9]], backend
         with pytest.raises(TypeError, match=r"^max_tokens=\[3\] is invalid: must be an integer$"):
             prog.run(options={"max_tokens": np.array([3])}, backend=backend).sync()
+    for backend in backends[1:]:  # (their pooled connections were left to the garbage collector: ResourceWarning)
+        backend.shutdown()
     # and the engine's own SamplingParams (the offline API's sampling_params dict) reads the array so
     from lmnb_engine.params import SamplingParams
 
@@ -604,6 +608,7 @@ def test_api_key_is_required_when_set():
         assert httpx.get(url + "/get_model_info", headers={"Authorization": "Basic s3cret"}).status_code == 401
         backend = sgl.RuntimeEndpoint(url, api_key="s3cret")
         assert backend.model_info["model_path"] == "recording-engine"
+        backend.shutdown()  # (its pooled connection was left to the garbage collector: ResourceWarning)
         with pytest.raises(BackendError, match="401"):
             sgl.RuntimeEndpoint(url, api_key="wrong")
 
@@ -955,10 +960,12 @@ def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message(
         s += "hi" + sgl.gen("x", max_tokens=4)
 
     with live_server(Engine()) as url:
-        state = prog.run(backend=sgl.RuntimeEndpoint(url), stream=True)
+        backend = sgl.RuntimeEndpoint(url)
+        state = prog.run(backend=backend, stream=True)
         with pytest.raises(sgl.ProgramError) as e:
             list(state.text_iter())
             state.sync()
+        backend.shutdown()  # (its pooled connection was left to the garbage collector: ResourceWarning)
     assert str(e.value).endswith("/generate stream: RuntimeError: the model fell over")
 
 
