@@ -30,12 +30,16 @@ def test_lmnb_serve_subprocess_serves_a_program(tiny_llama):
         def prog(s):
             s += "The river" + sgl.gen("x", max_tokens=4)
 
-        st = prog.run(backend=sgl.RuntimeEndpoint(url), temperature=0)
+        backend = sgl.RuntimeEndpoint(url)
+        st = prog.run(backend=backend, temperature=0)
         assert st.get_meta_info("x")["completion_tokens"] == 4
         assert st.text() == "The river" + st["x"]
+        backend.shutdown()
     finally:
         proc.terminate()
         proc.wait(30)
+        # (the pipe and the backend's pooled connection were left to the garbage collector: ResourceWarning)
+        proc.stdout.close()
 
 
 def test_a_sigterm_as_lmnb_serve_exits_after_a_ctrl_c_keeps_the_ctrl_cs_status_and_line():
