@@ -389,17 +389,23 @@ def test_text_starts_inside_random_runs_of_byte_tokens_are_the_decoded_ones(byte
     assert checked > 5000, checked
 
 
-def test_the_text_start_of_each_token_of_a_long_run_costs_no_decode(byte_fallback, monkeypatch):
+@pytest.fixture
+def decoded(monkeypatch) -> list:
+    """The number of ids of each decode the detokenizer makes from now on (its ``_decoder`` counted)."""
+    from lmnb_engine import detokenizer
+
+    lengths = []
+    real = detokenizer._decoder
+    monkeypatch.setattr(detokenizer, "_decoder", lambda tok, skip: (
+        lambda ids, decode=real(tok, skip): lengths.append(len(ids)) or decode(ids)))
+    return lengths
+
+
+def test_the_text_start_of_each_token_of_a_long_run_costs_no_decode(byte_fallback, decoded):
     # newest_text_start decoded the whole held run for each of its tokens (three decodes, and
     # read the run's token bytes): /v1/completions text_offset over 4000 byte tokens of "中" took
     # 19.1 s, time quadratic in the run. It now reads each token's byte once and decodes only at
     # the token that ends the run. Counted in decode calls and ids decoded.
-    from lmnb_engine import detokenizer
-
-    decoded = []
-    real = detokenizer._decoder
-    monkeypatch.setattr(detokenizer, "_decoder", lambda tok, skip: (
-        lambda ids, decode=real(tok, skip): decoded.append(len(ids)) or decode(ids)))
     ok = byte_fallback.convert_tokens_to_ids("▁ok")
     ids = [1 + b for b in "中".encode()] * 200 + [1 + 0xE4, byte_fallback.eos_token_id, ok]
     d = IncrementalDetokenizer(byte_fallback, [ok])
@@ -501,17 +507,11 @@ def test_an_engines_stream_adds_up_to_the_tokenizers_decode_with_byte_fallback(b
         engine.shutdown()
 
 
-def test_a_long_run_of_byte_tokens_is_decoded_once_not_once_a_token(byte_fallback, monkeypatch):
+def test_a_long_run_of_byte_tokens_is_decoded_once_not_once_a_token(byte_fallback, decoded):
     # the detokenizer holds a run of byte tokens back, and decoded the whole held window for each
     # of its tokens: 4000 byte tokens of "中" cost 3.8 s on the scheduler's thread (0.06 s before
     # runs were held), time quadratic in the run; a token that holds the run back decodes
     # nothing. Counted in ids decoded; the text is the tokenizer's one-shot decode
-    from lmnb_engine import detokenizer
-
-    decoded = []
-    real = detokenizer._decoder
-    monkeypatch.setattr(detokenizer, "_decoder", lambda tok, skip: (
-        lambda ids, decode=real(tok, skip): decoded.append(len(ids)) or decode(ids)))
     ok = byte_fallback.convert_tokens_to_ids("▁ok")
     ids = [1 + b for b in "中".encode()] * 200 + [ok]  # (<0xE4><0xB8><0xAD> 200 times, then " ok")
     d = IncrementalDetokenizer(byte_fallback, [ok])
