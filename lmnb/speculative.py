@@ -150,7 +150,9 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     The gen takes at most ``max_new_tokens`` tokens of the text (before a stop string, if one
     comes first), as it would without speculation; the call asks for per-token text to find them
     (SGLang counts characters instead, which is also the fallback where a backend gives no token
-    texts). A gen calls again when fewer tokens than that are left over and none of its stops.
+    texts). A gen calls again when fewer tokens than that are left over and none of its stops,
+    and a gen with ``stop_token_ids`` always does (its call stops at them; the leftover's text,
+    generated without them, was not cut there).
 
     Returns the gen's text and its meta_info: its own share of the call, ``completion_tokens``
     (left out where token boundaries are unknown) and ``finish_reason`` (``length``, or ``stop``
@@ -164,6 +166,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     call: Optional[dict] = None
     left = ex.speculation
     if left.ignore_eos and not params.ignore_eos:  # this gen would stop at an EOS in that text
+        serves = False
+    elif params.stop_token_ids:  # the leftover was not generated to stop at them: its own call does
         serves = False
     elif stops:  # the leftover serves this gen if it holds one of its stops or max_tokens tokens (SGLang
         # serves a gen with stops from any leftover, cut at max_tokens characters or where the leftover ends)

@@ -1256,3 +1256,26 @@ def test_a_kv_pool_below_the_engines_own_floor_names_lmnbs_least_pool(tiny_llama
                             "max_tokens (128) after a one-character prompt (1 token); pass max_total_tokens=129 or "
                             "more, or pass engine=lmnb_engine.Engine(..., max_total_tokens=2) for a pool this small "
                             "on purpose")  # (2: the engine's own least pool)
+
+
+def test_api_speculative_gen_with_stop_token_ids_stops_at_them_as_without_speculation():
+    """A gen with stop_token_ids served from the leftover of an earlier gen's call went past them:
+    gen("b", max_tokens=6, stop_token_ids=[" Travel"'s id]) after gen("a", max_tokens=1) got
+    " the harbor. Travel west to" (finish length) where without speculation it gets " the harbor."
+    (finish stop at that id): the leftover was generated without that stop. Such a gen makes its
+    own call. Reference: the same program without speculation."""
+    travel = []
+
+    def prog(s):  # the demo model writes " see", " the", " harbor", ".", " Travel", " west", " to", ...
+        s += "A fruit:" + sgl.gen("a", max_tokens=1) + sgl.gen("b", max_tokens=6, stop_token_ids=travel)
+        s += sgl.gen("c", max_tokens=2)
+
+    backend = sgl.Engine()
+    try:
+        travel.extend(backend.engine.tokenizer.encode(" Travel", add_special_tokens=False)[-1:])
+        plain, spec = (f.run(backend=backend, temperature=0)
+                       for f in (sgl.function(prog), sgl.function(num_api_spec_tokens=16)(prog)))
+    finally:
+        backend.shutdown()
+    assert plain["b"] == " the harbor." and own(plain, "b") == (4, {"type": "stop", "matched": travel[0]})
+    assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
