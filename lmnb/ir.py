@@ -684,18 +684,6 @@ def _schema_text_passes(text: str) -> bool:
     return True
 
 
-def close_match(word: str, options) -> Optional[str]:
-    """The one of ``options`` closest to a misspelt ``word`` (difflib's ``get_close_matches``: a
-    similarity ratio of 0.6 or more), or None where none is close: the word every "did you mean" of
-    lmnb offers (a ``%%lm`` cell's variable, the Python API's keywords, ``%lm`` subcommands, the
-    export's notes on row fields; command-line options, ``lmnb_engine.cli_options.suggest_option``,
-    by the same rule)."""
-    import difflib
-
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return close[0] if close else None
-
-
 def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:
     """The "; did you mean ...?" ending a refusal of the unknown ``words`` (keywords, options; in
     the order the refusal names them): each word is offered its ``close_match`` in the first of
@@ -703,6 +691,8 @@ def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:
     "``) that has one. One word: ``; did you mean 'max_tokens'?``; several, each offer after its
     word: ``; did you mean 'max_token' → 'max_tokens', 'temprature' → 'temperature'?`` (as a cell's
     ``%%lm --temprature`` is offered its option); "" where no word has a close name."""
+    from lmnb_engine.suggest import close_match  # (here: importing lmnb loads no lmnb_engine module)
+
     offers = []
     for word in words:
         offer = next((f"{label}{match!r}" for label, names in tiers if (match := close_match(word, sorted(names)))),

@@ -12,9 +12,10 @@ names its fix in each front end's syntax (``option_error``, ``in_option_syntax``
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import weakref
+
+from lmnb_engine.suggest import close_match
 
 
 def _nowhere() -> None:
@@ -85,8 +86,7 @@ def take_negative_numbers(parser: argparse.ArgumentParser) -> None:
 
 def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str | None = None) -> str:
     """argparse's ``message`` with "did you mean" for each unrecognized option close to one of
-    ``parser``'s (``--temprature`` → ``--temperature``; difflib's ``get_close_matches``, the rule of
-    ``lmnb.ir.close_match``), and, where ``help_line`` is given (``%%lm --help``), for an
+    ``parser``'s (``--temprature`` → ``--temperature``; ``suggest.close_match``), and, where ``help_line`` is given (``%%lm --help``), for an
     unrecognized word with no close option (``--bogus``, a stray ``3``) the line that lists the
     options. A word that is no option (``3``) is offered none. Other messages come back as they are."""
     if not message.startswith("unrecognized arguments:"):
@@ -96,9 +96,8 @@ def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str
     words = message.split()[2:]
     if "--" in words:  # the options after it are read as words: a guess would name them as they are
         return message + " ('--' ends the options; remove it)"
-    guesses = [(w.split("=")[0], difflib.get_close_matches(w.split("=")[0][2:], sorted(known), n=1))
-               for w in words if w.startswith("--")]
-    hints = [f"{w} → --{g[0]}" for w, g in guesses if g and g[0] != w[2:]]
+    guesses = [(w.split("=")[0], close_match(w.split("=")[0][2:], sorted(known))) for w in words if w.startswith("--")]
+    hints = [f"{w} → --{g}" for w, g in guesses if g and g != w[2:]]
     notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
     if help_line and (len(hints) < len(guesses) or not guesses):  # (no "--" word: a stray word, as in "%%lm 3")
         notes.append(f"{help_line} lists the options")

@@ -6,7 +6,6 @@ sampling_params.py``) so that programs written for SGLang mean the same thing he
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import re
@@ -17,6 +16,7 @@ from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import pattern_parts, python_error, shown_regex, stop_posix_problem
 from lmnb_engine.regex_never import never_problem
+from lmnb_engine.suggest import close_match
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
 
@@ -152,8 +152,8 @@ def _naming_unknown_fields(cls):
         unknown = next((k for k in kwargs if k not in cls.__dataclass_fields__), None)
         if unknown is not None:
             names = [f.name for f in fields(cls)]
-            close = difflib.get_close_matches(unknown, names, n=1)
-            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            close = close_match(unknown, names)
+            guess = f" (did you mean {close!r}?)" if close is not None else ""
             if unknown == "max_tokens":  # (the likeliest: OpenAI's name; SGLang's, as here, is max_new_tokens)
                 guess = " (OpenAI's max_tokens is max_new_tokens here, as in SGLang)"
             raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown!r}{guess}; its fields: "

@@ -9,10 +9,11 @@ a few more: ``\\p{Age=3.0}``) all do not read it; the name offered is one of ECM
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from typing import Optional
+
+from lmnb_engine.suggest import close_match
 
 # ECMA 262's General_Category values with their aliases (Unicode's PropertyValueAliases.txt), and
 # its binary properties with theirs (table "Binary Unicode property aliases"): the names \p{...}
@@ -83,8 +84,8 @@ def closest_property(cls: str) -> Optional[str]:
     key, equals, value = m.group(2).partition("=")
     candidates = _VALUED.get(key.strip(), ()) if equals else ECMA_PROPERTY_NAMES
     by_lower = {c.lower(): c for c in candidates}
-    close = difflib.get_close_matches((value if equals else key).strip().lower(), by_lower, n=1)
-    if not close:
+    close = close_match((value if equals else key).strip().lower(), by_lower)
+    if close is None:
         return None
     letter = m.group(1) if not cls.startswith("{^", 2) else "P" if m.group(1) == "p" else "p"
-    return f"\\{letter}{{{key + '=' if equals else ''}{by_lower[close[0]]}}}"
+    return f"\\{letter}{{{key + '=' if equals else ''}{by_lower[close]}}}"

@@ -627,7 +627,7 @@ def _unknown_id_field(rows: Sequence[Any], id_field: Optional[str]) -> Optional[
     fields = [row.fields for row in rows if row.error is None]
     if id_field is None or not fields or any(id_field in f for f in fields):
         return None
-    from lmnb.ir import close_match
+    from lmnb_engine.suggest import close_match
 
     names = sorted({str(k) for f in fields for k in f})
     meant = close_match(id_field, names)

@@ -462,7 +462,7 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
     typo (``{persn}`` beside ``person = "..."``), which fails the notebook's cell with a NameError,
     made the job ask every row for a field ``persn``, without a word; or like a tag in another case
     (``{Join}``), which the notebook's cell offers the tag for."""
-    from lmnb.ir import close_match
+    from lmnb_engine.suggest import close_match
 
     defined = set(parameters)
     for c in p.cells:
@@ -613,7 +613,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
 def _did_you_mean(unused: list, read: set) -> str:
     """"; did you mean person?" naming the variables the rows read that are closest to misspelt
     ``--inputs`` names (a typo got only "never read it"), or ""."""
-    from lmnb.ir import close_match
+    from lmnb_engine.suggest import close_match
 
     close = [m for n in unused if (m := close_match(n, sorted(read)))]
     return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""

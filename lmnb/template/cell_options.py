@@ -15,9 +15,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from lmnb.ir import close_match
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
 from lmnb_engine.params import TEMPERATURE_RULE
+from lmnb_engine.suggest import close_match
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")

@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lmnb.ir import OUTPUT_OPTIONS, close_match, did_you_mean, output_clash, token_bounds_problem
+from lmnb.ir import OUTPUT_OPTIONS, did_you_mean, output_clash, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
     LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
@@ -811,6 +811,8 @@ def _construct_meant(body: str) -> tuple[str, str] | None:
         return word, _SHORTHANDS[word]
     if keyword.iskeyword(word) and word != "for":  # ({in x} is no misspelt {join}; {for x in xs} a {fork})
         return None
+    from lmnb_engine.suggest import close_match  # (here: importing lmnb.template loads no lmnb_engine module)
+
     close = close_match(word.lower(), KEYWORDS)
     if close is None:
         return None

@@ -70,7 +70,7 @@ def _did_you_mean(name: str, namespace: Mapping[str, Any]) -> str:
     """"; did you mean 'person'?" for a name the namespace lacks, naming its closest variable (as
     Python's own NameError suggests one), or "". IPython's history names (``_``, ``_i3``, ``_oh``)
     are left out unless the name itself starts with "_"."""
-    from lmnb.ir import close_match
+    from lmnb_engine.suggest import close_match
 
     names = [k for k in namespace if isinstance(k, str) and (name.startswith("_") or not k.startswith("_"))]
     close = close_match(name, names)

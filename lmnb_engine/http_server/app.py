@@ -22,7 +22,6 @@ import base64
 import binascii
 import collections
 import contextlib
-import difflib
 import functools
 import hmac
 import itertools
@@ -67,6 +66,7 @@ from lmnb_engine.http_server.protocol import (
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
 from lmnb_engine.params import MAX_N, SamplingParams, SamplingParamsError
+from lmnb_engine.suggest import close_match
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
 logger = logging.getLogger("lmnb.serve")
@@ -533,8 +533,8 @@ def _no_route(request: Request) -> str:
     routes = {r.path_format: " or ".join(sorted(r.methods - {"HEAD"}))  # (path_format: {model}, not {model:path})
               for r in request.app.routes if isinstance(r, APIRoute)}
     path = request.url.path
-    close = difflib.get_close_matches(path, list(routes), n=1)
-    hint = f" (did you mean {routes[close[0]]} {close[0]}?)" if close else ""
+    close = close_match(path, routes)
+    hint = f" (did you mean {routes[close]} {close}?)" if close is not None else ""
     listed = ", ".join(f"{methods} {route}" for route, methods in routes.items())
     # (cut, as the other errors show a value: a path of 60 kB came back whole in the message)
     shown = path if len(path) <= SHOWN_CHARS else path[:SHOWN_CHARS] + "…"

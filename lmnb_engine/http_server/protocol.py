@@ -9,7 +9,6 @@ server returns it), so SGLang clients — its frontend's ``RuntimeEndpoint`` amo
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Callable, Optional
 
@@ -17,6 +16,7 @@ from lmnb_engine.cli_options import in_option_syntax
 from lmnb_engine.json_schema import in_json_words, json_parts, json_value
 from lmnb_engine.outputs import ABORT_SHUTDOWN, FinishReason, GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams, SamplingParamsError
+from lmnb_engine.suggest import close_match
 
 
 class RequestError(ValueError):
@@ -147,8 +147,8 @@ def did_you_mean(key: Any, names: Any) -> str:
     """The hint an unknown field ``key`` gets, the closest of ``names`` (difflib's
     ``get_close_matches``, as Python's own "Did you mean" picks): ``' (did you mean "temperature"?)'``,
     or "" where none is close."""
-    close = difflib.get_close_matches(str(key), list(names), n=1)
-    return f" (did you mean {json_value(close[0])}?)" if close else ""
+    close = close_match(str(key), names)
+    return f" (did you mean {json_value(close)}?)" if close is not None else ""
 
 
 def sampling_params_from_json(
