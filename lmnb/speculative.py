@@ -217,6 +217,12 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     if not params.return_logprob:  # asked for the cut only
         meta.pop("output_token_logprobs", None)
         meta.pop("output_top_logprobs", None)
+    elif not params.return_text_in_logprobs:  # the call asked for token texts to cut by; this gen did not
+        if "output_token_logprobs" in meta:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t, _ in meta["output_token_logprobs"]]
+        if "output_top_logprobs" in meta:
+            meta["output_top_logprobs"] = [None if top is None else [[lp, t, None] for lp, t, _ in top]
+                                           for top in meta["output_top_logprobs"]]
     return left.text[:pos], meta
 
 

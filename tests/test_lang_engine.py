@@ -252,6 +252,33 @@ def test_api_speculative_gens_with_byte_tokens_on_the_engine_are_cut_as_without_
         assert [t[0] for t in b["output_token_logprobs"]] == pytest.approx([t[0] for t in want], abs=1e-4)
 
 
+def test_api_speculative_gens_give_token_texts_in_their_logprobs_only_when_asked(backend):
+    """The speculative call asks for token texts (it cuts its text by them), and its gens kept
+    them: gen("a", return_logprob=True) got [logprob, id, " red"] where without speculation it gets
+    [logprob, id, None], in output_top_logprobs too. Reference: the same program without
+    speculation, entry for entry; and with return_text_in_logprobs=True the texts stay."""
+    for texts in (None, True):
+        def body(s):
+            s += "A fruit:" + sgl.gen("a", max_tokens=3, return_logprob=True, top_logprobs_num=2,
+                                      return_text_in_logprobs=texts)
+            s += sgl.gen("b", max_tokens=4, return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=texts)
+
+        spec = sgl.function(num_api_spec_tokens=16)(body).run(backend=backend, temperature=0)
+        plain = sgl.function(body).run(backend=backend, temperature=0)
+        assert "prompt_tokens" not in spec.get_meta_info("b")  # (the case: b is served from a's call)
+        for k in "ab":
+            got, want = spec.get_meta_info(k), plain.get_meta_info(k)
+            assert {e[2] is None for e in want["output_token_logprobs"]} == {texts is None}  # (the reference)
+            for key in ("output_token_logprobs", "output_top_logprobs"):
+                assert _ids_texts(got[key]) == _ids_texts(want[key]), (texts, k, key)
+
+
+def _ids_texts(entries: list) -> list:
+    """Logprob entries (or top-logprob positions) less their logprobs, which speculation computes
+    in another batch (equal to about 1e-4, as the tests above check)."""
+    return [e[1:] if not isinstance(e[0], list) else [t[1:] for t in e] for e in entries]
+
+
 def test_api_speculative_gens_after_a_stop_or_a_fill_keep_the_first_byte_of_a_character(backend):
     """The leftover after a stop or a fill dropped the tokens that add no text that came right after
     it (the tiny model's first byte \xc4 of "ć" after the stop "\x0b"): gen("b", max_tokens=1)
