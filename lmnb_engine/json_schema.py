@@ -531,6 +531,11 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
     return problem and f"JSON schema pattern at {where.rsplit('/', 1)[0]}: {problem}"
 
 
+# (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)
+_NO_SCHEMA_CLASSES = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which "
+                      "reads a pattern with Python's re, which has none): write the characters as a class")
+
+
 def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     """The words for the schema ``pattern``'s first syntax error under ECMA 262's u flag, which JSON
     Schema asks patterns be read with (2020-12 core, section 6.4), or None: an identity escape that
@@ -544,7 +549,8 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     No back-reference is offered, as constrained decoding cannot do one (``gen()`` refuses it as the
     engine does: ``back_reference_problem``); the words say so and to repeat the group's pattern.
     ``engine``: the in-process engine's words, which offer no ``\\p{...}`` class, which it takes in
-    no schema (for ``\\p{Lettr}``: ECMA's closest, ``\\p{Letter}``, named, and that).
+    no schema (for ``\\p{Lettr}``: ECMA's closest, ``\\p{Letter}``, named, and that); the language's
+    words offer the pattern with it for a backend that reads it, and say the engine takes none.
     Asked by the language's schema check and the engine's alike, so both refuse the same patterns in
     the same words.
 
@@ -579,19 +585,21 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
         # (no back-reference is offered, in any syntax: gen() refuses one as the engine does, which builds
         # none; nor, by the engine, a \\p{...} class, which it takes in no schema: each would be refused next)
         refs = any("back-reference" in what for _, what in meant)
-        classes = [what for p, what in meant if unicode_classes(p)] if engine else []
+        classes = [what for p, what in meant if unicode_classes(p)]
         meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in meant
-                 if not (refs and "back-reference" in what) and what not in classes]
+                 if not (refs and "back-reference" in what) and not (engine and what in classes)]
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
                "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
                "" if refs or classes else "fix the pattern")
         if refs:
             fix += ("; " if meant else "") + NO_BACK_REFERENCES
-        if classes:
-            fix += ("; " if meant or refs else "") + (
-                f"ECMA's closest is {classes[0]}, but this engine takes no \\p{{...}} class in a schema (its outputs are "
-                "made to pass jsonschema's check, which reads a pattern with Python's re, which has none): write the "
-                "characters as a class")
+        # (the offer holds a \p{...} class, which the engine refuses next: the engine's words offer none, and
+        # gen()'s, made before the backend is known, say which backends take it)
+        if classes and engine:
+            fix += ("; " if meant or refs else "") + f"ECMA's closest is {classes[0]}, but this engine {_NO_SCHEMA_CLASSES}"
+        elif classes:
+            fix += (", where the backend reads \\p{...} in a schema (an OpenAI-compatible API may); the in-process "
+                    f"engine {_NO_SCHEMA_CLASSES}")
         return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
