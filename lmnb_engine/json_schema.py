@@ -494,41 +494,48 @@ NO_BACK_REFERENCES = ("constrained decoding cannot do a back-reference, in ECMA'
                       "compile to a finite automaton): repeat the group's pattern instead of referring to it")
 
 
-def back_reference_words(reference: re.Match) -> str:
-    """What is wrong with a pattern that has the back-reference by name ``reference`` (a match of
-    ``\\k<name>``, the name its group 1), and what to write instead, words that follow the
+def back_reference_words(reference: str, group: str, at: Optional[int]) -> str:
+    """What is wrong with a pattern that has the back-reference ``reference`` (as written: ECMA's
+    ``\\k<n>``, ``\\1``, Python's ``(?P=n)``) to the group ``group`` (its name or number) at
+    position ``at`` (None where it is not known), and what to write instead, words that follow the
     pattern: a back-reference matches the very text its group matched, which no regular language,
-    and so no automaton the engine builds, can express."""
-    return (f"has a back-reference {reference.group()} at position {reference.start()}: it matches again the very text "
-            f"the group {reference.group(1)} matched, which no regular language expresses; {NO_BACK_REFERENCES}")
+    and so no automaton the engine builds, can express. Every refusal of a back-reference, by
+    ``gen()`` or the engine, of a ``regex`` or a schema's ``pattern``, is worded so."""
+    where = "" if at is None else f" at position {at}"
+    return (f"has a back-reference {reference}{where}: it matches again the very text the group {group} matched, which "
+            f"no regular language expresses; {NO_BACK_REFERENCES}")
 
 
 def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
     """The engine's words for the schema ``pattern``'s first back-reference (at ``where``, its
-    ``pattern`` keyword's place), or None where it has none: ECMA's ``\\k<n>``
-    (``back_reference_words``), else one by number, ``\\1``, or Python's ``(?P=n)``, as Python's
-    parser reads the pattern once its ECMA syntax is spelled as Python's (``_ecma_as_python``: a
-    named group stays a group, so its number holds), worded as the engine's string check words it
-    (``regex_errors.back_reference_problem``, at the schema the keyword is in). No backend can
+    ``pattern`` keyword's place), or None where it has none: ECMA's ``\\k<n>``, else one by number,
+    ``\\1``, or Python's ``(?P=n)``, as Python's parser reads the pattern once its ECMA syntax is
+    spelled as Python's (``_ecma_as_python``: a named group stays a group, so its number holds;
+    ``regex_errors.first_back_reference``), each in ``back_reference_words``. No backend can
     constrain output with one (no regular language holds it), so ``gen()`` refuses it as the
     engine does. A pattern Python's parser cannot read then is left to the other checks."""
     import warnings
 
-    from lmnb_engine.regex_errors import back_reference_problem as numbered, classes_held  # (it imports this module)
+    from lmnb_engine.regex_errors import classes_held, first_back_reference  # (it imports this module)
     from lmnb_engine.regex_tree import parser
     from lmnb_engine.regex_u_flag import named_back_reference
 
-    reference = named_back_reference(pattern)
-    if reference:
-        return f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {back_reference_words(reference)}"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parsed = parser.parse(classes_held(_ecma_as_python(pattern)[0]))
-    except (re.error, RecursionError, OverflowError):
-        return None
-    problem = numbered(parsed, pattern)
-    return problem and f"JSON schema pattern at {where.rsplit('/', 1)[0]}: {problem}"
+    named = named_back_reference(pattern)
+    if named:
+        found = named.group(), named.group(1), named.start()
+    else:
+        spelled, place = _ecma_as_python(pattern)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                parsed = parser.parse(classes_held(spelled))
+        except (re.error, RecursionError, OverflowError):
+            return None
+        found = first_back_reference(parsed, spelled)
+        if found is None:
+            return None
+        found = found[0], found[1], None if found[2] is None else place(found[2])
+    return f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {back_reference_words(*found)}"
 
 
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)

@@ -175,24 +175,42 @@ def unsupported_words(pattern: str, feature: str, fix: str) -> str:
             f"(patterns compile to a finite automaton): {fix}")
 
 
-def back_reference_feature(group: int) -> tuple[str, str]:
-    """(feature, fix), as ``unsupported_words`` takes them, for a back-reference to group number
-    ``group``: Python's parser reads ``(?P=n)`` as its group's number, which ``\\1`` and
-    ``(?P=n)`` both name."""
-    return (f"a backreference to group {group} (it matches again the very text that group matched, which no regular "
-            "language expresses)"), "repeat the group's pattern instead of referring to it"
+# A back-reference as Python's re reads one outside a class: by number, one or two digits (three
+# octal ones are an octal escape: first_back_reference), or by name, (?P=n) (the name: group 1)
+_NUMBER_REFERENCE = re.compile(r"\\([1-9][0-9]?)")
+_PYTHON_REFERENCE = re.compile(r"\(\?P=(\w+)\)")
+
+
+def first_back_reference(parsed, pattern: str) -> tuple[str, str, int | None] | None:
+    """The first back-reference in ``pattern`` parsed by ``re._parser`` (``parsed``), by number
+    or Python's ``(?P=n)``, as ``json_schema.back_reference_words`` takes it: (its text, its
+    group's number or name, its position), found in the text as Python's parser reads it
+    (outside classes and comments: ``pattern_parts``; ``\\101``, three octal digits, is an octal
+    escape, ``\\18`` group 18), or by the group's number alone where the text shows none; None
+    where it has none. Python's own parser tells a back-reference from an octal escape (``[\\1]``)
+    and from a reference to no group (``\\10`` before a tenth), which it refuses."""
+    group = next((av for op, av in walk(parsed) if op is constants.GROUPREF), None)
+    if group is None:
+        return None
+    for part in pattern_parts(pattern):
+        if part.kind == "(" and (m := _PYTHON_REFERENCE.match(pattern, part.start)):
+            return m.group(), m.group(1), part.start
+        m = _NUMBER_REFERENCE.match(pattern, part.start) if part.kind == "escape" else None
+        if m and not (len(m.group(1)) == 2 and "8" not in m.group(1) and "9" not in m.group(1)
+                      and pattern[m.end():m.end() + 1] in tuple("01234567")):
+            return m.group(), m.group(1), part.start
+    return f"\\{group}", str(group), None
 
 
 def back_reference_problem(parsed, pattern: str) -> str | None:
-    """The engine's words (``unsupported_words``) for the first back-reference, by number or
-    Python's ``(?P=n)``, in ``pattern`` parsed by ``re._parser`` (``parsed``), or None where it has
-    none. No backend can constrain output with one (no regular language holds it: xgrammar says
-    "Backreference is not supported yet", outlines' automaton library has none), so ``gen()``
-    refuses it, where it leaves a lookaround to the backend (``pattern_problem``). Python's own
-    parser tells a back-reference from an octal escape (``[\\1]``, ``\\101``) and from a
-    reference to no group (``\\10`` before a tenth)."""
-    return next((unsupported_words(pattern, *back_reference_feature(av))
-                 for op, av in walk(parsed) if op is constants.GROUPREF), None)
+    """The engine's words (``json_schema.back_reference_words``) for the first back-reference, by
+    number or Python's ``(?P=n)``, in ``pattern`` parsed by ``re._parser`` (``parsed``:
+    ``first_back_reference``), or None where it has none. No backend can constrain output with
+    one (no regular language holds it: xgrammar says "Backreference is not supported yet",
+    outlines' automaton library has none), so ``gen()`` refuses it, where it leaves a lookaround
+    to the backend (``pattern_problem``)."""
+    found = first_back_reference(parsed, pattern)
+    return found and f"regex {shown_regex(pattern)} {back_reference_words(*found)}"
 
 
 def unbuilt_feature(pattern: str) -> str | None:
@@ -231,7 +249,7 @@ def _named_reference_problem(pattern: str) -> str | None:
     only be refused next."""
     for part in pattern_parts(pattern):
         if part.kind == "escape" and (reference := _NAMED_REFERENCE.match(pattern, part.start)):
-            return f"regex {shown_regex(pattern)} {back_reference_words(reference)}"
+            return f"regex {shown_regex(pattern)} {back_reference_words(reference.group(), reference.group(1), part.start)}"
     return None
 
 

@@ -74,7 +74,7 @@ def backend(tokenizer):
 @pytest.mark.parametrize(
     "pattern, feature",
     [
-        (r"(a)b\1", "backreference"),
+        (r"(a)b\1", "back-reference"),
         (r"(?=ab)a[a-z]", "lookahead"),
         (r"x(?<=x)y", "lookbehind"),
         (r"a(?!b)[a-z]", "negative lookahead"),
@@ -92,51 +92,50 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
 
 
 
+def _no_back_reference(reference, group, at):
+    """The words, after the pattern, refusing the back-reference ``reference`` to ``group`` at ``at``."""
+    return (f"has a back-reference {reference} at position {at}: it matches again the very text the group {group} matched, "
+            "which no regular language expresses; constrained decoding cannot do a back-reference, in ECMA's syntax or "
+            "Python's (patterns compile to a finite automaton): repeat the group's pattern instead of referring to it")
+
+
 def test_a_back_reference_by_name_is_refused_as_one_that_no_automaton_can_do(backend):
     """ECMA's \\k<n> (a schema's pattern is ECMA's; the regex package's and .NET's too) was
     refused only as Python's re refuses it: "unknown extension ?<n" (regex=) or "bad escape \\k"
     (a schema, once its named group was read), "fix the pattern", as if respelling it would do.
     A back-reference matches again the very text its group matched, which no regular language
     expresses: both now say so, where it stands, and to repeat the group's pattern. So does a
-    back-reference by number or Python's (?P=n), which named a '\\1' the user may not have written."""
-    why = ("it matches again the very text the group n matched, which no regular language expresses; constrained "
-           "decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns compile to a finite "
-           "automaton): repeat the group's pattern instead of referring to it")
+    back-reference by number or Python's (?P=n), in the same words (they said "uses a
+    backreference to group 1 (...), which constrained decoding cannot support ...")."""
+    named = r"\k<n>"
     for pattern, at in ((r"(?<n>a|b)\k<n>", 9), (r"(?P<n>a)x\k<n>", 9), (r"[\k<n>](?<n>a)\k<n>", 14)):
-        assert _refused_alike(backend, pattern) == (
-            f"regex {json.dumps(pattern)} has a back-reference \\k<n> at position {at}: {why}")
+        assert _refused_alike(backend, pattern) == f"regex {json.dumps(pattern)} {_no_back_reference(named, 'n', at)}"
     pattern = r"^(?<n>[a-z])-\k<n>$"
     with pytest.raises(GrammarError) as e:
         schema_to_regex({"type": "string", "pattern": pattern})
-    assert str(e.value) == f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} has a back-reference \\k<n> at position 13: {why}"
-    for pattern in (r"(a)\1", r"(?P<n>a)(?P=n)"):
+    assert str(e.value) == f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} {_no_back_reference(named, 'n', 13)}"
+    for pattern, reference, group in ((r"(a)\1", r"\1", 1), (r"(?P<n>a)(?P=n)", "(?P=n)", "n")):
         with pytest.raises(GrammarError) as e:
             backend.to_regex(regex=pattern)
-        assert str(e.value) == (f"regex {json.dumps(pattern)} uses a backreference to group 1 (it matches again the very "
-                                "text that group matched, which no regular language expresses), which constrained "
-                                "decoding cannot support (patterns compile to a finite automaton): repeat the group's "
-                                "pattern instead of referring to it")
+        assert str(e.value) == f"regex {json.dumps(pattern)} {_no_back_reference(reference, group, pattern.index(reference))}"
 
 
-_NO_BACK_REFERENCE = ("(it matches again the very text that group matched, which no regular language expresses), which "
-                      "constrained decoding cannot support (patterns compile to a finite automaton): repeat the group's "
-                      "pattern instead of referring to it")
-
-
-@pytest.mark.parametrize("pattern, group, matched, unmatched", [
-    (r"(a)\1", 1, "aa", "a"), (r"(?P<n>a|b)x(?P=n)", 1, "bxb", "axb"),
-    (r"(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\10", 10, "abcdefghijj", "abcdefghija"),
-    (r"c(?<=c)(a)\1", 1, "caa", "ca"),  # (beside a lookbehind, which gen() leaves to the backend: named first)
+@pytest.mark.parametrize("pattern, reference, group, matched, unmatched", [
+    (r"(a)\1", r"\1", 1, "aa", "a"), (r"(?P<n>a|b)x(?P=n)", "(?P=n)", "n", "bxb", "axb"),
+    (r"(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\10", r"\10", 10, "abcdefghijj", "abcdefghija"),
+    (r"c(?<=c)(a)\1", r"\1", 1, "caa", "ca"),  # (beside a lookbehind, which gen() leaves to the backend: named first)
+    (r"(a)[\1]\101(?#\1)\1", r"\1", 1, "a\x01Aa", "a\x01Ab"),  # (octal escapes and a comment first: the reference is the last)
 ])
-def test_a_back_reference_by_number_is_refused_by_gen_as_the_engine_refuses_it(backend, pattern, group, matched,
-                                                                                unmatched):
+def test_a_back_reference_by_number_is_refused_by_gen_as_the_engine_refuses_it(backend, pattern, reference, group,
+                                                                                matched, unmatched):
     """gen(regex="(a)\\1") and a %%lm cell took a back-reference, which no backend can constrain
     output with (the engine cannot; xgrammar says "Backreference is not supported yet", outlines'
     automaton library has none), and the program failed when it ran ("Gen('a') failed: GrammarError
-    ..."). They now refuse it, in the engine's words; the reference: Python's re reads each as a
-    back-reference (it matches a repeat of the group's text and nothing else)."""
-    assert _refused_alike(backend, pattern) == (
-        f"regex {json.dumps(pattern)} uses a backreference to group {group} {_NO_BACK_REFERENCE}")
+    ..."). They now refuse it, in the engine's words, naming it as written and where it stands;
+    the reference: Python's re reads each as a back-reference (it matches a repeat of the group's
+    text and nothing else)."""
+    at = pattern.rindex(reference)
+    assert _refused_alike(backend, pattern) == f"regex {json.dumps(pattern)} {_no_back_reference(reference, group, at)}"
     assert re.fullmatch(pattern, matched) and not re.fullmatch(pattern, unmatched)
 
 
@@ -703,7 +702,8 @@ def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_
 
 
 @pytest.mark.parametrize("pattern, twin", [
-    (r"\p{Lu}(?=e)\w+", r"K(?=e)\w+"), (r"(\p{Lu})\1", r"(K)\1"), (r"\p{Lu}++", r"K++"),
+    (r"\p{Lu}(?=e)\w+", r"K(?=e)\w+"), (r"(\p{Lu})\1", r"(KKKKKK)\1"),  # (as long: the \1 named where it stands)
+    (r"\p{Lu}++", r"K++"),
     (r"\p{Lu}\w+$x", r"K\w+$x"), (r"\p{Lu}{5000}", r"K{5000}"),
 ])
 def test_a_pattern_with_a_unicode_class_gets_the_checks_its_twin_without_gets(backend, pattern, twin):

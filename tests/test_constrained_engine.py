@@ -34,7 +34,7 @@ def engines(tiny_llama):
 @pytest.mark.parametrize(
     "constraint, named",
     [
-        ({"regex": r"(ab)\1"}, "backreference"),
+        ({"regex": r"(ab)\1"}, "back-reference"),
         ({"regex": r"(?<=a)b"}, "lookbehind"),
         ({"json_schema": {"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1}}, '"minProperties"'),
         ({"regex": "a[^\\x00-\\U0010FFFF]"}, "matches no character an output may hold"),

@@ -452,10 +452,11 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
                                         "), unterminated subpattern at position 0); fix the pattern"),
         # a back-reference passed here and failed when the gen ran ("Gen('n') failed: GrammarError ..."): no backend
         # can constrain output with one (the engine's words)
-        ('{gen n regex="(a)\\\\1"}', 2, 14, 'regex "(a)\\\\1" uses a backreference to group 1 (it matches again the '
-                                          "very text that group matched, which no regular language expresses), which "
-                                          "constrained decoding cannot support (patterns compile to a finite "
-                                          "automaton): repeat the group's pattern instead of referring to it"),
+        ('{gen n regex="(a)\\\\1"}', 2, 14, 'regex "(a)\\\\1" has a back-reference \\1 at position 3: it matches again '
+                                          "the very text the group 1 matched, which no regular language expresses; "
+                                          "constrained decoding cannot do a back-reference, in ECMA's syntax or Python's "
+                                          "(patterns compile to a finite automaton): repeat the group's pattern instead "
+                                          "of referring to it"),
         # ECMA's named group was told only "fix the pattern": Python's spelling is offered
         ('{gen n regex="(?<y>a)"}', 2, 14, 'regex "(?<y>a)" cannot be compiled: it is not a valid regular expression '
                                            "(unknown extension ?<y at position 1); Python's re, which reads a regex "

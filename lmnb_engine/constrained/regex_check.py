@@ -14,7 +14,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import back_reference_feature, classes_held, shown_regex, unsupported_words
+from lmnb_engine.regex_errors import back_reference_problem, classes_held, shown_regex, unsupported_words
 from lmnb_engine.regex_tree import constants as _c
 from lmnb_engine.regex_tree import parser as _p
 from lmnb_engine.regex_tree import walk
@@ -37,8 +37,6 @@ _AT_NAMES = {
 
 def _unsupported(op, av) -> tuple[str, str] | None:
     """(feature name, fix) if the parsed node ``(op, av)`` has no finite-automaton equivalent."""
-    if op is _c.GROUPREF:
-        return back_reference_feature(av)
     if op is _c.GROUPREF_EXISTS:
         return "a conditional group '(?(n)...|...)'", "write the alternatives out with '|'"
     if op in (_c.ASSERT, _c.ASSERT_NOT):
@@ -149,6 +147,8 @@ def check_parsed(parsed, pattern: str) -> None:
     """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages)."""
     _check_nesting(pattern)
     for op, av in walk(parsed):
+        if op is _c.GROUPREF:  # (in the words of every refusal of one: json_schema.back_reference_words)
+            raise GrammarError(back_reference_problem(parsed, pattern))
         found = _unsupported(op, av)
         if found is not None:
             raise GrammarError(unsupported_words(pattern, *found))
