@@ -685,29 +685,19 @@ def _schema_text_passes(text: str) -> bool:
 
 
 def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:
-    """The "; did you mean ...?" ending a refusal of the unknown ``words`` (keywords, options; in
-    the order the refusal names them): each word is offered its ``close_match`` in the first of
-    ``tiers`` (``(label, names)`` pairs, the label written before the name, e.g. ``"the run option
-    "``) that has one. One word: ``; did you mean 'max_tokens'?``; several, each offer after its
-    word: ``; did you mean 'max_token' → 'max_tokens', 'temprature' → 'temperature'?`` (as a cell's
-    ``%%lm --temprature`` is offered its option); "" where no word has a close name."""
-    from lmnb_engine.suggest import close_match  # (here: importing lmnb loads no lmnb_engine module)
+    """``lmnb_engine.suggest.did_you_mean``: the "; did you mean ...?" ending a refusal of the
+    unknown ``words``, offered from ``tiers``."""
+    from lmnb_engine.suggest import did_you_mean as offer  # (here: importing lmnb loads no lmnb_engine module)
 
-    offers = []
-    for word in words:
-        offer = next((f"{label}{match!r}" for label, names in tiers if (match := close_match(word, sorted(names)))),
-                     None)
-        if offer is not None:
-            offers.append(offer if len(words) == 1 else f"{word!r} → {offer}")
-    return f"; did you mean {', '.join(offers)}?" if offers else ""
+    return offer(words, *tiers)
 
 
 def unexpected_keywords(words: Sequence[str]) -> str:
-    """``an unexpected keyword argument 'a'``, or for several ``unexpected keyword arguments 'a',
-    'b'`` (Python's ``TypeError`` names only the first of them)."""
-    if len(words) == 1:
-        return f"an unexpected keyword argument {words[0]!r}"
-    return f"unexpected keyword arguments {', '.join(map(repr, words))}"
+    """``lmnb_engine.suggest.unexpected_keywords``: ``an unexpected keyword argument 'a'``, or
+    ``unexpected keyword arguments 'a', 'b'``."""
+    from lmnb_engine.suggest import unexpected_keywords as named  # (as did_you_mean)
+
+    return named(words)
 
 
 def unexpected_keyword(call: str, kwargs: dict, accepted) -> None:

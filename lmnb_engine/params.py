@@ -16,7 +16,7 @@ from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import pattern_parts, python_error, shown_regex, stop_posix_problem
 from lmnb_engine.regex_never import never_problem
-from lmnb_engine.suggest import close_match
+from lmnb_engine.suggest import did_you_mean, unexpected_keywords
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
 
@@ -143,21 +143,20 @@ def python_value(v: Any, memo: dict | None = None) -> Any:
 
 def _naming_unknown_fields(cls):
     """Class decorator for a dataclass: its ``__init__``, wrapped (its signature stays the
-    dataclass's), refuses a keyword that is no field naming the field meant and the fields there
-    are, where Python said only "unexpected keyword argument 'max_tokens'"."""
+    dataclass's), refuses the keywords that are no field naming each, the fields there are and the
+    field each meant (``suggest.did_you_mean``, as ``gen()`` ends its refusal), where Python said
+    only "unexpected keyword argument 'max_tokens'"."""
     init = cls.__init__
 
     @functools.wraps(init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        unknown = next((k for k in kwargs if k not in cls.__dataclass_fields__), None)
-        if unknown is not None:
+        unknown = [k for k in kwargs if k not in cls.__dataclass_fields__]
+        if unknown:
             names = [f.name for f in fields(cls)]
-            close = close_match(unknown, names)
-            guess = f" (did you mean {close!r}?)" if close is not None else ""
-            if unknown == "max_tokens":  # (the likeliest: OpenAI's name; SGLang's, as here, is max_new_tokens)
-                guess = " (OpenAI's max_tokens is max_new_tokens here, as in SGLang)"
-            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown!r}{guess}; its fields: "
-                            f"{', '.join(names)}")
+            # (the likeliest: OpenAI's name; SGLang's, as here, is max_new_tokens)
+            openai = " (OpenAI's max_tokens is max_new_tokens here, as in SGLang)" if "max_tokens" in unknown else ""
+            raise TypeError(f"{cls.__name__}() got {unexpected_keywords(unknown)}; its fields: {', '.join(names)}"
+                            f"{did_you_mean(unknown, ('', names))}{openai}")
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__

@@ -7,7 +7,7 @@ can import it without loading the engine.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 
 def close_match(word: str, options: Iterable[str]) -> Optional[str]:
@@ -18,3 +18,28 @@ def close_match(word: str, options: Iterable[str]) -> Optional[str]:
     fields, the server's fields and routes, ECMA property names (``regex_properties``)."""
     close = difflib.get_close_matches(word, list(options), n=1)
     return close[0] if close else None
+
+
+def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:
+    """The "; did you mean ...?" ending a refusal of the unknown ``words`` (keywords, options; in
+    the order the refusal names them): each word is offered its ``close_match`` in the first of
+    ``tiers`` (``(label, names)`` pairs, the label written before the name, e.g. ``"the run option
+    "``) that has one. One word: ``; did you mean 'max_tokens'?``; several, each offer after its
+    word: ``; did you mean 'max_token' → 'max_tokens', 'temprature' → 'temperature'?`` (as a cell's
+    ``%%lm --temprature`` is offered its option); "" where no word has a close name. The Python
+    API's refusals of a keyword (``gen()``, a program's run, ``SamplingParams``) end so."""
+    offers = []
+    for word in words:
+        offer = next((f"{label}{match!r}" for label, names in tiers if (match := close_match(word, sorted(names)))),
+                     None)
+        if offer is not None:
+            offers.append(offer if len(words) == 1 else f"{word!r} → {offer}")
+    return f"; did you mean {', '.join(offers)}?" if offers else ""
+
+
+def unexpected_keywords(words: Sequence[str]) -> str:
+    """``an unexpected keyword argument 'a'``, or for several ``unexpected keyword arguments 'a',
+    'b'`` (Python's ``TypeError`` names only the first of them)."""
+    if len(words) == 1:
+        return f"an unexpected keyword argument {words[0]!r}"
+    return f"unexpected keyword arguments {', '.join(map(repr, words))}"

@@ -93,16 +93,28 @@ FIELDS = ("max_new_tokens, min_new_tokens, temperature, top_p, top_k, min_p, fre
           "top_logprobs_num, logprob_start_len, regex, json_schema, stop_regex, extra")
 
 
-@pytest.mark.parametrize("keyword, said", [
-    ("max_tokens", " (OpenAI's max_tokens is max_new_tokens here, as in SGLang)"),
-    ("temprature", " (did you mean 'temperature'?)"),
-    ("bogus", ""),
+@pytest.mark.parametrize("keywords, said", [
+    (["max_tokens"], "; did you mean 'max_new_tokens'? (OpenAI's max_tokens is max_new_tokens here, as in SGLang)"),
+    (["temprature"], "; did you mean 'temperature'?"),
+    (["max_new_token", "temprature"], "; did you mean 'max_new_token' → 'max_new_tokens', 'temprature' → 'temperature'?"),
+    (["bogus"], ""),
 ])
-def test_an_unknown_keyword_names_the_field_meant_and_the_fields(keyword, said):
-    # it was Python's bare "__init__() got an unexpected keyword argument 'max_tokens'"
+def test_an_unknown_keyword_names_the_field_meant_and_the_fields(keywords, said):
+    """It was Python's bare "__init__() got an unexpected keyword argument 'max_tokens'", then
+    "... 'temprature' (did you mean 'temperature'?); its fields: ...", naming the first keyword
+    alone, where gen() names each and ends "; did you mean 'temperature'?": the same form now
+    (suggest.did_you_mean), after the fields."""
+    import lmnb
+
     with pytest.raises(TypeError) as e:
-        SamplingParams(**{keyword: 3})
-    assert str(e.value) == f"SamplingParams() got an unexpected keyword argument {keyword!r}{said}; its fields: {FIELDS}"
+        SamplingParams(**{keyword: 3 for keyword in keywords})
+    named = (f"an unexpected keyword argument {keywords[0]!r}" if len(keywords) == 1 else
+             f"unexpected keyword arguments {', '.join(map(repr, keywords))}")
+    assert str(e.value) == f"SamplingParams() got {named}; its fields: {FIELDS}{said}"
+    if keywords == ["temprature"]:  # (a name both have: gen()'s refusal ends alike)
+        with pytest.raises(TypeError) as at_gen:
+            lmnb.gen("x", temprature=3)
+        assert str(at_gen.value) == f"gen() got {named}{said}"
     assert SamplingParams(7, top_k=2).max_new_tokens == 7  # (positional and known keywords as before)
 
 
