@@ -15,7 +15,7 @@ import argparse
 import re
 import weakref
 
-from lmnb_engine.suggest import close_match
+from lmnb_engine.suggest import close_match, did_you_mean
 
 
 def _nowhere() -> None:
@@ -84,13 +84,30 @@ def take_negative_numbers(parser: argparse.ArgumentParser) -> None:
     parser._negative_number_matcher = _NEGATIVE_NUMBER
 
 
+# argparse's refusal of a value not among an argument's choices (group 1: the argument's name, as
+# argparse names it; group 2: the value, a str's repr): "argument COMMAND: invalid choice: 'rnu' (choose from ...)"
+_INVALID_CHOICE = re.compile(r"argument (.+?): invalid choice: '([^'\\]*)' \(choose from ")
+
+
+def _suggest_choice(message: str, parser: argparse.ArgumentParser) -> str:
+    """argparse's ``message`` refusing a value not among an argument's choices (``_INVALID_CHOICE``:
+    ``lmnb rnu``, ``lmnb serve --log-level debg``) with the closest choice offered
+    (``suggest.did_you_mean``: ``; did you mean 'run'?``); any other as it is."""
+    m = _INVALID_CHOICE.match(message)
+    choices = next((action.choices for action in parser._actions if m and action.choices is not None
+                    and argparse._get_action_name(action) == m.group(1)), None)
+    return message if choices is None else message + did_you_mean([m.group(2)], ("", [str(c) for c in choices]))
+
+
 def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str | None = None) -> str:
     """argparse's ``message`` with "did you mean" for each unrecognized option close to one of
     ``parser``'s (``--temprature`` → ``--temperature``; ``suggest.close_match``), and, where ``help_line`` is given (``%%lm --help``), for an
     unrecognized word with no close option (``--bogus``, a stray ``3``) the line that lists the
-    options. A word that is no option (``3``) is offered none. Other messages come back as they are."""
+    options. A word that is no option (``3``) is offered none. A value not among an argument's
+    choices, a subcommand's name among them, is offered the closest (``_suggest_choice``). Other
+    messages come back as they are."""
     if not message.startswith("unrecognized arguments:"):
-        return message
+        return _suggest_choice(message, parser)
     known = [o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")]
     # compared without the "--" every option shares: with it, "--bogus" was "close" to "--out"
     words = message.split()[2:]

@@ -246,6 +246,27 @@ def test_lmnb_serve_refuses_an_unknown_log_level_before_loading():
     assert "argument --log-level: invalid choice: 'loud'" in out.stderr and "'debug'" in out.stderr
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["rnu"], "lmnb: error: argument COMMAND: invalid choice: 'rnu' (choose from 'run', 'install-kernel', 'serve', "
+              "'export'); did you mean 'run'?"),
+    (["serve", "--log-level", "debg"], "lmnb serve: error: argument --log-level: invalid choice: 'debg' (choose from "
+                                       "'critical', 'error', 'warning', 'info', 'debug', 'trace'); did you mean 'debug'?"),
+    (["xyz"], "lmnb: error: argument COMMAND: invalid choice: 'xyz' (choose from 'run', 'install-kernel', 'serve', "
+              "'export')"),  # (no close name: none offered)
+])
+def test_a_misspelt_subcommand_or_choice_is_offered_the_closest(capsys, argv, said):
+    """``lmnb rnu`` got argparse's "invalid choice" alone, where a misspelt option (``--temprature``)
+    is offered its closest: the closest choice is offered too, in the words of the Python API's
+    offers (suggest.did_you_mean). The reference: the choices are the subcommands and uvicorn's
+    log levels, the closest picked by hand."""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(said)
+
+
 @pytest.mark.parametrize("words, option", [(["--port", "30000", "--port", "99999"], "--port"),
                                            (["--log-level", "info", "--log-level", "debug"], "--log-level"),
                                            (["--model", "a", "--device", "cpu", "--model", "b"], "--model")])
