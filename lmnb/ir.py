@@ -621,9 +621,9 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     """A JSON schema given as a str, a dict, a bool (JSON Schema's ``true``: any value), or a
     pydantic model class → the str, dict or bool, unchanged but for the class.
 
-    A str, dict or bool is checked here, with the engine's own check and words
-    (``lmnb_engine.json_schema.loaded_schema``: JSON, a JSON object or boolean, valid under the
-    JSON Schema meta-schema), so a typo (``{"type": "strng"}``) fails at the ``gen`` call rather
+    A str, dict or bool, and a pydantic class's schema, is checked here, with the engine's own
+    check and words (``lmnb_engine.json_schema.loaded_schema``: JSON, a JSON object or boolean,
+    valid under the JSON Schema meta-schema), so a typo (``{"type": "strng"}``) fails at the ``gen`` call rather
     than once the program runs, whichever backend runs it. Whether the engine's constrained
     decoder supports every keyword, whether a ``pattern`` is a regex of the backend's dialect and
     whether the engine's regex of the schema is within its size limit (``engine=False`` there: only
@@ -637,25 +637,33 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     if schema is None:
         return schema
     if isinstance(schema, (str, dict, bool)):
-        if isinstance(schema, dict):  # first: _schema_passed's json.dumps visits each path (2**30 where
-            from lmnb_engine.json_schema import copies_problem  # a Python-built schema shares objects)
-
-            copies_problem(schema, engine=False)
-        if not _schema_passed(schema):
-            from lmnb_engine.json_schema import loaded_schema  # torch-free
-
-            loaded_schema(schema, engine=False)  # (refused in its own words, its keys in their own order)
-        return schema
+        return _checked_schema(schema)
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         from lmnb_engine.pydantic_schema import pydantic_json_schema  # torch-free
 
-        try:
-            return pydantic_json_schema(schema)
+        try:  # (checked as a dict is: a class whose regex_engine is python-re may hold a back-reference)
+            return _checked_schema(pydantic_json_schema(schema))
         except ValueError as e:
             raise ValueError(f"json_schema {schema.__name__}: {e}") from None
     raise TypeError(
         f"json_schema must be a JSON string, a dict, a bool or a pydantic model class, not {type(schema).__name__}"
     )
+
+
+def _checked_schema(schema: Union[str, dict, bool]) -> Union[str, dict, bool]:
+    """``schema``, which ``loaded_schema`` (``engine=False``) takes, as it is.
+
+    Raises:
+        ValueError: ``loaded_schema``'s refusal, in its own words, its keys in their own order."""
+    if isinstance(schema, dict):  # first: _schema_passed's json.dumps visits each path (2**30 where
+        from lmnb_engine.json_schema import copies_problem  # a Python-built schema shares objects)
+
+        copies_problem(schema, engine=False)
+    if not _schema_passed(schema):
+        from lmnb_engine.json_schema import loaded_schema  # torch-free
+
+        loaded_schema(schema, engine=False)
+    return schema
 
 
 def _schema_passed(schema: Union[str, dict, bool]) -> bool:

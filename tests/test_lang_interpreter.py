@@ -683,6 +683,38 @@ def test_a_pydantic_schema_is_converted_without_torch_and_its_decimals_are_exact
         assert bool(re.fullmatch(amount["pattern"], text)) == ok, text
 
 
+def test_a_pydantic_class_is_refused_at_gen_as_its_schema_given_as_a_dict_is():
+    """A class with ``regex_engine='python-re'`` takes ``Field(pattern=r"(a)\\1")`` (pydantic's
+    default Rust engine refuses a back-reference as the class is made), and gen() passed it (the
+    schema check ran on a dict schema alone): the engine refused it only when the program ran.
+    gen() now refuses it as the same schema given as a dict, in the same words, with the class
+    named; a class whose patterns pass, python-re's own syntax among them, is taken as before."""
+    import pydantic
+
+    from lmnb_engine.constrained.schema import load_schema
+
+    class Pair(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(regex_engine="python-re")
+        a: str = pydantic.Field(pattern=r"(a)\1")
+
+    class Named(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(regex_engine="python-re")
+        a: str = pydantic.Field(pattern=r"^(?P<n>[a-z])x$")
+
+    assert Pair(a="aa") and re.search(r"(a)\1", "aa") and not re.search(r"(a)\1", "ab")  # (a back-reference)
+    schema = Pair.model_json_schema()
+    with pytest.raises(ValueError) as as_dict:
+        sgl.gen("x", json_schema=schema)
+    with pytest.raises(ValueError) as as_class:
+        sgl.gen("x", json_schema=Pair)
+    with pytest.raises(ValueError) as in_engine:
+        load_schema(schema)
+    said = (r'JSON schema at #/properties/a/pattern: the pattern "(a)\\1" has a back-reference \1 at position 3: it '
+            f"matches again the very text the group 1 matched, which no regular language expresses; {_NO_BACK_REFERENCES}")
+    assert str(as_class.value) == "json_schema Pair: " + said and str(as_dict.value) == said == str(in_engine.value)
+    assert sgl.gen("x", json_schema=Named).params.json_schema == Named.model_json_schema()
+
+
 def test_lmnb_template_is_reachable_from_a_plain_import_lmnb():
     """CELL_LANGUAGE.md's tip `lmnb.template.parse(cell).to_python()` after `import lmnb` (in a fresh
     interpreter, where no kernel imported lmnb.template first) raised "module 'lmnb' has no
