@@ -155,7 +155,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     except FutureWarning as w:
         return ambiguous_class(pattern, w)
     except re.error as e:
-        return _named_reference_problem(pattern) or _named_group_problem(pattern, e) or invalid_regex(pattern, e)
+        return (_named_reference_problem(pattern) or _repeated_name_problem(pattern) or _named_group_problem(pattern, e)
+                or invalid_regex(pattern, e))
     except RecursionError:
         return _too_deep(pattern)
     except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
@@ -251,6 +252,41 @@ def _named_reference_problem(pattern: str) -> str | None:
         if part.kind == "escape" and (reference := _NAMED_REFERENCE.match(pattern, part.start)):
             return f"regex {shown_regex(pattern)} {back_reference_words(reference.group(), reference.group(1), part.start)}"
     return None
+
+
+# A named group's opening, Python's (?P<name> or ECMA's (?<name> (group 1: "P" or ""; group 2: the name)
+_ANY_NAMED_GROUP = re.compile(r"\(\?(P?)<([^\W\d]\w*)>")
+
+
+def _repeated_name_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is refused where it names two groups alike (``(?<m>a)|(?<m>b)``, which ECMA
+    262 takes since 2025 where the two are in different alternatives), or None where no name is
+    repeated: Python's ``re`` takes a group's name once (it said "redefinition of group name", or
+    only "unknown extension ?<m", and "fix the pattern"). The fix: rename one, or make each repeat
+    a group that captures nothing, ``(?:...)``, the pattern so written offered (in Python's
+    spelling) where ``offer_taken``. Groups are found outside classes and comments
+    (``pattern_parts``)."""
+    seen: dict[str, int] = {}
+    repeats = []  # (where, the opening's length) of each group whose name an earlier one has
+    found = None
+    for part in pattern_parts(pattern):
+        m = _ANY_NAMED_GROUP.match(pattern, part.start) if part.kind == "(" else None
+        if m and m.group(2) in seen:
+            repeats.append((part.start, m.end() - part.start))
+            found = found or (m.group(2), seen[m.group(2)], part.start)
+        elif m:
+            seen[m.group(2)] = part.start
+    if found is None:
+        return None
+    offer = pattern
+    for at, length in reversed(repeats):
+        offer = offer[:at] + "(?:" + offer[at + length:]
+    offer = _ANY_NAMED_GROUP.sub(r"(?P<\2>", offer)  # (only groups' openings are left to respell: no "(?<" in a class)
+    name, first, second = found
+    written = f": write {shown_regex(offer)}" if offer != pattern and offer_taken(offer) else ""
+    return (f"regex {shown_regex(pattern)} cannot be compiled: it names two groups {name}, at positions {first} and "
+            f"{second}, and Python's re, which reads a regex here, takes a group's name once (ECMA 262 takes one again only "
+            "in another alternative); rename one, or make the second a group that captures nothing, (?:...)" + written)
 
 
 # A named group's opening as ECMA 262, .NET and Rust's regex write it, (?<name>, with a name Python

@@ -194,13 +194,43 @@ def test_an_ecma_named_group_beside_what_the_engine_refuses_is_offered_alone(bac
 
 
 @pytest.mark.parametrize("pattern, error", [
-    (r"(?<m>a)|(?<m>b)", "unknown extension ?<m at position 1"),  # (a name twice: re refuses it so spelt too)
     (r"(?<a$>x)", "unknown extension ?<a at position 1"),  # (ECMA's "$" in a name, which re refuses in any spelling)
     (r"(?<n>a", "unknown extension ?<n at position 1"),
 ])
 def test_an_ecma_named_group_is_offered_no_spelling_python_refuses(backend, pattern, error):
     assert _refused_alike(backend, pattern) == (
         f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression ({error}); fix the pattern")
+
+
+@pytest.mark.parametrize("pattern, first, second, offer, texts", [
+    (r"(?<m>a)|(?<m>b)", 0, 8, r"(?P<m>a)|(?:b)", ["a", "b", "ab", ""]),  # (ECMA 2025's: in two alternatives)
+    (r"(?P<m>a)|(?P<m>b)", 0, 9, r"(?P<m>a)|(?:b)", ["a", "b", "ab"]),
+    (r"x(?<y>\d)(?<m>a)|(?<m>b)(?<m>c)", 9, 17, r"x(?P<y>\d)(?P<m>a)|(?:b)(?:c)", ["x1a", "bc", "b", "x1"]),
+    (r"[(?<m>](?P<m>a)(?#(?<m>)", None, None, None, ["(a", "ma", "a"]),  # (in a class, in a comment: no group)
+    (r"c(?<=c)(?<m>a)|(?<m>b)", 7, 15, None, []),  # (the offer holds a lookbehind, which the engine refuses: none)
+])
+def test_a_group_name_given_twice_in_a_regex_is_named_with_the_fix(backend, pattern, first, second, offer, texts):
+    """gen(regex=r"(?<m>a)|(?<m>b)"), which ECMA 262 takes since 2025 (a name again in another
+    alternative), a %%lm cell and the engine said only "unknown extension ?<m ... fix the pattern"
+    (and of (?P<m>a)|(?P<m>b) "redefinition of group name 'm'"). They now name the name given
+    twice, where, that Python's re takes it once, and the fix (rename one, or a group that captures
+    nothing), with the pattern so written where gen() takes it and the engine builds it. The
+    reference: the regex package, which takes a name twice, matches the pattern as the offer."""
+    import lmnb
+
+    if first is None:
+        lmnb.gen("x", regex=pattern)  # (one group named m: taken, as before)
+        assert [bool(re.fullmatch(pattern, t)) for t in texts] == [True, True, False]
+        return
+    said = (f"regex {json.dumps(pattern)} cannot be compiled: it names two groups m, at positions {first} and {second}, "
+            "and Python's re, which reads a regex here, takes a group's name once (ECMA 262 takes one again only in "
+            "another alternative); rename one, or make the second a group that captures nothing, (?:...)")
+    assert pattern[first:].startswith(("(?<m>", "(?P<m>")) and pattern[second:].startswith(("(?<m>", "(?P<m>"))
+    assert _refused_alike(backend, pattern) == said + (f": write {json.dumps(offer)}" if offer else "")
+    if offer:
+        built = backend.compile(regex=offer).regex
+        for text in texts:
+            assert bool(re.fullmatch(built, text)) == bool(regex_module.fullmatch(pattern, text)), text
 
 
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
