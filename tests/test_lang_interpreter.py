@@ -2231,7 +2231,7 @@ def test_api_speculative_gens_report_their_own_share_of_the_call():
 
     @sgl.function(num_api_spec_tokens=64)
     def prog(s):
-        s += "Name:" + sgl.gen("name", stop="\n", return_logprob=True)  # " Al" "ice" and the stop's "\n"
+        s += "Name:" + sgl.gen("name", stop="\n", return_logprob=True, return_text_in_logprobs=True)  # " Al" "ice", "\n"
         s += "\nAge:" + sgl.gen("age", stop=["0"])  # " 3" and "0\n", which holds the stop
         s += sgl.gen("rest", max_tokens=2)  # the rest of "0\n", and "Ci"
 
