@@ -219,11 +219,19 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         meta.pop("output_top_logprobs", None)
     elif not params.return_text_in_logprobs:  # the call asked for token texts to cut by; this gen did not
         if "output_token_logprobs" in meta:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t, _ in meta["output_token_logprobs"]]
+            meta["output_token_logprobs"] = [_textless(e) for e in meta["output_token_logprobs"]]
         if "output_top_logprobs" in meta:
-            meta["output_top_logprobs"] = [None if top is None else [[lp, t, None] for lp, t, _ in top]
+            meta["output_top_logprobs"] = [None if top is None else [_textless(e) for e in top]
                                            for top in meta["output_top_logprobs"]]
     return left.text[:pos], meta
+
+
+def _textless(entry: list) -> list:
+    """A logprob entry ``[logprob, token_id, text]`` as a call without ``return_text_in_logprobs``
+    writes it: text None, except where no token id names the token (the OpenAI API's entries,
+    whose text it always writes)."""
+    logprob, token_id, text = entry
+    return [logprob, token_id, None if token_id is not None else text]
 
 
 def spec_role_end(ex: "StreamExecutor") -> None:
