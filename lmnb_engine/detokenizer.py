@@ -39,14 +39,16 @@ def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]],
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-# tokenizer -> its _run_holders (special tokens skipped and not) and _run_bytes: reading the
-# decoder costs a serialization (of the decoder alone), once per tokenizer rather than per request
-_RUNS: "weakref.WeakKeyDictionary[Any, tuple[dict[bool, frozenset[int]], dict[int, bytes] | None]]" = (
-    weakref.WeakKeyDictionary())
+_Runs = tuple[dict[bool, frozenset[int]], dict[int, bytes] | None, str]
+
+# tokenizer -> its _run_holders (special tokens skipped and not), _run_bytes and _run_strip: reading
+# the decoder costs a serialization (of the decoder alone), once per tokenizer rather than per request
+_RUNS: "weakref.WeakKeyDictionary[Any, _Runs]" = weakref.WeakKeyDictionary()
 
 
-def _runs(tokenizer: Any) -> tuple[dict[bool, frozenset[int]], dict[int, bytes] | None]:
-    """``(_run_holders's answers by skip_special_tokens, _run_bytes's answer)``, read once per tokenizer."""
+def _runs(tokenizer: Any) -> _Runs:
+    """``(_run_holders's answers by skip_special_tokens, _run_bytes's answer, _run_strip's)``, read
+    once per tokenizer."""
     try:
         found = _RUNS.get(tokenizer)
     except TypeError:  # (not weakly referable: read each time)
@@ -84,7 +86,14 @@ def _run_bytes(tokenizer: Any) -> dict[int, bytes] | None:
     return _runs(tokenizer)[1]
 
 
-def _new_runs(tokenizer: Any) -> tuple[dict[bool, frozenset[int]], dict[int, bytes] | None]:
+def _run_strip(tokenizer: Any) -> str:
+    """The character the ``Strip`` of a ``_run_bytes`` decoder cuts off the start of the whole text
+    (Llama 2's: a space), "" where it has none: a run of byte tokens with no text before it reads
+    as ``ByteFallback`` reads the run, less that character where the run's text begins with it."""
+    return _runs(tokenizer)[2]
+
+
+def _new_runs(tokenizer: Any) -> _Runs:
     """``_runs``'s answer, read from the tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = getattr(backend, "decoder", None)
@@ -95,29 +104,37 @@ def _new_runs(tokenizer: Any) -> tuple[dict[bool, frozenset[int]], dict[int, byt
         found.add(d.get("type"))
         stack.extend(d.get("decoders") or [])
     if "ByteFallback" not in found:
-        return {True: frozenset(), False: frozenset()}, None
+        return {True: frozenset(), False: frozenset()}, None, ""
     byte_of = {backend.token_to_id(f"<0x{b:02X}>"): bytes([b]) for b in range(256)}
     byte_of.pop(None, None)
     byte_ids = frozenset(byte_of)
     special = {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if t.special}
     holders = {True: byte_ids | special, False: byte_ids}
-    return holders, (byte_of if _writes_runs_as_read(spec) and _read_alike(tokenizer, byte_of) else None)
+    strip = _writes_runs_as_read(spec)
+    if strip is None or not _read_alike(tokenizer, byte_of):
+        return holders, None, ""
+    return holders, byte_of, strip
 
 
-def _writes_runs_as_read(spec: dict) -> bool:
+def _writes_runs_as_read(spec: dict) -> str | None:
     """Whether the decoder ``spec`` (its JSON) is ``_run_bytes``'s: after ``ByteFallback`` only
     ``Fuse`` joins the strings, and a ``Strip`` after it cuts at most one character off the start
-    of the whole text, which a run after other text never begins."""
+    of the whole text, which a run after other text never begins. That character (``_run_strip``;
+    "" for none) where it is, else None."""
     chain = list(spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
     if chain and chain[0].get("type") == "Replace":  # ("▁" never occurs in "<0xNN>")
         if chain[0].get("pattern") != {"String": "\u2581"} or chain[0].get("content") != " ":
-            return False
+            return None
         chain.pop(0)
     if [d.get("type") for d in chain[:2]] != ["ByteFallback", "Fuse"]:
-        return False
+        return None
     strip = chain[2:]
-    return not strip or (len(strip) == 1 and strip[0].get("type") == "Strip"
-                         and strip[0].get("start", 0) <= 1 and strip[0].get("stop") == 0)
+    if not strip:
+        return ""
+    if (len(strip) == 1 and strip[0].get("type") == "Strip" and strip[0].get("start", 0) <= 1
+            and strip[0].get("stop") == 0 and len(strip[0].get("content", "")) == 1):
+        return strip[0]["content"] if strip[0].get("start", 0) else ""
+    return None
 
 
 def _read_alike(tokenizer: Any, byte_of: dict[int, bytes]) -> bool:
@@ -133,20 +150,23 @@ def _read_alike(tokenizer: Any, byte_of: dict[int, bytes]) -> bool:
 
 class _RunLength:
     """The length of the text ``_pending_text`` gives for a run of byte tokens ``ids[read:end]``
-    held after other text, read a token's bytes at a time (``_run_bytes``): ``ByteFallback``'s text
-    of the run less a character cut at its end (the bytes Python's incremental UTF-8 decoder holds
-    at the end, as ``_whole_characters`` reads them), that is the characters of the bytes before
-    the cut where they are valid UTF-8, else one U+FFFD per byte. (Where the run is not valid
-    before the cut, the strict decoder has failed: the bytes it failed on lie before those held.)
-    ``_pending_text`` decodes the whole run for it, and ``newest_text_start`` asked for it for
-    every token of a run, which cost time quadratic in the run."""
+    held, read a token's bytes at a time (``_run_bytes``): ``ByteFallback``'s text of the run less a
+    character cut at its end (the bytes Python's incremental UTF-8 decoder holds at the end, as
+    ``_whole_characters`` reads them), that is the characters of the bytes before the cut where
+    they are valid UTF-8, else one U+FFFD per byte. (Where the run is not valid before the cut, the
+    strict decoder has failed: the bytes it failed on lie before those held.) Those characters
+    less ``strip`` (``_run_strip``) where they begin with it and no text comes before the run (the
+    output's first tokens, no prompt context): the decoder's ``Strip`` cuts it off the whole text.
+    ``_pending_text`` decodes the whole run for it, and ``newest_text_start`` asked for it for every
+    token of a run, which cost time quadratic in the run."""
 
-    def __init__(self, read: int) -> None:
+    def __init__(self, read: int, strip: str = "") -> None:
         self.read = self.end = read
         self._strict = codecs.getincrementaldecoder("utf-8")()  # (until the run is spoilt)
         self._lossy = codecs.getincrementaldecoder("utf-8")("replace")  # (its state: the cut bytes)
         self._bytes = self._chars = 0
         self._valid = True
+        self._strip, self._stripped = strip, 0  # (1 where the run's text begins with ``strip``)
 
     def add(self, raw: bytes) -> None:
         """Read the next token of the run, whose bytes are ``raw`` (none for a skipped special token)."""
@@ -155,12 +175,18 @@ class _RunLength:
         self._lossy.decode(raw)
         if self._valid:
             try:
-                self._chars += len(self._strict.decode(raw))
+                text = self._strict.decode(raw)
             except UnicodeDecodeError:
                 self._valid = False
+            else:
+                if not self._chars and text:
+                    self._stripped = int(text[0] == self._strip)
+                self._chars += len(text)
 
     def __len__(self) -> int:
-        return self._chars if self._valid else self._bytes - len(self._lossy.getstate()[0])
+        if self._valid:
+            return self._chars - self._stripped
+        return self._bytes - len(self._lossy.getstate()[0])
 
 
 def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | None:
@@ -199,6 +225,7 @@ class IncrementalDetokenizer:
         # (a decode that cleans up spaces may rewrite a run's text: its bytes do not tell it)
         cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._byte_of = None if cleans_up else _run_bytes(tokenizer)
+        self._strip = _run_strip(tokenizer)
         self._run: _RunLength | None = None  # the held run's text read so far, for newest_text_start
         # (a run of byte tokens ending the prompt would read as one run with the output's first
         # bytes: the context ends before it)
@@ -328,9 +355,8 @@ class IncrementalDetokenizer:
         newest token ended the hold, its ``add`` returned their text with its own; where it is
         held too, its bytes begin after them. A token whose bytes complete a character begun by
         held tokens shares that character's start. Costs no decode where none was held before it
-        or it is held in a run of byte tokens after other text (``_run_length``: a token's bytes
-        read per token), else up to three decodes of the held tokens (once per run where it ends
-        one).
+        or it is held in a run of byte tokens (``_run_length``: a token's bytes read per token), else
+        up to three decodes of the held tokens (once per run where it ends one).
 
         Raises:
             ValueError: no token was added."""
@@ -357,14 +383,14 @@ class IncrementalDetokenizer:
     def _run_length(self, end: int) -> int | None:
         """``len(self._pending_text())`` were the output ``ids[:end]``, read from the bytes of the
         held tokens (``_RunLength``, kept from the last call while the same run is held) where they
-        are byte tokens and skipped special tokens after a token of the window (``ids[prefix:read]``
-        not empty) and ``_run_bytes`` holds; None elsewhere (a held token is read as text, or no
-        token comes before the run in the window, where a ``Strip`` may cut the run's space)."""
-        if self._byte_of is None or self._prefix == self._read:
+        are byte tokens and skipped special tokens and ``_run_bytes`` holds; None elsewhere (a held
+        token is read as text). With no token before the run in the window (``ids[prefix:read]``
+        empty) the decoder's ``Strip`` may cut the run's first character (``_run_strip``)."""
+        if self._byte_of is None:
             return None
         run = self._run
         if run is None or run.read != self._read or run.end > end:
-            run = self._run = _RunLength(self._read)
+            run = self._run = _RunLength(self._read, self._strip if self._prefix == self._read else "")
         for i in self._ids[run.end : end]:
             raw = self._byte_of.get(i, b"" if i in self._holders else None)
             if raw is None:

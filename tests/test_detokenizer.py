@@ -419,6 +419,27 @@ def test_the_text_start_of_each_token_of_a_long_run_costs_no_decode(byte_fallbac
     assert len(decoded) <= 5 and sum(decoded) <= 4 * len(ids), (len(decoded), sum(decoded))
 
 
+def test_the_text_start_of_each_token_of_a_long_run_at_the_start_of_the_output_costs_no_decode(byte_fallback, decoded):
+    # The same with no prompt context, the run the output's first tokens: newest_text_start
+    # decoded the whole held run for each of its tokens there (1000 byte tokens of "中": 4.4 s),
+    # where the decoder's Strip may cut the run's leading space. The run here begins with a space
+    # byte, which the one-shot decode strips while the run is valid and keeps as U+FFFD once the
+    # cut E4 spoils it (worked from the tokenizer's decode of each prefix).
+    tok = byte_fallback
+    ok = tok.convert_tokens_to_ids("▁ok")
+    ids = [1 + 0x20] + [1 + b for b in "中".encode()] * 200 + [1 + 0xE4, tok.eos_token_id, ok]
+    d = IncrementalDetokenizer(tok, [])
+    starts = []
+    for i in ids:
+        d.add(i)
+        starts.append(d.newest_text_start())
+    whole = tok.decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids[:4]) == "中" and whole == "\ufffd" * 602 + " ok"
+    assert starts == [0] + [(k - 1) // 3 for k in range(1, 601)] + [200, 200, 602]
+    assert d.text == whole
+    assert len(decoded) <= 5 and sum(decoded) <= 4 * len(ids), (len(decoded), sum(decoded))
+
+
 def test_a_slow_sentencepiece_tokenizer_leaves_a_cut_character_out_as_a_fast_one_does(tmp_path):
     # A checkpoint whose tokenizer_config names a SentencePiece-only class (GPTSw3Tokenizer) loads
     # as a slow (Python) tokenizer, whose decode reads a character cut at the end as one U+FFFD
