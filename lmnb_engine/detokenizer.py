@@ -148,13 +148,24 @@ def _read_alike(tokenizer: Any, byte_of: dict[int, bytes]) -> bool:
         return False
 
 
+def _cut_bytes(held: bytes) -> bytes:
+    """The bytes of a character cut at the end of a text's bytes, of those Python's incremental
+    UTF-8 decoder holds there (``held``, its state): all of them, but none where they begin a UTF-16
+    surrogate (ED then A0 to BF), which that decoder holds for a third byte (the "surrogatepass"
+    error handler's) though no byte makes them a character. Those are invalid for good: one U+FFFD
+    per byte in the tokenizer's decode (``ByteLevel``'s ``String::from_utf8_lossy``,
+    ``ByteFallback``) and in Python's final decode, as before more bytes."""
+    return b"" if held[:1] == b"\xed" and held[1:2] >= b"\xa0" else held
+
+
 class _RunLength:
     """The length of the text ``_pending_text`` gives for a run of byte tokens ``ids[read:end]``
     held, read a token's bytes at a time (``_run_bytes``): ``ByteFallback``'s text of the run less a
-    character cut at its end (the bytes Python's incremental UTF-8 decoder holds at the end, as
-    ``_whole_characters`` reads them), that is the characters of the bytes before the cut where
-    they are valid UTF-8, else one U+FFFD per byte. (Where the run is not valid before the cut, the
-    strict decoder has failed: the bytes it failed on lie before those held.) Those characters
+    character cut at its end (``_cut_bytes`` of those Python's incremental UTF-8 decoder holds at
+    the end, as ``_whole_characters`` reads them), that is the characters of the bytes before the
+    cut where they are valid UTF-8, else one U+FFFD per byte. (Where the run is not valid before
+    the cut, the strict decoder has failed, or holds bytes no byte completes: the bytes it failed
+    on lie before those held.) Those characters
     less ``strip`` (``_run_strip``) where they begin with it and no text comes before the run (the
     output's first tokens, no prompt context): the decoder's ``Strip`` cuts it off the whole text.
     ``_pending_text`` decodes the whole run for it, and ``newest_text_start`` asked for it for every
@@ -184,9 +195,11 @@ class _RunLength:
                 self._chars += len(text)
 
     def __len__(self) -> int:
-        if self._valid:
+        held = self._lossy.getstate()[0]
+        cut = _cut_bytes(held)
+        if self._valid and cut == held:
             return self._chars - self._stripped
-        return self._bytes - len(self._lossy.getstate()[0])
+        return self._bytes - len(cut)
 
 
 def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | None:
@@ -332,9 +345,9 @@ class IncrementalDetokenizer:
         whole = 0  # pending tokens that end on a character boundary
         for k, b in enumerate(raw, 1):
             utf8.decode(b)
-            if not utf8.getstate()[0]:
+            if not _cut_bytes(utf8.getstate()[0]):
                 whole = k
-        incomplete = utf8.getstate()[0]
+        incomplete = _cut_bytes(utf8.getstate()[0])
         if not incomplete:
             return delta
         first, held = len(raw), 0  # the pending tokens from ``first`` on hold the incomplete bytes

@@ -101,9 +101,25 @@ def unused_token(engine, *id_lists) -> int:
 def utf8_whole_characters(tokenizer, ids) -> str:
     """The text of ``ids`` (no special token) from their own bytes (byte-level BPE's byte-to-character table, read
     backwards), decoded as UTF-8 up to the incomplete character at its end, which is left out
-    (Python's incremental decoder holds it back; bytes that never form a character read U+FFFD)."""
+    (bytes that never form a character read U+FFFD). Incomplete: some continuation bytes make it
+    one character (Python's incremental decoder also holds ED A0..BF, a surrogate's start, which
+    none does: those read U+FFFD, as in the tokenizer's decode)."""
+    import itertools
+
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
     raw = bytes(byte_of[c] for t in tokenizer.convert_ids_to_tokens(ids) for c in t)
-    return codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    text, held = utf8.decode(raw, final=False), utf8.getstate()[0]
+
+    def one_character(b: bytes) -> bool:
+        try:
+            return len(b.decode("utf-8")) == 1
+        except UnicodeDecodeError:
+            return False
+
+    if any(one_character(held + bytes(more)) for n in (1, 2, 3)
+           for more in itertools.product((0x80, 0x90, 0xA0, 0xBF), repeat=n)):
+        return text
+    return text + held.decode("utf-8", "replace")
