@@ -1,8 +1,9 @@
 """Incremental detokenization for streamed output.
 
 The detokenizer decodes a sliding window of ids and emits only the text that the newest token
-added, holding it back while it ends in U+FFFD (an incomplete UTF-8 sequence) and, with
-SentencePiece byte fallback, while a run of byte tokens is open (``_run_holders``). The window starts
+added, holding back a character cut at its end (the text ends in U+FFFD: the tokens' bytes tell
+an incomplete UTF-8 sequence from invalid bytes, ``_final_end``) and, with SentencePiece byte
+fallback, a run of byte tokens while it is open (``_run_holders``). The window starts
 a few prompt tokens back so tokenizers that drop a leading space at the start of a decode
 (SentencePiece) still produce the right first word. This is the scheme of vLLM's
 ``detokenize_incrementally`` and SGLang's ``DetokenizerManager`` (``surr_offset``/``read_offset``).
@@ -222,6 +223,99 @@ def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | N
     return raw
 
 
+# tokenizer -> {id: the token's bytes} as _token_bytes reads them, filled as ids are met (None:
+# not readable): add reads the held tokens' bytes each time their text ends in U+FFFD
+_BYTES: "weakref.WeakKeyDictionary[Any, dict[int, bytes] | None]" = weakref.WeakKeyDictionary()
+
+
+def _known_bytes(tokenizer: Any) -> dict[int, bytes] | None:
+    """``tokenizer``'s bytes of the ids read so far (``_token_bytes``), None where they cannot be
+    read."""
+    try:
+        return _BYTES.setdefault(tokenizer, {})
+    except TypeError:  # (not weakly referable: read each time)
+        return {}
+
+
+def _token_bytes(tokenizer: Any, known: dict[int, bytes] | None, ids: list[int]) -> list[bytes] | None:
+    """The bytes of each of ``ids`` as constrained decoding reads them (``token_bytes``; a slow
+    SentencePiece tokenizer's ``_slow_sentencepiece_bytes``), b"" for a token that spells none (a
+    special or added token), kept in ``known`` (``_known_bytes``), a token's read once; None where
+    they cannot be read (another family, or a slow tokenizer other than SentencePiece's)."""
+    if known is None:
+        return None
+    try:
+        return [known[i] for i in ids]
+    except KeyError:
+        pass
+    from lmnb_engine.constrained.errors import GrammarError
+    from lmnb_engine.constrained.vocab import token_bytes
+
+    missing = list(dict.fromkeys(i for i in ids if i not in known))
+    try:
+        raw = [b or b"" for b in token_bytes(tokenizer, missing)]
+    except (GrammarError, AttributeError, TypeError):
+        raw = _slow_sentencepiece_bytes(tokenizer, missing)
+    if raw is None:
+        try:
+            _BYTES[tokenizer] = None
+        except TypeError:
+            pass
+        return None
+    known.update(zip(missing, raw))
+    return [known[i] for i in ids]
+
+
+def _held(data: bytes) -> bytes:
+    """The bytes of a character cut at the end of ``data`` (``_cut_bytes`` of those Python's UTF-8
+    decoder holds there), read from its last three bytes: a cut character has at most three, the
+    first a lead byte, at which the decoder begins a character wherever it stands."""
+    tail = data[-3:]
+    return _cut_bytes(tail[codecs.utf_8_decode(tail, "replace", False)[1] :])
+
+
+def _begins_here(data: bytes, end: int) -> bool:
+    """Whether the decoder begins a character or an invalid byte's U+FFFD at ``data[end]``
+    (``end < len(data)``): nothing is open before it, or what is open cannot go on with it (the
+    first byte of "é" before "f": one U+FFFD, ended there)."""
+    open_ = _held(data[max(0, end - 3) : end])
+    if not open_:
+        return True
+    try:
+        codecs.utf_8_decode(open_ + data[end : end + 1], "strict", False)
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _before_cut(raw: list[bytes]) -> tuple[int, bytes]:
+    """``(k, rest)`` for tokens whose bytes are ``raw``, read as the ``ByteLevel`` and
+    ``ByteFallback`` decoders read bytes (``String::from_utf8_lossy``: Python's "replace"), where
+    they end inside a character (``_held``): the first ``k`` tokens come before it, those before
+    the first token that holds a byte of it where it begins where a token does (always so with
+    byte fallback), else those up to the last token end before it where the decoder begins a
+    character (``_begins_here``), and ``rest`` is then the bytes after them before it (b""
+    otherwise). ``(len(raw), b"")`` where no character is cut. No later byte changes the first
+    ``k`` tokens' text: the decoder begins a character or an invalid byte's U+FFFD after them
+    whatever follows, and a byte after them only adds to the text."""
+    data = b"".join(raw)
+    cut = _held(data)
+    if not cut:
+        return len(raw), b""
+    first, held = len(raw), 0  # the tokens from ``first`` on hold the cut bytes
+    while held < len(cut):
+        first -= 1
+        held += len(raw[first])
+    if held == len(cut):
+        return first, b""
+    k = start = end = 0
+    for n, b in enumerate(raw[:first], 1):
+        end += len(b)
+        if _begins_here(data, end):
+            k, start = n, end
+    return k, data[start : len(data) - len(cut)]
+
+
 class IncrementalDetokenizer:
     """Decodes output token ids one at a time into ``text`` (always complete characters).
 
@@ -239,6 +333,7 @@ class IncrementalDetokenizer:
         cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._byte_of = None if cleans_up else _run_bytes(tokenizer)
         self._strip = _run_strip(tokenizer)
+        self._known = _known_bytes(tokenizer)  # (the tokens' bytes, read as they are held)
         self._run: _RunLength | None = None  # the held run's text read so far, for newest_text_start
         # (a run of byte tokens ending the prompt would read as one run with the output's first
         # bytes: the context ends before it)
@@ -271,12 +366,39 @@ class IncrementalDetokenizer:
         if token_id not in self._holders:
             window_before = self._decode(self._ids[self._prefix : self._read])
             window_now = self._decode(self._ids[self._prefix :])
-            if len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT):
-                delta = self._new_text(window_before, window_now)
+            end = len(self._ids)
+            if window_now.endswith(_REPLACEMENT):
+                end = self._final_end()
+                if self._read < end < len(self._ids):
+                    window_now = self._decode(self._ids[self._prefix : end])
+            if end > self._read and len(window_now) > len(window_before):
+                delta = self._new_text(window_before, window_now, end)
                 self.text += delta
-                self._prefix, self._read = self._read, len(self._ids)
+                self._prefix, self._read = self._read, end
         self._history.append((self._prefix, self._read, len(self.text)))
         return delta
+
+    def _final_end(self) -> int:
+        """Where the output's final text ends (an index into ``ids``, at least ``read``) when the
+        held tokens' text ends in U+FFFD: after them all where that U+FFFD is no character cut at
+        the end (invalid bytes, a stray continuation byte, which no later byte changes, or U+FFFD
+        itself), else before the cut character (``_before_cut``). Holding back the whole text
+        while it ended in U+FFFD held it for good after invalid bytes, so the window grew with
+        the output: thousands of stray bytes in a row cost time quadratic in them. ``read``
+        (nothing final) where the tokens' bytes cannot be read, and with SentencePiece byte
+        fallback where a character is cut (the rest of its run may rewrite the text before it)."""
+        raw = self._held_bytes()
+        if raw is None:
+            return self._read
+        k, _ = _before_cut(raw)
+        return self._read if k < len(raw) and self._holders else self._read + k
+
+    def _held_bytes(self) -> list[bytes] | None:
+        """The bytes of the tokens after ``read`` (``_token_bytes``), None where they cannot be read."""
+        raw = _token_bytes(self._tokenizer, self._known, self._ids[self._read :])
+        if raw is None:
+            self._known = None  # (not asked again)
+        return raw
 
     def _new_text(self, window_before: str, window: str, end: int | None = None) -> str:
         """The text that ``ids[read:end]`` adds to ``window_before`` (the text of ``ids[prefix:read]``),
@@ -324,42 +446,22 @@ class IncrementalDetokenizer:
 
     def _whole_characters(self, delta: str, window_before: str) -> str:
         """``delta``, the pending tokens' text ending in U+FFFD, up to the incomplete character at
-        its end (found from the tokens' own bytes, read as constrained decoding reads them):
+        its end (found from the tokens' own bytes, ``_token_bytes``, by ``_before_cut``):
         the tokenizer's text of the pending tokens before the first that holds a byte of it, then,
         where it begins inside a token (byte-level BPE), that token's bytes before it, read as the
         ``ByteLevel`` decoder reads bytes (``String::from_utf8_lossy``: Python's "replace").
         ``delta`` itself where nothing is incomplete (a real or an invalid byte's U+FFFD) or the
         tokenizer's bytes cannot be read (an unsupported family, or a slow tokenizer other than
         SentencePiece's). ``window_before``: the text of ``ids[prefix:read]``."""
-        from lmnb_engine.constrained.errors import GrammarError
-        from lmnb_engine.constrained.vocab import token_bytes
-
-        pending = self._ids[self._read :]
-        try:
-            raw = [b or b"" for b in token_bytes(self._tokenizer, pending)]
-        except (GrammarError, AttributeError, TypeError):
-            raw = _slow_sentencepiece_bytes(self._tokenizer, pending)
-            if raw is None:
-                return delta
-        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        whole = 0  # pending tokens that end on a character boundary
-        for k, b in enumerate(raw, 1):
-            utf8.decode(b)
-            if not _cut_bytes(utf8.getstate()[0]):
-                whole = k
-        incomplete = _cut_bytes(utf8.getstate()[0])
-        if not incomplete:
+        raw = self._held_bytes()
+        if raw is None:
             return delta
-        first, held = len(raw), 0  # the pending tokens from ``first`` on hold the incomplete bytes
-        while held < len(incomplete):
-            first -= 1
-            held += len(raw[first])
-        end = self._read + (first if held == len(incomplete) else whole)
+        k, rest = _before_cut(raw)
+        if k == len(raw):
+            return delta
+        end = self._read + k
         text = self._new_text(window_before, self._decode(self._ids[self._prefix : end]), end)
-        if held == len(incomplete):  # it begins where a token does (always so with byte fallback)
-            return text
-        rest = b"".join(raw[whole:])
-        return text + rest[: len(rest) - len(incomplete)].decode("utf-8", "replace")
+        return text + rest.decode("utf-8", "replace")
 
     def newest_text_start(self) -> int:
         """Where in ``text`` the newest token's own text begins (a character index), for offsets

@@ -70,6 +70,78 @@ def test_bytes_that_never_form_a_character_stay_replacement_characters(tokenizer
     assert "".join(detok.add(t) for t in ids) + detok.flush() == utf8_whole_characters(tokenizer, ids) == "ok\ufffd"
 
 
+def test_stray_bytes_stream_as_they_come_with_byte_level_bpe(tokenizer, decoded):
+    # byte-level BPE decodes a stray continuation byte (0x80 alone) to a U+FFFD no later byte
+    # changes; so a lead byte followed by another lead byte (E4 E4), and the first byte of "é"
+    # followed by "f" (the token "fÃ", f C3, repeated). add held back any text ending in U+FFFD,
+    # so it held such bytes for good: the window grew with them, decoded twice a token (4000 stray
+    # bytes: 0.7 s, time quadratic in the run). Now the text is streamed up to a character cut at
+    # its end: each stray byte's U+FFFD as it comes, each E4's when the next E4 shows it begins no
+    # character, each "f" + U+FFFD when the next "f" does. Counted in ids decoded; the text is the
+    # one-shot decode.
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    char = bytes_to_unicode()
+    ok, space_ok = (tokenizer.encode(t, add_special_tokens=False) for t in ("ok", " ok"))
+    f_c3 = tokenizer.convert_tokens_to_ids("f" + char[0xC3])
+    assert tokenizer.convert_ids_to_tokens(f_c3) == "fÃ"
+    runs = tokenizer.convert_tokens_to_ids([char[0x80]] * 600 + [char[0xE4]] * 600) + [f_c3] * 600
+    ids = ok + runs + space_ok
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("the answer", add_special_tokens=False))
+    deltas = [detok.add(t) for t in ids]
+    stray, lead, split = (deltas[len(ok) + k : len(ok) + k + 600] for k in (0, 600, 1200))
+    assert stray == ["\ufffd"] * 600 and lead == [""] + ["\ufffd"] * 599 and split == ["\ufffd"] + ["f\ufffd"] * 599
+    want = "ok" + "\ufffd" * 1200 + "f\ufffd" * 600 + " ok"
+    assert "".join(deltas) + detok.flush() == detok.text == tokenizer.decode(ids) == want
+    assert sum(decoded) <= 6 * len(ids), sum(decoded)
+
+
+def test_random_byte_level_outputs_stream_their_one_shot_decode(tokenizer):
+    # Byte-level BPE, random outputs of vocabulary tokens (merges such as "fÃ": a whole "f" and
+    # the first byte of "é"), bytes that spell characters, stray continuation bytes, lead bytes
+    # that begin no character, a surrogate's ED A0, U+FFFD itself and EOS, cut anywhere, after a
+    # prompt and none, with rollbacks: the text streamed is at every token a start of the final
+    # text, which is the whole characters of the output's bytes (utf8_whole_characters): the
+    # tokenizer's one-shot decode (EOS skipped) less the U+FFFD of a character cut at the end.
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    char = bytes_to_unicode()
+    eos = tokenizer.convert_tokens_to_ids("</s>")
+    vocab = [i for i in range(len(tokenizer)) if i not in tokenizer.added_tokens_decoder]  # (chat markers aside)
+    spelled = [b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80", b"\xc3\xa9", b"\xef\xbf\xbd", b"a", b" "]
+    invalid = [b"\x80", b"\xbf", b"\xe4", b"\xe4\xb8", b"\xed\xa0", b"\xf0\x9f", b"\xff", b"\xc0", b"\xf4\x90"]
+    rng = random.Random(0)
+
+    def output():
+        ids = []
+        for _ in range(rng.randint(1, 8)):
+            kind = rng.choice(["vocab", "vocab", "spelled", "invalid", "eos"])
+            if kind == "vocab":
+                ids.append(rng.choice(vocab))
+            elif kind == "eos":
+                ids.append(eos)
+            else:
+                ids += tokenizer.convert_tokens_to_ids([char[b] for b in rng.choice(spelled if kind == "spelled" else invalid)])
+        return ids
+
+    prompts = [tokenizer.encode("the answer is", add_special_tokens=False), []]
+    for n in range(300):
+        detok, ids, texts = IncrementalDetokenizer(tokenizer, rng.choice(prompts)), output(), []
+        while detok.num_tokens < len(ids):
+            detok.add(ids[detok.num_tokens])
+            texts.append(detok.text)
+            if rng.random() < 0.05:
+                keep = rng.randint(0, detok.num_tokens)
+                detok.rollback(keep)
+                del texts[keep:]
+                ids[keep:] = output()
+        detok.flush()
+        out = [i for i in ids if i != eos]
+        want = utf8_whole_characters(tokenizer, out)
+        assert detok.text == want and all(want.startswith(t) for t in texts), (n, ids)
+        assert tokenizer.decode(out) in (want, want + "\ufffd")  # (the cut character's U+FFFD)
+
+
 @pytest.mark.parametrize("tail, cut", [((0xED, 0xA0), False), ((0xED, 0xBF), False), ((0xED,), True), ((0xED, 0x9F), True)])
 def test_a_surrogates_first_bytes_at_the_end_read_as_the_tokenizer_decodes_them(tokenizer, byte_fallback, tail, cut):
     # ED A0..BF would begin a UTF-16 surrogate, which UTF-8 never encodes: no byte completes them,
