@@ -343,6 +343,24 @@ def test_a_set_up_cell_that_raises_ends_the_job_with_one_message_and_exit_2(tmp_
     assert not (tmp_path / "out.jsonl").exists() and rows.exists()
 
 
+def test_a_job_run_in_process_whose_set_up_fails_leaves_sys_excepthook_as_it_was(tmp_path, monkeypatch):
+    """A job run as __main__ inside another program (runpy.run_path, IPython's %run) whose set-up
+    raised left its own sys.excepthook set after the caller had got the error: only a job that is
+    the program (python job.py, python -m) sets it."""
+    import runpy
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook('n = 1 / 0\nq = "x"', "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "rows.jsonl", "--output", "out.jsonl"])
+    before = sys.excepthook
+    with pytest.raises(ZeroDivisionError):
+        runpy.run_path(str(tmp_path / "job.py"), run_name="__main__")
+    assert sys.excepthook is before
+
+
 @pytest.mark.parametrize("options", [["--help"], ["--input", "rows.jsonl", "--output", "out.jsonl", "--limt", "3"]])
 def test_the_command_line_is_read_before_the_set_up_cells_run(tmp_path, options):
     """Without a parameters cell, the job read its options only when its rows started, so --help

@@ -348,7 +348,8 @@ class Job:
         if caller.f_globals.get("__name__") == "__main__":
             if options_first:
                 self.args = self._parser().parse_args(self.argv)
-            self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
+            if setup_error.is_program(caller):
+                self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
 
     def keep(self, namespace: dict, /, *names: str) -> None:
         """Keep the values that ``namespace`` (the script's globals, once the cells run once ran)

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import tokenize
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Callable, Optional
 
 EXIT_SETUP = 2  # (runner's EXIT_FATAL: imported from there, this module would import the runner's imports)
@@ -47,6 +47,19 @@ def install(script: str, per_row: bool = True) -> Callable[[], None]:
 
     sys.excepthook = hook
     return uninstall
+
+
+def is_program(frame: FrameType) -> bool:
+    """Whether ``frame`` (the script's module level) is the program's own: no frame above it but
+    runpy's for ``python -m``; not a script that another program runs in its process."""
+    above = frame.f_back
+    while above is not None:
+        if above.f_globals.get("__name__") != "runpy":
+            return False
+        if above.f_back is None:  # (the interpreter's own call for python -m)
+            return above.f_code.co_name == "_run_module_as_main"
+        above = above.f_back
+    return True
 
 
 def message(error: BaseException, tb: TracebackType, script: str, per_row: bool = True) -> str:
