@@ -266,6 +266,10 @@ def _post(url, path, body, **kw):
         ("/abort_request", {"rid": "", "abort_all": True}, 400,
          'lmnb serve does not abort all requests at once (abort_all is true); abort each by its id, '
          '{"rid": "<request id>"}, and leave abort_all out'),
+        # 0 was refused as that true is ("abort_all is 0"), though it means not all: a JSON boolean is asked
+        # for, as for /generate's stream
+        ("/abort_request", {"rid": "x", "abort_all": 0}, 400, "abort_all must be true or false, not 0"),
+        ("/abort_request", {"rid": "x", "abort_all": "false"}, 400, 'abort_all must be true or false, not "false"'),
         ("/abort_request", ["a"], 400, 'the body must be a JSON object of the request\'s fields ({"field": value, ...}), '
                                        'not ["a"]'),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,

@@ -987,10 +987,11 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         body = await json_body(request)
         if not isinstance(body, dict):
             raise not_an_object(body)
-        if body.get("abort_all", False) is not False:  # (SGLang's; false, its default, is taken)
-            raise RequestError(f"lmnb serve does not abort all requests at once (abort_all is "
-                               f"{json_value(body['abort_all'], 40)}); abort each by its id, {{\"rid\": \"<request id>\"}}, "
-                               "and leave abort_all out", param="abort_all")
+        # (SGLang's; false, its default, is taken; 0 or "no" is a 400 as for /generate's flags,
+        # where it was refused as if it asked to abort all)
+        if _flag(body, "abort_all"):
+            raise RequestError("lmnb serve does not abort all requests at once (abort_all is true); abort each by "
+                               'its id, {"rid": "<request id>"}, and leave abort_all out', param="abort_all")
         if "rid" not in body:
             raise RequestError('abort_request needs the id of the request to abort, {"rid": "<request id>"}; the body '
                                f"has no rid (it has {json_value(sorted(body), SHOWN_CHARS)})", param="rid")
