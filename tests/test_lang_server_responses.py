@@ -442,6 +442,37 @@ def test_openai_backends_run_their_calls_that_are_not_streamed_on_one_shared_thr
         backend.shutdown()
 
 
+def test_an_openai_backend_dropped_without_shutdown_closes_its_connection(server):
+    """A backend dropped without shutdown() left its keep-alive connection to the garbage
+    collector, which warned "unclosed transport" and "unclosed socket" (ResourceWarning), and the
+    server kept the connection open; its finalizer closes it now. The server's side of the
+    connection ends once the client closes it."""
+    import gc
+    import warnings
+
+    reply = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "Hello"}}]}
+    server.answer = lambda h, b: send(h, 200, json.dumps(reply).encode())
+    closed = threading.Event()
+    finish = server.handler.finish
+
+    def finished(handler):  # (the handler's connection ended: the client closed it)
+        closed.set()
+        finish(handler)
+
+    server.handler.finish = finished
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+    assert [c.text for c in backend.generate(CHAT, PARAMS, "r1")] == ["Hello"]  # (on a kept-alive connection)
+    assert not closed.is_set()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del backend
+        gc.collect()
+        assert closed.wait(30)
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
 def _runs_in_a_forked_child(call) -> None:
     """Run ``call`` in a process made by os.fork (multiprocessing's "fork" start method), which
     must end with exit status 0 (an assertion failing there ends it with 1)."""

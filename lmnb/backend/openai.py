@@ -123,6 +123,11 @@ class OpenAI(BaseBackend):
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
         self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
         self._clients: Optional[tuple] = None  # (the openai client, its async twin or None)
+        # The clients a backend dropped without shutdown() leaves open: its finalizer closes them
+        # (a keep-alive connection was left to the garbage collector, which warned of an unclosed
+        # socket and transport, ResourceWarning). Not at exit: the process's end closes them.
+        self._unclosed: list = []
+        weakref.finalize(self, _close_dropped, self._unclosed).atexit = False
         try:
             self._open_clients()
         except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
@@ -153,6 +158,7 @@ class OpenAI(BaseBackend):
         # while a cancelled one closes its connection, so the server sees its client leave, and is
         # not tried again. An httpx.Client given is for blocking calls only.
         self._clients = (cls(**kwargs), None if "http_client" in kwargs else async_cls(**kwargs))
+        self._unclosed[:] = [] if "http_client" in kwargs else [self._clients]  # (one given is the caller's)
         return self._clients
 
     @property
@@ -177,8 +183,10 @@ class OpenAI(BaseBackend):
         here: a fork that runs ``exec`` next needs none). The parent's pooled connections are the
         parent's sockets (a request on one would read the parent's answers), and the async
         client's are bound to the parent's event loop, which no thread runs here; the parent's
-        calls in flight, and its lock, are not this process's."""
+        calls in flight, and its lock, are not this process's, nor are its connections: the
+        finalizer does not close them (an HTTP/2 close would write to the parent's socket)."""
         self._clients = None
+        self._unclosed.clear()
         self._forget_requests()
 
     def get_chat_template(self) -> ChatTemplate:
@@ -684,11 +692,27 @@ class OpenAI(BaseBackend):
         yet), there is none to close, and none is made only to be closed."""
         if self._clients is None:
             return
+        self._unclosed.clear()  # (closed here: the finalizer has none left to close)
         self.client.close()
         with self._requests_lock:
             used, self._async_used = self._async_used, False
         if used:
             asyncio.run_coroutine_threadsafe(self._async_client.close(), _shared_loop()).result()
+
+
+def _close_dropped(unclosed: list) -> None:
+    """The finalizer of a backend dropped without ``shutdown()``: close the clients in
+    ``unclosed`` (none, or the openai client and its async twin or None). It runs wherever the
+    garbage collector runs, the shared loop's thread too, so it takes no lock and waits for
+    nothing: the async client's close is handed to the shared loop, which holds it until done
+    (a loop that never ran has made no connection to close)."""
+    if not unclosed:
+        return
+    client, async_client = unclosed.pop()
+    client.close()
+    loop, thread = _loop, _loop_thread
+    if async_client is not None and loop is not None and thread is not None and thread.is_alive():
+        asyncio.run_coroutine_threadsafe(async_client.close(), loop)
 
 
 def _after_fork_in_child() -> None:
