@@ -2960,7 +2960,8 @@ def test_row_fields_whose_example_is_text_must_be_text_in_the_job(tmp_path, monk
     source, p = export_notebook(nb)
     # topic: read and never set, so its type is unknown; style is a parameter, not a row field
     assert (p.inputs, p.texts) == (("question", "topic"), ("question",))
-    assert "job = lmnb.batch.Job(__doc__, inputs=['question', 'topic'], texts=['question'])" in source
+    assert ("job = lmnb.batch.Job(__doc__, inputs=['question', 'topic'], texts=['question'], parameters={'style': "
+            "'terse', 'n': 2}, options_first=True)") in source
     assert "Text, as the notebook's examples are (a JSON string, not a number or a list): question." in source
     assert "also on a rerun that\nleaves it so" in source  # the exit status, in --help
     assert export_notebook(nb, inputs=["question", "n"])[1].texts == ("question",)  # n's example is a number

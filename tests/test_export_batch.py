@@ -384,6 +384,67 @@ def test_the_command_line_is_read_before_the_set_up_cells_run(tmp_path, options)
     assert not (tmp_path / "ran.txt").exists()
 
 
+PARAMETERS_BELOW_SET_UP = ['open("ran.txt", "w").close()', ("parameters", 'temperature = 0.5\nn = len("ab")')]
+
+
+@pytest.mark.parametrize("per_row", [True, False], ids=["rows", "no %%lm cell"])
+@pytest.mark.parametrize("options", [["--help"], ["--temperature", "warm"]])
+def test_a_parameters_options_are_read_before_the_cells_above_the_parameters_cell_run(tmp_path, per_row, options):
+    """With a parameters cell the job read its command line only where that cell ran, so --help
+    and a bad value ran the cells above it first (a model load, a generation); the options come
+    from the cell's literals, read at export. A default the cell computes is said so in --help."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    cells = PARAMETERS_BELOW_SET_UP + (['q = "x"', "%%lm\n{q}{gen a max_tokens=1}"] if per_row else [])
+    source, _ = export_notebook(notebook(*cells), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    rows = ["--input", "rows.jsonl", "--output", "out.jsonl"] if per_row else []
+    done = subprocess.run([sys.executable, "job.py", *rows, *options], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    if options == ["--help"]:
+        assert done.returncode == 0, done.stderr
+        helped = " ".join(done.stdout.split())
+        assert "--temperature VALUE (default: 0.5) --n VALUE (default: computed by the parameters cell when the job runs)" in helped
+    else:
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (
+            2, "job.py: error: argument --temperature: expected a number (e.g. 0.5, 2 or 1e-3), got 'warm'")
+    assert not (tmp_path / "ran.txt").exists()
+
+
+@pytest.mark.parametrize("options, values", [([], {"temperature": 0.5, "n": 2}),
+                                             (["--n", "0x7", "--temperature", "1"], {"temperature": 1.0, "n": 7})])
+def test_parameters_read_before_the_cells_run_take_the_cells_values_and_types(options, values):
+    """The options read as the job is made (the exported line) still give the parameters cell's
+    values where no option is given (n, which the cell computes, as 2), and an option's text is
+    read as the cell's value's type (0x7 for the int n: 7; 1 for the float temperature: 1.0)."""
+    ns = {"__name__": "__main__"}  # (a job made at a script's module level: it reads its command line then)
+    argv = ["--input", "rows.jsonl", "--output", "out.jsonl", *options]
+    exec("import lmnb.batch\n"
+         f"job = lmnb.batch.Job('', inputs=['q'], argv={argv!r}, parameters={{'temperature': 0.5, 'n': None}}, "
+         "computed=['n'], options_first=True)\n"
+         "read = job.args is not None\n"
+         "temperature = 0.5\nn = len('ab')\n"
+         "got = job.parameters(temperature=temperature, n=n)", ns)
+    assert ns["read"] and vars(ns["got"]) == values and ns["job"].parameter_values == values
+    assert [type(v) for v in vars(ns["got"]).values()] == [float, int]
+
+
+def test_a_parameter_default_that_no_literal_writes_back_is_read_where_the_cell_runs():
+    """1e999 is inf, whose repr is no literal: the job line would fail with a NameError; such a
+    default is taken as computed by the cell, as one the cell computes is."""
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook(("parameters", "big = 1e999\nys = [1, 2]\nm = max(ys)"), 'q = "x"',
+                                         "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    assert ("parameters={'big': None, 'ys': [1, 2], 'm': None}, computed=['big', 'm'], options_first=True)"
+            in source)
+    compile(source, "job.py", "exec")
+
+
 def test_a_misspelt_option_of_a_job_is_offered_the_closest_the_parameters_included(tmp_path):
     """A job named each unknown option with no guess; a notebook parameter's option (papermill's
     --temperature) is among those offered, and a word that is no option (junk) is offered none."""

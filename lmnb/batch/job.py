@@ -306,11 +306,16 @@ class Job:
         argv: command-line arguments (default ``sys.argv[1:]``).
         per_row: False for a notebook without ``%%lm`` cells: no input rows, only the backend and
             parameter options (the script calls ``start`` instead of ``run``).
-        options_first: True for a script without a parameters cell (whose ``parameters`` call reads
-            the command line where the cell is): run as ``__main__``, the job reads its command line
-            as it is made, before the notebook's set-up cells run, so ``--help`` and a misspelt
-            option answer at once (they ran every set-up cell first, a slow one or one that fails
-            too). Exits as ``argparse`` does on bad options (status 2).
+        parameters: the notebook parameters (papermill's ``parameters`` cell) → their defaults as
+            the cell's literals give them, for ``options_first``; ``parameters()`` reads them
+            again where the cell runs, with the values it set.
+        computed: those of ``parameters`` whose default the cell computes (``n = len(x)``): their
+            options take any text before the cell runs, read like the cell's value after, and
+            ``--help`` says that the cell sets the default.
+        options_first: run as ``__main__``, the job reads its command line as it is made, before
+            the notebook's set-up cells run, so ``--help`` and a misspelt option answer at once
+            (they ran every set-up cell first, a slow one or one that fails too; with a parameters
+            cell, those above it: a model load). Exits as ``argparse`` does on bad options (status 2).
     """
 
     # The script's run_row calls these through the job object, whose name the exporter keeps free:
@@ -327,7 +332,8 @@ class Job:
                  types: Optional[dict] = None,
                  model: Optional[str] = None, backend: Optional[str] = None, openai_model: Optional[str] = None,
                  completion: bool = False, timeout: Optional[float] = None,
-                 argv: Optional[Sequence[str]] = None, per_row: bool = True, options_first: bool = False):
+                 argv: Optional[Sequence[str]] = None, per_row: bool = True, parameters: Optional[dict] = None,
+                 computed: Sequence[str] = (), options_first: bool = False):
         self.description = description
         self.inputs = list(inputs)
         self.texts = list(texts)
@@ -341,13 +347,19 @@ class Job:
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args: Optional[argparse.Namespace] = None
         self.parameter_values: dict = {}
+        self._parameters = (dict(parameters or {}), tuple(computed))  # (the options read before the cell runs)
+        self._parameters_read = False
+        self._read_early = False  # (options_first read the parameters' options: parameters() reads them again)
         self._kept: list = []  # (keep)
         self._star_builtins: tuple = ()  # (star_import)
         self._end_setup: Callable[[], None] = lambda: None  # (gives back the excepthook for the set-up's errors)
         caller = sys._getframe(1)  # the script, whose module level goes on to run the notebook's set-up
         if caller.f_globals.get("__name__") == "__main__":
             if options_first:
-                self.args = self._parser().parse_args(self.argv)
+                parser = self._parser()
+                add_parameters(parser, *self._parameters, per_row=per_row)
+                self.args = parser.parse_args(self.argv)
+                self._read_early = bool(self._parameters[0])
             if setup_error.is_program(caller):
                 self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
 
@@ -452,14 +464,17 @@ class Job:
         ``parameters`` cell): ``--name VALUE`` replaces the default, parsed like the default's type
         (``lmnb.batch.options.parameter_type``: bool: true/false; int; float; str; list, tuple, set,
         dict: a Python literal or JSON of that type, a list for a tuple or set; None: a Python
-        literal, else the text, as ``1,2`` stays in papermill). Returns the values.
+        literal, else the text, as ``1,2`` stays in papermill). Returns the values. A job that read
+        its command line as it was made (``options_first`` with ``parameters``) reads it again here,
+        with the values the cell set as the defaults.
 
         Exits with usage help (status 2) on bad options, as ``argparse`` does.
         """
-        if self.args is not None:
+        if self._parameters_read or self.args is not None and not self._read_early:
             raise RuntimeError("Job.parameters() is called once, before Job.run()")
+        self._parameters_read = True
         parser = self._parser()
-        dests = add_parameters(parser, defaults, self.per_row)
+        dests = add_parameters(parser, defaults, per_row=self.per_row)
         self.args = parser.parse_args(self.argv)
         self.parameter_values = {name: getattr(self.args, dest) for name, dest in dests.items()}
         return argparse.Namespace(**self.parameter_values)
@@ -522,6 +537,7 @@ class Job:
         if not self.per_row:
             raise RuntimeError("Job(per_row=False) has no input rows to run; call start()")
         self._end_setup()
+        self._parameters_read = True  # (a parameters() after the rows ran would change what they ran with)
         if self.args is None:
             self.args = self._parser().parse_args(self.argv)
         args = self.args

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from lmnb.backend.base import BackendAuthError
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
@@ -158,15 +158,24 @@ def parameter_options(names, per_row: bool = True) -> dict:
     return out
 
 
-def add_parameters(parser: argparse.ArgumentParser, defaults: dict, per_row: bool = True) -> dict:
-    """Add an option per parameter (``parameter_options``) to ``parser``; returns name → dest."""
+def add_parameters(parser: argparse.ArgumentParser, defaults: dict, computed: Sequence[str] = (),
+                   per_row: bool = True) -> dict:
+    """Add an option per parameter (``parameter_options``) to ``parser``; returns name → dest.
+    ``computed``: those of ``defaults`` whose default the parameters cell computes, which has not
+    run yet: their option takes any text (read like the default once the cell ran)."""
+    if not defaults:
+        return {}
     group = parser.add_argument_group("notebook parameters", "defaults from the notebook's parameters cell")
     options = parameter_options(defaults, per_row)
     dests = {}
     for name, default in defaults.items():
         dests[name] = f"param_{name}"
-        group.add_argument(options[name], dest=dests[name], default=default, type=parameter_type(default),
-                           action=Once, metavar="VALUE", help=f"(default: {default!r})")
+        if name in computed:
+            kind, said = str, "computed by the parameters cell when the job runs"
+        else:
+            kind, said = parameter_type(default), repr(default)
+        group.add_argument(options[name], dest=dests[name], default=default, type=kind,
+                           action=Once, metavar="VALUE", help=f"(default: {said})")
     return dests
 
 

@@ -46,7 +46,9 @@ class Plan:
 
     setup / row: cells at module level and in ``run_row``, in notebook order (every ``%%lm`` cell
     is in ``row``; its ``@lmnb.function`` is defined at module level). inputs: row fields, in order
-    of first use. parameters: variables of the parameters cell. lm_params: ``%%lm`` cell index →
+    of first use. parameters: variables of the parameters cell. parameter_defaults: each one's
+    default as the cell's literal gives it (``read_parameters``: ``NO_DEFAULT`` where the cell
+    computes it), for the job's options before any cell runs. lm_params: ``%%lm`` cell index →
     row-local variables its program takes as arguments (other names it reads are module globals).
     binds: ``%%lm`` cell index → captured variables bound as locals after it runs. texts: the row
     fields whose notebook example is a string (the job refuses a row that gives another value,
@@ -106,6 +108,7 @@ class Plan:
     inputs: tuple
     parameters: tuple = ()
     parameters_cell: Optional[int] = None
+    parameter_defaults: dict = field(default_factory=dict)
     lm_params: dict = field(default_factory=dict)
     binds: dict = field(default_factory=dict)
     strip: dict = field(default_factory=dict)
@@ -177,6 +180,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
         if given:
             raise ExportError(f"--inputs {', '.join(given)}: the notebook has no %%lm cell to run per row")
         p = Plan(list(cells), list(cells), [], (), parameters, params_cell.index if params_cell else None)
+        p.parameter_defaults = {n: defaults[n] for n in parameters}
         p.jupyter = _jupyter_builtins(cells)
         p.backend, p.notes = _backend(cells, [])
         p.notes.append("the notebook has no %%lm cell: the script runs its cells once, with no input rows")
@@ -200,6 +204,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     row = [c for c in cells if c in moved or c in after]
     _drop_definition_calls(setup, row)
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
+    p.parameter_defaults = {n: defaults[n] for n in parameters}
     p.inputs, from_star = _fields(p, examples, given, parameters)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
     # (the script names the type: `types={'x': ellipsis}` for `x = ...` was a NameError)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import TIMEIT_BODY, Code, Dropped, ExportError, LMCell, Markdown, bound_by, deleted_by
+from lmnb.export.parameters import NO_DEFAULT
 from lmnb.export.plan import _BUILTINS, Plan
 from lmnb.template.python_cell import indent_code
 
@@ -171,13 +172,31 @@ class _Writer:
 
     def job_line(self, per_row: bool = True) -> str:
         if not per_row:
-            return f"{self.names.job} = lmnb.batch.Job(__doc__, per_row=False{self.backend_kwargs()})"
+            return (f"{self.names.job} = lmnb.batch.Job(__doc__, per_row=False{self.backend_kwargs()}"
+                    f"{self.parameter_kwargs()}, options_first=True)")
         texts = f", texts={list(self.p.texts)!r}" if self.p.texts else ""
         if self.p.types:  # (the type's name: the builtin, as the job line comes before the notebook's code)
             texts += ", types={" + ", ".join(f"{n!r}: {t.__name__}" for n, t in self.p.types.items()) + "}"
-        first = "" if self.p.parameters else ", options_first=True"  # (a parameters cell reads them where it is)
         return (f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()}"
-                f"{first})")
+                f"{self.parameter_kwargs()}, options_first=True)")
+
+    def parameter_kwargs(self) -> str:
+        """The job's ``parameters=`` (each parameter's default as the parameters cell's literal
+        gives it) and ``computed=`` (those the cell computes, ``n = len(x)``, or whose value no
+        literal writes back, ``1e999``): the job reads its command line, ``--help`` too, before
+        any cell runs (it ran the cells above the parameters cell first: a model load); "" for
+        none."""
+        if not self.p.parameters:
+            return ""
+        defaults, computed = {}, []
+        for name in self.p.parameters:
+            default = self.p.parameter_defaults.get(name, NO_DEFAULT)
+            if default is NO_DEFAULT or not _written_back(default):
+                computed.append(name)
+                default = None
+            defaults[name] = default
+        return f", parameters={{{', '.join(f'{n!r}: {v!r}' for n, v in defaults.items())}}}" + (
+            f", computed={computed!r}" if computed else "")
 
     def backend_kwargs(self) -> str:
         kwargs = []
@@ -621,3 +640,12 @@ def _ranges(indexes: list) -> str:
     if start is not None:
         out.append(f"{start}" if start == prev else f"{start}-{prev}")
     return ", ".join(out)
+
+
+def _written_back(value) -> bool:
+    """Whether ``repr(value)`` is a literal of ``value`` (not ``inf``, nor an integer too long for
+    Python to write), so that the script can hold it."""
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
