@@ -676,6 +676,11 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     reference = None if every else back_reference_problem(pattern, where)
     if reference:
         return reference
+    # (a name given twice, which Python's re takes once: gen() leaves it to the backend, as other patterns
+    # the regex package reads, ECMA's (?<m>a)|(?<m>b) among them)
+    repeated = None if ecma or every else _repeated_name_problem(pattern, where)
+    if repeated:
+        return repeated
     ecma = ecma or every
     # (the engine reads ECMA's named groups: ecma_names_as_python, which keeps each error's place)
     problem = (python_error(*_ecma_as_python(pattern), written=pattern) if ecma else
@@ -690,6 +695,35 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "
             "schema: its outputs are made to pass jsonschema's check, which reads a pattern with Python's re, and re "
             f"has no such classes; {_unicode_class_fix(pattern)}")
+
+
+def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:
+    """The engine's words for the schema ``pattern`` (at ``where``) that names two of Python's groups
+    alike, ``(?P<m>a)|(?P<m>b)`` (``regex_errors.repeated_name``; an ECMA group, ``(?<m>``, the
+    engine reads as a plain one: ``ecma_names_as_python``), as a ``regex``'s are worded
+    (``repeated_name_words``), the pattern so written offered where the engine takes it
+    (``_engine_takes``); None where no such name is repeated. It said only "redefinition of group
+    name 'm' as group 2 ...; fix the pattern"."""
+    from lmnb_engine.regex_errors import repeated_name, repeated_name_words  # (it imports this module)
+
+    found = repeated_name(pattern, ecma=False)
+    if found is None:
+        return None
+    name, first, second, offer = found
+    written = f": write {json_value(offer, SHOWN_CHARS)}" if _engine_takes(offer) else ""
+    return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} cannot be compiled: "
+            + repeated_name_words(name, first, second, "a schema's pattern here (jsonschema checks each output with it)")
+            + written)
+
+
+def _engine_takes(pattern: str) -> bool:
+    """Whether the in-process engine takes ``pattern`` as a schema's (``checked_schema``) and builds it
+    (``_engine_builds``), so that it may be offered."""
+    try:
+        checked_schema({"type": "string", "pattern": pattern})
+    except ValueError:
+        return False
+    return _engine_builds(pattern)
 
 
 # a code-point escape \u{...} (after an even run of backslashes, group 1; its digits, group 2)

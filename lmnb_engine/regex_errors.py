@@ -258,35 +258,54 @@ def _named_reference_problem(pattern: str) -> str | None:
 _ANY_NAMED_GROUP = re.compile(r"\(\?(P?)<([^\W\d]\w*)>")
 
 
-def _repeated_name_problem(pattern: str) -> str | None:
-    """Why ``pattern`` is refused where it names two groups alike (``(?<m>a)|(?<m>b)``, which ECMA
-    262 takes since 2025 where the two are in different alternatives), or None where no name is
-    repeated: Python's ``re`` takes a group's name once (it said "redefinition of group name", or
-    only "unknown extension ?<m", and "fix the pattern"). The fix: rename one, or make each repeat
-    a group that captures nothing, ``(?:...)``, the pattern so written offered (in Python's
-    spelling) where ``offer_taken``. Groups are found outside classes and comments
-    (``pattern_parts``)."""
+def repeated_name(pattern: str, ecma: bool = True) -> tuple[str, int, int, str] | None:
+    """The first group name ``pattern`` gives twice (``(?<m>a)|(?<m>b)``, which ECMA 262 takes since
+    2025 where the two are in different alternatives, and Python's ``re`` refuses): (the name, where
+    its first group opens, where the second does, the pattern with each group whose name an earlier
+    one has opened as a group that captures nothing, ``(?:``), or None where no name is repeated.
+    Groups are found outside classes and comments (``pattern_parts``). ``ecma`` False: Python's
+    ``(?P<name>`` groups alone (a schema's pattern, whose ECMA groups the engine reads as plain
+    ones: ``json_schema.ecma_names_as_python``)."""
     seen: dict[str, int] = {}
     repeats = []  # (where, the opening's length) of each group whose name an earlier one has
     found = None
     for part in pattern_parts(pattern):
         m = _ANY_NAMED_GROUP.match(pattern, part.start) if part.kind == "(" else None
-        if m and m.group(2) in seen:
+        if m and (ecma or m.group(1)) and m.group(2) in seen:
             repeats.append((part.start, m.end() - part.start))
             found = found or (m.group(2), seen[m.group(2)], part.start)
-        elif m:
+        elif m and (ecma or m.group(1)):
             seen[m.group(2)] = part.start
     if found is None:
         return None
     offer = pattern
     for at, length in reversed(repeats):
         offer = offer[:at] + "(?:" + offer[at + length:]
+    return (*found, offer)
+
+
+def repeated_name_words(name: str, first: int, second: int, reader: str) -> str:
+    """What is wrong with a pattern that names two groups ``name`` (opening at positions ``first``
+    and ``second``: ``repeated_name``) and the fix, words that follow the pattern; ``reader``: what
+    Python's ``re`` reads here ("a regex"). Said of a ``regex`` and of a schema's ``pattern`` alike."""
+    return (f"it names two groups {name}, at positions {first} and {second}, and Python's re, which reads {reader}, "
+            "takes a group's name once (ECMA 262 takes one again only in another alternative); rename one, or make the "
+            "second a group that captures nothing, (?:...)")
+
+
+def _repeated_name_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is refused where it names two groups alike (``repeated_name``), or None:
+    Python's ``re`` said "redefinition of group name", or only "unknown extension ?<m", and "fix
+    the pattern". The fix (``repeated_name_words``) offers the pattern so written, each group
+    spelled as Python does, ``(?P<m>``, where ``offer_taken``."""
+    found = repeated_name(pattern)
+    if found is None:
+        return None
+    name, first, second, offer = found
     offer = _ANY_NAMED_GROUP.sub(r"(?P<\2>", offer)  # (only groups' openings are left to respell: no "(?<" in a class)
-    name, first, second = found
     written = f": write {shown_regex(offer)}" if offer != pattern and offer_taken(offer) else ""
-    return (f"regex {shown_regex(pattern)} cannot be compiled: it names two groups {name}, at positions {first} and "
-            f"{second}, and Python's re, which reads a regex here, takes a group's name once (ECMA 262 takes one again only "
-            "in another alternative); rename one, or make the second a group that captures nothing, (?:...)" + written)
+    return (f"regex {shown_regex(pattern)} cannot be compiled: "
+            + repeated_name_words(name, first, second, "a regex here") + written)
 
 
 # A named group's opening as ECMA 262, .NET and Rust's regex write it, (?<name>, with a name Python

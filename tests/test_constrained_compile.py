@@ -233,6 +233,40 @@ def test_a_group_name_given_twice_in_a_regex_is_named_with_the_fix(backend, patt
             assert bool(re.fullmatch(built, text)) == bool(regex_module.fullmatch(pattern, text)), text
 
 
+@pytest.mark.parametrize("pattern, first, second, offer, texts", [
+    (r"(?P<m>a)|(?P<m>b)", 0, 9, r"(?P<m>a)|(?:b)", ["a", "b", "ab", ""]),
+    # (ECMA's (?<m>, which the engine reads as a plain group, is kept as written, and counts for no repeat)
+    (r"(?<x>c)(?P<m>a)|(?<m>z)|(?P<m>b)", 7, 24, r"(?<x>c)(?P<m>a)|(?<m>z)|(?:b)", ["ca", "z", "b", "a", "cz"]),
+    (r"(?P<m>a)(?P<m>b)", 0, 8, r"(?P<m>a)(?:b)", ["ab", "a", "b"]),
+    (r"(?P<m>a)(?=b)|(?P<m>b)", 0, 14, None, []),  # (the offer holds a lookahead, which the engine refuses: none)
+    (r"(?P<m>\p{L})|(?P<m>b)", 0, 13, None, []),  # (and here a \p{...} class, which it takes in no schema)
+])
+def test_a_group_name_given_twice_in_a_schema_pattern_is_named_with_the_fix(pattern, first, second, offer, texts):
+    """The engine refused a schema pattern naming two of Python's groups alike, (?P<m>a)|(?P<m>b),
+    with only "redefinition of group name 'm' as group 2 ...; fix the pattern", where regex= names
+    the name and the fix. It now says so in the schema's framing. gen() and a %%lm cell take the
+    pattern, as they take others Python's re alone refuses ((?<=a+)b): the regex package reads it, so
+    a backend may. The reference for the offer: the regex package, which takes a name twice,
+    matches the pattern as the offer, and the engine builds the offer."""
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+    assert lmnb.gen("x", json_schema=schema).params.json_schema == schema
+    assert check_literal("gen", "json_schema", schema) is None
+    with pytest.raises(GrammarError) as in_engine:
+        schema_to_regex(schema)
+    said = (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be compiled: it names "
+            f"two groups m, at positions {first} and {second}, and Python's re, which reads a schema's pattern here "
+            "(jsonschema checks each output with it), takes a group's name once (ECMA 262 takes one again only in "
+            "another alternative); rename one, or make the second a group that captures nothing, (?:...)")
+    assert str(in_engine.value) == said + (f": write {json.dumps(offer)}" if offer else "")
+    if offer:
+        built = schema_to_regex({"type": "string", "pattern": offer})
+        for text in texts:
+            assert bool(re.fullmatch(built, json.dumps(text))) == bool(regex_module.fullmatch(pattern, text)), text
+
+
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
     # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
     from lmnb_engine.regex_errors import without_edge_anchors
