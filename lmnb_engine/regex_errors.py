@@ -177,9 +177,10 @@ def unsupported_words(pattern: str, feature: str, fix: str) -> str:
 
 
 # A back-reference as Python's re reads one outside a class: by number, one or two digits (three
-# octal ones are an octal escape: first_back_reference), or by name, (?P=n) (the name: group 1)
+# octal ones are an octal escape: first_back_reference), or by name, (?P=n) (the name: group 1, read
+# to the next ")" as Python reads it, which takes any identifier, \w or not: "a\u0301", "\u2118")
 _NUMBER_REFERENCE = re.compile(r"\\([1-9][0-9]?)")
-_PYTHON_REFERENCE = re.compile(r"\(\?P=(\w+)\)")
+_PYTHON_REFERENCE = re.compile(r"\(\?P=([^)]+)\)")
 
 
 def first_back_reference(parsed, pattern: str) -> tuple[str, str, int | None] | None:
@@ -187,9 +188,11 @@ def first_back_reference(parsed, pattern: str) -> tuple[str, str, int | None] | 
     or Python's ``(?P=n)``, as ``json_schema.back_reference_words`` takes it: (its text, its
     group's number or name, its position), found in the text as Python's parser reads it
     (outside classes and comments: ``pattern_parts``; ``\\101``, three octal digits, is an octal
-    escape, ``\\18`` group 18), or by the group's number alone where the text shows none; None
-    where it has none. Python's own parser tells a back-reference from an octal escape (``[\\1]``)
-    and from a reference to no group (``\\10`` before a tenth), which it refuses."""
+    escape, ``\\18`` group 18), or by the group's number alone where the text shows none (where
+    ``pattern_parts`` reads the text otherwise than Python: a comment holding an escaped newline
+    before ``(?x)`` hides that flag from it, ``(?#\\<newline>)(?x)(a)#[<newline>\\1]``); None where
+    it has none. Python's own parser tells a back-reference from an octal escape (``[\\1]``) and
+    from a reference to no group (``\\10`` before a tenth), which it refuses."""
     group = next((av for op, av in walk(parsed) if op is constants.GROUPREF), None)
     if group is None:
         return None
