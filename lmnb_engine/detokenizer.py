@@ -203,16 +203,16 @@ class _RunLength:
         return self._bytes - len(cut)
 
 
-def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | None:
+def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[bytes] | None:
     """The bytes of ``ids`` for a slow (Python) SentencePiece tokenizer (one with an ``sp_model``:
     a checkpoint whose tokenizer_config names a SentencePiece-only class, such as
     ``GPTSw3Tokenizer``), read as ``constrained.vocab`` reads a fast one's, which needs the Rust
-    tokenizer: ``<0xNN>`` is the byte NN, other pieces their text with "▁" a space, special tokens
-    none. None for other tokenizers. (Its decode reads a character cut at the end as one U+FFFD
-    per byte, as the fast one does.)"""
+    tokenizer: ``<0xNN>`` is the byte NN, other pieces (added tokens too) their text with "▁" a
+    space, special tokens none where they are skipped. None for other tokenizers. (Its decode reads
+    a character cut at the end as one U+FFFD per byte, as the fast one does.)"""
     if getattr(tokenizer, "sp_model", None) is None:
         return None
-    special = set(getattr(tokenizer, "all_special_ids", ()))
+    special = set(getattr(tokenizer, "all_special_ids", ())) if skip_special_tokens else set()
     raw = []
     for i, token in zip(ids, tokenizer.convert_ids_to_tokens(ids)):
         m = _BYTE_TOKEN.fullmatch(token)
@@ -223,39 +223,58 @@ def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int]) -> list[bytes] | N
     return raw
 
 
-# tokenizer -> {id: the token's bytes} as _token_bytes reads them, filled as ids are met (None:
-# not readable): add reads the held tokens' bytes each time their text ends in U+FFFD
-_BYTES: "weakref.WeakKeyDictionary[Any, dict[int, bytes] | None]" = weakref.WeakKeyDictionary()
+def _decoder_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[bytes] | None:
+    """The bytes the decoder of a fast tokenizer joins for each of ``ids`` before reading them as
+    UTF-8: the token's string read by its family's reader (``constrained.vocab``'s: byte-level
+    BPE's byte-to-character table where each of its characters is in it, else its UTF-8 bytes, as
+    ``ByteLevel`` reads a token; SentencePiece's ``<0xNN>`` and "▁"), added and special tokens
+    alike, for the tokenizers library decodes their text with the rest ("café" added to a
+    byte-level BPE reads c a f E9, "caf" + U+FFFD, whose E9 the next tokens' bytes may complete);
+    b"" for a special token where those are skipped. The slow SentencePiece tokenizer's
+    (``_slow_sentencepiece_bytes``) where the tokenizer is one; None where neither reads them
+    (another family, or a slow tokenizer other than SentencePiece's)."""
+    from lmnb_engine.constrained.errors import GrammarError
+    from lmnb_engine.constrained.vocab import _byte_reader  # (read once per tokenizer)
 
-
-def _known_bytes(tokenizer: Any) -> dict[int, bytes] | None:
-    """``tokenizer``'s bytes of the ids read so far (``_token_bytes``), None where they cannot be
-    read."""
     try:
-        return _BYTES.setdefault(tokenizer, {})
+        to_bytes, _ = _byte_reader(tokenizer)
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+    except (GrammarError, AttributeError, TypeError):
+        return _slow_sentencepiece_bytes(tokenizer, ids, skip_special_tokens)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    skipped = {i for i in ids if i in added and added[i].special} if skip_special_tokens else set()
+    return [b"" if i in skipped else to_bytes(t) or t.encode() for i, t in zip(ids, tokens)]
+
+
+# tokenizer -> {skip_special_tokens: {id: the token's bytes}} as _token_bytes reads them, filled as
+# ids are met (None: not readable): add reads the held tokens' bytes each time their text ends in U+FFFD
+_BYTES: "weakref.WeakKeyDictionary[Any, dict[bool, dict[int, bytes]] | None]" = weakref.WeakKeyDictionary()
+
+
+def _known_bytes(tokenizer: Any, skip_special_tokens: bool) -> dict[int, bytes] | None:
+    """``tokenizer``'s bytes of the ids read so far (``_token_bytes``) where special tokens are
+    skipped or not, None where they cannot be read."""
+    try:
+        found = _BYTES.setdefault(tokenizer, {True: {}, False: {}})
     except TypeError:  # (not weakly referable: read each time)
         return {}
+    return None if found is None else found[skip_special_tokens]
 
 
-def _token_bytes(tokenizer: Any, known: dict[int, bytes] | None, ids: list[int]) -> list[bytes] | None:
-    """The bytes of each of ``ids`` as constrained decoding reads them (``token_bytes``; a slow
-    SentencePiece tokenizer's ``_slow_sentencepiece_bytes``), b"" for a token that spells none (a
-    special or added token), kept in ``known`` (``_known_bytes``), a token's read once; None where
-    they cannot be read (another family, or a slow tokenizer other than SentencePiece's)."""
+def _token_bytes(tokenizer: Any, known: dict[int, bytes] | None, ids: list[int],
+                 skip_special_tokens: bool) -> list[bytes] | None:
+    """The bytes the decoder reads from each of ``ids`` (``_decoder_bytes``), b"" for a token that
+    spells none (a skipped special token), kept in ``known`` (``_known_bytes``), a token's read
+    once; None where they cannot be read (another family, or a slow tokenizer other than
+    SentencePiece's)."""
     if known is None:
         return None
     try:
         return [known[i] for i in ids]
     except KeyError:
         pass
-    from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.constrained.vocab import token_bytes
-
     missing = list(dict.fromkeys(i for i in ids if i not in known))
-    try:
-        raw = [b or b"" for b in token_bytes(tokenizer, missing)]
-    except (GrammarError, AttributeError, TypeError):
-        raw = _slow_sentencepiece_bytes(tokenizer, missing)
+    raw = _decoder_bytes(tokenizer, missing, skip_special_tokens)
     if raw is None:
         try:
             _BYTES[tokenizer] = None
@@ -333,7 +352,8 @@ class IncrementalDetokenizer:
         cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._byte_of = None if cleans_up else _run_bytes(tokenizer)
         self._strip = _run_strip(tokenizer)
-        self._known = _known_bytes(tokenizer)  # (the tokens' bytes, read as they are held)
+        self._skip = skip_special_tokens
+        self._known = _known_bytes(tokenizer, skip_special_tokens)  # (the tokens' bytes, read as they are held)
         self._run: _RunLength | None = None  # the held run's text read so far, for newest_text_start
         # (a run of byte tokens ending the prompt would read as one run with the output's first
         # bytes: the context ends before it)
@@ -395,7 +415,7 @@ class IncrementalDetokenizer:
 
     def _held_bytes(self) -> list[bytes] | None:
         """The bytes of the tokens after ``read`` (``_token_bytes``), None where they cannot be read."""
-        raw = _token_bytes(self._tokenizer, self._known, self._ids[self._read :])
+        raw = _token_bytes(self._tokenizer, self._known, self._ids[self._read :], self._skip)
         if raw is None:
             self._known = None  # (not asked again)
         return raw

@@ -142,6 +142,59 @@ def test_random_byte_level_outputs_stream_their_one_shot_decode(tokenizer):
         assert tokenizer.decode(out) in (want, want + "\ufffd")  # (the cut character's U+FFFD)
 
 
+def test_added_tokens_read_as_the_decoder_reads_their_text(tiny_llama, byte_fallback):
+    # The tokenizers library runs added tokens' text through the decoder with the rest: ByteLevel
+    # reads "café" as c a f E9 (the characters of its byte table), "caf" + U+FFFD, whose E9 the
+    # next bytes B8 AD complete: "caf鸭". The detokenizer read an added token as no bytes, so
+    # it streamed "caf" + U+FFFD and the final text read "caf" + three U+FFFD, and flush dropped
+    # the text after a lead byte that an added token ending in U+FFFD followed ("ok" for "ok" +
+    # C3 + "x\ufffd"). The text is now the one-shot decode, less a character cut at the end.
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))  # (its own: add_tokens changes it)
+    contents = ["café", "xä", "<added>", "x\ufffd", "中ä"]
+    tok.add_tokens(contents)
+    tok.add_special_tokens({"additional_special_tokens": ["<sä>"]})
+    char = bytes_to_unicode()
+    cafe, x_a, added, x_fffd, cjk_a, special = tok.convert_tokens_to_ids(contents + ["<sä>"])
+    byte = (lambda *bs: tok.convert_tokens_to_ids([char[b] for b in bs]))
+    ok = tok.encode("ok", add_special_tokens=False)
+    # worked by hand from ByteLevel's rule (the decode below agrees): a cut character left out
+    cases = [([cafe], True, "caf"), ([cafe] + byte(0xB8, 0xAD), True, "caf鸭"), ([x_a] + byte(0xB8), True, "x"),
+             (ok + byte(0xC3) + [x_fffd], True, "ok\ufffdx\ufffd"),
+             (byte(0xE4) + [added] + byte(0xB8), True, "\ufffd<added>\ufffd"),
+             (byte(0xE4) + [special] + byte(0xB8), True, ""),  # (skipped: E4 B8, a cut character)
+             (byte(0xE4) + [special] + byte(0xB8), False, "\ufffd<s\ufffd>\ufffd"),
+             ([cjk_a] + byte(0xB8), True, "中ä\ufffd")]  # ("中" is not in the table: its UTF-8 bytes)
+    for ids, skip, want in cases:
+        assert tok.decode(ids, skip_special_tokens=skip) in (want, want + "\ufffd"), ids
+        detok = IncrementalDetokenizer(tok, [], skip_special_tokens=skip)
+        assert "".join(detok.add(t) for t in ids) + detok.flush() == detok.text == want, (ids, skip)
+    # random outputs of added tokens, bytes and vocabulary tokens, ended by "ok" (no cut): each
+    # text streamed is a start of the final text, which is the one-shot decode
+    spelled = [b"\xe4\xb8\xad", b"\xc3\xa9", b"\xb8\xad", b"\xa9", b"\x80", b"\xe4", b"\xc3", b"\xf0\x9f"]
+    pool = [[cafe], [x_a], [added], [x_fffd], [cjk_a], [special]] + [byte(*b) for b in spelled] + [ok]
+    rng = random.Random(0)
+    for n in range(300):
+        ids = [i for _ in range(rng.randint(1, 8)) for i in rng.choice(pool)] + ok
+        skip = rng.random() < 0.5
+        want = tok.decode(ids, skip_special_tokens=skip)
+        detok, texts = IncrementalDetokenizer(tok, rng.choice([[], ok]), skip_special_tokens=skip), []
+        for t in ids:
+            detok.add(t)
+            texts.append(detok.text)
+        assert detok.flush() == "" and detok.text == want and all(want.startswith(t) for t in texts), (n, ids, skip)
+    # SentencePiece byte fallback: flush dropped the text after a cut byte there too ("ok")
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(byte_fallback.backend_tokenizer.to_str()),
+                                  bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.add_tokens(["x\ufffd"])
+    ids = [tok.convert_tokens_to_ids("▁ok"), 1 + 0xC3, tok.convert_tokens_to_ids("x\ufffd")]
+    detok = IncrementalDetokenizer(tok, [])
+    assert "".join(detok.add(t) for t in ids) + detok.flush() == tok.decode(ids) == "ok\ufffd x\ufffd"
+
+
 @pytest.mark.parametrize("tail, cut", [((0xED, 0xA0), False), ((0xED, 0xBF), False), ((0xED,), True), ((0xED, 0x9F), True)])
 def test_a_surrogates_first_bytes_at_the_end_read_as_the_tokenizer_decodes_them(tokenizer, byte_fallback, tail, cut):
     # ED A0..BF would begin a UTF-16 surrogate, which UTF-8 never encodes: no byte completes them,
