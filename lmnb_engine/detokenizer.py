@@ -2,10 +2,10 @@
 
 The detokenizer decodes a sliding window of ids and emits only the text that the newest token
 added, holding back a character cut at its end (the text ends in U+FFFD: the tokens' bytes tell
-an incomplete UTF-8 sequence from invalid bytes, ``_final_end``) and, with SentencePiece byte
-fallback, a run of byte tokens while it is open (``_run_holders``). The window starts
-a few prompt tokens back so tokenizers that drop a leading space at the start of a decode
-(SentencePiece) still produce the right first word. This is the scheme of vLLM's
+an incomplete UTF-8 sequence from invalid bytes, ``_final_end``, read by ``detokenizer_bytes``)
+and, with SentencePiece byte fallback, a run of byte tokens while it is open (``_run_holders``).
+The window starts a few prompt tokens back so tokenizers that drop a leading space at the start
+of a decode (SentencePiece) still produce the right first word. This is the scheme of vLLM's
 ``detokenize_incrementally`` and SGLang's ``DetokenizerManager`` (``surr_offset``/``read_offset``).
 Stop strings and regexes are matched on its text by ``stop_matcher``.
 """
@@ -15,15 +15,15 @@ from __future__ import annotations
 import bisect
 import codecs
 import json
-import re
 import weakref
 from typing import Any, Callable, Sequence
+
+from lmnb_engine.detokenizer_bytes import before_cut, cut_bytes, decoded_bytes, known_bytes
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
 # (SGLang: INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
 _CONTEXT_TOKENS = 5
 _REPLACEMENT = "\ufffd"
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
@@ -149,20 +149,10 @@ def _read_alike(tokenizer: Any, byte_of: dict[int, bytes]) -> bool:
         return False
 
 
-def _cut_bytes(held: bytes) -> bytes:
-    """The bytes of a character cut at the end of a text's bytes, of those Python's incremental
-    UTF-8 decoder holds there (``held``, its state): all of them, but none where they begin a UTF-16
-    surrogate (ED then A0 to BF), which that decoder holds for a third byte (the "surrogatepass"
-    error handler's) though no byte makes them a character. Those are invalid for good: one U+FFFD
-    per byte in the tokenizer's decode (``ByteLevel``'s ``String::from_utf8_lossy``,
-    ``ByteFallback``) and in Python's final decode, as before more bytes."""
-    return b"" if held[:1] == b"\xed" and held[1:2] >= b"\xa0" else held
-
-
 class _RunLength:
     """The length of the text ``_pending_text`` gives for a run of byte tokens ``ids[read:end]``
     held, read a token's bytes at a time (``_run_bytes``): ``ByteFallback``'s text of the run less a
-    character cut at its end (``_cut_bytes`` of those Python's incremental UTF-8 decoder holds at
+    character cut at its end (``cut_bytes`` of those Python's incremental UTF-8 decoder holds at
     the end, as ``_whole_characters`` reads them), that is the characters of the bytes before the
     cut where they are valid UTF-8, else one U+FFFD per byte. (Where the run is not valid before
     the cut, the strict decoder has failed, or holds bytes no byte completes: the bytes it failed
@@ -197,142 +187,10 @@ class _RunLength:
 
     def __len__(self) -> int:
         held = self._lossy.getstate()[0]
-        cut = _cut_bytes(held)
+        cut = cut_bytes(held)
         if self._valid and cut == held:
             return self._chars - self._stripped
         return self._bytes - len(cut)
-
-
-def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[bytes] | None:
-    """The bytes of ``ids`` for a slow (Python) SentencePiece tokenizer (one with an ``sp_model``:
-    a checkpoint whose tokenizer_config names a SentencePiece-only class, such as
-    ``GPTSw3Tokenizer``), read as ``constrained.vocab`` reads a fast one's, which needs the Rust
-    tokenizer: ``<0xNN>`` is the byte NN, other pieces (added tokens too) their text with "▁" a
-    space, special tokens none where they are skipped. None for other tokenizers. (Its decode reads
-    a character cut at the end as one U+FFFD per byte, as the fast one does.)"""
-    if getattr(tokenizer, "sp_model", None) is None:
-        return None
-    special = set(getattr(tokenizer, "all_special_ids", ())) if skip_special_tokens else set()
-    raw = []
-    for i, token in zip(ids, tokenizer.convert_ids_to_tokens(ids)):
-        m = _BYTE_TOKEN.fullmatch(token)
-        if i in special:
-            raw.append(b"")
-        else:
-            raw.append(bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode())
-    return raw
-
-
-def _decoder_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[bytes] | None:
-    """The bytes the decoder of a fast tokenizer joins for each of ``ids`` before reading them as
-    UTF-8: the token's string read by its family's reader (``constrained.vocab``'s: byte-level
-    BPE's byte-to-character table where each of its characters is in it, else its UTF-8 bytes, as
-    ``ByteLevel`` reads a token; SentencePiece's ``<0xNN>`` and "▁"), added and special tokens
-    alike, for the tokenizers library decodes their text with the rest ("café" added to a
-    byte-level BPE reads c a f E9, "caf" + U+FFFD, whose E9 the next tokens' bytes may complete);
-    b"" for a special token where those are skipped. The slow SentencePiece tokenizer's
-    (``_slow_sentencepiece_bytes``) where the tokenizer is one; None where neither reads them
-    (another family, or a slow tokenizer other than SentencePiece's)."""
-    from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.constrained.vocab import _byte_reader  # (read once per tokenizer)
-
-    try:
-        to_bytes, _ = _byte_reader(tokenizer)
-        tokens = tokenizer.convert_ids_to_tokens(ids)
-    except (GrammarError, AttributeError, TypeError):
-        return _slow_sentencepiece_bytes(tokenizer, ids, skip_special_tokens)
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    skipped = {i for i in ids if i in added and added[i].special} if skip_special_tokens else set()
-    return [b"" if i in skipped else to_bytes(t) or t.encode() for i, t in zip(ids, tokens)]
-
-
-# tokenizer -> {skip_special_tokens: {id: the token's bytes}} as _token_bytes reads them, filled as
-# ids are met (None: not readable): add reads the held tokens' bytes each time their text ends in U+FFFD
-_BYTES: "weakref.WeakKeyDictionary[Any, dict[bool, dict[int, bytes]] | None]" = weakref.WeakKeyDictionary()
-
-
-def _known_bytes(tokenizer: Any, skip_special_tokens: bool) -> dict[int, bytes] | None:
-    """``tokenizer``'s bytes of the ids read so far (``_token_bytes``) where special tokens are
-    skipped or not, None where they cannot be read."""
-    try:
-        found = _BYTES.setdefault(tokenizer, {True: {}, False: {}})
-    except TypeError:  # (not weakly referable: read each time)
-        return {}
-    return None if found is None else found[skip_special_tokens]
-
-
-def _token_bytes(tokenizer: Any, known: dict[int, bytes] | None, ids: list[int],
-                 skip_special_tokens: bool) -> list[bytes] | None:
-    """The bytes the decoder reads from each of ``ids`` (``_decoder_bytes``), b"" for a token that
-    spells none (a skipped special token), kept in ``known`` (``_known_bytes``), a token's read
-    once; None where they cannot be read (another family, or a slow tokenizer other than
-    SentencePiece's)."""
-    if known is None:
-        return None
-    try:
-        return [known[i] for i in ids]
-    except KeyError:
-        pass
-    missing = list(dict.fromkeys(i for i in ids if i not in known))
-    raw = _decoder_bytes(tokenizer, missing, skip_special_tokens)
-    if raw is None:
-        try:
-            _BYTES[tokenizer] = None
-        except TypeError:
-            pass
-        return None
-    known.update(zip(missing, raw))
-    return [known[i] for i in ids]
-
-
-def _held(data: bytes) -> bytes:
-    """The bytes of a character cut at the end of ``data`` (``_cut_bytes`` of those Python's UTF-8
-    decoder holds there), read from its last three bytes: a cut character has at most three, the
-    first a lead byte, at which the decoder begins a character wherever it stands."""
-    tail = data[-3:]
-    return _cut_bytes(tail[codecs.utf_8_decode(tail, "replace", False)[1] :])
-
-
-def _begins_here(data: bytes, end: int) -> bool:
-    """Whether the decoder begins a character or an invalid byte's U+FFFD at ``data[end]``
-    (``end < len(data)``): nothing is open before it, or what is open cannot go on with it (the
-    first byte of "é" before "f": one U+FFFD, ended there)."""
-    open_ = _held(data[max(0, end - 3) : end])
-    if not open_:
-        return True
-    try:
-        codecs.utf_8_decode(open_ + data[end : end + 1], "strict", False)
-    except UnicodeDecodeError:
-        return True
-    return False
-
-
-def _before_cut(raw: list[bytes]) -> tuple[int, bytes]:
-    """``(k, rest)`` for tokens whose bytes are ``raw``, read as the ``ByteLevel`` and
-    ``ByteFallback`` decoders read bytes (``String::from_utf8_lossy``: Python's "replace"), where
-    they end inside a character (``_held``): the first ``k`` tokens come before it, those before
-    the first token that holds a byte of it where it begins where a token does (always so with
-    byte fallback), else those up to the last token end before it where the decoder begins a
-    character (``_begins_here``), and ``rest`` is then the bytes after them before it (b""
-    otherwise). ``(len(raw), b"")`` where no character is cut. No later byte changes the first
-    ``k`` tokens' text: the decoder begins a character or an invalid byte's U+FFFD after them
-    whatever follows, and a byte after them only adds to the text."""
-    data = b"".join(raw)
-    cut = _held(data)
-    if not cut:
-        return len(raw), b""
-    first, held = len(raw), 0  # the tokens from ``first`` on hold the cut bytes
-    while held < len(cut):
-        first -= 1
-        held += len(raw[first])
-    if held == len(cut):
-        return first, b""
-    k = start = end = 0
-    for n, b in enumerate(raw[:first], 1):
-        end += len(b)
-        if _begins_here(data, end):
-            k, start = n, end
-    return k, data[start : len(data) - len(cut)]
 
 
 class IncrementalDetokenizer:
@@ -353,7 +211,7 @@ class IncrementalDetokenizer:
         self._byte_of = None if cleans_up else _run_bytes(tokenizer)
         self._strip = _run_strip(tokenizer)
         self._skip = skip_special_tokens
-        self._known = _known_bytes(tokenizer, skip_special_tokens)  # (the tokens' bytes, read as they are held)
+        self._known = known_bytes(tokenizer, skip_special_tokens)  # (the tokens' bytes, read as they are held)
         self._run: _RunLength | None = None  # the held run's text read so far, for newest_text_start
         # (a run of byte tokens ending the prompt would read as one run with the output's first
         # bytes: the context ends before it)
@@ -402,7 +260,7 @@ class IncrementalDetokenizer:
         """Where the output's final text ends (an index into ``ids``, at least ``read``) when the
         held tokens' text ends in U+FFFD: after them all where that U+FFFD is no character cut at
         the end (invalid bytes, a stray continuation byte, which no later byte changes, or U+FFFD
-        itself), else before the cut character (``_before_cut``). Holding back the whole text
+        itself), else before the cut character (``before_cut``). Holding back the whole text
         while it ended in U+FFFD held it for good after invalid bytes, so the window grew with
         the output: thousands of stray bytes in a row cost time quadratic in them. ``read``
         (nothing final) where the tokens' bytes cannot be read, and with SentencePiece byte
@@ -410,12 +268,12 @@ class IncrementalDetokenizer:
         raw = self._held_bytes()
         if raw is None:
             return self._read
-        k, _ = _before_cut(raw)
+        k, _ = before_cut(raw)
         return self._read if k < len(raw) and self._holders else self._read + k
 
     def _held_bytes(self) -> list[bytes] | None:
-        """The bytes of the tokens after ``read`` (``_token_bytes``), None where they cannot be read."""
-        raw = _token_bytes(self._tokenizer, self._known, self._ids[self._read :], self._skip)
+        """The bytes of the tokens after ``read`` (``decoded_bytes``), None where they cannot be read."""
+        raw = decoded_bytes(self._tokenizer, self._known, self._ids[self._read :], self._skip)
         if raw is None:
             self._known = None  # (not asked again)
         return raw
@@ -466,7 +324,7 @@ class IncrementalDetokenizer:
 
     def _whole_characters(self, delta: str, window_before: str) -> str:
         """``delta``, the pending tokens' text ending in U+FFFD, up to the incomplete character at
-        its end (found from the tokens' own bytes, ``_token_bytes``, by ``_before_cut``):
+        its end (found from the tokens' own bytes, ``decoded_bytes``, by ``before_cut``):
         the tokenizer's text of the pending tokens before the first that holds a byte of it, then,
         where it begins inside a token (byte-level BPE), that token's bytes before it, read as the
         ``ByteLevel`` decoder reads bytes (``String::from_utf8_lossy``: Python's "replace").
@@ -476,7 +334,7 @@ class IncrementalDetokenizer:
         raw = self._held_bytes()
         if raw is None:
             return delta
-        k, rest = _before_cut(raw)
+        k, rest = before_cut(raw)
         if k == len(raw):
             return delta
         end = self._read + k
