@@ -30,9 +30,11 @@ def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]],
     """``ids -> text`` as ``tokenizer.decode(ids, skip_special_tokens=...)`` gives it.
 
     A fast (Rust) tokenizer is called directly: transformers' ``decode`` adds ~10 us of Python
-    per call around the same ``tokenizers.Tokenizer.decode``, and detokenizing costs two decodes
-    per token per request on the scheduler's thread. Its one extra step, cleaning up spaces
-    before punctuation, is kept by falling back to ``decode`` when the tokenizer asks for it.
+    per call around the same ``tokenizers.Tokenizer.decode``, and detokenizing costs up to three
+    decodes per token per request on the scheduler's thread (``IncrementalDetokenizer.add``: two,
+    and a third where the text is streamed up to a character cut at its end). Its one extra step,
+    cleaning up spaces before punctuation, is kept by falling back to ``decode`` when the
+    tokenizer asks for it.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
@@ -235,7 +237,13 @@ class IncrementalDetokenizer:
         return len(self._ids) - self._n_context
 
     def add(self, token_id: int) -> str:
-        """Append one output token; return the text it completes ("" while bytes are pending)."""
+        """Append one output token; return the text it completes ("" while bytes are pending).
+
+        Decodes nothing for a token that holds a run of byte tokens back (``_run_holders``), else
+        the window before and with the token (two decodes), and a third time up to a character
+        cut at the window's end where the held tokens' text before it is final (``_final_end``);
+        one more, of the new tokens alone, where a decode that cleans up spaces rewrote the
+        window's end (``_new_text``)."""
         token_id = int(token_id)
         self._ids.append(token_id)
         delta = ""
