@@ -494,6 +494,28 @@ def test_a_name_an_lm_cell_reads_that_only_a_later_cell_sets_is_noted():
         assert not [n for n in p.notes if "later cell" in n], p.notes
 
 
+def test_a_bare_annotation_binds_nothing():
+    """``x: int`` with no value binds nothing, as Python has it (a read of x after it is a NameError),
+    but the export took it for a binding: ``question: str`` above ``question = "What?"`` left no
+    row field (the first binding was no string), a %%lm cell's ``{person}`` below ``person: str``
+    was no row field (the job's rows failed with NameError), and it hid the note on a name only a
+    later cell sets."""
+    from lmnb.export.cells import python_cell
+
+    assert python_cell(0, "x: int\ny: int = 1\nif y:\n    z: str\nw: int\nw += 1\nv: int\nimport v").assigns == \
+        ("y", "w", "v")
+    lm = "%%lm --temperature 0\n{q}{person}{gen a max_tokens=2}"
+    _, p = export_notebook(notebook('question: str\nquestion = "What?"', "%%lm\n{question}{gen a max_tokens=2}"))
+    assert (p.inputs, p.texts, p.notes) == (("question",), ("question",), [])  # (as `question: str = "What?"`)
+    _, p = export_notebook(notebook('q = "x"\nperson: str', lm))
+    assert p.inputs == ("q", "person")
+    _, p = export_notebook(notebook('q = "x"\nperson: str', lm, 'person = "A"'))
+    assert [n for n in p.notes if "later cell" in n] == [
+        "cell 2: the %%lm cell reads person, which only a later cell, 3, sets: the script runs the cells in the "
+        "notebook's order, so every row would fail with NameError (in Jupyter, running cell 3 first hides it); move "
+        "the code that sets person above cell 2"]
+
+
 @pytest.mark.parametrize("row, kind", [
     ("a()\nb()\nn = str(stats)", "is changed by the rows' calls"),
     ("stats['row'] = q\na()\nb()\nn = str(stats)", "is changed in place per row too"),

@@ -12,6 +12,7 @@ Each cell also records the global names it reads and binds (``symtable``).
 from __future__ import annotations
 
 import ast
+import copy
 import os
 import re
 import shlex
@@ -588,7 +589,9 @@ def names(table: symtable.SymbolTable, tree: ast.Module) -> tuple[tuple, tuple, 
         for name in bound_by(stmt):
             first_bound.setdefault(name, i)
     outside = {n for n, i in first_read.items() if n in read and i <= first_bound.get(n, i)}
-    bound = tuple(s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported())
+    unbound = _annotated_only(tree)
+    bound = tuple(s.get_name() for s in table.get_symbols()
+                  if (s.is_assigned() or s.is_imported()) and s.get_name() not in unbound)
     bound += tuple(n for n in inner_declared if n not in bound)
     if any(isinstance(n, ast.ImportFrom) and n.module in _LMNB_MODULES and n.level == 0
            and any(a.name == "*" for a in n.names) for n in tree.body):
@@ -596,6 +599,23 @@ def names(table: symtable.SymbolTable, tree: ast.Module) -> tuple[tuple, tuple, 
 
         bound += tuple(n for n in lmnb.__all__ if n not in bound)
     return _in_order(tree, outside), _in_order(tree, read), bound
+
+
+def _annotated_only(tree: ast.Module) -> set:
+    """The names that only a bare annotation names (``x: int``, no value), which binds nothing,
+    though ``symtable`` counts the name as assigned: the names the code's symbol table has as
+    assigned or imported once those annotations are gone are the ones it binds."""
+    bare = [n for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and n.value is None
+            and isinstance(n.target, ast.Name)]
+    if not bare:
+        return set()
+
+    class Drop(ast.NodeTransformer):
+        def visit_AnnAssign(self, node):
+            return ast.Pass() if node.value is None else node
+
+    table = symtable.symtable(ast.unparse(Drop().visit(copy.deepcopy(tree))), "<cell>", "exec")
+    return {n.target.id for n in bare} - {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
 
 
 def declared_globals(source: str) -> tuple:
@@ -760,7 +780,7 @@ def _in_order(tree: ast.AST, wanted: set) -> tuple:
 def _bindings(tree: ast.Module) -> tuple[tuple, dict]:
     bindings, strings = [], {}
     for stmt in tree.body:
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        if isinstance(stmt, ast.Assign) or isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             literal = isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
             if all(isinstance(t, ast.Name) for t in targets):
@@ -791,6 +811,8 @@ def bound_by(stmt: ast.stmt) -> list[str]:
                     out.append(node.name)
                 continue
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(node, ast.AnnAssign) and node.value is None:  # (`x: int` binds nothing)
             continue
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.append(node.id)
