@@ -1105,6 +1105,24 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     assert len(notes) == 1 and notes[0].startswith(note), notes
 
 
+@pytest.mark.parametrize("use, cell", [
+    ("def use(c):\n    return c.bump()", "r = str(use(Counter()))"),
+    ("def use(c: Counter):\n    return c.bump()", "r = str(use(Counter()))"),
+    ("def use(*, c):\n    return c.bump()", "r = str(use(c=Counter()))"),
+    ("def use(*c):\n    return c.count(1)", "r = str(use(1, 1))"),
+    ("def use(**c):\n    return c.get('a')", "r = str(use(a=2))"),
+    ("def use():\n    c = Counter()\n    return c.bump()", "r = str(use())"),
+    ("def use():\n    c: Counter = Counter()\n    return c.bump()", "r = str(use())"),
+])
+def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
+    """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local
+    variable named like a set-up object (c, a Counter) was taken for that object where the rows
+    called the function: the note said c carries over from row to row, though each row's c is its
+    own, and the job's rows give what each pass of the notebook gives."""
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, f"{_COUNTER}\n{use}", cell)
+    assert rows == passes and notes == [], notes
+
+
 _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
 
 

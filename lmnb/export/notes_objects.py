@@ -415,8 +415,9 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                for where, tree, skipped, _ in list(places) for function in ast.walk(tree)
                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                for name in [getattr(function, "name", "lambda")]]
-    places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], (), False) for f in called
-               if (f[0], f[1]) in defs]
+    # (whose own variables, c of def use(c), *c or c = Counter(), are no set-up globals: each was noted)
+    places += [(f"{f[1]}(), a function of cell {f[0]}", d, tuple(_function_locals(d)), False) for f in called
+               if (d := defs.get((f[0], f[1]))) is not None]
     # (and those functions where a row passes them an object, f(c) of def f(x): x.bump(): x stands for c there)
     places += _argument_places(places, row, made, held)
     # (the set-up functions a row may call by name, which it may pass what a method passes out: f(tok.first()))
