@@ -1064,6 +1064,9 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER, "x = c\nr = str(x.bump())", ["1", "2", "3"],  # (by another name: no note before)
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, x being "
      "`c`)"),
+    (_COUNTER, "x = c\ny = x\nr = str(y.bump())", ["1", "2", "3"],  # (by a name for that name: no note before)
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`y.bump()` in cell 3, y being "
+     "`c`)"),
     ("g = (c for c in 'xyz')", "r = next(g)", ["x", "y", "z"],
      "cell 1: g, an iterator (a generator expression) that this cell makes once, is used by the rows (`next(g)` in cell 3)"),
     ("m = map(str.upper, 'xyz')", "for r in m:\n    break", ["X", "Y", "Z"],
@@ -1152,6 +1155,16 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nr = str(xs[1].bump())", ["1", "2", "3"],
      "a list holding an instance of Counter that this cell makes once, is used by the rows (`xs[1].bump()` in cell 3, "
      "xs being `items`)"),
+    # (or by a name for a name: xs = items, then x = xs[1] or max(xs, ...), went without a note)
+    (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nx = xs[1]\nr = str(x.bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, "
+     "x being `items[1]`)"),
+    (_COUNTER + "\nitems = [Counter(), Counter()]", "xs = items\nx = max(xs, key=id)\nr = str(x.bump())",
+     ["1", "2", "3"], "a list of instances of Counter that this cell makes once, is used by the rows (`x.bump()` in "
+     "cell 3, x being `max(items, key=id)`)"),
+    (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nys = xs\na, b = ys\nr = str(b.bump())", ["1", "2", "3"],
+     "a list holding an instance of Counter that this cell makes once, is used by the rows (`b.bump()` in cell 3, "
+     "b being `items[1]`)"),
     (_COUNTER + "\nitems = [1, Counter()]", "a, b = items\nr = str(b.bump())", ["1", "2", "3"],
      "a list holding an instance of Counter that this cell makes once, is used by the rows (`b.bump()` in cell 3, "
      "b being `items[1]`)"),
@@ -1242,6 +1255,9 @@ _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
     (_COUNTER + "\nitems = [1, Counter(), 2]", "a, *m, b = items\nr = str(a.bit_length() + b.bit_length())", None,
      None),
     (_COUNTER + "\nitems = [1, Counter()]", "x = items[1]\nx = items[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nx = xs[0]\nr = str(x.bit_length())", None, None),
+    (_COUNTER + "\nitems = [1, Counter()]", "xs = items\nxs = [2, 3]\nx = xs[1]\nr = str(x.bit_length())", None,
+     None),
     (_COUNTER + "\nitems = [Counter(), 1, 2]", "a, *m = items\nr = str(m[0].bit_length() + m[-1])", None, None),
     (_COUNTER + "\nitems = [1, 2, Counter()]", "*m, b = items\nr = str(m[-1].bit_length() + items[1:][0])", None, None),
     (_GEN_XYZ + "items = {'a': 'xy', 'b': g()}", "r = items.get('a').upper() + items['a'][0]", None, None),

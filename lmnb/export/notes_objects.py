@@ -291,19 +291,21 @@ def _aliases(tree, made: dict, held: dict) -> dict:
     ``x = c``, ``xs = items``, ``x = items[1]``, ``x = items.get('a')``, ``x = max(items, key=f)``,
     ``xs = sorted(items)`` (``held_items``' forms), or by unpacking a held list or tuple, ``a, b =
     items`` (b: ``items[1]``; after a starred target, negative indices; the starred one, ``*m``:
-    ``items[1:]``). A name bound
-    again is left out: which value a use reads is not known here."""
+    ``items[1:]``); also through such a name bound above, ``xs = items`` then ``x = max(xs)``
+    (x: ``max(items)``). A name bound again is left out: which value a use reads is not known here."""
     import ast
 
     bindings: dict = {}
-    found: dict = {}
     for node, _ in _own_nodes(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) or isinstance(node, ast.arg):
             name = node.id if isinstance(node, ast.Name) else node.arg
             bindings[name] = bindings.get(name, 0) + 1
+    found: dict = {}
+    for node, _ in _own_nodes(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
-        target, value = node.targets[0], node.value
+        target = node.targets[0]
+        value = _unaliased(node.value, {n: v for n, v in found.items() if bindings.get(n) == 1})[0]
         if isinstance(target, ast.Name) and _stands_for(value, made, held):
             found[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, ast.Name) and value.id in held and \
