@@ -494,6 +494,43 @@ def test_a_name_an_lm_cell_reads_that_only_a_later_cell_sets_is_noted():
         assert not [n for n in p.notes if "later cell" in n], p.notes
 
 
+_FIRST = "%%lm --temperature 0\n{q}{gen a max_tokens=2}"
+
+
+@pytest.mark.parametrize("defined, cell, through", [
+    ("greet = lambda: person", "{greet()}", "greet (cell 3)"),
+    ("def g():\n    return person\ndef f():\n    return g()", "{f()}", "f (g of cell 3 reads it)"),
+    ("def g():\n    return person\nf = lambda: g().upper()", "{f()}", "f (g of cell 3 reads it)"),
+    ("handlers = {'a': lambda: person}", "{handlers['a']()}", "handlers (cell 3)"),
+    ("def f():\n    return person", "--python\ns += f()", "f (cell 3)"),
+])
+def test_a_name_a_function_the_lm_cell_uses_reads_that_only_a_later_cell_sets_is_noted(defined, cell, through):
+    """A function or lambda of an earlier cell, or one such a function calls, that reads a name only
+    a later cell sets: as the %%lm cell's own read of it, every row failed with NameError (cell 4
+    runs before cell 5 sets person), but only the cell's own reads were noted."""
+    lm = f"%%lm {cell}" if cell.startswith("--") else f"%%lm --temperature 0\n{{q}}{cell}{{gen b max_tokens=2}}"
+    _, p = export_notebook(notebook('q = "x"', _FIRST, defined, lm, 'person = "A"'))
+    assert [n for n in p.notes if "later cell" in n] == [
+        f"cell 4: the %%lm cell reads person through {through}, which only a later cell, 5, sets: the script runs the "
+        "cells in the notebook's order, so every row would fail with NameError (in Jupyter, running cell 5 first hides "
+        "it); move the code that sets person above cell 4"]
+
+
+@pytest.mark.parametrize("cells", [
+    # (set above the %%lm cell too; the function the cell calls is a later cell's; it sets the name by `global`
+    # before it reads it; the name is a builtin until the later cell binds it; only a method reads it)
+    ("def g():\n    return person\ndef f():\n    return g()", 'person = "B"', "%%lm\n{q}{f()}", 'person = "A"'),
+    ("def f():\n    return q", "%%lm\n{q}{f()}", "def f():\n    return person", 'person = "A"'),
+    ("def f():\n    global person\n    person = q\n    return person", "%%lm\n{q}{f()}", 'person = "A"'),
+    ("f = lambda: str(len(q))", "%%lm\n{q}{f()}", "len = 3"),
+    ("def h():\n    return person\nclass C:\n    name = 'n'\n    def m(self):\n        return h()\nc = C()",
+     "%%lm\n{q}{c.name}", 'person = "A"'),
+])
+def test_a_function_the_lm_cell_uses_reading_a_name_set_before_it_runs_is_not_noted(cells):
+    _, p = export_notebook(notebook('q = "x"', _FIRST, *cells))
+    assert not [n for n in p.notes if "later cell" in n], p.notes
+
+
 def test_a_bare_annotation_binds_nothing():
     """``x: int`` with no value binds nothing, as Python has it (a read of x after it is a NameError),
     but the export took it for a binding: ``question: str`` above ``question = "What?"`` left no

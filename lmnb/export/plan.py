@@ -506,7 +506,9 @@ def _tag_meant_by(p: Plan, name: str) -> Optional[tuple]:
 
 def _read_before_set(cells: list, p: Plan) -> list[str]:
     """Notes on the names a ``%%lm`` cell reads that only a later cell sets (``{person}`` in cell 1,
-    ``person = "Arvel"`` in cell 2): in Jupyter, running that cell first hides it, but the script
+    ``person = "Arvel"`` in cell 2), also where a function or lambda of an earlier cell that the
+    cell uses reads it, or one that such a function uses, and so on (``{greet()}`` of ``greet =
+    lambda: person``: ``_reached``): in Jupyter, running that cell first hides it, but the script
     runs the cells in order, and each row failed with a NameError, told to fix its input. Not where
     an earlier cell star-imports, which may set it."""
     notes = []
@@ -515,14 +517,23 @@ def _read_before_set(cells: list, p: Plan) -> list[str]:
         if any(isinstance(d, Code) and d.star_imports for d in earlier):
             continue
         set_before = {n for d in earlier for n in (d.assigns if isinstance(d, Code) else d.sets)}
-        for n in c.reads:
-            if n in set_before or n in p.inputs or n in p.parameters:
+        # (the definitions in force when the cell runs, the last ones; no class, of whose methods the cell may
+        # call none: c.name)
+        classes = _setup_classes(earlier)
+        functions = [f for f in _setup_functions(earlier) if f[1] not in classes]
+        defined = {f[1]: f for f in functions}
+        read = {n: "" for n in c.reads}
+        for name, entry in _reached(functions, c.reads, _links(earlier, functions)).items():
+            where = f"cell {defined[name][0]}" if name == entry else f"{name} of cell {defined[name][0]} reads it"
+            read.update({n: f" through {entry} ({where})" for n in defined[name][2] if n not in read})
+        for n, through in read.items():  # (a builtin is there until a cell binds the name: no NameError)
+            if n in set_before or n in p.inputs or n in p.parameters or n in _BUILTINS or n in JUPYTER_BUILTINS:
                 continue
             later = next((d for d in cells if d.index > c.index and (
                 n in d.assigns if isinstance(d, Code) else isinstance(d, LMCell) and n in d.sets)), None)
             if later is not None:
-                notes.append(f"cell {c.index}: the %%lm cell reads {n}, which only a later cell, {later.index}, sets: "
-                             f"the script runs the cells in the notebook's order, so every row would fail with "
+                notes.append(f"cell {c.index}: the %%lm cell reads {n}{through}, which only a later cell, {later.index}, "
+                             f"sets: the script runs the cells in the notebook's order, so every row would fail with "
                              f"NameError (in Jupyter, running cell {later.index} first hides it); move the code "
                              f"that sets {n} above cell {c.index}")
     return notes
