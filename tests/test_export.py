@@ -1338,6 +1338,9 @@ _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{mo
     ("['ab']", "", "for ch in self.words[0]", "tok.words = [iter('xyz')]", ["xB", "yC", "zD"]),
     ("['ab']", "", "for ch in self.words[-1]", "tok.words.append(iter('xyz'))", ["xB", "yC", "zD"]),
     ("'ab'", "", "for ch in self.words", "tok.words = iter('xyz')", ["xB", "yC", "zD"]),
+    # (but another class's method setting its own instance's words, which no Tok is: it was noted)
+    ("['ab']", "", "for ch in self.words[0]", "class Other:\n    def __init__(self):\n        self.words = iter('xyz')\n"
+     "o = Other()", None),
 ])
 def test_a_method_iterating_an_item_of_a_literal_attribute_reads_it(tmp_path, monkeypatch, init, more, loop, after,
                                                                      job):

@@ -192,16 +192,24 @@ def _changed_outside(setup: list, cls) -> set:
     """The attribute names that set-up code outside the class ``cls`` (a ``ClassDef``) sets, deletes,
     stores an item into or calls a method of other than a read one, on any object: ``tok.words =
     [iter('xyz')]``, ``tok.words[0] = ...``, ``tok.words.append(...)``. What the class's methods set
-    such an attribute to is then not all it may hold (an iterator, which iterating consumes)."""
+    such an attribute to is then not all it may hold (an iterator, which iterating consumes). But
+    another class's methods setting their own instance's (``self.words = ...`` of ``class Other``,
+    not a subclass of ``cls``): no instance of ``cls`` is that."""
     import ast
 
     out = set()
     for _, stmt in _statements(setup):
         if isinstance(stmt, ast.ClassDef) and stmt.name == cls.name:  # (its methods: _plain_attributes)
             continue
+        own = set()  # (the nodes of its own instance's attributes, of a class that is no subclass of cls)
+        if isinstance(stmt, ast.ClassDef) and not any(isinstance(n, ast.Name) and n.id == cls.name
+                                                      for b in stmt.bases for n in ast.walk(b)):
+            own = {id(n) for m in stmt.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.args.args
+                   for n in ast.walk(m) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                   and n.value.id == m.args.args[0].arg}
         parents = {child: node for node in ast.walk(stmt) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(stmt):
-            if not isinstance(node, ast.Attribute):
+            if not isinstance(node, ast.Attribute) or id(node) in own:
                 continue
             if isinstance(node.ctx, (ast.Store, ast.Del)) or _changed_in_place(node, parents):
                 out.add(node.attr)
