@@ -4235,6 +4235,18 @@ def test_a_function_of_the_users_star_imported_module_that_a_setup_function_call
      "cell 1: helpers.remember, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes "
      "the module's own globals calls, seen"),
     ("import helpers", "r = helpers.shout(q)", None),  # (its list is its own, made per call)
+    # (a from-import's function, by its name or another: no note before)
+    ("from helpers import remember", "r = str(remember(q))",
+     "cell 1: remember, which `from helpers import remember` gives (helpers.py, beside the notebook) and the rows "
+     "call, changes the module's own globals calls, seen"),
+    ("from helpers import shout as yell, remember as rem", "r = str(rem(q))",
+     "cell 1: rem, which `from helpers import remember as rem` gives (helpers.py, beside the notebook) and the rows "
+     "call, changes the module's own globals calls, seen"),
+    ("from helpers import remember\ndef use(x):\n    return remember(x)", "r = str(use(q))",
+     "cell 1: remember, which `from helpers import remember` gives (helpers.py, beside the notebook) and the rows "
+     "call, changes the module's own globals calls, seen"),
+    ("from helpers import shout", "r = shout(q)", None),
+    ("from helpers import remember\ndef remember(x):\n    return x", "r = remember(q)", None),  # (the cell's own)
 ])
 def test_a_function_of_the_users_imported_module_that_keeps_state_is_noted(tmp_path, monkeypatch, setup, cell, noted):
     """`import helpers` once, `helpers.remember(q)` per row: the job imports the module once, so its

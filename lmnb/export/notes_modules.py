@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from lmnb.export.cells import Code, LMCell, _mutated
+from lmnb.export.cells import Code, LMCell, _mutated, bound_by
 from lmnb.export.notes_wording import _OWN_STATE
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
 
@@ -69,6 +69,9 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     if folder is None:
         return []
     bound = set().union(*map(_cell_binds, cells))  # (a cell's own function of that name is not the module's)
+    # (but the name a from-import binds is the module's function, where nothing else binds it)
+    defined = {n for _, stmt in _statements(cells) if not isinstance(stmt, (ast.Import, ast.ImportFrom))
+               for n in bound_by(stmt)}
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
     used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
     trees = [tree for _, tree in _row_trees(row)] + [defs[f[0], f[1]] for f in called if (f[0], f[1]) in defs]
@@ -82,10 +85,16 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     for c in cells:
         if not isinstance(c, Code):
             continue
-        imported = [(module, None) for module in c.star_imports] + [
-            (a.name, a.asname or a.name) for stmt in ast.parse(c.source).body if isinstance(stmt, ast.Import)
-            for a in stmt.names if "." not in a.name]  # (a package's module: not followed)
-        for module, alias in imported:
+        body = ast.parse(c.source).body
+        # ((module, alias, the names a from-import binds → the module's names): a star import's alias is None, an
+        # import's names None)
+        imported = [(module, None, None) for module in c.star_imports] + [
+            (a.name, a.asname or a.name, None) for stmt in body if isinstance(stmt, ast.Import)
+            for a in stmt.names if "." not in a.name] + [  # (a package's module: not followed)
+            (stmt.module, None, {a.asname or a.name: a.name for a in stmt.names}) for stmt in body
+            if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module and "." not in stmt.module
+            and stmt.names[0].name != "*"]
+        for module, alias, names in imported:
             path = Path(folder, *module.split(".")).with_suffix(".py")
             if path not in read:
                 try:
@@ -96,7 +105,11 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     read[path] = None
             changes, exported = read[path] or ({}, set())
             for name, state in changes.items():
-                if alias is None and name in used and name in exported and name not in bound:
+                local = next((n for n, original in (names or {}).items() if original == name), None)
+                if names is not None and local in used and local not in defined:
+                    shown = name if local == name else f"{name} as {local}"
+                    what = f"{local}, which `from {module} import {shown}` gives ({path.name}, beside the notebook) and"
+                elif names is None and alias is None and name in used and name in exported and name not in bound:
                     what = f"{name}, which `from {module} import *` gives ({path.name}, beside the notebook) and"
                 elif alias is not None and name in attributes.get(alias, ()):
                     imports = f"import {module}" + (f" as {alias}" if alias != module else "")
