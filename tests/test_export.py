@@ -1133,6 +1133,16 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     ("def g():\n    yield from 'xyz'\nitems = [g()]", "def take(it):\n    return next(it)\nxs = items\nr = take(xs[0])",
      ["x", "y", "z"], "cell 1: items, a list of iterators (g()) that this cell makes once, is used by the rows "
      "(`next(it)` in cell 3, in its take(), it being `items[0]`)"),
+    # (passed through *args or **kwargs: no note before)
+    (_COUNTER + "\ndef use(*xs):\n    return xs[-1].bump()", "r = str(use(1, c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`xs[-1].bump()` in use(), a "
+     "function of cell 1, xs being `(1, c)`)"),
+    (_COUNTER + "\ndef use(**kw):\n    return kw.get('a').bump()", "r = str(use(a=c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`kw.get('a').bump()` in use(), "
+     "a function of cell 1, kw being `{'a': c}`)"),
+    (_COUNTER, "def use(a, *xs):\n    return xs[0].bump()\nr = str(use(1, c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`xs[0].bump()` in cell 3, in its "
+     "use(), xs being `(c,)`)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1153,6 +1163,7 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     ("def use(**c):\n    return c.get('a')", "r = str(use(a=2))"),
     ("def use():\n    c = Counter()\n    return c.bump()", "r = str(use())"),
     ("def use():\n    c: Counter = Counter()\n    return c.bump()", "r = str(use())"),
+    ("def use(a, *xs, **kw):\n    return xs[0].bit_length() + kw['b'].bump()", "r = str(use(c, 2, x=c, b=Counter()))"),
 ])
 def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
     """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local

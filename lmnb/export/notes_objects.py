@@ -342,7 +342,9 @@ def _argument_places(places: list, row: list, made: dict, held: dict) -> list:
     container or its item (``_stands_for``, after the cell's own ``_aliases``: ``f(c)``,
     ``use(items[1])``), that place again, its parameters standing for what is passed: (where, the
     ``def``, its local names but those parameters, True (what is passed is the row's), parameter →
-    the expression passed). A parameter the function binds again is left out."""
+    the expression passed; ``*args`` → a tuple of the positional arguments it takes, ``**kwargs``
+    → a dict of the keyword ones: ``use(1, c)`` of ``def use(*xs)``, xs being ``(1, c)``, so that
+    ``xs[1]`` is c). A parameter the function binds again is left out."""
     import ast
 
     calls = [(node, aliases) for _, tree in _row_trees(row) for aliases in [_aliases(tree, made, held)]
@@ -362,6 +364,19 @@ def _argument_places(places: list, row: list, made: dict, held: dict) -> list:
                      **{k.arg: k.value for k in call.keywords if k.arg in named}}
             found = {param: value for param, arg in given.items() for value in [_unaliased(arg, aliases)[0]]
                      if param not in rebound and _stands_for(value, made, held)}
+            # (*args: the positional arguments past the named ones; **kwargs: the other keywords; not where a
+            # *spread or **spread passes some, which are not known here)
+            rest = [k for k in call.keywords if k.arg not in named]
+            packed = [(function.args.vararg, ast.Tuple(call.args[len(positional):], ast.Load()),
+                       starred == len(call.args)),
+                      (function.args.kwarg, ast.Dict([ast.Constant(k.arg) for k in rest], [k.value for k in rest]),
+                       all(k.arg for k in rest))]
+            for param, value, known in packed:
+                value = _unaliased(value, aliases)[0]
+                items = value.elts if isinstance(value, ast.Tuple) else value.values
+                if param is not None and known and param.arg not in rebound and any(
+                        _stands_for(v, made, held) for v in items):
+                    found[param.arg] = value
             if found:
                 out.append((where, function, tuple(n for n in skipped if n not in found), True, found))
     return out
@@ -369,7 +384,9 @@ def _argument_places(places: list, row: list, made: dict, held: dict) -> list:
 
 def _unaliased(node, aliases: dict) -> tuple:
     """(``node``, an expression, with each name of ``aliases`` (``_aliases``') in it replaced by what
-    it stands for, ``xs[1]`` → ``items[1]``; the first such name, or None where there is none)."""
+    it stands for, ``xs[1]`` → ``items[1]``, and a constant item of a tuple or dict so put in taken
+    out (``xs[1]`` of xs being ``(1, c)`` → ``c``, ``kw.get('a')`` of ``{'a': c}`` → ``c``); the
+    first such name, or None where there is none)."""
     import ast
     import copy
 
@@ -377,9 +394,27 @@ def _unaliased(node, aliases: dict) -> tuple:
     if not found:
         return node, None
 
+    def passed(packed, key, node):  # (an item of a *args tuple or a **kwargs dict: what was passed there)
+        if isinstance(packed, ast.Tuple) and type(key) is int and -len(packed.elts) <= key < len(packed.elts):
+            return packed.elts[key]
+        if isinstance(packed, ast.Dict) and isinstance(key, str):
+            return next((v for k, v in zip(packed.keys, packed.values) if isinstance(k, ast.Constant) and k.value == key),
+                        node)
+        return node
+
     class _Swap(ast.NodeTransformer):
         def visit_Name(self, name):
             return copy.deepcopy(aliases[name.id]) if name.id in aliases else name
+
+        def visit_Subscript(self, node):
+            node = self.generic_visit(node)
+            return passed(node.value, _constant_key(node.slice), node)
+
+        def visit_Call(self, node):
+            node = self.generic_visit(node)
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "get" and len(node.args) == 1:
+                return passed(node.func.value, _constant_key(node.args[0]), node)
+            return node
 
     return _Swap().visit(copy.deepcopy(node)), found[0]
 
