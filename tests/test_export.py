@@ -4289,6 +4289,30 @@ def test_a_function_of_the_users_imported_module_that_keeps_state_is_noted(tmp_p
         assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: it carries over from row to row)
 
 
+@pytest.mark.parametrize("setup, shown", [("from pkg.helpers import remember", "remember"),
+                                          ("from pkg.helpers import *", "*")])
+def test_a_function_of_the_users_package_module_that_keeps_state_is_noted(tmp_path, monkeypatch, setup, shown):
+    """pkg/helpers.py beside the notebook: its from-imported remember went without a note, and the
+    star import's note named the file helpers.py; the job's rows go 1, 2, 3 as the note says."""
+    from helpers_export import write_rows
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "pkg" / "helpers.py").write_text(_HELPERS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("pkg", "pkg.helpers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "r = str(remember(q))",
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, folder=tmp_path)
+    assert [n.split(": the job")[0] for n in p.notes if "helpers" in n] == [
+        f"cell 1: remember, which `from pkg.helpers import {shown}` gives (pkg/helpers.py, beside the notebook) and the "
+        "rows call, changes the module's own globals calls, seen"]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts[1::2] == ["1", "2", "3"]
+
+
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
     with a note for each cell as before."""

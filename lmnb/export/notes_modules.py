@@ -57,8 +57,10 @@ def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> li
 
 def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path], defs: dict) -> list:
     """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
-    that a cell star-imports and the row cells call by name, or imports (``import helpers``, ``as h``
-    too) and they call as its attribute (``helpers.remember(x)``), or the set-up functions they call
+    that a cell star-imports or from-imports (``from helpers import remember``, ``as rem`` too, a
+    package's module too: ``from pkg.helpers import remember``, pkg/helpers.py) and the row cells
+    call by name, or imports (``import helpers``, ``as h`` too) and they call as its attribute
+    (``helpers.remember(x)``), or the set-up functions they call
     (``called``: ``_called``; ``defs``: their definitions, ``_made_objects``') do so, which change
     the module's own globals: one they set by ``global``, or a dict, list or set the module makes
     and they change in place (``seen.append(x)``). The job imports the module once, so that state
@@ -90,9 +92,9 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
         # import's names None)
         imported = [(module, None, None) for module in c.star_imports] + [
             (a.name, a.asname or a.name, None) for stmt in body if isinstance(stmt, ast.Import)
-            for a in stmt.names if "." not in a.name] + [  # (a package's module: not followed)
+            for a in stmt.names if "." not in a.name] + [  # (a package's module: pkg.helpers.f(x) is not followed)
             (stmt.module, None, {a.asname or a.name: a.name for a in stmt.names}) for stmt in body
-            if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module and "." not in stmt.module
+            if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module
             and stmt.names[0].name != "*"]
         for module, alias, names in imported:
             path = Path(folder, *module.split(".")).with_suffix(".py")
@@ -104,16 +106,17 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 except (RecursionError, MemoryError):  # (nested past what Python's parser takes: no import can run it)
                     read[path] = None
             changes, exported = read[path] or ({}, set())
+            file = path.relative_to(folder).as_posix()  # (pkg/helpers.py of `from pkg.helpers import f`)
             for name, state in changes.items():
                 local = next((n for n, original in (names or {}).items() if original == name), None)
                 if names is not None and local in used and local not in defined:
                     shown = name if local == name else f"{name} as {local}"
-                    what = f"{local}, which `from {module} import {shown}` gives ({path.name}, beside the notebook) and"
+                    what = f"{local}, which `from {module} import {shown}` gives ({file}, beside the notebook) and"
                 elif names is None and alias is None and name in used and name in exported and name not in bound:
-                    what = f"{name}, which `from {module} import *` gives ({path.name}, beside the notebook) and"
+                    what = f"{name}, which `from {module} import *` gives ({file}, beside the notebook) and"
                 elif alias is not None and name in attributes.get(alias, ()):
                     imports = f"import {module}" + (f" as {alias}" if alias != module else "")
-                    what = f"{alias}.{name}, of `{imports}` ({path.name}, beside the notebook), which"
+                    what = f"{alias}.{name}, of `{imports}` ({file}, beside the notebook), which"
                 else:
                     continue
                 notes.append(f"cell {c.index}: {what} the rows call, changes the module's own globals "
