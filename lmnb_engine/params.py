@@ -197,8 +197,10 @@ class SamplingParams:
             ``\\p{L}``, POSIX classes ...) or a list of them; the output ends
             at the first match in the detokenized text, which is not returned (SGLang's
             ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
-            as soon as the text so far holds it, as in SGLang's check: ``foo\\b`` or ``\\.$`` at
-            the text's current end stops it, whatever would follow. Streaming holds back text
+            as soon as the text so far holds it, as in SGLang's check, but one that reads the end
+            of the text so far (``foo\\b``, ``\\.$``, a negative lookahead) only once what follows
+            settles it, or where the output ends there (a max tokens, EOS or stop token finish
+            then becomes a stop: ``StopStringMatcher.find``'s ``at_end``). Streaming holds back text
             that could still become the start of a match (for a pattern with a lookbehind after its
             start, ``a.*?(?<!a)``, whose match starts the ``regex`` package's partial search may miss,
             from where the pattern with those lookbehinds left out may match, a larger language; with

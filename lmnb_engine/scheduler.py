@@ -992,6 +992,8 @@ class Scheduler:
     def _end(self, req: Req, reason: FinishReason) -> None:
         """``_finish`` of a request in no waiting queue (``end_requests`` took a batch out at once)."""
         self._drop_draft(req)
+        if reason.type != "abort" and req.final_text is None and req.stop_matcher.reads_end:
+            reason = self._stop_at_end(req) or reason
         if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
             reason = replace(reason, length=len(req.output_ids))
         req.finish_reason = reason
@@ -1002,6 +1004,22 @@ class Scheduler:
             self.chunked = None
         self._release(req)
         self._emit(req)
+
+    @staticmethod
+    def _stop_at_end(req: Req) -> Optional[FinishReason]:
+        """The stop at the end of ``req``'s output (its max tokens, an EOS or stop token, its
+        grammar's end), where a stop regex's match reads the end of the text: such a match is a
+        stop only once what follows it is known (``StopStringMatcher.find``), and here nothing
+        does. Sets ``final_text`` cut there, as for any stop; None where there is none."""
+        if len(req.output_ids) < req.params.min_new_tokens:  # (no text was checked)
+            return None
+        checked = len(req.detokenizer.text)
+        req.detokenizer.flush()
+        hit = req.stop_matcher.find(req.detokenizer.text, checked, at_end=True)
+        if hit is None:
+            return None
+        req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
+        return FinishReason("stop", matched=hit[1])
 
     def _requests(self) -> list[Req]:
         """Every request the scheduler holds: waiting, running and the one being chunked."""

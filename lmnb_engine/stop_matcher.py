@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
 from lmnb_engine.regex_reach import assertion_reach, reach, settled_width, unbounded_lookahead
@@ -133,6 +133,11 @@ class StopRegexes:
                               for p in patterns or ()]
         # per pattern: its head relaxed as for the partial search (_open_head), None where it has none
         self.open_heads = [_open_head(p) for p in patterns or ()]
+        # per pattern whose match may read the text's end (an end assertion, a negative lookahead, a
+        # conditional on a lookaround): how find tells whether a match is final (_EndReading); None
+        # where every match is final once met
+        self.end_readings = [_end_reading(p) if sensitive and _READS_END.search(p) else None
+                             for p, sensitive in zip(patterns or (), self.end_sensitive)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -162,6 +167,50 @@ _END_SENSITIVE = re.compile(_END_ASSERTION_SOURCE + r"|\\[XR]|\(\?\(\?|\(\?>|[*+
 # what gives nothing back are end-sensitive too, for find, but not rewritten (_relaxed cannot read
 # a conditional): the partial search keeps a start there as a whole or partial match
 _END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
+
+# ... and a conditional on a lookaround: what may make a match read the text's end, where what
+# comes next may undo it (StopRegexes.end_readings)
+_READS_END = re.compile(_END_ASSERTION_SOURCE + r"|\(\?\(\?")
+
+
+class _EndReading(NamedTuple):
+    """How to tell whether a match of a stop regex that may read the end of the text is final,
+    whatever text comes next (``StopStringMatcher._final``). ``relaxed``: the pattern as the
+    partial search reads it (``_relaxed``, compiled), whose whole match is one no end assertion of
+    which reads the text's end, its negative lookaheads marked (``_relaxed``); ``lookaheads``: each
+    negative lookahead's X relaxed, compiled, whose partial match where the lookahead stood in the
+    match tells that more text may undo it (the partial search does not: ``a(?!bc)`` on "ab" is a
+    whole match to it). Where the pattern cannot be read so
+    (``relaxed`` None), ``ahead`` instead: the characters past its match that it may read (None
+    where unknown or unbounded: final only where the output ends)."""
+
+    relaxed: Any
+    lookaheads: tuple
+    ahead: int | None
+
+
+# The name of the empty group that marks where a negative lookahead stood (_relaxed's lookaheads)
+_LOOKAHEAD_MARK = "_lmnb_lookahead"
+
+
+def _end_reading(pattern: str) -> _EndReading:
+    import regex
+
+    lookaheads: list[str] = []
+    relaxed = _relaxed(pattern, lookaheads=lookaheads)
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    try:
+        if relaxed is not None:
+            return _EndReading(regex.compile(relaxed), tuple(regex.compile(lead + x) for x in lookaheads), 0)
+    except regex.error:
+        pass
+    if not re.search(r"\(\?[=!(]", pattern):
+        # (a pattern not read, whose only forward reading is its end and word-boundary assertions
+        # (verbose mode: assertion_reach does not read it): none reads 2 characters past its place)
+        return _EndReading(None, (), 2)
+    return _EndReading(None, (), assertion_reach(pattern))
+
 
 
 # A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
@@ -203,7 +252,7 @@ _RELAX_MULTILINE = {**_RELAX, "^": r"(?:(?=[\s\S])^)"}
 _MULTILINE = re.compile(r"\(\?[a-zA-Z-]*m")
 
 
-def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
+def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | None = None) -> str | None:
     """``pattern`` for safe_len's partial search: every end assertion (``_RELAX``) first reads past
     where its value can still change, so a search that reaches it at the text's end is partial (the
     match start kept) or goes on as the pattern does; and a negative lookaround ``(?!X)`` is
@@ -221,12 +270,19 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
     None where this reading of the pattern may be wrong (verbose or word mode, a conditional,
     a set inside a set, a capturing group or backreference inside a negative lookaround, a
     capturing group inside a lookbehind left out): the caller then shows nothing past where a
-    match may begin."""
+    match may begin. ``lookaheads``: where given, each negative lookahead's X' is added to it, and
+    in the result the lookahead is followed by an empty group named ``_LOOKAHEAD_MARK`` and its
+    index there, which marks where it stood in a match (None where the pattern refers to a group
+    by number, which that would renumber)."""
     if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
+        return None
+    if lookaheads is not None and re.search(r"\\[1-9]|\\g<\d|\(\?\|", pattern):
         return None
     lead = GLOBAL_FLAGS.match(pattern)
     lead = lead.end() if lead else 0
     relax = _RELAX_MULTILINE if _MULTILINE.search(pattern) else _RELAX
+    if lookaheads is not None:  # (\Z and \z hold at the text's end only: one character settles them)
+        relax = {**relax, "\\Z": r"(?:(?=[\s\S])\Z)", "\\z": r"(?:(?=[\s\S])\z)"}
     # the groups being read, outermost first: their text so far (relaxed, original), whether the
     # group is a negative lookaround, and whether it is a lookbehind left out
     stack: list[tuple[list[str], list[str], bool, bool]] = [([], [], False, False)]
@@ -292,7 +348,11 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
                 r_text = "(?:)"
             elif neg:  # r, o: the head ("(?!" or "(?<!") and X
                 look = "(?=" if o[0] == "(?!" else "(?<="
-                r_text = "(?:" + look + "".join(r[1:]) + ")(?!)|" + "".join(o) + "))"
+                mark = ""
+                if lookaheads is not None and o[0] == "(?!":  # (an empty group marks where it stood)
+                    mark = f"(?P<{_LOOKAHEAD_MARK}{len(lookaheads)}>)"
+                    lookaheads.append("".join(r[1:]))
+                r_text = "(?:" + look + "".join(r[1:]) + ")(?!)|" + "".join(o) + ")" + mark + ")"
             else:
                 r_text = "".join(r) + ")"
             stack[-1][0].append(r_text)
@@ -307,10 +367,13 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
     return "".join(stack[0][0])
 
 
-def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
+def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endpos: int,
+               final: Callable[[Any, int], Any] | None = None) -> Any:
     """The first match of ``rx`` in ``text[floor:endpos]`` that is new past ``new_from`` (the text
     already checked): it ends after it, or a lookahead, which sees past its end, could not match
-    there yet ('x(?=y)' once "y" comes). None if there is none.
+    there yet ('x(?=y)' once "y" comes). None if there is none. ``final``, where given, takes such
+    a match and ``endpos`` and returns the match to stop at from its start, or None where none is
+    final there (``StopStringMatcher._final``): the search goes on to the next start.
 
     Every start is tried (``overlapped``), and where ``rx``'s own match there ends in text not
     checked (the first ``min_new_tokens``), ``longest`` (``rx`` with POSIX leftmost-longest
@@ -319,14 +382,21 @@ def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endp
     ``ab|abc`` on "ab" then "c"), where the search passed over it, and so is one ending by it that
     the text up to ``new_from`` did not hold (``_new_before``)."""
     for m in rx.finditer(text, floor, endpos, overlapped=True, timeout=REGEX_TIMEOUT_S):
-        if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None:
-            return m
-        start = m.start()
-        if (m := longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)) is not None and m.end() > new_from:
-            return m
-        if (m := _new_before(rx.pattern, text, start, new_from, endpos)) is not None:
-            return m
+        new = _new_from_start(rx, longest, text, m, new_from, endpos)
+        if new is not None and (final is None or (new := final(new, endpos)) is not None):
+            return new
     return None
+
+
+def _new_from_start(rx: Any, longest: Any, text: str, m: Any, new_from: int, endpos: int) -> Any:
+    """A match new past ``new_from`` from where ``m``, ``rx``'s match there, begins, or None
+    (``_new_match``)."""
+    if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None:
+        return m
+    start = m.start()
+    if (m := longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)) is not None and m.end() > new_from:
+        return m
+    return _new_before(rx.pattern, text, start, new_from, endpos)
 
 
 def _new_before(pattern: str, text: str, start: int, new_from: int, endpos: int) -> Any:
@@ -503,6 +573,16 @@ class StopStringMatcher:
         # per regex: (its automaton's first match's end, the text up to it, whether the regex
         # package finds a match there too), for _agrees
         self._agreed: list[tuple | None] = [None] * len(self._regexes)
+        # the length of the text not checked (min_new_tokens) that find first met: a match of a
+        # regex that may read the text's end is let through where that text held it (_new_match)
+        self._held_to: int | None = None
+        self._checked = ""  # (the last text find checked)
+        # per regex: where the earliest match that find met in its text (_pending_text) begins that
+        # reads its end, where one does: safe_len holds it back
+        self._pending: dict[int, int] = {}
+        self._pending_text = ""
+        # whether a match of a regex may read the text's end: find(at_end=True) is asked where the output ends
+        self.reads_end = any(r is not None for r in self._shared.end_readings)
 
     @property
     def problem(self) -> str | None:
@@ -552,7 +632,7 @@ class StopStringMatcher:
             return False
         return a is None or a.extends(text, start)
 
-    def _settled(self, k: int, text: str, start: int) -> bool:
+    def _settled(self, k: int, text: str, start: int, checked: bool = False) -> bool:
         """Whether no stop of regex ``k`` can begin at ``start`` in any text that extends ``text``
         (``text`` being checked, or not: the first ``min_new_tokens``), where every match from
         ``start`` ends in ``text`` (``StopRegexes.settled_width``): a stop from there would be a
@@ -562,7 +642,9 @@ class StopStringMatcher:
         more (``_FOLLOWERS``), so it is no stop where each match that what follows may make, the
         text holds already, and one after a newline and more, after the newline alone: "a" of
         ``a$`` after "xa" (a newline after it keeps it a match, anything else makes none), not
-        " " of ``" \\b"`` after "x " ("a" after it makes it one).
+        " " of ``" \\b"`` after "x " ("a" after it makes it one). Where ``checked`` (the text's
+        end was checked, and a match that reads it is met once what follows settles it: find), it
+        is no stop only where what follows changes none: not "a" of ``a$`` after "xa".
 
         Raises:
             TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
@@ -580,7 +662,7 @@ class StopStringMatcher:
                 if exact is None:
                     return False
                 holds.append(exact.match(text + follower, start, timeout=REGEX_TIMEOUT_S) is not None)
-            if (any(holds[1:]) and not holds[0]) or (holds[4] and not holds[3]):
+            if len(set(holds)) > 1 if checked else (any(holds[1:]) and not holds[0]) or (holds[4] and not holds[3]):
                 return False
         return True
 
@@ -601,6 +683,54 @@ class StopStringMatcher:
             return False
         return m is not None and not m.partial
 
+    def _final(self, k: int, text: str, at_end: bool, m: Any, end: int) -> Any:
+        """``m``, a match of regex ``k`` in ``text[:end]``, where no text after ``end`` can undo it
+        (``StopRegexes.end_readings``) or the output ends there (``at_end`` and ``end`` is
+        ``text``'s), or another from its start that none can, else None: then it reads the end of
+        ``text[:end]``, and where that is ``text``'s, find keeps its start (``_pending``).
+
+        Raises:
+            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+        """
+        if at_end and end == len(text):
+            return m
+        relaxed, lookaheads, ahead = self._shared.end_readings[k]
+        if relaxed is None:
+            final = ahead is not None and m.end() + ahead <= end
+        else:  # (the relaxed match of m's own span: whole where no assertion in it reads past end)
+            exact = _ending_by(relaxed.pattern, end - m.end(), exact=True)
+            f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
+            final = f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end)
+        if final:
+            return m
+        if relaxed is not None:  # another match from its start that is final (ab?(?!a) on "aab" from 1: "a")
+            f = relaxed.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
+            if f is not None and not f.partial and f.end() > (self._held_to or 0) and not self._lookahead_open(
+                    lookaheads, f, text, end):
+                return f
+            # (where the relaxed match reads on to one a negative lookahead leaves open, the shortest,
+            # within the pattern's reach)
+            reach = self._shared.reach[k]
+            for e in range(max(m.start() + 1, (self._held_to or 0) + 1), min(end, m.start() + (reach or 0)) + 1):
+                exact = _ending_by(relaxed.pattern, end - e, exact=True)
+                f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
+                if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
+                    return f
+        if end == len(text):
+            self._pending[k] = min(self._pending.get(k, end), m.start())
+        return None
+
+    @staticmethod
+    def _lookahead_open(lookaheads: tuple, f: Any, text: str, end: int) -> bool:
+        """Whether a negative lookahead where it stood in ``f`` (a match of ``_EndReading.relaxed``)
+        has an X that text after ``end`` may complete, undoing ``f``.
+
+        Raises:
+            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+        """
+        return any((x := rx.match(text, p, end, partial=True, timeout=REGEX_TIMEOUT_S)) is not None and x.partial
+                   for i, rx in enumerate(lookaheads) for p in f.starts(f"{_LOOKAHEAD_MARK}{i}"))
+
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
         # (a lookahead reading to the text's end from each start costs time cubic in the output
@@ -615,9 +745,19 @@ class StopStringMatcher:
             f'output (catastrophic backtracking, as in a repeat of overlapping alternatives like "(x|x)+"{ahead}); '
             f"rewrite it so each character can be matched one way only{fix}")
 
-    def find(self, text: str, new_from: int) -> tuple[int, str] | None:
+    def find(self, text: str, new_from: int, at_end: bool = False) -> tuple[int, str] | None:
         """The stop in ``text`` that ends first after ``new_from`` (the length of the text already
-        checked); returns ``(start index, matched text)`` or None.
+        checked); returns ``(start index, matched text)`` or None. ``at_end``: the output ends
+        with ``text`` (its last token came, or an EOS or stop token): a match that reads its end
+        is a stop now.
+
+        A regex's match that reads the end of the text checked (an end assertion, a negative
+        lookahead, a conditional on a lookaround: ``StopRegexes.end_readings``) is met only once
+        text after it, or the output's end, settles it (``\\bEND\\b`` in "ENDING" never is; in
+        "END " it is met with the space): a check after the next character finds it again, from
+        the text up to ``new_from`` on, and safe_len holds its start back meanwhile. Among stops
+        met at one character, the one whose match ends first wins (``\\bEND\\b`` before the stop
+        string "\\n" in "END\\n"; ``x(?=y)`` before "y" in "xy"), then as below.
 
         Several stops may end in one token's text. The one whose match ends first wins, as when
         the text is checked character by character; among matches ending at the same character,
@@ -630,12 +770,19 @@ class StopStringMatcher:
         also between those that one multi-character token completes at different places: there,
         ``stop=["bc", "ab"]`` on "x" + "abc" stops before "bc" ("xa") where tokens "a", "b", "c"
         stop before "ab" ("x"); this gives "x" for both."""
-        best: tuple[int, int, int, str] | None = None  # (end, rank, start, matched text); the least wins
+        # (where met, where the match ends, rank, start, matched text); the least wins
+        best: tuple[int, int, int, int, str] | None = None
+        if self.reads_end:
+            if self._held_to is None or new_from < self._held_to or not text.startswith(self._checked[:self._held_to]):
+                self._held_to = new_from  # (the first check, after the first min_new_tokens, or a rollback before it)
+            self._checked = text
+            if text != self._pending_text:
+                self._pending, self._pending_text = {}, text
         for rank, s in enumerate(self.stops):  # (each from its own length back: a shorter stop ending
             # before new_from lies in text that was not checked, the first min_new_tokens, or already shown)
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1:
-                best = min(best or (i + len(s), rank, i, s), (i + len(s), rank, i, s))
+                best = min(best or (i + len(s), i + len(s), rank, i, s), (i + len(s), i + len(s), rank, i, s))
         for k, rx in enumerate(self._regexes):
             if k in self._shared.given_up:
                 continue
@@ -663,17 +810,23 @@ class StopStringMatcher:
                     # new_from) by which the text holds a new match, and that match, which may end
                     # before the one over all of the text (r"\d+" on "123": "1") or begin after it
                     # (r"ab*c|b" on "abbc": "b", read before "c" comes)
-                    met = next(((e, m) for e in range(new_from + 1, len(text) + 1)
-                                if (m := _new_match(rx, longest, text, floor, new_from, e)) is not None), None)
+                    # A match that may read the text's end is new past the text not checked, and
+                    # met only where final (_final): it was not at the last check, or it had stopped
+                    reading = self._shared.end_readings[k] is not None
+                    held = self._held_to if reading else new_from
+                    first = min(new_from + 1, len(text)) if reading and at_end else new_from + 1
+                    final = functools.partial(self._final, k, text, at_end) if reading else None
+                    met = next(((e, m) for e in range(first, len(text) + 1)
+                                if (m := _new_match(rx, longest, text, floor, held, e, final)) is not None), None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue
             if met is None:
                 continue
             end, m = met
-            found = (end, len(self.stops) + k, m.start(), m.group())
+            found = (end, m.end(), len(self.stops) + k, m.start(), m.group())
             best = min(best or found, found)
-        return None if best is None else (best[2], best[3])
+        return None if best is None else (best[3], best[4])
 
     def safe_len(self, text: str) -> int:
         """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its
@@ -683,6 +836,7 @@ class StopStringMatcher:
         # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
+        past_held = self._held_to is not None and len(text) > self._held_to  # (text checked: find)
         for i in range(len(self._regexes)):
             run = None if i in self._shared.given_up else self._read(i, text)
             if run is not None:
@@ -714,11 +868,16 @@ class StopStringMatcher:
                 open_ = self._open(i, text, pos)
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up and not open_:
+                # (_settled lets through a match the text not checked holds; past that text, one
+                # reading its end is met once what follows settles it: find)
+                checked = past_held and self._shared.end_readings[i] is not None
                 try:
                     pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text),
-                                      functools.partial(self._settled, i, text))
+                                      functools.partial(self._settled, i, text, checked=checked))
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)
+            if self._pending and i in self._pending and text == self._pending_text:
+                pos = min(pos, self._pending[i])  # (a match find met that reads the text's end)
             safe = min(safe, pos)
             # (no start before pos can begin a stop in any longer text: _live_start)
             floors.append(pos)

@@ -444,6 +444,31 @@ def test_stop_regex_ends_at_its_first_match_and_streams_nothing_of_it(engine, hf
     assert result.token_ids == ref[: len(result.token_ids)]
 
 
+def test_a_stop_regex_match_that_reads_the_end_is_met_once_what_follows_settles_it_or_the_output_ends(engine, hf):
+    # r"a(?!b)" (a, b: characters of the greedy text, "a" followed by "b" before it stands alone):
+    # the check after each character read the end of the text so far as the end, and stopped at
+    # the first "a" whatever came next; now it stops where Python's re over the whole greedy text
+    # finds the match. r"XY\Z" (the output's last two characters) holds only where the output
+    # ends: the max_new_tokens finish becomes a stop with that match, its text cut there. The
+    # streamed text is the result's text
+    import re
+
+    tok = engine.tokenizer
+    p = prompts(engine)[0]
+    ref = hf.greedy_ignore_eos(p, 32)
+    full = tok.decode(ref)
+    a, b = next((full[i], full[i + 1]) for i in range(len(full) - 1)
+                if full[i].isascii() and full[i].isalnum() and full[i] != full[i + 1]
+                and re.search(re.escape(full[i]) + "(?!" + re.escape(full[i + 1]) + ")", full[:-2][i + 1:]))
+    for pattern in [re.escape(a) + "(?!" + re.escape(b) + ")", re.escape(full[-2:]) + r"\Z"]:
+        first = re.search(pattern, full)  # the reference: Python's re on the whole output
+        assert first.start() > full.index(a) or pattern.endswith("Z")
+        events = list(engine.stream(p, GREEDY.copy(stop_regex=pattern, ignore_eos=True)))
+        result = events[-1].result
+        assert result.finish_reason.type == "stop" and result.finish_reason.matched == first.group(), pattern
+        assert result.text == full[: first.start()] == "".join(e.text_delta for e in events), pattern
+
+
 def test_stop_token_ids_eos_min_and_max_new_tokens(engine, hf):
     p = prompts(engine)[1]
     ref = hf.greedy(p, 32)
