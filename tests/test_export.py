@@ -494,7 +494,7 @@ def test_a_name_an_lm_cell_reads_that_only_a_later_cell_sets_is_noted():
         assert not [n for n in p.notes if "later cell" in n], p.notes
 
 
-_FIRST = "%%lm --temperature 0\n{q}{gen a max_tokens=2}"
+_LM_FIRST = "%%lm --temperature 0\n{q}{gen a max_tokens=2}"
 
 
 @pytest.mark.parametrize("defined, cell, through", [
@@ -509,7 +509,7 @@ def test_a_name_a_function_the_lm_cell_uses_reads_that_only_a_later_cell_sets_is
     a later cell sets: as the %%lm cell's own read of it, every row failed with NameError (cell 4
     runs before cell 5 sets person), but only the cell's own reads were noted."""
     lm = f"%%lm {cell}" if cell.startswith("--") else f"%%lm --temperature 0\n{{q}}{cell}{{gen b max_tokens=2}}"
-    _, p = export_notebook(notebook('q = "x"', _FIRST, defined, lm, 'person = "A"'))
+    _, p = export_notebook(notebook('q = "x"', _LM_FIRST, defined, lm, 'person = "A"'))
     assert [n for n in p.notes if "later cell" in n] == [
         f"cell 4: the %%lm cell reads person through {through}, which only a later cell, 5, sets: the script runs the "
         "cells in the notebook's order, so every row would fail with NameError (in Jupyter, running cell 5 first hides "
@@ -527,7 +527,7 @@ def test_a_name_a_function_the_lm_cell_uses_reads_that_only_a_later_cell_sets_is
      "%%lm\n{q}{c.name}", 'person = "A"'),
 ])
 def test_a_function_the_lm_cell_uses_reading_a_name_set_before_it_runs_is_not_noted(cells):
-    _, p = export_notebook(notebook('q = "x"', _FIRST, *cells))
+    _, p = export_notebook(notebook('q = "x"', _LM_FIRST, *cells))
     assert not [n for n in p.notes if "later cell" in n], p.notes
 
 
