@@ -531,6 +531,57 @@ def test_a_function_the_lm_cell_uses_reading_a_name_set_before_it_runs_is_not_no
     assert not [n for n in p.notes if "later cell" in n], p.notes
 
 
+_LATER = ("the script runs the cells in the notebook's order, so every row would fail with NameError (in Jupyter, "
+          "running cell {later} first hides it); move the code that sets {n} above cell {cell}")
+
+
+@pytest.mark.parametrize("cells, said", [
+    (["n = person + a"], "cell 3: the cell reads person, which only a later cell, 4, sets: "),
+    (["def f():\n    return person", "n = f()"], "cell 4: the cell reads person through f (cell 3), which only a later "
+                                                "cell, 5, sets: "),
+    (["def f():\n    return person\nn = f() + a"], "cell 3: the cell reads person through f (cell 3), which only a "
+                                                  "later cell, 4, sets: "),
+])
+def test_a_python_cell_run_per_row_reading_a_name_only_a_later_cell_sets_is_noted(tmp_path, monkeypatch, cells, said):
+    """A per-row Python cell that reads a name only a later cell sets, itself or through a function,
+    failed every row of the job with NameError, with no note: only %%lm cells were checked."""
+    from helpers_export import write_rows
+
+    *_, last = cells
+    nb = notebook('q = "x"', _LM_FIRST, *cells, 'person = "A"', "%%lm --temperature 0\n{n}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    later = 3 + len(cells)
+    assert [n for n in p.notes if "later cell" in n] == [
+        said + _LATER.format(later=later, n="person", cell=later - 1)]
+    results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}]))
+    # (UnboundLocalError, a NameError, where run_row binds person below: the job's summary takes it for one)
+    assert [(r["status"], r["error"].split(":")[0] in ("NameError", "UnboundLocalError"), "'person'" in r["error"])
+            for r in results] == [("error", True, True)] * 2
+
+
+def test_a_set_up_cell_reading_a_name_only_a_later_cell_sets_is_noted():
+    """The same read in a cell that runs once stopped the job before any row, with no word on cell 3."""
+    _, p = export_notebook(notebook('q = "x"\nn = str(count)', _LM_FIRST, "count = 1"))
+    assert p.notes == [
+        "cell 1: the cell reads count, which only a later cell, 3, sets: the script runs the cells in the notebook's "
+        "order, so the job would stop in its set-up with NameError before any row ran (in Jupyter, running cell 3 "
+        "first hides it); move the code that sets count above cell 1"]
+
+
+@pytest.mark.parametrize("cells", [
+    # (a function that reads it, called below the cell that sets it; a try that asks whether it is set; the cell
+    # sets it before it calls the function, or by a function's `global`; only a method reads it)
+    ("def f():\n    return person", 'person = "A"', "n = f()"),
+    ("try:\n    cache\nexcept NameError:\n    cache = {}", "cache = {}"),
+    ("def f():\n    return person", "person = 'B'\nn = f()", 'person = "A"'),
+    ("def setp():\n    global person\n    person = 'B'\nsetp()\nn = person", 'person = "A"'),
+    ("class C:\n    def m(self):\n        return person\nc = C()", 'person = "A"'),
+])
+def test_a_python_cell_reading_a_name_set_before_it_runs_is_not_noted(cells):
+    _, p = export_notebook(notebook('q = "x"', _LM_FIRST, *cells))
+    assert not [n for n in p.notes if "later cell" in n], p.notes
+
+
 def test_a_bare_annotation_binds_nothing():
     """``x: int`` with no value binds nothing, as Python has it (a read of x after it is a NameError),
     but the export took it for a binding: ``question: str`` above ``question = "What?"`` left no

@@ -289,7 +289,7 @@ def test_rows_whose_code_reads_a_name_nothing_set_are_not_blamed_on_the_input(tm
     assert said.startswith("  2 rows failed because the notebook's code reads a name that nothing set (NameError: "
                            "name 'person' is not defined")
     assert said.endswith("), which no input row can fix; in the notebook, set it in a cell above the one that reads it "
-                         "(lmnb export notes a %%lm cell that reads one only a later cell sets) and export it again; "
+                         "(lmnb export notes a cell that reads one only a later cell sets) and export it again; "
                          "then run with --retry-errors to rerun the failed rows (rows already done are kept)")
     assert '  other rows with "status": "error" or "bad_input" say why in "error"' in err  # (the ValueError's row)
     assert "fix the input" not in err

@@ -394,8 +394,8 @@ class RowRunner:
             if self.undefined:
                 lines.append(f"  {_rows(len(self.undefined))} failed because the notebook's code reads a name that "
                              f"nothing set ({self.undefined[0]}), which no input row can fix; in the notebook, set it in a "
-                             "cell above the one that reads it (lmnb export notes a %%lm cell that reads one only a "
-                             "later cell sets) and export it again; then run with --retry-errors to rerun the failed "
+                             "cell above the one that reads it (lmnb export notes a cell that reads one only a later "
+                             "cell sets) and export it again; then run with --retry-errors to rerun the failed "
                              "rows (rows already done are kept)")
             if len(self.unreachable) + len(self.cannot_run) + len(self.undefined) < c[ERROR] or c[BAD_INPUT]:
                 lines.append('  other rows with "status": "error" or "bad_input" say why in "error"')

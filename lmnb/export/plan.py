@@ -32,7 +32,7 @@ from lmnb.export.notes_objects import _carried_over, _made_objects
 from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped, _number_words, _verb
 from lmnb.export.parameters import read_parameters
 from lmnb.export.star_builtins import _builtins_set_by
-from lmnb.export.syntax import _cell_binds, _own_nodes, _statements, _tests_unset
+from lmnb.export.syntax import _cell_binds, _own_nodes, _run_reads, _statements, _tests_unset
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -505,37 +505,53 @@ def _tag_meant_by(p: Plan, name: str) -> Optional[tuple]:
 
 
 def _read_before_set(cells: list, p: Plan) -> list[str]:
-    """Notes on the names a ``%%lm`` cell reads that only a later cell sets (``{person}`` in cell 1,
-    ``person = "Arvel"`` in cell 2), also where a function or lambda of an earlier cell that the
-    cell uses reads it, or one that such a function uses, and so on (``{greet()}`` of ``greet =
-    lambda: person``: ``_reached``): in Jupyter, running that cell first hides it, but the script
-    runs the cells in order, and each row failed with a NameError, told to fix its input. Not where
-    an earlier cell star-imports, which may set it."""
+    """Notes on the names a cell reads that only a later cell sets: a ``%%lm`` cell's reads (``{person}``
+    in cell 1, ``person = "Arvel"`` in cell 2), and a Python cell's where it runs (``_run_reads``: not in its
+    functions' bodies; the parameters cell runs first), also where a function or lambda of an earlier
+    cell (or of the Python cell itself) that the cell uses reads it, or one that such a function uses,
+    and so on (``{greet()}`` of ``greet = lambda: person``: ``_reached``): in Jupyter, running that
+    cell first hides it, but the script runs the cells in order, and each row failed with a NameError,
+    told to fix its input (a set-up cell's ended the job before any row ran, with no word on the later
+    cell). Not where an earlier cell or the Python cell star-imports, which may set it."""
+    import ast
+
     notes = []
-    for c in p.lm_cells:
+    setup = {c.index for c in p.setup}
+    checked = [c for c in cells if isinstance(c, LMCell) or isinstance(c, Code) and not c.is_parameters]
+    for c in checked:
         earlier = [d for d in cells if d.index < c.index and isinstance(d, (Code, LMCell))]
-        if any(isinstance(d, Code) and d.star_imports for d in earlier):
+        if any(isinstance(d, Code) and d.star_imports for d in [*earlier, c]):
             continue
         set_before = {n for d in earlier for n in (d.assigns if isinstance(d, Code) else d.sets)}
-        # (the definitions in force when the cell runs, the last ones; no class, of whose methods the cell may
-        # call none: c.name)
-        classes = _setup_classes(earlier)
-        functions = [f for f in _setup_functions(earlier) if f[1] not in classes]
+        # (the definitions in force when the cell runs, the last ones, a Python cell's own too; no class, of whose
+        # methods the cell may call none: c.name)
+        defining = earlier + [c] if isinstance(c, Code) else earlier
+        classes = _setup_classes(defining)
+        functions = [f for f in _setup_functions(defining) if f[1] not in classes]
         defined = {f[1]: f for f in functions}
-        read = {n: "" for n in c.reads}
-        for name, entry in _reached(functions, c.reads, _links(earlier, functions)).items():
+        if isinstance(c, LMCell):
+            reads, used, own = c.reads, c.reads, set()
+        else:  # (a name the cell sets by `global`, or before it calls a function, is set when that reads it)
+            ran = _run_reads(ast.parse(c.source))
+            reads = [n for n in ran if n in c.reads and n not in c.declared_globals]
+            used, own = [n for n in ran if n in c.reads or n in defined and defined[n][0] == c.index], set(c.assigns)
+        read = {n: "" for n in reads}
+        for name, entry in _reached(functions, used, _links(defining, functions)).items():
             where = f"cell {defined[name][0]}" if name == entry else f"{name} of cell {defined[name][0]} reads it"
-            read.update({n: f" through {entry} ({where})" for n in defined[name][2] if n not in read})
+            read.update({n: f" through {entry} ({where})" for n in defined[name][2] if n not in read and n not in own})
         for n, through in read.items():  # (a builtin is there until a cell binds the name: no NameError)
             if n in set_before or n in p.inputs or n in p.parameters or n in _BUILTINS or n in JUPYTER_BUILTINS:
                 continue
             later = next((d for d in cells if d.index > c.index and (
                 n in d.assigns if isinstance(d, Code) else isinstance(d, LMCell) and n in d.sets)), None)
-            if later is not None:
-                notes.append(f"cell {c.index}: the %%lm cell reads {n}{through}, which only a later cell, {later.index}, "
-                             f"sets: the script runs the cells in the notebook's order, so every row would fail with "
-                             f"NameError (in Jupyter, running cell {later.index} first hides it); move the code "
-                             f"that sets {n} above cell {c.index}")
+            if later is None:
+                continue
+            what = "the %%lm cell" if isinstance(c, LMCell) else "the cell"
+            fails = ("the job would stop in its set-up with NameError before any row ran" if c.index in setup
+                     else "every row would fail with NameError")
+            notes.append(f"cell {c.index}: {what} reads {n}{through}, which only a later cell, {later.index}, sets: "
+                         f"the script runs the cells in the notebook's order, so {fails} (in Jupyter, running cell "
+                         f"{later.index} first hides it); move the code that sets {n} above cell {c.index}")
     return notes
 
 

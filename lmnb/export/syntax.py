@@ -55,6 +55,40 @@ def _own_nodes(node, tests: tuple = ()):
                 yield from _own_nodes(child, inner)
 
 
+def _run_reads(tree) -> list:
+    """The names that the code of ``tree`` (a cell) loads where the cell runs, in order of first
+    load: not in the bodies of its functions and lambdas (their decorators and defaults run), nor in
+    the body of a ``try`` that catches NameError (``try: cache except NameError: cache = {}`` asks
+    whether the name is set)."""
+    import ast
+
+    loads = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            loads.append((node.lineno, node.col_offset, node.id))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            todo += [*getattr(node, "decorator_list", ()), *arguments.defaults, *filter(None, arguments.kw_defaults)]
+        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and any(map(_catches_name_error,
+                                                                                         node.handlers)):
+            todo += [*node.handlers, *node.orelse, *node.finalbody]
+        else:
+            todo += ast.iter_child_nodes(node)
+    return list(dict.fromkeys(name for _, _, name in sorted(loads)))
+
+
+def _catches_name_error(handler) -> bool:
+    """Whether an ``except`` clause catches NameError: bare, or naming it, Exception or BaseException."""
+    import ast
+
+    if handler.type is None:
+        return True
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(ast.unparse(k).split(".")[-1] in ("NameError", "Exception", "BaseException") for k in kinds)
+
+
 def _tests_unset(test, names: set) -> bool:
     """Whether ``test`` is ``x is None`` or ``not x`` for a name x of ``names``."""
     import ast
