@@ -582,6 +582,45 @@ def test_a_python_cell_reading_a_name_set_before_it_runs_is_not_noted(cells):
     assert not [n for n in p.notes if "later cell" in n], p.notes
 
 
+def test_a_set_up_function_reading_a_name_only_a_later_row_cell_sets_gets_one_note_saying_to_pass_it(tmp_path,
+                                                                                                    monkeypatch):
+    """f = lambda: person of a set-up cell, called by a %%lm cell above the per-row cell that sets person,
+    got two notes: one said to move person's code above the %%lm cell, the other to move f below the
+    first %%lm cell, and neither fixes it: moved there, person is the row's variable, which f, run once,
+    does not read (every row still fails with NameError). One note says to pass it; f's reads of other
+    row variables (topic) keep their note."""
+    from helpers_export import write_rows
+
+    call = "%%lm --temperature 0\n{q}{f()}{gen b max_tokens=1}"
+    _, p = export_notebook(notebook('q = "x"\nf = lambda: person + topic', _LM_FIRST, 'topic = q', call, 'person = q'))
+    assert [n for n in p.notes if " f" in n] == [
+        "cell 4: the %%lm cell reads person through f (cell 1), which only a later cell, 5, sets: the script runs the "
+        "cells in the notebook's order, so every row would fail with NameError (in Jupyter, running cell 5 first hides "
+        "it); f, defined in a cell that runs once, reads the script's globals, not the row's variables: pass person to "
+        "f as an argument, and set person above cell 4",
+        "cell 1: f, defined in a cell that runs once, reads topic, which the cells that run per row set: in the job it "
+        "reads the script's globals, not the row's variables (a NameError, or the value the cells run once set); pass "
+        "it as an argument to f, or move f into a cell below the first %%lm cell"]
+    _, p = export_notebook(notebook('q = "x"\ndef g():\n    return person\nf = lambda: g()', _LM_FIRST, call,
+                                    'person = q'))
+    assert p.notes == [
+        "cell 3: the %%lm cell reads person through f (g of cell 1 reads it), which only a later cell, 4, sets: the "
+        "script runs the cells in the notebook's order, so every row would fail with NameError (in Jupyter, running "
+        "cell 4 first hides it); g, defined in a cell that runs once, reads the script's globals, not the row's "
+        "variables: pass person to g as an argument, and set person above cell 3"]
+    # the code that sets person moved above cell 3 alone: every row still fails; passed too, the rows run as the notebook
+    rows = [{"q": "B"}, {"q": "C"}]
+    source, _ = export_notebook(notebook('q = "x"\nf = lambda: person', _LM_FIRST, 'person = q + "!"', call))
+    results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "moved.jsonl", rows))
+    assert [(r["status"], r["error"].startswith("NameError: name 'person' is not defined")) for r in results] == [
+        ("error", True)] * 2
+    source, p = export_notebook(notebook('q = "x"\nf = lambda who: who', _LM_FIRST, 'person = q + "!"',
+                                         call.replace("f()", "f(person)")))
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "passed.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    assert (p.notes, prompts) == ([], ["B", "BB!", "C", "CC!"])
+
+
 def test_a_bare_annotation_binds_nothing():
     """``x: int`` with no value binds nothing, as Python has it (a read of x after it is a NameError),
     but the export took it for a binding: ``question: str`` above ``question = "What?"`` left no

@@ -265,11 +265,12 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
         p.notes.append(f"{', '.join(from_star)}: read by the %%lm cells and set by no cell, so taken to come from "
                        f"{stars}, not to be row fields; name the row fields with --inputs if one is")
     p.notes += _misspelt_fields(p, examples, parameters) if given is None else []
-    p.notes += _read_before_set(cells, p)
+    later_notes, advised = _read_before_set(cells, p)
+    p.notes += later_notes
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
-    p.notes += _setup_functions_reading_row_variables(functions, row, p.shared)
+    p.notes += _setup_functions_reading_row_variables(functions, row, p.shared, advised)
     for c in row:  # (run_row's nested function writes the script's global, which the rows' threads share)
         if isinstance(c, (Code, LMCell)) and c.declared_globals:
             shown = ", ".join(c.declared_globals)
@@ -504,19 +505,24 @@ def _tag_meant_by(p: Plan, name: str) -> Optional[tuple]:
     return None
 
 
-def _read_before_set(cells: list, p: Plan) -> list[str]:
-    """Notes on the names a cell reads that only a later cell sets: a ``%%lm`` cell's reads (``{person}``
-    in cell 1, ``person = "Arvel"`` in cell 2), and a Python cell's where it runs (``_run_reads``: not in its
+def _read_before_set(cells: list, p: Plan) -> tuple[list[str], set]:
+    """(notes on the names a cell reads that only a later cell sets, (cell index, name, read name) of
+    the set-up functions whose reads the notes give the advice on, which
+    ``_setup_functions_reading_row_variables`` leaves out). A ``%%lm`` cell's reads (``{person}`` in cell
+    1, ``person = "Arvel"`` in cell 2), and a Python cell's where it runs (``_run_reads``: not in its
     functions' bodies; the parameters cell runs first), also where a function or lambda of an earlier
     cell (or of the Python cell itself) that the cell uses reads it, or one that such a function uses,
     and so on (``{greet()}`` of ``greet = lambda: person``: ``_reached``): in Jupyter, running that
     cell first hides it, but the script runs the cells in order, and each row failed with a NameError,
     told to fix its input (a set-up cell's ended the job before any row ran, with no word on the later
-    cell). Not where an earlier cell or the Python cell star-imports, which may set it."""
+    cell). Not where an earlier cell or the Python cell star-imports, which may set it. A set-up
+    function's read of a name a per-row cell sets gets the advice that works for both: pass it as an
+    argument (it reads the script's global, where moving the code above the cell left a row variable)."""
     import ast
 
-    notes = []
+    notes, advised = [], set()
     setup = {c.index for c in p.setup}
+    row_bound = set().union(*map(_cell_binds, p.row)) - set(p.shared)
     checked = [c for c in cells if isinstance(c, LMCell) or isinstance(c, Code) and not c.is_parameters]
     for c in checked:
         earlier = [d for d in cells if d.index < c.index and isinstance(d, (Code, LMCell))]
@@ -535,11 +541,12 @@ def _read_before_set(cells: list, p: Plan) -> list[str]:
             ran = _run_reads(ast.parse(c.source))
             reads = [n for n in ran if n in c.reads and n not in c.declared_globals]
             used, own = [n for n in ran if n in c.reads or n in defined and defined[n][0] == c.index], set(c.assigns)
-        read = {n: "" for n in reads}
+        read = {n: ("", None) for n in reads}
         for name, entry in _reached(functions, used, _links(defining, functions)).items():
             where = f"cell {defined[name][0]}" if name == entry else f"{name} of cell {defined[name][0]} reads it"
-            read.update({n: f" through {entry} ({where})" for n in defined[name][2] if n not in read and n not in own})
-        for n, through in read.items():  # (a builtin is there until a cell binds the name: no NameError)
+            read.update({n: (f" through {entry} ({where})", name) for n in defined[name][2]
+                         if n not in read and n not in own})
+        for n, (through, reader) in read.items():  # (a builtin is there until a cell binds the name: no NameError)
             if n in set_before or n in p.inputs or n in p.parameters or n in _BUILTINS or n in JUPYTER_BUILTINS:
                 continue
             later = next((d for d in cells if d.index > c.index and (
@@ -549,10 +556,16 @@ def _read_before_set(cells: list, p: Plan) -> list[str]:
             what = "the %%lm cell" if isinstance(c, LMCell) else "the cell"
             fails = ("the job would stop in its set-up with NameError before any row ran" if c.index in setup
                      else "every row would fail with NameError")
+            fix = f"move the code that sets {n} above cell {c.index}"
+            index = defined[reader][0] if reader else None
+            if index in setup and n in row_bound:  # (the set-up function reads the script's global, not the row's)
+                fix = (f"{reader}, defined in a cell that runs once, reads the script's globals, not the row's "
+                       f"variables: pass {n} to {reader} as an argument, and set {n} above cell {c.index}")
+                advised.add((index, reader, n))
             notes.append(f"cell {c.index}: {what} reads {n}{through}, which only a later cell, {later.index}, sets: "
                          f"the script runs the cells in the notebook's order, so {fails} (in Jupyter, running cell "
-                         f"{later.index} first hides it); move the code that sets {n} above cell {c.index}")
-    return notes
+                         f"{later.index} first hides it); {fix}")
+    return notes, advised
 
 
 def _word_forms(a: str, b: str) -> bool:
@@ -932,16 +945,17 @@ def _changed_by_called(called: list, row: list) -> tuple:
     return tuple(n for n in dict.fromkeys(n for f in called for n in f[4]) if n not in bound)
 
 
-def _setup_functions_reading_row_variables(functions: list, row: list, shared: tuple) -> list:
+def _setup_functions_reading_row_variables(functions: list, row: list, shared: tuple, advised: set) -> list:
     """Notes for the functions (and classes' methods) of setup cells (``_setup_functions``) that
     read a variable the row cells set: they read the script's globals, not run_row's variables, so
     in the job they get a NameError or the value the setup cells left, where the notebook's read
     the row's value. Not for ``shared`` names (``Plan.shared``), which run_row sets as the
-    script's globals."""
+    script's globals, nor for the (cell index, function, name) of ``advised``, whose note on a read
+    before a later cell sets it (``_read_before_set``) says to pass it."""
     bound = set().union(*map(_cell_binds, row)) - set(shared)
     notes = []
     for index, name, reads, *_ in functions:
-        read = [n for n in reads if n in bound]
+        read = [n for n in reads if n in bound and (index, name, n) not in advised]
         if read:
             them = "it as an argument" if len(read) == 1 else "them as arguments"
             notes.append(f"cell {index}: {name}, defined in a cell that runs once, reads {', '.join(read)}, "
