@@ -4402,6 +4402,36 @@ def test_a_function_of_the_users_package_module_that_keeps_state_is_noted(tmp_pa
                                ["--num-threads", "1"])
     assert prompts[1::2] == ["1", "2", "3"]
 
+@pytest.mark.parametrize("setup, call, shown", [
+    ("import pkg.helpers", "pkg.helpers.remember(q)", "pkg.helpers.remember, of `import pkg.helpers`"),
+    ("import pkg.helpers as h", "h.remember(q)", "h.remember, of `import pkg.helpers as h`"),
+    ("import pkg.helpers\ndef use(x):\n    return pkg.helpers.remember(x)", "use(q)",
+     "pkg.helpers.remember, of `import pkg.helpers`"),
+])
+def test_a_function_of_the_users_package_module_imported_by_its_dotted_name_that_keeps_state_is_noted(
+        tmp_path, monkeypatch, setup, call, shown):
+    """import pkg.helpers and pkg.helpers.remember(q) per row (or as h, h.remember(q); or through a
+    set-up function) got no note, though the job's rows go 1, 2, 3 where each notebook pass gives 1:
+    only an import of a plain module's name was followed."""
+    from helpers_export import write_rows
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "pkg" / "helpers.py").write_text(_HELPERS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("pkg", "pkg.helpers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", f"r = str({call})",
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, folder=tmp_path)
+    assert [n.split(": the job")[0] for n in p.notes if "helpers" in n] == [
+        f"cell 1: {shown} (pkg/helpers.py, beside the notebook), which the rows call, changes the module's own globals "
+        "calls, seen"]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts[1::2] == ["1", "2", "3"]
+
+
 
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,

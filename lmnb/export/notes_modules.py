@@ -59,8 +59,8 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
     that a cell star-imports or from-imports (``from helpers import remember``, ``as rem`` too, a
     package's module too: ``from pkg.helpers import remember``, pkg/helpers.py) and the row cells
-    call by name, or imports (``import helpers``, ``as h`` too) and they call as its attribute
-    (``helpers.remember(x)``), or the set-up functions they call
+    call by name, or imports (``import helpers``, ``as h`` too, ``import pkg.helpers``) and they call
+    as its attribute (``helpers.remember(x)``, ``pkg.helpers.remember(x)``), or the set-up functions they call
     (``called``: ``_called``; ``defs``: their definitions, ``_made_objects``') do so, which change
     the module's own globals: one they set by ``global``, or a dict, list or set the module makes
     and they change in place (``seen.append(x)``). The job imports the module once, so that state
@@ -77,12 +77,13 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
     used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
     trees = [tree for _, tree in _row_trees(row)] + [defs[f[0], f[1]] for f in called if (f[0], f[1]) in defs]
-    # (alias → the module's functions that the rows call as its attributes: helpers.remember(x))
+    # (alias → the module's functions that the rows call as its attributes: helpers.remember(x), and
+    # pkg.helpers.remember(x) of `import pkg.helpers`, whose alias is the dotted name)
     attributes: dict = {}
     for node in (n for tree in trees for n in ast.walk(tree)):
         func = node.func if isinstance(node, ast.Call) else None
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-            attributes.setdefault(func.value.id, set()).add(func.attr)
+        if isinstance(func, ast.Attribute) and _dotted(func.value):
+            attributes.setdefault(ast.unparse(func.value), set()).add(func.attr)
     notes, read = [], {}  # (read: path → _stateful_functions of its source, None where unread: each file read once)
     for c in cells:
         if not isinstance(c, Code):
@@ -92,7 +93,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
         # import's names None)
         imported = [(module, None, None) for module in c.star_imports] + [
             (a.name, a.asname or a.name, None) for stmt in body if isinstance(stmt, ast.Import)
-            for a in stmt.names if "." not in a.name] + [  # (a package's module: pkg.helpers.f(x) is not followed)
+            for a in stmt.names] + [
             (stmt.module, None, {a.asname or a.name: a.name for a in stmt.names}) for stmt in body
             if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module
             and stmt.names[0].name != "*"]
@@ -124,6 +125,15 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                              "row (what one row changes, the next row sees), where each pass of the notebook imports "
                              f"it anew, and rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
     return notes
+
+
+def _dotted(node) -> bool:
+    """Whether ``node`` (an expression) is a name or a dotted chain of names (``pkg.helpers``)."""
+    import ast
+
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def _stateful_functions(tree) -> tuple[dict, set]:
