@@ -1442,6 +1442,15 @@ _WORDS = ("class Tok:\n    def __init__(self):\n        self.words = {init}\n{mo
     # (but another class's method setting its own instance's words, which no Tok is: it was noted)
     ("['ab']", "", "for ch in self.words[0]", "class Other:\n    def __init__(self):\n        self.words = iter('xyz')\n"
      "o = Other()", None),
+    # (nor set-up code setting words on a new object that is no Tok: it was noted)
+    ("['ab']", "", "for ch in self.words[0]", "import types\nns = types.SimpleNamespace()\nns.words = iter('xyz')", None),
+    ("['ab']", "", "for ch in self.words[0]", "from types import SimpleNamespace\nns = SimpleNamespace()\n"
+     "ns.words = [iter('xyz')]", None),
+    ("['ab']", "", "for ch in self.words[0]", "class Other:\n    pass\no = Other()\no.words = [iter('xyz')]", None),
+    # (but on a name that may be a Tok: still noted, and it carries over)
+    ("['ab']", "", "for ch in self.words[0]", "ns = tok\nns.words = [iter('xyz')]", ["xB", "yC", "zD"]),
+    ("['ab']", "", "for ch in self.words[0]", "import random\nns = random.choice([tok])\nns.words = [iter('xyz')]",
+     ["xB", "yC", "zD"]),
 ])
 def test_a_method_iterating_an_item_of_a_literal_attribute_reads_it(tmp_path, monkeypatch, init, more, loop, after,
                                                                      job):

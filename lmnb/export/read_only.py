@@ -194,10 +194,12 @@ def _changed_outside(setup: list, cls) -> set:
     [iter('xyz')]``, ``tok.words[0] = ...``, ``tok.words.append(...)``. What the class's methods set
     such an attribute to is then not all it may hold (an iterator, which iterating consumes). But
     another class's methods setting their own instance's (``self.words = ...`` of ``class Other``,
-    not a subclass of ``cls``): no instance of ``cls`` is that."""
+    not a subclass of ``cls``), nor set-up code setting it on a name bound only to a new object that is
+    no ``cls`` (``_other_objects``): no instance of ``cls`` is that."""
     import ast
 
     out = set()
+    others = _other_objects(setup, cls)
     for _, stmt in _statements(setup):
         if isinstance(stmt, ast.ClassDef) and stmt.name == cls.name:  # (its methods: _plain_attributes)
             continue
@@ -209,11 +211,47 @@ def _changed_outside(setup: list, cls) -> set:
                    and n.value.id == m.args.args[0].arg}
         parents = {child: node for node in ast.walk(stmt) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(stmt):
-            if not isinstance(node, ast.Attribute) or id(node) in own:
+            if not isinstance(node, ast.Attribute) or id(node) in own or (
+                    isinstance(node.value, ast.Name) and node.value.id in others):
                 continue
             if isinstance(node.ctx, (ast.Store, ast.Del)) or _changed_in_place(node, parents):
                 out.add(node.attr)
     return out
+
+
+def _other_objects(setup: list, cls) -> set:
+    """The names that the set-up cells bind only at top level, each time to a new object that is no
+    instance of ``cls`` (a ``ClassDef``): a call of another set-up class, no subclass of ``cls``
+    (``o = Other()``), or of what an import gives (``ns = types.SimpleNamespace()``, ``SimpleNamespace()``
+    of ``from types import SimpleNamespace``) with no name in its arguments, which could hand back an
+    instance of ``cls`` (``copy.copy(tok)``). A name that a
+    function declares ``global``, or that is bound otherwise (``ns = tok``, ``ns = make()``), may be one."""
+    import ast
+
+    statements = [stmt for _, stmt in _statements(setup)]
+    imported = {n for stmt in statements if isinstance(stmt, (ast.Import, ast.ImportFrom)) for n in bound_by(stmt)}
+    classes = {stmt.name for stmt in statements if isinstance(stmt, ast.ClassDef) and stmt.name != cls.name
+               and not any(isinstance(n, ast.Name) and n.id == cls.name for b in stmt.bases for n in ast.walk(b))}
+
+    def new_other(value) -> bool:
+        if not isinstance(value, ast.Call):
+            return False
+        if isinstance(value.func, ast.Name) and value.func.id in classes:
+            return True
+        root = value.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        arguments = [*value.args, *(k.value for k in value.keywords)]
+        return (isinstance(root, ast.Name) and root.id in imported
+                and not any(isinstance(n, ast.Name) for a in arguments for n in ast.walk(a)))
+
+    other: dict = {}  # name → whether every binding so far is such an object
+    for stmt in statements:
+        single = (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name))
+        for name in bound_by(stmt):
+            other[name] = other.get(name, True) and single and new_other(stmt.value)
+    declared = {n for c in setup for n in getattr(c, "declared_globals", ())}
+    return {name for name, yes in other.items() if yes and name not in declared}
 
 
 def _plain_attributes(methods: dict) -> set:
