@@ -4388,6 +4388,53 @@ def test_a_function_of_the_users_imported_module_that_keeps_state_is_noted(tmp_p
         assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: it carries over from row to row)
 
 
+_CACHE = ("class Cache:\n    store = []\n    count = 0\n\n    def __init__(self):\n        self.items = []\n\n"
+          "    @classmethod\n    def add(cls, x):\n        cls.store.append(x)\n        return len(cls.store)\n\n"
+          "    @staticmethod\n    def bump():\n        Cache.count += 1\n        return Cache.count\n\n"
+          "    def put(self, x):\n        self.items.append(x)\n        return len(self.items)\n")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("from helpers import Cache", "r = str(Cache.add(q))",
+     "Cache.add, of `from helpers import Cache` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own class attribute Cache.store"),
+    ("from helpers import Cache as C", "r = str(C.bump())",
+     "C.bump, of `from helpers import Cache as C` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own class attribute Cache.count"),
+    ("import helpers", "r = str(helpers.Cache.add(q))",
+     "helpers.Cache.add, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own class attribute Cache.store"),
+    ("from helpers import *", "r = str(Cache.add(q))",
+     "Cache.add, of `from helpers import *` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own class attribute Cache.store"),
+    ("from helpers import Cache", "r = str(Cache().put(q))", None),  # (an instance's own list, made per row)
+    ("from helpers import Cache\nclass Cache:\n    @classmethod\n    def add(cls, x):\n        return 1",
+     "r = str(Cache.add(q))", None),  # (the cell's own Cache)
+])
+def test_a_class_of_the_users_module_whose_methods_change_its_attributes_is_noted(tmp_path, monkeypatch, setup, cell,
+                                                                                  noted):
+    """`from helpers import Cache` once, `Cache.add(q)` per row, where add appends to the class's own
+    list: the job imports the module once, so the list goes on from row to row (1, 2, 3), where each
+    pass of the notebook imports it anew (1); only the module's functions were followed, and this
+    went without a note."""
+    from helpers_export import write_rows
+
+    (tmp_path / "helpers.py").write_text(_CACHE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, folder=tmp_path)
+    assert [n for n in p.notes if "helpers" in n] == ([] if noted is None else [
+        f"cell 1: {noted}: the job imports the module once, so that carries over from row to row (what one row "
+        "changes, the next row sees), where each pass of the notebook imports it anew, and rows running at once "
+        "(--num-threads above 1) share it; keep that state in a variable the row makes (after the first %%lm cell) "
+        "instead"])
+    monkeypatch.delitem(sys.modules, "helpers", raising=False)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts[1::2] == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+
+
 @pytest.mark.parametrize("setup, shown", [("from pkg.helpers import remember", "remember"),
                                           ("from pkg.helpers import *", "*")])
 def test_a_function_of_the_users_package_module_that_keeps_state_is_noted(tmp_path, monkeypatch, setup, shown):

@@ -5,10 +5,11 @@ user's (a file beside the notebook) that the functions the rows call change."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Optional
 
-from lmnb.export.cells import Code, LMCell, _mutated, bound_by
+from lmnb.export.cells import Code, LMCell, _mutated, bound_by, class_attribute_changes
 from lmnb.export.notes_wording import _OWN_STATE
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
 
@@ -63,7 +64,9 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     as its attribute (``helpers.remember(x)``, ``pkg.helpers.remember(x)``), or the set-up functions they call
     (``called``: ``_called``; ``defs``: their definitions, ``_made_objects``') do so, which change
     the module's own globals: one they set by ``global``, or a dict, list or set the module makes
-    and they change in place (``seen.append(x)``). The job imports the module once, so that state
+    and they change in place (``seen.append(x)``); and the methods of a class of the module that
+    they call as its attribute (``Cache.add(x)``, ``helpers.Cache.add(x)``) which change the class's
+    own attributes (``cls.store.append(x)``). The job imports the module once, so that state
     carries over from row to row, where each pass of the notebook imports it anew. The module's
     source is read, once an export, not run."""
     import ast
@@ -109,8 +112,14 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
             changes, exported = read[path] or ({}, set())
             file = path.relative_to(folder).as_posix()  # (pkg/helpers.py of `from pkg.helpers import f`)
             for name, state in changes.items():
-                local = next((n for n, original in (names or {}).items() if original == name), None)
-                if names is not None and local in used and local not in defined:
+                owner = name.rpartition(".")[0]  # (a class's method: "Cache.add" of Cache)
+                local = next((n for n, original in (names or {}).items() if original == (owner or name)), None)
+                kind = "class attribute" + ("s" if len(state) > 1 else "") if owner else "globals"
+                if owner:  # (called as the class's attribute: Cache.add(q); not where a cell binds its own Cache)
+                    given = names is not None or alias is not None or (owner in exported and owner not in bound)
+                    what = _class_method_call(name, module, file, local, alias, names, attributes) \
+                        if given and local not in defined else None
+                elif names is not None and local in used and local not in defined:
                     shown = name if local == name else f"{name} as {local}"
                     what = f"{local}, which `from {module} import {shown}` gives ({file}, beside the notebook) and"
                 elif names is None and alias is None and name in used and name in exported and name not in bound:
@@ -119,12 +128,36 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     imports = f"import {module}" + (f" as {alias}" if alias != module else "")
                     what = f"{alias}.{name}, of `{imports}` ({file}, beside the notebook), which"
                 else:
-                    continue
-                notes.append(f"cell {c.index}: {what} the rows call, changes the module's own globals "
-                             f"{', '.join(state)}: the job imports the module once, so that carries over from row to "
-                             "row (what one row changes, the next row sees), where each pass of the notebook imports "
-                             f"it anew, and rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
+                    what = None
+                if what is not None:
+                    notes.append(f"cell {c.index}: {what} the rows call, changes the module's own {kind} "
+                                 f"{', '.join(state)}: the job imports the module once, so that carries over from row "
+                                 "to row (what one row changes, the next row sees), where each pass of the notebook "
+                                 f"imports it anew, and rows running at once (--num-threads above 1) share it; "
+                                 f"{_OWN_STATE}")
     return notes
+
+
+def _class_method_call(name: str, module: str, file: str, local, alias, names, attributes: dict):
+    """"Cache.add, of `from helpers import Cache` (helpers.py, beside the notebook), which" for a
+    method ``name`` ("Cache.add") of a class of the module that the rows call as the class's
+    attribute where the cell's import gives it (``local``: the name a from-import binds to the
+    class; ``alias``: an import's; ``names`` None and ``alias`` None: a star import), else None
+    (``attributes``: what the rows call as attributes of what: ``_local_module_state``)."""
+    owner, _, method = name.rpartition(".")
+    if names is not None:
+        if local is None:
+            return None
+        caller = f"{local}.{method}"
+        imports = f"from {module} import {owner if local == owner else f'{owner} as {local}'}"
+    elif alias is None:
+        caller, imports = name, f"from {module} import *"
+    else:
+        caller = f"{alias}.{name}"
+        imports = f"import {module}" + (f" as {alias}" if alias != module else "")
+    if method not in attributes.get(caller.rpartition(".")[0], ()):
+        return None
+    return f"{caller}, of `{imports}` ({file}, beside the notebook), which"
 
 
 def _dotted(node) -> bool:
@@ -140,12 +173,13 @@ def _stateful_functions(tree) -> tuple[dict, set]:
     """(function name → the module globals it changes, for the top-level functions of a module's
     ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
     the module binds at top level that it changes in place (``seen.append(x)``), by itself or
-    through the module's functions it calls by name (``_remember(x)``); the names of those that
-    ``from m import *`` gives: its ``__all__`` where a list or tuple of strings says, else the
-    names without a leading "_")."""
+    through the module's functions it calls by name (``_remember(x)``), and "C.m" → the attributes
+    of class C, "C.n", that its method m changes (``class_attribute_changes``); the names of the
+    functions and classes that ``from m import *`` gives: its ``__all__`` where a list or tuple of
+    strings says, else the names without a leading "_")."""
     import ast
 
-    containers, exported, functions = set(), None, {}
+    containers, exported, functions, classes = set(), None, {}, {}
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             target, value = stmt.targets[0].id, stmt.value
@@ -158,7 +192,10 @@ def _stateful_functions(tree) -> tuple[dict, set]:
                 containers.add(target)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[stmt.name] = stmt
-    given = {name for name in functions if ((name in exported) if exported is not None else not name.startswith("_"))}
+        if isinstance(stmt, ast.ClassDef):
+            classes[stmt.name] = stmt
+    given = {name for name in [*functions, *classes]
+             if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
     for name, function in functions.items():
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
@@ -176,4 +213,12 @@ def _stateful_functions(tree) -> tuple[dict, set]:
             more = changes[name].union(*(changes[c] for c in calls[name]))
             if more != changes[name]:
                 changes[name], grew = more, True
+    # (a class's methods that change its own attributes, Cache.store of `cls.store.append(x)` or
+    # `Cache.store.append(x)`: its instances' attributes, self.n, are no module state)
+    for cls in classes.values():
+        for method in (m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            shell = copy.copy(cls)  # (the class around the one method: a classmethod's cls is the class)
+            shell.body = [method]
+            changes[f"{cls.name}.{method.name}"] = {a for a in class_attribute_changes(shell)[0]
+                                                   if a.split(".")[0] == cls.name}
     return {name: sorted(state) for name, state in changes.items() if state}, given
