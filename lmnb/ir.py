@@ -292,9 +292,12 @@ class GenParams:
         hit = self.first_stop_match(text)
         return -1 if hit is None else hit[0]
 
-    def first_stop_match(self, text: str) -> Optional[tuple[int, str]]:
+    def first_stop_match(self, text: str, at_end: bool = False) -> Optional[tuple[int, str]]:
         """``(where it begins, the text it matched)`` of the first stop in ``text`` (as ``first_stop``
         finds it), None if none: the matched text is the engine's ``finish_reason.matched``.
+        ``at_end``: the output ends with ``text`` (an EOS, or its max tokens), where a ``stop_regex``
+        match that reads the text's end (``a$``, ``\\bEND\\b``) is a stop; else more text follows
+        it, which may undo such a match, and it is none (``StopStringMatcher.find``).
 
         Raises:
             ValueError: a ``stop_regex`` search ran past the engine's time limit (catastrophic
@@ -304,7 +307,7 @@ class GenParams:
         from lmnb_engine.stop_matcher import StopStringMatcher  # (torch-free: the engine's own rule)
 
         matcher = StopStringMatcher(self.stop_list, self.stop_regexes)
-        hit = matcher.find(text, 0)
+        hit = matcher.find(text, 0, at_end=at_end)
         if matcher.problem:
             raise ValueError(matcher.problem)
         return hit

@@ -34,12 +34,17 @@ class Speculation:
     (a special token the text skips) ends where the one before it ends. ``ignore_eos``: the call
     went on past EOS, so its text serves only gens that do too. ``logprobs``: the call's
     ``output_token_logprobs`` and ``output_top_logprobs`` entries of the tokens of ``ends`` (key
-    to a tuple as long as ``ends``), so that a gen served later reports its own tokens' logprobs."""
+    to a tuple as long as ``ends``), so that a gen served later reports its own tokens' logprobs.
+    ``follows``: what the call wrote after ``text``: "" where its output ended there (an EOS or a
+    stop token), the stop string it stopped at, None where more text would follow (its max
+    tokens) or it is not known; a ``stop_regex`` match that reads the text's end (``a$``) is a
+    stop only where what follows settles it (``_stop_in``)."""
 
     text: str = ""
     ends: Optional[tuple[int, ...]] = None
     ignore_eos: bool = False
     logprobs: dict = dataclasses.field(default_factory=dict, compare=False)
+    follows: Optional[str] = None
 
     @classmethod
     def from_completion(cls, text: str, meta: dict,
@@ -128,6 +133,35 @@ def _token_texts(pieces: list[str]) -> list[str]:
     return out
 
 
+def _follows(meta: dict, stops: list[str]) -> Optional[str]:
+    """``Speculation.follows`` of a call that stopped at ``stops`` (strings), by its ``meta``'s
+    finish reason: an EOS or stop token (the engine's ``matched`` token id, or a bare "stop" where
+    the call had no stop strings) ends the output; ``matched`` text is the stop string."""
+    from lmnb.backend.base import finish_reason_dict
+
+    reason = finish_reason_dict(meta)
+    if reason.get("type") != "stop":
+        return None
+    matched = reason.get("matched")
+    if isinstance(matched, int) or (matched is None and not stops):
+        return ""
+    return matched if isinstance(matched, str) and matched in stops else None
+
+
+def _stop_in(params: GenParams, left: Speculation, end: Optional[int]) -> Optional[tuple[int, str]]:
+    """The gen's first stop in the leftover ``left`` as the engine meets it where the gen writes
+    that text itself (``GenParams.first_stop_match``): the text cut at ``end`` (the end of its
+    max_tokens tokens, where known), where its output ends, else the text followed by what the
+    call wrote after it (``Speculation.follows``: the output's end or the call's stop string);
+    a match in the call's stop string alone is none (the call's finish tells it)."""
+    if end is not None:
+        return params.first_stop_match(left.text[:end], at_end=True)
+    if left.follows is None:
+        return params.first_stop_match(left.text)
+    hit = params.first_stop_match(left.text + left.follows, at_end=not left.follows)
+    return hit if hit is None or hit[0] < len(left.text) else None
+
+
 def _spec_tokens_noted(e: Exception, spec_tokens: int, limit: Optional[int]) -> Exception:
     """``e``, a backend's refusal of a speculative call, with where its ``max_tokens`` came from
     where that was ``num_api_spec_tokens`` (more than the gen's own ``limit``) and the request did
@@ -171,7 +205,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         serves = False
     elif stops:  # the leftover serves this gen if it holds one of its stops or max_tokens tokens (SGLang
         # serves a gen with stops from any leftover, cut at max_tokens characters or where the leftover ends)
-        serves = params.first_stop(left.text) >= 0 or (
+        serves = _stop_in(params, left, None) is not None or (
             bool(left.text) and limit is not None and left.end_of_tokens(limit) is not None)
     else:
         serves = bool(left.text) and left.end_of_tokens(limit or 0) is not None
@@ -187,15 +221,17 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         ex._check_finish([comps[0].meta_info])
         token_text = getattr(ex.backend, "token_text", None)  # (the in-process engine reads a token's bytes)
         left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info, token_text),
-                                   ignore_eos=bool(params.ignore_eos))
+                                   ignore_eos=bool(params.ignore_eos), follows=_follows(comps[0].meta_info, spec.stop))
         call = comps[0].meta_info
-    hit = params.first_stop_match(left.text) if stops else None
     end = left.end_of_tokens(limit) if limit is not None else None
+    hit = _stop_in(params, left, end) if stops else None  # (one that ends by end, where known)
     # max_tokens ends it before a stop is whole (the engine matches a stop once its last character is written)
-    if end is not None and (hit is None or end < hit[0] + len(hit[1])):
+    if end is not None and hit is None:
         pos, used, finish = end, end, {"type": "length", "length": limit}
     elif hit is not None:  # (the tokens that wrote the stop count, as they do without speculation)
         pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}
+        if end is None and left.follows == "" and used == len(left.text) and params.first_stop_match(left.text) != hit:
+            used = None  # met only as the output ends (a$): the gen takes all, its EOS too, as below
     else:  # the call ended first: this gen takes all of it
         pos, used, finish = len(left.text), len(left.text), None
     ex.speculation = left.drop(pos)
@@ -204,6 +240,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         meta["speculative_call"] = {k: call[k] for k in ("completion_tokens", "finish_reason") if k in call}
     if finish is not None:  # this gen's share (SGLang gives the whole call's meta_info, or none)
         meta["finish_reason"] = finish
+    if used is not None and finish is not None:
         meta.pop("completion_tokens", None)
         tokens = left.tokens_in(used)
         if tokens is not None and finish["type"] == "length":  # (the limit's tokens, those that add no text too)

@@ -341,6 +341,48 @@ def test_api_speculative_gen_cut_at_max_tokens_inside_a_stop_is_cut_as_without_s
     assert not any("prompt_tokens" in spec.get_meta_info(k) for k in "bc")  # (served from a's call)
 
 
+def test_api_speculative_gen_whose_stop_regex_reads_the_end_stops_where_its_output_ends_as_without_speculation():
+    """A stop_regex match that reads the text's end (a$) is a stop only once what follows settles
+    it, or where the output ends there (language.md). Speculative gens searched the call's text as
+    if more text followed it: gen("a", max_tokens=2, stop_regex="the$") got " see the" (finish
+    length) where without speculation it gets " see " (stop "the", its max tokens ending the
+    output there), and a gen whose call ended on EOS right after "Yarrow." with stop_regex
+    "\\w\\.$" took all of it (finish the EOS) where without speculation it stops at "w.", made the
+    call or served from a leftover; a match the text settles is cut as before. Reference: the same
+    program without speculation (the demo model writes " see the harbor. Travel west to reach
+    Yarrow." then EOS)."""
+    def cut(s):
+        s += "A fruit:" + sgl.gen("a", max_tokens=2, stop_regex=r"the$")
+
+    def first(s):
+        s += "A fruit:" + sgl.gen("a", max_tokens=64, stop_regex=r"\w\.$")
+
+    def served(s):
+        s += "A fruit:" + sgl.gen("a", max_tokens=2) + sgl.gen("b", max_tokens=64, stop_regex=r"\w\.$")
+
+    def settled(s):
+        s += "A fruit:" + sgl.gen("a", max_tokens=2) + sgl.gen("b", max_tokens=64, stop_regex=r"Yarrow\.")
+
+    backend = sgl.Engine()
+    try:
+        runs = {f: [g.run(backend=backend, temperature=0) for g in (sgl.function(f), sgl.function(num_api_spec_tokens=16)(f))]
+                for f in (cut, first, served, settled)}
+    finally:
+        backend.shutdown()
+    plain, spec = runs[cut]
+    assert plain["a"] == " see " and own(plain, "a") == (2, {"type": "stop", "matched": "the"})  # (the case)
+    assert (spec["a"], own(spec, "a")) == (plain["a"], own(plain, "a"))
+    plain, spec = runs[first]
+    assert plain.get_meta_info("a")["finish_reason"] == {"type": "stop", "matched": "w."}  # (the case)
+    assert (spec["a"], own(spec, "a")) == (plain["a"], own(plain, "a"))
+    for f in (served, settled):
+        plain, spec = runs[f]
+        assert [spec[k] for k in "ab"] == [plain[k] for k in "ab"], f.__name__
+        assert [spec.get_meta_info(k)["finish_reason"] for k in "ab"] == [plain.get_meta_info(k)["finish_reason"] for k in "ab"]
+        assert "prompt_tokens" not in spec.get_meta_info("b")  # (served from a's call)
+    assert own(spec, "b") == own(plain, "b")  # (settled: the tokens up to the stop)
+
+
 def test_api_speculative_execution_keeps_special_tokens_after_a_fill_for_the_next_gen():
     """On the demo model: the leftover after a fill dropped the "</s>" "<s>" right after it under
     ignore_eos (the text skips them), so gen("b", max_tokens=1) got "Q" where without speculation
