@@ -24,7 +24,8 @@ with no stop strings, at each output length as the default run does, in the case
 ``FALLBACK_CASES``: a bounded pattern (``regex_reach``) whose whole match lies in the first
 ``min_new_tokens`` (let through: the search's floor stays at it), a bounded one with a match open
 at the end of each token's text, an unbounded one whose match stays open from the output's
-start, and unbounded ones with a lookbehind after their start (word boundaries or not).
+start, unbounded ones with a lookbehind after their start (word boundaries or not), and one whose
+match from every start stays open until the output ends (``[\s\S]+\Z``).
 
     python benches/bench_stop_regex.py [--threads | --fallback] [--out benches/results/<date>-cpu-stop-regex.md]
 """
@@ -71,6 +72,7 @@ FALLBACK_CASES = [
     ("unbounded, open from the start", r"\bBEGIN\b[\s\S]*?\bEND\b", "BEGIN", 0),
     ("unbounded, a lookbehind after its start", r"\w+(?<=ing)\b", None, 0),
     ("unbounded, a negative lookbehind after its start", r"<\w+(?<!br)>", None, 0),
+    ("unbounded, every match at the output's end", r"[\s\S]+\Z", None, 0),
 ]
 
 

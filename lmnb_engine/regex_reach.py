@@ -186,3 +186,21 @@ def unbounded_lookahead(pattern: str) -> str | None:
             if pattern.startswith(("(?=", "(?!"), start) and reach(pattern[start + 3:part.start]) is None:
                 return pattern[start:part.end]
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def ends_at_text_end(pattern: str) -> bool:
+    """Whether every match of ``pattern`` ends in an assertion of the text's end: its last
+    top-level item (no top-level alternation) is ``\\Z``, or ``$`` outside multiline mode
+    (``.+\\Z``, ``[\\s\\S]+$``). Such a match holds only where the text ends or (``$``) before a
+    final newline, so any character more undoes it: it is a stop only where the output ends. False
+    where the pattern is not read as the ``regex`` package reads it (``parse_as_python``, verbose
+    mode too)."""
+    try:
+        parsed = parse_as_python(pattern)
+    except Unreadable:
+        return False
+    if parsed.state.flags & re.VERBOSE or not parsed.data:
+        return False
+    op, av = parsed.data[-1]
+    return op.name == "AT" and (av.name == "AT_END_STRING" or (av.name == "AT_END" and not parsed.state.flags & re.MULTILINE))

@@ -13,7 +13,7 @@ import re
 from typing import Any, Callable, NamedTuple, Sequence
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
-from lmnb_engine.regex_reach import assertion_reach, reach, settled_width, unbounded_lookahead
+from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
@@ -138,6 +138,11 @@ class StopRegexes:
         # where every match is final once met
         self.end_readings = [_end_reading(p) if sensitive and _READS_END.search(p) else None
                              for p, sensitive in zip(patterns or (), self.end_sensitive)]
+        # per pattern: whether every match ends in an assertion of the text's end (\Z, $), so none
+        # is final before the output ends (ends_at_text_end): find searches it only then, as the
+        # search from each start after each character, every one still open, grows with the square
+        # of the output (.+\Z ran past REGEX_TIMEOUT_S at ~1000 characters)
+        self.end_only = [r is not None and ends_at_text_end(p) for p, r in zip(patterns or (), self.end_readings)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -543,6 +548,23 @@ def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool],
     return len(text)
 
 
+def _open_start(rx: Any, text: str, pos: int, settled: Callable[[int], bool]) -> int:
+    """``_live_start`` of a relaxed pattern that no text matches whole, only partially (one whose
+    every match ends in an assertion of the text's end, ``StopRegexes.end_only``): the first start
+    from ``pos`` with a partial match that ``settled`` does not pass over, ``len(text)`` where none
+    has. Matched from each start in turn: a partial search tries every start for a whole match
+    first, each to the text's end, which grows with the square of the output.
+
+    Raises:
+        TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+    """
+    for start in range(pos, len(text) + 1):
+        m = rx.match(text, start, partial=True, timeout=REGEX_TIMEOUT_S)
+        if m is not None and not settled(start):  # (partial: a whole match would be taken as one too)
+            return start
+    return len(text)
+
+
 class StopStringMatcher:
     """Finds the first stop string or stop regex match to end in generated text and says how much
     text is safe to stream.
@@ -815,6 +837,13 @@ class StopStringMatcher:
                     reading = self._shared.end_readings[k] is not None
                     held = self._held_to if reading else new_from
                     first = min(new_from + 1, len(text)) if reading and at_end else new_from + 1
+                    if self._shared.end_only[k]:  # (a match is final only where the output ends: what
+                        # _final finds, one search instead of one from each start after each character)
+                        if not at_end:
+                            if (m := _new_match(rx, longest, text, floor, held, len(text))) is not None:
+                                self._pending[k] = m.start()
+                            continue
+                        first = len(text)
                     final = functools.partial(self._final, k, text, at_end) if reading else None
                     met = next(((e, m) for e in range(first, len(text) + 1)
                                 if (m := _new_match(rx, longest, text, floor, held, e, final)) is not None), None)
@@ -871,9 +900,10 @@ class StopStringMatcher:
                 # (_settled lets through a match the text not checked holds; past that text, one
                 # reading its end is met once what follows settles it: find)
                 checked = past_held and self._shared.end_readings[i] is not None
+                settled = functools.partial(self._settled, i, text, checked=checked)
                 try:
-                    pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text),
-                                      functools.partial(self._settled, i, text, checked=checked))
+                    pos = (_open_start(rx, text, pos, settled) if self._shared.end_only[i] else
+                           _live_start(rx, text, pos, functools.partial(self._extends, i, text), settled))
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)
             if self._pending and i in self._pending and text == self._pending_text:

@@ -150,6 +150,41 @@ def test_a_new_users_stop_regexes_stop_where_the_whole_output_matches_and_stream
     assert StopStringMatcher(["y"], [r"x(?=y)"]).find("axy", 0) == (1, "x")
 
 
+@pytest.mark.regex_budget
+def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outputs_end_over_a_long_output():
+    """A pattern whose match from every start stays open until the output ends (.+\\Z, [\\s\\S]+$:
+    each ends in an assertion of the text's end, which any character more undoes) was searched
+    from every start after each character: past ~1000 characters the search ran past its 50 ms
+    budget (REGEX_TIMEOUT_S, kept here) and the request was aborted for backtracking. Now over
+    ~3000 characters it stops where Python's re over the whole output finds the match, the output
+    ending there, whatever the tokens, with nothing of the match streamed before."""
+    rng = random.Random(3)
+    words = [" the", " cat", " sat", ",", ".", " 42", "!", " on", " mat"]
+    pieces = [rng.choice(words) for _ in range(900)]
+    pieces[500] = "\n"  # (.+\Z matches the last line only)
+    for pattern in [r".+\Z", r"[\s\S]+$", r"\w[\s\S]*\Z", r"\d[^\n]*\Z"]:
+        text = "".join(pieces)
+        ref = re.search(pattern, text)  # the reference: the whole output, with its real end
+        m = StopStringMatcher([], [pattern])
+        _, hit, shown = stream(m, pieces, ended=True)
+        assert m.problem is None and hit == (ref.start(), ref.group()), pattern
+        assert all(text[: ref.start()].startswith(t) for t in shown), pattern
+        assert stream(StopStringMatcher([], [pattern]), pieces)[1] is None, pattern  # (not before the end)
+    # such patterns on short texts, against the brute-force reference, the output ending or not
+    patterns = [r"a+$", r"[ab]b?\Z", r"(?:ab|b)\Z", r"a[\s\S]*$", r"b.\Z", r"\ba\w*$", r"(?:a|b\n)$"]
+    rng = random.Random(7)
+    for _ in range(150):
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(1, 8)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        for ended in (False, True):
+            want = first_regex_stop_by_definition(regexes, text, "ab \n", ended)
+            for split in (pieces, list(text)):
+                _, hit, shown = stream(StopStringMatcher([], regexes), split, ended)
+                assert hit == want and (want is None or all(len(t) <= want[0] for t in shown)), (regexes, split, ended)
+
+
 def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_longest_does():
     # Worked by hand: on "x 123" read character by character, r"\d+" matches once "x 1" is read
     # (its match "1" ends at 3) and "2" only ends at 4, so the text is cut at 2, before the
