@@ -10,13 +10,26 @@ import difflib
 from typing import Any, Iterable, Optional, Sequence
 
 
+# Peers' names for a stop string (HF generate's stop_strings, Anthropic's stop_sequences, text-generation-webui's
+# stopping_strings ...), which lmnb, as OpenAI and SGLang, calls ``stop``: difflib offered them ``stop_regex`` (or
+# ``stop_token_ids``), whose meaning differs (stop_regex=["."] stops at any character).
+PEER_NAMES = {name: "stop" for name in (
+    "stop_str", "stop_strs", "stop_string", "stop_strings", "stop_sequence", "stop_sequences", "stop_word",
+    "stop_words", "stopping_strings")}
+
+
 def close_match(word: str, options: Iterable[str]) -> Optional[str]:
-    """The one of ``options`` closest to a misspelt ``word`` (difflib's ``get_close_matches``: a
-    similarity ratio of 0.6 or more, as Python's own "Did you mean" picks), or None where none is
-    close: a ``%%lm`` cell's variable, the Python API's keywords, ``%lm`` subcommands, the export's
-    notes on row fields, command-line options (``cli_options.suggest_option``), ``SamplingParams``
-    fields, the server's fields and routes, ECMA property names (``regex_properties``)."""
-    close = difflib.get_close_matches(word, list(options), n=1)
+    """The one of ``options`` closest to a misspelt ``word``, or None where none is close: a peer's
+    name for one of them (``PEER_NAMES``, ``-`` read as ``_``: ``stop_strings`` → ``stop``), else
+    difflib's ``get_close_matches`` (a similarity ratio of 0.6 or more, as Python's own "Did you
+    mean" picks): a ``%%lm`` cell's variable, the Python API's keywords, ``%lm`` subcommands, the
+    export's notes on row fields, command-line options (``cli_options.suggest_option``),
+    ``SamplingParams`` fields, the server's fields and routes, ECMA property names (``regex_properties``)."""
+    options = list(options)
+    peer = PEER_NAMES.get(word.replace("-", "_"))
+    if peer in options and word not in options:
+        return peer
+    close = difflib.get_close_matches(word, options, n=1)
     return close[0] if close else None
 
 

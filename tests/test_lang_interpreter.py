@@ -4290,6 +4290,12 @@ def test_run_batch_names_the_programs_arguments_for_an_unknown_keyword_as_run_do
                                             "'max_tokens'?"),
     (lambda: sgl.gen_string("x", stop_regexp="a"), "gen_string() got an unexpected keyword argument 'stop_regexp'; "
                                                    "did you mean 'stop_regex'?"),
+    # a peer's name for stop strings (HF's stop_strings, Anthropic's stop_sequences): 'stop', where difflib
+    # offered 'stop_regex', which reads "." as any character
+    (lambda: sgl.gen("x", stop_strs=["."]), "gen() got an unexpected keyword argument 'stop_strs'; did you mean "
+                                            "'stop'?"),
+    (lambda: sgl.gen("x", stop_sequences=["."]), "gen() got an unexpected keyword argument 'stop_sequences'; did "
+                                                 "you mean 'stop'?"),
     # no parameter close: Python's own words
     (lambda: sgl.gen("x", bogus=1), "gen() got an unexpected keyword argument 'bogus'"),
     (lambda: sgl.gen_int("x", bogus=1), "gen_int() got an unexpected keyword argument 'bogus'"),

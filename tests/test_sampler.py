@@ -98,6 +98,10 @@ FIELDS = ("max_new_tokens, min_new_tokens, temperature, top_p, top_k, min_p, fre
     (["temprature"], "; did you mean 'temperature'?"),
     (["max_new_token", "temprature"], "; did you mean 'max_new_token' → 'max_new_tokens', 'temprature' → 'temperature'?"),
     (["bogus"], ""),
+    # peers' names for stop strings: 'stop' (difflib offered 'stop_regex', or for stop_words 'stop_token_ids')
+    (["stop_str"], "; did you mean 'stop'?"),
+    (["stop_strings"], "; did you mean 'stop'?"),
+    (["stop_words"], "; did you mean 'stop'?"),
 ])
 def test_an_unknown_keyword_names_the_field_meant_and_the_fields(keywords, said):
     """It was Python's bare "__init__() got an unexpected keyword argument 'max_tokens'", then
