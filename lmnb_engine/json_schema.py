@@ -709,10 +709,10 @@ def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:
     found = repeated_name(pattern, ecma=False)
     if found is None:
         return None
-    name, first, second, offer = found
+    name, places, offer = found
     written = f": write {json_value(offer, SHOWN_CHARS)}" if _engine_takes(offer) else ""
     return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} cannot be compiled: "
-            + repeated_name_words(name, first, second, "a schema's pattern here (jsonschema checks each output with it)")
+            + repeated_name_words(name, places, "a schema's pattern here (jsonschema checks each output with it)")
             + written)
 
 

@@ -261,39 +261,45 @@ def _named_reference_problem(pattern: str) -> str | None:
 _ANY_NAMED_GROUP = re.compile(r"\(\?(P?)<([^\W\d]\w*)>")
 
 
-def repeated_name(pattern: str, ecma: bool = True) -> tuple[str, int, int, str] | None:
+def repeated_name(pattern: str, ecma: bool = True) -> tuple[str, list[int], str] | None:
     """The first group name ``pattern`` gives twice (``(?<m>a)|(?<m>b)``, which ECMA 262 takes since
     2025 where the two are in different alternatives, and Python's ``re`` refuses): (the name, where
-    its first group opens, where the second does, the pattern with each group whose name an earlier
-    one has opened as a group that captures nothing, ``(?:``), or None where no name is repeated.
+    each group of that name opens, in order, the pattern with each group whose name an earlier one
+    has opened as a group that captures nothing, ``(?:``), or None where no name is repeated.
     Groups are found outside classes and comments (``pattern_parts``). ``ecma`` False: Python's
     ``(?P<name>`` groups alone (a schema's pattern, whose ECMA groups the engine reads as plain
     ones: ``json_schema.ecma_names_as_python``)."""
-    seen: dict[str, int] = {}
+    seen: dict[str, list[int]] = {}  # each name's groups' openings
     repeats = []  # (where, the opening's length) of each group whose name an earlier one has
     found = None
     for part in pattern_parts(pattern):
         m = _ANY_NAMED_GROUP.match(pattern, part.start) if part.kind == "(" else None
-        if m and (ecma or m.group(1)) and m.group(2) in seen:
-            repeats.append((part.start, m.end() - part.start))
-            found = found or (m.group(2), seen[m.group(2)], part.start)
-        elif m and (ecma or m.group(1)):
-            seen[m.group(2)] = part.start
+        if m and (ecma or m.group(1)):
+            if m.group(2) in seen:
+                repeats.append((part.start, m.end() - part.start))
+                found = found or m.group(2)
+            seen.setdefault(m.group(2), []).append(part.start)
     if found is None:
         return None
     offer = pattern
     for at, length in reversed(repeats):
         offer = offer[:at] + "(?:" + offer[at + length:]
-    return (*found, offer)
+    return found, seen[found], offer
 
 
-def repeated_name_words(name: str, first: int, second: int, reader: str) -> str:
-    """What is wrong with a pattern that names two groups ``name`` (opening at positions ``first``
-    and ``second``: ``repeated_name``) and the fix, words that follow the pattern; ``reader``: what
+_COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+
+
+def repeated_name_words(name: str, places: list[int], reader: str) -> str:
+    """What is wrong with a pattern that names two or more groups ``name`` (opening at positions
+    ``places``: ``repeated_name``) and the fix, words that follow the pattern; ``reader``: what
     Python's ``re`` reads here ("a regex"). Said of a ``regex`` and of a schema's ``pattern`` alike."""
-    return (f"it names two groups {name}, at positions {first} and {second}, and Python's re, which reads {reader}, "
-            "takes a group's name once (ECMA 262 takes one again only in another alternative); rename one, or make the "
-            "second a group that captures nothing, (?:...)")
+    count = len(places)
+    where = f"{', '.join(map(str, places[:-1]))} and {places[-1]}"
+    fix = ("rename one, or make the second a group that captures nothing" if count == 2 else
+           "rename all but one, or make each after the first a group that captures nothing")
+    return (f"it names {_COUNTS.get(count, count)} groups {name}, at positions {where}, and Python's re, which reads "
+            f"{reader}, takes a group's name once (ECMA 262 takes one again only in another alternative); {fix}, (?:...)")
 
 
 def _repeated_name_problem(pattern: str) -> str | None:
@@ -304,11 +310,11 @@ def _repeated_name_problem(pattern: str) -> str | None:
     found = repeated_name(pattern)
     if found is None:
         return None
-    name, first, second, offer = found
+    name, places, offer = found
     offer = _ANY_NAMED_GROUP.sub(r"(?P<\2>", offer)  # (only groups' openings are left to respell: no "(?<" in a class)
     written = f": write {shown_regex(offer)}" if offer != pattern and offer_taken(offer) else ""
     return (f"regex {shown_regex(pattern)} cannot be compiled: "
-            + repeated_name_words(name, first, second, "a regex here") + written)
+            + repeated_name_words(name, places, "a regex here") + written)
 
 
 # A named group's opening as ECMA 262, .NET and Rust's regex write it, (?<name>, with a name Python

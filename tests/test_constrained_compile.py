@@ -219,7 +219,7 @@ def test_an_ecma_named_group_is_offered_no_spelling_python_refuses(backend, patt
 @pytest.mark.parametrize("pattern, first, second, offer, texts", [
     (r"(?<m>a)|(?<m>b)", 0, 8, r"(?P<m>a)|(?:b)", ["a", "b", "ab", ""]),  # (ECMA 2025's: in two alternatives)
     (r"(?P<m>a)|(?P<m>b)", 0, 9, r"(?P<m>a)|(?:b)", ["a", "b", "ab"]),
-    (r"x(?<y>\d)(?<m>a)|(?<m>b)(?<m>c)", 9, 17, r"x(?P<y>\d)(?P<m>a)|(?:b)(?:c)", ["x1a", "bc", "b", "x1"]),
+    (r"x(?<y>\d)(?<m>a)|(?<m>b)c", 9, 17, r"x(?P<y>\d)(?P<m>a)|(?:b)c", ["x1a", "bc", "b", "x1"]),
     (r"[(?<m>](?P<m>a)(?#(?<m>)", None, None, None, ["(a", "ma", "a"]),  # (in a class, in a comment: no group)
     (r"c(?<=c)(?<m>a)|(?<m>b)", 7, 15, None, []),  # (the offer holds a lookbehind, which the engine refuses: none)
 ])
@@ -279,6 +279,34 @@ def test_a_group_name_given_twice_in_a_schema_pattern_is_named_with_the_fix(patt
         built = schema_to_regex({"type": "string", "pattern": offer})
         for text in texts:
             assert bool(re.fullmatch(built, json.dumps(text))) == bool(regex_module.fullmatch(pattern, text)), text
+
+
+@pytest.mark.parametrize("pattern, offer, texts", [
+    (r"(?P<a>x)(?P<a>y)(?P<a>z)", r"(?P<a>x)(?:y)(?:z)", ["xyz", "xy", "x"]),
+    (r"x(?<y>\d)(?<a>a)|(?<a>b)(?<a>c)", r"x(?P<y>\d)(?P<a>a)|(?:b)(?:c)", ["x1a", "bc", "b", "x1"]),
+])
+def test_a_group_name_given_three_times_is_counted_right(backend, pattern, offer, texts):
+    """(?P<a>x)(?P<a>y)(?P<a>z) was said to name "two groups a, at positions 0 and 8", of a regex
+    and of a schema's pattern alike: it names three, and the fix is to rename all but one. The
+    positions counted by hand; the offer matches as the regex package, which takes a name again,
+    matches the pattern."""
+    places = [i for i in range(len(pattern)) if pattern.startswith(("(?<a>", "(?P<a>"), i)]
+    assert len(places) == 3
+    where = f"{places[0]}, {places[1]} and {places[2]}"
+    words = (f"it names three groups a, at positions {where}, and Python's re, which reads {{}}, takes a group's name "
+             "once (ECMA 262 takes one again only in another alternative); rename all but one, or make each after the "
+             f"first a group that captures nothing, (?:...): write {json.dumps(offer)}")
+    assert _refused_alike(backend, pattern) == (f"regex {json.dumps(pattern)} cannot be compiled: "
+                                                + words.format("a regex here"))
+    built = backend.compile(regex=offer).regex
+    for text in texts:
+        assert bool(re.fullmatch(built, text)) == bool(regex_module.fullmatch(pattern, text)), text
+    if "(?<" in pattern:  # (a schema's ECMA groups the engine reads as plain ones: no name repeated there)
+        return
+    with pytest.raises(GrammarError) as in_engine:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(in_engine.value) == (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
+                                    + words.format("a schema's pattern here (jsonschema checks each output with it)"))
 
 
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
