@@ -22,15 +22,22 @@ def close_match(word: str, options: Iterable[str]) -> Optional[str]:
     """The one of ``options`` closest to a misspelt ``word``, or None where none is close: a peer's
     name for one of them (``PEER_NAMES``, ``-`` read as ``_``: ``stop_strings`` → ``stop``), else
     difflib's ``get_close_matches`` (a similarity ratio of 0.6 or more, as Python's own "Did you
-    mean" picks): a ``%%lm`` cell's variable, the Python API's keywords, ``%lm`` subcommands, the
-    export's notes on row fields, command-line options (``cli_options.suggest_option``),
-    ``SamplingParams`` fields, the server's fields and routes, ECMA property names (``regex_properties``)."""
+    mean" picks), letter case aside (``RUN`` → ``run``, which difflib found no closer than ``xyz``;
+    of options that differ in case only, the first listed): a ``%%lm`` cell's variable, the Python
+    API's keywords, ``%lm`` subcommands, the export's notes on row fields, command-line options and
+    choices (``cli_options.suggest_option``), ``SamplingParams`` fields, the server's fields and
+    routes, ECMA property names (``regex_properties``)."""
     options = list(options)
+    if word in options:
+        return word
     peer = PEER_NAMES.get(word.replace("-", "_"))
-    if peer in options and word not in options:
+    if peer in options:
         return peer
-    close = difflib.get_close_matches(word, options, n=1)
-    return close[0] if close else None
+    folded: dict[str, str] = {}
+    for option in options:
+        folded.setdefault(option.lower(), option)
+    close = difflib.get_close_matches(word.lower(), list(folded), n=1)
+    return folded[close[0]] if close else None
 
 
 def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:

@@ -253,6 +253,11 @@ def test_lmnb_serve_refuses_an_unknown_log_level_before_loading():
                                        "'critical', 'error', 'warning', 'info', 'debug', 'trace'); did you mean 'debug'?"),
     (["xyz"], "lmnb: error: argument COMMAND: invalid choice: 'xyz' (choose from 'run', 'install-kernel', 'serve', "
               "'export')"),  # (no close name: none offered)
+    # in another case: offered as Run was (difflib, which compares case, found RUN no closer than xyz)
+    (["RUN"], "lmnb: error: argument COMMAND: invalid choice: 'RUN' (choose from 'run', 'install-kernel', 'serve', "
+              "'export'); did you mean 'run'?"),
+    (["Run"], "lmnb: error: argument COMMAND: invalid choice: 'Run' (choose from 'run', 'install-kernel', 'serve', "
+              "'export'); did you mean 'run'?"),
 ])
 def test_a_misspelt_subcommand_or_choice_is_offered_the_closest(capsys, argv, said):
     """``lmnb rnu`` got argparse's "invalid choice" alone, where a misspelt option (``--temprature``)
