@@ -494,21 +494,28 @@ NO_BACK_REFERENCES = ("constrained decoding cannot do a back-reference, in ECMA'
                       "compile to a finite automaton): repeat the group's pattern instead of referring to it")
 
 
-def back_reference_words(reference: str, group: str, at: Optional[int]) -> str:
+def back_reference_words(reference: str, group: str, at: Optional[int], names: Optional[list[str]] = None) -> str:
     """What is wrong with a pattern that has the back-reference ``reference`` (as written: ECMA's
-    ``\\k<n>``, ``\\1``, Python's ``(?P=n)``) to the group ``group`` (its name or number) at
-    position ``at`` (None where it is not known), and what to write instead, words that follow the
-    pattern: a back-reference matches the very text its group matched, which no regular language,
-    and so no automaton the engine builds, can express. Every refusal of a back-reference, by
-    ``gen()`` or the engine, of a ``regex`` or a schema's ``pattern``, is worded so."""
+    ``\\k<n>``, ``\\1``, Python's ``(?P=n)``, another dialect's ``\\g<n>``, ``\\k'n'``) to the group
+    ``group`` (its name or number) at position ``at`` (None where it is not known), and what to
+    write instead, words that follow the pattern: a back-reference matches the very text its group
+    matched, which no regular language, and so no automaton the engine builds, can express; where
+    ``names`` (the pattern's group names) lacks the name ``group``, that it has no such group.
+    Every refusal of a back-reference, by ``gen()`` or the engine, of a ``regex`` or a schema's
+    ``pattern``, is worded so."""
     where = "" if at is None else f" at position {at}"
+    if names is not None and group not in names and not group.isdigit():
+        held = f"its named groups: {', '.join(names)}" if names else "it names no group"
+        return (f"has a back-reference {reference}{where} to a group {group}, which the pattern does not have ({held}); "
+                f"even with such a group, {NO_BACK_REFERENCES}")
     return (f"has a back-reference {reference}{where}: it matches again the very text the group {group} matched, which "
             f"no regular language expresses; {NO_BACK_REFERENCES}")
 
 
 def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
     """The engine's words for the schema ``pattern``'s first back-reference (at ``where``, its
-    ``pattern`` keyword's place), or None where it has none: ECMA's ``\\k<n>``, else one by number,
+    ``pattern`` keyword's place), or None where it has none: ECMA's ``\\k<n>`` or another dialect's
+    (``\\g<n>``, ``\\k'n'``: ``regex_u_flag.other_back_reference``), else one by number,
     ``\\1``, or Python's ``(?P=n)``, as Python's parser reads the pattern once its ECMA syntax is
     spelled as Python's (``_ecma_as_python``: a named group stays a group, so its number holds;
     ``regex_errors.first_back_reference``), each in ``back_reference_words``. No backend can
@@ -518,23 +525,25 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
 
     from lmnb_engine.regex_errors import classes_held, first_back_reference  # (it imports this module)
     from lmnb_engine.regex_tree import parser
-    from lmnb_engine.regex_u_flag import named_back_reference
+    from lmnb_engine.regex_u_flag import named_back_reference, named_groups, other_back_reference
 
-    named = named_back_reference(pattern)
+    named = min(filter(None, (named_back_reference(pattern), other_back_reference(pattern))), default=None,
+                key=lambda m: m.start())
     if named:
-        found = named.group(), named.group(1), named.start()
-    else:
-        spelled, place = _ecma_as_python(pattern)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                parsed = parser.parse(classes_held(spelled))
-        except (re.error, RecursionError, OverflowError):
-            return None
-        found = first_back_reference(parsed, spelled)
-        if found is None:
-            return None
-        found = found[0], found[1], None if found[2] is None else place(found[2])
+        names = list(dict.fromkeys(m.group(2) for m in named_groups(pattern)))
+        return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} "
+                f"{back_reference_words(named.group(), named.group(1), named.start(), names)}")
+    spelled, place = _ecma_as_python(pattern)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = parser.parse(classes_held(spelled))
+    except (re.error, RecursionError, OverflowError):
+        return None
+    found = first_back_reference(parsed, spelled)
+    if found is None:
+        return None
+    found = found[0], found[1], None if found[2] is None else place(found[2])
     return f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {back_reference_words(*found)}"
 
 
@@ -662,6 +671,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
     then, for the engine, a back-reference by name (``back_reference_words``), which it cannot build."""
     from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
+    from lmnb_engine.regex_u_flag import other_back_reference
 
     if not isinstance(pattern, str):
         return None
@@ -669,6 +679,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     # the language's refusals first, in its words, for the engine too: an error of every dialect,
     # then one of ECMA's u flag; then, for the engine, Python's own errors
     every = _no_dialect_reads(pattern)
+    # (a back-reference in another dialect's syntax, \\g<n> or \\k'n', first: the u flag's words read it as an
+    # identity escape and offered it as literal text, "g<n>")
+    if not every and other_back_reference(pattern):
+        return back_reference_problem(pattern, where)
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"

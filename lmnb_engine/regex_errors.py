@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 from lmnb_engine.json_schema import (SHOWN_CHARS, as_ranges, back_reference_words, code_point_runs, json_value,
                                       without_surrogates)
 from lmnb_engine.regex_tree import constants, parser, walk
+from lmnb_engine.regex_u_flag import OTHER_REFERENCE
 
 
 def shown_regex(pattern: str) -> str:
@@ -243,17 +244,22 @@ def offer_taken(pattern: str) -> bool:
 
 # A back-reference by name in the syntax of ECMA 262, .NET and the regex package (the name: group 1)
 _NAMED_REFERENCE = re.compile(r"\\k<(\w+)>")
+# (and in other dialects' syntax, \g<n>, \k'n' ...: regex_u_flag.OTHER_REFERENCE)
 
 
 def _named_reference_problem(pattern: str) -> str | None:
     """Why ``pattern``, which Python's ``re`` refuses, is refused for its first back-reference by
-    name in another dialect's syntax, ``\\k<n>`` (an escape outside classes and comments:
-    ``pattern_parts``), or None where it has none: ``re`` said only that it cannot read it (or that
-    it cannot read the ``(?<n>`` group before it), where respelling it as Python's ``(?P=n)`` would
-    only be refused next."""
+    name in another dialect's syntax, ``\\k<n>``, ``\\g<n>``, ``\\k'n'`` (an escape outside classes and
+    comments: ``pattern_parts``), or None where it has none: ``re`` said only that it cannot read it
+    (or that it cannot read the ``(?<n>`` group before it), where respelling it as Python's
+    ``(?P=n)`` would only be refused next. A name no group of the pattern has is said to be so."""
+    names = list(dict.fromkeys(m.group(2) for part in pattern_parts(pattern)
+                               if part.kind == "(" and (m := _ANY_NAMED_GROUP.match(pattern, part.start))))
     for part in pattern_parts(pattern):
-        if part.kind == "escape" and (reference := _NAMED_REFERENCE.match(pattern, part.start)):
-            return f"regex {shown_regex(pattern)} {back_reference_words(reference.group(), reference.group(1), part.start)}"
+        if part.kind == "escape" and (reference := _NAMED_REFERENCE.match(pattern, part.start)
+                                      or OTHER_REFERENCE.match(pattern, part.start)):
+            words = back_reference_words(reference.group(), reference.group(1), part.start, names)
+            return f"regex {shown_regex(pattern)} {words}"
     return None
 
 

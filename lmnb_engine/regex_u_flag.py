@@ -33,6 +33,10 @@ _HEX = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}")
 # A named group's opening, ECMA's (?<name> or Python's (?P<name> (group 1: "P" or ""); named_groups finds them
 _NAMED_GROUP = re.compile(r"\(\?(P?)<(" + _GROUP_NAME.pattern + ")>")
 _NAMED_REFERENCE = re.compile(r"\\k<(" + _GROUP_NAME.pattern + ")>")
+# A back-reference in another dialect's syntax, by name or number (group 1): .NET's and PCRE's \k'n', Perl's
+# \k{n} and \g{n}, the regex package's (and Oniguruma's) \g<n>. Python's \g<n> is replacement syntax, but in a
+# pattern it is a reference: read as an identity escape, its offer "g<n>" would be literal text
+OTHER_REFERENCE = re.compile(r"\\(?:k'(?=\w+')|[kg]\{(?=\w+\})|g<(?=\w+>))(\w+)['}>]")
 _LEGACY_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")  # (Annex B's LegacyOctalEscapeSequence: at most 0o377)
 
 
@@ -82,6 +86,13 @@ def named_back_reference(pattern: str) -> Optional[re.Match]:
     """The first back-reference by name in ``pattern``, ECMA's ``\\k<name>`` (also the regex
     package's and .NET's), outside character classes (``_outside_classes``), or None."""
     return next((m for i in _outside_classes(pattern) if (m := _NAMED_REFERENCE.match(pattern, i))), None)
+
+
+def other_back_reference(pattern: str) -> Optional[re.Match]:
+    """The first back-reference in ``pattern`` in another dialect's syntax (``OTHER_REFERENCE``:
+    ``\\g<n>``, ``\\k'n'``, ``\\k{n}``, ``\\g{n}``; group 1: the group's name or number), outside
+    character classes (``_outside_classes``), or None."""
+    return next((m for i in _outside_classes(pattern) if (m := OTHER_REFERENCE.match(pattern, i))), None)
 
 
 # Python's syntax that ECMA 262 lacks, as an opening outside classes: a named group (?P<name>, a

@@ -309,6 +309,49 @@ def test_a_group_name_given_three_times_is_counted_right(backend, pattern, offer
                                     + words.format("a schema's pattern here (jsonschema checks each output with it)"))
 
 
+_NO_REFERENCE = ("constrained decoding cannot do a back-reference, in ECMA's syntax or Python's (patterns compile to a "
+                 "finite automaton): repeat the group's pattern instead of referring to it")
+
+
+@pytest.mark.parametrize("pattern, reference, at", [
+    (r"(?P<n>a)\g<n>", r"\g<n>", 8),  # (the regex package's reference; Python's \g<n> is replacement syntax)
+    (r"(?<n>a)\k'n'", r"\k'n'", 7),  # (.NET's and PCRE's)
+    (r"(?<n>a)\k{n}", r"\k{n}", 7),  # (Perl's)
+])
+def test_a_back_reference_in_another_dialects_syntax_is_refused_as_one(backend, pattern, reference, at):
+    """A schema's (?P<n>a)\\g<n> was offered "(?P<n>a)g<n>" and (?<n>a)\\k'n' "(?<n>a)k'n'" (the
+    reference read as an identity escape), literal text that means another thing: the regex
+    package matches "aa" with the first, not "ag<n>". gen() said only "bad escape". Both now refuse
+    it as the back-reference it is, in the words every back-reference refusal uses, with no offer."""
+    import lmnb
+
+    if "\\g" in pattern:
+        assert regex_module.fullmatch(pattern, "aa") and not regex_module.fullmatch(pattern, "ag<n>")
+    words = (f"has a back-reference {reference} at position {at}: it matches again the very text the group n matched, "
+             f"which no regular language expresses; {_NO_REFERENCE}")
+    assert _refused_alike(backend, pattern) == f"regex {json.dumps(pattern)} {words}"
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", json_schema=schema)
+    with pytest.raises(GrammarError) as in_engine:
+        schema_to_regex(schema)
+    assert str(at_gen.value) == str(in_engine.value) == f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} {words}"
+
+
+@pytest.mark.parametrize("pattern, reference, at, held", [
+    (r"\k<n>", r"\k<n>", 0, "it names no group"),
+    (r"(?P<n>a)\k<m>", r"\k<m>", 8, "its named groups: n"),
+    (r"(?<n>a)(?<o>b)\g<m>", r"\g<m>", 14, "its named groups: n, o"),
+])
+def test_a_back_reference_to_no_group_says_there_is_none(backend, pattern, reference, at, held):
+    """regex=r"(?P<n>a)\\k<m>" was said to match "again the very text the group m matched", though
+    the pattern has no group m: it now says so, naming the groups it has, then why no group would
+    help."""
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} has a back-reference {reference} at position {at} to a group {reference[3]}, "
+        f"which the pattern does not have ({held}); even with such a group, {_NO_REFERENCE}")
+
+
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
     # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
     from lmnb_engine.regex_errors import without_edge_anchors
