@@ -262,3 +262,75 @@ def test_an_integer_too_long_to_write_in_decimal_is_refused_clearly(tmp_path, ca
     assert run(args) == 2
     shown = text[:60] + "…"  # (the text is cut here too)
     assert capsys.readouterr().err == f"lmnb run: -p n {shown!r}: the parameters cell sets it to None: {expected}\n"
+
+
+REBOUND = """\
+label = 3
+for _ in range(1):
+    label = 'x'
+count = 5
+count += 1
+temperature = 0.5
+temperature = 0.25
+for step in range(2):
+    pass
+step = 9
+found = 1
+try:
+    pass
+except ValueError as found:
+    pass
+walrus = 1
+ys = [(walrus := y) for y in range(3)]
+y = 4
+zs = [y for y in range(3)]
+name = 'a'
+import os as name
+gone = 1
+del gone
+shared = 1
+def bump():
+    global shared
+    shared = 2
+local = 1
+def own():
+    local = 2
+    return local
+class Box:
+    attr = 1
+attr = 'kept'
+with open(__file__) as handle:
+    pass
+handle = 0
+"""
+
+
+def test_a_default_is_a_literal_only_where_the_cell_binds_the_name_only_by_top_level_assignments():
+    """The first literal was the default of a name the cell then set again: `label = 3` and a
+    loop's `label = 'x'` gave --label an int option (--label hello refused, the job ran with 'x'),
+    `count = 5` and `count += 1` showed 5 for 6. Worked out by hand from the cell as it runs:
+    label, count, step, found, walrus, name, gone, shared and handle are also bound by a loop,
+    `+=`, a for/except/with target, a walrus in a comprehension, an import, del or a function's
+    global, so the cell computes them; temperature's last top-level literal is its value; y's and
+    attr's other bindings are a comprehension's and a class's own, and local is the function's."""
+    got = read_parameters(REBOUND)
+    computed = ["label", "count", "step", "found", "walrus", "name", "gone", "shared", "handle"]
+    assert {n for n, v in got.items() if v is NO_DEFAULT} == {*computed, "ys", "zs"}
+    assert {n: v for n, v in got.items() if v is not NO_DEFAULT} == {
+        "temperature": 0.25, "y": 4, "local": 1, "attr": "kept"}
+    assert read_parameters("n = 1\nfrom os.path import *")["n"] is NO_DEFAULT  # (it may bind any name)
+
+
+def test_lmnb_run_reads_a_rebound_parameters_value_like_the_value_the_cell_sets(capsys):
+    """lmnb run -p label hello was refused: "the parameters cell sets it to 3: expected an
+    integer", for a cell that sets label to 'x'; the exported job's --help showed (default: 3)."""
+    from lmnb_kernel.run import parameter_defaults, parse_value
+
+    nb = notebook(("parameters", "label = 3\nfor _ in range(1):\n    label = 'x'\ncount = 5\ncount += 1"),
+                  "%%lm\n{label}{gen out max_tokens=count}")
+    assert parameter_defaults(nb) == {}
+    assert parse_value("hello", parameter_defaults(nb).get("label", NO_DEFAULT)) == "hello"
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(nb, "nb.ipynb", "job.py")
+    assert "parameters={'label': None, 'count': None}, computed=['label', 'count'], options_first=True)" in source

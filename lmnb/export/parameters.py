@@ -8,6 +8,7 @@ notebook run and its exported job agree on what a parameter is.
 from __future__ import annotations
 
 import ast
+from collections import Counter
 
 
 class _NoDefault:
@@ -23,15 +24,23 @@ NO_DEFAULT = _NoDefault()
 def read_parameters(source: str) -> dict:
     """name → default of each variable the cell's top-level statements assign (``x = ...``,
     ``x: int = ...``, ``a, b = ...``), in order of first assignment. The default is the literal
-    value of ``name = literal`` (the last assignment of the name counts, as when the cell runs),
-    else ``NO_DEFAULT``. What the cell imports or defines, binds only inside a block, or merely
-    annotates (``x: int``, which binds nothing) is set-up, not a parameter.
+    value of the last ``name = literal`` where the cell binds the name only by top-level
+    ``name = ...`` statements, else ``NO_DEFAULT`` (the cell computes it when it runs): ``label =
+    3`` followed by a loop that sets ``label = 'x'``, or ``count = 5`` and ``count += 1``, ends with
+    another value than the literal, so any other binding (augmented assignment, a
+    ``for``/``with``/``except`` target, a walrus, an import, ``del``, tuple unpacking, an
+    assignment in a block, a ``global`` in a function) makes it ``NO_DEFAULT``. What the cell
+    imports or defines, binds only inside a block, or merely annotates (``x: int``, which binds
+    nothing) is set-up, not a parameter.
 
     Raises:
         SyntaxError: the source is not plain Python (IPython syntax is not replaced here).
     """
+    tree = ast.parse(source)
+    bound = _module_bindings(tree)
+    plain: Counter = Counter()  # (top-level `name = ...` statements)
     out: dict = {}
-    for stmt in ast.parse(source).body:
+    for stmt in tree.body:
         if isinstance(stmt, ast.Assign):
             targets = stmt.targets
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
@@ -42,8 +51,76 @@ def read_parameters(source: str) -> dict:
             names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
             for name in names:  # (a rebinding keeps the name's place: dict order is first insertion)
                 out[name] = NO_DEFAULT
-            if isinstance(target, ast.Name):
+            if isinstance(target, ast.Name):  # (the last one is the value the cell leaves)
+                plain[target.id] += 1
                 out[target.id] = _literal(stmt.value)
+    for name in out:
+        if bound[name] != plain[name] or bound[_STAR]:
+            out[name] = NO_DEFAULT
+    return out
+
+
+_STAR = "*"  # (the key of ``from m import *``, which may bind any name)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _module_bindings(tree: ast.Module) -> Counter:
+    """name → how many statements or expressions of ``tree`` bind it in the module's scope (an
+    assignment in a loop counts once, however often it runs); ``_STAR`` counts star imports.
+    A function's or class's own names are its own, except those it declares ``global``; a
+    comprehension's loop variables are its own, but a walrus in it binds the scope around it."""
+    count: Counter = Counter()
+
+    def walk(node: ast.AST, binds_module, in_comprehension: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _SCOPES):
+                if not isinstance(child, ast.Lambda) and binds_module(child.name):
+                    count[child.name] += 1
+                walk(child, _globals(child).__contains__, False)
+                continue
+            if isinstance(child, ast.NamedExpr):
+                if binds_module(child.target.id):
+                    count[child.target.id] += 1
+                walk(child.value, binds_module, in_comprehension)
+                continue
+            for name in _bound_by(child, in_comprehension):
+                if binds_module(name):
+                    count[name] += 1
+            walk(child, binds_module, in_comprehension or isinstance(child, _COMPREHENSIONS))
+
+    walk(tree, _anything, False)
+    return count
+
+
+def _anything(name: str) -> bool:
+    return True
+
+
+def _bound_by(node: ast.AST, in_comprehension: bool) -> list:
+    """The names ``node`` itself binds (not its children), ``_STAR`` for a star import; a
+    comprehension's loop variables (``in_comprehension``) are left out, being its own."""
+    if isinstance(node, ast.Name):
+        return [node.id] if isinstance(node.ctx, (ast.Store, ast.Del)) and not in_comprehension else []
+    if isinstance(node, ast.alias):  # (import a.b binds a)
+        return [_STAR if node.name == "*" else node.asname or node.name.split(".")[0]]
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return [node.name] if node.name else []
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
+    return []
+
+
+def _globals(scope: ast.AST) -> set:
+    """The names a function's or class's own body declares ``global`` (not its nested scopes')."""
+    out: set = set()
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Global):
+            out.update(node.names)
+        elif not isinstance(node, _SCOPES):
+            todo += ast.iter_child_nodes(node)
     return out
 
 
