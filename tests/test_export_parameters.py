@@ -334,3 +334,36 @@ def test_lmnb_run_reads_a_rebound_parameters_value_like_the_value_the_cell_sets(
 
     source, _ = export_notebook(nb, "nb.ipynb", "job.py")
     assert "parameters={'label': None, 'count': None}, computed=['label', 'count'], options_first=True)" in source
+
+
+def test_a_percent_sign_in_the_notebooks_texts_shows_in_the_jobs_help(tmp_path):
+    """argparse fills %(default)s in help texts: a parameter's default '%d items' ended python
+    job.py --help in a TypeError traceback, and a notebook model path or server URL with a % in it
+    (an escaped URL's %7e) in a ValueError; a title with %(prog)s in it had its % read too."""
+    import argparse
+    import subprocess
+    from pathlib import Path
+
+    from lmnb.batch.options import add_parameters, job_parser
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook(("parameters", "fmt = '%d items'\nshare = 0.5"), 'q = "x"',
+                                         "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--fmt VALUE (default: '%d items') --share VALUE (default: 0.5)" in " ".join(done.stdout.split())
+
+    parser = job_parser("100% done by %(prog)s", backend="http://h/%7e/v1", openai_model="m%s", model="/m/50%",
+                        timeout=5)
+    add_parameters(parser, {"ratio": "5%"})
+    parser.prog = "job.py"
+    helped = " ".join(parser.format_help().split())
+    for said in ("100% done by %(prog)s", "(default: http://h/%7e/v1, the notebook's)",
+                 "(default with the default --backend: m%s)", "(default: /m/50%)", "(default: '5%')"):
+        assert said in helped
+    assert parser.parse_args(["--input", "i.jsonl", "--output", "o.jsonl"]) == argparse.Namespace(
+        input=Path("i.jsonl"), output=Path("o.jsonl"), backend="http://h/%7e/v1", openai="m%s", completion=False,
+        api_key=None, timeout=5, model=None, device=None, dtype=None, max_total_tokens=None, num_threads=16,
+        limit=None, id_field=None, input_format=None, retry_errors=False, no_progress=False, param_ratio="5%")

@@ -69,8 +69,10 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
     # allow_abbrev off: a parameter's option is the notebook's name, and with a row field named num
     # (no --num option) argparse took --num 5 for --num-threads 5 without a word
-    p = _JobParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = _JobParser(description=_description(description), formatter_class=argparse.RawDescriptionHelpFormatter,
+                   allow_abbrev=False)
     p.notebook_backend = (backend, openai_model, completion, timeout)
+    backend, openai_model, model = (_escaped(x) for x in (backend, openai_model, model))  # (from here: help texts)
     take_negative_numbers(p)  # (a parameter's --lr -1e-3)
     with_backend = " with the default --backend" if backend else ""
     if per_row:
@@ -119,6 +121,19 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--no-progress", action=OnceFlag, help="no progress bar")
     p.epilog = JOB_EXIT_STATUSES
     return p
+
+
+def _escaped(text: Optional[str]) -> Optional[str]:
+    """``text`` (the notebook's, in an option's help) as argparse shows it: it fills ``%(default)s``
+    in help texts, so a lone ``%`` (``fmt = '%d items'``, a URL's ``%7e``) ended ``--help`` in a
+    TypeError or ValueError traceback."""
+    return text.replace("%", "%%") if text else text
+
+
+def _description(text: str) -> str:
+    """The job's description (the notebook's title and text) as argparse shows it: it fills
+    ``%(prog)s`` in a description that holds one, and only then (a title's ``100%`` failed)."""
+    return _escaped(text) if "%(prog)" in text else text
 
 
 # The exit statuses of a per-row job (lmnb.batch.runner's EXIT_* constants; runner imports this
@@ -175,7 +190,7 @@ def add_parameters(parser: argparse.ArgumentParser, defaults: dict, computed: Se
         else:
             kind, said = parameter_type(default), repr(default)
         group.add_argument(options[name], dest=dests[name], default=default, type=kind,
-                           action=Once, metavar="VALUE", help=f"(default: {said})")
+                           action=Once, metavar="VALUE", help=f"(default: {_escaped(said)})")
     return dests
 
 
