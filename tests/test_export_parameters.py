@@ -367,3 +367,27 @@ def test_a_percent_sign_in_the_notebooks_texts_shows_in_the_jobs_help(tmp_path):
         input=Path("i.jsonl"), output=Path("o.jsonl"), backend="http://h/%7e/v1", openai="m%s", completion=False,
         api_key=None, timeout=5, model=None, device=None, dtype=None, max_total_tokens=None, num_threads=16,
         limit=None, id_field=None, input_format=None, retry_errors=False, no_progress=False, param_ratio="5%")
+
+
+def test_bytes_and_complex_defaults_read_their_own_type_in_the_job_and_in_lmnb_run(tmp_path):
+    """A bytes or complex default took any text as a str (--data xyz ran with 'xyz' where the
+    notebook's code expects bytes); now a bytes literal and a complex number, else refused."""
+    import subprocess
+
+    from lmnb.export import export_notebook
+    from lmnb_kernel.run import parse_value
+
+    assert parse_value("b'a\\x00'", b"z") == b"a\x00" and parse_value("1-2j", 1j) == complex(1, -2)
+    assert parse_value("3", 1j) == complex(3, 0) and parse_value("1 + 2j", 1j) == complex(1, 2)
+    with pytest.raises(ValueError, match="the parameters cell sets it to b'z': expected a Python bytes literal"):
+        parse_value("xyz", b"z")
+    source, _ = export_notebook(notebook(("parameters", "data = b'z'\nz = 1j"), 'q = "x"',
+                                         "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    assert "parameters={'data': b'z', 'z': 1j}, options_first=True)" in source
+    (tmp_path / "job.py").write_text(source)
+    for option, said in (["--data", "xyz"], "argument --data: expected a Python bytes literal, e.g. b'abc' (in quotes "
+                                            "for the shell: \"b'abc'\"), got 'xyz'"), \
+                        (["--z", "1+x"], "argument --z: expected a complex number (e.g. 1+2j, 0.5 or 3j), got '1+x'"):
+        done = subprocess.run([sys.executable, "job.py", "--input", "rows.jsonl", "--output", "o.jsonl", *option],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (2, f"job.py: error: {said}")

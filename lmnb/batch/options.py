@@ -356,7 +356,9 @@ def _count(text: str) -> int:
     return value
 
 
-# Defaults whose options read text as their type (parameter_type); others: a literal, else the text.
+# Defaults whose options read text as their type (parameter_type), and so do the rows' values of a
+# row field that is such a parameter; others: a literal, else the text. (A complex or bytes
+# option reads its type too, but a row's JSON has neither: a row's text for one stays the text.)
 TYPED_DEFAULTS = (bool, int, float, list, tuple, set, dict)
 
 
@@ -384,7 +386,8 @@ class UnreadableValue(argparse.ArgumentTypeError):
 
 def parameter_type(default: Any) -> Callable[[str], Any]:
     """How a parameter's command-line text is read, from its default's type: bool: true/false,
-    yes/no, 1/0; int: a Python integer literal (``1_000``, ``0x20``); float; str; a list, tuple, set
+    yes/no, 1/0; int: a Python integer literal (``1_000``, ``0x20``); float; complex (``1+2j``, ``3``);
+    bytes: a Python bytes literal (``b'abc'``; other text was taken as a str); str; a list, tuple, set
     or dict: a Python literal or JSON of that type (``[1, 2]``, ``{"a": true}``; a list for a tuple
     or a set, as an input row's JSON gives one); None (or another default): a Python literal, else
     the text (papermill reads ``-p`` values as True, False, None, numbers, else text; a tuple
@@ -401,6 +404,10 @@ def parameter_type(default: Any) -> Callable[[str], Any]:
         read = _int
     elif isinstance(default, float):
         read = _float
+    elif isinstance(default, complex):
+        read = _complex
+    elif isinstance(default, bytes):
+        read = _bytes
     elif isinstance(default, str):
         return str
     elif isinstance(default, (list, tuple, set, dict)):
@@ -469,6 +476,29 @@ def _float(text: str) -> float:
         return float(text)
     except ValueError:
         raise UnreadableValue("expected a number (e.g. 0.5, 2 or 1e-3)", text) from None
+
+
+def _complex(text: str) -> complex:
+    try:
+        return complex(text)
+    except ValueError:  # (complex() takes no spaces around the sign: "1 + 2j" is a literal)
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            value = None
+        if isinstance(value, (int, float, complex)) and not isinstance(value, bool):
+            return complex(value)
+        raise UnreadableValue("expected a complex number (e.g. 1+2j, 0.5 or 3j)", text) from None
+
+
+def _bytes(text: str) -> bytes:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if not isinstance(value, bytes):
+        raise UnreadableValue("expected a Python bytes literal, e.g. b'abc'", text, quoted='"b\'abc\'"')
+    return value
 
 
 # what each container default takes, and its example (double quotes: the shell's go round it)
