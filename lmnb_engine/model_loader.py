@@ -10,7 +10,6 @@ and generation defaults come along in one ``LoadedModel``.
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-import lmnb_engine
 from lmnb_engine import is_demo_name
 from lmnb_engine import tokenizer as tok
+from lmnb_engine.checkpoint_path import DEMO_MODEL_PATH, local_checkpoint, looked_in
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.model_config import MULTIMODAL_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
 from lmnb_engine.models.presets import PRESETS, preset_hf_config
@@ -29,14 +28,12 @@ from lmnb_engine.models.registry import build_model
 
 __all__ = ["DEMO_MODEL_PATH", "SUPPORTED_ARCHITECTURES", "LoadedModel", "load_model"]
 
-DEMO_MODEL_PATH = Path(lmnb_engine.__file__).parent / "demo_model"
 
 # What a hub snapshot needs: config, weights, tokenizer files, chat template.
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt"]
 # Mistral's repos also hold its own format's weights (consolidated.safetensors), as large as the
 # model again; _safetensors_files never reads them
 _HUB_IGNORE = ["consolidated*.safetensors"]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -174,23 +171,7 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
             raise option_error(FileNotFoundError, f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no "
                                "config.json)", ("pass a checkpoint directory or hub id as `{}`", "model", None))
         return DEMO_MODEL_PATH
-    p = Path(model).expanduser()
-    if p.exists():
-        # ("demo", the demo model's name, is taken for the file or folder of that name where there is one)
-        demo = (f"; the name {lmnb_engine.DEMO_MODEL_NAME!r} is taken for the {'file' if p.is_file() else 'folder'} "
-                f"here: for the built-in demo model, give its directory {DEMO_MODEL_PATH}"
-                if str(model) == lmnb_engine.DEMO_MODEL_NAME else "")
-        if p.is_file():  # config.json or model.safetensors itself: "it has no config.json" puzzled
-            hint = f"; pass its directory {p.parent}" if (p.parent / "config.json").is_file() else demo
-            raise FileNotFoundError(f"{p} is a file, not a Hugging Face checkpoint directory{hint}")
-        if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"{p} is not a Hugging Face checkpoint directory: it has no config.json{demo}")
-        return p
-    s = str(model)
-    if not _HUB_ID.match(s) or s.startswith((".", "~")):
-        raise FileNotFoundError(f"no checkpoint directory at {s!r}{_looked_in(p)}; check the "
-                                f"path{_presets_hint(random_weights)}")
-    return _from_hub(s, random_weights)
+    return local_checkpoint(model, _presets_hint(random_weights)) or _from_hub(str(model), random_weights)
 
 
 def _presets_hint(random_weights: bool) -> str:
@@ -199,17 +180,10 @@ def _presets_hint(random_weights: bool) -> str:
     return f", or name a shape preset ({', '.join(PRESETS)})" if random_weights else ""
 
 
-def _looked_in(path: Path) -> str:
-    """" (none at /abs/path)" for a relative ``path``, where it was looked for ("" for an absolute
-    one): a kernel, and so ``lmnb run``, works in the notebook's folder, so a path relative to the
-    shell's folder was not found, and the error did not say where it had looked."""
-    return "" if path.is_absolute() else f" (none at {path.absolute()})"
-
-
 def _relative_to_cwd(model: str) -> str:
     """``_looked_in`` for a name that reads as a hub id: a relative path too where it holds a "/"
     (``models/llama``); a bare name (``gpt2``) is only an id."""
-    return _looked_in(Path(model)) if "/" in model else ""
+    return looked_in(Path(model)) if "/" in model else ""
 
 
 def _hub_offline() -> bool:

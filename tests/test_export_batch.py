@@ -414,6 +414,37 @@ def test_a_parameters_options_are_read_before_the_cells_above_the_parameters_cel
     assert not (tmp_path / "ran.txt").exists()
 
 
+@pytest.mark.parametrize("model, options, said", [
+    ("missing", [], "FileNotFoundError: no checkpoint directory at '{tmp}/missing'; check the path"),
+    (None, ["--model", "./missing"], "FileNotFoundError: no checkpoint directory at './missing' (none at {tmp}/missing); "
+                                     "check the path"),
+    (None, ["--model", "job.py"], "FileNotFoundError: job.py is a file, not a Hugging Face checkpoint directory"),
+    (None, ["--timeout", "5"], "ValueError: --timeout is for a server backend (--backend URL); the in-process engine "
+                               "has none"),
+    (None, ["--backend", "ftp://x"], "ValueError: --backend 'ftp://x' is neither 'engine' nor an http(s) URL")])
+def test_a_backend_that_cannot_start_is_refused_before_any_cell_runs(tmp_path, model, options, said):
+    """The notebook's %lm load /nonexistent/model (or --model ./missing), and backend options that
+    do not fit (--timeout for the engine, a --backend that is no URL), were found only when the
+    backend started, after every set-up cell ran (a slow one, one that fails and hides it); the job
+    now says so as it did then (exit 2) before any cell runs. (A script without a
+    %%lm cell starts its backend before its cells already.)"""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    load = [f"%lm load {tmp_path / model}"] if model else []
+    cells = load + ['open("ran.txt", "w").close()', 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"]
+    source, _ = export_notebook(notebook(*cells), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", "--input", "rows.jsonl", "--output", "out.jsonl", *options],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2, f"lmnb batch: could not start the backend ({'ftp://x' if 'ftp' in said else 'engine'}): "
+           + said.format(tmp=tmp_path))
+    assert not (tmp_path / "ran.txt").exists()
+
+
 @pytest.mark.parametrize("options, values", [([], {"temperature": 0.5, "n": 2}),
                                              (["--n", "0x7", "--temperature", "1"], {"temperature": 1.0, "n": 7})])
 def test_parameters_read_before_the_cells_run_take_the_cells_values_and_types(options, values):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch import setup_error
 from lmnb.batch.inputs import InputError, read_rows
-from lmnb.batch.options import (add_parameters, engine_model, job_parser, make_backend,
+from lmnb.batch.options import (add_parameters, check_backend_options, engine_model, job_parser, make_backend,
                                 parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
@@ -315,7 +315,9 @@ class Job:
         options_first: run as ``__main__``, the job reads its command line as it is made, before
             the notebook's set-up cells run, so ``--help`` and a misspelt option answer at once
             (they ran every set-up cell first, a slow one or one that fails too; with a parameters
-            cell, those above it: a model load). Exits as ``argparse`` does on bad options (status 2).
+            cell, those above it: a model load). Exits as ``argparse`` does on bad options (status 2),
+            and with status 2 where the backend options do not fit or the engine's model is a
+            checkpoint directory that is not there.
     """
 
     # The script's run_row calls these through the job object, whose name the exporter keeps free:
@@ -360,6 +362,7 @@ class Job:
                 add_parameters(parser, *self._parameters, per_row=per_row)
                 self.args = parser.parse_args(self.argv)
                 self._read_early = bool(self._parameters[0])
+                self._check_backend()
             if setup_error.is_program(caller):
                 self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
 
@@ -458,6 +461,23 @@ class Job:
     def _parser(self) -> argparse.ArgumentParser:
         return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,
                           self.default_completion, self.default_timeout)
+
+    def _check_backend(self) -> None:
+        """Exit with status 2 and the reason (as ``start`` words it) where the backend options do
+        not fit together (``check_backend_options``: ``--timeout`` for the engine, a ``--backend``
+        that is no URL) or the engine's model is a checkpoint directory that is not there (``%lm
+        load /nonexistent/model``, ``--model`` a file): each was found only when the backend
+        started, after the set-up cells ran (a slow one, one that fails and hides it). A hub id is
+        left to the engine, which asks the hub's cache."""
+        try:
+            check_backend_options(self.args)
+            model = engine_model(self.args, self.default_model)
+            if model is not None and not is_demo_name(model):
+                from lmnb_engine.checkpoint_path import local_checkpoint  # (no torch; only a job with a model needs it)
+
+                local_checkpoint(model)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(fatal(start_failure(self.args, self.default_model, e))) from None
 
     def parameters(self, **defaults: Any) -> argparse.Namespace:
         """Parse the command line now, with one option per notebook parameter (papermill's

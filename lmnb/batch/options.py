@@ -248,19 +248,13 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     """
     import lmnb
 
+    check_backend_options(args)
     url = args.backend
-    if args.completion and not args.openai:
-        raise ValueError("--completion goes with --openai MODEL")
     if url == "engine" and not args.openai:
-        if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
-            raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
         kwargs = {k: getattr(args, k) for k in ("device", "dtype", "max_total_tokens") if getattr(args, k) is not None}
         backend = lmnb.Engine(engine_model(args, default_model), **kwargs)
         backend.front_end_options = (vars(args), "")  # (a row's error names the job's --max-total-tokens)
         return backend
-    if args.model or args.device or args.dtype or args.max_total_tokens is not None:
-        raise ValueError("--model/--device/--dtype/--max-total-tokens choose the in-process engine; a server runs "
-                         "its own model (use --openai MODEL to name an OpenAI-compatible server's model)")
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
         backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
@@ -269,9 +263,28 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
             _check_served_model(backend, args.openai, url)
         backend.on_guessed_template = _say_guessed_template
         return backend
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
     return lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, **timeout)
+
+
+def check_backend_options(args: argparse.Namespace) -> None:
+    """Refuse backend options that do not fit together (``make_backend`` starts none of them),
+    with no backend started: an exported job checks them before any notebook cell runs.
+
+    Raises:
+        ValueError: what does not fit, and what to give instead.
+    """
+    url = args.backend
+    if args.completion and not args.openai:
+        raise ValueError("--completion goes with --openai MODEL")
+    if url == "engine" and not args.openai:
+        if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
+            raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
+        return
+    if args.model or args.device or args.dtype or args.max_total_tokens is not None:
+        raise ValueError("--model/--device/--dtype/--max-total-tokens choose the in-process engine; a server runs "
+                         "its own model (use --openai MODEL to name an OpenAI-compatible server's model)")
+    if not args.openai and not url.startswith(("http://", "https://")):
+        raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
 
 
 def _say_guessed_template(what: str) -> None:
