@@ -167,7 +167,7 @@ def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp
              # standard library only until a tokenizer loads, the lone-surrogate check params uses;
              # json_schema, standard library only until a schema is checked, writes values as JSON,
              # and regex_errors, which words a bad stop_regex for params, reading Python's parser
-             # through regex_tree, and regex_empty_class with regex_dead_part, which find a class
+             # through regex_tree, with regex_u_flag's pattern of other dialects' back-references, and regex_empty_class with regex_dead_part, which find a class
              # matching no character in a stop_regex, and regex_never with regex_reach, which find an
              # assertion that keeps a stop_regex from ever matching, and suggest, the did-you-mean of
              # params' unknown fields, standard library only as well)
@@ -176,7 +176,7 @@ def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp
              " - {'lmnb_engine.outputs', 'lmnb_engine.params', 'lmnb_engine.cli_options', 'lmnb_engine.tokenizer',"
              " 'lmnb_engine.json_schema', 'lmnb_engine.regex_errors', 'lmnb_engine.regex_tree',"
              " 'lmnb_engine.regex_empty_class', 'lmnb_engine.regex_dead_part', 'lmnb_engine.regex_never',"
-             " 'lmnb_engine.regex_reach', 'lmnb_engine.suggest'}))")
+             " 'lmnb_engine.regex_reach', 'lmnb_engine.suggest', 'lmnb_engine.regex_u_flag'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("[]")
