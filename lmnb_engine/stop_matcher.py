@@ -126,6 +126,9 @@ class StopRegexes:
         # unbounded: a match more text may still complete or make new begins in the last reach - 1
         # characters, so a search need not start before them
         self.reach = [reach(p) for p in patterns or ()]
+        # per pattern: how far past a match's end its assertions read (None: unbounded), so _final
+        # need try only the ends whose match reads the text's last character
+        self.assertion_reach = [assertion_reach(p) for p in patterns or ()]
         # per pattern: how many characters its matches consume at most, where safe_len may tell
         # from the text's end that a start that many or more before it begins no stop (_settled);
         # None where it may not (a longer pattern is not asked: each start tried costs 10 matches)
@@ -731,9 +734,14 @@ class StopStringMatcher:
                     lookaheads, f, text, end):
                 return f
             # (where the relaxed match reads on to one a negative lookahead leaves open, the shortest,
-            # within the pattern's reach)
-            reach = self._shared.reach[k]
-            for e in range(max(m.start() + 1, (self._held_to or 0) + 1), min(end, m.start() + (reach or 0)) + 1):
+            # within the pattern's reach, to ``end`` where that is unbounded: x[ab]*(?!c)|a on "xa "
+            # from 0 is "x"; and from where its assertions read the last character: each shorter text
+            # from past the text not checked was checked, and one final there was met then)
+            reach, ahead = self._shared.reach[k], self._shared.assertion_reach[k]
+            first = max(m.start() + 1, (self._held_to or 0) + 1, 0 if ahead is None else end - ahead)
+            for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
+                if e == m.end():  # (m's own span: not final, above)
+                    continue
                 exact = _ending_by(relaxed.pattern, end - e, exact=True)
                 f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
                 if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):

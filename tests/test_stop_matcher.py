@@ -150,6 +150,34 @@ def test_a_new_users_stop_regexes_stop_where_the_whole_output_matches_and_stream
     assert StopStringMatcher(["y"], [r"x(?=y)"]).find("axy", 0) == (1, "x")
 
 
+def test_an_unbounded_stop_regex_reading_the_texts_end_stops_at_the_earliest_start_a_final_match_has():
+    """An unbounded repeat before a negative lookahead ("x[ab]*(?!c)|a"): on "xa" the match "xa"
+    from 0 may still be undone ("c" next) but "x" from 0 is final ("a" follows it), so the stop
+    starts at 0, as Python's re over the final text says. Only the ends within the pattern's reach
+    were tried for a shorter final match, none where it was unbounded, so the later start's "a"
+    won and the text before it, "x", part of re's match, was streamed (and "a\\w*(?! )|b" on
+    "ab c" stopped at "b"). Against re's start and the brute-force reference, whatever the tokens."""
+    for pattern, text in [(r"x[ab]*(?!c)|a", "xa "), (r"x[ab]*(?!c)|a", "xaaa "), (r"a\w*(?! )|b", "ab c"),
+                          (r"\d+(?!\.)", "1234567 "), (r"[ab]+(?! )", "bb\n")]:
+        want = first_regex_stop_by_definition([pattern], text, ended=True)
+        assert want[0] == re.search(pattern, text).start(), pattern  # re over the final text: its start
+        for split in (list(text), [text]):
+            _, hit, shown = stream(StopStringMatcher([], [pattern]), split, ended=True)
+            assert hit == want and all(len(t) <= want[0] for t in shown), (pattern, split)
+    patterns = [r"x[ab]*(?!c)|a", r"a\w*(?! )|b", r"b[a ]*\b|a", r"a+(?!b)|b", r"(?:a|b)+$|b", r"x[ab]*\b|b"]
+    rng = random.Random(11)
+    for _ in range(400):
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice("abx \n") for _ in range(rng.randint(1, 8)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        for ended in (False, True):
+            want = first_regex_stop_by_definition(regexes, text, "abxc \n", ended)
+            for split in (pieces, list(text)):
+                _, hit, shown = stream(StopStringMatcher([], regexes), split, ended)
+                assert hit == want and (want is None or all(len(t) <= want[0] for t in shown)), (regexes, split, ended)
+
+
 @pytest.mark.regex_budget
 def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outputs_end_over_a_long_output():
     """A pattern whose match from every start stays open until the output ends (.+\\Z, [\\s\\S]+$:
