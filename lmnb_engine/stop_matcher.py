@@ -258,6 +258,23 @@ _RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?
 _RELAX_MULTILINE = {**_RELAX, "^": r"(?:(?=[\s\S])^)"}
 # A multiline flag, found in a pattern's text erring towards yes ("(?m)", "(?im:", "(?-m)" too)
 _MULTILINE = re.compile(r"\(\?[a-zA-Z-]*m")
+# "$" in multiline mode: it holds before any newline, so that newline alone settles it ("(?m)\.$" on
+# "Done.\n" is final before "Next" comes), and at the text's end, which one more character undoes
+_MULTILINE_END = r"(?:(?=[\s\S])$)"
+# A multiline flag turned off in a scope ("(?-m:", "(?i-m)"), where "$" is not multiline
+_MULTILINE_OFF = re.compile(r"\(\?[a-zA-Z]*-[a-zA-Z]*m")
+
+
+def _multiline(pattern: str) -> bool:
+    """Whether every "$" of ``pattern`` is in multiline mode: the flag is set for all of it and
+    turned off nowhere (else, or where it does not compile, "$" is relaxed as outside that mode,
+    which holds a match back longer: never a stop that more text undoes)."""
+    import regex
+
+    try:
+        return bool(regex.compile(pattern).flags & regex.MULTILINE) and not _MULTILINE_OFF.search(pattern)
+    except regex.error:
+        return False
 
 
 def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | None = None) -> str | None:
@@ -289,6 +306,8 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str]
     lead = GLOBAL_FLAGS.match(pattern)
     lead = lead.end() if lead else 0
     relax = _RELAX_MULTILINE if _MULTILINE.search(pattern) else _RELAX
+    if _multiline(pattern):
+        relax = {**relax, "$": _MULTILINE_END}
     if lookaheads is not None:  # (\Z and \z hold at the text's end only: one character settles them)
         relax = {**relax, "\\Z": r"(?:(?=[\s\S])\Z)", "\\z": r"(?:(?=[\s\S])\z)"}
     # the groups being read, outermost first: their text so far (relaxed, original), whether the

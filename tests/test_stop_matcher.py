@@ -178,6 +178,55 @@ def test_an_unbounded_stop_regex_reading_the_texts_end_stops_at_the_earliest_sta
                 assert hit == want and (want is None or all(len(t) <= want[0] for t in shown)), (regexes, split, ended)
 
 
+def first_stop_with_a_regex_by_definition(stops: list[str], regex_: str, text: str, ended: bool = False) -> tuple[int, str] | None:
+    """The stop a check after each character meets among ``stops`` and one stop regex, by brute
+    force: at the first prefix ``text[:k]`` where a stop string ends or the regex has a match no
+    text after it can undo (``first_regex_stop_by_definition``), the one that ends first, a stop
+    string before the regex at one end; where none is and the output ends with ``text``
+    (``ended``), the regex's leftmost match in ``text`` (Python's re over the final text)."""
+    for k in range(1, len(text) + 1):
+        cands = [(k, rank, k - len(s), s) for rank, s in enumerate(stops) if text[:k].endswith(s)]
+        if (hit := first_regex_stop_by_definition([regex_], text[:k], "ab \n")) is not None:
+            cands.append((hit[0] + len(hit[1]), len(stops), *hit))
+        if cands:
+            return min(cands)[2:]
+    m = re.search(regex_, text) if ended else None
+    return m and (m.start(), m.group())
+
+
+def test_a_multiline_end_anchor_before_a_newline_is_settled_by_that_newline():
+    """In multiline mode "$" holds before any newline, so "(?m)\\.$" on "Done.\\n" matches "." whatever
+    follows the newline: a stop once the newline comes. It was read as outside that mode, where "$"
+    before a newline holds only if that newline ends the text, and waited for one more character:
+    with the stop string "\\n" too, the newline was met first and the request stopped at it, showing
+    "Done." (Python's re over the final text "Done.\\nNext" matches "." at 4). Without the flag the
+    anchor still waits. Against re and the brute-force reference, whatever the tokens."""
+    for stops, pattern, text, ended, want in [(["\n"], r"(?m)\.$", "Done.\nNext", False, (4, ".")),
+                                              ([], r"(?m)a$", "xa\n", False, (1, "a")),
+                                              ([], r"(?m)a$", "xa", False, None), ([], r"(?m)a$", "xab", True, None),
+                                              (["\n"], r"\.$", "Done.\nNext", False, (5, "\n"))]:
+        assert first_stop_with_a_regex_by_definition(stops, pattern, text, ended) == want, (pattern, text)
+        if want is not None and want[1] != "\n":
+            assert re.search(pattern, text).start() == want[0], pattern  # re over the final text
+        for split in (list(text), [text], [text[:4], text[4:]]):
+            _, hit, shown = stream(StopStringMatcher(stops, [pattern]), split, ended)
+            assert hit == want and all(len(t) <= (want or (len(text),))[0] for t in shown), (pattern, split)
+    patterns = [r"(?m)a$", r"(?m)\n$", r"(?m)^b|a$", r"a\w*(?! )|b", r"a$", r"(?m)b\b$"]
+    rng = random.Random(13)
+    for _ in range(400):
+        stops = rng.sample(["\n", "b", "a\n", " "], rng.randint(0, 2))
+        pattern = rng.choice(patterns)
+        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(1, 8)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        for ended in (False, True):
+            want = first_stop_with_a_regex_by_definition(stops, pattern, text, ended)
+            for split in (pieces, list(text)):
+                _, hit, shown = stream(StopStringMatcher(stops, [pattern]), split, ended)
+                final = text if want is None else text[: want[0]]
+                assert hit == want and all(final.startswith(t) for t in shown), (stops, pattern, split, ended)
+
+
 @pytest.mark.regex_budget
 def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outputs_end_over_a_long_output():
     """A pattern whose match from every start stays open until the output ends (.+\\Z, [\\s\\S]+$:
