@@ -1010,12 +1010,17 @@ class Scheduler:
         """The stop at the end of ``req``'s output (its max tokens, an EOS or stop token, its
         grammar's end), where a stop regex's match reads the end of the text: such a match is a
         stop only once what follows it is known (``StopStringMatcher.find``), and here nothing
-        does. Sets ``final_text`` cut there, as for any stop; None where there is none."""
+        does. Sets ``final_text`` cut there, as for any stop; None where there is none. Where a
+        stop regex's search ran too long (``StopStringMatcher.problem``), an abort naming it, the
+        text cut where the stream stood, as at a token (what was held back may be a stop)."""
         if len(req.output_ids) < req.params.min_new_tokens:  # (no text was checked)
             return None
         checked = len(req.detokenizer.text)
         req.detokenizer.flush()
         hit = req.stop_matcher.find(req.detokenizer.text, checked, at_end=True)
+        if hit is None and req.stop_matcher.problem:
+            req.final_text = req.detokenizer.text[: req.sent_text_len]
+            return FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")
         if hit is None:
             return None
         req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]

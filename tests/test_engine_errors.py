@@ -1918,6 +1918,37 @@ def test_a_stop_regex_that_backtracks_catastrophically_aborts_its_own_request(en
     assert_idle_accounting(engine)
 
 
+def test_a_stop_regex_whose_search_at_the_outputs_end_runs_too_long_aborts_its_request(engine, monkeypatch):
+    # A match of "[\s\S]+\Z" is a stop only where the output ends, so it is searched there, after
+    # the last token (Scheduler._stop_at_end). Where that search ran past REGEX_TIMEOUT_S (made to
+    # here: the regex package's search raises TimeoutError), the request finished "length" with all
+    # of its text, the part held back as a possible stop too; now it is aborted naming the pattern,
+    # its text cut where the stream stood, as a search that runs too long at a token does.
+    from lmnb_engine import stop_matcher
+
+    real_find = stop_matcher.StopStringMatcher.find
+
+    def find(self, text, new_from, at_end=False):
+        if not at_end:
+            return real_find(self, text, new_from)
+
+        def timing_out(*args, **kwargs):
+            raise TimeoutError
+
+        with monkeypatch.context() as patch:
+            patch.setattr(stop_matcher, "_new_match", timing_out)
+            return real_find(self, text, new_from, at_end=True)
+
+    monkeypatch.setattr(stop_matcher.StopStringMatcher, "find", find)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, stop_regex=r"[\s\S]+\Z")
+    r = engine.generate("the cat", params)
+    assert r.finish_reason.type == "abort" and r.finish_reason.field == "stop_regex"
+    assert r.finish_reason.message.startswith('stop_regex "[\\\\s\\\\S]+\\\\Z" took over')
+    assert len(r.token_ids) == 6
+    assert r.text == ""  # all was held back: the match may begin at the first character
+    assert_idle_accounting(engine)
+
+
 @pytest.mark.parametrize("pattern, constraint", [
     (r"a{e<=1}b", "{e<=1}"), (r"(?:color){e<=1}", "{e<=1}"), (r"x(?:ab){i<=1,d<=1}", "{i<=1,d<=1}"),
     (r"(?e)ab{e<=1}", "{e<=1}"), (r"z(?:abc){2i+2d+1s<=4}y", "{2i+2d+1s<=4}"), (r"q(?:ab){e}", "{e}"),
