@@ -146,6 +146,10 @@ class StopRegexes:
         # search from each start after each character, every one still open, grows with the square
         # of the output (.+\Z ran past REGEX_TIMEOUT_S at ~1000 characters)
         self.end_only = [r is not None and ends_at_text_end(p) for p, r in zip(patterns or (), self.end_readings)]
+        # per pattern whose matches find checks with _final: its relaxed form whole, ending within
+        # its assertion reach of the text's end, where both are known (StopStringMatcher._none_final)
+        self.windows = [None if r is None or r.relaxed is None or a is None else _ending_within(r.relaxed.pattern, a)
+                        for r, a in zip(self.end_readings, self.assertion_reach)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -483,6 +487,18 @@ def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
         return None
 
 
+def _ending_within(pattern: str, after: int) -> Any:
+    """``pattern`` matching only where at most ``after`` characters follow its match (``_ending_by``)."""
+    import regex
+
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    try:
+        return regex.compile(f"{lead}(?:{pattern[len(lead):]})(?=[\\s\\S]{{0,{after}}}\\Z)")
+    except regex.error:
+        return None
+
+
 # A class of every character ([\s\S] and its like), as written in a pattern
 _ANY_CLASS = re.compile(r"\[(?:\\s\\S|\\S\\s|\\d\\D|\\D\\d|\\w\\W|\\W\\w)\]")
 
@@ -769,6 +785,25 @@ class StopStringMatcher:
             self._pending[k] = min(self._pending.get(k, end), m.start())
         return None
 
+    def _none_final(self, k: int, text: str, floor: int, end: int) -> bool:
+        """Whether no match of regex ``k`` in ``text[:end]`` from ``floor`` on is final (``_final``),
+        by one search, where that tells: none of the relaxed pattern ends whole within the pattern's
+        assertion reach of ``end`` (``StopRegexes.windows``). A final match ending earlier was final
+        at an earlier check, and met there. Then the earliest match there, which reads the end, is
+        held back (``_pending``) as ``_final`` holds it. The search of every start after each
+        character, each through ``_final``, grew with the square of an open match's length
+        (\\w+\\b over a run of letters was given up at ~600 characters).
+
+        Raises:
+            TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
+        """
+        window = self._shared.windows[k]
+        if window is None or window.search(text, floor, end, timeout=REGEX_TIMEOUT_S) is not None:
+            return False
+        if end == len(text) and (m := self._regexes[k].search(text, floor, end, timeout=REGEX_TIMEOUT_S)) is not None:
+            self._pending[k] = min(self._pending.get(k, end), m.start())
+        return True
+
     @staticmethod
     def _lookahead_open(lookaheads: tuple, f: Any, text: str, end: int) -> bool:
         """Whether a negative lookahead where it stood in ``f`` (a match of ``_EndReading.relaxed``)
@@ -873,7 +908,8 @@ class StopStringMatcher:
                         first = len(text)
                     final = functools.partial(self._final, k, text, at_end) if reading else None
                     met = next(((e, m) for e in range(first, len(text) + 1)
-                                if (m := _new_match(rx, longest, text, floor, held, e, final)) is not None), None)
+                                if not (reading and not at_end and self._none_final(k, text, floor, e))
+                                and (m := _new_match(rx, longest, text, floor, held, e, final)) is not None), None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue

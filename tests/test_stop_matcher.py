@@ -228,6 +228,22 @@ def test_a_multiline_end_anchor_before_a_newline_is_settled_by_that_newline():
 
 
 @pytest.mark.regex_budget
+def test_a_stop_regex_reading_the_texts_end_open_from_every_start_of_a_long_run_stops_where_it_ends():
+    """"\\w+\\b" over a run of 1000 letters has a match from every start, none final until a
+    non-letter comes: each was tried after each token, through the check for a final match from
+    its start, and past ~600 characters the search ran over its 50 ms budget (REGEX_TIMEOUT_S, kept
+    here) and the request was aborted. Now one search says no match ends whole near the text's
+    end, and the run stops at the space, where Python's re over the final text matches."""
+    for pattern in [r"\w+\b", r"(?m)\w+$"]:
+        text = "a" * 1000 + "\n b"
+        m = StopStringMatcher([], [pattern])
+        _, hit, shown = stream(m, [text[i:i + 4] for i in range(0, len(text), 4)])
+        ref = re.search(pattern, text)
+        assert m.problem is None and hit == (ref.start(), ref.group()), pattern
+        assert all(t == "" for t in shown), pattern
+
+
+@pytest.mark.regex_budget
 def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outputs_end_over_a_long_output():
     """A pattern whose match from every start stays open until the output ends (.+\\Z, [\\s\\S]+$:
     each ends in an assertion of the text's end, which any character more undoes) was searched
