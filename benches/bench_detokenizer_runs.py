@@ -37,24 +37,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def byte_fallback_tokenizer():
-    """Llama 2's form of tokenizer: the ``byte_fallback`` fixture of tests/test_detokenizer.py."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
-    for piece in ("▁", "a", "b", "o", "k", "ok", "▁a", "▁ok", "é"):
-        vocab[piece] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab, [("o", "k"), ("▁", "a"), ("▁", "ok")], byte_fallback=True, unk_token="<unk>"))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.add_special_tokens([AddedToken("<s>", normalized=False), AddedToken("</s>", normalized=False)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-
-
 def case_start(n: int):
     """(tokenizer, prompt, output ids, whether to ask newest_text_start each token) of ``start``."""
+    from lmnb_engine.testing.byte_fallback import byte_fallback_tokenizer
+
     tok = byte_fallback_tokenizer()
     ids = ([1 + 0x20] + [1 + b for b in "中".encode()] * n)[:n] + [tok.convert_tokens_to_ids("▁ok")]
     return tok, [], ids, True

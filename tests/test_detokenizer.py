@@ -223,21 +223,10 @@ def test_a_surrogates_first_bytes_at_the_end_read_as_the_tokenizer_decodes_them(
 
 @pytest.fixture(scope="module")
 def byte_fallback():
-    """Llama 2's tokenizer form, built offline: BPE with byte fallback (a character outside the
-    vocabulary is its UTF-8 bytes, one ``<0xNN>`` token each), spaces written "▁", and the decoder
-    ``Replace("▁", " ")``, ``ByteFallback``, ``Fuse``, ``Strip`` of one leading space."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
+    """Llama 2's tokenizer form, built offline (``lmnb_engine.testing.byte_fallback``)."""
+    from lmnb_engine.testing.byte_fallback import byte_fallback_tokenizer
 
-    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
-    for piece in ("▁", "a", "b", "o", "k", "ok", "▁a", "▁ok", "é"):
-        vocab[piece] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab, [("o", "k"), ("▁", "a"), ("▁", "ok")], byte_fallback=True, unk_token="<unk>"))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.add_special_tokens([AddedToken("<s>", normalized=False), AddedToken("</s>", normalized=False)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    return byte_fallback_tokenizer()
 
 
 def _incomplete_tail(raw: bytes) -> int:

@@ -39,6 +39,23 @@ def stream(m: StopStringMatcher, pieces: list[str], ended: bool = False) -> tupl
     return text, hit, shown
 
 
+def random_output(rng: random.Random, alphabet: str) -> tuple[str, list[str]]:
+    """A random text of 1 to 8 characters of ``alphabet``, and a random split of it into pieces."""
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+    return text, [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+
+
+def assert_stream_stops_at(stops: list[str], regexes: list[str], text: str, pieces: list[str], ended: bool,
+                           want: tuple[int, str] | None) -> None:
+    """Feed ``text`` split as ``pieces`` and character by character (the output ending after it
+    where ``ended``): the matcher meets ``want`` and shows nothing past where it begins."""
+    final = text if want is None else text[: want[0]]
+    for split in (pieces, list(text)):
+        _, hit, shown = stream(StopStringMatcher(stops, regexes), split, ended)
+        assert hit == want and all(final.startswith(t) for t in shown), (stops, regexes, split, ended)
+
+
 def assert_streams_to_the_stop_by_definition(regex_: str, text: str, splits: tuple[list[str], ...]) -> tuple[int, str]:
     """Feed ``text`` to a matcher of ``regex_`` split each way of ``splits``, the output ending
     after it: it stops where a check after each character does (``first_regex_stop_by_definition``),
@@ -168,14 +185,9 @@ def test_an_unbounded_stop_regex_reading_the_texts_end_stops_at_the_earliest_sta
     rng = random.Random(11)
     for _ in range(400):
         regexes = rng.sample(patterns, rng.randint(1, 2))
-        text = "".join(rng.choice("abx \n") for _ in range(rng.randint(1, 8)))
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
-        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        text, pieces = random_output(rng, "abx \n")
         for ended in (False, True):
-            want = first_regex_stop_by_definition(regexes, text, "abxc \n", ended)
-            for split in (pieces, list(text)):
-                _, hit, shown = stream(StopStringMatcher([], regexes), split, ended)
-                assert hit == want and (want is None or all(len(t) <= want[0] for t in shown)), (regexes, split, ended)
+            assert_stream_stops_at([], regexes, text, pieces, ended, first_regex_stop_by_definition(regexes, text, "abxc \n", ended))
 
 
 def first_stop_with_a_regex_by_definition(stops: list[str], regex_: str, text: str, ended: bool = False) -> tuple[int, str] | None:
@@ -216,15 +228,10 @@ def test_a_multiline_end_anchor_before_a_newline_is_settled_by_that_newline():
     for _ in range(400):
         stops = rng.sample(["\n", "b", "a\n", " "], rng.randint(0, 2))
         pattern = rng.choice(patterns)
-        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(1, 8)))
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
-        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        text, pieces = random_output(rng, "ab \n")
         for ended in (False, True):
             want = first_stop_with_a_regex_by_definition(stops, pattern, text, ended)
-            for split in (pieces, list(text)):
-                _, hit, shown = stream(StopStringMatcher(stops, [pattern]), split, ended)
-                final = text if want is None else text[: want[0]]
-                assert hit == want and all(final.startswith(t) for t in shown), (stops, pattern, split, ended)
+            assert_stream_stops_at(stops, [pattern], text, pieces, ended, want)
 
 
 @pytest.mark.regex_budget
@@ -268,14 +275,9 @@ def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outpu
     rng = random.Random(7)
     for _ in range(150):
         regexes = rng.sample(patterns, rng.randint(1, 2))
-        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(1, 8)))
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
-        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        text, pieces = random_output(rng, "ab \n")
         for ended in (False, True):
-            want = first_regex_stop_by_definition(regexes, text, "ab \n", ended)
-            for split in (pieces, list(text)):
-                _, hit, shown = stream(StopStringMatcher([], regexes), split, ended)
-                assert hit == want and (want is None or all(len(t) <= want[0] for t in shown)), (regexes, split, ended)
+            assert_stream_stops_at([], regexes, text, pieces, ended, first_regex_stop_by_definition(regexes, text, "ab \n", ended))
 
 
 def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_longest_does():
