@@ -765,17 +765,18 @@ class StopStringMatcher:
             return m
         if relaxed is not None:  # another match from its start that is final (ab?(?!a) on "aab" from 1: "a")
             f = relaxed.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
-            if f is not None and not f.partial and f.end() > (self._held_to or 0) and not self._lookahead_open(
+            if f is not None and not f.partial and self._unheld(k, text, f.start(), f.end()) and not self._lookahead_open(
                     lookaheads, f, text, end):
                 return f
             # (where the relaxed match reads on to one a negative lookahead leaves open, the shortest,
             # within the pattern's reach, to ``end`` where that is unbounded: x[ab]*(?!c)|a on "xa "
             # from 0 is "x"; and from where its assertions read the last character: each shorter text
-            # from past the text not checked was checked, and one final there was met then)
+            # from past the text not checked was checked, and one final there was met then; one
+            # ending in the text not checked only where that text did not hold it, _unheld)
             reach, ahead = self._shared.reach[k], self._shared.assertion_reach[k]
-            first = max(m.start() + 1, (self._held_to or 0) + 1, 0 if ahead is None else end - ahead)
+            first = max(m.start() + 1, 0 if ahead is None else end - ahead)
             for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
-                if e == m.end():  # (m's own span: not final, above)
+                if e == m.end() or not self._unheld(k, text, m.start(), e):  # (m's own span: not final, above)
                     continue
                 exact = _ending_by(relaxed.pattern, end - e, exact=True)
                 f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
@@ -784,6 +785,24 @@ class StopStringMatcher:
         if end == len(text):
             self._pending[k] = min(self._pending.get(k, end), m.start())
         return None
+
+    def _unheld(self, k: int, text: str, start: int, end: int) -> bool:
+        """Whether a match of regex ``k`` in ``text`` from ``start`` to ``end`` is new past the text
+        not checked (the first ``min_new_tokens``, ``_held_to`` characters): it ends after that
+        text, or that text alone did not hold it, an assertion reading past it (``b[a ]*\\b`` after
+        "b " not checked, then "a": "b " from 0 is a match once "a" comes, as ``_new_before`` finds
+        where the search meets it).
+
+        Raises:
+            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+        """
+        held_to, ahead = self._held_to or 0, self._shared.assertion_reach[k]
+        if end > held_to:
+            return True
+        if ahead is not None and end + ahead <= held_to:  # (it reads no character past that text)
+            return False
+        exact = _ending_by(self._regexes[k].pattern, held_to - end, exact=True)
+        return exact is not None and exact.match(text, start, held_to, timeout=REGEX_TIMEOUT_S) is None
 
     def _none_final(self, k: int, text: str, floor: int, end: int) -> bool:
         """Whether no match of regex ``k`` in ``text[:end]`` from ``floor`` on is final (``_final``),

@@ -1100,6 +1100,25 @@ def test_a_match_the_text_not_checked_did_not_hold_is_a_stop_whatever_its_length
         _stops_as_by_definition(pattern, pieces, 2)
 
 
+def test_a_stop_regex_match_ending_where_the_text_not_checked_ends_and_reading_past_it_is_a_stop():
+    """Worked by hand, min_new_tokens=3 (tokens "b", " ", "a"; the text "b " not checked): "b " from 0
+    matches b[a ]*\b|a once "a" follows it (the boundary reads it) and did not in "b " alone, so it
+    is new, final and met first; Python's re over the final text "b a" starts its match at 0 too.
+    Only ends after the text not checked were tried for a final match from that start, so "b " was
+    passed over and the stop was "a" at 2, "b " streamed. Random texts in two tokens, the first not
+    checked, for patterns whose greedy match reads on to the text's end: the brute-force stop."""
+    for stops in ([], ["aa"]):
+        hit, shown = feed_unchecked(StopStringMatcher(stops, [r"b[a ]*\b|a"]), ["b", " ", "a"], 3)
+        assert hit == (0, "b ") and shown == 0, stops
+        assert re.search(r"b[a ]*\b|a", "b a").start() == hit[0]
+    patterns = [r"b[a ]*\b|a", r"x[ab ]*\b|b", r"a[b ]*(?!b)|b", r"x[ab]*(?![ab])|a"]
+    rng = random.Random(3)
+    for _ in range(300):
+        text = "".join(rng.choice("abx ") for _ in range(rng.randint(2, 6)))
+        cut = rng.randint(1, len(text) - 1)
+        _stops_as_by_definition(rng.choice(patterns), [text[:cut], text[cut:]], 2, "abcx \n")
+
+
 # Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
 # lazy and greedy repeats, bounded ones, alternation, classes, negated sets, flags, Unicode
 AUTOMATON_PATTERNS = [r"BEGIN[\s\S]*?END", r"B[\s\S]*E", r"ab*c|b", r"a[ab]*c|ba", r"\d+\.", r"a+b|a",
