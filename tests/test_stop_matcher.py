@@ -823,26 +823,50 @@ def first_regex_stop_by_definition(regexes: list[str], text: str, alphabet: str 
                                    ended: bool = False) -> tuple[int, str] | None:
     """The stop a check after each character meets, by brute force: the shortest prefix
     ``text[:k]`` in which some regex has a match that no text after it can undo (``_final_spans``),
-    and there the first listed regex's leftmost such match (of those from there, the one the regex
-    package matches in ``text[:k]`` where it is such, else the shortest). Where the output ends
-    with ``text`` (``ended``), a match that reads its end is one too: the first listed regex's
-    leftmost match in ``text``. ``alphabet``: what may follow (by default the characters of
+    each regex's leftmost such match (of those from there, the one the regex package matches in
+    ``text[:k]`` where it is such, else the shortest), and of those the one that ends first, then
+    the first listed (docs/language.md). Where the output ends with ``text`` (``ended``), a match
+    that reads its end is one too: of each regex's leftmost match in ``text``, the one that ends
+    first, then the first listed. ``alphabet``: what may follow (by default the characters of
     ``text``, a letter, a space and a newline)."""
     import regex
 
     alphabet = alphabet or "".join(sorted(set(text + "a \n")))
     for k in range(1, len(text) + 1):
-        for p in regexes:
+        hits = []  # (where the match ends, list rank, where it starts)
+        for rank, p in enumerate(regexes):
             final = _final_spans(p, text[:k], _spans(p, text[:k]), alphabet)
             if final:
                 s = min(final)[0]
                 m = regex.match(p, text[:k], pos=s)
                 e = m.end() if m is not None and (s, m.end()) in final else min(e for t, e in final if t == s)
-                return s, text[s:e]
-    for p in regexes if ended else ():
-        if (m := regex.search(p, text)) is not None:
-            return m.start(), m.group()
-    return None
+                hits.append((e, rank, s))
+        if hits:
+            e, _, s = min(hits)
+            return s, text[s:e]
+    ends = [(m.end(), rank, m.start(), m.group())
+            for rank, p in enumerate(regexes if ended else ()) if (m := regex.search(p, text)) is not None]
+    return min(ends)[2:] if ends else None
+
+
+def test_stop_regexes_met_at_one_character_stop_at_the_match_that_ends_first_then_the_first_listed():
+    """docs/language.md: among stops met at one character, the match that ends first wins, then
+    the first listed; so too where the output's end meets them. Worked by hand: "\\n" and
+    \\bEND\\b are both met at the newline of "END\\n", "END" ending first; b$ and a(?=b*$) on "ab",
+    and [ab]+$ and a(?=b+$) on "aab", only where the output ends there, "a" ending first (the brute-force
+    reference took the first listed regex's match: "b", "aab"); b\\b and ab\\b on "xab" end at one
+    character, the first listed wins. The reference and the matcher, whatever the tokens, agree
+    with these."""
+    # (regexes, text, whether the output ends with it, the stop; whether the list reversed has it too)
+    for regexes, text, ended, want, either_order in [(["\n", r"\bEND\b"], "END\n", False, (0, "END"), True),
+                                                     ([r"b$", r"a(?=b*$)"], "ab", True, (0, "a"), True),
+                                                     ([r"[ab]+$", r"a(?=b+$)"], "aab", True, (1, "a"), True),
+                                                     ([r"b\b", r"ab\b"], "xab", True, (2, "b"), False),
+                                                     ([r"ab\b", r"b\b"], "xab", True, (1, "ab"), False)]:
+        for listed in [regexes, regexes[::-1]] if either_order else [regexes]:
+            assert first_regex_stop_by_definition(listed, text, ended=ended) == want, listed
+            for split in (list(text), [text]):
+                assert stream(StopStringMatcher([], listed), split, ended)[1] == want, (listed, split)
 
 
 def test_a_stop_regex_whose_end_assertion_fails_only_because_the_text_ends_is_held_back():
