@@ -281,20 +281,12 @@ class GenParams:
 
         return as_list(self.stop_regex)
 
-    def first_stop(self, text: str) -> int:
-        """Where in ``text`` the first stop begins (a stop string, or a ``stop_regex`` match), -1 if none.
-
-        For text that is already whole (API speculative execution), the stop the engine finds as
-        tokens arrive: the match that ends first, and among those ending at one character the
-        first listed, stop strings before regexes (``StopStringMatcher.find``). Raises
-        ``ValueError`` as ``first_stop_match`` does.
-        """
-        hit = self.first_stop_match(text)
-        return -1 if hit is None else hit[0]
-
     def first_stop_match(self, text: str, at_end: bool = False) -> Optional[tuple[int, str]]:
-        """``(where it begins, the text it matched)`` of the first stop in ``text`` (as ``first_stop``
-        finds it), None if none: the matched text is the engine's ``finish_reason.matched``.
+        """``(where it begins, the text it matched)`` of the first stop in ``text`` (a stop string,
+        or a ``stop_regex`` match), None if none: the matched text is the engine's
+        ``finish_reason.matched``. For text that is already whole (API speculative execution), the
+        stop the engine finds as tokens arrive: the match that ends first, and among those ending
+        at one character the first listed, stop strings before regexes (``StopStringMatcher.find``).
         ``at_end``: the output ends with ``text`` (an EOS, or its max tokens), where a ``stop_regex``
         match that reads the text's end (``a$``, ``\\bEND\\b``) is a stop; else more text follows
         it, which may undo such a match, and it is none (``StopStringMatcher.find``).

@@ -288,7 +288,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             comps = ex._call(ex.backend.generate, ex._prompt(), params)
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
-            values = spec_match(terms, reply)
+            values = spec_match(terms, reply, _follows(meta, params.stop))
             if values is not None:
                 break
         if values is None:
@@ -310,12 +310,15 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             call = {"speculative": True}
 
 
-def spec_match(terms: list[tuple], reply: str) -> Optional[list[str]]:
+def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) -> Optional[list[str]]:
     """Split a speculative chat reply along an assistant role's fills and gens.
 
     Fills must appear verbatim in order (SGLang's ``spec_pattern_match``); a gen takes the text up
-    to its first stop string — or, without one, up to the next fill — and the last gen may take
-    the rest. Returns the gen values, or None when the reply does not follow the pattern.
+    to its first stop (a string or a ``stop_regex`` match, as the engine meets it: ``_stop_in``)
+    — or, without one, up to the next fill — and the last gen may take the rest. ``follows``: what
+    the call wrote after ``reply`` (``Speculation.follows``: "" where the reply ended, an EOS or
+    stop token, so ``\bEND\b`` in a reply ending "x END" is a stop as it is where the gen's own
+    output ends there). Returns the gen values, or None when the reply does not follow the pattern.
     """
     values, rest = [], reply
     for k, term in enumerate(terms):
@@ -324,8 +327,8 @@ def spec_match(terms: list[tuple], reply: str) -> Optional[list[str]]:
                 return None
             rest = rest[len(term[1]):]
             continue
-        stop = term[2].first_stop(rest)
-        hits = [stop] if stop >= 0 else []
+        stop = _stop_in(term[2], Speculation(rest, follows=follows), None)
+        hits = [stop[0]] if stop is not None else []
         following = next((t[1] for t in terms[k + 1:] if t[0] == "text" and t[1]), None)
         if not hits and following is not None and following in rest:
             hits = [rest.find(following)]

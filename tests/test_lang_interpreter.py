@@ -2372,6 +2372,37 @@ def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     assert be_bad.kinds() == ["generate"] * 3
 
 
+@pytest.mark.parametrize("reply, finish, want", [
+    ("x END", {"type": "stop", "matched": 2}, "x "),  # an EOS ends the reply after "END"
+    ("x END", {"type": "stop", "matched": "<|im_end|>"}, "x "),  # so does the chat stop string
+    ("x ENDING", {"type": "stop", "matched": 2}, "x ENDING"),
+    ("x END", {"type": "length", "length": 32}, "x END"),  # "ING" may follow: no stop is known there
+])
+def test_a_speculated_chat_gens_stop_regex_reading_the_replys_end_stops_where_the_reply_ends(reply, finish, want):
+    """A gen's stop_regex that reads the text's end (\\bEND\\b) was matched in a speculated chat
+    reply as if more text followed it: a reply that ended after "x END" (an EOS, the chat stop
+    string) gave the gen "x END", where the gen writing that text itself stops at "END" (the
+    engine's rule at the output's end; Python's re over the final text matches at 2). A reply cut
+    at its max tokens may go on ("ENDING"): no stop there."""
+    from lmnb.backend.base import Completion
+
+    class Ended(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion("Result: " + reply, {"id": rid, "finish_reason": finish})]
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Go.")
+        s += sgl.assistant("Result: " + sgl.gen("r", stop_regex=r"\bEND\b"))
+
+    st = prog.run(backend=Ended(chat_template=CHATML, is_chat_model=True))
+    assert st["r"] == want
+    if finish["type"] == "stop":  # (the output ends with the reply: re over it)
+        m = re.search(r"\bEND\b", reply)
+        assert want == (reply if m is None else reply[:m.start()])
+
+
 def test_a_speculated_chat_reply_is_counted_once_not_once_per_gen():
     # every gen of the role had the reply's meta_info: usage counted its 9 prompt and 6 completion tokens twice
     from lmnb.backend.base import Completion
