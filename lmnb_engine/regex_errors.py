@@ -317,7 +317,10 @@ def _repeated_name_problem(pattern: str) -> str | None:
     if found is None:
         return None
     name, places, offer = found
-    offer = _ANY_NAMED_GROUP.sub(r"(?P<\2>", offer)  # (only groups' openings are left to respell: no "(?<" in a class)
+    ecma = [part.start for part in pattern_parts(offer)  # (each group's opening: not "(?<m>" in a class, nor "\\(?<m>")
+            if part.kind == "(" and (m := _ANY_NAMED_GROUP.match(offer, part.start)) and not m.group(1)]
+    for at in reversed(ecma):
+        offer = offer[:at + 2] + "P" + offer[at + 2:]
     written = f": write {shown_regex(offer)}" if offer != pattern and offer_taken(offer) else ""
     return (f"regex {shown_regex(pattern)} cannot be compiled: "
             + repeated_name_words(name, places, "a regex here") + written)

@@ -222,6 +222,9 @@ def test_an_ecma_named_group_is_offered_no_spelling_python_refuses(backend, patt
     (r"x(?<y>\d)(?<m>a)|(?<m>b)c", 9, 17, r"x(?P<y>\d)(?P<m>a)|(?:b)c", ["x1a", "bc", "b", "x1"]),
     (r"[(?<m>](?P<m>a)(?#(?<m>)", None, None, None, ["(a", "ma", "a"]),  # (in a class, in a comment: no group)
     (r"c(?<=c)(?<m>a)|(?<m>b)", 7, 15, None, []),  # (the offer holds a lookbehind, which the engine refuses: none)
+    # ("(?<m>" in a class, or after "\(", is characters, no group: it was respelt "(?P<m>", a class that matches "P")
+    (r"(?<m>a)|(?<m>b)|[(?<m>]", 0, 8, r"(?P<m>a)|(?:b)|[(?<m>]", ["a", "b", "(", "m", "P", "ab"]),
+    (r"(?<m>a)|(?<m>b)|\(?<m>", 0, 8, r"(?P<m>a)|(?:b)|\(?<m>", ["a", "b", "(<m>", "<m>", "P<m>", "(P<m>"]),
 ])
 def test_a_group_name_given_twice_in_a_regex_is_named_with_the_fix(backend, pattern, first, second, offer, texts):
     """gen(regex=r"(?<m>a)|(?<m>b)"), which ECMA 262 takes since 2025 (a name again in another
