@@ -612,7 +612,8 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
         # (the offer holds a \p{...} class, which the engine refuses next: the engine's words offer none, and
         # gen()'s, made before the backend is known, say which backends take it)
         if classes and engine:
-            fix += ("; " if meant or refs else "") + f"ECMA's closest is {classes[0]}, but this engine {_NO_SCHEMA_CLASSES}"
+            are = "are" if classes[0].startswith("the classes") else "is"  # (each misspelt class offered: regex_u_flag)
+            fix += ("; " if meant or refs else "") + f"ECMA's closest {are} {classes[0]}, but this engine {_NO_SCHEMA_CLASSES}"
         elif classes:
             fix += (", where the backend reads \\p{...} in a schema (an OpenAI-compatible API may); the in-process "
                     f"engine {_NO_SCHEMA_CLASSES}")

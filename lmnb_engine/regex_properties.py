@@ -4,7 +4,9 @@ found before a backend reads the pattern, with the name meant where one is close
 A name is unknown where ECMA 262 (JSON Schema's dialect; its tables of general categories and
 binary properties, section 22.2.2.9, are below), the ``regex`` package (whose tables, loosely
 matched, hold its scripts, and more) and Rust's regex (the engine's automaton library, which reads
-a few more: ``\\p{Age=3.0}``) all do not read it; the name offered is one of ECMA's own.
+a few more: ``\\p{Age=3.0}``) all do not read it; the name offered is one of ECMA's own. A name
+some dialect knows that ECMA with the u flag does not read (``\\p{Greek}``, ``\\p{lu}``) is found
+with ECMA's spelling (``ecma_problem``), for a schema's ``pattern``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,36 @@ ECMA_PROPERTY_NAMES = (*_GENERAL_CATEGORIES, *_BINARY_PROPERTIES)
 _VALUED = {"General_Category": _GENERAL_CATEGORIES, "gc": _GENERAL_CATEGORIES}
 
 _CLASS = re.compile(r"\\([pP])\{\^?([^}]*)\}")
+# ECMA's names of the properties whose values are scripts (\p{Script=Greek}, \p{scx=Grek}), and those
+# values (its table of Script values: Unicode's PropertyValueAliases.txt, sc, with each script's short
+# name; Unicode 17's, as the regex package reads them, written out from fontTools.unicodedata)
+_SCRIPT_KEYS = ("Script", "sc", "Script_Extensions", "scx")
+_SCRIPTS = tuple("""
+Adlm Adlam Aghb Caucasian_Albanian Ahom Arab Arabic Armi Imperial_Aramaic Armn Armenian Avst Avestan Bali
+Balinese Bamu Bamum Bass Bassa_Vah Batk Batak Beng Bengali Berf Beria_Erfe Bhks Bhaiksuki Bopo Bopomofo Brah
+Brahmi Brai Braille Bugi Buginese Buhd Buhid Cakm Chakma Cans Canadian_Aboriginal Cari Carian Cham Cher
+Cherokee Chrs Chorasmian Copt Coptic Cpmn Cypro_Minoan Cprt Cypriot Cyrl Cyrillic Deva Devanagari Diak
+Dives_Akuru Dogr Dogra Dsrt Deseret Dupl Duployan Egyp Egyptian_Hieroglyphs Elba Elbasan Elym Elymaic Ethi
+Ethiopic Gara Garay Geor Georgian Glag Glagolitic Gong Gunjala_Gondi Gonm Masaram_Gondi Goth Gothic Gran
+Grantha Grek Greek Gujr Gujarati Gukh Gurung_Khema Guru Gurmukhi Hang Hangul Hani Han Hano Hanunoo Hatr Hatran
+Hebr Hebrew Hira Hiragana Hluw Anatolian_Hieroglyphs Hmng Pahawh_Hmong Hmnp Nyiakeng_Puachue_Hmong Hrkt
+Katakana_Or_Hiragana Hung Old_Hungarian Ital Old_Italic Java Javanese Jurc Jurchen Kali Kayah_Li Kana Katakana
+Kawi Khar Kharoshthi Khmr Khmer Khoj Khojki Kits Khitan_Small_Script Knda Kannada Krai Kirat_Rai Kthi Kaithi
+Lana Tai_Tham Laoo Lao Latn Latin Lepc Lepcha Limb Limbu Lina Linear_A Linb Linear_B Lisu Lyci Lycian Lydi
+Lydian Mahj Mahajani Maka Makasar Mand Mandaic Mani Manichaean Marc Marchen Medf Medefaidrin Mend
+Mende_Kikakui Merc Meroitic_Cursive Mero Meroitic_Hieroglyphs Mlym Malayalam Modi Mong Mongolian Mroo Mro Mtei
+Meetei_Mayek Mult Multani Mymr Myanmar Nagm Nag_Mundari Nand Nandinagari Narb Old_North_Arabian Nbat Nabataean
+Newa Nkoo Nko Nshu Nushu Ogam Ogham Olck Ol_Chiki Onao Ol_Onal Orkh Old_Turkic Orya Oriya Osge Osage Osma
+Osmanya Ougr Old_Uyghur Palm Palmyrene Pauc Pau_Cin_Hau Pcun Proto_Cuneiform Perm Old_Permic Phag Phags_Pa
+Phli Inscriptional_Pahlavi Phlp Psalter_Pahlavi Phnx Phoenician Plrd Miao Prti Inscriptional_Parthian Rjng
+Rejang Rohg Hanifi_Rohingya Runr Runic Samr Samaritan Sarb Old_South_Arabian Saur Saurashtra Seal Sgnw
+SignWriting Shaw Shavian Shrd Sharada Sidd Siddham Sidt Sidetic Sind Khudawadi Sinh Sinhala Sogd Sogdian Sogo
+Old_Sogdian Sora Sora_Sompeng Soyo Soyombo Sund Sundanese Sunu Sunuwar Sylo Syloti_Nagri Syrc Syriac Tagb
+Tagbanwa Takr Takri Tale Tai_Le Talu New_Tai_Lue Taml Tamil Tang Tangut Tavt Tai_Viet Tayo Tai_Yo Telu Telugu
+Tfng Tifinagh Tglg Tagalog Thaa Thaana Thai Tibt Tibetan Tirh Tirhuta Tnsa Tangsa Todr Todhri Tols Tolong_Siki
+Toto Tutg Tulu_Tigalari Ugar Ugaritic Vaii Vai Vith Vithkuqi Wara Warang_Citi Wcho Wancho Xpeo Old_Persian
+Xsux Cuneiform Yezi Yezidi Yiii Yi Zanb Zanabazar_Square Zinh Inherited Zyyy Common Zzzz Unknown
+Qaac Qaai""".split())  # (the last two: other short names of Coptic and Inherited)
 
 
 @functools.lru_cache(maxsize=256)
@@ -75,17 +107,88 @@ def unknown_property(cls: str) -> bool:
 def closest_property(cls: str) -> Optional[str]:
     """The class of ECMA's property whose name is closest by ``difflib``, ignoring case, to that
     of the class ``cls`` (``\\p{Lettr}``: ``\\p{Letter}``), of the general categories for
-    ``gc=Lettr`` and of all of ECMA's names for a name alone, or None where none is close (a
-    script's name, ``Script=Greak``, is matched against none). ``\\p{^Lettr}``, the regex
-    package's negation, which ECMA lacks, gives ``\\P{Letter}``."""
+    ``gc=Lettr``, of the scripts for ``Script=Greak`` (``\\p{Script=Greek}``), and of all of ECMA's
+    names and the scripts for a name alone (``\\p{Greeek}``: ``\\p{Script=Greek}``, as ECMA writes a
+    script), or None where none is close. ``\\p{^Lettr}``, the regex package's negation, which ECMA
+    lacks, gives ``\\P{Letter}``."""
     m = _CLASS.fullmatch(cls)
     if m is None:
         return None
     key, equals, value = m.group(2).partition("=")
-    candidates = _VALUED.get(key.strip(), ()) if equals else ECMA_PROPERTY_NAMES
-    by_lower = {c.lower(): c for c in candidates}
-    close = close_match((value if equals else key).strip().lower(), by_lower)
+    key = key.strip()
+    word = (value if equals else key).strip().lower()
+    if equals:
+        by_lower = {c.lower(): f"{key}={c}" for c in _VALUED.get(key, _SCRIPTS if key in _SCRIPT_KEYS else ())}
+    else:  # (a script's name alone as ECMA writes it: Script=Greek)
+        by_lower = {**{s.lower(): f"Script={s}" for s in _SCRIPTS}, **{c.lower(): c for c in ECMA_PROPERTY_NAMES}}
+    # (a script's long name first: Greak is nearer Grek, Greek's short name, than Greek)
+    close = close_match(word, [c for c in by_lower if len(c) > 4]) or close_match(word, by_lower)
     if close is None:
         return None
     letter = m.group(1) if not cls.startswith("{^", 2) else "P" if m.group(1) == "p" else "p"
-    return f"\\{letter}{{{key + '=' if equals else ''}{by_lower[close]}}}"
+    return f"\\{letter}{{{by_lower[close]}}}"
+
+
+def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
+    """Why ECMA 262 with the u flag (JSON Schema's dialect) refuses the property class ``cls``, one a
+    regex dialect knows (not ``unknown_property``): (words that follow "a class \\p{...}", the class
+    ECMA reads meant, or None where there is none); None where ECMA reads it. ECMA takes a name
+    alone only of a general category or a binary property, a script only as ``Script=`` or
+    ``Script_Extensions=`` (``sc=``, ``scx=``), each name case-sensitive, and no ``\\p{^...}``:
+    ``\\p{Greek}``, ``\\p{IsGreek}`` (Perl's, Java's, .NET's) mean ``\\p{Script=Greek}``, ``\\p{lu}``
+    ``\\p{Lu}``, ``\\p{^L}`` ``\\P{L}``; a block (``\\p{InGreek}``) has no such class."""
+    m = _CLASS.fullmatch(cls)
+    if m is None:
+        return None
+    letter, name, negated = m.group(1), m.group(2), cls.startswith("{^", 2)
+    if not negated and _ecma_reads(name):
+        return None
+    spelled = _ecma_spelling(name)
+    flipped = "P" if letter == "p" else "p"
+    meant = spelled and f"\\{flipped if negated else letter}{{{spelled}}}"
+    if negated:
+        why = f"negated as the regex package negates, which ECMA lacks (it negates with \\{flipped})"
+    elif spelled is None:
+        why = ("naming no property ECMA reads (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, "
+               "or a script, \\p{Script=Greek}; no block)")
+    elif name[:2].lower() == "is" and spelled.lower() != name.lower():
+        why = "with the prefix Is of Perl, Java and .NET, which ECMA lacks"
+    elif spelled.startswith("Script=") and "=" not in name:
+        why = "naming a script without Script=, which ECMA asks for"
+    else:
+        why = "naming a property as ECMA does not spell it (its names are case-sensitive)"
+    return why, meant
+
+
+def _ecma_reads(name: str) -> bool:
+    """Whether ECMA with the u flag reads ``\\p{name}`` (``ecma_problem``)."""
+    key, equals, value = name.partition("=")
+    if not equals:
+        return name in ECMA_PROPERTY_NAMES
+    if key in _VALUED:
+        return value in _VALUED[key]
+    return key in _SCRIPT_KEYS and value in _SCRIPTS
+
+
+def _ecma_spelling(name: str) -> Optional[str]:
+    """``name`` (of ``\\p{name}``) as ECMA spells the property meant (``ecma_problem``), or None."""
+    key, equals, value = name.partition("=")
+    if equals:
+        key = _folded(key.strip(), (*_VALUED, *_SCRIPT_KEYS))
+        value = key and (_folded(value.strip(), _VALUED[key]) if key in _VALUED else _script(value.strip()))
+        return value and f"{key}={value}"
+    bare = name[2:] if name[:2].lower() == "is" else name
+    found = _folded(name, ECMA_PROPERTY_NAMES) or _folded(bare, ECMA_PROPERTY_NAMES)
+    return found or ((script := _script(bare)) and f"Script={script}")
+
+
+def _folded(word: str, names: tuple[str, ...]) -> Optional[str]:
+    """The one of ``names`` that is ``word`` but for letter case, or None."""
+    return next((n for n in names if n.lower() == word.lower()), None)
+
+
+def _script(word: str) -> Optional[str]:
+    """The script ``word`` names as ECMA spells it (``_SCRIPTS``; ``greek``, ``Old Italic``: ``Greek``,
+    ``Old_Italic``), letter case, spaces, hyphens and "_" aside, or None."""
+    loose = re.sub(r"[ _-]", "", word).lower()
+    return next((s for s in _SCRIPTS if s.replace("_", "").lower() == loose), None)

@@ -3,8 +3,8 @@
 ``regex`` package read: ECMA 262 section 22.2.1 with ``[+UnicodeMode]``, where Annex B's
 readings without the flag (a lone ``{``, ``\\c`` before no letter, ``\\1`` in a class as an
 octal escape ...) are errors. Standard library only, but for the ``regex`` package's property
-names (``regex_properties``); ``json_schema`` words them, for the language's schema check and
-the engine's alike.
+names (``regex_properties``) and a block's ranges (``json_schema.as_ranges``); ``json_schema``
+words them, for the language's schema check and the engine's alike.
 """
 
 from __future__ import annotations
@@ -180,19 +180,64 @@ def _escape_error(pattern: str, i: int, in_class: bool) -> Optional[tuple[int, U
 
 def _unknown_property(pattern: str, i: int) -> Optional[tuple[int, UFlagError]]:
     """The error of the property class at ``pattern[i]`` (``\\p{...}``) where its name is one no
-    regex dialect knows (``regex_properties.unknown_property``), with the pattern with ECMA's
-    property closest to it offered (``closest_property``), and where the class ends; None for
-    any other."""
-    from lmnb_engine.regex_properties import closest_property, unknown_property
+    regex dialect knows (``regex_properties.unknown_property``) or one ECMA does not read
+    (``regex_properties.ecma_problem``: ``\\p{Greek}``, ``\\p{lu}``), with the pattern with each
+    such class respelled offered (``_property_offer``), and where the class ends; None for any other."""
+    from lmnb_engine.regex_properties import closest_property, ecma_problem, unknown_property
 
     end = _PROPERTY.match(pattern, i + 1).end()
-    if not unknown_property(pattern[i:end]):
+    cls = pattern[i:end]
+    if unknown_property(cls):
+        kinds = "" if closest_property(cls) else (" (ECMA's: a general category, \\p{L}, a binary property, "
+                                                  "\\p{Alphabetic}, or a script, \\p{Script=Greek})")
+        what = f"naming no Unicode property{kinds}"
+    elif (problem := ecma_problem(cls)) is not None:
+        what = problem[0]
+    else:
         return None
-    meant = closest_property(pattern[i:end])
-    offer = ((pattern[:i] + meant + pattern[end:], f"the class {meant}"),) if meant else ()
-    kinds = "" if meant else (" (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, or a script, "
-                              "\\p{Script=Greek})")
-    return end, UFlagError(i, f"a class {pattern[i:end]} naming no Unicode property{kinds}", None, offer)
+    offer = _property_offer(pattern)
+    return end, UFlagError(i, f"a class {cls} {what}", None, (offer,) if offer else ())
+
+
+def _property_offer(pattern: str) -> Optional[tuple[str, str]]:
+    """(``pattern`` with each of its property classes that no dialect knows, or that ECMA does not
+    read, respelled: as ECMA's closest (``closest_property``: ``\\p{Lettr}``, ``\\p{Letter}``), as
+    ECMA spells it (``ecma_problem``: ``\\p{Greek}``, ``\\p{Script=Greek}``), else as its characters'
+    code-point ranges where they are few (``json_schema.as_ranges``: a block), what the pattern so
+    written holds: "the class \\p{Letter}", "the classes \\p{Letter} and \\p{Number}"); None where one
+    of them has no such spelling. Each is offered, so that the pattern offered is read."""
+    from lmnb_engine.json_schema import as_ranges
+    from lmnb_engine.regex_properties import closest_property, ecma_problem, unknown_property
+
+    fixes: list[tuple[int, int, str, bool]] = []  # (start, end, the spelling, in a class) of each class respelled
+    for start, end, in_class in _property_classes(pattern):
+        cls = pattern[start:end]
+        problem = None if unknown_property(cls) else ecma_problem(cls)
+        if not unknown_property(cls) and problem is None:
+            continue
+        fix = closest_property(cls) if problem is None else problem[1] or as_ranges(cls)
+        if fix is None:
+            return None
+        fixes.append((start, end, fix, in_class))
+    for start, end, fix, in_class in reversed(fixes):  # (ranges inside a class without their brackets)
+        pattern = pattern[:start] + (fix[1:-1] if in_class and fix.startswith("[") else fix) + pattern[end:]
+    shown = list(dict.fromkeys(fix for _, _, fix, _ in fixes))
+    return pattern, (f"the class {shown[0]}" if len(shown) == 1 else
+                     f"the classes {', '.join(shown[:-1])} and {shown[-1]}")
+
+
+def _property_classes(pattern: str) -> Iterator[tuple[int, int, bool]]:
+    """(start, end, inside a character class) of each property class ``\\p{...}`` of ``pattern``, in order."""
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        if pattern[i] == "\\":
+            found = _PROPERTY.match(pattern, i + 1)
+            if found:
+                yield i, found.end(), in_class
+            i = found.end() if found else i + 2
+            continue
+        in_class = pattern[i] != "]" if in_class else pattern[i] == "["
+        i += 1
 
 
 def _escape_end(pattern: str, i: int) -> int:

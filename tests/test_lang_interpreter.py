@@ -436,7 +436,8 @@ def test_each_back_reference_to_a_python_named_group_is_refused_alike_without_an
 
 @pytest.mark.parametrize("pattern, offer", [
     (r"^\p{Lettr}+$", r"^\p{Letter}+$"), (r"[\p{Alphabtic}\d]", r"[\p{Alphabetic}\d]"), (r"\P{gc=Lettr}", r"\P{gc=Letter}"),
-    (r"\p{Uppercase_Leter}", r"\p{Uppercase_Letter}"), (r"x\p{xyzzy}", None), (r"\p{Script=Greak}", None),
+    (r"\p{Uppercase_Leter}", r"\p{Uppercase_Letter}"), (r"x\p{xyzzy}", None), (r"\p{Script=Greak}", r"\p{Script=Greek}"),
+    (r"\p{Greeek}", r"\p{Script=Greek}"),  # (a script, as ECMA writes it: none was offered)
 ])
 def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_with_the_name_meant(pattern, offer):
     """A schema pattern's \\p{Lettr}, which no regex dialect knows (ECMA 262 with the u flag JSON
@@ -472,6 +473,68 @@ def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_wit
     with pytest.raises(ValueError, match=re.escape("uses a \\p{...} class, which this engine cannot take in a schema")):
         load_schema({"type": "string", "pattern": offer})
     assert _node_refuses(offer, "u") is not True and sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+
+
+@pytest.mark.parametrize("pattern, why, offer", [
+    (r"^\p{Greek}+$", "naming a script without Script=, which ECMA asks for", r"^\p{Script=Greek}+$"),
+    (r"\p{IsGreek}", "with the prefix Is of Perl, Java and .NET, which ECMA lacks", r"\p{Script=Greek}"),
+    (r"[\p{lu}\d]", "naming a property as ECMA does not spell it (its names are case-sensitive)", r"[\p{Lu}\d]"),
+    (r"\p{Script=greek}", "naming a property as ECMA does not spell it (its names are case-sensitive)",
+     r"\p{Script=Greek}"),
+    (r"\p{^L}", r"negated as the regex package negates, which ECMA lacks (it negates with \P)", r"\P{L}"),
+])
+def test_a_schema_patterns_property_class_ecma_does_not_read_is_refused_at_gen_with_ecmas_spelling(pattern, why, offer):
+    """\\p{Greek}, \\p{IsGreek}, \\p{lu}, \\p{Script=greek}, \\p{^L} passed gen() and a %%lm cell, which
+    refused only a name no dialect knows (\\p{Lettr}): ECMA 262 with the u flag, JSON Schema's dialect,
+    refuses each (a script only after Script=, names case-sensitive, no \\p{^...}: node's RegExp, the
+    reference, where at hand). Each is refused where it is written, naming what is wrong, with the
+    pattern spelled as ECMA reads it offered (node takes it), as a misspelt name is; the engine,
+    which takes no \\p{...} in a schema, names ECMA's class without offering the pattern."""
+    assert _node_refuses(pattern, "u") is not False and _node_refuses(offer, "u") is not True
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    cls = re.search(r"\\[pP]\{[^}]*\}", pattern).group()
+    meant = re.search(r"\\[pP]\{[^}]*\}", offer).group()
+    head = (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has "
+            f"a class {cls} {why} at position {pattern.index(cls)}, a syntax error of ECMA 262 with the u flag JSON "
+            "Schema asks patterns be read with (2020-12 core, section 6.4); ")
+    engine_takes = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which reads "
+                    "a pattern with Python's re, which has none): write the characters as a class")
+    assert message == head + (f"write {json.dumps(offer)} for the class {meant}, where the backend reads \\p{{...}} "
+                              f"in a schema (an OpenAI-compatible API may); the in-process engine {engine_takes}")
+    assert in_engine == head + f"ECMA's closest is the class {meant}, but this engine {engine_takes}"
+    assert sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+
+
+def test_a_schema_patterns_unicode_block_is_refused_at_gen_with_its_ranges():
+    """\\p{InGreek} (a block, which ECMA 262 has no class for: node refuses it with the u flag) passed
+    gen(); it is refused naming that, offered the pattern with the block's code points as ranges
+    (Unicode's Blocks.txt: "0370..03FF; Greek and Coptic"), by gen() and the engine alike."""
+    pattern = r"^[\p{InGreek}\d]+$"
+    assert _node_refuses(pattern, "u") is not False
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has a "
+        r"class \p{InGreek} naming no property ECMA reads (ECMA's: a general category, \p{L}, a binary property, "
+        r"\p{Alphabetic}, or a script, \p{Script=Greek}; no block) at position 2, a syntax error of ECMA 262 with the u "
+        r"flag JSON Schema asks patterns be read with (2020-12 core, section 6.4); write "
+        + json.dumps(r"^[\u0370-\u03ff\d]+$") + r" for the class [\u0370-\u03ff]")
+    assert sgl.gen("x", json_schema={"type": "string", "pattern": r"^[\u0370-\u03ff\d]+$"})
+
+
+def test_a_schema_patterns_misspelt_property_classes_are_each_offered_their_name():
+    """\\p{Lettr}\\p{Nmber} was offered nothing ("fix the pattern"): the offer held the first class
+    alone, and was dropped as the second still refused it. Each is offered ECMA's closest name, in
+    one pattern, which node reads with the u flag and gen() takes."""
+    pattern, offer = r"\p{Lettr}-\p{Nmber}", r"\p{Letter}-\p{Number}"
+    assert _node_refuses(pattern, "u") is not False and _node_refuses(offer, "u") is not True
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    head = (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has "
+            r"a class \p{Lettr} naming no Unicode property at position 0, a syntax error of ECMA 262 with the u flag "
+            "JSON Schema asks patterns be read with (2020-12 core, section 6.4); ")
+    assert message.startswith(head + f"write {json.dumps(offer)} for the classes \\p{{Letter}} and \\p{{Number}}, "
+                                     "where the backend reads"), message
+    assert in_engine.startswith(head + r"ECMA's closest are the classes \p{Letter} and \p{Number}, but this engine"), in_engine
+    assert sgl.gen("x", json_schema={"type": "string", "pattern": offer})
 
 
 def test_each_ecma_property_name_offered_is_one_ecma_reads_and_none_is_refused():
