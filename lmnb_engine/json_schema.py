@@ -267,6 +267,9 @@ _ERRORS_OF_EVERY_DIALECT = ("missing )", "unbalanced parenthesis", "nothing to r
 
 _ECMA_GROUP_NAME = re.compile(r"\(\?<([A-Za-z_$][\w$]*)>")
 _ECMA_BACKREFERENCE = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
+# Python's named group, (?P<name>: one whose name an earlier one has (ES2025 takes a name again in another
+# alternative, where Python's re refuses it, and an error after it) is read as a plain group
+_PYTHON_GROUP_NAME = re.compile(r"\(\?P<(\w+)>")
 _ECMA_CONTROL = re.compile(r"\\c[A-Za-z]")
 # a character by its code point (the u flag's \u{1F600}), or a surrogate pair, one code point under the u flag
 _ECMA_CODE_POINT = re.compile(r"\\u\{([0-9A-Fa-f]+)\}")
@@ -280,7 +283,9 @@ def _ecma_as_python(pattern: str, u_flag: bool = True) -> tuple[str, Callable[[i
     """``pattern`` with the ECMA 262 syntax that Python's ``re`` lacks or reads otherwise spelled
     as text that ``re`` reads as the same kind of syntax, so that ``re`` finds the errors after it,
     and the place in ``pattern`` of each index into that text (an index into respelled syntax: the
-    syntax's start). A named group ``(?<year>`` is a group and a comment, ``((?#ear)``; a
+    syntax's start). A named group ``(?<year>`` is a group and a comment, ``((?#ear)``, and so is
+    Python's ``(?P<m>`` after one of that name, ``((?#m)`` (Python's ``re`` refuses the name again,
+    before any error after it: ``(?P<m>a)|(?P<m>b)[``); a
     back-reference ``\\k<n>`` a comment, ``(?#n)``; a character escape a Python escape of the same
     character, which matters in a class, where it may end a range: ``\\u{1F600}`` (the u flag's,
     which JSON Schema asks patterns be read with) and a surrogate pair ``\\uD83D\\uDE00`` (one
@@ -303,11 +308,18 @@ def _ecma_as_python(pattern: str, u_flag: bool = True) -> tuple[str, Callable[[i
         written += len(text)
         i = end
 
+    named: set[str] = set()  # the names of Python's named groups met
     while i < n:
         group = None if in_class else _ECMA_GROUP_NAME.match(pattern, i)
         reference = None if in_class else _ECMA_BACKREFERENCE.match(pattern, i)
+        python = None if in_class else _PYTHON_GROUP_NAME.match(pattern, i)
         if group:
             put("((?#" + group.group(1)[1:] + ")", group.end())
+        elif python and python.group(1) in named:
+            put("((?#" + python.group(1) + ")", python.end())
+        elif python:
+            named.add(python.group(1))
+            put(python.group(), python.end())
         elif reference:
             put("(?#" + reference.group(1) + ")", reference.end())
         elif _ECMA_CONTROL.match(pattern, i):  # (in a class, its own code, in octal: it may end a range)

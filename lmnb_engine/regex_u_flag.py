@@ -361,6 +361,7 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
                 width = name.end() + 1 - i
             elif pattern.startswith("(?", i):
                 width = 2  # ((?: and Python's own syntax, which the other checks read)
+                groups += pattern.startswith("(?P<", i)  # (Python's named group captures: \\1 may refer to it)
             else:
                 groups += 1
             stack.append((kind, i))

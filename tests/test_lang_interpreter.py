@@ -537,6 +537,43 @@ def test_a_schema_patterns_misspelt_property_classes_are_each_offered_their_name
     assert sgl.gen("x", json_schema={"type": "string", "pattern": offer})
 
 
+def test_an_error_after_a_repeated_python_group_name_in_a_schema_pattern_is_found_at_gen():
+    """gen() took (?P<m>a)|(?P<m>b)[: Python's re refused the name given again (which gen() leaves to
+    a backend that reads it, as ES2025 does) before it came to the class left open, an error of
+    every dialect (the regex package, which takes the name again, refuses it too). It is refused
+    there, by gen() and the engine alike, placed at the "[" as re places it without the repeat."""
+    import regex
+
+    pattern = "(?P<m>a)|(?P<m>b)["
+    with pytest.raises(regex.error, match="unterminated character set"):
+        regex.compile(pattern)
+    with pytest.raises(re.error) as plain:
+        re.compile("(?P<m>a)|(?:b)[")
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be compiled: it is not a valid regular "
+        f"expression (unterminated character set at position {plain.value.pos + 3}); fix the pattern")
+
+
+@pytest.mark.parametrize("pattern, reference, group, at, same, other", [
+    (r"(?P<m>a)|(?P<m>b)(?P=m)", "(?P=m)", "m", 17, "bb", "ba"),  # (gen() took it: re refused the name again first)
+    (r"(?P<m>a)\1", r"\1", "1", 8, "aa", "a\x01"),  # (was "to group 1 (the pattern has 0 groups)", offered (?P<m>a)\x01)
+])
+def test_a_back_reference_to_a_python_named_group_in_a_schema_pattern_is_refused_as_one(pattern, reference, group, at,
+                                                                                         same, other):
+    """Each is a back-reference (the regex package matches the group's text again, ``same``, and not
+    ``other``), which no backend builds: gen() and the engine refuse it in the words of every
+    back-reference."""
+    import regex
+
+    assert regex.fullmatch(pattern, same) and not regex.fullmatch(pattern, other)
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} has a back-reference {reference} at position "
+        f"{at}: it matches again the very text the group {group} matched, which no regular language expresses; "
+        + _NO_BACK_REFERENCES)
+
+
 def test_each_ecma_property_name_offered_is_one_ecma_reads_and_none_is_refused():
     """The names a misspelt property class is offered from (ECMA 262's general categories and
     binary properties) are each read by node's RegExp with the u flag (where at hand), and none is
