@@ -1075,11 +1075,14 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix (``_unbuilt_class_fix``)."""
     from lmnb_engine.regex_properties import unknown_property
 
+    unknown = [m for m in unicode_classes(pattern) if unknown_property(m.group(2))]
+    if unknown:  # (each named and offered its closest: the offer of the first alone was refused for the next)
+        names = list(dict.fromkeys(m.group(2) for m in unknown))
+        named = (f"the class {names[0]}, which names" if len(names) == 1 else
+                 f"the classes {', '.join(names[:-1])} and {names[-1]}, which name")
+        return f"regex {shown_regex(pattern)} uses {named} no Unicode property; " + _unknown_class_fix(pattern, unknown)
     for m in unicode_classes(pattern):
         cls = m.group(2)
-        if unknown_property(cls):
-            return f"regex {shown_regex(pattern)} uses the class {cls}, which names no Unicode property; " + (
-                _unknown_class_fix(pattern, m.start(2), cls))
         if not _automaton_reads(cls):
             return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
                     f"regex) does not read; {_unbuilt_class_fix(pattern, m.start(2), cls)}")
@@ -1090,19 +1093,28 @@ _PROPERTY_KINDS = ("use a general category, a script or a binary property the au
                    "or the characters as a class")
 
 
-def _unknown_class_fix(pattern: str, at: int, cls: str) -> str:
-    """How to write ``pattern`` for the class ``cls`` at ``at``, whose name no regex dialect knows
-    (``\\p{Lettr}``): the class of ECMA's property closest to it (``regex_properties.closest_property``,
-    ``\\p{Letter}``), which the automaton library reads, with the whole pattern so written where
-    ``gen()`` then takes it; else the kinds of class that library reads."""
+def _unknown_class_fix(pattern: str, unknown: list[re.Match]) -> str:
+    """How to write ``pattern`` for its classes ``unknown`` (``unicode_classes`` matches), whose names
+    no regex dialect knows (``\\p{Lettr}``): the class of ECMA's property closest to each
+    (``regex_properties.closest_property``, ``\\p{Letter}``), which the automaton library reads, with
+    the whole pattern so written where ``gen()`` then takes it and each has one; for those with
+    none, the kinds of class that library reads."""
     from lmnb_engine.regex_properties import closest_property
 
-    meant = closest_property(cls)
-    if meant is None or not _automaton_reads(meant):
+    classes = list(dict.fromkeys(m.group(2) for m in unknown))
+    meant = {cls: close for cls in classes if (close := closest_property(cls)) and _automaton_reads(close)}
+    if not meant:
         return _PROPERTY_KINDS
-    respelled = pattern[:at] + meant + pattern[at + len(cls):]
-    return f"did you mean {meant}? " + (f"write {shown_regex(respelled)}" if offer_taken(respelled)
-                                        else f"write {meant}")
+    offers = (next(iter(meant.values())) if len(classes) == 1 else
+              ", ".join(f"{cls} → {close}" for cls, close in meant.items()))
+    if len(meant) < len(classes):  # (the whole pattern is offered only with every class respelled)
+        rest = ", ".join(cls for cls in classes if cls not in meant)
+        return f"did you mean {offers}? write {', '.join(meant.values())}; for {rest}, {_PROPERTY_KINDS}"
+    respelled = pattern
+    for m in reversed(unknown):
+        respelled = respelled[:m.start(2)] + meant[m.group(2)] + respelled[m.end(2):]
+    return f"did you mean {offers}? " + (f"write {shown_regex(respelled)}" if offer_taken(respelled)
+                                         else f"write {', '.join(meant.values())}")
 
 
 def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:

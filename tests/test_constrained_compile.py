@@ -902,6 +902,30 @@ def test_a_class_of_no_known_property_is_refused_by_name_with_the_one_meant(back
             bool(regex_module.fullmatch(letters, t)) for t in _SAMPLE_TEXTS[:3000]]
 
 
+def test_each_class_of_no_known_property_in_a_regex_is_offered_the_one_meant(backend):
+    r"""regex=r"\p{Lettr}-\p{Nmber}" named the first class alone and offered "write \p{Letter}", the
+    pattern with it respelled being refused for the second. Each is named and offered its closest
+    (difflib's, as every "did you mean"), in one pattern, which gen() takes and the engine builds:
+    it matches as the pattern of the general categories L and N does (the regex package, the
+    reference). One with no close name is told the kinds of class to use instead."""
+    import regex as regex_module
+
+    import lmnb
+
+    pattern, offer = r"\p{Lettr}-\p{Nmber}", r"\p{Letter}-\p{Number}"
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses the classes \\p{{Lettr}} and \\p{{Nmber}}, which name no Unicode property; "
+        f"did you mean \\p{{Lettr}} → \\p{{Letter}}, \\p{{Nmber}} → \\p{{Number}}? write {json.dumps(offer)}")
+    assert lmnb.gen("x", regex=offer).params.regex == offer
+    built = backend.compile(regex=offer).regex
+    for text in ["a-1", "é-٣", "a-b", "1-1", "a1", "-"]:
+        assert bool(regex_module.fullmatch(built, text)) == bool(regex_module.fullmatch(r"\p{L}-\p{N}", text)), text
+    assert _refused_alike(backend, r"\p{Lettr}\p{xyzzy}") == (
+        r'regex "\\p{Lettr}\\p{xyzzy}" uses the classes \p{Lettr} and \p{xyzzy}, which name no Unicode property; did '
+        r"you mean \p{Lettr} → \p{Letter}? write \p{Letter}; for \p{xyzzy}, use a general category, a script or a "
+        r"binary property the automaton library reads (\p{L}, \p{Greek}, \p{Alphabetic}), or the characters as a class")
+
+
 @pytest.mark.parametrize("pattern, part", [
     (r"c(?<=x)\p{InGreek}", r"\p{InGreek}"), (r"c(?<=x)[[:alpha:]]", "[[:alpha:]]"), (r"c(?<=x)[\w--\d]", r"[\w--\d]"),
     (r"x\b[a-c&&b]", "[a-c&&b]"), (r"(a)\1[\p{L}-z]", r"[\p{L}-z]"), (r"c(?!x)\p{Lettr}+", r"\p{Lettr}"),
