@@ -3268,6 +3268,39 @@ def test_completion_top_logprobs_of_tokens_that_read_alike_keep_the_most_likely(
     assert _completion_top(engine, TokenLogprob(7, -2.0, top[:2]), "B", -2.0) == {"A": -0.25, "B": -2.0}
 
 
+def test_logprob_bytes_of_an_added_token_are_the_bytes_its_decode_reads(tiny_llama):
+    """An added token's logprob ``bytes`` were the UTF-8 of its decode alone: "café" added to a
+    byte-level BPE, whose decoder reads it as c a f E9 ("caf" + U+FFFD), said caf EF BF BD, so
+    "café" then the byte tokens B8 AD, which the tokenizers library decodes as "caf鸭", did not
+    join into the reply's text. Now a token's bytes are those the decoder reads from it: joined,
+    they read (as UTF-8, U+FFFD for bytes that are no character) as the tokenizers library's
+    decode of the tokens, byte for byte where that holds whole characters only."""
+    from transformers import AutoTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from lmnb_engine.http_server.openai_api import CompletionLogprobs, _chat_logprobs
+    from lmnb_engine.outputs import TokenLogprob
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))  # (its own: add_tokens changes it)
+    tok.add_tokens(["café", "<tool_call>"])
+    cafe, tool = tok.convert_tokens_to_ids(["café", "<tool_call>"])
+    byte = (lambda *bs: tok.convert_tokens_to_ids([bytes_to_unicode()[b] for b in bs]))
+    ok = tok.encode(" ok", add_special_tokens=False)
+    engine = types.SimpleNamespace(tokenizer=tok, decode=tok.decode)
+    for ids in ([cafe] + byte(0xB8, 0xAD) + ok, byte(0xC3, 0xA9) + [cafe] + byte(0xB8, 0xAD), [tool] + ok,
+                [cafe] + ok):
+        want = tok.decode(ids)
+        lps = [TokenLogprob(i, -1.0, ((i, -1.0),)) for i in ids]
+        content = _chat_logprobs(engine, lps)["content"]
+        joined = bytes(b for e in content for b in e["bytes"])
+        assert joined.decode("utf-8", "replace") == want, (ids, joined)
+        assert "\ufffd" in want or joined == want.encode(), (ids, joined)
+        assert all(e["top_logprobs"][0]["bytes"] == e["bytes"] for e in content)
+        assert CompletionLogprobs(engine, 0).add(lps)["tokens"] == [e["token"] for e in content]
+    assert tok.decode([cafe] + byte(0xB8, 0xAD)) == "caf鸭"  # (the case)
+    assert _chat_logprobs(engine, [TokenLogprob(cafe, -1.0)])["content"][0]["token"] == "bytes:caf\\xe9"
+
+
 @pytest.mark.parametrize("path, body, param, shown", [
     ("/generate", {"input_ids": [[1]] * 129, "sampling_params": {"n": 128, "max_new_tokens": 1}},
      "input_ids", "16512 samples (129 prompts at n=128)"),
