@@ -1,5 +1,6 @@
 """The bytes a tokenizer's decoder reads from output token ids, and where in them a character is
-cut, for the detokenizer (``detokenizer.IncrementalDetokenizer``).
+cut, for the detokenizer (``detokenizer.IncrementalDetokenizer``). ``byte_reader`` reads a token
+string's bytes by the tokenizer's family; constrained decoding reads the vocabulary with it.
 
 Byte-level BPE and SentencePiece byte fallback can end a text inside a character, which the
 tokenizer's decode ends in U+FFFD, as it ends invalid bytes. The detokenizer tells the two apart
@@ -13,17 +14,106 @@ incremental UTF-8 decoder holds though no byte completes them.
 from __future__ import annotations
 
 import codecs
+import json
 import re
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _decoder_types(tokenizer: Any) -> set[str]:
+    """The ``type`` names in the fast tokenizer's decoder (nested ``Sequence`` flattened).
+
+    Raises:
+        ValueError: ``tokenizer`` is no fast tokenizer (``byte_reader``'s wording).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"needs a fast (Rust-backed) Hugging Face tokenizer; got {type(tokenizer).__name__}")
+    spec = json.loads(backend.to_str()).get("decoder") or {}
+    found, stack = set(), [spec]
+    while stack:
+        d = stack.pop()
+        found.add(d.get("type"))
+        stack.extend(d.get("decoders") or [])
+    return found
+
+
+# tokenizer -> byte_reader's answer (or its ValueError's message): reading the decoder's type
+# serializes the whole tokenizer (0.16 s for 150,000 tokens), and token bytes are read per request
+_READERS: "weakref.WeakKeyDictionary[Any, tuple[Callable[[str], bytes | None], str] | str]" = (
+    weakref.WeakKeyDictionary())
+
+
+def byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
+    """(token string -> its bytes or None, family name) for ``tokenizer``'s family, read once per
+    tokenizer from its decoder: byte-level BPE (GPT-2, Llama 3, Qwen: token strings are bytes spelled
+    with GPT-2's byte-to-character table ``bytes_to_unicode``, read backwards; None for a string
+    with a character outside it), family "byte-level"; SentencePiece-style BPE with byte fallback
+    (Llama 2, Mistral: ``<0xNN>`` is the byte NN, "▁" a space, other pieces their UTF-8), family
+    "sentencepiece". Constrained decoding reads the vocabulary's bytes with it
+    (``constrained.vocab``), the detokenizer the output's (``decoded_bytes``).
+
+    Raises:
+        ValueError: the tokenizer is no fast tokenizer, or of neither family; its message says
+            what reading the bytes needs, worded to follow the reader's name ("constrained
+            decoding needs a fast ...").
+    """
+    try:
+        found = _READERS.get(tokenizer)
+    except TypeError:  # (not weakly referable: read each time)
+        found = None
+    if found is None:
+        try:
+            found = _new_byte_reader(tokenizer)
+        except ValueError as e:
+            found = str(e)
+        try:
+            _READERS[tokenizer] = found
+        except TypeError:
+            pass
+    if isinstance(found, str):
+        raise ValueError(found)
+    return found
+
+
+def _new_byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
+    """``byte_reader``'s answer, read from the tokenizer's decoder.
+
+    Raises:
+        ValueError: the tokenizer is no fast tokenizer, or its decoder is of neither family.
+    """
+    kinds = _decoder_types(tokenizer)
+    if "ByteLevel" in kinds:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        char_to_byte = {c: b for b, c in bytes_to_unicode().items()}
+
+        def to_bytes(s: str) -> bytes | None:
+            try:
+                return bytes(char_to_byte[c] for c in s)
+            except KeyError:
+                return None
+
+        return to_bytes, "byte-level"
+    if kinds & {"ByteFallback", "Metaspace", "Replace"}:
+
+        def to_bytes(s: str) -> bytes | None:
+            m = _BYTE_TOKEN.fullmatch(s)
+            return bytes([int(m.group(1), 16)]) if m else s.replace("\u2581", " ").encode("utf-8")
+
+        return to_bytes, "sentencepiece"
+    raise ValueError(
+        f"cannot read token bytes from a tokenizer whose decoder is "
+        f"{sorted(k for k in kinds if k)}; supported: byte-level BPE and SentencePiece byte-fallback"
+    )
 
 
 def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[bytes] | None:
     """The bytes of ``ids`` for a slow (Python) SentencePiece tokenizer (one with an ``sp_model``:
     a checkpoint whose tokenizer_config names a SentencePiece-only class, such as
-    ``GPTSw3Tokenizer``), read as ``constrained.vocab`` reads a fast one's, which needs the Rust
+    ``GPTSw3Tokenizer``), read as ``byte_reader`` reads a fast one's, which needs the Rust
     tokenizer: ``<0xNN>`` is the byte NN, other pieces (added tokens too) their text with "▁" a
     space, special tokens none where they are skipped. None for other tokenizers. (Its decode reads
     a character cut at the end as one U+FFFD per byte, as the fast one does.)"""
@@ -42,7 +132,7 @@ def _slow_sentencepiece_bytes(tokenizer: Any, ids: list[int], skip_special_token
 
 def _read_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[bytes] | None:
     """The bytes the decoder of a fast tokenizer joins for each of ``ids`` before reading them as
-    UTF-8: the token's string read by its family's reader (``constrained.vocab``'s: byte-level
+    UTF-8: the token's string read by its family's reader (``byte_reader``: byte-level
     BPE's byte-to-character table where each of its characters is in it, else its UTF-8 bytes, as
     ``ByteLevel`` reads a token; SentencePiece's ``<0xNN>`` and "▁"), added and special tokens
     alike, for the tokenizers library decodes their text with the rest ("café" added to a
@@ -50,13 +140,10 @@ def _read_bytes(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> li
     b"" for a special token where those are skipped. The slow SentencePiece tokenizer's
     (``_slow_sentencepiece_bytes``) where the tokenizer is one; None where neither reads them
     (another family, or a slow tokenizer other than SentencePiece's)."""
-    from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.constrained.vocab import _byte_reader  # (read once per tokenizer)
-
     try:
-        to_bytes, _ = _byte_reader(tokenizer)
+        to_bytes, _ = byte_reader(tokenizer)
         tokens = tokenizer.convert_ids_to_tokens(ids)
-    except (GrammarError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError):
         return _slow_sentencepiece_bytes(tokenizer, ids, skip_special_tokens)
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     skipped = {i for i in ids if i in added and added[i].special} if skip_special_tokens else set()

@@ -47,11 +47,11 @@ def test_incomplete_bytes_at_the_end_are_left_out(tokenizer, text, cut):
 def test_the_bytes_of_a_cut_character_are_read_with_the_tokenizers_family_read_once(tokenizer, monkeypatch):
     # reading the family serializes the whole tokenizer (0.16 s for 150,000 tokens): once per
     # tokenizer, not once per request that ends inside a character
-    from lmnb_engine.constrained import vocab
+    from lmnb_engine import detokenizer_bytes
 
     calls = []
-    real = vocab._decoder_types
-    monkeypatch.setattr(vocab, "_decoder_types", lambda tok: calls.append(tok) or real(tok))
+    real = detokenizer_bytes._decoder_types
+    monkeypatch.setattr(detokenizer_bytes, "_decoder_types", lambda tok: calls.append(tok) or real(tok))
     ids = tokenizer.encode("ok 中", add_special_tokens=False)[:-1]
     for _ in range(3):
         detok = IncrementalDetokenizer(tokenizer, [])

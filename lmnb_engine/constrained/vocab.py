@@ -2,7 +2,8 @@
 
 The grammar runs on bytes (outlines-core walks each token's bytes through a byte-level DFA), so
 every token id needs its exact bytes, including tokens that hold part of a UTF-8 character. Two
-tokenizer families are read, as outlines and xgrammar do:
+tokenizer families are read, as outlines and xgrammar do (``detokenizer_bytes.byte_reader``, which
+the detokenizer reads the output's bytes with):
 
 * byte-level BPE (GPT-2, Llama 3, Qwen): token strings are bytes spelled with GPT-2's
   byte→unicode table (``transformers.convert_slow_tokenizer.bytes_to_unicode``);
@@ -17,107 +18,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.detokenizer_bytes import byte_reader
 
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _decoder_types(tokenizer: Any) -> set[str]:
-    """The ``type`` names in the fast tokenizer's decoder (nested ``Sequence`` flattened)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise GrammarError(
-            f"constrained decoding needs a fast (Rust-backed) Hugging Face tokenizer; got {type(tokenizer).__name__}"
-        )
-    spec = json.loads(backend.to_str()).get("decoder") or {}
-    found, stack = set(), [spec]
-    while stack:
-        d = stack.pop()
-        found.add(d.get("type"))
-        stack.extend(d.get("decoders") or [])
-    return found
-
-
-# tokenizer -> _byte_reader's answer (or its GrammarError's message): reading the decoder's type
-# serializes the whole tokenizer (0.16 s for 150,000 tokens), and token_bytes is called per request
-_READERS: "weakref.WeakKeyDictionary[Any, tuple[Callable[[str], bytes | None], str] | str]" = (
-    weakref.WeakKeyDictionary())
-
-
-def _byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
-    """(token string -> its bytes or None, family name) for ``tokenizer``'s family, read once per
-    tokenizer.
+def _id_bytes(tokenizer: Any) -> tuple[Callable[[int, str], bytes | None], str]:
+    """(``(id, token) -> bytes | None``, family name): the bytes of a vocabulary token, None for an
+    added or special token (``added_tokens_decoder``) or one that spells no bytes, read by
+    ``detokenizer_bytes.byte_reader``'s reader.
 
     Raises:
         GrammarError: the tokenizer is not a fast tokenizer of a supported family.
     """
     try:
-        found = _READERS.get(tokenizer)
-    except TypeError:  # (not weakly referable: read each time)
-        found = None
-    if found is None:
-        try:
-            found = _new_byte_reader(tokenizer)
-        except GrammarError as e:
-            found = str(e)
-        try:
-            _READERS[tokenizer] = found
-        except TypeError:
-            pass
-    if isinstance(found, str):
-        raise GrammarError(found)
-    return found
-
-
-def _new_byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
-    """``_byte_reader``'s answer, read from the tokenizer's decoder: byte-level BPE's byte-to-character
-    table read backwards (GPT-2's ``bytes_to_unicode``), or SentencePiece's ``<0xNN>`` byte-fallback
-    tokens and ``▁`` for a space.
-
-    Raises:
-        GrammarError: the decoder is of neither family.
-    """
-    kinds = _decoder_types(tokenizer)
-    if "ByteLevel" in kinds:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-        char_to_byte = {c: b for b, c in bytes_to_unicode().items()}
-
-        def to_bytes(s: str) -> bytes | None:
-            try:
-                return bytes(char_to_byte[c] for c in s)
-            except KeyError:
-                return None
-
-        return to_bytes, "byte-level"
-    if kinds & {"ByteFallback", "Metaspace", "Replace"}:
-
-        def to_bytes(s: str) -> bytes | None:
-            m = _BYTE_FALLBACK.fullmatch(s)
-            return bytes([int(m.group(1), 16)]) if m else s.replace("\u2581", " ").encode("utf-8")
-
-        return to_bytes, "sentencepiece"
-    raise GrammarError(
-        f"constrained decoding cannot read token bytes from a tokenizer whose decoder is "
-        f"{sorted(k for k in kinds if k)}; supported: byte-level BPE and SentencePiece byte-fallback"
-    )
-
-
-def _id_bytes(tokenizer: Any) -> tuple[Callable[[int, str], bytes | None], str]:
-    """(``(id, token) -> bytes | None``, family name): the bytes of a vocabulary token, None for an
-    added or special token (``added_tokens_decoder``) or one that spells no bytes, read by
-    ``_byte_reader``'s reader.
-
-    Raises:
-        GrammarError: the tokenizer is not a fast tokenizer of a supported family.
-    """
-    to_bytes, family = _byte_reader(tokenizer)
+        to_bytes, family = byte_reader(tokenizer)
+    except ValueError as e:
+        raise GrammarError(f"constrained decoding {e}") from None
     added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
 
     def id_bytes(i: int, token: str) -> bytes | None:
