@@ -227,7 +227,9 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     hit = _stop_in(params, left, end) if stops else None  # (one that ends by end, where known)
     # max_tokens ends it before a stop is whole (the engine matches a stop once its last character is written)
     if end is not None and hit is None:
-        pos, used, finish = end, end, {"type": "length", "length": limit}
+        pos, used, finish = end, end, {"type": "length"}
+        if getattr(ex.backend, "length_in_finish_reason", True):  # (in the backend's own form)
+            finish["length"] = limit
     elif hit is not None:  # (the tokens that wrote the stop count, as they do without speculation)
         pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}
         if end is None and left.follows == "" and used == len(left.text) and params.first_stop_match(left.text) != hit:

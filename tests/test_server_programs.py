@@ -1273,6 +1273,29 @@ def test_an_openai_choice_cut_before_its_grammar_matched_says_so_in_finish_messa
             "type": "length", "message": "incomplete: the token limit was reached before the output matched its regex"}
 
 
+def test_speculative_gens_finish_reasons_read_as_without_speculation_on_each_backend(backends):
+    """A speculative gen cut at its max_tokens said {"type": "length", "length": 2} over the OpenAI
+    API, whose gens without speculation say {"type": "length"} (a choice's finish_reason; SGLang's
+    OpenAI backend gives no finish reason at all). Reference: the same program without
+    speculation, gen by gen, on the in-process engine, RuntimeEndpoint (both write SGLang's
+    "length": N) and the OpenAI API."""
+    local, remote, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+
+    def body(s):
+        # (the tiny model's 6 tokens after it hold no byte token, which RuntimeEndpoint's native API
+        # writes as U+FFFD: its speculation then counts characters, as SGLang's does)
+        s += "hello world" + sgl.gen("a", max_tokens=2) + sgl.gen("b", max_tokens=3) + sgl.gen("c", max_tokens=1)
+
+    for backend in (local, remote, completion):
+        spec = sgl.function(num_api_spec_tokens=6)(body).run(backend=backend, temperature=0, ignore_eos=True)
+        plain = sgl.function(body).run(backend=backend, temperature=0, ignore_eos=True)
+        assert all(spec.get_meta_info(k)["speculative"] for k in "abc")
+        assert [(spec[k], finish_reason_dict(spec.get_meta_info(k))) for k in "abc"] == \
+            [(plain[k], finish_reason_dict(plain.get_meta_info(k))) for k in "abc"], backend
+    assert finish_reason_dict(plain.get_meta_info("a")) == {"type": "length"}  # (the case: over the OpenAI API)
+
+
 def test_speculative_gens_with_byte_tokens_in_the_call_are_cut_as_the_same_gens_without_speculation(backends):
     """A speculative call whose tokens hold part of a character (bytes:\\xNN in the OpenAI API's
     logprobs, which the tiny model's output has) made characters stand in for tokens for every gen

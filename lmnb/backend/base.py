@@ -113,6 +113,11 @@ class BaseBackend:
 
     #: True when prompts go out as chat messages (OpenAI chat models), not as text.
     is_chat_model: bool = False
+    #: True when a gen's ``length`` finish reason says how many tokens it wrote (SGLang's
+    #: ``{"type": "length", "length": N}``, the engine's and an SGLang server's); the OpenAI API's says
+    #: only ``{"type": "length"}``. API speculative execution writes a gen's finish reason alike.
+    length_in_finish_reason: bool = True
+
     def check_images(self) -> None:
         """[issue 10] Return if ``Prompt.images`` reach a model that takes them (so image/video
         primitives may run); otherwise raise, saying why.

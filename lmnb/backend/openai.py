@@ -109,6 +109,8 @@ class OpenAI(BaseBackend):
             without an API key.
     """
 
+    length_in_finish_reason = False  # (a choice's finish_reason is only "length")
+
     def __init__(self, model_name: str, is_chat_model: Optional[bool] = None,
                  chat_template: Optional[ChatTemplate] = None, is_azure: bool = False,
                  base_url: Optional[str] = None, api_key: Optional[str] = None, **client_kwargs: Any):
