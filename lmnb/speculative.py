@@ -83,7 +83,13 @@ class Speculation:
         wrote the n-th character (a token cut in two, by a stop or a fill, stays with its logprobs).
         Those that add no text yet (the first byte of a character, a special token the text skips)
         stay too, even where a gen cut at max_tokens counted them: without speculation the next gen
-        starts from the text, which lacks them, and generates them again."""
+        starts from the text, which lacks them, and generates them again. Nothing is left where
+        the first ``n`` characters hold a U+FFFD: without speculation the next gen reads the text
+        tokenized again, where U+FFFD is its own bytes (EF BF BD), not the bytes that were no
+        character which the call's tokens held, so it would not write what the call wrote after
+        them (a U+FFFD the model wrote as such costs a call it need not)."""
+        if "\ufffd" in self.text[:n]:
+            return Speculation()
         if self.ends is None:
             return dataclasses.replace(self, text=self.text[n:])
         first = bisect.bisect_left(self.ends, n)  # (ends never decrease)

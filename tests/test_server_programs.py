@@ -1296,6 +1296,28 @@ def test_speculative_gens_finish_reasons_read_as_without_speculation_on_each_bac
     assert finish_reason_dict(plain.get_meta_info("a")) == {"type": "length"}  # (the case: over the OpenAI API)
 
 
+def test_a_gen_after_a_speculative_gens_lone_byte_u_fffd_is_the_same_as_without_speculation(backends):
+    """A gen whose text holds a U+FFFD for bytes that are no character (a lone byte token of the
+    tiny model) was followed by a gen served from what the call wrote after it, where without
+    speculation the next gen reads the text tokenized again, U+FFFD as its own bytes EF BF BD, and
+    writes something else: gen("b") after gen("a", max_tokens=1) got "\\ufffdve t\\ufffd\\ufffd" where
+    it gets "\\x14\\ufffd%j". Now such a gen leaves nothing over and the next gen calls again.
+    Reference: the same program without speculation, on the in-process engine and over the OpenAI
+    API."""
+    local, _, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+    for backend in (local, completion):
+        for k in (1, 4, 6):
+            def body(s):
+                s += "Q: What color is the sky?\nA:" + sgl.gen("a", max_tokens=k) + sgl.gen("b", max_tokens=4)
+
+            spec = sgl.function(num_api_spec_tokens=16)(body).run(backend=backend, temperature=0, ignore_eos=True)
+            plain = sgl.function(body).run(backend=backend, temperature=0, ignore_eos=True)
+            assert plain["a"].endswith("\ufffd"), (backend, k)  # (the case)
+            assert (spec["a"], spec["b"]) == (plain["a"], plain["b"]), (backend, k)
+            assert "speculative_call" in spec.get_meta_info("b")  # (its own call)
+
+
 def test_speculative_gens_with_byte_tokens_in_the_call_are_cut_as_the_same_gens_without_speculation(backends):
     """A speculative call whose tokens hold part of a character (bytes:\\xNN in the OpenAI API's
     logprobs, which the tiny model's output has) made characters stand in for tokens for every gen
