@@ -84,8 +84,8 @@ def _run_bytes(tokenizer: Any) -> dict[int, bytes] | None:
     of one leading character. That decoder writes a run of byte tokens after other text (the
     decoded text of at least one token that is not a byte token) as ``ByteFallback`` reads the run
     alone, so the run's text is known from its bytes (``_RunLength``). None for other decoders
-    (another step could rewrite the run's text), and where ``constrained.vocab.token_bytes``,
-    which ``_whole_characters`` reads, reads a byte token otherwise."""
+    (another step could rewrite the run's text), and where ``decoded_bytes``, which
+    ``_whole_characters`` reads, reads a byte token otherwise."""
     return _runs(tokenizer)[1]
 
 
@@ -141,14 +141,8 @@ def _writes_runs_as_read(spec: dict) -> str | None:
 
 
 def _read_alike(tokenizer: Any, byte_of: dict[int, bytes]) -> bool:
-    """Whether ``constrained.vocab.token_bytes`` reads each byte token as its byte."""
-    from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.constrained.vocab import token_bytes
-
-    try:
-        return token_bytes(tokenizer, list(byte_of)) == list(byte_of.values())
-    except GrammarError:
-        return False
+    """Whether ``decoded_bytes``, which ``_whole_characters`` reads, reads each byte token as its byte."""
+    return decoded_bytes(tokenizer, known_bytes(tokenizer, False), list(byte_of), False) == list(byte_of.values())
 
 
 class _RunLength:
