@@ -9,6 +9,8 @@ the seconds the whole output took (the least of ``--repeats`` runs), with tokeni
   space byte then N - 1 byte tokens of "中" (E4 B8 AD repeated, cut after N), then ``▁ok``:
   ``add`` then ``newest_text_start`` each token, as ``lmnb serve``'s ``/v1/completions`` works
   ``text_offset`` when ``logprobs`` is asked for.
+- ``metaspace``: the same with the decoder ``Metaspace("▁")``, ``ByteFallback``, ``Fuse`` (the form of
+  transformers' TIPSv2 tokenizer), no prompt context.
 - ``stray``: byte-level BPE (the test checkpoints' tokenizer, ``train_tiny_tokenizer``), prompt
   "the answer", the output "ok", N tokens of the stray continuation byte 0x80, then " ok": ``add``.
 - ``lead``: the same with N tokens of the lead byte E4 (each begins no character: the next is E4).
@@ -22,7 +24,7 @@ Each case checks its text against the tokenizer's one-shot decode of the ids (le
 a character cut at the end; and prints the last three text starts of ``start``), so a run before
 and after a change shows the same output.
 
-    python benches/bench_detokenizer_runs.py [--sizes 1000 4000] [--cases start stray lead split cjk] [--out FILE.md]
+    python benches/bench_detokenizer_runs.py [--sizes 1000 4000] [--cases start metaspace stray lead split cjk] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def case_start(n: int):
     tok = byte_fallback_tokenizer()
     ids = ([1 + 0x20] + [1 + b for b in "中".encode()] * n)[:n] + [tok.convert_tokens_to_ids("▁ok")]
     return tok, [], ids, True
+
+
+def case_metaspace(n: int):
+    """``start`` with the decoder ``Metaspace("▁")``, ``ByteFallback``, ``Fuse``."""
+    from tokenizers import decoders
+
+    tok, prompt, ids, starts_too = case_start(n)
+    tok.backend_tokenizer.decoder = decoders.Sequence(
+        [decoders.Metaspace(replacement="▁", prepend_scheme="always"), decoders.ByteFallback(), decoders.Fuse()])
+    return tok, prompt, ids, starts_too
 
 
 def byte_level_tokenizer():
@@ -73,7 +85,7 @@ def case_cjk(n: int):
     return tok, tok.encode("the answer", add_special_tokens=False), ids, False
 
 
-CASES = {"start": case_start, "stray": _byte_run(b"\x80"), "lead": _byte_run(b"\xe4"),
+CASES = {"start": case_start, "metaspace": case_metaspace, "stray": _byte_run(b"\x80"), "lead": _byte_run(b"\xe4"),
          "split": _byte_run(b"f\xc3"), "cjk": case_cjk}
 
 

@@ -80,8 +80,8 @@ def _run_holders(tokenizer: Any, skip_special_tokens: bool) -> frozenset[int]:
 
 def _run_bytes(tokenizer: Any) -> dict[int, bytes] | None:
     """The byte of each ``<0xNN>`` token (id -> one byte) where the decoder is Llama 2's or
-    Gemma's: ``Replace("▁", " ")`` (or none), ``ByteFallback``, ``Fuse``, then at most a ``Strip``
-    of one leading character. That decoder writes a run of byte tokens after other text (the
+    Gemma's: ``Replace("▁", " ")`` (or ``Metaspace("▁")``, as transformers' TIPSv2 tokenizer has it,
+    or none), ``ByteFallback``, ``Fuse``, then at most a ``Strip`` of one leading character. That decoder writes a run of byte tokens after other text (the
     decoded text of at least one token that is not a byte token) as ``ByteFallback`` reads the run
     alone, so the run's text is known from its bytes (``_RunLength``). None for other decoders
     (another step could rewrite the run's text), and where ``decoded_bytes``, which
@@ -120,13 +120,19 @@ def _new_runs(tokenizer: Any) -> _Runs:
 
 
 def _writes_runs_as_read(spec: dict) -> str | None:
-    """Whether the decoder ``spec`` (its JSON) is ``_run_bytes``'s: after ``ByteFallback`` only
+    """Whether the decoder ``spec`` (its JSON) is ``_run_bytes``'s: before ``ByteFallback`` at most a
+    ``Replace("▁", " ")`` or a ``Metaspace("▁")``, which read each token alone and find no "▁" in a
+    byte token's ``<0xNN>``; after it only
     ``Fuse`` joins the strings, and a ``Strip`` after it cuts at most one character off the start
     of the whole text, which a run after other text never begins. That character (``_run_strip``;
     "" for none) where it is, else None."""
     chain = list(spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
     if chain and chain[0].get("type") == "Replace":  # ("▁" never occurs in "<0xNN>")
         if chain[0].get("pattern") != {"String": "\u2581"} or chain[0].get("content") != " ":
+            return None
+        chain.pop(0)
+    elif chain and chain[0].get("type") == "Metaspace":  # (per token, before the bytes are read: as Replace)
+        if chain[0].get("replacement") != "\u2581":
             return None
         chain.pop(0)
     if [d.get("type") for d in chain[:2]] != ["ByteFallback", "Fuse"]:
