@@ -4488,6 +4488,69 @@ def test_a_function_of_the_users_package_module_imported_by_its_dotted_name_that
     assert prompts[1::2] == ["1", "2", "3"]
 
 
+def _module_job(tmp_path, monkeypatch, files: dict, setup: str, cell: str) -> tuple[list, list, list]:
+    """(the export's notes on modules beside the notebook, r as each pass of the notebook gives it, r
+    as the job's rows give it) for ``files`` (path → source) beside a notebook of ``setup``, a %%lm
+    cell of q, the Python ``cell`` that sets r and a %%lm cell of r, run over the rows q = B, C, D;
+    each pass of the notebook, as a new kernel, and the job import the modules anew."""
+    from helpers_export import write_rows
+
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = {p.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for p in files}
+
+    def fresh():
+        for name in modules:
+            monkeypatch.delitem(sys.modules, name, raising=False)
+
+    passes = []
+    for q in "BCD":
+        fresh()
+        ns: dict = {}
+        exec(f"{setup}\nq = {q!r}", ns)
+        exec(cell, ns)
+        passes.append(ns["r"])
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, folder=tmp_path)
+    fresh()
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    return [n.split(": the job")[0] for n in p.notes if "beside the notebook" in n], passes, prompts[1::2]
+
+
+@pytest.mark.parametrize("setup, cell, noted, job", [
+    ("import importlib\nimport helpers", "importlib.reload(helpers)\nr = str(helpers.remember(q))", None, "111"),
+    ("import importlib\nimport helpers", "r = str(helpers.remember(q))\nimportlib.reload(helpers)", None, "111"),
+    # (a from-imported function reads the module's globals, which the reload sets back)
+    ("from importlib import reload\nimport helpers as h\nfrom helpers import remember",
+     "h = reload(h)\nr = str(remember(q))", None, "111"),
+    ("import importlib\nimport helpers", "importlib.reload(helpers)\nr = str(helpers.Cache.add(q))", None, "111"),
+    # (not a reload in every row, one of another module, or one that leaves what the rows use: noted, as before)
+    ("import importlib\nimport helpers", "if q == 'B':\n    importlib.reload(helpers)\nr = str(helpers.remember(q))",
+     "helpers.remember, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own globals calls, seen", "123"),
+    ("import importlib\nimport helpers, other", "importlib.reload(other)\nr = str(helpers.remember(q))",
+     "helpers.remember, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own globals calls, seen", "123"),
+    # (a from-imported class is the one made first: the reload makes a new one, which the row does not use)
+    ("import importlib\nimport helpers\nfrom helpers import Cache", "importlib.reload(helpers)\nr = str(Cache.add(q))",
+     "Cache.add, of `from helpers import Cache` (helpers.py, beside the notebook), which the rows call, changes the "
+     "module's own class attribute Cache.store", "123"),
+])
+def test_a_users_module_that_each_row_reloads_is_not_noted_as_carrying_over(tmp_path, monkeypatch, setup, cell, noted,
+                                                                            job):
+    """A row cell's importlib.reload(helpers) runs the module again in its own globals each row: the
+    job's rows give 1, 1, 1, as each pass of the notebook does, but the export noted that helpers'
+    seen carries over from row to row."""
+    files = {"helpers.py": _HELPERS + "\n" + _CACHE, "other.py": ""}
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, files, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == list(job)
+    assert notes == ([] if noted is None else [f"cell 1: {noted}"])
+
+
 
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,

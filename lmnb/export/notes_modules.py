@@ -87,6 +87,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
         func = node.func if isinstance(node, ast.Call) else None
         if isinstance(func, ast.Attribute) and _dotted(func.value):
             attributes.setdefault(ast.unparse(func.value), set()).add(func.attr)
+    reloaded = _reloaded_modules(cells, row)
     notes, read = [], {}  # (read: path → _stateful_functions of its source, None where unread: each file read once)
     for c in cells:
         if not isinstance(c, Code):
@@ -113,6 +114,10 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
             file = path.relative_to(folder).as_posix()  # (pkg/helpers.py of `from pkg.helpers import f`)
             for name, state in changes.items():
                 owner = name.rpartition(".")[0]  # (a class's method: "Cache.add" of Cache)
+                # (a row's reload runs the module again in its own globals, which its functions read, and makes its
+                # classes anew: helpers.Cache is the new one, where a from-import's Cache stays the one made first)
+                if module in reloaded and (not owner or alias is not None):
+                    continue
                 local = next((n for n, original in (names or {}).items() if original == (owner or name)), None)
                 kind = "class attribute" + ("s" if len(state) > 1 else "") if owner else "globals"
                 if owner:  # (called as the class's attribute: Cache.add(q); not where a cell binds its own Cache)
@@ -136,6 +141,32 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                                  f"imports it anew, and rows running at once (--num-threads above 1) share it; "
                                  f"{_OWN_STATE}")
     return notes
+
+
+def _reloaded_modules(cells: list, row: list) -> set:
+    """The modules (by their dotted names) that a row cell reloads by a statement of its top level,
+    ``importlib.reload(helpers)`` or ``helpers = reload(helpers)`` (of ``from importlib import
+    reload``), where a cell's ``import helpers``, ``import helpers as h`` or ``from pkg import
+    helpers`` says which module the name is: each row runs the module again, which sets its
+    globals back, so that what one row changed, the next does not see."""
+    import ast
+
+    modules, reloads = {}, {"importlib.reload"}
+    for _, stmt in _statements(cells):
+        if isinstance(stmt, ast.Import):
+            modules.update({a.asname or a.name: a.name for a in stmt.names})
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module == "importlib":
+            reloads.update(a.asname or a.name for a in stmt.names if a.name == "reload")
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+            # (a name of a package may be its module, pkg/helpers.py, or any other thing it binds: not known here)
+            modules.update({a.asname or a.name: f"{stmt.module}.{a.name}" for a in stmt.names})
+    out = set()
+    for _, stmt in _statements(row):  # (not under an if or a loop: that may skip it in some rows)
+        call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+        if isinstance(call, ast.Call) and ast.unparse(call.func) in reloads and len(call.args) == 1 \
+                and ast.unparse(call.args[0]) in modules:
+            out.add(modules[ast.unparse(call.args[0])])
+    return out
 
 
 def _class_method_call(name: str, module: str, file: str, local, alias, names, attributes: dict):
