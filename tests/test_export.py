@@ -1264,6 +1264,37 @@ def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_
     assert rows == passes and notes == [], notes
 
 
+_SEEN = "def seen(x, acc=[]):\n    acc.append(x)\n    return len(acc)"
+
+
+@pytest.mark.parametrize("setup, cell, job", [
+    (_SEEN, "r = str(seen(q))", "123"),
+    ("def seen(x, *, acc={}):\n    acc[x] = 1\n    return len(acc)", "r = str(seen(q))", "123"),
+    (_SEEN + "\ndef use(x):\n    return seen(x)", "r = str(use(q))", "123"),  # (through a set-up function)
+    # (not where each call passes its own, the default is made per call, bound again, or only read, nor for a
+    # function of the row's, whose def runs per row)
+    (_SEEN, "r = str(seen(q, []))", "111"),
+    (_SEEN, "r = str(seen(q, acc=[]))", "111"),
+    ("def seen(x, acc=None):\n    if acc is None:\n        acc = []\n    acc.append(x)\n    return len(acc)",
+     "r = str(seen(q))", "111"),
+    ("def seen(x, acc=[]):\n    acc = acc + [x]\n    return len(acc)", "r = str(seen(q))", "111"),
+    ("def seen(x, acc=[]):\n    return len(acc) + 1", "r = str(seen(q))", "111"),
+    ("", _SEEN + "\nr = str(seen(q))", "111"),
+])
+def test_a_setup_functions_default_the_rows_change_carries_over_as_noted(tmp_path, monkeypatch, setup, cell, job):
+    """def seen(x, acc=[]) in a set-up cell, seen(q) per row: the def makes the list once, so the job's
+    rows gave 1, 2, 3, where each pass of the notebook, which runs the def anew, gives 1; that went
+    without a note."""
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == list(job)
+    name = "acc" if job == "123" else None
+    assert notes == ([] if name is None else [
+        "cell 1: seen, which the rows call, changes in place its default acc, which the def makes once (a call that "
+        "leaves it out gets that one): what one row changes, the next row sees, where each pass of the notebook runs "
+        f"the def anew; default it to None and make a new one in the function (`if acc is None: acc = "
+        f"{'{}' if 'acc={}' in setup else '[]'}`), and rows running at once (--num-threads above 1) share it"]), notes
+
+
 _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
 
 

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by, deleted_by
 from lmnb.export.class_state import _class_attributes, _held_object_notes, _setup_classes
+from lmnb.export.notes_defaults import _default_notes
 from lmnb.export.notes_modules import _local_module_state, _seeded_module_notes
 from lmnb.export.notes_objects import _carried_over, _made_objects
 from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped, _number_words, _verb
@@ -331,6 +332,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     p.notes += _carried_over(setup, row, called, objects, p.copied, lazy)
     p.notes += _local_module_state(cells, row, called, folder, objects[2])
     p.notes += _seeded_module_notes(setup, row, called, objects[2])
+    p.notes += _default_notes(row, called, objects[2])
     p.notes += _held_object_notes(setup, row, called, classes)
     p.notes += _cell_notes(cells)
     return p

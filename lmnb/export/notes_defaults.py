@@ -1,0 +1,66 @@
+"""The export's notes on the default values of set-up functions that the rows call: a list, dict or
+set default is made once, where the ``def`` runs, so what a call changes in it carries over from
+row to row in the job, where each pass of the notebook runs the ``def`` anew."""
+
+from __future__ import annotations
+
+from lmnb.export.cells import _mutated
+from lmnb.export.syntax import _own_nodes, _row_trees
+
+
+def _made_once(value) -> bool:
+    """Whether the default ``value`` (an expression) is a new dict, list or set: a display, a
+    comprehension or ``list()``, ``dict()``, ``set()``."""
+    import ast
+
+    return isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or (
+        isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("list", "dict", "set"))
+
+
+def _changed_defaults(function) -> list:
+    """(position, or None for a keyword-only one; name; default) of each parameter of ``function`` whose
+    default is a new dict, list or set (``_made_once``) that its body changes in place
+    (``acc.append(x)``, ``acc[k] = v``) and never binds again (``acc = []`` of a None default's
+    ``if acc is None``: then which object it changes is not known here)."""
+    import ast
+
+    args = function.args
+    positional = [*args.posonlyargs, *args.args]
+    defaulted = [(i, a, d) for i, (a, d) in enumerate(zip(positional[len(positional) - len(args.defaults):],
+                                                            args.defaults), len(positional) - len(args.defaults))]
+    defaulted += [(None, a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    rebound = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    changed = set(_mutated(ast.Module(body=function.body, type_ignores=[]), surely=True))
+    return [(i, a.arg, d) for i, a, d in defaulted if _made_once(d) and a.arg in changed and a.arg not in rebound]
+
+
+def _default_notes(row: list, called: list, defs: dict) -> list:
+    """The notes for the set-up functions the rows call (``called``: ``_called``; ``defs``: their
+    ``def``s, ``_made_objects``') with a dict, list or set default that they change in place
+    (``_changed_defaults``), where a call by name in a row cell or in one of those functions leaves
+    that parameter to its default (``seen(q)`` of ``def seen(x, acc=[])``; not ``seen(q, [])``)."""
+    import ast
+
+    functions = [(f[0], d) for f in called if (d := defs.get((f[0], f[1]))) is not None
+                 and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    calls = [n for tree in [t for _, t in _row_trees(row)] + [d for _, d in functions] for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    notes = []
+    for index, function in functions:
+        found = []
+        for position, name, default in _changed_defaults(function):
+            for call in (c for c in calls if c.func.id == function.name):
+                spread = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+                given = (position is not None and position < len(call.args)) or name in {k.arg for k in call.keywords}
+                if not (spread or given):  # (a *spread may pass it: not known here)
+                    found.append((name, ast.unparse(default)))
+                    break
+        if found:
+            names = [n for n, _ in found]
+            notes.append(f"cell {index}: {function.name}, which the rows call, changes in place its default"
+                         f"{'s' * (len(names) > 1)} {', '.join(names)}, which the def makes once (a call that leaves "
+                         f"{'it' if len(names) == 1 else 'them'} out gets that one): what one row changes, the next row "
+                         "sees, where each pass of the notebook runs the def anew; default it to None and make a new "
+                         f"one in the function (`if {names[0]} is None: {names[0]} = {found[0][1]}`), and rows running "
+                         "at once (--num-threads above 1) share it")
+    return notes
