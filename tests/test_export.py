@@ -1233,6 +1233,13 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER, "def use(a, *xs):\n    return xs[0].bump()\nr = str(use(1, c))", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`xs[0].bump()` in cell 3, in its "
      "use(), xs being `(c,)`)"),
+    # (by a name the function binds to its parameter, or to an item of its *args: no note before)
+    (_COUNTER + "\ndef use(x):\n    first = x\n    return first.bump()", "r = str(use(c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`first.bump()` in use(), a "
+     "function of cell 1, first being `c`)"),
+    (_COUNTER, "def f(*xs):\n    first = xs[0]\n    return first.bump()\nr = str(f(c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`first.bump()` in cell 3, in its "
+     "f(), first being `c`)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1254,6 +1261,9 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     ("def use():\n    c = Counter()\n    return c.bump()", "r = str(use())"),
     ("def use():\n    c: Counter = Counter()\n    return c.bump()", "r = str(use())"),
     ("def use(a, *xs, **kw):\n    return xs[0].bit_length() + kw['b'].bump()", "r = str(use(c, 2, x=c, b=Counter()))"),
+    # (a name the function binds to its parameter, then to another object, or to a copy of it)
+    ("def use(x):\n    first = x\n    first = Counter()\n    return first.bump()", "r = str(use(c))"),
+    ("import copy\ndef use(x):\n    first = copy.copy(x)\n    return first.bump()", "r = str(use(c))"),
 ])
 def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
     """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local

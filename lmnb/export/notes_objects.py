@@ -285,14 +285,16 @@ def _held_elements(entry: tuple, key) -> list:
     return [f for _, f in items if f]
 
 
-def _aliases(tree, made: dict, held: dict) -> dict:
+def _aliases(tree, made: dict, held: dict, given: Optional[dict] = None) -> dict:
     """Name → the expression it stands for, for each name that ``tree`` (a row cell or a function
     of one, its own nodes) binds once, to a ``made`` object, a ``held`` container or its item:
     ``x = c``, ``xs = items``, ``x = items[1]``, ``x = items.get('a')``, ``x = max(items, key=f)``,
     ``xs = sorted(items)`` (``held_items``' forms), or by unpacking a held list or tuple, ``a, b =
     items`` (b: ``items[1]``; after a starred target, negative indices; the starred one, ``*m``:
     ``items[1:]``); also through such a name bound above, ``xs = items`` then ``x = max(xs)``
-    (x: ``max(items)``). A name bound again is left out: which value a use reads is not known here."""
+    (x: ``max(items)``), or through a parameter of ``given`` (``_argument_places``': parameter →
+    what a row passes it), ``first = x`` of ``f(c)`` (first: ``c``). A name bound again is left
+    out: which value a use reads is not known here."""
     import ast
 
     bindings: dict = {}
@@ -300,7 +302,7 @@ def _aliases(tree, made: dict, held: dict) -> dict:
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) or isinstance(node, ast.arg):
             name = node.id if isinstance(node, ast.Name) else node.arg
             bindings[name] = bindings.get(name, 0) + 1
-    found: dict = {}
+    found: dict = dict(given or {})
     for node, _ in _own_nodes(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
@@ -502,7 +504,7 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     for where, tree, skipped, copies, *passed in places:
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         # (x = items[1] then x.bump(), a, b = items then b.bump(): the item the row changes, by another name)
-        aliases = {**_aliases(tree, made, held), **(passed[0] if passed else {})}
+        aliases = {**_aliases(tree, made, held, passed[0] if passed else None), **(passed[0] if passed else {})}
         functions = {**setup_functions, **{f.name: f for f in ast.walk(tree)
                                            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}}
         for node, tests in _own_nodes(tree):
