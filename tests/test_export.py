@@ -1240,6 +1240,13 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER, "def f(*xs):\n    first = xs[0]\n    return first.bump()\nr = str(f(c))", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`first.bump()` in cell 3, in its "
      "f(), first being `c`)"),
+    # (a lambda a set-up cell binds by name, which the rows call: no note before)
+    (_COUNTER + "\nuse = lambda x: x.bump()", "r = str(use(c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in use(), a "
+     "function of cell 1, x being `c`)"),
+    (_COUNTER + "\nbump = lambda: c.bump()", "r = str(bump())", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in bump(), a "
+     "function of cell 1)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1264,6 +1271,9 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     # (a name the function binds to its parameter, then to another object, or to a copy of it)
     ("def use(x):\n    first = x\n    first = Counter()\n    return first.bump()", "r = str(use(c))"),
     ("import copy\ndef use(x):\n    first = copy.copy(x)\n    return first.bump()", "r = str(use(c))"),
+    # (a lambda's parameter, or one that only reads the object)
+    ("use = lambda c: c.bump()", "r = str(use(Counter()))"),
+    ("use = lambda x: x.n + 1", "r = str(use(c))"),
 ])
 def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
     """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local
@@ -1281,6 +1291,7 @@ _SEEN = "def seen(x, acc=[]):\n    acc.append(x)\n    return len(acc)"
     (_SEEN, "r = str(seen(q))", "123"),
     ("def seen(x, *, acc={}):\n    acc[x] = 1\n    return len(acc)", "r = str(seen(q))", "123"),
     (_SEEN + "\ndef use(x):\n    return seen(x)", "r = str(use(q))", "123"),  # (through a set-up function)
+    ("seen = lambda x, acc=[]: acc.append(x) or len(acc)", "r = str(seen(q))", "123"),  # (a lambda's)
     # (not where each call passes its own, the default is made per call, bound again, or only read, nor for a
     # function of the row's, whose def runs per row)
     (_SEEN, "r = str(seen(q, []))", "111"),

@@ -34,7 +34,7 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     None: a plain value) for each item: ``_container_items``), also a list or dict of plain values
     alone that a later statement stores such a call in (``_stored_objects``, the cell index then
     that statement's); (cell index, name) → the top-level
-    ``def`` of each set-up function)."""
+    ``def`` of each set-up function, or the one a top-level ``name = lambda ...`` stands for)."""
     import ast
 
     made: dict = {}
@@ -81,6 +81,10 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
             continue
         name, value = stmt.targets[0].id, stmt.value
+        if isinstance(value, ast.Lambda):  # (use = lambda x: x.bump(): read as the def it stands for)
+            defs[(c.index, name)] = functions[name] = ast.FunctionDef(
+                name=name, args=value.args, body=[ast.Return(value.body)], decorator_list=[], returns=None)
+            continue
         if (what := making(value)) is not None:
             made[name] = (c.index, *what)
             continue
