@@ -4604,6 +4604,45 @@ def test_a_users_module_that_each_row_reloads_is_not_noted_as_carrying_over(tmp_
 
 
 
+_PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
+
+
+@pytest.mark.parametrize("files, setup, cell, noted", [
+    # (a package's module by `from pkg import helpers`, read as pkg/__init__.py's name: no note before)
+    ({}, "from pkg import helpers", "r = str(helpers.remember(q))",
+     "helpers.remember, of `from pkg import helpers` (pkg/helpers.py, beside the notebook), which the rows call, "
+     "changes the module's own globals calls, seen"),
+    ({}, "from pkg import helpers as h", "r = str(h.Cache.add(q))",
+     "h.Cache.add, of `from pkg import helpers as h` (pkg/helpers.py, beside the notebook), which the rows call, "
+     "changes the module's own class attribute Cache.store"),
+    # (a name a module of the user's imports from another, and so gives as its own: no note before)
+    ({"pkg/api.py": "from .helpers import remember\n"}, "from pkg.api import remember", "r = str(remember(q))",
+     "remember, which `from pkg.api import remember` gives (pkg/api.py, beside the notebook) and the rows call, "
+     "changes the module's own globals calls (pkg/helpers.py), seen (pkg/helpers.py)"),
+    ({"pkg/__init__.py": "from pkg.helpers import remember as rem\n"}, "from pkg import rem", "r = str(rem(q))",
+     "rem, which `from pkg import rem` gives (pkg/__init__.py, beside the notebook) and the rows call, changes the "
+     "module's own globals calls (pkg/helpers.py), seen (pkg/helpers.py)"),
+    ({"pkg/api.py": "from .helpers import Cache\n"}, "from pkg.api import *", "r = str(Cache.add(q))",
+     "Cache.add, of `from pkg.api import *` (pkg/api.py, beside the notebook), which the rows call, changes the "
+     "module's own class attribute Cache.store (pkg/helpers.py)"),
+    # (a function that keeps no state; one the module defines again below the import; the package's own name)
+    ({}, "from pkg import helpers", "r = str(len(helpers.shout(q)))", None),
+    ({"pkg/api.py": "from .helpers import shout\n"}, "from pkg.api import shout", "r = str(len(shout(q)))", None),
+    ({"pkg/api.py": "from .helpers import remember\n\ndef remember(x):\n    return 1\n"}, "from pkg.api import remember",
+     "r = str(remember(q))", None),
+    ({"pkg/__init__.py": "class helpers:\n    @staticmethod\n    def remember(x):\n        return 1\n"},
+     "from pkg import helpers", "r = str(helpers.remember(q))", None),
+])
+def test_a_function_a_users_package_gives_by_its_module_or_an_import_that_keeps_state_is_noted(
+        tmp_path, monkeypatch, files, setup, cell, noted):
+    """`from pkg import helpers` then helpers.remember(q), and remember that pkg/api.py gives by `from
+    .helpers import remember`: the job's rows go 1, 2, 3, where each notebook pass gives 1, without a
+    note (only a module's own functions, imported by its dotted name, were followed)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {**_PKG, **files}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert notes == ([] if noted is None else [f"cell 1: {noted}"])
+
+
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
     with a note for each cell as before."""

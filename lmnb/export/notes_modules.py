@@ -93,24 +93,25 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
         if not isinstance(c, Code):
             continue
         body = ast.parse(c.source).body
-        # ((module, alias, the names a from-import binds → the module's names): a star import's alias is None, an
-        # import's names None)
-        imported = [(module, None, None) for module in c.star_imports] + [
-            (a.name, a.asname or a.name, None) for stmt in body if isinstance(stmt, ast.Import)
-            for a in stmt.names] + [
-            (stmt.module, None, {a.asname or a.name: a.name for a in stmt.names}) for stmt in body
+        # ((module, alias, the names a from-import binds → the module's names, the import that binds the alias): a
+        # star import's alias is None, an import's names None)
+        imported = [(module, None, None, None) for module in c.star_imports] + [
+            (a.name, a.asname or a.name, None, f"import {a.name}" + (f" as {a.asname}" if a.asname else ""))
+            for stmt in body if isinstance(stmt, ast.Import) for a in stmt.names] + [
+            (stmt.module, None, {a.asname or a.name: a.name for a in stmt.names}, None) for stmt in body
             if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module
             and stmt.names[0].name != "*"]
-        for module, alias, names in imported:
-            path = Path(folder, *module.split(".")).with_suffix(".py")
-            if path not in read:
-                try:
-                    read[path] = _stateful_functions(ast.parse(path.read_text(encoding="utf-8")))
-                except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
-                    read[path] = None
-                except (RecursionError, MemoryError):  # (nested past what Python's parser takes: no import can run it)
-                    read[path] = None
-            changes, exported = read[path] or ({}, set())
+        # (`from pkg import helpers` of pkg/helpers.py: the module, as `import pkg.helpers as helpers` gives it)
+        imported += [(f"{module}.{original}", local, None,
+                      f"from {module} import {original}" + (f" as {local}" if local != original else ""))
+                     for module, _, names, _ in list(imported) if names for local, original in names.items()
+                     if _module_file(folder, f"{module}.{original}") is not None
+                     and not _defines(_module_file(folder, module), original)]
+        for module, alias, names, statement in imported:
+            path = _module_file(folder, module)
+            if path is None:  # (no such file: a module installed, whose state is its own)
+                continue
+            changes, exported = _module_state(path, folder, read)
             file = path.relative_to(folder).as_posix()  # (pkg/helpers.py of `from pkg.helpers import f`)
             for name, state in changes.items():
                 owner = name.rpartition(".")[0]  # (a class's method: "Cache.add" of Cache)
@@ -122,7 +123,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 kind = "class attribute" + ("s" if len(state) > 1 else "") if owner else "globals"
                 if owner:  # (called as the class's attribute: Cache.add(q); not where a cell binds its own Cache)
                     given = names is not None or alias is not None or (owner in exported and owner not in bound)
-                    what = _class_method_call(name, module, file, local, alias, names, attributes) \
+                    what = _class_method_call(name, module, file, local, alias, names, attributes, statement) \
                         if given and local not in defined else None
                 elif names is not None and local in used and local not in defined:
                     shown = name if local == name else f"{name} as {local}"
@@ -130,8 +131,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 elif names is None and alias is None and name in used and name in exported and name not in bound:
                     what = f"{name}, which `from {module} import *` gives ({file}, beside the notebook) and"
                 elif alias is not None and name in attributes.get(alias, ()):
-                    imports = f"import {module}" + (f" as {alias}" if alias != module else "")
-                    what = f"{alias}.{name}, of `{imports}` ({file}, beside the notebook), which"
+                    what = f"{alias}.{name}, of `{statement}` ({file}, beside the notebook), which"
                 else:
                     what = None
                 if what is not None:
@@ -141,6 +141,69 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                                  f"imports it anew, and rows running at once (--num-threads above 1) share it; "
                                  f"{_OWN_STATE}")
     return notes
+
+
+def _module_file(folder: Path, module: str, within: Optional[Path] = None) -> Optional[Path]:
+    """The file of the user's module ``module`` (a dotted name) beside the notebook in ``folder``
+    (or, for a relative import's, in the package folder ``within``): NAME.py, or a package's
+    NAME/__init__.py; None where there is neither (a module installed)."""
+    base = Path(within or folder, *module.split(".")) if module else Path(within or folder)
+    for path in (base.with_suffix(".py") if module else None, base / "__init__.py"):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+def _defines(path: Optional[Path], name: str) -> bool:
+    """Whether the module file ``path`` binds ``name`` at its top level other than by an import (a
+    package's pkg/__init__.py whose ``helpers`` is no module: `from pkg import helpers` gives that)."""
+    import ast
+
+    try:
+        body = ast.parse(path.read_text(encoding="utf-8")).body if path is not None else []
+    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError):
+        return False
+    return any(name in bound_by(stmt) for stmt in body if not isinstance(stmt, (ast.Import, ast.ImportFrom)))
+
+
+def _module_state(path: Path, folder: Path, read: dict, seen: tuple = ()) -> tuple[dict, set]:
+    """``_stateful_functions`` of the module file ``path`` (read and parsed once an export: ``read``,
+    path → its result), with what it imports from another module of the user's and so gives as its
+    own (``from .helpers import remember`` in pkg/api.py, or in pkg/__init__.py): that module's
+    state for those names, each shown with its file ("seen (pkg/helpers.py)"). ({}, set()) for a
+    file that does not parse."""
+    import ast
+
+    if path in read:
+        return read[path]
+    read[path] = ({}, set())  # (a module that imports itself, or one that imports it: read once)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError):
+        # (nested past what Python's parser takes, RecursionError: no import can run it either)
+        return read[path]
+    changes, exported = _stateful_functions(tree)
+    last = {name: i for i, stmt in enumerate(tree.body) for name in bound_by(stmt)}  # (what binds a name last)
+    for i, stmt in enumerate(tree.body):
+        if not (isinstance(stmt, ast.ImportFrom) and stmt.names[0].name != "*"):
+            continue
+        if stmt.level > len(path.relative_to(folder).parents) - 1:  # (above the notebook's folder)
+            continue
+        within = path.parents[stmt.level - 1] if stmt.level else None
+        source = _module_file(folder, stmt.module or "", within) if stmt.module or stmt.level else None
+        if source is None or source in seen:
+            continue
+        theirs, _ = _module_state(source, folder, read, (*seen, path))
+        shown = source.relative_to(folder).as_posix()
+        for a in (a for a in stmt.names if last.get(a.asname or a.name) == i):
+            local = a.asname or a.name
+            changes = {n: state for n, state in changes.items() if n.partition(".")[0] != local}
+            for name, state in theirs.items():
+                owner, _, method = name.rpartition(".")
+                if (owner or name) == a.name:
+                    changes[f"{local}.{method}" if owner else local] = [f"{s} ({shown})" for s in state]
+    read[path] = (changes, exported)
+    return read[path]
 
 
 def _reloaded_modules(cells: list, row: list) -> set:
@@ -169,12 +232,13 @@ def _reloaded_modules(cells: list, row: list) -> set:
     return out
 
 
-def _class_method_call(name: str, module: str, file: str, local, alias, names, attributes: dict):
+def _class_method_call(name: str, module: str, file: str, local, alias, names, attributes: dict, statement=None):
     """"Cache.add, of `from helpers import Cache` (helpers.py, beside the notebook), which" for a
     method ``name`` ("Cache.add") of a class of the module that the rows call as the class's
     attribute where the cell's import gives it (``local``: the name a from-import binds to the
-    class; ``alias``: an import's; ``names`` None and ``alias`` None: a star import), else None
-    (``attributes``: what the rows call as attributes of what: ``_local_module_state``)."""
+    class; ``alias``: an import's, bound by ``statement``; ``names`` None and ``alias`` None: a
+    star import), else None (``attributes``: what the rows call as attributes of what:
+    ``_local_module_state``)."""
     owner, _, method = name.rpartition(".")
     if names is not None:
         if local is None:
@@ -184,8 +248,7 @@ def _class_method_call(name: str, module: str, file: str, local, alias, names, a
     elif alias is None:
         caller, imports = name, f"from {module} import *"
     else:
-        caller = f"{alias}.{name}"
-        imports = f"import {module}" + (f" as {alias}" if alias != module else "")
+        caller, imports = f"{alias}.{name}", statement
     if method not in attributes.get(caller.rpartition(".")[0], ()):
         return None
     return f"{caller}, of `{imports}` ({file}, beside the notebook), which"
@@ -207,7 +270,7 @@ def _stateful_functions(tree) -> tuple[dict, set]:
     through the module's functions it calls by name (``_remember(x)``), and "C.m" → the attributes
     of class C, "C.n", that its method m changes (``class_attribute_changes``); the names of the
     functions and classes that ``from m import *`` gives: its ``__all__`` where a list or tuple of
-    strings says, else the names without a leading "_")."""
+    strings says, else the names without a leading "_"; those it imports by name too)."""
     import ast
 
     containers, exported, functions, classes = set(), None, {}, {}
@@ -225,7 +288,10 @@ def _stateful_functions(tree) -> tuple[dict, set]:
             functions[stmt.name] = stmt
         if isinstance(stmt, ast.ClassDef):
             classes[stmt.name] = stmt
-    given = {name for name in [*functions, *classes]
+    # (and what it imports by name, which a star import of it gives too: `from .helpers import remember`)
+    imported = [a.asname or a.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom)
+                for a in stmt.names if a.name != "*"]
+    given = {name for name in [*functions, *classes, *imported]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
     for name, function in functions.items():
