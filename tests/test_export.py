@@ -4643,6 +4643,33 @@ def test_a_function_a_users_package_gives_by_its_module_or_an_import_that_keeps_
     assert notes == ([] if noted is None else [f"cell 1: {noted}"])
 
 
+_OBJECT = ("class C:\n    def __init__(self):\n        self.n = 0\n\n    def bump(self):\n        self.n += 1\n"
+           "        return self.n\n\n    def peek(self):\n        return self.n + 1\n\n_c = C()\n\n"
+           "def remember(x):\n    return _c.bump()\n\ndef mark(x):\n    _c.n += 1\n    return _c.n\n\n"
+           "def look(x):\n    return _c.peek()\n\ndef fresh(x):\n    _c = C()\n    return _c.bump()\n")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("from helpers import remember", "r = str(remember(q))",
+     "remember, which `from helpers import remember` gives (helpers.py, beside the notebook) and the rows call, "
+     "changes the module's own globals _c"),
+    ("import helpers", "r = str(helpers.mark(q))",
+     "helpers.mark, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the module's "
+     "own globals _c"),
+    # (a method that only reads it, or an instance of the function's own)
+    ("from helpers import look", "r = str(look(q))", None),
+    ("from helpers import fresh", "r = str(fresh(q))", None),
+])
+def test_an_object_the_users_module_makes_at_top_level_that_its_functions_change_is_noted(tmp_path, monkeypatch, setup,
+                                                                                         cell, noted):
+    """helpers.py makes `_c = C()` at its top level and remember() bumps it: the job imports the
+    module once, so its rows gave 1, 2, 3, where each pass of the notebook gives 1, without a note
+    (only a dict, list or set the module makes was followed)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _OBJECT}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert notes == ([] if noted is None else [f"cell 1: {noted}"])
+
+
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
     with a note for each cell as before."""

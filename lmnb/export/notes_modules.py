@@ -11,6 +11,7 @@ from typing import Optional
 
 from lmnb.export.cells import Code, LMCell, _mutated, bound_by, class_attribute_changes
 from lmnb.export.notes_wording import _OWN_STATE
+from lmnb.export.read_only import _read_only_methods
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
 
 
@@ -266,7 +267,9 @@ def _dotted(node) -> bool:
 def _stateful_functions(tree) -> tuple[dict, set]:
     """(function name → the module globals it changes, for the top-level functions of a module's
     ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
-    the module binds at top level that it changes in place (``seen.append(x)``), by itself or
+    the module binds at top level that it changes in place (``seen.append(x)``), or an instance of
+    a class of the module it makes there, which it changes by a method that is no read-only one
+    (``_c.bump()``, ``read_only._read_only_methods``) or by setting an attribute, by itself or
     through the module's functions it calls by name (``_remember(x)``), and "C.m" → the attributes
     of class C, "C.n", that its method m changes (``class_attribute_changes``); the names of the
     functions and classes that ``from m import *`` gives: its ``__all__`` where a list or tuple of
@@ -274,6 +277,7 @@ def _stateful_functions(tree) -> tuple[dict, set]:
     import ast
 
     containers, exported, functions, classes = set(), None, {}, {}
+    objects: dict = {}  # (name → its class, for each instance of a class of the module that it makes at top level)
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             target, value = stmt.targets[0].id, stmt.value
@@ -284,6 +288,8 @@ def _stateful_functions(tree) -> tuple[dict, set]:
                     isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
                     and value.func.id in ("dict", "list", "set")):
                 containers.add(target)
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
+                objects[target] = value.func.id
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[stmt.name] = stmt
         if isinstance(stmt, ast.ClassDef):
@@ -293,12 +299,21 @@ def _stateful_functions(tree) -> tuple[dict, set]:
                 for a in stmt.names if a.name != "*"]
     given = {name for name in [*functions, *classes, *imported]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
+    # (the methods of its classes that change nothing of their instance: a class with a base, whose methods are not
+    # all known here, has none, and its instances are left out)
+    read_only = _read_only_methods([Code(0, ast.unparse(tree))])
+    objects = {name: cls for name, cls in objects.items() if cls in read_only}
     changes: dict = {}
     for name, function in functions.items():
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
         set_ = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
                 and n.id in declared}
-        changes[name] = set_ | (set(_mutated(function, surely=True)) & (containers - _function_locals(function)))
+        # (an instance it changes by a method that is no read-only one, `_c.bump()`, or by setting an attribute)
+        called = {n.func.value.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                  and n.func.value.id in objects and n.func.attr not in read_only[objects[n.func.value.id]]}
+        changed = (called | set(_mutated(function, calls=False))) & set(objects)
+        changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed) - _function_locals(function))
     # (and what the module's functions they call change, its private ones too: `def ask(x): _remember(x)`)
     calls = {name: {n.func.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Name) and n.func.id in functions} - _function_locals(function)
