@@ -49,12 +49,13 @@ def error_words(pattern: str, error: re.error, place: Callable[[int], int] | Non
     """What ``error``, Python's ``re`` error on ``pattern`` with its Unicode classes held, says is
     wrong and where (``error.pos``, a character index into ``pattern``, or into ``written``, the
     text the user wrote, ``place(index)``, where ``pattern`` respells it): ``error.msg`` at that
-    position, a bad character range as the user wrote it (``_bad_range``), unless the message
+    position (the message alone where ``error.pos`` is None), a bad character range as the user wrote it (``_bad_range``), unless the message
     quotes the text holding a class (a class in a group's name, ``(?P<\\p{L}>...)``, or after
     ``(?``): then the class, by its own text, and where it stands."""
     place = place or (lambda index: index)
     where = _bad_range(pattern, error, place, written or pattern)
-    where = where or f"{error.msg} at position {place(error.pos) if error.pos is not None else None}"
+    # (re gives no position for a look-behind of varying width, found as the pattern compiles)
+    where = where or (error.msg if error.pos is None else f"{error.msg} at position {place(error.pos)}")
     classes = unicode_classes(pattern)
     if not classes or error.pos is None:
         return where

@@ -984,6 +984,23 @@ def test_an_invalid_regex_is_worded_alike_by_gen_a_cell_and_the_engine(backend):
     assert [str(at_gen.value), in_cell.value.message, str(in_engine.value)] == [said] * 3
 
 
+@pytest.mark.parametrize("pattern", [r"(?<=a+)b", r"x(?<!a|bc)"])
+def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend, pattern):
+    """Python's re refuses a look-behind of varying width as the pattern compiles, with no position
+    (re.error.pos None): gen(), a %%lm cell and the engine said "(look-behind requires fixed-width
+    pattern at position None)", and so did a schema's pattern, which ECMA 262 takes."""
+    with pytest.raises(re.error) as python:
+        re.compile(pattern)
+    assert python.value.pos is None
+    error = python.value.msg  # "look-behind requires fixed-width pattern"
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression ({error}); fix the pattern")
+    with pytest.raises(GrammarError) as in_schema:
+        backend.compile(json_schema=json.dumps({"type": "string", "pattern": pattern}))
+    assert str(in_schema.value) == (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
+                                    f"it is not a valid regular expression ({error}); fix the pattern")
+
+
 @pytest.mark.parametrize("schema, said", [
     # (type's meta-schema is an anyOf of a type name or a list of them: jsonschema said only '"strng" is not
     # valid under any of the given schemas'; the closest type is the one difflib ranks first)
