@@ -1717,6 +1717,39 @@ def test_a_set_parameter_is_recorded_in_one_order_whatever_the_process(tmp_path)
     assert settings["parameter ids"] == ["x", 10, 9]  # (no order of their own: by their reprs "'x'", "10", "9")
 
 
+@lmnb.function
+def number(s, question):
+    s += "Q: " + question + "\nA:"
+    s += lmnb.gen("answer", dtype=float, max_tokens=8)
+
+
+def test_a_float_json_cannot_hold_is_written_as_its_repr_so_that_every_line_is_json(tmp_path, capsys):
+    """A float parameter given nan or inf (--ratio nan), and a gen(dtype=float) reading "1e999" (inf),
+    were written as NaN and Infinity, which Python's json writes and reads but JSON has not: jq and
+    JavaScript's JSON.parse refused the results file. They are written as their repr, "nan" and
+    "inf", and a rerun with the same --ratio nan takes the file's rows as done."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0"}])
+
+    def job_with(ratio) -> int:
+        job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                           "--no-progress", "--ratio", ratio])
+        job.parameters(ratio=0.5)
+        return job.run(lambda question: number.run(question).sync(), programs=[number],
+                       backend=ScriptedBackend(lambda prompt, params: "1e999"))
+
+    def strict(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    assert job_with("nan") == 0
+    [record] = [json.loads(line, parse_constant=strict) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert (record["settings"]["parameter ratio"], record["variables"]["answer"]) == ("nan", "inf")
+    write_rows(rows, [{"question": "q0"}, {"question": "q1"}])
+    assert job_with("nan") == 0
+    assert "1 already done" in capsys.readouterr().err
+    assert job_with("-inf") == 2
+    assert "parameter ratio: 'nan' there, '-inf' now" in capsys.readouterr().err
+
+
 def test_a_server_url_with_or_without_its_trailing_slash_is_one_backend(tmp_path):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
     assert run_job(tmp_path, "--input", rows, "--limit", 1, "--backend", "http://127.0.0.1:30000/") == 0

@@ -26,7 +26,7 @@ from lmnb.batch.inputs import InputError, read_rows
 from lmnb.batch.options import (add_parameters, check_backend_options, engine_model, job_parser, make_backend,
                                 parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
-from lmnb.batch.store import ResultStore, StoreError
+from lmnb.batch.store import ResultStore, StoreError, finite_floats
 from lmnb_engine import DEMO_MODEL_NAME, is_demo_name
 
 
@@ -501,7 +501,7 @@ class Job:
 
     def settings(self) -> dict:
         """What the rows' results depend on besides their fields: the notebook parameters and the
-        backend options, as JSON values (``repr`` for others). Each record carries them. A model
+        backend options, as JSON values (``repr`` for others, a float nan or inf too). Each record carries them. A model
         given as a local directory is recorded as its real path, however it was spelled (the
         built-in demo model, by its directory or its name "demo", as None, as a run without --model
         records it, but as "demo" where the notebook loads a model of its own, which a run without
@@ -521,7 +521,8 @@ class Job:
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
         if a.completion:  # (only when set: results files written before the option stay readable)
             values["--completion"] = True
-        return json.loads(json.dumps(values, default=_settings_value))
+        # (a float parameter's nan or inf as the file holds it, so that a rerun compares it alike)
+        return finite_floats(json.loads(json.dumps(values, default=_settings_value)))
 
     def start(self):
         """For a script without input rows: parse the options (unless ``parameters`` did), start

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -288,7 +289,8 @@ class ResultStore:
         return self.input_hashes.get(key, digest) == digest
 
     def write(self, record: dict) -> None:
-        """Append ``record`` as one line. Values JSON cannot hold are written as their ``repr``.
+        """Append ``record`` as one line. Values JSON cannot hold are written as their ``repr`` (a
+        float nan or inf too: ``finite_floats``).
 
         Raises:
             StoreError: the row's key is already in the file (the job never writes a row twice), or
@@ -302,6 +304,7 @@ class ResultStore:
             record = {**record, "settings": self.settings}
         if self.script is not None:
             record = {**record, "script": self.script}
+        record = finite_floats(record)
         try:
             text = json.dumps(record, ensure_ascii=False, default=_jsonable)
             data = (text + "\n").encode("utf-8")
@@ -335,6 +338,19 @@ def _record(line: bytes) -> Optional[dict]:
     except (UnicodeDecodeError, ValueError, RecursionError):  # (also an integer of over 4300 digits)
         return None
     return record if isinstance(record, dict) and isinstance(record.get("row"), int) else None
+
+
+def finite_floats(value: Any) -> Any:
+    """``value`` with each float JSON cannot hold (nan, inf, -inf) as its repr ("nan", "inf"), in
+    its lists, tuples and dicts too, where Python's json writes NaN and Infinity, which no JSON
+    reader but Python's takes (jq, JavaScript's JSON.parse); other values as they are."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return [finite_floats(item) for item in value]
+    if isinstance(value, dict):
+        return {key: finite_floats(item) for key, item in value.items()}
+    return value
 
 
 def _jsonable(value: Any) -> Any:
