@@ -148,8 +148,8 @@ class StopRegexes:
         self.end_only = [r is not None and ends_at_text_end(p) for p, r in zip(patterns or (), self.end_readings)]
         # per pattern whose matches find checks with _final: its relaxed form whole, ending within
         # its assertion reach of the text's end, where both are known (StopStringMatcher._none_final)
-        self.windows = [None if r is None or r.relaxed is None or a is None else _ending_within(r.relaxed.pattern, a)
-                        for r, a in zip(self.end_readings, self.assertion_reach)]
+        self.windows = [None if r is None or r.relaxed is None or a is None else _windowed(p, r, a)
+                        for p, r, a in zip(patterns or (), self.end_readings, self.assertion_reach)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -225,6 +225,39 @@ def _end_reading(pattern: str) -> _EndReading:
 
 
 
+# What in a negative lookahead's X may read the text before its place, or read it otherwise than
+# by consuming characters: an assertion, a lookaround, a conditional, a verb (found in its text
+# with escapes and sets first taken out: _windowed)
+_NOT_CONSUMING = re.compile(r"\\[AbBGmMZzKyY]|[\^$]|\(\?[<(=!]|\(\*")
+_ESCAPE_OR_SET = re.compile(r"\\[AbBGmMZzKyY]|\\.|\[\^?\]?(?:\\.|[^\]\\])*\]")
+
+
+def _windowed(pattern: str, reading: _EndReading, after: int) -> Any:
+    """``StopRegexes.windows`` of ``pattern``, whose ``_end_reading`` is ``reading`` and whose
+    assertions read ``after`` characters past a match at most: its relaxed form, as a search that
+    is not partial reads it, matching only where at most ``after`` characters follow its match
+    (``_ending_within``); None where that form cannot be made. There each negative lookahead
+    ``(?!X)`` whose X consumes one character and reads nothing else (``[\\s\\S]``'s reach, no
+    assertion or lookaround, and a partial match where the text ends) is followed by a
+    character, its mark (``_LOOKAHEAD_MARK``) made ``(?=[\\s\\S])``: where the text ends right
+    after it, X may still match what comes (``_lookahead_open``), so no match through it there
+    is final. Else the window held a whole match from every start of a run that such a lookahead
+    ends (``a\\w*(?!\\w)`` over a run of letters), and each start was checked on its own after
+    each character, at a cost growing with the run."""
+    lookaheads: list[str] = []
+    window = _relaxed(pattern, lookaheads=lookaheads, partial=False)
+    if window is None:
+        return None
+    for i, x in enumerate(reading.lookaheads):
+        lead = GLOBAL_FLAGS.match(x.pattern)
+        body = x.pattern[lead.end() if lead else 0:]
+        kept = _ESCAPE_OR_SET.sub(lambda m: m.group() if _NOT_CONSUMING.fullmatch(m.group()) else "", body)
+        if (reach(x.pattern) == 1 and assertion_reach(x.pattern) == 0 and not _NOT_CONSUMING.search(kept)
+                and (f := x.match("", partial=True)) is not None and f.partial):
+            window = window.replace(f"(?P<{_LOOKAHEAD_MARK}{i}>)", r"(?=[\s\S])")
+    return _ending_within(window, after)
+
+
 # A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
 # regex package's partial search may drop a start that more text still completes past a repeat
 # before it ("a.*?(?<!a)" on "aa": partial at 1, not 0, though "aab" matches from 0), and safe_len
@@ -281,7 +314,8 @@ def _multiline(pattern: str) -> bool:
         return False
 
 
-def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | None = None) -> str | None:
+def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | None = None,
+             partial: bool = True) -> str | None:
     """``pattern`` for safe_len's partial search: every end assertion (``_RELAX``) first reads past
     where its value can still change, so a search that reaches it at the text's end is partial (the
     match start kept) or goes on as the pattern does; and a negative lookaround ``(?!X)`` is
@@ -302,7 +336,8 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str]
     match may begin. ``lookaheads``: where given, each negative lookahead's X' is added to it, and
     in the result the lookahead is followed by an empty group named ``_LOOKAHEAD_MARK`` and its
     index there, which marks where it stood in a match (None where the pattern refers to a group
-    by number, which that would renumber)."""
+    by number, which that would renumber). ``partial`` False: for a search that is not partial
+    (``_windowed``), where ``(?=X')(?!)`` never matches: a negative lookaround is left as it is."""
     if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
         return None
     if lookaheads is not None and re.search(r"\\[1-9]|\\g<\d|\(\?\|", pattern):
@@ -383,7 +418,7 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str]
                 if lookaheads is not None and o[0] == "(?!":  # (an empty group marks where it stood)
                     mark = f"(?P<{_LOOKAHEAD_MARK}{len(lookaheads)}>)"
                     lookaheads.append("".join(r[1:]))
-                r_text = "(?:" + look + "".join(r[1:]) + ")(?!)|" + "".join(o) + ")" + mark + ")"
+                r_text = "(?:" + (look + "".join(r[1:]) + ")(?!)|" if partial else "") + "".join(o) + ")" + mark + ")"
             else:
                 r_text = "".join(r) + ")"
             stack[-1][0].append(r_text)
@@ -843,10 +878,15 @@ class StopStringMatcher:
         ahead = (f", or the lookahead {lookahead}, which reads on without bound, read to the output's end again from "
                  "each place a match may begin" if lookahead else "")
         fix = " and each lookahead reads a bounded stretch" if lookahead else ""
+        # (a linear pattern whose match stays open over a long run, read again from each start
+        # after each token, is given up too: a\w*(?!\w) over ~850 letters, which the words on
+        # backtracking alone misnamed)
         self._shared.problem = (
             f"stop_regex {shown_regex(rx.pattern)} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of "
-            f'output (catastrophic backtracking, as in a repeat of overlapping alternatives like "(x|x)+"{ahead}); '
-            f"rewrite it so each character can be matched one way only{fix}")
+            "output: a long stretch where a match may still begin or end, searched again from each such place "
+            "after each token (a\\w*(?!\\w) over a long run of letters), or catastrophic backtracking (a repeat of "
+            f'overlapping alternatives like "(x|x)+"{ahead}); bound its repeats (\\w{{1,64}} for \\w*) or use a stop '
+            f"string, and rewrite it so each character can be matched one way only{fix}")
 
     def find(self, text: str, new_from: int, at_end: bool = False) -> tuple[int, str] | None:
         """The stop in ``text`` that ends first after ``new_from`` (the length of the text already

@@ -250,6 +250,31 @@ def test_a_stop_regex_reading_the_texts_end_open_from_every_start_of_a_long_run_
         assert all(t == "" for t in shown), pattern
 
 
+def test_a_stop_regex_ending_in_a_one_character_negative_lookahead_is_not_checked_start_by_start_over_a_long_run(
+        monkeypatch):
+    """a\\w*(?!\\w) over a run of letters has a match from every start of the run, none final until
+    a non-letter comes (\\w may follow). The window search that says so for \\w+\\b (6f8484b) held a
+    whole match here (its relaxed (?!\\w) holds at the text's end), so each start was checked on
+    its own after each token (_final), a cost growing with the run: given up at ~850 letters, its
+    request aborted. Now the window asks for a character after such a lookahead and finds none:
+    no start is checked in the run. The stop is where Python's re over the final text matches,
+    nothing shown before, for it and one more with a negative lookahead of one character."""
+    from lmnb_engine import stop_matcher
+
+    checks = []
+    final = stop_matcher.StopStringMatcher._final
+    monkeypatch.setattr(stop_matcher.StopStringMatcher, "_final", lambda *args: checks.append(1) or final(*args))
+    for pattern in [r"a\w*(?!\w)", r"x[ab]*(?![ab])|c"]:
+        run = "x" + "ab" * 150
+        pieces = [run[i:i + 4] for i in range(0, len(run), 4)]
+        m, checks[:] = StopStringMatcher([], [pattern]), []
+        _, hit, shown = stream(m, pieces)
+        assert hit is None and checks == [] and all(len(t) <= 1 for t in shown), pattern
+        _, hit, shown = stream(StopStringMatcher([], [pattern]), pieces + [" b"])
+        ref = re.search(pattern, run + " b")
+        assert hit == (ref.start(), ref.group()) and all(len(t) <= ref.start() for t in shown), pattern
+
+
 def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outputs_end_over_a_long_output():
     """A pattern whose match from every start stays open until the output ends (.+\\Z, [\\s\\S]+$:
     each ends in an assertion of the text's end, which any character more undoes) was searched
@@ -1847,6 +1872,21 @@ def test_a_stop_regex_given_up_names_a_lookahead_that_reads_on_without_bound():
         m._timed_out(0, regex.compile(pattern), "a" * 201)
         assert m.problem.startswith(f"stop_regex {json.dumps(pattern)} took over ") and "(x|x)+" in m.problem
         assert (f"or the lookahead {named}, which reads on without bound" in m.problem) == (named is not None), m.problem
+
+
+def test_a_stop_regex_given_up_names_a_long_open_stretch_as_a_cause_and_bounded_repeats_as_a_fix():
+    # a linear pattern left open over a long run (a\w*(?!\w) over ~850 letters without a space,
+    # searched again after each token) was given up as "catastrophic backtracking" alone, naming
+    # a cause it does not have; the message names both and their fixes (forced, as above)
+    import regex
+
+    pattern = r"a\w*(?!\w)"
+    m = StopStringMatcher([], [pattern])
+    m._timed_out(0, regex.compile(pattern), "a" * 856)
+    assert m.problem.startswith(f"stop_regex {json.dumps(pattern)} took over ") and "856 characters" in m.problem
+    for words in ["a long stretch where a match may still begin or end", "catastrophic backtracking",
+                  r"bound its repeats (\w{1,64} for \w*) or use a stop string"]:
+        assert words in m.problem, words
 
 
 def test_a_one_character_item_is_written_back_as_a_pattern_matching_the_same_characters():
