@@ -10,11 +10,12 @@ from __future__ import annotations
 import collections
 import functools
 import re
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
+from lmnb_engine.stop_end_reading import LOOKAHEAD_MARK, EndReadingChecks, end_reading, windowed
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
 # microseconds, well under a millisecond for a linear pattern over tens of thousands of characters;
@@ -137,9 +138,9 @@ class StopRegexes:
         # per pattern: its head relaxed as for the partial search (_open_head), None where it has none
         self.open_heads = [_open_head(p) for p in patterns or ()]
         # per pattern whose match may read the text's end (an end assertion, a negative lookahead, a
-        # conditional on a lookaround): how find tells whether a match is final (_EndReading); None
+        # conditional on a lookaround): how find tells whether a match is final (EndReading); None
         # where every match is final once met
-        self.end_readings = [_end_reading(p) if sensitive and _READS_END.search(p) else None
+        self.end_readings = [end_reading(p) if sensitive and _READS_END.search(p) else None
                              for p, sensitive in zip(patterns or (), self.end_sensitive)]
         # per pattern: whether every match ends in an assertion of the text's end (\Z, $), so none
         # is final before the output ends (ends_at_text_end): find searches it only then, as the
@@ -148,7 +149,7 @@ class StopRegexes:
         self.end_only = [r is not None and ends_at_text_end(p) for p, r in zip(patterns or (), self.end_readings)]
         # per pattern whose matches find checks with _final: its relaxed form whole, ending within
         # its assertion reach of the text's end, where both are known (StopStringMatcher._none_final)
-        self.windows = [None if r is None or r.relaxed is None or a is None else _windowed(p, r, a)
+        self.windows = [None if r is None or r.relaxed is None or a is None else windowed(p, r, a)
                         for p, r, a in zip(patterns or (), self.end_readings, self.assertion_reach)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
@@ -183,79 +184,6 @@ _END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
 # ... and a conditional on a lookaround: what may make a match read the text's end, where what
 # comes next may undo it (StopRegexes.end_readings)
 _READS_END = re.compile(_END_ASSERTION_SOURCE + r"|\(\?\(\?")
-
-
-class _EndReading(NamedTuple):
-    """How to tell whether a match of a stop regex that may read the end of the text is final,
-    whatever text comes next (``StopStringMatcher._final``). ``relaxed``: the pattern as the
-    partial search reads it (``_relaxed``, compiled), whose whole match is one no end assertion of
-    which reads the text's end, its negative lookaheads marked (``_relaxed``); ``lookaheads``: each
-    negative lookahead's X relaxed, compiled, whose partial match where the lookahead stood in the
-    match tells that more text may undo it (the partial search does not: ``a(?!bc)`` on "ab" is a
-    whole match to it). Where the pattern cannot be read so
-    (``relaxed`` None), ``ahead`` instead: the characters past its match that it may read (None
-    where unknown or unbounded: final only where the output ends)."""
-
-    relaxed: Any
-    lookaheads: tuple
-    ahead: int | None
-
-
-# The name of the empty group that marks where a negative lookahead stood (_relaxed's lookaheads)
-_LOOKAHEAD_MARK = "_lmnb_lookahead"
-
-
-def _end_reading(pattern: str) -> _EndReading:
-    import regex
-
-    lookaheads: list[str] = []
-    relaxed = _relaxed(pattern, lookaheads=lookaheads)
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
-    try:
-        if relaxed is not None:
-            return _EndReading(regex.compile(relaxed), tuple(regex.compile(lead + x) for x in lookaheads), 0)
-    except regex.error:
-        pass
-    if not re.search(r"\(\?[=!(]", pattern):
-        # (a pattern not read, whose only forward reading is its end and word-boundary assertions
-        # (verbose mode: assertion_reach does not read it): none reads 2 characters past its place)
-        return _EndReading(None, (), 2)
-    return _EndReading(None, (), assertion_reach(pattern))
-
-
-
-# What in a negative lookahead's X may read the text before its place, or read it otherwise than
-# by consuming characters: an assertion, a lookaround, a conditional, a verb (found in its text
-# with escapes and sets first taken out: _windowed)
-_NOT_CONSUMING = re.compile(r"\\[AbBGmMZzKyY]|[\^$]|\(\?[<(=!]|\(\*")
-_ESCAPE_OR_SET = re.compile(r"\\[AbBGmMZzKyY]|\\.|\[\^?\]?(?:\\.|[^\]\\])*\]")
-
-
-def _windowed(pattern: str, reading: _EndReading, after: int) -> Any:
-    """``StopRegexes.windows`` of ``pattern``, whose ``_end_reading`` is ``reading`` and whose
-    assertions read ``after`` characters past a match at most: its relaxed form, as a search that
-    is not partial reads it, matching only where at most ``after`` characters follow its match
-    (``_ending_within``); None where that form cannot be made. There each negative lookahead
-    ``(?!X)`` whose X consumes one character and reads nothing else (``[\\s\\S]``'s reach, no
-    assertion or lookaround, and a partial match where the text ends) is followed by a
-    character, its mark (``_LOOKAHEAD_MARK``) made ``(?=[\\s\\S])``: where the text ends right
-    after it, X may still match what comes (``_lookahead_open``), so no match through it there
-    is final. Else the window held a whole match from every start of a run that such a lookahead
-    ends (``a\\w*(?!\\w)`` over a run of letters), and each start was checked on its own after
-    each character, at a cost growing with the run."""
-    lookaheads: list[str] = []
-    window = _relaxed(pattern, lookaheads=lookaheads, partial=False)
-    if window is None:
-        return None
-    for i, x in enumerate(reading.lookaheads):
-        lead = GLOBAL_FLAGS.match(x.pattern)
-        body = x.pattern[lead.end() if lead else 0:]
-        kept = _ESCAPE_OR_SET.sub(lambda m: m.group() if _NOT_CONSUMING.fullmatch(m.group()) else "", body)
-        if (reach(x.pattern) == 1 and assertion_reach(x.pattern) == 0 and not _NOT_CONSUMING.search(kept)
-                and (f := x.match("", partial=True)) is not None and f.partial):
-            window = window.replace(f"(?P<{_LOOKAHEAD_MARK}{i}>)", r"(?=[\s\S])")
-    return _ending_within(window, after)
 
 
 # A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
@@ -334,10 +262,10 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str]
     a set inside a set, a capturing group or backreference inside a negative lookaround, a
     capturing group inside a lookbehind left out): the caller then shows nothing past where a
     match may begin. ``lookaheads``: where given, each negative lookahead's X' is added to it, and
-    in the result the lookahead is followed by an empty group named ``_LOOKAHEAD_MARK`` and its
+    in the result the lookahead is followed by an empty group named ``LOOKAHEAD_MARK`` and its
     index there, which marks where it stood in a match (None where the pattern refers to a group
     by number, which that would renumber). ``partial`` False: for a search that is not partial
-    (``_windowed``), where ``(?=X')(?!)`` never matches: a negative lookaround is left as it is."""
+    (``stop_end_reading.windowed``), where ``(?=X')(?!)`` never matches: a negative lookaround is left as it is."""
     if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
         return None
     if lookaheads is not None and re.search(r"\\[1-9]|\\g<\d|\(\?\|", pattern):
@@ -416,7 +344,7 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str]
                 look = "(?=" if o[0] == "(?!" else "(?<="
                 mark = ""
                 if lookaheads is not None and o[0] == "(?!":  # (an empty group marks where it stood)
-                    mark = f"(?P<{_LOOKAHEAD_MARK}{len(lookaheads)}>)"
+                    mark = f"(?P<{LOOKAHEAD_MARK}{len(lookaheads)}>)"
                     lookaheads.append("".join(r[1:]))
                 r_text = "(?:" + (look + "".join(r[1:]) + ")(?!)|" if partial else "") + "".join(o) + ")" + mark + ")"
             else:
@@ -518,18 +446,6 @@ def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
     count = f"{{{after}}}" if exact else f"{{{after},}}"
     try:
         return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{count}\\Z)", 0 if exact else regex.POSIX)
-    except regex.error:
-        return None
-
-
-def _ending_within(pattern: str, after: int) -> Any:
-    """``pattern`` matching only where at most ``after`` characters follow its match (``_ending_by``)."""
-    import regex
-
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
-    try:
-        return regex.compile(f"{lead}(?:{pattern[len(lead):]})(?=[\\s\\S]{{0,{after}}}\\Z)")
     except regex.error:
         return None
 
@@ -638,7 +554,7 @@ def _open_start(rx: Any, text: str, pos: int, settled: Callable[[int], bool]) ->
     return len(text)
 
 
-class StopStringMatcher:
+class StopStringMatcher(EndReadingChecks):
     """Finds the first stop string or stop regex match to end in generated text and says how much
     text is safe to stream.
 
@@ -777,97 +693,6 @@ class StopStringMatcher:
             self._timed_out(k, self._regexes[k], text)
             return False
         return m is not None and not m.partial
-
-    def _final(self, k: int, text: str, at_end: bool, m: Any, end: int) -> Any:
-        """``m``, a match of regex ``k`` in ``text[:end]``, where no text after ``end`` can undo it
-        (``StopRegexes.end_readings``) or the output ends there (``at_end`` and ``end`` is
-        ``text``'s), or another from its start that none can, else None: then it reads the end of
-        ``text[:end]``, and where that is ``text``'s, find keeps its start (``_pending``).
-
-        Raises:
-            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
-        """
-        if at_end and end == len(text):
-            return m
-        relaxed, lookaheads, ahead = self._shared.end_readings[k]
-        if relaxed is None:
-            final = ahead is not None and m.end() + ahead <= end
-        else:  # (the relaxed match of m's own span: whole where no assertion in it reads past end)
-            exact = _ending_by(relaxed.pattern, end - m.end(), exact=True)
-            f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
-            final = f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end)
-        if final:
-            return m
-        if relaxed is not None:  # another match from its start that is final (ab?(?!a) on "aab" from 1: "a")
-            f = relaxed.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
-            if f is not None and not f.partial and self._unheld(k, text, f.start(), f.end()) and not self._lookahead_open(
-                    lookaheads, f, text, end):
-                return f
-            # (where the relaxed match reads on to one a negative lookahead leaves open, the shortest,
-            # within the pattern's reach, to ``end`` where that is unbounded: x[ab]*(?!c)|a on "xa "
-            # from 0 is "x"; and from where its assertions read the last character: each shorter text
-            # from past the text not checked was checked, and one final there was met then; one
-            # ending in the text not checked only where that text did not hold it, _unheld)
-            reach, ahead = self._shared.reach[k], self._shared.assertion_reach[k]
-            first = max(m.start() + 1, 0 if ahead is None else end - ahead)
-            for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
-                if e == m.end() or not self._unheld(k, text, m.start(), e):  # (m's own span: not final, above)
-                    continue
-                exact = _ending_by(relaxed.pattern, end - e, exact=True)
-                f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=REGEX_TIMEOUT_S)
-                if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
-                    return f
-        if end == len(text):
-            self._pending[k] = min(self._pending.get(k, end), m.start())
-        return None
-
-    def _unheld(self, k: int, text: str, start: int, end: int) -> bool:
-        """Whether a match of regex ``k`` in ``text`` from ``start`` to ``end`` is new past the text
-        not checked (the first ``min_new_tokens``, ``_held_to`` characters): it ends after that
-        text, or that text alone did not hold it, an assertion reading past it (``b[a ]*\\b`` after
-        "b " not checked, then "a": "b " from 0 is a match once "a" comes, as ``_new_before`` finds
-        where the search meets it).
-
-        Raises:
-            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
-        """
-        held_to, ahead = self._held_to or 0, self._shared.assertion_reach[k]
-        if end > held_to:
-            return True
-        if ahead is not None and end + ahead <= held_to:  # (it reads no character past that text)
-            return False
-        exact = _ending_by(self._regexes[k].pattern, held_to - end, exact=True)
-        return exact is not None and exact.match(text, start, held_to, timeout=REGEX_TIMEOUT_S) is None
-
-    def _none_final(self, k: int, text: str, floor: int, end: int) -> bool:
-        """Whether no match of regex ``k`` in ``text[:end]`` from ``floor`` on is final (``_final``),
-        by one search, where that tells: none of the relaxed pattern ends whole within the pattern's
-        assertion reach of ``end`` (``StopRegexes.windows``). A final match ending earlier was final
-        at an earlier check, and met there. Then the earliest match there, which reads the end, is
-        held back (``_pending``) as ``_final`` holds it. The search of every start after each
-        character, each through ``_final``, grew with the square of an open match's length
-        (\\w+\\b over a run of letters was given up at ~600 characters).
-
-        Raises:
-            TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
-        """
-        window = self._shared.windows[k]
-        if window is None or window.search(text, floor, end, timeout=REGEX_TIMEOUT_S) is not None:
-            return False
-        if end == len(text) and (m := self._regexes[k].search(text, floor, end, timeout=REGEX_TIMEOUT_S)) is not None:
-            self._pending[k] = min(self._pending.get(k, end), m.start())
-        return True
-
-    @staticmethod
-    def _lookahead_open(lookaheads: tuple, f: Any, text: str, end: int) -> bool:
-        """Whether a negative lookahead where it stood in ``f`` (a match of ``_EndReading.relaxed``)
-        has an X that text after ``end`` may complete, undoing ``f``.
-
-        Raises:
-            TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
-        """
-        return any((x := rx.match(text, p, end, partial=True, timeout=REGEX_TIMEOUT_S)) is not None and x.partial
-                   for i, rx in enumerate(lookaheads) for p in f.starts(f"{_LOOKAHEAD_MARK}{i}"))
 
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)

@@ -1,0 +1,224 @@
+"""How a stop regex's match that may read the end of the text is told final (``StopStringMatcher.find``).
+
+A stop regex with an end assertion (``$``, ``\\b``, ``\\Z``), a negative lookahead or a conditional
+on a lookaround may match where the text so far ends and not once more text comes (``\\bEND\\b`` on
+"END", then "ING"): such a match is a stop only once it is final, no text after it able to undo
+it, or where the output ends there. This module tells that: per pattern, its relaxed form and its
+negative lookaheads (``EndReading``, ``end_reading``) and one search saying that no match near the
+text's end is final (``windowed``); per match, the checks ``StopStringMatcher`` inherits
+(``EndReadingChecks``), which read its state: ``_shared`` (``StopRegexes``), ``_regexes``,
+``_held_to`` (the length of the text not checked, the first ``min_new_tokens``) and ``_pending``
+(where a match that reads the text's end begins, which ``safe_len`` holds back).
+
+Every search is bounded by ``stop_matcher.REGEX_TIMEOUT_S``, read there at each call (callers and
+tests set it there), and raises ``TimeoutError`` past it. ``stop_matcher._relaxed`` and
+``stop_matcher._ending_by``, shared with the partial search, are read there too: that module
+imports this one, so this one reads it only when called.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from lmnb_engine.regex_errors import GLOBAL_FLAGS
+from lmnb_engine.regex_reach import assertion_reach, reach
+
+
+class EndReading(NamedTuple):
+    """How to tell whether a match of a stop regex that may read the end of the text is final,
+    whatever text comes next (``StopStringMatcher._final``). ``relaxed``: the pattern as the
+    partial search reads it (``stop_matcher._relaxed``, compiled), whose whole match is one no end
+    assertion of which reads the text's end, its negative lookaheads marked; ``lookaheads``: each
+    negative lookahead's X relaxed, compiled, whose partial match where the lookahead stood in the
+    match tells that more text may undo it (the partial search does not: ``a(?!bc)`` on "ab" is a
+    whole match to it). Where the pattern cannot be read so (``relaxed`` None), ``ahead``
+    instead: the characters past its match that it may read (None where unknown or unbounded:
+    final only where the output ends)."""
+
+    relaxed: Any
+    lookaheads: tuple
+    ahead: int | None
+
+
+# The name of the empty group that marks where a negative lookahead stood (the lookaheads of
+# stop_matcher._relaxed)
+LOOKAHEAD_MARK = "_lmnb_lookahead"
+
+
+def end_reading(pattern: str) -> EndReading:
+    """``StopRegexes.end_readings`` of ``pattern``, one that may read the text's end (``EndReading``)."""
+    import regex
+
+    from lmnb_engine import stop_matcher  # (it imports this module: read when called)
+
+    lookaheads: list[str] = []
+    relaxed = stop_matcher._relaxed(pattern, lookaheads=lookaheads)
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    try:
+        if relaxed is not None:
+            return EndReading(regex.compile(relaxed), tuple(regex.compile(lead + x) for x in lookaheads), 0)
+    except regex.error:
+        pass
+    if not re.search(r"\(\?[=!(]", pattern):
+        # (a pattern not read, whose only forward reading is its end and word-boundary assertions
+        # (verbose mode: assertion_reach does not read it): none reads 2 characters past its place)
+        return EndReading(None, (), 2)
+    return EndReading(None, (), assertion_reach(pattern))
+
+
+# What in a negative lookahead's X may read the text before its place, or read it otherwise than
+# by consuming characters: an assertion, a lookaround, a conditional, a verb (found in its text
+# with escapes and sets first taken out: windowed)
+_NOT_CONSUMING = re.compile(r"\\[AbBGmMZzKyY]|[\^$]|\(\?[<(=!]|\(\*")
+_ESCAPE_OR_SET = re.compile(r"\\[AbBGmMZzKyY]|\\.|\[\^?\]?(?:\\.|[^\]\\])*\]")
+
+
+def windowed(pattern: str, reading: EndReading, after: int) -> Any:
+    """``StopRegexes.windows`` of ``pattern``, whose ``end_reading`` is ``reading`` and whose
+    assertions read ``after`` characters past a match at most: its relaxed form, as a search that
+    is not partial reads it, matching only where at most ``after`` characters follow its match
+    (``_ending_within``); None where that form cannot be made. There each negative lookahead
+    ``(?!X)`` whose X consumes one character and reads nothing else (``[\\s\\S]``'s reach, no
+    assertion or lookaround, and a partial match where the text ends) is followed by a
+    character, its mark (``LOOKAHEAD_MARK``) made ``(?=[\\s\\S])``: where the text ends right
+    after it, X may still match what comes (``_lookahead_open``), so no match through it there
+    is final. Else the window held a whole match from every start of a run that such a lookahead
+    ends (``a\\w*(?!\\w)`` over a run of letters), and each start was checked on its own after
+    each character, at a cost growing with the run."""
+    from lmnb_engine import stop_matcher  # (it imports this module: read when called)
+
+    lookaheads: list[str] = []
+    window = stop_matcher._relaxed(pattern, lookaheads=lookaheads, partial=False)
+    if window is None:
+        return None
+    for i, x in enumerate(reading.lookaheads):
+        lead = GLOBAL_FLAGS.match(x.pattern)
+        body = x.pattern[lead.end() if lead else 0:]
+        kept = _ESCAPE_OR_SET.sub(lambda m: m.group() if _NOT_CONSUMING.fullmatch(m.group()) else "", body)
+        if (reach(x.pattern) == 1 and assertion_reach(x.pattern) == 0 and not _NOT_CONSUMING.search(kept)
+                and (f := x.match("", partial=True)) is not None and f.partial):
+            window = window.replace(f"(?P<{LOOKAHEAD_MARK}{i}>)", r"(?=[\s\S])")
+    return _ending_within(window, after)
+
+
+def _ending_within(pattern: str, after: int) -> Any:
+    """``pattern`` matching only where at most ``after`` characters follow its match
+    (``stop_matcher._ending_by``)."""
+    import regex
+
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    try:
+        return regex.compile(f"{lead}(?:{pattern[len(lead):]})(?=[\\s\\S]{{0,{after}}}\\Z)")
+    except regex.error:
+        return None
+
+
+class EndReadingChecks:
+    """The per-match checks of ``StopStringMatcher`` for regexes whose match may read the text's end
+    (module docstring: the state they read)."""
+
+    def _final(self, k: int, text: str, at_end: bool, m: Any, end: int) -> Any:
+        """``m``, a match of regex ``k`` in ``text[:end]``, where no text after ``end`` can undo it
+        (``StopRegexes.end_readings``) or the output ends there (``at_end`` and ``end`` is
+        ``text``'s), or another from its start that none can, else None: then it reads the end of
+        ``text[:end]``, and where that is ``text``'s, find keeps its start (``_pending``).
+
+        Raises:
+            TimeoutError: a match ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+        """
+        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
+
+        budget = stop_matcher.REGEX_TIMEOUT_S
+        if at_end and end == len(text):
+            return m
+        relaxed, lookaheads, ahead = self._shared.end_readings[k]
+        if relaxed is None:
+            final = ahead is not None and m.end() + ahead <= end
+        else:  # (the relaxed match of m's own span: whole where no assertion in it reads past end)
+            exact = stop_matcher._ending_by(relaxed.pattern, end - m.end(), exact=True)
+            f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=budget)
+            final = f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end)
+        if final:
+            return m
+        if relaxed is not None:  # another match from its start that is final (ab?(?!a) on "aab" from 1: "a")
+            f = relaxed.match(text, m.start(), end, partial=True, timeout=budget)
+            if f is not None and not f.partial and self._unheld(k, text, f.start(), f.end()) and not self._lookahead_open(
+                    lookaheads, f, text, end):
+                return f
+            # (where the relaxed match reads on to one a negative lookahead leaves open, the shortest,
+            # within the pattern's reach, to ``end`` where that is unbounded: x[ab]*(?!c)|a on "xa "
+            # from 0 is "x"; and from where its assertions read the last character: each shorter text
+            # from past the text not checked was checked, and one final there was met then; one
+            # ending in the text not checked only where that text did not hold it, _unheld)
+            reach, ahead = self._shared.reach[k], self._shared.assertion_reach[k]
+            first = max(m.start() + 1, 0 if ahead is None else end - ahead)
+            for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
+                if e == m.end() or not self._unheld(k, text, m.start(), e):  # (m's own span: not final, above)
+                    continue
+                exact = stop_matcher._ending_by(relaxed.pattern, end - e, exact=True)
+                f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=budget)
+                if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
+                    return f
+        if end == len(text):
+            self._pending[k] = min(self._pending.get(k, end), m.start())
+        return None
+
+    def _unheld(self, k: int, text: str, start: int, end: int) -> bool:
+        """Whether a match of regex ``k`` in ``text`` from ``start`` to ``end`` is new past the text
+        not checked (the first ``min_new_tokens``, ``_held_to`` characters): it ends after that
+        text, or that text alone did not hold it, an assertion reading past it (``b[a ]*\\b`` after
+        "b " not checked, then "a": "b " from 0 is a match once "a" comes, as ``_new_before`` finds
+        where the search meets it).
+
+        Raises:
+            TimeoutError: a match ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+        """
+        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
+
+        budget = stop_matcher.REGEX_TIMEOUT_S
+        held_to, ahead = self._held_to or 0, self._shared.assertion_reach[k]
+        if end > held_to:
+            return True
+        if ahead is not None and end + ahead <= held_to:  # (it reads no character past that text)
+            return False
+        exact = stop_matcher._ending_by(self._regexes[k].pattern, held_to - end, exact=True)
+        return exact is not None and exact.match(text, start, held_to, timeout=budget) is None
+
+    def _none_final(self, k: int, text: str, floor: int, end: int) -> bool:
+        """Whether no match of regex ``k`` in ``text[:end]`` from ``floor`` on is final (``_final``),
+        by one search, where that tells: none of the relaxed pattern ends whole within the pattern's
+        assertion reach of ``end`` (``StopRegexes.windows``). A final match ending earlier was final
+        at an earlier check, and met there. Then the earliest match there, which reads the end, is
+        held back (``_pending``) as ``_final`` holds it. The search of every start after each
+        character, each through ``_final``, grew with the square of an open match's length
+        (\\w+\\b over a run of letters was given up at ~600 characters).
+
+        Raises:
+            TimeoutError: a search ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+        """
+        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
+
+        budget = stop_matcher.REGEX_TIMEOUT_S
+        window = self._shared.windows[k]
+        if window is None or window.search(text, floor, end, timeout=budget) is not None:
+            return False
+        if end == len(text) and (m := self._regexes[k].search(text, floor, end, timeout=budget)) is not None:
+            self._pending[k] = min(self._pending.get(k, end), m.start())
+        return True
+
+    @staticmethod
+    def _lookahead_open(lookaheads: tuple, f: Any, text: str, end: int) -> bool:
+        """Whether a negative lookahead where it stood in ``f`` (a match of ``EndReading.relaxed``)
+        has an X that text after ``end`` may complete, undoing ``f``.
+
+        Raises:
+            TimeoutError: a match ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+        """
+        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
+
+        budget = stop_matcher.REGEX_TIMEOUT_S
+        return any((x := rx.match(text, p, end, partial=True, timeout=budget)) is not None and x.partial
+                   for i, rx in enumerate(lookaheads) for p in f.starts(f"{LOOKAHEAD_MARK}{i}"))
