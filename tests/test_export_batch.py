@@ -1750,6 +1750,28 @@ def test_a_float_json_cannot_hold_is_written_as_its_repr_so_that_every_line_is_j
     assert "parameter ratio: 'nan' there, '-inf' now" in capsys.readouterr().err
 
 
+def test_a_float_json_cannot_hold_inside_a_set_or_a_pydantic_model_is_written_as_its_repr(tmp_path):
+    """ResultStore.write writes a value JSON cannot hold as its repr, a float nan or inf too; but one
+    inside a set or a pydantic model, which json hands to ``default`` (a list, model_dump()), was
+    written as NaN or Infinity, as json wrote what ``default`` gave back as it is. Read back strictly
+    (no NaN or Infinity constant), the line holds "nan" and "inf", as for a float of the record."""
+    import pydantic
+
+    class Reading(pydantic.BaseModel):
+        x: float
+
+    store = ResultStore(tmp_path / "out.jsonl")
+    store.open()
+    store.write({"row": 0, "variables": {"seen": {float("nan")}, "reading": Reading(x=float("-inf")),
+                                         "pair": (float("inf"), frozenset([float("nan")]))}})
+
+    def strict(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    record = json.loads((tmp_path / "out.jsonl").read_text(), parse_constant=strict)
+    assert record["variables"] == {"seen": ["nan"], "reading": {"x": "-inf"}, "pair": ["inf", ["nan"]]}
+
+
 def test_a_server_url_with_or_without_its_trailing_slash_is_one_backend(tmp_path):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
     assert run_job(tmp_path, "--input", rows, "--limit", 1, "--backend", "http://127.0.0.1:30000/") == 0

@@ -354,9 +354,10 @@ def finite_floats(value: Any) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
+    # (json writes what this gives back as it is: a nan in a set or a model is "nan" here, not NaN)
     if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
+        return finite_floats(list(value))
     dump = getattr(value, "model_dump", None)  # pydantic models from json_schema gens
     if callable(dump):
-        return dump()
+        return finite_floats(dump())
     return repr(value)
