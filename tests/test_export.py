@@ -1301,6 +1301,16 @@ _SEEN = "def seen(x, acc=[]):\n    acc.append(x)\n    return len(acc)"
     ("def seen(x, acc=[]):\n    acc = acc + [x]\n    return len(acc)", "r = str(seen(q))", "111"),
     ("def seen(x, acc=[]):\n    return len(acc) + 1", "r = str(seen(q))", "111"),
     ("", _SEEN + "\nr = str(seen(q))", "111"),
+    # (a closure of it changes it: noted; a function or lambda in it whose own variable the name is, and a row cell
+    # that binds the name to its own function, change another: no note, where one was)
+    ("def seen(x, acc=[]):\n    def add():\n        acc.append(x)\n    add()\n    return len(acc)", "r = str(seen(q))",
+     "123"),
+    ("def seen(x, acc=[]):\n    def add(acc):\n        acc.append(x)\n        return len(acc)\n    return add([])",
+     "r = str(seen(q))", "111"),
+    ("def seen(x, acc=[]):\n    return (lambda acc: acc.append(x) or len(acc))([])", "r = str(seen(q))", "111"),
+    (_SEEN, _SEEN + "\nr = str(seen(q))", "111"),
+    ("seen = lambda x, acc=[]: acc.append(x) or len(acc)", "seen = lambda x, acc=[]: acc.append(x) or len(acc)\n"
+     "r = str(seen(q))", "111"),
 ])
 def test_a_setup_functions_default_the_rows_change_carries_over_as_noted(tmp_path, monkeypatch, setup, cell, job):
     """def seen(x, acc=[]) in a set-up cell, seen(q) per row: the def makes the list once, so the job's

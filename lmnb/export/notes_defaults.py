@@ -5,7 +5,7 @@ row to row in the job, where each pass of the notebook runs the ``def`` anew."""
 from __future__ import annotations
 
 from lmnb.export.cells import _mutated
-from lmnb.export.syntax import _own_nodes, _row_trees
+from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees
 
 
 def _made_once(value) -> bool:
@@ -30,21 +30,50 @@ def _changed_defaults(function) -> list:
                                                             args.defaults), len(positional) - len(args.defaults))]
     defaulted += [(None, a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
     rebound = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    changed = set(_mutated(ast.Module(body=function.body, type_ignores=[]), surely=True))
-    return [(i, a.arg, d) for i, a, d in defaulted if _made_once(d) and a.arg in changed and a.arg not in rebound]
+    return [(i, a.arg, d) for i, a, d in defaulted
+            if _made_once(d) and a.arg not in rebound and a.arg in _mutated(_closures_of(function, a.arg), surely=True)]
+
+
+def _closures_of(function, name: str):
+    """A copy of ``function``'s body (a module) without the functions and lambdas in it whose own
+    variable ``name`` is (a parameter, ``def inner(acc)``, a name it binds, or one it declares
+    ``global``): what those change by that name is not ``function``'s ``name``, where a closure's
+    change is (``def inner(): acc.append(x)``)."""
+    import ast
+    import copy
+
+    class Without(ast.NodeTransformer):
+        def _own(self, node) -> bool:
+            declared = {n for m, _ in _own_nodes(node) if isinstance(m, ast.Global) for n in m.names}
+            return name in _function_locals(node) | declared
+
+        def visit_FunctionDef(self, node):
+            return None if self._own(node) else self.generic_visit(node)
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
+        def visit_Lambda(self, node):
+            return ast.Constant(None) if self._own(node) else self.generic_visit(node)
+
+    return Without().visit(ast.Module(body=copy.deepcopy(function.body), type_ignores=[]))
 
 
 def _default_notes(row: list, called: list, defs: dict) -> list:
     """The notes for the set-up functions the rows call (``called``: ``_called``; ``defs``: their
     ``def``s, ``_made_objects``') with a dict, list or set default that they change in place
-    (``_changed_defaults``), where a call by name in a row cell or in one of those functions leaves
-    that parameter to its default (``seen(q)`` of ``def seen(x, acc=[])``; not ``seen(q, [])``)."""
+    (``_changed_defaults``), where a call by name in a row cell (where no row cell binds that name)
+    or in one of those functions leaves that parameter to its default (``seen(q)`` of ``def seen(x,
+    acc=[])``; not ``seen(q, [])``)."""
     import ast
 
     functions = [(f[0], d) for f in called if (d := defs.get((f[0], f[1]))) is not None
                  and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    calls = [n for tree in [t for _, t in _row_trees(row)] + [d for _, d in functions] for n in ast.walk(tree)
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    # (a name a row cell binds is run_row's own variable in all of the row's cells, its own function: only the
+    # set-up functions, which read the script's globals, call the set-up one by it)
+    own = set().union(*(set(_cell_binds(c)) for c in row))
+    calls = [n for tree in [t for _, t in _row_trees(row)] for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in own]
+    calls += [n for _, d in functions for n in ast.walk(d) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     notes = []
     for index, function in functions:
         found = []
