@@ -49,8 +49,8 @@ def error_words(pattern: str, error: re.error, place: Callable[[int], int] | Non
     """What ``error``, Python's ``re`` error on ``pattern`` with its Unicode classes held, says is
     wrong and where (``error.pos``, a character index into ``pattern``, or into ``written``, the
     text the user wrote, ``place(index)``, where ``pattern`` respells it): ``error.msg`` at that
-    position (the message alone where ``error.pos`` is None), a bad character range as the user wrote it (``_bad_range``), unless the message
-    quotes the text holding a class (a class in a group's name, ``(?P<\\p{L}>...)``, or after
+    position (the message alone where ``error.pos`` is None), a bad character range as the user
+    wrote it (``_bad_range``), unless the message quotes the text holding a class (a class in a group's name, ``(?P<\\p{L}>...)``, or after
     ``(?``): then the class, by its own text, and where it stands."""
     place = place or (lambda index: index)
     where = _bad_range(pattern, error, place, written or pattern)
