@@ -51,7 +51,10 @@ def raw_bytes(engine: Any, token_id: int) -> Optional[bytes]:
 def token_bytes(engine: Any, token_id: int, text: str) -> list[int]:
     """OpenAI's ``bytes`` of a token whose ``token_text`` is ``text``: the bytes the decoder reads from
     the token (``raw_bytes``), so a client joining a reply's ``bytes`` gets the reply's text (read as
-    UTF-8, U+FFFD for bytes that are no character, as the decoder reads them), a character split
-    between tokens (an added token's too) whole; else ``text``'s UTF-8."""
+    UTF-8, U+FFFD for bytes that are no character), a character split between tokens (an added
+    token's too) whole; else ``text``'s UTF-8. One difference stays: a SentencePiece byte-fallback
+    decoder writes a U+FFFD for every byte of a run of ``<0xNN>`` tokens that is not UTF-8 as a
+    whole, its whole characters too (``<0x6E>``, ``<0x8F>`` decode to two U+FFFD, their bytes read
+    "n" and one), and OpenAI's bytes are the token's own."""
     raw = raw_bytes(engine, token_id)
     return list(raw if raw is not None else text.encode("utf-8"))
