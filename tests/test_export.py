@@ -4551,7 +4551,7 @@ def test_a_function_of_the_users_package_module_imported_by_its_dotted_name_that
 
 
 def _module_job(tmp_path, monkeypatch, files: dict, setup: str, cell: str) -> tuple[list, list, list]:
-    """(the export's notes on modules beside the notebook, r as each pass of the notebook gives it, r
+    """(the export's notes on modules beside the notebook and objects made once, r as each pass of the notebook gives it, r
     as the job's rows give it) for ``files`` (path → source) beside a notebook of ``setup``, a %%lm
     cell of q, the Python ``cell`` that sets r and a %%lm cell of r, run over the rows q = B, C, D;
     each pass of the notebook, as a new kernel, and the job import the modules anew."""
@@ -4580,7 +4580,8 @@ def _module_job(tmp_path, monkeypatch, files: dict, setup: str, cell: str) -> tu
     fresh()
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
                                ["--num-threads", "1"])
-    return [n.split(": the job")[0] for n in p.notes if "beside the notebook" in n], passes, prompts[1::2]
+    return [n.split(": the job")[0] for n in p.notes if "beside the notebook" in n or "makes once" in n], passes, \
+        prompts[1::2]
 
 
 @pytest.mark.parametrize("setup, cell, noted, job", [
@@ -4678,6 +4679,31 @@ def test_an_object_the_users_module_makes_at_top_level_that_its_functions_change
     notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _OBJECT}, setup, cell)
     assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
     assert notes == ([] if noted is None else [f"cell 1: {noted}"])
+
+
+_STORE = ("class Store:\n    def __init__(self):\n        self.items = []\n\n    def add(self, x):\n"
+          "        self.items.append(x)\n        return len(self.items)\n\n    def size(self):\n"
+          "        return len(self.items)\n\n\nclass Deque(list):\n    def size(self):\n        return len(self)\n")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("from helpers import Store\nc = Store()", "r = str(c.add(q))",
+     "cell 1: c, an instance of Store that this cell makes once, is used by the rows (`c.add(q)` in cell 3)"),
+    ("import helpers as h\nc = h.Store()", "r = str(c.add(q))",
+     "cell 1: c, an instance of h.Store that this cell makes once, is used by the rows (`c.add(q)` in cell 3)"),
+    # (a method that only reads it, an instance the row makes, or one of a class with a base, whose methods are not
+    # all known here)
+    ("from helpers import Store\nc = Store()", "r = str(c.size() + 1)", None),
+    ("from helpers import Store", "c = Store()\nr = str(c.add(q))", None),
+    ("from helpers import Deque\nc = Deque()", "r = str(c.size() + 1)", None),
+])
+def test_an_instance_of_a_users_module_class_that_the_rows_change_is_noted(tmp_path, monkeypatch, setup, cell, noted):
+    """`from helpers import Store` and `c = Store()` once, `c.add(q)` per row: the job's rows gave 1,
+    2, 3, where each pass of the notebook gives 1, without a note (only the set-up cells' own classes
+    were followed)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _STORE}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert [n.split(": what")[0] for n in notes] == ([] if noted is None else [noted])
 
 
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> li
             for m, use in draws.items() if use is not None]
 
 
-def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path], defs: dict) -> list:
+def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path], defs: dict,
+                        parsed: Optional[dict] = None) -> list:
     """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
     that a cell star-imports or from-imports (``from helpers import remember``, ``as rem`` too, a
     package's module too: ``from pkg.helpers import remember``, pkg/helpers.py) and the row cells
@@ -89,7 +90,8 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
         if isinstance(func, ast.Attribute) and _dotted(func.value):
             attributes.setdefault(ast.unparse(func.value), set()).add(func.attr)
     reloaded = _reloaded_modules(cells, row)
-    notes, read = [], {}  # (read: path → _stateful_functions of its source, None where unread: each file read once)
+    notes, read = [], {}  # (read: path → _module_state of its source)
+    parsed = {} if parsed is None else parsed  # (module file → its syntax tree: _parsed)
     for c in cells:
         if not isinstance(c, Code):
             continue
@@ -107,12 +109,12 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                       f"from {module} import {original}" + (f" as {local}" if local != original else ""))
                      for module, _, names, _ in list(imported) if names for local, original in names.items()
                      if _module_file(folder, f"{module}.{original}") is not None
-                     and not _defines(_module_file(folder, module), original)]
+                     and not _defines(_module_file(folder, module), original, parsed)]
         for module, alias, names, statement in imported:
             path = _module_file(folder, module)
             if path is None:  # (no such file: a module installed, whose state is its own)
                 continue
-            changes, exported = _module_state(path, folder, read)
+            changes, exported = _module_state(path, folder, read, parsed)
             file = path.relative_to(folder).as_posix()  # (pkg/helpers.py of `from pkg.helpers import f`)
             for name, state in changes.items():
                 owner = name.rpartition(".")[0]  # (a class's method: "Cache.add" of Cache)
@@ -155,19 +157,31 @@ def _module_file(folder: Path, module: str, within: Optional[Path] = None) -> Op
     return None
 
 
-def _defines(path: Optional[Path], name: str) -> bool:
+def _parsed(path: Path, parsed: dict):
+    """The syntax tree of the module file ``path``, or None where it cannot be read or parsed (nested
+    past what Python's parser takes, RecursionError: no import can run it either); ``parsed`` (path →
+    tree) holds each file read, so that an export reads it once."""
+    import ast
+
+    if path not in parsed:
+        try:
+            parsed[path] = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, SyntaxError, RecursionError, MemoryError):
+            parsed[path] = None
+    return parsed[path]
+
+
+def _defines(path: Optional[Path], name: str, parsed: dict) -> bool:
     """Whether the module file ``path`` binds ``name`` at its top level other than by an import (a
     package's pkg/__init__.py whose ``helpers`` is no module: `from pkg import helpers` gives that)."""
     import ast
 
-    try:
-        body = ast.parse(path.read_text(encoding="utf-8")).body if path is not None else []
-    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError):
-        return False
-    return any(name in bound_by(stmt) for stmt in body if not isinstance(stmt, (ast.Import, ast.ImportFrom)))
+    tree = _parsed(path, parsed) if path is not None else None
+    return tree is not None and any(name in bound_by(stmt) for stmt in tree.body
+                                    if not isinstance(stmt, (ast.Import, ast.ImportFrom)))
 
 
-def _module_state(path: Path, folder: Path, read: dict, seen: tuple = ()) -> tuple[dict, set]:
+def _module_state(path: Path, folder: Path, read: dict, parsed: dict, seen: tuple = ()) -> tuple[dict, set]:
     """``_stateful_functions`` of the module file ``path`` (read and parsed once an export: ``read``,
     path → its result), with what it imports from another module of the user's and so gives as its
     own (``from .helpers import remember`` in pkg/api.py, or in pkg/__init__.py): that module's
@@ -178,10 +192,8 @@ def _module_state(path: Path, folder: Path, read: dict, seen: tuple = ()) -> tup
     if path in read:
         return read[path]
     read[path] = ({}, set())  # (a module that imports itself, or one that imports it: read once)
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError):
-        # (nested past what Python's parser takes, RecursionError: no import can run it either)
+    tree = _parsed(path, parsed)
+    if tree is None:
         return read[path]
     changes, exported = _stateful_functions(tree)
     last = {name: i for i, stmt in enumerate(tree.body) for name in bound_by(stmt)}  # (what binds a name last)
@@ -194,7 +206,7 @@ def _module_state(path: Path, folder: Path, read: dict, seen: tuple = ()) -> tup
         source = _module_file(folder, stmt.module or "", within) if stmt.module or stmt.level else None
         if source is None or source in seen:
             continue
-        theirs, _ = _module_state(source, folder, read, (*seen, path))
+        theirs, _ = _module_state(source, folder, read, parsed, (*seen, path))
         shown = source.relative_to(folder).as_posix()
         for a in (a for a in stmt.names if last.get(a.asname or a.name) == i):
             local = a.asname or a.name
@@ -205,6 +217,37 @@ def _module_state(path: Path, folder: Path, read: dict, seen: tuple = ()) -> tup
                     changes[f"{local}.{method}" if owner else local] = [f"{s} ({shown})" for s in state]
     read[path] = (changes, exported)
     return read[path]
+
+
+def _module_classes(setup: list, folder: Optional[Path], parsed: dict) -> dict:
+    """The classes of the user's modules (files in the notebook's ``folder``) that the set-up
+    cells' top-level imports bind, as a set-up cell calls them to make an instance (``Cache`` of
+    ``from helpers import Cache``, ``helpers.Cache`` of ``import helpers``) → the methods that
+    change nothing of their instance (``read_only._read_only_methods`` of the module's source),
+    for the classes with no base but ``object`` (where the methods are all known); where a later
+    statement binds the name again, it is left out. ``parsed``: ``_parsed``'s."""
+    import ast
+
+    out: dict = {}
+    read: dict = {}  # (path → its classes' read-only methods)
+
+    def classes(module: str) -> dict:
+        path = _module_file(folder, module) if folder is not None else None
+        if path is not None and path not in read:
+            tree = _parsed(path, parsed)
+            read[path] = _read_only_methods([Code(0, ast.unparse(tree))]) if tree is not None else {}
+        return read.get(path, {})
+
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out = {n: m for n, m in out.items() if n != name and not n.startswith(name + ".")}
+        if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+            found = classes(stmt.module)
+            out.update({a.asname or a.name: found[a.name] for a in stmt.names if a.name in found})
+        elif isinstance(stmt, ast.Import):
+            for a in stmt.names:
+                out.update({f"{a.asname or a.name}.{cls}": methods for cls, methods in classes(a.name).items()})
+    return out
 
 
 def _reloaded_modules(cells: list, row: list) -> set:
@@ -313,7 +356,8 @@ def _stateful_functions(tree) -> tuple[dict, set]:
                   and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
                   and n.func.value.id in objects and n.func.attr not in read_only[objects[n.func.value.id]]}
         changed = (called | set(_mutated(function, calls=False))) & set(objects)
-        changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed) - _function_locals(function))
+        changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed)
+                                - _function_locals(function))
     # (and what the module's functions they call change, its private ones too: `def ask(x): _remember(x)`)
     calls = {name: {n.func.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Name) and n.func.id in functions} - _function_locals(function)

@@ -425,7 +425,8 @@ def _unaliased(node, aliases: dict) -> tuple:
     return _Swap().visit(copy.deepcopy(node)), found[0]
 
 
-def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
+def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set,
+                  imported: Optional[dict] = None) -> list:
     """The notes for set-up state that the rows carry on from row to row, which the job does not
     set back (each pass of the notebook starts from a new one): a ``_made_objects`` global (``objects``:
     what it gives) that a
@@ -437,11 +438,13 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     items[0]`` or ``handlers['a'].bump()``, or of a loop over one (``for h in handlers: h.bump()``;
     a dict's ``values()`` or ``items()``) (but under ``if x is None:`` of a value made on first use,
     ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up decorator's closure
-    around a function the rows call. Static cases only."""
+    around a function the rows call. ``imported``: the classes of the user's modules that the
+    set-up imports, as called, → their read-only methods (``notes_modules._module_classes``). Static
+    cases only."""
     import ast
 
     made, held, defs = objects
-    read_only = _read_only_methods(setup)
+    read_only = {**(imported or {}), **_read_only_methods(setup)}
     bound = set().union(*map(_cell_binds, row))
     # (the row's copy is Job.row_copy's, which copies built-in containers only: a row cell's c.bump() changes
     # the set-up's instance itself, but for an instance of a class that subclasses one)

@@ -28,7 +28,7 @@ from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by, deleted_by
 from lmnb.export.class_state import _class_attributes, _held_object_notes, _setup_classes
 from lmnb.export.notes_defaults import _default_notes
-from lmnb.export.notes_modules import _local_module_state, _seeded_module_notes
+from lmnb.export.notes_modules import _local_module_state, _module_classes, _seeded_module_notes
 from lmnb.export.notes_objects import _carried_over, _made_objects
 from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped, _number_words, _verb
 from lmnb.export.parameters import read_parameters
@@ -328,9 +328,11 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
                        "sees, where each pass of the notebook starts from the class the cells run once left; name the "
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
-    objects = _made_objects(setup, classes)
-    p.notes += _carried_over(setup, row, called, objects, p.copied, lazy)
-    p.notes += _local_module_state(cells, row, called, folder, objects[2])
+    parsed: dict = {}  # (each module file of the user's, read and parsed once an export)
+    imported = _module_classes(setup, folder, parsed)  # (Cache of `from helpers import Cache`: c = Cache() too)
+    objects = _made_objects(setup, {**imported, **classes})
+    p.notes += _carried_over(setup, row, called, objects, p.copied, lazy, imported)
+    p.notes += _local_module_state(cells, row, called, folder, objects[2], parsed)
     p.notes += _seeded_module_notes(setup, row, called, objects[2])
     p.notes += _default_notes(row, called, objects[2])
     p.notes += _held_object_notes(setup, row, called, classes)
