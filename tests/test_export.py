@@ -1247,6 +1247,13 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER + "\nbump = lambda: c.bump()", "r = str(bump())", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in bump(), a "
      "function of cell 1)"),
+    # (an item of a loop over *args: no note before)
+    (_COUNTER + "\ndef use(*xs):\n    out = 0\n    for x in xs:\n        out += x.bump()\n    return out",
+     "r = str(use(c))", ["1", "2", "3"], "cell 1: c, an instance of Counter that this cell makes once, is used by the "
+     "rows (`x.bump()` in use(), a function of cell 1, an item of `xs`, xs being `(c,)`)"),
+    (_COUNTER, "def use(*xs):\n    return sum(x.bump() for x in xs)\nr = str(use(c))", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, in its "
+     "use(), an item of `xs`, xs being `(c,)`)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1274,6 +1281,11 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     # (a lambda's parameter, or one that only reads the object)
     ("use = lambda c: c.bump()", "r = str(use(Counter()))"),
     ("use = lambda x: x.n + 1", "r = str(use(c))"),
+    # (a loop over *args that only reads them, binds the item again, or is passed a new one)
+    ("def use(*xs):\n    return sum(x.n + 1 for x in xs)", "r = str(use(c))"),
+    ("def use(*xs):\n    out = 0\n    for x in xs:\n        x = Counter()\n        out += x.bump()\n    return out",
+     "r = str(use(c))"),
+    ("def use(*xs):\n    return sum(x.bump() for x in xs)", "r = str(use(Counter()))"),
 ])
 def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
     """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local

@@ -563,7 +563,27 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
         # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
         for node, tests in _own_nodes(tree):
             for iterated, target, scope in _loop_items(node):
-                name, names = _held_items(_unaliased(iterated, aliases)[0], target, held)
+                unaliased, alias = _unaliased(iterated, aliases)
+                # (a loop over *args, `for x in xs` of use(c); not where the body binds x again, `x = Counter()`)
+                if isinstance(unaliased, ast.Tuple) and isinstance(target, ast.Name) and alias is not None and not any(
+                        _tests_unset(t, lazy) for t in tests) and not any(
+                        isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id == target.id
+                        and n is not target for part in scope for n in ast.walk(part)):
+                    for element in unaliased.elts:
+                        if not (isinstance(element, ast.Name) and element.id in made) or element.id in bound \
+                                or element.id in skipped:
+                            continue
+                        for call in (n for part in scope for n in ast.walk(part) if isinstance(n, ast.Call)):
+                            func = call.func
+                            item = call.args[0] if isinstance(func, ast.Name) and func.id == "next" and call.args \
+                                else func.value if isinstance(func, ast.Attribute) and changes(
+                                    made[element.id][1:], func.attr, False) else None
+                            if isinstance(item, ast.Name) and item.id == target.id:
+                                uses.setdefault(element.id, (made[element.id], f"`{ast.unparse(call)}` in {where}, an "
+                                                             f"item of `{ast.unparse(iterated)}`, {alias} being "
+                                                             f"`{ast.unparse(unaliased)}`"))
+                    continue
+                name, names = _held_items(unaliased, target, held)
                 if name is None or name in bound or name in skipped or any(_tests_unset(t, lazy) for t in tests):
                     continue
                 found, mixed = elements(name, _ANY, copies), any(f is None for _, f in held[name][2])
