@@ -1338,6 +1338,34 @@ def test_a_setup_functions_default_the_rows_change_carries_over_as_noted(tmp_pat
         f"{'{}' if 'acc={}' in setup else '[]'}`), and rows running at once (--num-threads above 1) share it"]), notes
 
 
+_MAKE = "def make():\n    log = []\n    def add(x):\n        log.append(x)\n        return len(log)\n    return add"
+
+
+@pytest.mark.parametrize("setup, cell, changed", [
+    (_MAKE + "\nadd = make()", "r = str(add(q))", "log"),
+    ("def make():\n    n = 0\n    def add(x):\n        nonlocal n\n        n += 1\n        return n\n    return add\n"
+     "add = make()", "r = str(add(q))", "n"),
+    ("def make():\n    log = []\n    return lambda x: log.append(x) or len(log)\nadd = make()", "r = str(add(q))", "log"),
+    (_MAKE + "\nadd = make()\ndef use(x):\n    return add(x)", "r = str(use(q))", "log"),  # (through a set-up function)
+    # (a closure the row makes, one whose function binds its own list, or makes it per call)
+    (_MAKE, "add = make()\nr = str(add(q))", None),
+    (_MAKE.replace("log.append(x)", "log = [x]") + "\nadd = make()", "r = str(add(q))", None),
+    (_MAKE.replace("    log = []\n", "").replace("log.append(x)", "log = []\n        log.append(x)") + "\nadd = make()",
+     "r = str(add(q))", None),
+])
+def test_a_closure_a_setup_cell_makes_that_the_rows_change_carries_over_as_noted(tmp_path, monkeypatch, setup, cell,
+                                                                                  changed):
+    """add = make() in a set-up cell, add(q) per row, where add appends to make()'s list: the job makes
+    the closure once, so its rows gave 1, 2, 3, where each pass of the notebook gives 1, without a note."""
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if changed is None else ["1", "2", "3"])
+    assert notes == ([] if changed is None else [
+        f"cell 1: add, which make() makes once here and the rows use, changes the variable {changed} of that call of "
+        "make(), which it keeps: what one row changes, the next row sees, where each pass of the notebook makes it "
+        "anew; call make() in a cell that runs per row (add = make(...) after the first %%lm cell), and rows running "
+        "at once (--num-threads above 1) share it"]), notes
+
+
 _GEN_XYZ = "def g():\n    yield from 'xyz'\n"
 
 

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by, deleted_by
 from lmnb.export.class_state import _class_attributes, _held_object_notes, _setup_classes
+from lmnb.export.notes_closures import _closure_notes
 from lmnb.export.notes_defaults import _default_notes
 from lmnb.export.notes_modules import _local_module_state, _module_classes, _seeded_module_notes
 from lmnb.export.notes_objects import _carried_over, _made_objects
@@ -335,6 +336,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     p.notes += _local_module_state(cells, row, called, folder, objects[2], parsed)
     p.notes += _seeded_module_notes(setup, row, called, objects[2])
     p.notes += _default_notes(row, called, objects[2])
+    p.notes += _closure_notes(setup, row, called)
     p.notes += _held_object_notes(setup, row, called, classes)
     p.notes += _cell_notes(cells)
     return p
