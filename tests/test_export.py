@@ -1254,6 +1254,10 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER, "def use(*xs):\n    return sum(x.bump() for x in xs)\nr = str(use(c))", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in cell 3, in its "
      "use(), an item of `xs`, xs being `(c,)`)"),
+    # (passed to a method of an instance of another set-up class: no note before)
+    (_COUNTER + "\nclass User:\n    def use(self, x):\n        return x.bump()\nu = User()", "r = str(u.use(c))",
+     ["1", "2", "3"], "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in "
+     "User.use(), a method of cell 1, x being `c`)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1286,6 +1290,11 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     ("def use(*xs):\n    out = 0\n    for x in xs:\n        x = Counter()\n        out += x.bump()\n    return out",
      "r = str(use(c))"),
     ("def use(*xs):\n    return sum(x.bump() for x in xs)", "r = str(use(Counter()))"),
+    # (a method that only reads what it is passed, is passed a new object, or is another class's of that name)
+    ("class User:\n    def use(self, x):\n        return x.n + 1\nu = User()", "r = str(u.use(c))"),
+    ("class User:\n    def use(self, x):\n        return x.bump()\nu = User()", "r = str(u.use(Counter()))"),
+    ("class User:\n    def use(self, x):\n        return x.bump()\nclass Reader:\n    def use(self, x):\n"
+     "        return x.n + 1\nu = Reader()", "r = str(u.use(c))"),
 ])
 def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
     """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local

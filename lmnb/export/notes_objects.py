@@ -342,7 +342,7 @@ def _stands_for(value, made: dict, held: dict) -> bool:
             or _items_of(value, held) is not None or _as_item(value, held) is not value)
 
 
-def _argument_places(places: list, row: list, made: dict, held: dict) -> list:
+def _argument_places(places: list, row: list, made: dict, held: dict, owners: Optional[dict] = None) -> list:
     """For each function of ``places`` (``_carried_over``'s: a row cell's, or a set-up one the rows
     call) and each call of it at the top level of a row cell that passes it a set-up object, a held
     container or its item (``_stands_for``, after the cell's own ``_aliases``: ``f(c)``,
@@ -350,20 +350,29 @@ def _argument_places(places: list, row: list, made: dict, held: dict) -> list:
     ``def``, its local names but those parameters, True (what is passed is the row's), parameter →
     the expression passed; ``*args`` → a tuple of the positional arguments it takes, ``**kwargs``
     → a dict of the keyword ones: ``use(1, c)`` of ``def use(*xs)``, xs being ``(1, c)``, so that
-    ``xs[1]`` is c). A parameter the function binds again is left out."""
+    ``xs[1]`` is c). A parameter the function binds again is left out. ``owners``: id of a method's
+    ``def`` → its set-up class, for a method of ``places``, called on a ``made`` instance of that
+    class (``u.use(c)``: its first parameter, self, is u)."""
     import ast
 
     calls = [(node, aliases) for _, tree in _row_trees(row) for aliases in [_aliases(tree, made, held)]
-             for node, _ in _own_nodes(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+             for node, _ in _own_nodes(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, (ast.Name, ast.Attribute))]
     out = []
     for where, function, skipped, _ in places:
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
+        owner = (owners or {}).get(id(function))
         positional = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+        if owner is not None and "staticmethod" not in map(ast.unparse, function.decorator_list):
+            positional = positional[1:]  # (self, or a classmethod's cls)
         named = {*(a.arg for a in function.args.args), *(a.arg for a in function.args.kwonlyargs)}
         rebound = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for call, aliases in calls:
-            if call.func.id != function.name:
+            func = call.func
+            if not (isinstance(func, ast.Name) and func.id == function.name if owner is None else
+                    isinstance(func, ast.Attribute) and func.attr == function.name and isinstance(func.value, ast.Name)
+                    and func.value.id in made and made[func.value.id][2] == owner):
                 continue
             starred = next((i for i, a in enumerate(call.args) if isinstance(a, ast.Starred)), len(call.args))
             given = {**dict(zip(positional, call.args[:starred])),
@@ -464,8 +473,13 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     # (whose own variables, c of def use(c), *c or c = Counter(), are no set-up globals: each was noted)
     places += [(f"{f[1]}(), a function of cell {f[0]}", d, tuple(_function_locals(d)), False) for f in called
                if (d := defs.get((f[0], f[1]))) is not None]
-    # (and those functions where a row passes them an object, f(c) of def f(x): x.bump(): x stands for c there)
-    places += _argument_places(places, row, made, held)
+    # (and those functions where a row passes them an object, f(c) of def f(x): x.bump(): x stands for c there;
+    # and the methods of set-up classes, where a row passes one to a method of an instance: u.use(c))
+    method_places = [(f"{s.name}.{m.name}(), a method of cell {c.index}", m, tuple(_function_locals(m)), False)
+                     for c, s in _statements(setup) if isinstance(s, ast.ClassDef) for m in s.body
+                     if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    places += _argument_places(places + method_places, row, made, held,
+                               {id(m[1]): m[0].split(".")[0] for m in method_places})
     # (the set-up functions a row may call by name, which it may pass what a method passes out: f(tok.first()))
     setup_functions = {name: d for (_, name), d in sorted(defs.items(), key=lambda kv: kv[0][0]) if name not in bound}
     decorators = {name: d for (_, name), d in defs.items()
