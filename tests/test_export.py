@@ -1258,6 +1258,10 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER + "\nclass User:\n    def use(self, x):\n        return x.bump()\nu = User()", "r = str(u.use(c))",
      ["1", "2", "3"], "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in "
      "User.use(), a method of cell 1, x being `c`)"),
+    # (a staticmethod's: the note was on u instead, as if the method changed its instance)
+    (_COUNTER + "\nclass User:\n    @staticmethod\n    def use(x):\n        return x.bump()\nu = User()",
+     "r = str(u.use(c))", ["1", "2", "3"], "cell 1: c, an instance of Counter that this cell makes once, is used by the "
+     "rows (`x.bump()` in User.use(), a method of cell 1, x being `c`)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
@@ -1292,6 +1296,7 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     ("def use(*xs):\n    return sum(x.bump() for x in xs)", "r = str(use(Counter()))"),
     # (a method that only reads what it is passed, is passed a new object, or is another class's of that name)
     ("class User:\n    def use(self, x):\n        return x.n + 1\nu = User()", "r = str(u.use(c))"),
+    ("class User:\n    @staticmethod\n    def use(x):\n        return x.n + 1\nu = User()", "r = str(u.use(c))"),
     ("class User:\n    def use(self, x):\n        return x.bump()\nu = User()", "r = str(u.use(Counter()))"),
     ("class User:\n    def use(self, x):\n        return x.bump()\nclass Reader:\n    def use(self, x):\n"
      "        return x.n + 1\nu = Reader()", "r = str(u.use(c))"),

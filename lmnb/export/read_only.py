@@ -46,6 +46,11 @@ def _read_only_methods(setup: list) -> dict:
     return out
 
 
+def _static(method) -> bool:
+    """Whether ``method`` is a plain ``@staticmethod``, which is passed no instance."""
+    return [getattr(d, "id", None) for d in method.decorator_list] == ["staticmethod"]
+
+
 def _passes_out_item(method) -> bool:
     """Whether ``method`` returns or yields an item of an attribute of its instance as it is
     (``return self.rows[0]``, ``return self.vocab.get(k)``, ``self.rows[0][1]``), which ``_read``
@@ -53,6 +58,8 @@ def _passes_out_item(method) -> bool:
     may change in place (``_result_changed``)."""
     import ast
 
+    if _static(method) or not method.args.args:
+        return False
     me = method.args.args[0].arg
     for node in ast.walk(method):
         if not (isinstance(node, (ast.Return, ast.Yield)) and node.value is not None):
@@ -329,6 +336,8 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset(), lite
     (``_literal_attributes``)."""
     import ast
 
+    if _static(method):
+        return True  # (it has no instance to change: what it changes of its class is a class attribute's)
     if method.decorator_list or not method.args.args:
         return False
     me = method.args.args[0].arg
