@@ -696,6 +696,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     # identity escape and offered it as literal text, "g<n>")
     if not every and other_back_reference(pattern):
         return back_reference_problem(pattern, where)
+    quoting = _quoting_problem(pattern, where)  # (first: the u flag's words offered the quote's letters, "Qa.bE")
+    if quoting:
+        return quoting
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
@@ -722,6 +725,23 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "
             "schema: its outputs are made to pass jsonschema's check, which reads a pattern with Python's re, and re "
             f"has no such classes; {_unicode_class_fix(pattern)}")
+
+
+def _quoting_problem(pattern: str, where: str) -> Optional[str]:
+    """The words for the schema ``pattern`` (at ``where``) holding PCRE's quoting ``\\Q...\\E``
+    (``regex_u_flag.pcre_quoting``), as a ``regex``'s are worded (``regex_errors.QUOTING_WORDS``),
+    with the pattern its text escaped offered where no dialect refuses it and ECMA's u flag reads
+    it; None where it has none."""
+    from lmnb_engine.regex_errors import QUOTING_WORDS  # (it imports this module)
+    from lmnb_engine.regex_u_flag import pcre_quoting
+
+    found = pcre_quoting(pattern)
+    if found is None:
+        return None
+    at, offer = found
+    taken = not _no_dialect_reads(offer) and u_flag_problem(offer) is None
+    return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {QUOTING_WORDS.format(at=at)}"
+            + (f": write {json_value(offer, SHOWN_CHARS)}" if taken else ""))
 
 
 def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:

@@ -157,8 +157,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     except FutureWarning as w:
         return ambiguous_class(pattern, w)
     except re.error as e:
-        return (_named_reference_problem(pattern) or _repeated_name_problem(pattern) or _named_group_problem(pattern, e)
-                or invalid_regex(pattern, e))
+        return (_quoting_problem(pattern) or _named_reference_problem(pattern) or _repeated_name_problem(pattern)
+                or _named_group_problem(pattern, e) or invalid_regex(pattern, e))
     except RecursionError:
         return _too_deep(pattern)
     except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
@@ -262,6 +262,26 @@ def _named_reference_problem(pattern: str) -> str | None:
             words = back_reference_words(reference.group(), reference.group(1), part.start, names)
             return f"regex {shown_regex(pattern)} {words}"
     return None
+
+
+# (what a pattern with PCRE's \\Q...\\E is told: a schema's pattern too, json_schema._refused_pattern)
+QUOTING_WORDS = ("uses \\Q...\\E at position {at}, PCRE's quoting, which Python's re, the regex package and ECMA 262 "
+                 "lack (they refuse \\Q, or read a bare Q): escape each special character of the text instead, as "
+                 "re.escape does")
+
+
+def _quoting_problem(pattern: str) -> str | None:
+    """Why ``pattern``, which Python's ``re`` refuses, is refused for PCRE's quoting ``\\Q...\\E``
+    (``regex_u_flag.pcre_quoting``), with the pattern its text escaped offered where ``offer_taken``;
+    None where it has none. ``re`` said only "bad escape \\Q", "fix the pattern"."""
+    from lmnb_engine.regex_u_flag import pcre_quoting
+
+    found = pcre_quoting(pattern)
+    if found is None:
+        return None
+    at, offer = found
+    written = f": write {shown_regex(offer)}" if offer_taken(offer) else ""
+    return f"regex {shown_regex(pattern)} {QUOTING_WORDS.format(at=at)}{written}"
 
 
 # A named group's opening, Python's (?P<name> or ECMA's (?<name> (group 1: "P" or ""; group 2: the name)

@@ -108,6 +108,23 @@ def python_only_syntax(pattern: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def pcre_quoting(pattern: str) -> Optional[tuple[int, str]]:
+    """(where the first ``\\Q`` is, ``pattern`` with each quoted text written as escapes) for a pattern
+    holding PCRE's (and Perl's, Java's) quoting ``\\Q...\\E`` outside character classes, whose text
+    is taken literally (to the pattern's end without ``\\E``), which Python's ``re``, the ``regex``
+    package and ECMA 262 lack (they read ``\\Q`` as an error, or Annex B the letter): ``\\Qa.b\\E``
+    as ``a\\.b``, each syntax character (``_SYNTAX_CHARACTERS``) escaped, which all of them read
+    alike; None where there is none."""
+    first, i = None, 0
+    while (at := next((j for j in _outside_classes(pattern) if j >= i and pattern.startswith("\\Q", j)), None)) is not None:
+        end = pattern.find("\\E", at + 2)
+        end = len(pattern) if end < 0 else end
+        quoted = "".join("\\" + c if c in _SYNTAX_CHARACTERS else c for c in pattern[at + 2:end])
+        first = at if first is None else first
+        pattern, i = pattern[:at] + quoted + pattern[end + 2:], at + len(quoted)
+    return None if first is None else (first, pattern)
+
+
 def _outside_classes(pattern: str) -> Iterator[int]:
     """Where each item of ``pattern`` outside character classes starts, an escape (its backslash)
     or a character, in order. A class ends at its first "]" not escaped, as ECMA reads it (``[]``

@@ -902,6 +902,43 @@ def test_a_class_of_no_known_property_is_refused_by_name_with_the_one_meant(back
             bool(regex_module.fullmatch(letters, t)) for t in _SAMPLE_TEXTS[:3000]]
 
 
+def _perl_fullmatches(pattern: str, texts: list[str]) -> list[bool] | None:
+    r"""Whether Perl's regex (PCRE's model, which reads \Q...\E) matches each of ``texts`` whole with
+    ``pattern``; None where perl is not at hand."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("perl"):
+        return None
+    # (the pattern written into the script: Perl reads \Q...\E in a regex literal, not in an interpolated value;
+    # an \E after it ends a quote left open at the pattern's end, and is nothing otherwise)
+    script = f"while (my $t = <STDIN>) {{ chomp $t; print(($t =~ m\x01\\A(?:{pattern}\\E)\\z\x01) ? 1 : 0) }}"
+    run = subprocess.run(["perl", "-e", script], input="\n".join(texts) + "\n", capture_output=True, text=True,
+                         check=True)
+    return [c == "1" for c in run.stdout]
+
+
+@pytest.mark.parametrize("pattern, at, offer", [
+    (r"\Qa.b\E", 0, r"a\.b"), (r"x\Q(a)\E+", 1, r"x\(a\)+"), (r"\Q1+1", 0, r"1\+1"),  # (no \E: to the end)
+])
+def test_pcre_quoting_in_a_regex_is_refused_with_its_text_escaped(backend, pattern, at, offer):
+    r"""gen(regex=r"\Qa.b\E"), a %%lm cell and the engine said only "bad escape \Q at position 0; fix the
+    pattern": PCRE's quoting, which Python's re lacks, is named, with the pattern its text escaped
+    offered, which the engine builds and which matches as Perl matches the pattern (the reference,
+    where at hand)."""
+    import lmnb
+
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses \\Q...\\E at position {at}, PCRE's quoting, which Python's re, the regex "
+        "package and ECMA 262 lack (they refuse \\Q, or read a bare Q): escape each special character of the text "
+        f"instead, as re.escape does: write {json.dumps(offer)}")
+    assert lmnb.gen("x", regex=offer).params.regex == offer
+    built = backend.compile(regex=offer).regex
+    texts = ["a.b", "axb", "x(a)", "x(a))", "xa", "1+1", "11", "Qa.bE"]
+    perl = _perl_fullmatches(pattern, texts)
+    assert perl is None or perl == [bool(re.fullmatch(built, t)) for t in texts]
+
+
 def test_each_class_of_no_known_property_in_a_regex_is_offered_the_one_meant(backend):
     r"""regex=r"\p{Lettr}-\p{Nmber}" named the first class alone and offered "write \p{Letter}", the
     pattern with it respelled being refused for the second. Each is named and offered its closest

@@ -574,6 +574,22 @@ def test_a_back_reference_to_a_python_named_group_in_a_schema_pattern_is_refused
         + _NO_BACK_REFERENCES)
 
 
+@pytest.mark.parametrize("pattern, at, offer", [(r"^\Qa.b\E$", 1, r"^a\.b$"), (r"x\Q(a)\E+", 1, r"x\(a\)+")])
+def test_pcre_quoting_in_a_schema_pattern_is_refused_with_its_text_escaped(pattern, at, offer):
+    r"""A schema pattern's \Qa.b\E was told it escapes "Q", an identity escape, and offered "Qa.bE" (the
+    letters, as ECMA reads them without the u flag). PCRE's quoting is named, by gen(), a cell and
+    the engine alike, with the pattern its text escaped offered, which node's RegExp reads with the
+    u flag (where at hand) and gen() takes; Python's re matches the quoted text with it."""
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} uses \\Q...\\E at position {at}, PCRE's quoting, "
+        "which Python's re, the regex package and ECMA 262 lack (they refuse \\Q, or read a bare Q): escape each "
+        f"special character of the text instead, as re.escape does: write {json.dumps(offer)}")
+    assert _node_refuses(offer, "u") is not True and sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+    quoted = pattern[at + 2:pattern.index("\\E")]
+    assert re.search(offer, pattern[:at].strip("^") + quoted)
+
+
 def test_each_ecma_property_name_offered_is_one_ecma_reads_and_none_is_refused():
     """The names a misspelt property class is offered from (ECMA 262's general categories and
     binary properties) are each read by node's RegExp with the u flag (where at hand), and none is
