@@ -618,7 +618,7 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
                  if not (refs and "back-reference" in what) and not (engine and what in classes)]
         fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
                "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
-               "" if refs or classes else "fix the pattern")
+               "" if refs or classes else error.fix or "fix the pattern")
         if refs:
             fix += ("; " if meant else "") + NO_BACK_REFERENCES
         # (the offer holds a \p{...} class, which the engine refuses next: the engine's words offer none, and

@@ -45,12 +45,14 @@ class UFlagError(NamedTuple):
     (words that follow "it has"), and the pattern written so that it means, with the flag, what
     ECMA reads it as without it (Annex B), or None where that reading is an error too; then, where
     it is, the patterns the user may have meant, each with what it means (``(?<n>a)\\k<n>``, "a
-    back-reference to the group n")."""
+    back-reference to the group n"); and, where none is offered, what to do, if more is known than
+    to fix the pattern."""
 
     at: int
     what: str
     instead: Optional[str]
     meant: tuple[tuple[str, str], ...] = ()
+    fix: Optional[str] = None  # (what to do where nothing is offered: "fix the pattern" where None)
 
 
 def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
@@ -330,7 +332,7 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
     (unbalanced parentheses, a repeat of nothing, ``{2,1}``, ``[z-a]``): ECMA 262 section 22.2.1
     with ``[+UnicodeMode]``. A lone ``{``, ``}`` or ``]`` (a ``PatternCharacter`` is no
     ``SyntaxCharacter``); a repeated assertion (only Annex B's ``QuantifiableAssertion``, without
-    the flag, repeats a lookahead); a repeat of a repeat (``a?+``, Python's possessive repeat); a group never closed, a ``)`` closing none (which Python's
+    the flag, repeats a lookahead); Python's conditional group ``(?(1)a|b)``; a repeat of a repeat (``a?+``, Python's possessive repeat); a group never closed, a ``)`` closing none (which Python's
     ``re`` may report after an error of its own, ``\\1a(``); ``\\c`` before no letter, ``\\p`` or ``\\x`` or ``\\u`` without
     what follows them, a code point past U+10FFFF, ``\\0`` before a digit and a back-reference in
     a class (Annex B's octal escapes), ``\\k`` with no name; a back-reference to no group (by
@@ -376,6 +378,9 @@ def u_flag_error(pattern: str) -> Optional[UFlagError]:
                     return UFlagError(i, f"a second group named {name.group()} where the first may match too", None)
                 names[name.group()] = place
                 width = name.end() + 1 - i
+            elif pattern.startswith("(?(", i):  # (Python's conditional: gen() took it, the engine refused it)
+                return UFlagError(i, "Python's conditional group (?(n)...|...)", None,
+                                  fix="write the alternatives out with | (no automaton builds a conditional either)")
             elif pattern.startswith("(?", i):
                 width = 2  # ((?: and Python's own syntax, which the other checks read)
                 groups += pattern.startswith("(?P<", i)  # (Python's named group captures: \\1 may refer to it)

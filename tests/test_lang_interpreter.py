@@ -590,6 +590,23 @@ def test_pcre_quoting_in_a_schema_pattern_is_refused_with_its_text_escaped(patte
     assert re.search(offer, pattern[:at].strip("^") + quoted)
 
 
+@pytest.mark.parametrize("pattern, at", [(r"^(a)?(?(1)b|c)$", 5), (r"(?(1)a|b)", 0), (r"(?P<n>x)?(?(n)y)", 9)])
+def test_a_conditional_group_in_a_schema_pattern_is_refused_at_gen(pattern, at):
+    """A schema pattern's conditional group, Python's (?(1)b|c), passed gen() and a %%lm cell, and was
+    refused only by the engine, in its older words ("JSON schema pattern at #: regex ... uses a
+    conditional group"; "invalid group reference" for (?(1)a|b)): ECMA 262, JSON Schema's dialect,
+    has none (node's RegExp refuses it with the u flag, where at hand). It is refused where it is
+    written, as the u flag's syntax error it is, by gen(), a cell and the engine alike, with the fix
+    the engine gave."""
+    assert _node_refuses(pattern, "u") is not False
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has "
+        f"Python's conditional group (?(n)...|...) at position {at}, a syntax error of ECMA 262 with the u flag JSON "
+        "Schema asks patterns be read with (2020-12 core, section 6.4); write the alternatives out with | (no "
+        "automaton builds a conditional either)")
+
+
 def test_each_ecma_property_name_offered_is_one_ecma_reads_and_none_is_refused():
     """The names a misspelt property class is offered from (ECMA 262's general categories and
     binary properties) are each read by node's RegExp with the u flag (where at hand), and none is
