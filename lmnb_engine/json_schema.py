@@ -533,10 +533,8 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
     ``regex_errors.first_back_reference``), each in ``back_reference_words``. No backend can
     constrain output with one (no regular language holds it), so ``gen()`` refuses it as the
     engine does. A pattern Python's parser cannot read then is left to the other checks."""
-    import warnings
-
     from lmnb_engine.regex_errors import classes_held, first_back_reference  # (it imports this module)
-    from lmnb_engine.regex_tree import parser
+    from lmnb_engine.regex_tree import quiet_parse
     from lmnb_engine.regex_u_flag import named_back_reference, named_groups, other_back_reference
 
     named = min(filter(None, (named_back_reference(pattern), other_back_reference(pattern))), default=None,
@@ -546,11 +544,8 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
         return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} "
                 f"{back_reference_words(named.group(), named.group(1), named.start(), names)}")
     spelled, place = _ecma_as_python(pattern)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parsed = parser.parse(classes_held(spelled))
-    except (re.error, RecursionError, OverflowError):
+    parsed = quiet_parse(classes_held(spelled))
+    if parsed is None:
         return None
     found = first_back_reference(parsed, spelled)
     if found is None:

@@ -38,7 +38,7 @@ from lmnb_engine.regex_errors import (
     unicode_classes,
 )
 from lmnb_engine.regex_dead_part import dead_part
-from lmnb_engine.regex_tree import constants as _c, parser
+from lmnb_engine.regex_tree import constants as _c, parser, quiet_parse
 
 # The code points the engine keeps for itself (constrained.regex_syntax leaves them out of classes)
 _MARKERS = (0x10FFFE, 0x10FFFF)
@@ -120,11 +120,7 @@ def _first_empty_class(pattern: str, stop: bool) -> tuple[int, int, bool] | None
     """(start, end, whether the case-insensitive flag holds there) of the first class of ``pattern``
     that matches no character an output may hold (``empty_class_problem``'s ``stop`` says which) and
     stands where the pattern reads it, or None."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parser.parse(classes_held(pattern))
-    except (re.error, RecursionError, OverflowError):
+    if quiet_parse(classes_held(pattern)) is None:
         return None
     for start, end, caseless in _classes(pattern):
         if _matches_nothing(pattern, start, end, caseless, stop) and _read(pattern, start, end):

@@ -6,11 +6,14 @@ places: the constrained-decoding check names the features a finite automaton lac
 read its tree, the stop matcher measures how far a stop regex reads (``regex_reach``) and builds
 automata of stop regexes (``stop_automaton``), ``regex_errors`` words what Python refuses, and
 ``regex_empty_class`` finds a class that matches no character. They import the parser modules from here, and search the tree with ``walk``;
-the stop automaton and ``regex_never`` write a one-character item back as a pattern with ``one_character``.
+the stop automaton and ``regex_never`` write a one-character item back as a pattern with ``one_character``;
+``quiet_parse`` parses a pattern that may be no pattern, for the checks that leave that to others.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any, Iterator
 
 try:  # Python >= 3.11
@@ -19,6 +22,19 @@ try:  # Python >= 3.11
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_constants as constants  # type: ignore[no-redef]
     import sre_parse as parser  # type: ignore[no-redef]
+
+
+def quiet_parse(text: str) -> Any:
+    """``text`` parsed by Python's parser (a ``parser.SubPattern``), its warnings silenced (re's
+    FutureWarning of a possible nested set, ``[[``, and its DeprecationWarnings), or None where the
+    parser refuses it (``re.error``) or cannot hold it (``RecursionError``: parentheses nested some
+    hundreds deep; ``OverflowError``: a count above 2**32 - 2)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return parser.parse(text)
+        except (re.error, RecursionError, OverflowError):
+            return None
 
 
 def walk(node: Any) -> Iterator[tuple[Any, Any]]:

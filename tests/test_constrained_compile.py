@@ -4075,3 +4075,20 @@ def test_an_empty_class_beside_a_part_the_engine_cannot_build_offers_no_pattern_
         backend.compile(regex=without)
     assert said.endswith(f"; remove it, or write the class you meant; but without it, {refused.value}"), said
     assert "without it, or" not in said
+
+
+def test_quiet_parse_reads_a_pattern_without_warnings_and_none_that_python_cannot():
+    """regex_tree.quiet_parse, the one parse the schema's back-reference check, the grammar's
+    may-hold check and the empty-class check share: Python's own parser's result for a pattern it
+    reads ("[[a]" too, silently: re warns of a possible nested set), None for one it refuses or
+    cannot hold (a repeat count above 2**32 - 2, parentheses nested past its recursion)."""
+    import warnings
+
+    from lmnb_engine.regex_tree import parser, quiet_parse
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parsed = quiet_parse("[[a]b")
+    with pytest.warns(FutureWarning, match="nested set"):
+        assert str(parsed) == str(parser.parse("[[a]b"))
+    assert [quiet_parse(p) for p in ("a(", "a{99999999999}", "(" * 5000 + ")" * 5000)] == [None, None, None]

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import re
 import time
-import warnings
 from collections import deque
 
 import numpy as np
@@ -59,7 +58,7 @@ from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGro
 from lmnb_engine.constrained.regex_check import MAX_NESTING, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
 from lmnb_engine.regex_errors import classes_held, regex_problem, shown_regex, unicode_classes
-from lmnb_engine.regex_tree import constants as _c, parser as _p
+from lmnb_engine.regex_tree import constants as _c, quiet_parse
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -270,13 +269,8 @@ def may_hold(regex: str, code: int) -> bool:
                 return True
         except regex_package.error:
             return True
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parsed = _p.parse(classes_held(regex))
-    except (re.error, RecursionError, OverflowError):
-        return True
-    return _holds(parsed.data, code)
+    parsed = quiet_parse(classes_held(regex))
+    return True if parsed is None else _holds(parsed.data, code)
 
 
 _NEGATED_CATEGORIES = {_c.CATEGORY_NOT_DIGIT, _c.CATEGORY_NOT_SPACE, _c.CATEGORY_NOT_WORD}
