@@ -155,8 +155,10 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
         why = "with the prefix Is of Perl, Java and .NET, which ECMA lacks"
     elif spelled.startswith("Script=") and "=" not in name:
         why = "naming a script without Script=, which ECMA asks for"
-    else:
+    elif spelled.lower() == name.lower():
         why = "naming a property as ECMA does not spell it (its names are case-sensitive)"
+    else:  # (\p{Script = Greek}, \p{Script=Old Italic}: the regex package reads such spellings)
+        why = "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words join with _)"
     return why, meant
 
 

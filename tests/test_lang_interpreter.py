@@ -482,6 +482,11 @@ def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_wit
     (r"\p{Script=greek}", "naming a property as ECMA does not spell it (its names are case-sensitive)",
      r"\p{Script=Greek}"),
     (r"\p{^L}", r"negated as the regex package negates, which ECMA lacks (it negates with \P)", r"\P{L}"),
+    # (spaces, not letter case, are what ECMA does not read here)
+    (r"\p{Script = Greek}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
+     "join with _)", r"\p{Script=Greek}"),
+    (r"\p{Script=Old Italic}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
+     "join with _)", r"\p{Script=Old_Italic}"),
 ])
 def test_a_schema_patterns_property_class_ecma_does_not_read_is_refused_at_gen_with_ecmas_spelling(pattern, why, offer):
     """\\p{Greek}, \\p{IsGreek}, \\p{lu}, \\p{Script=greek}, \\p{^L} passed gen() and a %%lm cell, which
