@@ -8,12 +8,12 @@ negative lookaheads (``EndReading``, ``end_reading``) and one search saying that
 text's end is final (``windowed``); per match, the checks ``StopStringMatcher`` inherits
 (``EndReadingChecks``), which read its state: ``_shared`` (``StopRegexes``), ``_regexes``,
 ``_held_to`` (the length of the text not checked, the first ``min_new_tokens``) and ``_pending``
-(where a match that reads the text's end begins, which ``safe_len`` holds back).
+(where a match that reads the text's end begins, which ``safe_len`` holds back), and call its
+``_budget()``: the seconds one search may take (``stop_matcher.REGEX_TIMEOUT_S``, where callers and
+tests set it, read at each check), past which a search raises ``TimeoutError``.
 
-Every search is bounded by ``stop_matcher.REGEX_TIMEOUT_S``, read there at each call (callers and
-tests set it there), and raises ``TimeoutError`` past it. ``stop_matcher._relaxed`` and
-``stop_matcher._ending_by``, shared with the partial search, are read there too: that module
-imports this one, so this one reads it only when called.
+The patterns' rewritten forms, shared with the partial search, come from ``stop_relaxed``. This
+module does not import ``stop_matcher``, which imports it.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import Any, NamedTuple
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS
 from lmnb_engine.regex_reach import assertion_reach, reach
+from lmnb_engine.stop_relaxed import LOOKAHEAD_MARK, ending_by, relax
 
 
 class EndReading(NamedTuple):
     """How to tell whether a match of a stop regex that may read the end of the text is final,
     whatever text comes next (``StopStringMatcher._final``). ``relaxed``: the pattern as the
-    partial search reads it (``stop_matcher._relaxed``, compiled), whose whole match is one no end
+    partial search reads it (``stop_relaxed.relax``, compiled), whose whole match is one no end
     assertion of which reads the text's end, its negative lookaheads marked; ``lookaheads``: each
     negative lookahead's X relaxed, compiled, whose partial match where the lookahead stood in the
     match tells that more text may undo it (the partial search does not: ``a(?!bc)`` on "ab" is a
@@ -41,19 +42,12 @@ class EndReading(NamedTuple):
     ahead: int | None
 
 
-# The name of the empty group that marks where a negative lookahead stood (the lookaheads of
-# stop_matcher._relaxed)
-LOOKAHEAD_MARK = "_lmnb_lookahead"
-
-
 def end_reading(pattern: str) -> EndReading:
     """``StopRegexes.end_readings`` of ``pattern``, one that may read the text's end (``EndReading``)."""
     import regex
 
-    from lmnb_engine import stop_matcher  # (it imports this module: read when called)
-
     lookaheads: list[str] = []
-    relaxed = stop_matcher._relaxed(pattern, lookaheads=lookaheads)
+    relaxed = relax(pattern, lookaheads=lookaheads)
     lead = GLOBAL_FLAGS.match(pattern)
     lead = lead.group() if lead else ""
     try:
@@ -87,10 +81,8 @@ def windowed(pattern: str, reading: EndReading, after: int) -> Any:
     is final. Else the window held a whole match from every start of a run that such a lookahead
     ends (``a\\w*(?!\\w)`` over a run of letters), and each start was checked on its own after
     each character, at a cost growing with the run."""
-    from lmnb_engine import stop_matcher  # (it imports this module: read when called)
-
     lookaheads: list[str] = []
-    window = stop_matcher._relaxed(pattern, lookaheads=lookaheads, partial=False)
+    window = relax(pattern, lookaheads=lookaheads, partial=False)
     if window is None:
         return None
     for i, x in enumerate(reading.lookaheads):
@@ -105,7 +97,7 @@ def windowed(pattern: str, reading: EndReading, after: int) -> Any:
 
 def _ending_within(pattern: str, after: int) -> Any:
     """``pattern`` matching only where at most ``after`` characters follow its match
-    (``stop_matcher._ending_by``)."""
+    (as ``stop_relaxed.ending_by`` matches where at least so many do)."""
     import regex
 
     lead = GLOBAL_FLAGS.match(pattern)
@@ -127,18 +119,16 @@ class EndReadingChecks:
         ``text[:end]``, and where that is ``text``'s, find keeps its start (``_pending``).
 
         Raises:
-            TimeoutError: a match ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+            TimeoutError: a match ran past ``_budget()`` seconds.
         """
-        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
-
-        budget = stop_matcher.REGEX_TIMEOUT_S
+        budget = self._budget()
         if at_end and end == len(text):
             return m
         relaxed, lookaheads, ahead = self._shared.end_readings[k]
         if relaxed is None:
             final = ahead is not None and m.end() + ahead <= end
         else:  # (the relaxed match of m's own span: whole where no assertion in it reads past end)
-            exact = stop_matcher._ending_by(relaxed.pattern, end - m.end(), exact=True)
+            exact = ending_by(relaxed.pattern, end - m.end(), exact=True)
             f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=budget)
             final = f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end)
         if final:
@@ -158,7 +148,7 @@ class EndReadingChecks:
             for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
                 if e == m.end() or not self._unheld(k, text, m.start(), e):  # (m's own span: not final, above)
                     continue
-                exact = stop_matcher._ending_by(relaxed.pattern, end - e, exact=True)
+                exact = ending_by(relaxed.pattern, end - e, exact=True)
                 f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=budget)
                 if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
                     return f
@@ -174,17 +164,15 @@ class EndReadingChecks:
         where the search meets it).
 
         Raises:
-            TimeoutError: a match ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+            TimeoutError: a match ran past ``_budget()`` seconds.
         """
-        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
-
-        budget = stop_matcher.REGEX_TIMEOUT_S
+        budget = self._budget()
         held_to, ahead = self._held_to or 0, self._shared.assertion_reach[k]
         if end > held_to:
             return True
         if ahead is not None and end + ahead <= held_to:  # (it reads no character past that text)
             return False
-        exact = stop_matcher._ending_by(self._regexes[k].pattern, held_to - end, exact=True)
+        exact = ending_by(self._regexes[k].pattern, held_to - end, exact=True)
         return exact is not None and exact.match(text, start, held_to, timeout=budget) is None
 
     def _none_final(self, k: int, text: str, floor: int, end: int) -> bool:
@@ -197,11 +185,9 @@ class EndReadingChecks:
         (\\w+\\b over a run of letters was given up at ~600 characters).
 
         Raises:
-            TimeoutError: a search ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+            TimeoutError: a search ran past ``_budget()`` seconds.
         """
-        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
-
-        budget = stop_matcher.REGEX_TIMEOUT_S
+        budget = self._budget()
         window = self._shared.windows[k]
         if window is None or window.search(text, floor, end, timeout=budget) is not None:
             return False
@@ -209,16 +195,13 @@ class EndReadingChecks:
             self._pending[k] = min(self._pending.get(k, end), m.start())
         return True
 
-    @staticmethod
-    def _lookahead_open(lookaheads: tuple, f: Any, text: str, end: int) -> bool:
+    def _lookahead_open(self, lookaheads: tuple, f: Any, text: str, end: int) -> bool:
         """Whether a negative lookahead where it stood in ``f`` (a match of ``EndReading.relaxed``)
         has an X that text after ``end`` may complete, undoing ``f``.
 
         Raises:
-            TimeoutError: a match ran past ``stop_matcher.REGEX_TIMEOUT_S``.
+            TimeoutError: a match ran past ``_budget()`` seconds.
         """
-        from lmnb_engine import stop_matcher  # (it imports this module: read when called)
-
-        budget = stop_matcher.REGEX_TIMEOUT_S
+        budget = self._budget()
         return any((x := rx.match(text, p, end, partial=True, timeout=budget)) is not None and x.partial
                    for i, rx in enumerate(lookaheads) for p in f.starts(f"{LOOKAHEAD_MARK}{i}"))

@@ -2,7 +2,10 @@
 
 Stop strings and stop regexes are matched on the text the detokenizer gives (``detokenizer``),
 including across token boundaries; text that could still turn into a stop is held back from the
-stream, so a matched stop is never shown.
+stream, so a matched stop is never shown. How a match that may read the text's end is told final
+is in ``stop_end_reading`` (whose checks ``StopStringMatcher`` inherits), and how a stop regex is
+rewritten for these searches in ``stop_relaxed``; neither imports this module. The budget of every
+search, ``REGEX_TIMEOUT_S``, is set here only.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any, Callable, Sequence
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
-from lmnb_engine.stop_end_reading import LOOKAHEAD_MARK, EndReadingChecks, end_reading, windowed
+from lmnb_engine.stop_end_reading import EndReadingChecks, end_reading, windowed
+from lmnb_engine.stop_relaxed import MULTILINE_FLAG, ending_by, relax
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
 # microseconds, well under a millisecond for a linear pattern over tens of thousands of characters;
@@ -105,9 +109,9 @@ class StopRegexes:
             body = p[flags.end() if flags else 0 :]
             if _LATE_LOOKBEHIND.search(body):
                 # (None: nothing past the floor shown, where the window or an automaton leaves it)
-                relaxed = None if _NO_SUPERSET.search(body) else _relaxed(p, drop_lookbehinds=True)
-            elif (sensitive and _END_ASSERTION.search(p)) or ("^" in p and _MULTILINE.search(p)):
-                relaxed = _relaxed(p)
+                relaxed = None if _NO_SUPERSET.search(body) else relax(p, drop_lookbehinds=True)
+            elif (sensitive and _END_ASSERTION.search(p)) or ("^" in p and MULTILINE_FLAG.search(p)):
+                relaxed = relax(p)
             else:
                 relaxed = p
             try:
@@ -175,10 +179,10 @@ _END_ASSERTION_SOURCE = r"\$|\\[bBZzmM]|\(\?!"
 # "\r", not in "\r\n"). Found in the pattern's text, erring towards yes (an escaped "\\$", "\\++"
 # too): a yes only costs a search per new character instead of one per token.
 _END_SENSITIVE = re.compile(_END_ASSERTION_SOURCE + r"|\\[XR]|\(\?\(\?|\(\?>|[*+?}]\+|\(\*")
-# ... of which the end assertions and negative lookaheads, which _relaxed rewrites for safe_len's
-# partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy") and
-# what gives nothing back are end-sensitive too, for find, but not rewritten (_relaxed cannot read
-# a conditional): the partial search keeps a start there as a whole or partial match
+# ... of which the end assertions and negative lookaheads, which stop_relaxed.relax rewrites for
+# safe_len's partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in
+# "xy") and what gives nothing back are end-sensitive too, for find, but not rewritten (relax cannot
+# read a conditional): the partial search keeps a start there as a whole or partial match
 _END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
 
 # ... and a conditional on a lookaround: what may make a match read the text's end, where what
@@ -189,11 +193,11 @@ _READS_END = re.compile(_END_ASSERTION_SOURCE + r"|\(\?\(\?")
 # A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
 # regex package's partial search may drop a start that more text still completes past a repeat
 # before it ("a.*?(?<!a)" on "aa": partial at 1, not 0, though "aab" matches from 0), and safe_len
-# showed a stop's text. Such a pattern is searched with those lookbehinds left out (_relaxed's
-# drop_lookbehinds): a match of the pattern is one of that form too, so where the form's partial
-# search says a match may begin is no later than where one of the pattern may. (Found in the
-# pattern's text, erring towards yes: an escaped "\\(?<=" too; a lookbehind first in the pattern
-# reads only text that is there, and is kept.)
+# showed a stop's text. Such a pattern is searched with those lookbehinds left out
+# (stop_relaxed.relax's drop_lookbehinds): a match of the pattern is one of that form too, so where
+# the form's partial search says a match may begin is no later than where one of the pattern may.
+# (Found in the pattern's text, erring towards yes: an escaped "\\(?<=" too; a lookbehind first in
+# the pattern reads only text that is there, and is kept.)
 _LATE_LOOKBEHIND = re.compile(r"(?<!^)\(\?<[=!]")
 # What makes leaving a lookbehind out match less, not more, found in the pattern's text erring
 # towards yes: what commits to the first way it matches, an atomic group or possessive repeat (an
@@ -204,161 +208,6 @@ _LATE_LOOKBEHIND = re.compile(r"(?<!^)\(\?<[=!]")
 # one inside a lookbehind left out would change the whole pattern)
 _NO_SUPERSET = re.compile(r"\(\?>|[*+?}]\+|\(\*|\(\?(?:R|&|P>|[+-]?\d)|\(\?[a-zA-Z-][a-zA-Z0-9-]*\)"
                           r"|\{(?!\d*(?:,\d*)?\})")
-
-
-# The relaxed form of each assertion whose value at a position may change once text comes after
-# the text's end: it first reads that far ahead (to the end for a word boundary; for "$", which
-# also holds before a final newline, one further after a newline, but no further than a character
-# that is none, after which it fails whatever comes: "a$" on "ab" is no partial match; erring
-# towards holding back, two for "\Z" and "\z"), and a read past the end makes the search partial,
-# so the match start is kept.
-# (Patterns without an end assertion or a negative lookahead, _END_ASSERTION, are not rewritten.)
-_RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?=[\s\S])\m)",
-          "\\M": r"(?:(?=[\s\S])\M)", "\\Z": r"(?:(?=[\s\S]{2})\Z)", "\\z": r"(?:(?=[\s\S]{2})\z)",
-          "$": r"(?:(?=\n[\s\S]|[^\n])$)"}
-# ... and "^" in multiline mode, whose value at the text's end is known (the character before),
-# but where the regex package's partial search drops a start when a lazy repeat before it reaches
-# the text's end and it fails there ("(?m)a[\s\S]*?^b" on "xaa": partial at 2, not 1, though
-# "xaa\nb" matches from 1; a greedy repeat is kept): read ahead first, the search there is partial
-_RELAX_MULTILINE = {**_RELAX, "^": r"(?:(?=[\s\S])^)"}
-# A multiline flag, found in a pattern's text erring towards yes ("(?m)", "(?im:", "(?-m)" too)
-_MULTILINE = re.compile(r"\(\?[a-zA-Z-]*m")
-# "$" in multiline mode: it holds before any newline, so that newline alone settles it ("(?m)\.$" on
-# "Done.\n" is final before "Next" comes), and at the text's end, which one more character undoes
-_MULTILINE_END = r"(?:(?=[\s\S])$)"
-# A multiline flag turned off in a scope ("(?-m:", "(?i-m)"), where "$" is not multiline
-_MULTILINE_OFF = re.compile(r"\(\?[a-zA-Z]*-[a-zA-Z]*m")
-
-
-def _multiline(pattern: str) -> bool:
-    """Whether every "$" of ``pattern`` is in multiline mode: the flag is set for all of it and
-    turned off nowhere (else, or where it does not compile, "$" is relaxed as outside that mode,
-    which holds a match back longer: never a stop that more text undoes)."""
-    import regex
-
-    try:
-        return bool(regex.compile(pattern).flags & regex.MULTILINE) and not _MULTILINE_OFF.search(pattern)
-    except regex.error:
-        return False
-
-
-def _relaxed(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | None = None,
-             partial: bool = True) -> str | None:
-    """``pattern`` for safe_len's partial search: every end assertion (``_RELAX``) first reads past
-    where its value can still change, so a search that reaches it at the text's end is partial (the
-    match start kept) or goes on as the pattern does; and a negative lookaround ``(?!X)`` is
-    ``(?:(?=X')(?!)|(?!X))``, X' being X relaxed: partial where X's match may yet come undone, else
-    ``(?!X)`` (a partial read inside a negative lookaround counts as no match, which would decide
-    it). A whole match of the result is one of ``pattern``; a start the result drops, ``pattern``
-    cannot match at in any longer text.
-    ``drop_lookbehinds``: every lookbehind but one first in the pattern (after its global flags) is
-    left out too, ``(?:)`` in its place (``_LATE_LOOKBEHIND``; the caller has ruled out
-    ``_NO_SUPERSET``). A match of ``pattern`` then is one of the result, so a start the result drops,
-    ``pattern`` cannot match at in any longer text either: each lookbehind left out is an assertion
-    that its match passed, consuming nothing, and none lies in a negative lookaround (there one
-    would make the lookaround hold less often: None) nor in a lookahead (None: ``_live_start`` passes
-    over a whole match short of the text's end, one the pattern may yet make by reading past it).
-    None where this reading of the pattern may be wrong (verbose or word mode, a conditional,
-    a set inside a set, a capturing group or backreference inside a negative lookaround, a
-    capturing group inside a lookbehind left out): the caller then shows nothing past where a
-    match may begin. ``lookaheads``: where given, each negative lookahead's X' is added to it, and
-    in the result the lookahead is followed by an empty group named ``LOOKAHEAD_MARK`` and its
-    index there, which marks where it stood in a match (None where the pattern refers to a group
-    by number, which that would renumber). ``partial`` False: for a search that is not partial
-    (``stop_end_reading.windowed``), where ``(?=X')(?!)`` never matches: a negative lookaround is left as it is."""
-    if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
-        return None
-    if lookaheads is not None and re.search(r"\\[1-9]|\\g<\d|\(\?\|", pattern):
-        return None
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.end() if lead else 0
-    relax = _RELAX_MULTILINE if _MULTILINE.search(pattern) else _RELAX
-    if _multiline(pattern):
-        relax = {**relax, "$": _MULTILINE_END}
-    if lookaheads is not None:  # (\Z and \z hold at the text's end only: one character settles them)
-        relax = {**relax, "\\Z": r"(?:(?=[\s\S])\Z)", "\\z": r"(?:(?=[\s\S])\z)"}
-    # the groups being read, outermost first: their text so far (relaxed, original), whether the
-    # group is a negative lookaround, and whether it is a lookbehind left out
-    stack: list[tuple[list[str], list[str], bool, bool]] = [([], [], False, False)]
-    i = 0
-    while i < len(pattern):
-        relaxed, original, _, _ = stack[-1]
-        c = pattern[i]
-        if c == "\\":
-            tok = pattern[i:i + 2]
-            if tok[1:] and tok[1] in "123456789gk" and any(neg for _, _, neg, _ in stack):
-                return None  # a backreference in a negative lookaround, which is written twice
-            relaxed.append(relax.get(tok, tok))
-            original.append(tok)
-            i += 2
-        elif c == "[":  # a set, copied as it is: "$" and "\b" in it are characters
-            j = i + 1
-            j += pattern[j:j + 1] == "^"
-            j += pattern[j:j + 1] == "]"
-            while j < len(pattern) and pattern[j] != "]":
-                if pattern[j] == "[" and pattern[j + 1:j + 2] != ":":
-                    return None  # a set inside a set (version 1 syntax), or "[" in a set: not read here
-                if pattern[j] == "[":  # [:alpha:]
-                    end = pattern.find(":]", j + 2)
-                    if end == -1:
-                        return None
-                    j = end + 2
-                    continue
-                j += 2 if pattern[j] == "\\" else 1
-            if j >= len(pattern):
-                return None
-            relaxed.append(pattern[i:j + 1])
-            original.append(pattern[i:j + 1])
-            i = j + 1
-        elif c == "(":
-            if pattern.startswith("(?#", i):  # a comment
-                end = pattern.find(")", i)
-                if end == -1:
-                    return None
-                i = end + 1
-                continue
-            behind = pattern.startswith(("(?<=", "(?<!"), i)
-            dropped = drop_lookbehinds and behind and (len(stack) > 1 or i > lead)
-            if dropped and any(n or "".join(o[:3]) == "(?=" for _, o, n, _ in stack):
-                # (a lookbehind in a negative lookaround; or in a lookahead, whose match left out
-                # reads no further than the lookahead's text: "a(?=.*?(?<!a))" on "aa" is "a" then
-                # "(?=.*?)" from 0, a whole match short of the text's end, passed over as one more
-                # text cannot make new, where "aab" makes the pattern's first match "a" from 0)
-                return None
-            neg = not dropped and (pattern.startswith("(?!", i) or pattern.startswith("(?<!", i))
-            head = pattern[i:i + (3 if pattern.startswith("(?!", i) else 4)] if neg or dropped else "("
-            # a capturing group or a backreference by name, in a negative lookaround written twice
-            # or in a lookbehind left out, would renumber the groups
-            if any(n or d for _, _, n, d in stack) and (not pattern.startswith("(?", i)
-                                                        or re.match(r"\(\?(P?<(?![=!])|P=)", pattern[i:])):
-                return None
-            stack.append(([head], [head], neg, dropped))
-            i += len(head)
-        elif c == ")":
-            if len(stack) == 1:
-                return None
-            r, o, neg, dropped = stack.pop()
-            if dropped:
-                r_text = "(?:)"
-            elif neg:  # r, o: the head ("(?!" or "(?<!") and X
-                look = "(?=" if o[0] == "(?!" else "(?<="
-                mark = ""
-                if lookaheads is not None and o[0] == "(?!":  # (an empty group marks where it stood)
-                    mark = f"(?P<{LOOKAHEAD_MARK}{len(lookaheads)}>)"
-                    lookaheads.append("".join(r[1:]))
-                r_text = "(?:" + (look + "".join(r[1:]) + ")(?!)|" if partial else "") + "".join(o) + ")" + mark + ")"
-            else:
-                r_text = "".join(r) + ")"
-            stack[-1][0].append(r_text)
-            stack[-1][1].append("".join(o) + ")")
-            i += 1
-        else:
-            relaxed.append(relax.get(c, c))
-            original.append(c)
-            i += 1
-    if len(stack) != 1:
-        return None
-    return "".join(stack[0][0])
 
 
 def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endpos: int,
@@ -414,10 +263,10 @@ def _new_before(pattern: str, text: str, start: int, new_from: int, endpos: int)
     low = start if ahead is None else max(start, new_from - ahead + 1)
     bound = new_from
     while bound >= low:
-        if (longest := _ending_by(pattern, endpos - bound)) is None:
+        if (longest := ending_by(pattern, endpos - bound)) is None:
             return None  # (a form not read right: as before this check, the match is not new)
         m = longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)
-        if m is None or m.end() < low or (before := _ending_by(pattern, new_from - m.end(), exact=True)) is None:
+        if m is None or m.end() < low or (before := ending_by(pattern, new_from - m.end(), exact=True)) is None:
             return None
         if before.match(text, start, new_from, timeout=REGEX_TIMEOUT_S) is None:
             return m
@@ -432,24 +281,6 @@ def _reads_past_match(pattern: str) -> bool:
     return bool(_END_SENSITIVE.search(pattern)) or "(?=" in pattern
 
 
-@functools.lru_cache(maxsize=1024)
-def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
-    """``pattern`` matching only where at least ``after`` characters follow its match, with POSIX
-    leftmost-longest matching (``exact``: exactly that many, the first match), by a lookahead for
-    them and the text's end, its global flags kept first; None where that form does not compile."""
-    import regex
-
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
-    # (a verbose pattern may end in a comment, which a newline ends)
-    end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""
-    count = f"{{{after}}}" if exact else f"{{{after},}}"
-    try:
-        return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{count}\\Z)", 0 if exact else regex.POSIX)
-    except regex.error:
-        return None
-
-
 # A class of every character ([\s\S] and its like), as written in a pattern
 _ANY_CLASS = re.compile(r"\[(?:\\s\\S|\\S\\s|\\d\\D|\\D\\d|\\w\\W|\\W\\w)\]")
 
@@ -457,8 +288,8 @@ _ANY_CLASS = re.compile(r"\[(?:\\s\\S|\\S\\s|\\d\\D|\\D\\d|\\w\\W|\\W\\w)\]")
 def _open_head(pattern: str) -> Any:
     """The part of ``pattern`` before its first repeat of any character (``[\\s\\S]*?``, ``[\\d\\D]*``,
     ``.*`` under ``(?s)``) outside every group, compiled relaxed as for the partial search
-    (``_relaxed``), where the pattern has no ``|`` outside groups and is not verbose; None where
-    it has no such repeat or the head cannot be read so. Once the head matches whole from a
+    (``stop_relaxed.relax``), where the pattern has no ``|`` outside groups and is not verbose; None
+    where it has no such repeat or the head cannot be read so. Once the head matches whole from a
     start, and no match is in the text, a match from there stays open: what follows reads
     anything until the tail matches (``StopStringMatcher._open``)."""
     import regex
@@ -487,7 +318,7 @@ def _open_head(pattern: str) -> Any:
     if cut is None:
         return None
     head = pattern[:cut]
-    relaxed = _relaxed(head) if _END_ASSERTION.search(head) else head
+    relaxed = relax(head) if _END_ASSERTION.search(head) else head
     try:
         return None if relaxed is None else regex.compile(relaxed)
     except regex.error:
@@ -600,6 +431,12 @@ class StopStringMatcher(EndReadingChecks):
         """Why the stop regexes were given up (a search ran too long), or None."""
         return self._shared.problem
 
+    @staticmethod
+    def _budget() -> float:
+        """The seconds one search may take in the checks ``EndReadingChecks`` gives:
+        ``REGEX_TIMEOUT_S``, read at each call, as callers and tests set it on this module."""
+        return REGEX_TIMEOUT_S
+
     def _floor(self, i: int, text: str, new_from: int | None = None) -> int:
         # (a floor may lie past a whole match in the last text, which no later text can make new;
         # a find from before its end, after a rollback and the same text again, may meet it)
@@ -669,7 +506,7 @@ class StopStringMatcher(EndReadingChecks):
         for end in range(max(start + 1, len(text) - 1), len(text) + 1):
             holds = []
             for follower in _FOLLOWERS:
-                exact = _ending_by(pattern, len(text) + len(follower) - end, exact=True)
+                exact = ending_by(pattern, len(text) + len(follower) - end, exact=True)
                 if exact is None:
                     return False
                 holds.append(exact.match(text + follower, start, timeout=REGEX_TIMEOUT_S) is not None)
@@ -808,7 +645,7 @@ class StopStringMatcher(EndReadingChecks):
         """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its
         longest suffix that is a proper prefix of some stop string, or from where a stop regex
         may still match once more text comes (``\\B`` on "a" may match once "b" comes; a pattern
-        ``_relaxed`` cannot read holds back all text from where it was last searched)."""
+        ``stop_relaxed.relax`` cannot read holds back all text from where it was last searched)."""
         # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
