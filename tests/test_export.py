@@ -1244,6 +1244,10 @@ def _one_cell_job(tmp_path, monkeypatch, setup: str, cell: str) -> tuple[list, l
     (_COUNTER + "\nuse = lambda x: x.bump()", "r = str(use(c))", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in use(), a "
      "function of cell 1, x being `c`)"),
+    # (a row cell that binds the name to its own function below the call: the call is the set-up's)
+    (_COUNTER + "\nuse = lambda x: x.bump()", "r = str(use(c))\nuse = lambda x: x.n + 1", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in use(), a "
+     "function of cell 1, x being `c`)"),
     (_COUNTER + "\nbump = lambda: c.bump()", "r = str(bump())", ["1", "2", "3"],
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in bump(), a "
      "function of cell 1)"),
@@ -1300,6 +1304,10 @@ def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_pat
     ("class User:\n    def use(self, x):\n        return x.bump()\nu = User()", "r = str(u.use(Counter()))"),
     ("class User:\n    def use(self, x):\n        return x.bump()\nclass Reader:\n    def use(self, x):\n"
      "        return x.n + 1\nu = Reader()", "r = str(u.use(c))"),
+    # (a row cell that binds the name to its own function before the call calls that one: the set-up's was
+    # followed, and c noted as changed by `x.bump()` in use())
+    *[(use, cell) for use in ("def use(x):\n    return x.bump()", "use = lambda x: x.bump()")
+      for cell in ("use = lambda x: x.n + 1\nr = str(use(c))", "def use(x):\n    return x.n + 1\nr = str(use(c))")],
 ])
 def test_a_setup_functions_own_variable_is_not_the_setup_object_of_its_name(tmp_path, monkeypatch, use, cell):
     """A set-up function's parameter (plain, annotated, keyword-only, *args, **kwargs) or local

@@ -34,7 +34,7 @@ from lmnb.export.notes_objects import _carried_over, _made_objects
 from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped, _number_words, _verb
 from lmnb.export.parameters import read_parameters
 from lmnb.export.star_builtins import _builtins_set_by
-from lmnb.export.syntax import _cell_binds, _own_nodes, _run_reads, _statements, _tests_unset
+from lmnb.export.syntax import _bound_before_read, _cell_binds, _own_nodes, _run_reads, _statements, _tests_unset
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -332,12 +332,15 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     parsed: dict = {}  # (each module file of the user's, read and parsed once an export)
     imported = _module_classes(setup, folder, parsed)  # (Cache of `from helpers import Cache`: c = Cache() too)
     objects = _made_objects(setup, {**imported, **classes})
-    p.notes += _carried_over(setup, row, called, objects, p.copied, lazy, imported)
-    p.notes += _local_module_state(cells, row, called, folder, objects[2], parsed)
-    p.notes += _seeded_module_notes(setup, row, called, objects[2])
-    p.notes += _default_notes(row, called, objects[2])
-    p.notes += _closure_notes(setup, row, called)
-    p.notes += _held_object_notes(setup, row, called, classes)
+    # (the notes follow what the rows run: not a set-up function whose name a row cell binds to its own before it
+    # calls it, which `called` keeps for what the script shares; c was noted as changed by use() the rows never ran)
+    rows_call = _called(functions, row, links, _bound_before_read(row))
+    p.notes += _carried_over(setup, row, rows_call, objects, p.copied, lazy, imported)
+    p.notes += _local_module_state(cells, row, rows_call, folder, objects[2], parsed)
+    p.notes += _seeded_module_notes(setup, row, rows_call, objects[2])
+    p.notes += _default_notes(row, rows_call, objects[2])
+    p.notes += _closure_notes(setup, row, rows_call)
+    p.notes += _held_object_notes(setup, row, rows_call, classes)
     p.notes += _cell_notes(cells)
     return p
 
@@ -937,9 +940,11 @@ def _names_changed_or_bound(target) -> list:
     return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
 
 
-def _called(functions: list, row: list, links: dict) -> list:
-    """The setup cells' ``functions`` (``_setup_functions``) that the row cells use (``_reached``)."""
-    used = [n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)]
+def _called(functions: list, row: list, links: dict, own: frozenset = frozenset()) -> list:
+    """The setup cells' ``functions`` (``_setup_functions``) that the row cells use (``_reached``), but
+    through a name of ``own`` (``_bound_before_read``), which the rows use as their own."""
+    used = [n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)
+            if n not in own]
     reached = _reached(functions, dict.fromkeys(used), links)
     return [f for f in functions if f[1] in reached]
 

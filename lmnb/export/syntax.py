@@ -4,7 +4,7 @@ the ``if`` tests above each) and its own variables, and whether a test asks if a
 
 from __future__ import annotations
 
-from lmnb.export.cells import Cell, Code, LMCell
+from lmnb.export.cells import Cell, Code, LMCell, bound_by
 
 
 def _statements(cells: list):
@@ -103,3 +103,33 @@ def _tests_unset(test, names: set) -> bool:
 def _cell_binds(c: Cell) -> tuple:
     """The names cell ``c`` binds: a Python cell's ``assigns``, a ``%%lm`` cell's ``sets``; none for the others."""
     return c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ()
+
+
+def _bound_before_read(row: list) -> set:
+    """The names the row cells (``Plan.row``, in order) bind before they read them: a top-level
+    assignment to the name (not one in an ``if``, a loop or a ``try``, which may not run), ``def``,
+    ``class`` or import above the first statement, of that cell or an earlier row cell, that reads it
+    (a ``%%lm`` cell: its ``reads``). What the rows call by such a name is their own function, not
+    the set-up's (``use = lambda x: x.n`` then ``use(c)``), in each pass of the notebook and in the
+    job, where it is run_row's variable."""
+    import ast
+
+    read, own = set(), set()
+    for c in row:
+        if isinstance(c, LMCell):
+            read.update(c.reads)
+        if not isinstance(c, Code):
+            continue
+        for stmt in ast.parse(c.source).body:
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if stmt.value else []
+                binds = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)
+                         and isinstance(n.ctx, ast.Store)}
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+                binds = set(bound_by(stmt))  # (a recursive def's call of its own name is a call of itself)
+            else:
+                binds = set()
+            read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - (
+                binds if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else set())
+            own |= binds - read  # (a statement's reads come before its binding: use = wrap(use) calls the set-up's)
+    return own
