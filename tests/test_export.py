@@ -1343,6 +1343,7 @@ _SEEN = "def seen(x, acc=[]):\n    acc.append(x)\n    return len(acc)"
      "r = str(seen(q))", "111"),
     ("def seen(x, acc=[]):\n    return (lambda acc: acc.append(x) or len(acc))([])", "r = str(seen(q))", "111"),
     (_SEEN, _SEEN + "\nr = str(seen(q))", "111"),
+    (_SEEN, "r = str(seen(q))\nseen = lambda x: 0", "123"),  # (bound after the call: the call is the set-up one's)
     ("seen = lambda x, acc=[]: acc.append(x) or len(acc)", "seen = lambda x, acc=[]: acc.append(x) or len(acc)\n"
      "r = str(seen(q))", "111"),
 ])

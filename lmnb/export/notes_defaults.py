@@ -5,7 +5,7 @@ row to row in the job, where each pass of the notebook runs the ``def`` anew."""
 from __future__ import annotations
 
 from lmnb.export.cells import _mutated
-from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees
+from lmnb.export.syntax import _bound_before_read, _function_locals, _own_nodes, _row_trees
 
 
 def _made_once(value) -> bool:
@@ -68,9 +68,10 @@ def _default_notes(row: list, called: list, defs: dict) -> list:
 
     functions = [(f[0], d) for f in called if (d := defs.get((f[0], f[1]))) is not None
                  and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    # (a name a row cell binds is run_row's own variable in all of the row's cells, its own function: only the
-    # set-up functions, which read the script's globals, call the set-up one by it)
-    own = set().union(*(set(_cell_binds(c)) for c in row))
+    # (a name a row cell binds before any row cell reads it calls the row's own function there: only the set-up
+    # functions, which read the script's globals, call the set-up one by it; bound after a call, the call is the
+    # set-up one's)
+    own = _bound_before_read(row)
     calls = [n for tree in [t for _, t in _row_trees(row)] for n in ast.walk(tree)
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in own]
     calls += [n for _, d in functions for n in ast.walk(d) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
