@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import random
 import re
@@ -499,7 +501,6 @@ def _may_still_begin_a_stop(pattern: str, text: str, width: int) -> int:
     assertions: where the first start lies from which some longer text (up to ``width`` more
     characters of a, b, c or x) matches past the text's end, ``len(text)`` where none does: what
     safe_len holds back, nothing in front of it being able to become a stop."""
-    import itertools
 
     rx = re.compile(pattern)
     more = ["".join(w) for n in range(1, width + 1) for w in itertools.product("abcx", repeat=n)]
@@ -838,10 +839,16 @@ def _final_spans(pattern: str, text: str, spans: set, alphabet: str, ahead: int 
     ``text`` can undo, by brute force: each is a match in ``text`` followed by each string of up
     to ``ahead`` characters of ``alphabet`` too (the patterns tested read at most that far past a
     match; "followed by nothing" is ``spans``' own reading)."""
-    import itertools
+    more = _texts_after(alphabet, ahead)
+    return {(s, e) for s, e in spans
+            if all(_ending_at(pattern, len(text) + len(w) - e).match(text + w, pos=s) for w in more)}
 
-    more = ["".join(t) for n in range(1, ahead + 1) for t in itertools.product(alphabet, repeat=n)]
-    return {(s, e) for s, e in spans if all(_spans(pattern, text + w, starts=(s,), ends=(e,)) for w in more)}
+
+@functools.lru_cache(maxsize=8)
+def _texts_after(alphabet: str, ahead: int) -> tuple[str, ...]:
+    """Every string of 1 to ``ahead`` characters of ``alphabet`` (16k for a 25-character
+    alphabet: built once per text's alphabet, not once per prefix of the text)."""
+    return tuple("".join(t) for n in range(1, ahead + 1) for t in itertools.product(alphabet, repeat=n))
 
 
 def first_regex_stop_by_definition(regexes: list[str], text: str, alphabet: str | None = None,
@@ -979,12 +986,21 @@ def _spans(pattern: str, text: str, starts=None, ends=None) -> set[tuple[int, in
     """Brute force with the regex package: every (start, end) at which ``pattern`` matches in
     ``text``, its assertions reading all of it (the match forced to end at ``end`` by a lookahead
     for exactly the characters after it); from ``starts`` and to ``ends`` only where given."""
+    return {(s, e) for s in (range(len(text) + 1) if starts is None else starts)
+            for e in (range(s, len(text) + 1) if ends is None else ends)
+            if _ending_at(pattern, len(text) - e).match(text, pos=s)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _ending_at(pattern: str, after: int):
+    """``pattern`` compiled by the regex package to match only where exactly ``after`` characters
+    follow its match, which its assertions read (a lookahead for them). Compiled once: looking it
+    up in the regex package's own cache, at each of the brute force's millions of matches, took
+    most of their time."""
     import regex
 
     flags = re.match(r"(?:\(\?[a-zA-Z]+\))*", pattern).group()
-    return {(s, e) for s in (range(len(text) + 1) if starts is None else starts)
-            for e in (range(s, len(text) + 1) if ends is None else ends)
-            if regex.match(f"{flags}(?:{pattern[len(flags):]})(?=[\\s\\S]{{{len(text) - e}}}\\Z)", text, pos=s)}
+    return regex.compile(f"{flags}(?:{pattern[len(flags):]})(?=[\\s\\S]{{{after}}}\\Z)")
 
 
 def _new_matches_met_first(pattern: str, pieces: list[str], unchecked: int, ended: bool = False,
@@ -1031,7 +1047,6 @@ def _stops_as_by_definition(pattern: str, pieces: list[str], unchecked: int, alp
 def _may_still_begin_a_new_match(pattern: str, text: str, alphabet: str, width: int) -> int:
     """Brute force: the first start at which some longer text (up to ``width`` more characters of
     ``alphabet``) holds a match that ``text``, checked all through, did not; ``len(text)`` if none."""
-    import itertools
 
     old, first = _spans(pattern, text), len(text)
     for n in range(1, width + 1):
@@ -1686,7 +1701,6 @@ def test_a_stop_regex_with_an_empty_class_is_refused_naming_what_it_keeps_from_m
 
 def _short_texts() -> list[str]:
     """Every text of up to 4 characters from word and non-word ones, a newline among them."""
-    import itertools
 
     return ["".join(t) for n in range(5) for t in itertools.product("ab \n-é", repeat=n)]
 
@@ -1767,7 +1781,6 @@ def _least_stop_start(pattern: str, text: str, alphabet: str, longest: int = 2, 
     (a stop met before the output's end is met there either way), ``text`` being checked
     (``checked``: find met no stop in it) or not (the first min_new_tokens); ``len(text)`` where
     none does: what may be shown of ``text`` is the text before it."""
-    import itertools
 
     least = len(text)
     for n in range(0, longest + 1):
@@ -1790,7 +1803,6 @@ def test_text_before_a_stop_regex_ending_in_an_end_assertion_is_shown_once_no_st
     # a stop that find meets in any text extending it by up to 2 characters (as far as these
     # patterns read past a match), each text being checked (a stop not found in it) or not
     alphabet = "ab \n"
-    import itertools
 
     for text in ["".join(t) for n in range(1, 4) for t in itertools.product(alphabet, repeat=n)]:
         want = _least_stop_start(pattern, text, alphabet)
@@ -1806,7 +1818,6 @@ def test_no_text_a_stop_regex_may_yet_begin_a_stop_in_is_shown_for_random_patter
     # a stop may begin in a text longer by up to 3 characters (_least_stop_start: more than a start
     # passed over for its matches all ending in the text needs, whose stop 2 would show), each
     # text checked or not
-    import itertools
 
     rng = random.Random(11)
     atoms = ["a", " ", r"\n", ".", r"\w", r"\W", "[a ]", "a?", "(?:a |a)", "[a ]{1,2}"]
