@@ -2449,13 +2449,25 @@ def test_unique_items_over_listed_values_are_subsequences_of_the_list(tokenizer)
     def listed_order(array, values):
         return [values.index(v) for v in array] == sorted({values.index(v) for v in array})
 
+    # the schema relates no two properties (no dependencies, no if/then): a value is valid where each of its
+    # properties is, each validated once in an object otherwise valid, not once per combination (139k: 30 s)
+    valid = {"tags": [], "colors": ["red"], "flags": None}
+    assert validator.is_valid(valid)
+
+    def valid_values(key, values):
+        return {json.dumps(v): validator.is_valid({**valid, key: v}) for v in values}
+
+    tags_ok = valid_values("tags", arrays(["a", "b", "c", "d"]))
+    colors_ok = valid_values("colors", arrays(["red", "blue", "green"]))
+    flags_ok = valid_values("flags", [None, *arrays([False, True, 1])])
     for tags in arrays(["a", "b", "c", "d"]):
         for colors in arrays(["red", "blue", "green"]):
             for flags in [None, *arrays([False, True, 1])]:
                 value = {"tags": tags, "colors": colors, "flags": flags}
                 text = json.dumps(value, separators=(",", ":"))
-                expected = validator.is_valid(value) and listed_order(tags, ["a", "b", "c"]) and listed_order(
-                    colors, ["red", "blue", "green"]) and (flags is None or listed_order(flags, [False, True]))
+                expected = (tags_ok[json.dumps(tags)] and colors_ok[json.dumps(colors)] and flags_ok[json.dumps(flags)]
+                            and listed_order(tags, ["a", "b", "c"]) and listed_order(colors, ["red", "blue", "green"])
+                            and (flags is None or listed_order(flags, [False, True])))
                 assert bool(rx.fullmatch(text)) == expected, text
                 if expected:
                     Picks.model_validate_json(text)
