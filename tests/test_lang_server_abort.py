@@ -320,3 +320,51 @@ def test_an_openai_call_whose_id_was_aborted_before_it_began_sends_nothing(serve
     assert [c.text for c in backend.generate(Prompt("Hi"), PARAMS, "r4")] == ["Hello"]  # another id runs
     assert posts == ["/v1/completions"] and backend._requests == {}
     backend.shutdown()
+
+
+def test_an_endpoint_shut_down_while_its_abort_is_being_posted_leaves_no_socket_open(server, monkeypatch):  # noqa: F811
+    """The abort's post, from a thread of its own on the endpoint's client, could still be
+    connecting when shutdown() closed that client: httpcore's pool, closed, no longer held the
+    connection it then made, and its socket was left to the garbage collector ("ResourceWarning:
+    unclosed <socket.socket ...>", seen after test_an_abort_stops_every_call_under_its_id).
+    shutdown() now waits for an abort post in flight, and no abort is posted after it."""
+    import gc
+    import warnings
+
+    import httpcore._backends.sync as sync
+
+    import lmnb
+
+    def answer(h, b):
+        if h.path == "/generate":  # (and closes its connection: the abort's post needs a new one)
+            h.close_connection = True
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(RESULT)))
+            h.send_header("Connection", "close")
+            h.end_headers()
+            return h.wfile.write(RESULT)
+        send(h, 200, b'{"success": true}')
+
+    server.answer = answer
+    backend = lmnb.RuntimeEndpoint(server.url, timeout=5)
+    assert [c.text for c in backend.generate(Prompt("Hi"), PARAMS, "r0")] == ["Hello"]
+    connecting, closed, connect = threading.Event(), threading.Event(), sync.SyncBackend.connect_tcp
+
+    def connect_once_closed(self, *args, **kwargs):  # (the abort's connection is made after close(), if it ran)
+        connecting.set()
+        closed.wait(1)
+        return connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(sync.SyncBackend, "connect_tcp", connect_once_closed)
+    close = backend.client.close
+    monkeypatch.setattr(backend.client, "close", lambda: (close(), closed.set()))
+    backend.abort("r1")
+    assert connecting.wait(10)
+    (poster,) = [t for t in threading.enumerate() if t.name == "lmnb-abort-r1"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        backend.shutdown()
+        poster.join(10)
+        gc.collect()
+    assert not poster.is_alive()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

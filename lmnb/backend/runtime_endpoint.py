@@ -69,6 +69,8 @@ RETRY_AFTER_MAX_S = 10.0
 # request id it has not received yet, which the abort's own post may overtake.
 ABORT_REPEAT_S = 0.5
 ABORT_POSTS = 5
+# Seconds an abort's post waits for the server; shutdown() waits as long for a post in flight.
+ABORT_TIMEOUT_S = 5.0
 # The longest line a stream may send, in bytes: far above any real event (SGLang's events carry
 # the whole text and logprobs so far: top-20 logprobs of a 128k-token prompt are about 90 MB), so
 # that a server sending a line that never ends fails before it fills the memory.
@@ -215,6 +217,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         self._calls: dict[str, _Call] = {}  # request id -> its running calls
         self._aborted = AbortedIds()  # ids aborted before a call of theirs began
         self._calls_lock = threading.Lock()
+        # abort posts in flight, which shutdown() waits for: closing the client while one connects
+        # leaves the socket it then opens to the garbage collector (httpcore's closed pool drops it)
+        self._posting, self._shut = 0, False
+        self._posted = threading.Condition(self._calls_lock)
 
     def _after_fork(self) -> None:
         """In a process made by ``os.fork``: a client of its own, made at its first use (a fork
@@ -668,10 +674,18 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             with self._calls_lock:
                 rids = [rid] + (list(call.sub_rids) if call is not None else [])
             for r in rids:
+                with self._calls_lock:
+                    if self._shut:
+                        return
+                    self._posting += 1
                 try:
-                    self.client.post("/abort_request", json={"rid": r}, timeout=5.0)
-                except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: the client was shut down meanwhile)
+                    self.client.post("/abort_request", json={"rid": r}, timeout=ABORT_TIMEOUT_S)
+                except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: shutdown() gave up waiting for it)
                     pass  # the request may be gone already; aborting is best effort
+                finally:
+                    with self._calls_lock:
+                        self._posting -= 1
+                        self._posted.notify_all()
             if call is None or posts == ABORT_POSTS:
                 return
             time.sleep(ABORT_REPEAT_S)
@@ -710,6 +724,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             return dict(self.model_info)
 
     def shutdown(self) -> None:
+        """Close the client's connections, once an abort post in flight is answered (at most
+        ``ABORT_TIMEOUT_S``, for a wedged server); no abort is posted after this."""
+        with self._calls_lock:
+            self._shut = True
+            self._posted.wait_for(lambda: not self._posting, ABORT_TIMEOUT_S)
         if self._client is not None:  # (a forked process's, made at its first use: none yet)
             self._client.close()
 
