@@ -2986,6 +2986,12 @@ def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):
         assert main(["export", "qa.ipynb", "-o", out]) == 2
         assert capsys.readouterr().err == f"lmnb export: {out} is a folder; give a file name, e.g. -o {Path(out)}/qa.py\n"
     assert not (tmp_path / "jobs" / "more").exists()
+    (tmp_path / "notes.txt").write_text("mine")  # a file written as a folder: -o notes.txt/qa.py was suggested
+    for out in ("notes.txt/", "notes.txt/."):
+        assert main(["export", "qa.ipynb", "-o", out]) == 2
+        assert capsys.readouterr().err == (f"lmnb export: {out} names a folder, and notes.txt is a file; give the file "
+                                           "name to write, e.g. -o qa.py\n")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
     target = tmp_path / "runs" / "out.ipynb"
     args = argparse.Namespace(notebook="qa.ipynb", output=str(target), parameter=[], timeout=60, allow_errors=False)
 

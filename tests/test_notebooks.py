@@ -1408,6 +1408,11 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, ca
         assert run(args) == 2
         assert capsys.readouterr().err == (f"lmnb run: {out} is a folder; give a file name, e.g. -o "
                                            f"{Path(out) / 'nb.out.ipynb'}\n")
+    args = argparse.Namespace(notebook=str(src), output=f"{tmp_path}/file/", parameter=[], timeout=60,
+                              allow_errors=False)  # (a file written as a folder: -o FILE/nb.out.ipynb was suggested)
+    assert run(args) == 2
+    assert capsys.readouterr().err == (f"lmnb run: {tmp_path}/file/ names a folder, and {tmp_path / 'file'} is a file; "
+                                       "give the file name to write, e.g. -o nb.out.ipynb\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "nb.ipynb"]
     for name in ("1x", "class", "__debug__", "__ｄｅｂｕｇ__"):  # the injected cell would fail in the kernel
         args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "o.ipynb"), parameter=[[name, "3"]],

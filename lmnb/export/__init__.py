@@ -328,8 +328,11 @@ def folder_given(out: str, example: str) -> Optional[str]:
     """Why the output path ``out`` (an ``-o``) names a folder, not a file, or None: an existing
     folder, or one written as such (``-o runs/`` or ``-o runs/.`` wrote a file named ``runs``: ``Path``
     drops the ending). ``example``: a file name to suggest in it; "" (no ``-o``) and "-" (stdout) name
-    no folder."""
+    no folder. Where ``out`` is written as a folder that is a file (``-o notes.txt/``), that is said,
+    and ``example`` alone suggested: ``-o notes.txt/job.py`` cannot be written either."""
     ending = out.replace(os.sep, "/").rsplit("/", 1)[-1]
+    if out not in ("", "-") and ending in ("", ".") and Path(out).is_file():
+        return f"{out} names a folder, and {Path(out)} is a file; give the file name to write, e.g. -o {example}"
     if out not in ("", "-") and (ending in ("", ".", "..") or Path(out).is_dir()):
         return f"{out} is a folder; give a file name, e.g. -o {Path(out) / example}"
     return None
