@@ -1781,11 +1781,13 @@ def _least_stop_start(pattern: str, text: str, alphabet: str, longest: int = 2, 
     (a stop met before the output's end is met there either way), ``text`` being checked
     (``checked``: find met no stop in it) or not (the first min_new_tokens); ``len(text)`` where
     none does: what may be shown of ``text`` is the text before it."""
+    from lmnb_engine.stop_matcher import StopRegexes
 
+    shared = StopRegexes([pattern])  # (read once for every matcher here, as a request's samples share it)
     least = len(text)
     for n in range(0, longest + 1):
         for more in itertools.product(alphabet, repeat=n):
-            m = StopStringMatcher([], [pattern])
+            m = StopStringMatcher([], shared)
             if checked:
                 m.find(text, 0)
             hit = m.find(text + "".join(more), len(text), at_end=True)
