@@ -22,6 +22,7 @@ from lmnb_engine import is_demo_name
 from lmnb_engine import tokenizer as tok
 from lmnb_engine.checkpoint_path import DEMO_MODEL_PATH, local_checkpoint, looked_in
 from lmnb_engine.cli_options import option_error
+from lmnb_engine.device_names import check_device, dtype_name
 from lmnb_engine.model_config import MULTIMODAL_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
 from lmnb_engine.models.presets import PRESETS, preset_hf_config
 from lmnb_engine.models.registry import build_model
@@ -139,12 +140,7 @@ def load_model(
 def _resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'") from None
-    if dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"device {str(device)!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")
+    dev = torch.device(check_device(str(device)))  # (a torch.device as its name: one rule, device_names)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise option_error(ValueError, f"device {str(device)!r} asked for, but torch sees no CUDA device",
                            ("use {}", "device", "cpu"))
@@ -156,12 +152,10 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> tor
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         dt = dtype
-    else:
-        aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-        dt = getattr(torch, aliases.get(str(dtype), str(dtype)), None)
-    if dt not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
-    return dt
+        if dt not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+        return dt
+    return getattr(torch, dtype_name(str(dtype)))
 
 
 def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path:

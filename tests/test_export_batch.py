@@ -421,10 +421,15 @@ def test_a_parameters_options_are_read_before_the_cells_above_the_parameters_cel
     (None, ["--model", "job.py"], "FileNotFoundError: job.py is a file, not a Hugging Face checkpoint directory"),
     (None, ["--timeout", "5"], "ValueError: --timeout is for a server backend (--backend URL); the in-process engine "
                                "has none"),
-    (None, ["--backend", "ftp://x"], "ValueError: --backend 'ftp://x' is neither 'engine' nor an http(s) URL")])
+    (None, ["--backend", "ftp://x"], "ValueError: --backend 'ftp://x' is neither 'engine' nor an http(s) URL"),
+    (None, ["--device", "cdua"], "ValueError: unknown device 'cdua'; use 'cuda', 'cuda:N' or 'cpu'; did you mean 'cuda'?"),
+    (None, ["--device", "mps"], "ValueError: device 'mps' is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'"),
+    (None, ["--dtype", "flaot16"], "ValueError: unsupported dtype 'flaot16'; use float32, bfloat16 or float16; did you "
+                                   "mean 'float16'?")])
 def test_a_backend_that_cannot_start_is_refused_before_any_cell_runs(tmp_path, model, options, said):
-    """The notebook's %lm load /nonexistent/model (or --model ./missing), and backend options that
-    do not fit (--timeout for the engine, a --backend that is no URL), were found only when the
+    """The notebook's %lm load /nonexistent/model (or --model ./missing), backend options that
+    do not fit (--timeout for the engine, a --backend that is no URL), and a --device or --dtype
+    the engine does not take (with a did-you-mean: lmnb_engine.device_names, torch-free) were found only when the
     backend started, after every set-up cell ran (a slow one, one that fails and hides it); the job
     now says so as it did then (exit 2) before any cell runs. (A script without a
     %%lm cell starts its backend before its cells already.)"""
@@ -443,6 +448,30 @@ def test_a_backend_that_cannot_start_is_refused_before_any_cell_runs(tmp_path, m
         2, f"lmnb batch: could not start the backend ({'ftp://x' if 'ftp' in said else 'engine'}): "
            + said.format(tmp=tmp_path))
     assert not (tmp_path / "ran.txt").exists()
+
+
+@pytest.mark.parametrize("before", [None, ""])
+def test_a_job_whose_backend_fails_after_the_cells_leaves_no_results_file_it_made(tmp_path, before):
+    """A backend that fails only as it loads (a checkpoint whose config.json is no JSON: the
+    checks before the cells find the directory) failed the job with exit 2 and left an empty
+    --output behind, which reads as a run of no rows; the file is removed again where the job made
+    it, and kept where it was there before (an empty file the user made)."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    (tmp_path / "rows.jsonl").write_text('{"q": "x"}\n')
+    if before is not None:
+        (tmp_path / "out.jsonl").write_text(before)
+    source, _ = export_notebook(notebook('q = "x"', "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", "--input", "rows.jsonl", "--output", "out.jsonl", "--model",
+                           "broken"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "could not start the backend (engine)" in done.stderr.splitlines()[-1]
+    assert (tmp_path / "out.jsonl").exists() == (before is not None)
 
 
 @pytest.mark.parametrize("options, values", [([], {"temperature": 0.5, "n": 2}),

@@ -585,3 +585,38 @@ def test_a_tied_config_with_a_different_stored_head_keeps_both_as_transformers_d
         warnings.filterwarnings("error", message=".*tie_word_embeddings")
         lm = assert_matches_hf(dst)
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0", "cuda:12", "cpu:1", "cuda:01", "cuda:-1", "cuda:", " cuda",
+                                  "CUDA", "cuda:0:1", "cdua", "mps", "meta", "xla:0", "tpu", ""])
+def test_the_torch_free_device_check_takes_the_names_torch_reads_as_cuda_or_cpu(name):
+    """device_names.check_device (an exported job's check before its cells run, without torch) is
+    the rule the loader applies: it takes a name exactly where torch.device reads it as a cuda or
+    cpu device, and calls 'not supported' exactly the other device types torch reads."""
+    from lmnb_engine.device_names import check_device
+
+    try:
+        kind = torch.device(name).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind in ("cuda", "cpu"):
+        assert check_device(name) == name
+    else:
+        with pytest.raises(ValueError, match="is not supported" if kind else "unknown device"):
+            check_device(name)
+
+
+@pytest.mark.parametrize("name", ["float32", "float", "fp32", "float16", "half", "fp16", "bfloat16", "bf16", "float64",
+                                  "double", "int8", "flaot16", "torch.float16", "Float32", ""])
+def test_the_torch_free_dtype_check_takes_the_names_torch_gives_a_supported_dtype(name):
+    """device_names.dtype_name gives the torch dtype a name stands for (torch's own attribute, or a
+    short name fp32/fp16/bf16), and refuses every name that is none of float32, float16, bfloat16."""
+    from lmnb_engine.device_names import dtype_name
+
+    short = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    want = short.get(name, getattr(torch, name, None) if name.isidentifier() else None)
+    if want in (torch.float32, torch.float16, torch.bfloat16):
+        assert getattr(torch, dtype_name(name)) == want
+    else:
+        with pytest.raises(ValueError, match=f"unsupported dtype {name!r}; use float32, bfloat16 or float16"):
+            dtype_name(name)

@@ -267,7 +267,8 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
 
 
 def check_backend_options(args: argparse.Namespace) -> None:
-    """Refuse backend options that do not fit together (``make_backend`` starts none of them),
+    """Refuse backend options that do not fit together (``make_backend`` starts none of them), and
+    an engine ``--device`` or ``--dtype`` the engine does not take (``lmnb_engine.device_names``),
     with no backend started: an exported job checks them before any notebook cell runs.
 
     Raises:
@@ -279,6 +280,13 @@ def check_backend_options(args: argparse.Namespace) -> None:
     if url == "engine" and not args.openai:
         if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
             raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
+        if args.device is not None or args.dtype is not None:
+            from lmnb_engine.device_names import check_device, dtype_name  # (no torch; the engine's own rule)
+
+            if args.device is not None:
+                check_device(args.device)
+            if args.dtype is not None:
+                dtype_name(args.dtype)
         return
     if args.model or args.device or args.dtype or args.max_total_tokens is not None:
         raise ValueError("--model/--device/--dtype/--max-total-tokens choose the in-process engine; a server runs "

@@ -63,6 +63,7 @@ class RowRunner:
             try:
                 backend = make_backend(self.args, self.job.default_model)
             except (OSError, ValueError, RuntimeError, ImportError) as e:
+                self.store.drop_if_unwritten()
                 return fatal(start_failure(self.args, self.job.default_model, e))
             try:
                 self.execute(backend, todo)

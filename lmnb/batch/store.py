@@ -108,6 +108,7 @@ class ResultStore:
         self._fd: Optional[int] = None
         self._line_open = False  # the file's last line has no line break yet
         self.made_folder: Optional[Path] = None  # the folder open() made for the file, if it made one
+        self._made_file = False  # open() made the file (drop_if_unwritten removes it again)
 
     # -- opening ------------------------------------------------------------------------------------
     def open(self, retry_errors: bool = False) -> None:
@@ -130,6 +131,7 @@ class ResultStore:
                 what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
                 raise StoreError(f"the output {self.path} is {what}; the results are appended to a file and read "
                                  "back to resume, so give a file's path (follow it with tail -f FILE)")
+            self._made_file = not self.path.exists()
             self._fd = self._locked_fd()
             records = self._load()
         except OSError as e:  # (it said "[Errno 2] No such file or directory" of --output /proc/o.jsonl)
@@ -323,6 +325,13 @@ class ResultStore:
         self.keys.add(key)
         status = record.get("status")
         self.counts[status if status in self.counts else ERROR] += 1
+
+    def drop_if_unwritten(self) -> None:
+        """Remove the file where ``open`` made it and nothing was written to it: a job that could
+        not start (its backend) left an empty results file behind, which reads as a run of no rows.
+        Call before ``close`` (the lock keeps another run from taking the file meanwhile)."""
+        if self._made_file and self._fd is not None and os.fstat(self._fd).st_size == 0:
+            os.unlink(self.path)
 
     def close(self) -> None:
         """Release the lock (the data is already with the operating system)."""

@@ -1,0 +1,53 @@
+"""The device and dtype names the engine accepts, told without torch: the one rule that
+``model_loader`` applies as it loads and an exported job applies before any notebook cell runs
+(a misspelt ``--device cdua`` was found only after every set-up cell had run)."""
+
+from __future__ import annotations
+
+import re
+
+from lmnb_engine.suggest import close_match, did_you_mean
+
+# torch.device's grammar (c10's Device.cpp): a type, then ":N" with no leading zero
+DEVICE = re.compile(r"([a-zA-Z_]+)(?::(0|[1-9][0-9]*))?")
+DEVICE_TYPES = ("cuda", "cpu")
+# device types torch knows that the engine does not run on (worded "not supported", not "unknown")
+TORCH_ONLY_TYPES = frozenset((
+    "mps", "meta", "xpu", "xla", "hip", "ipu", "hpu", "mtia", "maia", "lazy", "vulkan", "ve", "fpga", "ideep",
+    "mkldnn", "opengl", "opencl", "privateuseone"))
+
+# each dtype name the engine takes (torch's attribute names and the usual short ones) → torch's name
+DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16": "float16", "half": "float16",
+          "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def check_device(device: str) -> str:
+    """``device`` (``cuda``, ``cuda:N``, ``cpu`` or ``cpu:N``) as given; whether CUDA is there is
+    for torch to tell (``model_loader``).
+
+    Raises:
+        ValueError: a name torch does not read (with the closest device type, ``cdua`` → ``cuda``),
+            or a torch device the engine does not run on (``mps``, ``meta``).
+    """
+    m = DEVICE.fullmatch(device)
+    if m is not None and m[1] in DEVICE_TYPES:
+        return device
+    if m is not None and m[1] in TORCH_ONLY_TYPES:
+        raise ValueError(f"device {device!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")
+    kind, colon, index = device.partition(":")
+    match = close_match(kind, DEVICE_TYPES)  # (cdua:1 → 'cuda:1')
+    hint = f"; did you mean {match + colon + index!r}?" if match else ""
+    raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'{hint}")
+
+
+def dtype_name(dtype: str) -> str:
+    """torch's name (``float32``, ``float16`` or ``bfloat16``) of the dtype ``dtype`` names
+    (those, ``float``, ``half`` or ``fp32``, ``fp16``, ``bf16``).
+
+    Raises:
+        ValueError: another name (with the closest, ``flaot16`` → ``float16``).
+    """
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    hint = did_you_mean([dtype], ("", ("float32", "bfloat16", "float16")))
+    raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16{hint}")
