@@ -376,13 +376,22 @@ def _serve_failure(capsys, *options) -> str:
 def test_lmnb_serve_load_errors_name_its_options_not_the_python_apis(tiny_llama, tmp_path, monkeypatch, capsys):
     """They said 'pass max_total_tokens=2 or more', 'pass random_weights=True', 'raise mem_fraction
     or pass max_total_tokens': keyword arguments, and options (--random-weights, --mem-fraction)
-    lmnb serve does not have."""
+    lmnb serve does not have. A pool that cannot hold one gen of lmnb's default max_tokens is
+    refused as %lm load refuses it (the server started without a word, and every such request
+    failed)."""
     import shutil
 
     import lmnb_engine.model_runner as model_runner
 
-    assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", 1) == (
-        "lmnb serve: a KV pool of 1 token is too small; pass --max-total-tokens 2 or more\n")
+    from lmnb.ir import DEFAULT_MAX_NEW_TOKENS
+    from lmnb_engine import SamplingParams
+
+    assert SamplingParams.max_new_tokens == DEFAULT_MAX_NEW_TOKENS  # (the server's floor, worded as lmnb's)
+    # (the least as %lm load names it: the tiny tokenizer's one token of "a" (no BOS), then lmnb's 128)
+    for pool in (1, 50, 128):
+        assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", pool) == (
+            f"lmnb serve: a KV pool of {pool} token{'s' * (pool > 1)} cannot hold one gen of lmnb's default max_tokens "
+            "(128) after a one-character prompt (1 token); pass --max-total-tokens 129 or more\n")
     assert _serve_failure(capsys, "--model", "llama-3-8b") == (
         "lmnb serve: 'llama-3-8b' is a shape preset without weights; give a checkpoint directory or hub id\n")
     pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))

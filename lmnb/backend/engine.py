@@ -114,32 +114,6 @@ def _check_engine_kwargs(engine_class: type, kwargs: dict) -> None:
         )
 
 
-def _refuse_a_pool_too_small(engine: Any, asked: Optional[int]) -> None:
-    """Shut ``engine`` (an ``lmnb_engine.Engine`` this backend made) down and raise ``ValueError``
-    if its KV pool (``asked``, the ``max_total_tokens`` given, where one was) cannot hold one gen of
-    lmnb's default ``max_tokens`` (``DEFAULT_MAX_NEW_TOKENS``) after a one-character prompt (with
-    the BOS its tokenizer adds), or, where the model's context is shorter, a request of the whole
-    context: with ``%lm load --max-total-tokens 10`` every gen without a small ``max_tokens`` of its
-    own failed, cell after cell. The engine itself takes any pool of 2 tokens or more (a prompt token
-    and a new one): a tiny pool is how its eviction is tested; a smaller one asked for was made 2
-    here, so that this message, not the engine's "2 or more", names the least pool. A pool this
-    small on purpose (every gen with a small ``max_tokens``) is had by passing such an engine as
-    ``engine=``, which this check leaves alone; the message says so."""
-    info = engine.model_info()
-    prompt = len(engine.encode("a"))
-    pool = info["max_total_tokens"] if asked is None else asked
-    least = min(info["context_len"], prompt + DEFAULT_MAX_NEW_TOKENS)
-    if pool < least:
-        engine.shutdown()
-        raise option_error(ValueError, f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default max_tokens "
-                           f"({DEFAULT_MAX_NEW_TOKENS}) after a one-character prompt ({prompt} token{'s' * (prompt != 1)})",
-                           ("pass {} or more", "max_total_tokens", least),
-                           # (the Python API's alone: no command line has an engine= option, so theirs drop it;
-                           # the engine's own floor is 2)
-                           (f"pass {{}}=lmnb_engine.Engine(..., max_total_tokens={max(pool, 2)}) for a pool this "
-                            "small on purpose", "engine", None))
-
-
 class Engine(AssignableChatTemplate, BaseBackend):
     """Run programs on an in-process ``lmnb_engine.Engine``.
 
@@ -164,11 +138,13 @@ class Engine(AssignableChatTemplate, BaseBackend):
             from lmnb_engine import Engine as RuntimeEngine
 
             _check_engine_kwargs(RuntimeEngine, engine_kwargs)
+            from lmnb_engine.pool_floor import pool_to_make, refuse_a_pool_too_small
+
             asked = engine_kwargs.get("max_total_tokens")
-            if type(asked) is int and asked < 2:  # (the engine's own floor said "pass 2 or more", then lmnb's 129)
-                engine_kwargs = {**engine_kwargs, "max_total_tokens": 2}
+            if "max_total_tokens" in engine_kwargs:  # (the engine's own floor said "pass 2 or more", then lmnb's 129)
+                engine_kwargs = {**engine_kwargs, "max_total_tokens": pool_to_make(asked)}
             engine = RuntimeEngine(model=model, **engine_kwargs)
-            _refuse_a_pool_too_small(engine, asked)
+            refuse_a_pool_too_small(engine, asked, DEFAULT_MAX_NEW_TOKENS)
         elif model is not None or engine_kwargs:
             raise ValueError("pass either engine= or model/engine arguments, not both")
         self.engine = engine

@@ -108,8 +108,9 @@ def serve(args: argparse.Namespace) -> int:
     global phase, stop_raised
     phase = "loading"  # first: a previous serve() in this process left "shutting down"
     stop_raised = None
-    from lmnb_engine import Engine
+    from lmnb_engine import Engine, SamplingParams
     from lmnb_engine.http_server.app import Server
+    from lmnb_engine.pool_floor import pool_to_make, refuse_a_pool_too_small
 
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
@@ -131,7 +132,11 @@ def serve(args: argparse.Namespace) -> int:
               f"the model; add --api-key KEY or set ${API_KEY_ENV}", file=sys.stderr)
     with sock:
         try:
-            engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
+            engine = Engine(model=model, device=args.device, dtype=args.dtype,
+                            max_total_tokens=pool_to_make(args.max_total_tokens))
+            if args.max_total_tokens is not None:  # (as %lm load and a job refuse it: each default request failed;
+                # a pool sized from free memory that small is all but never, and the engine's own floor names it)
+                refuse_a_pool_too_small(engine, args.max_total_tokens, SamplingParams.max_new_tokens)
         except Exception as e:
             if stop_raised is not None:  # (the signal's exception, turned into this one by the load)
                 raise stop_raised from None
