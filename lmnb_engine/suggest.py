@@ -12,10 +12,11 @@ from typing import Any, Iterable, Optional, Sequence
 
 # Peers' names for a stop string (HF generate's stop_strings, Anthropic's stop_sequences, text-generation-webui's
 # stopping_strings ...), which lmnb, as OpenAI and SGLang, calls ``stop``: difflib offered them ``stop_regex`` (or
-# ``stop_token_ids``), whose meaning differs (stop_regex=["."] stops at any character).
-PEER_NAMES = {name: "stop" for name in (
+# ``stop_token_ids``), whose meaning differs (stop_regex=["."] stops at any character). HF generate's
+# num_return_sequences is OpenAI's and SGLang's ``n``, which difflib finds no closer than any short name.
+PEER_NAMES = {**{name: "stop" for name in (
     "stop_str", "stop_strs", "stop_string", "stop_strings", "stop_sequence", "stop_sequences", "stop_word",
-    "stop_words", "stopping_strings")}
+    "stop_words", "stopping_strings")}, "num_return_sequences": "n"}
 
 
 def close_match(word: str, options: Iterable[str]) -> Optional[str]:

@@ -4465,6 +4465,9 @@ def test_run_batch_names_the_programs_arguments_for_an_unknown_keyword_as_run_do
                                             "'stop'?"),
     (lambda: sgl.gen("x", stop_sequences=["."]), "gen() got an unexpected keyword argument 'stop_sequences'; did "
                                                  "you mean 'stop'?"),
+    # HF generate's name for the number of samples: 'n' (difflib found none)
+    (lambda: sgl.gen("x", num_return_sequences=2), "gen() got an unexpected keyword argument 'num_return_sequences'; "
+                                                   "did you mean 'n'?"),
     # no parameter close: Python's own words
     (lambda: sgl.gen("x", bogus=1), "gen() got an unexpected keyword argument 'bogus'"),
     (lambda: sgl.gen_int("x", bogus=1), "gen_int() got an unexpected keyword argument 'bogus'"),

@@ -102,6 +102,7 @@ FIELDS = ("max_new_tokens, min_new_tokens, temperature, top_p, top_k, min_p, fre
     (["stop_str"], "; did you mean 'stop'?"),
     (["stop_strings"], "; did you mean 'stop'?"),
     (["stop_words"], "; did you mean 'stop'?"),
+    (["num_return_sequences"], "; did you mean 'n'?"),  # (HF generate's name)
 ])
 def test_an_unknown_keyword_names_the_field_meant_and_the_fields(keywords, said):
     """It was Python's bare "__init__() got an unexpected keyword argument 'max_tokens'", then
