@@ -71,6 +71,18 @@ def pool_tokens(text: str) -> int:
                                          f"got {text!r}") from None
 
 
+def tcp_port(text: str) -> int:
+    """argparse ``type=`` of ``lmnb serve --port``: a whole number (argparse's own words were
+    "invalid int value: 'abc'"); ``serve`` refuses one outside 0-65535 before the model loads.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is no whole number."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a TCP port number, 0-65535 (0: a free one), got {text!r}") from None
+
+
 # argparse reads an argument that starts with "-" as an option unless it looks like a negative number,
 # which before Python 3.14 is -1 or -1.5 only: `lmnb run -p lr -1e-3` (or -1_000, -0x20, -inf) said
 # "argument -p/--parameter: expected 2 arguments", though papermill takes it.

@@ -297,6 +297,18 @@ def test_lmnb_serve_names_a_pool_size_that_is_no_whole_number_in_words(capsys):
         "(e.g. 4096), got '4k'")
 
 
+def test_lmnb_serve_names_a_port_that_is_no_whole_number_in_words(capsys):
+    """argparse said "argument --port: invalid int value: 'abc'", where lmnb run --timeout abc
+    says what it expects."""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--port", "abc"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(
+        "lmnb serve: error: argument --port: must be a TCP port number, 0-65535 (0: a free one), got 'abc'")
+
+
 def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     # the warning came from warnings.warn, with the server module's path and its source line
     out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0", "--port", "0",

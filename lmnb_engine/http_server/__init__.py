@@ -14,7 +14,7 @@ import signal
 import sys
 
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env
-from lmnb_engine.cli_options import Once, in_option_syntax, pool_tokens
+from lmnb_engine.cli_options import Once, in_option_syntax, pool_tokens, tcp_port
 
 DEFAULT_PORT = 30000  # SGLang's default
 # The largest request body read, in MiB, unless ``--max-body-mb`` says otherwise: room for a long
@@ -41,7 +41,7 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action=Once, default=None,
                         help=f"HF checkpoint directory or hub id, or demo (default: ${MODEL_ENV}, else the demo model)")
     parser.add_argument("--host", action=Once, default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", action=Once, type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
+    parser.add_argument("--port", action=Once, type=tcp_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
     parser.add_argument("--api-key", action=Once, default=None,
                         help=f"require 'Authorization: Bearer KEY' on every request but GET /health (default: "
                              f"${API_KEY_ENV}, which keeps the key out of ps and the shell's history; unset or "
