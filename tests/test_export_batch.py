@@ -191,6 +191,24 @@ def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(t
     assert "rows.jsonl line 3: invalid JSON" in err and "rows.jsonl line 5: missing field" in err
 
 
+def test_a_missing_field_that_a_field_of_the_row_misspells_is_offered(tmp_path):
+    """{"qestion": "a"} said only "missing field 'question' (the row has qestion)"; the field
+    the row misspells is offered (suggest.close_match: difflib's ratio 0.6 or more; 'q' is not)."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"qestion": "a"}, {"q": "b"}, {"Question": "c"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert [results[i]["error"] for i in range(3)] == [
+        "line 1: missing field 'question' (the row has qestion); did you mean 'question' for the row's 'qestion'? "
+        "rename it in the input",
+        "line 2: missing field 'question' (the row has q)",
+        "line 3: missing field 'question' (the row has Question); did you mean 'question' for the row's 'Question'? "
+        "rename it in the input"]
+    from lmnb.batch.runner import _misspelt  # (a job of two fields: each offered, after its misspelling)
+
+    assert _misspelt({"persn": 1, "qestion": 2, "x": 3}, ["person", "question"], ["person", "question"]) == (
+        "; did you mean 'persn' → 'person', 'qestion' → 'question'? rename them in the input")
+
+
 def test_a_null_field_is_bad_input_not_the_text_none(tmp_path, capsys):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": None}, {"question": "b"}])
     assert run_job(tmp_path, "--input", rows) == 1

@@ -131,7 +131,7 @@ class RowRunner:
                     if spaced:  # ("question, context" as a CSV header: the second column is " context")
                         error += (f"; {', '.join(map(repr, spaced))} {'have' if len(spaced) > 1 else 'has'} "
                                   "spaces around the name: remove them from the input's column names")
-                    error += _other_separator(row.fields, missing)
+                    error += _other_separator(row.fields, missing) or _misspelt(row.fields, missing, self.job.inputs)
                 nulls = [f for f in self.job.inputs if f in row.fields and row.fields[f] is None]
                 if nulls and not missing:  # (a null would run into the prompt as the text "None")
                     error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
@@ -554,6 +554,21 @@ class _StopOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         return False
+
+
+def _misspelt(fields, missing: list, inputs: list) -> str:
+    """The "did you mean" for a row whose field names a ``missing`` one misspelt (``persn`` for
+    ``person``: the error named both with no word that they are one), or "". Not for a field the
+    job reads, nor one that only has spaces around a missing name (said as such)."""
+    from lmnb_engine.suggest import close_match
+
+    others = [k for k in fields if isinstance(k, str) and k not in inputs and k.strip() not in missing]
+    pairs = [(found, name) for name in missing if (found := close_match(name, others)) is not None]
+    if len(pairs) == 1:
+        return f"; did you mean {pairs[0][1]!r} for the row's {pairs[0][0]!r}? rename it in the input"
+    if pairs:
+        return f"; did you mean {', '.join(f'{a!r} → {b!r}' for a, b in pairs)}? rename them in the input"
+    return ""
 
 
 def _other_separator(fields, missing: list) -> str:
