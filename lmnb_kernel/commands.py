@@ -96,7 +96,7 @@ def _served_models_note(backend, args, v1: bool) -> str:
     """
     import openai
 
-    from lmnb.backend.openai import connect_timed_out
+    from lmnb.backend.openai import connect_timed_out, serves_unlisted
 
     try:
         served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
@@ -121,7 +121,7 @@ def _served_models_note(backend, args, v1: bool) -> str:
                             "running, and the host and port right?") from e
         raise CellError(f"could not connect to {args.url}: GET /models failed ({type(e).__name__}: {e}); "
                         f"OpenAI-compatible servers serve the API under /v1, e.g. {args.url.rstrip('/')}/v1") from e
-    if args.openai not in served:
+    if args.openai not in served and not serves_unlisted(backend.client, args.openai):
         raise CellError(f"{args.url} does not serve model {args.openai!r} (it serves: {', '.join(served) or 'none'}); "
                         "pass one of those to --openai")
     return ""

@@ -1957,16 +1957,20 @@ def test_the_demo_model_beside_a_notebooks_own_model_is_other_settings(tmp_path,
 def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(tmp_path, capsys):
     """`job.py --backend URL/v1 --openai MODEL` with a name the server does not serve wrote an error
     record for every row (HTTP 404), and the rerun with the right name was refused as other settings;
-    the job now asks the server's GET /models first, as %lm connect does: exit 2, nothing written."""
+    the job now asks the server's GET /models first, as %lm connect does: exit 2, nothing written.
+    A name the list lacks but GET /models/NAME answers for (lmnb serve's and SGLang's "default") is
+    served: it was refused as "does not serve model 'default'"."""
     import http.server
 
     from lmnb.batch.options import make_backend
 
     class Models(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            known = self.path.rstrip("/") == "/v1/models"
-            body = json.dumps({"object": "list", "data": [{"id": "served-m", "object": "model", "created": 0,
-                                                           "owned_by": "t"}]} if known else {}).encode()
+            card = {"id": "served-m", "object": "model", "created": 0, "owned_by": "t"}
+            path = self.path.rstrip("/")
+            known = path in ("/v1/models", "/v1/models/served-m", "/v1/models/default")  # (as lmnb serve answers)
+            body = json.dumps(({"object": "list", "data": [card]} if path == "/v1/models" else card) if known
+                              else {}).encode()
             self.send_response(200 if known else 404)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -1989,8 +1993,9 @@ def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(
         err = capsys.readouterr().err
         assert f"{url} does not serve model 'typo-m' (it serves: served-m); pass one of those to --openai" in err
         assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
-        right = job("served-m")
-        assert make_backend(right._parser().parse_args(right.argv)).model_name == "served-m"
+        for name in ("served-m", "default"):
+            right = job(name)
+            assert make_backend(right._parser().parse_args(right.argv)).model_name == name
 
 
 def test_a_model_from_lmnb_model_that_cannot_load_is_named_as_coming_from_it(tmp_path, capsys, monkeypatch):

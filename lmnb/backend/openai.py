@@ -731,6 +731,19 @@ if hasattr(os, "register_at_fork"):  # (POSIX; Windows has no fork)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def serves_unlisted(client: Any, model: str) -> bool:
+    """Whether the OpenAI-compatible server of ``client`` (an ``openai.OpenAI``) serves ``model``
+    though its ``GET /models`` list lacks it: its ``GET /models/{model}`` answers. ``lmnb serve``
+    and SGLang serve their model as ``"default"`` too, which they do not list (a connect check of
+    the list alone refused ``--openai default``, which every request takes); a server that serves no
+    such name answers 404, or has no such route. False where it does not answer."""
+    try:
+        client.with_options(timeout=10, max_retries=0).models.retrieve(model)
+    except Exception:
+        return False
+    return True
+
+
 def connect_timed_out(error: BaseException) -> bool:
     """Whether ``error``, an ``openai.APITimeoutError``, is a connect timeout (a host that never
     answered) rather than a server that took the connection and did not answer in time: its cause

@@ -323,7 +323,9 @@ def _check_served_model(backend, model: str, url: str) -> None:
         raise BackendAuthError(f"GET {url.rstrip('/')}/models: HTTP {e.status_code} ({e})") from e
     except Exception:
         return
-    if model not in served:
+    from lmnb.backend.openai import serves_unlisted
+
+    if model not in served and not serves_unlisted(backend.client, model):
         raise ValueError(f"{url} does not serve model {model!r} (it serves: {', '.join(served) or 'none'}); "
                          "pass one of those to --openai")
 
