@@ -490,6 +490,9 @@ def stop_regex_problem(value: Any) -> str | None:
                     "stop matcher looks for where a stop may begin from its whole match, so it would miss stops "
                     "and show their text; put the part before \\K in a lookbehind, (?<=...), instead")
         if compiled.search("") is not None:
+            anchored = _anchors_only(pattern)
+            if anchored is not None:
+                return f"{shown_regex(pattern)} {anchored}; remove it, or make it match at least one character"
             return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
                     "make it match at least one character")
         # (after the checks above, so that the readings this offers are not refused by them in turn:
@@ -498,6 +501,34 @@ def stop_regex_problem(value: Any) -> str | None:
         if problem:
             return problem
     return None
+
+
+def _anchors_only(pattern: str) -> str | None:
+    """What a stop ``pattern`` made of the output's start and end anchors alone (``^``, ``\\A``,
+    ``$``, ``\\Z``, ``^$``, outside multiline mode) would do, as the stop matcher reads it: its
+    empty match at the start is never met (the output is checked after each token), at the end it
+    cuts nothing (``$`` also matches before a final line break, which it would cut). None for any
+    other pattern, or one Python's parser does not read as the ``regex`` package does."""
+    from lmnb_engine.regex_reach import Unreadable, parse_as_python
+    from lmnb_engine.regex_tree import walk
+
+    try:
+        parsed = parse_as_python(pattern)
+    except Unreadable:
+        return None
+    nodes = list(walk(parsed))
+    if parsed.state.flags & re.MULTILINE or any(op.name == "SUBPATTERN" and av[1] & re.MULTILINE for op, av in nodes):
+        return None  # (^ and $ then match at each line's start and end, inside the output)
+    anchors = {av.name for op, av in nodes if op.name == "AT"}
+    if not anchors or any(op.name not in ("AT", "BRANCH", "SUBPATTERN") for op, _ in nodes) or \
+            not anchors <= {"AT_BEGINNING", "AT_BEGINNING_STRING", "AT_END", "AT_END_STRING"}:
+        return None
+    start = anchors & {"AT_BEGINNING", "AT_BEGINNING_STRING"}
+    if anchors == start:
+        return ("matches only the empty string at the output's start, where no stop is looked for (the output is "
+                "checked after each token), so it would stop nothing")
+    cut = " but a final line break, before which $ matches too" if "AT_END" in anchors else ""
+    return f"matches only the empty string at the output's {'start or ' * bool(start)}end, so it would cut nothing{cut}"
 
 
 def in_front_end_names(message: str, names: dict[str, str]) -> str:

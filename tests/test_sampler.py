@@ -3,6 +3,7 @@ support and frequencies, per-request seeds, min_new_tokens, the grammar hook and
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -303,3 +304,38 @@ def test_logprobs_are_raw_log_softmax_with_top_alternatives():
     assert lp.logprob == pytest.approx(1.0 - z, abs=1e-6)
     assert [t for t, _ in lp.top] == [0, 1]
     assert lp.top[0][1] == pytest.approx(2.0 - z, abs=1e-6)
+
+
+@pytest.mark.parametrize("pattern, said", [
+    ("^", "at the output's start, where no stop is looked for (the output is checked after each token), so it would "
+          "stop nothing"),
+    (r"\A", "at the output's start, where no stop is looked for (the output is checked after each token), so it "
+            "would stop nothing"),
+    (r"\Z", "at the output's end, so it would cut nothing"),
+    ("$", "at the output's end, so it would cut nothing but a final line break, before which $ matches too"),
+    (r"\A|\Z", "at the output's start or end, so it would cut nothing"),
+])
+def test_a_stop_regex_of_the_outputs_start_or_end_alone_is_refused_for_what_it_would_do(pattern, said):
+    """stop_regex="$" (\\Z, ^, \\A) was refused as one that "would stop before the first token";
+    the stop matcher (the reference: an output read token by token, then its end) never meets ^
+    or \\A, and meets \\Z or $ only at the end, where it cuts nothing (the whole output is kept), or
+    $ before a final line break, which it cuts. The refusal stands, worded so."""
+    from lmnb_engine.params import stop_regex_problem
+    from lmnb_engine.stop_matcher import StopStringMatcher
+
+    assert stop_regex_problem(pattern) == (
+        f"{json.dumps(pattern)} matches only the empty string {said}; remove it, or make it match at least one "
+        "character")
+    for output in ("ab", "ab\n"):
+        matcher, text, met = StopStringMatcher([], [pattern]), "", None
+        for token in output:  # (one character a token)
+            checked, text = len(text), text + token
+            met = met or matcher.find(text, checked)
+        met = met or matcher.find(text, len(text), at_end=True)
+        kept = None if met is None else text[:met[0]]
+        if "start" in said and "end" not in said:
+            assert met is None
+        elif "line break" in said and output.endswith("\n"):
+            assert kept == output[:-1]
+        else:
+            assert kept == output
