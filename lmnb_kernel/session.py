@@ -340,6 +340,14 @@ class SessionBackend:
     def __getattr__(self, name: str):
         return getattr(self._session.backend(), name)
 
+    def __setattr__(self, name: str, value) -> None:
+        # (a setting such as ``chat_template = lmnb.get_chat_template("chatml")`` is the backend's: kept
+        # on this stand-in, reads would show it and runs, which use the backend, would not)
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._session.backend(), name, value)
+
     def __repr__(self) -> str:
         return f"<lmnb kernel session backend: {self._session.remote or self._session.config.describe()}>"
 

@@ -18,7 +18,7 @@ from IPython.utils.capture import capture_output
 import lmnb
 from lmnb.backend.base import BaseBackend, Completion
 from lmnb_engine import SamplingParams
-from lmnb_kernel.session import EngineConfig, Session, get_session
+from lmnb_kernel.session import EngineConfig, Session, SessionBackend, get_session
 
 
 @pytest.fixture(scope="module")
@@ -1482,3 +1482,22 @@ def test_a_rerun_through_python_code_or_a_cell_magic_above_lm(ip):
         assert session.states["chat"].state.text() == "\nx:ok\ny:ok\nx:ok\ny:ok\nQ:ok"
         assert ip.user_ns["c"].outputs[-1].data["text/plain"].splitlines()[-1] == (
             "re-run: replaced this cell's earlier turn in state 'chat' (--append adds another instead)")
+
+
+def test_a_setting_given_to_the_sessions_backend_stand_in_is_the_backends():
+    """lmnb.get_default_backend().chat_template = lmnb.get_chat_template("chatml") in the kernel landed
+    on the stand-in (SessionBackend): reads showed chatml, runs, which use the session's backend,
+    kept the model's own template. The setting is the backend's now, as where no kernel stands in."""
+
+    class Backend:
+        chat_template = None
+
+    class FakeSession:
+        backend = staticmethod(lambda: held)
+
+    held = Backend()
+    stand_in = SessionBackend(FakeSession())
+    template = lmnb.get_chat_template("chatml")
+    stand_in.chat_template = template
+    assert held.chat_template is template and stand_in.chat_template is template
+    assert "chat_template" not in vars(stand_in)
