@@ -444,7 +444,7 @@ def stop_regex_problem(value: Any) -> str | None:
     A pattern must compile in the ``regex`` package (whose partial matching holds streamed text
     back; its error is told in Python's ``re``'s words and place where ``re`` refuses the pattern
     too, as a ``regex`` constraint's is: ``regex_errors.python_error``) and must not match the
-    empty string, which would stop before the first token, nor hold ``\\G``, nor a POSIX class
+    empty string, which would stop the output early, nor hold ``\\G``, nor a POSIX class
     (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
     read two ways, nor be a reverse pattern (``(?r)``) nor hold ``\\K``, whose matches the stop
     matcher, reading the output left to right from where a match begins, does not find, nor a class
@@ -493,8 +493,8 @@ def stop_regex_problem(value: Any) -> str | None:
             anchored = _anchors_only(pattern)
             if anchored is not None:
                 return f"{shown_regex(pattern)} {anchored}; remove it, or make it match at least one character"
-            return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
-                    "make it match at least one character")
+            return (f"{shown_regex(pattern)} matches the empty string, so it would stop the output early, where "
+                    "an empty match is met, not where what it looks for is written; make it match at least one character")
         # (after the checks above, so that the readings this offers are not refused by them in turn:
         # [[:alpha:]]* was offered [A-Za-z]*, which matches the empty string)
         problem = stop_posix_problem(pattern) or empty_class_problem(pattern, stop=True) or never_problem(pattern)

@@ -3934,8 +3934,8 @@ def test_a_stop_regex_posix_class_is_named_after_what_its_readings_would_be_refu
         assert said.startswith(f"{json.dumps(pattern)} holds \\G, which matches where a search starts"), said
     else:
         assert regex_module.search(pattern, "") is not None  # (the pattern matches the empty string, as said)
-        assert said == (f"{json.dumps(pattern)} matches the empty string, so it would stop before the first token; "
-                        "make it match at least one character")
+        assert said == (f"{json.dumps(pattern)} matches the empty string, so it would stop the output early, where "
+                        "an empty match is met, not where what it looks for is written; make it match at least one character")
 
 
 @pytest.mark.parametrize("pattern, at, literal, greek", [

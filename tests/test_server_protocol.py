@@ -2116,7 +2116,8 @@ def test_incremental_streaming_output_sends_each_chunks_new_text_ids_and_logprob
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length"}
 
 
-_EMPTY_MATCH = "matches the empty string, so it would stop before the first token; make it match at least one character"
+_EMPTY_MATCH = ("matches the empty string, so it would stop the output early, where an empty "
+                "match is met, not where what it looks for is written; make it match at least one character")
 
 
 @pytest.mark.parametrize("path, body, message", [
