@@ -192,6 +192,25 @@ def test_an_unbounded_stop_regex_reading_the_texts_end_stops_at_the_earliest_sta
             assert_stream_stops_at([], regexes, text, pieces, ended, first_regex_stop_by_definition(regexes, text, "abxc \n", ended))
 
 
+def test_a_lookahead_reading_to_the_texts_end_is_settled_as_language_md_says():
+    """docs/language.md's stop_regex rules for a lookahead that reads to the text's end, worked by
+    hand. a(?=[ab]*(?!b)): its "a" is a match whatever follows ([ab]* takes every "b"), but the
+    (?!b) the lookahead reaches at the end of "abab" is read on its own, so the match is held there
+    and met once "c" comes or the output ends. Patterns these checks do not rewrite: (?x) a \\b is
+    settled two characters past its match, (?x) a (?!b), whose lookahead's reach is not known under
+    (?x), only where the output ends."""
+    def hit(pattern: str, text: str, ended: bool = False) -> tuple[int, str] | None:
+        return stream(StopStringMatcher([], [pattern]), list(text), ended)[1]
+
+    assert hit(r"a(?=[ab]*(?!b))", "abab") is None
+    assert hit(r"a(?=[ab]*(?!b))", "abab", ended=True) == (0, "a")
+    assert hit(r"a(?=[ab]*(?!b))", "abc") == (0, "a")
+    assert hit(r"(?x) a \b", "a ") is None
+    assert hit(r"(?x) a \b", "a c") == (0, "a")
+    assert hit(r"(?x) a (?!b)", "a c d") is None
+    assert hit(r"(?x) a (?!b)", "a c d", ended=True) == (0, "a")
+
+
 def first_stop_with_a_regex_by_definition(stops: list[str], regex_: str, text: str, ended: bool = False) -> tuple[int, str] | None:
     """The stop a check after each character meets among ``stops`` and one stop regex, by brute
     force: at the first prefix ``text[:k]`` where a stop string ends or the regex has a match no
