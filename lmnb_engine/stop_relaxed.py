@@ -182,7 +182,14 @@ def relax(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | 
 def ending_by(pattern: str, after: int, exact: bool = False) -> Any:
     """``pattern`` matching only where at least ``after`` characters follow its match, with POSIX
     leftmost-longest matching (``exact``: exactly that many, the first match), by a lookahead for
-    them and the text's end, its global flags kept first; None where that form does not compile."""
+    them and the text's end, its global flags kept first; None where that form does not compile.
+    ``pattern`` must compile itself (its callers pass a compiled stop regex's or relaxed form's
+    ``.pattern``).
+
+    Raises:
+        regex.error: ``pattern`` does not compile (``ValueError`` for flags it sets that clash,
+            as ``regex.compile`` raises).
+    """
     import regex
 
     lead = GLOBAL_FLAGS.match(pattern)

@@ -1964,3 +1964,20 @@ def test_the_never_matching_check_searches_each_class_beside_a_word_boundary_onc
         else:
             assert problem is None and regex.search(pattern, text)
         assert len(searches) <= most, (pattern, len(searches))
+
+
+def test_ending_by_matches_where_that_many_characters_follow_and_raises_on_a_pattern_that_does_not_compile():
+    """stop_relaxed.ending_by, worked by hand: a+ in "aaab" with at least one character after it,
+    leftmost-longest, is "aaa"; with exactly two, "aa"; a|ab on "ab" with none after, "ab"; a
+    verbose pattern ending in a comment still takes the lookahead. A pattern that does not compile
+    itself raises regex.error (its docstring said None): callers pass compiled patterns only."""
+    import regex
+
+    from lmnb_engine.stop_relaxed import ending_by
+
+    assert ending_by("a+", 1).match("aaab").group() == "aaa"
+    assert ending_by("a+", 2, exact=True).match("aaab").group() == "aa"
+    assert ending_by("a|ab", 0).match("ab").group() == "ab"
+    assert ending_by("(?x) a+ # c", 1).match("aab").group() == "aa"
+    with pytest.raises(regex.error):
+        ending_by("(", 0)
