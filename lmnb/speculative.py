@@ -16,7 +16,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Callable, Optional
 
-from lmnb.backend.base import BackendError, reworded
+from lmnb.backend.base import BackendError, finish_reason_dict, reworded
 from lmnb.ir import Gen, GenParams
 
 if TYPE_CHECKING:
@@ -143,8 +143,6 @@ def _follows(meta: dict, stops: list[str]) -> Optional[str]:
     """``Speculation.follows`` of a call that stopped at ``stops`` (strings), by its ``meta``'s
     finish reason: an EOS or stop token (the engine's ``matched`` token id, or a bare "stop" where
     the call had no stop strings) ends the output; ``matched`` text is the stop string."""
-    from lmnb.backend.base import finish_reason_dict
-
     reason = finish_reason_dict(meta)
     if reason.get("type") != "stop":
         return None
@@ -283,7 +281,12 @@ def spec_role_end(ex: "StreamExecutor") -> None:
     """Chat-model API speculative execution: the assistant role's gens were deferred; one chat
     call (``max_tokens=num_api_spec_tokens``) answers them all, and its reply is matched
     against the role's pattern of fills and gens (up to ``SPEC_MAX_TRIES`` calls). The first gen's
-    meta_info is the call's, the others' only ``speculative``."""
+    meta_info is the call's, the others' only ``speculative``.
+
+    Raises:
+        ValueError: no reply followed the pattern, naming where the last one left it and the fix
+            (``_split``).
+    """
     terms, ex._spec_terms = ex._spec_terms, []
     gens = [t for t in terms if t[0] == "gen"]
     values, meta = None, {}
@@ -296,14 +299,16 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             comps = ex._call(ex.backend.generate, ex._prompt(), params)
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
-            values = spec_match(terms, reply, _follows(meta, params.stop))
+            values, why = _split(terms, reply, _follows(meta, params.stop))
             if values is not None:
                 break
         if values is None:
+            if finish_reason_dict(meta).get("type") == "length":
+                why += f" (the reply was cut at num_api_spec_tokens={ex.num_api_spec_tokens} tokens: raise it)"
             raise ValueError(
                 f"API speculative execution: after {SPEC_MAX_TRIES} calls the reply {reply[:200]!r} "
-                "does not follow the assistant role's pattern of text and gens; raise "
-                "num_api_spec_tokens, add stop strings, or turn speculative execution off"
+                f"does not follow the assistant role's pattern of text and gens: {why}; or turn API "
+                "speculative execution off (@function without num_api_spec_tokens)"
             )
     vi = iter(values or [])
     call = dict(meta, speculative=True)  # (the first gen's: usage counts the call once, as for completion models)
@@ -326,26 +331,43 @@ def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) ->
     — or, without one, up to the next fill — and the last gen may take the rest. ``follows``: what
     the call wrote after ``reply`` (``Speculation.follows``: "" where the reply ended, an EOS or
     stop token, so ``\bEND\b`` in a reply ending "x END" is a stop as it is where the gen's own
-    output ends there). Returns the gen values, or None when the reply does not follow the pattern.
+    output ends there). Returns the gen values, or None when the reply does not follow the pattern
+    (``_split`` says why).
     """
-    values, rest = [], reply
+    return _split(terms, reply, follows)[0]
+
+
+def _split(terms: list[tuple], reply: str, follows: Optional[str]) -> tuple[Optional[list[str]], str]:
+    """``spec_match``'s gen values and "", or None and why the reply does not follow the pattern,
+    with the fix where the program's pattern is the cause (``spec_role_end``'s error)."""
+    values, rest, stopped = [], reply, None  # stopped: the last gen's name and the stop it ended at
     for k, term in enumerate(terms):
         if term[0] == "text":
-            if not rest.startswith(term[1]):
-                return None
-            rest = rest[len(term[1]):]
-            continue
-        stop = _stop_in(term[2], Speculation(rest, follows=follows), None)
-        hits = [stop[0]] if stop is not None else []
+            if rest.startswith(term[1]):
+                rest, stopped = rest[len(term[1]):], None if term[1] else stopped
+                continue
+            if stopped is not None:  # (SGLang's rule: the text from a gen's stop on is the next fill)
+                return None, (f"gen {stopped[0]!r} stops at {stopped[1]!r}, where the reply goes on {rest[:40]!r}, "
+                              f"not with the next fill ({term[1]!r}): make each gen's stop the start of the fill "
+                              f"after it, as in gen(stop=\"\\n\") + \"\\nAge: \"")
+            return None, (f"the reply's text {rest[:40]!r} does not begin with the role's fill {term[1]!r}, which "
+                          "the reply is split by: ask the model for the role's text in the prompt")
+        name, params = term[1].name, term[2]
+        stop = _stop_in(params, Speculation(rest, follows=follows), None)
         following = next((t[1] for t in terms[k + 1:] if t[0] == "text" and t[1]), None)
-        if not hits and following is not None and following in rest:
-            hits = [rest.find(following)]
-        if hits:
-            pos = min(hits)
+        if stop is not None:
+            pos, stopped = stop[0], (name, stop[1])
+        elif following is not None and following in rest:
+            pos, stopped = rest.find(following), None
         elif following is None and all(t[0] == "text" for t in terms[k + 1:]):
-            pos = len(rest)
+            pos, stopped = len(rest), None
+        elif following is None:
+            after = next(t[1].name for t in terms[k + 1:] if t[0] == "gen")
+            return None, (f"gen {name!r} met no stop in the reply's text {rest[:40]!r}, and no fill comes before "
+                          f"gen {after!r} to end it: give gen {name!r} a stop")
         else:
-            return None
+            return None, (f"gen {name!r} met neither its stop nor the next fill ({following!r}) in the reply's "
+                          f"text {rest[:40]!r}: raise num_api_spec_tokens or add stop strings")
         values.append(rest[:pos])
         rest = rest[pos:]
-    return values
+    return values, ""

@@ -2565,6 +2565,45 @@ def test_a_speculated_chat_reply_is_counted_once_not_once_per_gen():
     assert st.get_meta_info("name")["completion_tokens"] == 6 and st.get_meta_info("age") == {"speculative": True}
 
 
+@pytest.mark.parametrize("role, reply, finish, why", [
+    # a gen's stop that is not the start of the next fill: the reply is split at the stop, so what
+    # follows there is the stop itself (SGLang's spec_pattern_match), which the fill is not
+    (lambda: "Result: " + sgl.gen("r", stop="END") + " here", "Result: x END here", "stop",
+     "gen 'r' stops at 'END', where the reply goes on 'END here', not with the next fill (' here'): make "
+     "each gen's stop the start of the fill after it, as in gen(stop=\"\\n\") + \"\\nAge: \""),
+    (lambda: "Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", stop="\n"), "Carol, 41", "stop",
+     "the reply's text 'Carol, 41' does not begin with the role's fill 'Name: ', which the reply is split by: "
+     "ask the model for the role's text in the prompt"),
+    (lambda: "Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age"), "Name: Carol and", "length",
+     "gen 'name' met neither its stop nor the next fill ('\\nAge: ') in the reply's text 'Carol and': raise "
+     "num_api_spec_tokens or add stop strings (the reply was cut at num_api_spec_tokens=16 tokens: raise it)"),
+    (lambda: sgl.gen("a") + sgl.gen("b"), "x y", "stop",
+     "gen 'a' met no stop in the reply's text 'x y', and no fill comes before gen 'b' to end it: give gen 'a' a stop"),
+])
+def test_a_speculated_chat_reply_off_the_roles_pattern_is_refused_naming_the_cause_and_the_fix(role, reply, finish, why):
+    # the error said only that the reply "does not follow the assistant role's pattern of text and
+    # gens", with the same three fixes whatever the cause (a stop that is not the start of the next
+    # fill, "END" before " here", is one raising num_api_spec_tokens cannot mend)
+    from lmnb.backend.base import Completion
+
+    class Finished(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion(reply, {"id": rid, "finish_reason": {"type": finish}})]
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.user("q")
+        s += sgl.assistant(role())
+
+    be = Finished(chat_template=CHATML, is_chat_model=True)
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=be).text()
+    assert (f"after 3 calls the reply {reply!r} does not follow the assistant role's pattern of text and gens: {why}; "
+            "or turn API speculative execution off (@function without num_api_spec_tokens)") in str(e.value)
+    assert be.kinds() == ["generate"] * 3
+
+
 def test_a_fork_inside_a_speculated_chat_assistant_role_is_refused_not_silently_dropped():
     # the branches' gens were held for their role's end, which only the parent reaches: they never
     # ran, the join gathered nothing, and s["x"] was a KeyError
