@@ -1181,6 +1181,7 @@ class StreamExecutor:
         if self.cur_role is not None:
             raise ValueError(f"role {role!r} begins inside role {self.cur_role!r}; roles cannot nest: end "
                              f"{self.cur_role!r} first ({self.cur_role}_end())")
+        self.backend.note_role(self.chat_template)  # (a guessed template warns at the first role)
         last = self.messages_[-1]["role"] if self.messages_ else None
         begin, implicit = self.chat_template.role_begin(role, len(self.messages_), not self.text_, last)
         if implicit is not None:

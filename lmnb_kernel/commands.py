@@ -13,7 +13,7 @@ from IPython.display import display
 
 from lmnb_engine import API_KEY_ENV
 from lmnb_kernel.errors import CellError
-from lmnb_kernel.session import EngineConfig, Session
+from lmnb_kernel.session import EngineConfig, Session, say_no_chat_template
 from lmnb_kernel.tables import percent, table
 
 
@@ -62,6 +62,7 @@ def connect(args, session: Session) -> None:
         else:  # (the key may come from the environment: one in the notebook is saved with it)
             backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                                            **timeout)
+            backend.on_guessed_template = say_no_chat_template
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""

@@ -191,6 +191,7 @@ class Session:
         # (a cell's request errors: they show in the cell, where the kernel's states are pinned by magics)
         backend.front_end_options = (_LOAD_OPTIONS, "%lm load", {
             UNPIN: "unpin a state with %lm unpin NAME (%lm states shows which are pinned)"})
+        backend.on_guessed_template = say_no_chat_template
         return backend
 
     def engine(self, what: str, why: str = ""):
@@ -354,6 +355,15 @@ class SessionBackend:
 
 _session: Optional[Session] = None
 _session_lock = threading.Lock()
+
+
+def say_no_chat_template(what: str) -> None:
+    """``on_guessed_template`` of the session's engine or SGLang-protocol server (a model with no chat
+    template): a line in the cell's output with the notebook's fix, not a Python warning (lmnb's
+    file and line, and ``Engine(chat_template_name=...)``, which %lm load has no option for)."""
+    print(f"lmnb: warning: {what}. Give its format in a Python cell: lmnb.get_default_backend().chat_template = "
+          "lmnb.get_chat_template('chatml') (or another registered name), again after each %lm load or %lm connect",
+          file=sys.stderr)
 
 
 def get_session() -> Session:

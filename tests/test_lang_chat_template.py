@@ -157,6 +157,109 @@ def test_the_fallback_warning_of_a_lm_cell_points_at_the_cell():
     assert "cannot be used as per-role markers" in str(seen[0].message)
     assert linecache.getline(seen[0].filename, 1).startswith("get_ipython().run_cell_magic('lm'")
 
+
+# A model with no chat template (a base model) gets SGLang's "default" template, whose roles are
+# plain labels: the text a user and an assistant role write, from its markers ("USER:", "\n", ...).
+_BASE_MODEL_WARNING = ("the model 'base-model' has no chat template, so the program's roles go out in the generic "
+                       "'default' format ('SYSTEM:', 'USER:' and 'ASSISTANT:' lines), which the model may not be "
+                       "trained on")
+
+
+def _base_engine(template=None):
+    from helpers_lang import RecordingEngine
+
+    engine = RecordingEngine(lambda text, params: "ok")
+    engine.chat_template, engine.model_path = template, "base-model"
+    return engine
+
+
+@sgl.function
+def _plain(s):
+    s += "Hi" + sgl.gen("a", max_tokens=2)
+
+
+@sgl.function
+def _chat(s):
+    s += sgl.user("Hi")
+    s += sgl.assistant(sgl.gen("a", max_tokens=2))
+
+
+def _warnings_of(*runs):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test, collected here)
+        for run in runs:
+            run()
+    return seen
+
+
+def test_a_model_with_no_chat_template_warns_once_at_the_first_role_a_program_writes():
+    """A base model's programs got the 'default' template's SYSTEM:/USER:/ASSISTANT: lines with no
+    word said. The first role written warns once per backend, naming the model and the fixes, at
+    the program's line; a program that writes no roles does not warn."""
+    engine = _base_engine()
+    backend = sgl.Engine(engine=engine)
+    seen = _warnings_of(lambda: _plain.run(backend=backend))
+    assert seen == []
+    role_line = _chat.func.__code__.co_firstlineno + 2  # (s += sgl.user("Hi"))
+    seen = _warnings_of(lambda: _chat.run(backend=backend), lambda: _chat.run(backend=backend),
+                        lambda: _chat.run_batch([{}] * 4, backend=backend, num_threads=4))
+    assert [(w.category, str(w.message)) for w in seen] == [(UserWarning, (
+        f"{_BASE_MODEL_WARNING}. Give its format: lmnb.Engine(MODEL, chat_template_name='chatml'), or "
+        "backend.chat_template = lmnb.get_chat_template('chatml') (or another registered name)"))]
+    assert (seen[0].filename, seen[0].lineno) == (__file__, role_line)
+    assert engine.prompts[-1] == "USER:Hi\nASSISTANT:"  # (what it warned of)
+
+
+@pytest.mark.parametrize("given", ["name", "assigned", "model's"])
+def test_a_model_with_a_chat_template_or_one_given_does_not_warn(given):
+    """No warning where the model has a template, or one was given for it, even the 'default' one."""
+    if given == "name":
+        backend = sgl.Engine(engine=_base_engine(), chat_template_name="chatml")
+    elif given == "assigned":
+        backend = sgl.Engine(engine=_base_engine())
+        backend.chat_template = sgl.get_chat_template("default")
+    else:
+        backend = sgl.Engine(engine=_base_engine(TINY))
+    assert _warnings_of(lambda: _chat.run(backend=backend), lambda: _chat.run(backend=backend)) == []
+
+
+def test_a_served_model_with_no_chat_template_says_so_once_in_a_connected_kernel(capsys):
+    """%lm connect URL to an lmnb serve of a base model: one 'lmnb: warning:' line with the
+    notebook's fix (the engine's chat_template_name= is no option of %lm load or %lm connect), not a
+    UserWarning; lmnb.RuntimeEndpoint on its own warns with its own fix."""
+    import types
+
+    from helpers_lang import live_server
+    from lmnb_kernel import commands
+    from lmnb_kernel.session import Session
+
+    with live_server(_base_engine()) as url:
+        session = Session()
+        try:
+            commands.connect(types.SimpleNamespace(url=url, api_key=None, openai=None, completion=False, timeout=5),
+                             session)
+            capsys.readouterr()
+            seen = _warnings_of(lambda: _chat.run(backend=session.backend()), lambda: _chat.run(backend=session.backend()))
+        finally:
+            session.close()
+        assert seen == []
+        assert capsys.readouterr().err == (
+            f"lmnb: warning: {_BASE_MODEL_WARNING}. Give its format in a Python cell: lmnb.get_default_backend()"
+            ".chat_template = lmnb.get_chat_template('chatml') (or another registered name), again after each "
+            "%lm load or %lm connect\n")
+        backend = sgl.RuntimeEndpoint(url)
+        try:
+            seen = _warnings_of(lambda: _plain.run(backend=backend), lambda: _chat.run(backend=backend),
+                                lambda: _chat.run(backend=backend))
+        finally:
+            backend.shutdown()
+    assert [str(w.message) for w in seen] == [
+        f"{_BASE_MODEL_WARNING}. Give its format: lmnb.RuntimeEndpoint(URL, chat_template_name='chatml'), or "
+        "backend.chat_template = lmnb.get_chat_template('chatml') (or another registered name)"]
+
 # SGLang's registry (sglang/lang/chat_template.py): the text a program writes under each name, worked
 # out by hand from SGLang's role markers, and where the family publishes a Hugging Face template,
 # checked against it (SGLang leaves BOS to the tokenizer, and the space the model writes after

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from lmnb.chat_template import ChatTemplate
 from lmnb.choices import ChoiceLogprobs
 from lmnb.ir import GEN_NAMES, GenParams
+from lmnb.user_site import warn_at_user
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ class BaseBackend:
         """The role markers programs on this backend use."""
         raise NotImplementedError
 
+    def note_role(self, template: ChatTemplate) -> None:
+        """A program begins a chat role written with ``template`` (the executor calls it at each
+        role); a backend that guessed ``template`` for a model with none may warn. Default: nothing."""
+
     def cache_prefix(self, text: str, rid: Optional[str] = None) -> dict:
         """Prefill ``text`` into the prefix cache without generating; returns its meta_info.
         Backends without a prefix cache return ``{}``."""
@@ -214,7 +219,41 @@ class AssignableChatTemplate:
     """``chat_template`` as SGLang's backends have it, for a backend that keeps its template in
     ``self._template`` under ``self._lock`` and makes it in ``get_chat_template()``: reading gives
     ``get_chat_template()``; assigning a ``ChatTemplate`` (``lmnb.get_chat_template(name)``) uses
-    that one instead, as SGLang's examples do with ``runtime.endpoint.chat_template = ...``."""
+    that one instead, as SGLang's examples do with ``runtime.endpoint.chat_template = ...``.
+
+    A model with no chat template gets the registry's for its path (``from_jinja``); where that is
+    the generic ``default``, the backend keeps it in ``_guessed`` (``guessed``), and the first role
+    a program writes with it warns, once per backend (a model trained on another format answers
+    worse, with no other sign of why): a ``UserWarning`` naming ``_template_fix``, or
+    ``on_guessed_template`` where a front end set it (a kernel's line in the cell's output)."""
+
+    _template_fix = ""  # (the backend's own way to give a template, for the warning)
+    _guessed: Optional[ChatTemplate] = None
+    _guessed_for = ""  # (its model path)
+    on_guessed_template: Optional[Callable[[str], None]] = None
+
+    def guessed(self, jinja: Optional[str], template: ChatTemplate, model_path: str) -> ChatTemplate:
+        """``template`` (``from_jinja(jinja, ..., model_path)``), remembered to warn of at the first
+        role when the model has no template (``jinja`` empty) and it is the generic ``default``."""
+        if not jinja and template.name == "default":
+            self._guessed, self._guessed_for = template, model_path
+        return template
+
+    def note_role(self, template: ChatTemplate) -> None:
+        if template is not self._guessed:
+            return
+        with self._lock:
+            if self._guessed is None:  # (another thread said it)
+                return
+            self._guessed = None
+        what = (f"the model {self._guessed_for or '(unnamed)'!r} has no chat template, so the program's roles go out "
+                "in the generic 'default' format ('SYSTEM:', 'USER:' and 'ASSISTANT:' lines), which the model may "
+                "not be trained on")
+        if self.on_guessed_template is not None:
+            self.on_guessed_template(what)
+            return
+        warn_at_user(f"{what}. Give its format: {self._template_fix}, or backend.chat_template = "
+                     "lmnb.get_chat_template('chatml') (or another registered name)", UserWarning)
 
     @property
     def chat_template(self) -> ChatTemplate:
@@ -226,7 +265,7 @@ class AssignableChatTemplate:
         if not isinstance(template, ChatTemplate):
             raise TypeError(f"chat_template must be a ChatTemplate (lmnb.get_chat_template(name)), got {template!r}")
         with self._lock:
-            self._template = template
+            self._template, self._guessed = template, None
 
 
 def aborted_reason() -> dict:

@@ -131,6 +131,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
             max_total_tokens=N)``: an engine given is taken as it is.
     """
 
+    _template_fix = "lmnb.Engine(MODEL, chat_template_name='chatml')"
+
     def __init__(self, model: Optional[str] = None, *, engine: Any = None,
                  chat_template_name: Optional[str] = None, **engine_kwargs: Any):
         model = model or engine_kwargs.pop("model_path", None)
@@ -171,10 +173,11 @@ class Engine(AssignableChatTemplate, BaseBackend):
                     k: getattr(tok, k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")
                     if tok is not None and isinstance(getattr(tok, k, None), str)
                 }
-                tmpl = from_jinja(self.engine.chat_template, special, str(info.get("model_path") or ""))
+                path = str(info.get("model_path") or "")
+                tmpl = from_jinja(self.engine.chat_template, special, path)
                 if tmpl.bos and self._encode_adds_bos():
                     tmpl = dataclasses.replace(tmpl, bos="")  # the tokenizer writes BOS itself
-                self._template = tmpl
+                self._template = self.guessed(self.engine.chat_template, tmpl, path)
             return self._template
 
     def _encode_adds_bos(self) -> bool:

@@ -159,6 +159,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             is no http(s) URL (``TypeError`` where it is no string).
     """
 
+    _template_fix = "lmnb.RuntimeEndpoint(URL, chat_template_name='chatml')"
+
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
                  chat_template_name: Optional[str] = None, timeout: Optional[float] = READ_TIMEOUT_S):
         import httpx
@@ -361,7 +363,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                         tmpl = dataclasses.replace(tmpl, bos="")
                     if isinstance(info.get("image_token"), str):  # [issue 10] lmnb serve names it
                         tmpl = dataclasses.replace(tmpl, image_token=info["image_token"])
-                    self._template = tmpl
+                    # (lmnb serve says when the model has no template; an SGLang server says nothing)
+                    self._template = self.guessed(jinja, tmpl, info["model_path"]) if "chat_template" in info else tmpl
             return self._template
 
     def check_images(self) -> None:
