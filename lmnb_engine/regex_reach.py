@@ -29,6 +29,13 @@ from lmnb_engine.regex_tree import walk
 # regex package as a fuzzy-matching constraint ("x" with up to one error). (An escaped "\{" is
 # caught too: only a cost, the pattern is then read by the regex package alone.)
 _NOT_A_COUNT = re.compile(r"\{(?!\d*(?:,\d*)?\})")
+# A verbose flag, global or scoped ("(?x)", "(?ix:"), found erring towards yes ("(?-x:" too)
+_VERBOSE = re.compile(r"\(\?[a-zA-Z-]*x")
+# What verbose mode reads otherwise in the two parsers: a space Python's parser keeps as a character
+# and the regex package skips (any other than " \t\n\r\v\f" that str.isspace takes: "\xa0",
+# "\u2028"), and an escaped newline, which Python's parser reads as one character, so a "#" comment
+# goes on past it, where the regex package's comment ends at it ("(?x)a#\\<newline>b": "a" or "ab")
+_VERBOSE_UNLIKE = re.compile(r"[^\S \t\n\r\v\f]|\\\n")
 # End and boundary assertions read the character at their position and, for "$" (which holds
 # before a final newline too), the one after it.
 _ASSERTION_READS = 2
@@ -47,10 +54,14 @@ def parse_as_python(pattern: str) -> Any:
     Raises:
         Unreadable: Python's parser refuses the pattern or warns that it may read it otherwise
             (a nested set "[[", a set operation "--"), or the pattern holds a "{" that begins no
-            repeat count (a fuzzy constraint to the ``regex`` package).
+            repeat count (a fuzzy constraint to the ``regex`` package), or, where verbose mode
+            may hold, a space Python's parser does not skip or an escaped newline
+            (``_VERBOSE_UNLIKE``).
     """
     if _NOT_A_COUNT.search(pattern):
         raise Unreadable("a '{' that is no repeat count (a fuzzy constraint to the regex package)")
+    if _VERBOSE.search(pattern) and _VERBOSE_UNLIKE.search(pattern):
+        raise Unreadable("verbose mode with a space or an escaped newline the regex package reads otherwise")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "possible nested set": the regex package reads "[[" otherwise
         try:
@@ -112,14 +123,12 @@ def reach(pattern: str) -> int | None:
     assertions (2 each, "$" reading up to a final newline's next character) look at past them.
     None where that is unbounded (a ``*``, ``+`` or ``{n,}`` repeat), not known (a backreference,
     an assertion inside a lookbehind) or the pattern is not read as the ``regex`` package reads it
-    (``parse_as_python``). Verbose mode is not read (None).
+    (``parse_as_python``).
 
     Only forward reading counts: a lookbehind's text lies before the start, and is there already.
     """
     try:
         parsed = parse_as_python(pattern)
-        if parsed.state.flags & re.VERBOSE:
-            return None
         return _span(parsed)[1]
     except (Unreadable, _Unbounded):
         return None
@@ -135,8 +144,6 @@ def settled_width(pattern: str) -> int | None:
     known (as ``reach``), or the pattern reads so otherwise."""
     try:
         parsed = parse_as_python(pattern)
-        if parsed.state.flags & re.VERBOSE:
-            return None
         for op, av in walk(parsed):
             if op.name in ("ATOMIC_GROUP", "POSSESSIVE_REPEAT") or (op.name in ("ASSERT", "ASSERT_NOT") and av[0] > 0):
                 return None
@@ -154,11 +161,9 @@ def assertion_reach(pattern: str) -> int | None:
     before ``e``; one inside a lookahead is counted in that lookahead's reach). None where that is
     unbounded (a lookahead with a ``*``, ``+`` or ``{n,}`` repeat), not known (an assertion inside
     a lookbehind, a backreference in a lookahead) or the pattern is not read as the ``regex``
-    package reads it (``parse_as_python``, verbose mode too)."""
+    package reads it (``parse_as_python``)."""
     try:
         parsed = parse_as_python(pattern)
-        if parsed.state.flags & re.VERBOSE:
-            return None
         most = 0
         for op, av in walk(parsed):
             if op.name == "AT" and av.name not in _BACKWARD_AT:
@@ -194,13 +199,12 @@ def ends_at_text_end(pattern: str) -> bool:
     top-level item (no top-level alternation) is ``\\Z``, or ``$`` outside multiline mode
     (``.+\\Z``, ``[\\s\\S]+$``). Such a match holds only where the text ends or (``$``) before a
     final newline, so any character more undoes it: it is a stop only where the output ends. False
-    where the pattern is not read as the ``regex`` package reads it (``parse_as_python``, verbose
-    mode too)."""
+    where the pattern is not read as the ``regex`` package reads it (``parse_as_python``)."""
     try:
         parsed = parse_as_python(pattern)
     except Unreadable:
         return False
-    if parsed.state.flags & re.VERBOSE or not parsed.data:
+    if not parsed.data:
         return False
     op, av = parsed.data[-1]
     return op.name == "AT" and (av.name == "AT_END_STRING" or (av.name == "AT_END" and not parsed.state.flags & re.MULTILINE))

@@ -57,7 +57,7 @@ def end_reading(pattern: str) -> EndReading:
         pass
     if not re.search(r"\(\?[=!(]", pattern):
         # (a pattern not read, whose only forward reading is its end and word-boundary assertions
-        # (verbose mode: assertion_reach does not read it): none reads 2 characters past its place)
+        # (where assertion_reach does not read it either): none reads 2 characters past its place)
         return EndReading(None, (), 2)
     return EndReading(None, (), assertion_reach(pattern))
 

@@ -75,20 +75,26 @@ def relax(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | 
     (there one would make the lookaround hold less often: None) nor in a lookahead (None:
     ``stop_matcher._live_start`` passes over a whole match short of the text's end, one the pattern
     may yet make by reading past it). None where this reading of the pattern may be wrong (verbose
-    or word mode, a conditional, a set inside a set, a capturing group or backreference inside a
-    negative lookaround, a capturing group inside a lookbehind left out): the caller then shows
-    nothing past where a match may begin. ``lookaheads``: where given, each negative lookahead's X'
-    is added to it, and in the result the lookahead is followed by an empty group named
-    ``LOOKAHEAD_MARK`` and its index there, which marks where it stood in a match (None where the
-    pattern refers to a group by number, which that would renumber). ``partial`` False: for a search
-    that is not partial (``stop_end_reading.windowed``), where ``(?=X')(?!)`` never matches: a
-    negative lookaround is left as it is."""
-    if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
+    mode in a scope, or global where Python's parser reads the pattern otherwise than the regex
+    package, ``_read_alike``; word mode, a conditional, a set inside a set, a capturing group or
+    backreference inside a negative lookaround, a capturing group inside a lookbehind left out):
+    the caller then shows nothing past where a match may begin. ``lookaheads``: where given, each
+    negative lookahead's X' is added to it, and in the result the lookahead is followed by an
+    empty group named ``LOOKAHEAD_MARK`` and its index there, which marks where it stood in a match
+    (None where the pattern refers to a group by number, which that would renumber). ``partial``
+    False: for a search that is not partial (``stop_end_reading.windowed``), where ``(?=X')(?!)``
+    never matches: a negative lookaround is left as it is."""
+    flags = GLOBAL_FLAGS.match(pattern)
+    lead = flags.end() if flags else 0
+    # word or version flags, a conditional, a verbose flag not global (in a scope "#" and spaces
+    # read otherwise than outside it)
+    if re.search(r"\(\?[a-zA-Z0-9-]*[wV]|\(\?\(", pattern) or re.search(r"\(\?[a-zA-Z0-9-]*x", pattern[lead:]):
         return None
+    verbose = flags is not None and "x" in flags.group()
+    if verbose and not _read_alike(pattern):
+        return None  # (a group head with spaces in it, "(? !a)", is one to the regex package only)
     if lookaheads is not None and re.search(r"\\[1-9]|\\g<\d|\(\?\|", pattern):
         return None
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.end() if lead else 0
     forms = _RELAX_MULTILINE if MULTILINE_FLAG.search(pattern) else _RELAX
     if _multiline(pattern):
         forms = {**forms, "$": _MULTILINE_END}
@@ -127,6 +133,9 @@ def relax(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | 
             relaxed.append(pattern[i:j + 1])
             original.append(pattern[i:j + 1])
             i = j + 1
+        elif c == "#" and verbose:  # a comment to the line's end, left out ("#" in a set: read whole above)
+            end = pattern.find("\n", i)
+            i = len(pattern) if end == -1 else end
         elif c == "(":
             if pattern.startswith("(?#", i):  # a comment
                 end = pattern.find(")", i)
@@ -176,6 +185,19 @@ def relax(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | 
     if len(stack) != 1:
         return None
     return "".join(stack[0][0])
+
+
+def _read_alike(pattern: str) -> bool:
+    """Whether Python's parser reads ``pattern`` as the regex package does
+    (``regex_reach.parse_as_python``): in verbose mode, then, every group head is whole ("(?!",
+    not "(? !"), "#" opens a comment only outside sets and a newline ends it."""
+    from lmnb_engine.regex_reach import Unreadable, parse_as_python
+
+    try:
+        parse_as_python(pattern)
+    except Unreadable:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1024)

@@ -196,19 +196,19 @@ def test_a_lookahead_reading_to_the_texts_end_is_settled_as_language_md_says():
     """docs/language.md's stop_regex rules for a lookahead that reads to the text's end, worked by
     hand. a(?=[ab]*(?!b)): its "a" is a match whatever follows ([ab]* takes every "b"), but the
     (?!b) the lookahead reaches at the end of "abab" is read on its own, so the match is held there
-    and met once "c" comes or the output ends. Patterns these checks do not rewrite: (?x) a \\b is
-    settled two characters past its match, (?x) a (?!b), whose lookahead's reach is not known under
-    (?x), only where the output ends."""
+    and met once "c" comes or the output ends. Patterns these checks do not rewrite: (?x: a )\\b is
+    settled two characters past its match, (?w)a(?!b), whose lookahead's reach is not known under
+    (?w), only where the output ends."""
     def hit(pattern: str, text: str, ended: bool = False) -> tuple[int, str] | None:
         return stream(StopStringMatcher([], [pattern]), list(text), ended)[1]
 
     assert hit(r"a(?=[ab]*(?!b))", "abab") is None
     assert hit(r"a(?=[ab]*(?!b))", "abab", ended=True) == (0, "a")
     assert hit(r"a(?=[ab]*(?!b))", "abc") == (0, "a")
-    assert hit(r"(?x) a \b", "a ") is None
-    assert hit(r"(?x) a \b", "a c") == (0, "a")
-    assert hit(r"(?x) a (?!b)", "a c d") is None
-    assert hit(r"(?x) a (?!b)", "a c d", ended=True) == (0, "a")
+    assert hit(r"(?x: a )\b", "a ") is None
+    assert hit(r"(?x: a )\b", "a c") == (0, "a")
+    assert hit(r"(?w)a(?!b)", "a c d") is None
+    assert hit(r"(?w)a(?!b)", "a c d", ended=True) == (0, "a")
 
 
 def first_stop_with_a_regex_by_definition(stops: list[str], regex_: str, text: str, ended: bool = False) -> tuple[int, str] | None:
@@ -324,6 +324,40 @@ def test_a_stop_regex_whose_every_match_ends_at_the_texts_end_stops_at_the_outpu
         text, pieces = random_output(rng, "ab \n")
         for ended in (False, True):
             assert_stream_stops_at([], regexes, text, pieces, ended, first_regex_stop_by_definition(regexes, text, "ab \n", ended))
+
+
+def test_a_bounded_verbose_stop_regex_stops_where_its_non_verbose_twin_does():
+    """A verbose pattern (?x) had no known reach (regex_reach read no verbose pattern) and was not
+    relaxed (stop_relaxed.relax read none), so a match reading past its end was final only where
+    the output ended: (?x) a (?!b) over "a c d" did not stop at "a c", where a(?!b) does. Python's
+    parser reads (?x) as the regex package does, but for a space other than " \\t\\n\\r\\v\\f" (the
+    regex package skips "\\xa0", Python's parser keeps it) and an escaped newline (a "#" comment
+    goes on past it in Python's parser only): those are left unread. Over random streams, ended or
+    not, each verbose pattern (a "#" comment, a space in a class [ ], verbose in a group only or
+    but in a group, which relax leaves unread and the reach settles) stops where the brute-force
+    reference says and where its non-verbose twin does (with the reach alone, (?x) \\b a [b ]{1,2}
+    (?!a) over "abb" met "abb" a character late, not the final "ab" that the relaxed form finds)."""
+    from lmnb_engine.regex_reach import assertion_reach, reach
+
+    assert stream(StopStringMatcher([], [r"(?x) a (?!b)"]), list("a c d"))[1] == (0, "a")  # (None before)
+    twins = [(r"(?x) a (?!b)", r"a(?!b)"),
+             ("(?x) a [ ] b \\b  # a, a space, b (\\b: then no letter)\n", r"a[ ]b\b"),
+             ("(?x) \\b a # an a, then (one or two of b and a space) $\n [b ]{1,2} (?!a)", r"\ba[b ]{1,2}(?!a)"),
+             (r"(?x) (?<= \s) a b? (?= [ ]c | $ )", r"(?<=\s)ab?(?=[ ]c|$)"),
+             (r"(?x: a \s )b (?!\ a)", r"a\sb (?! a)"),  # (verbose in its group only)
+             (r"(?x) a (?-x:b c) (?!a)", r"ab c(?!a)")]
+    for verbose, twin in twins:  # (the reach and the assertions' reach are the twin's, which reads alike)
+        assert (reach(verbose), assertion_reach(verbose)) == (reach(twin), assertion_reach(twin)) != (None, None), verbose
+    assert reach("(?x)a\xa0b") is None and reach("(?x)a#\\\nb") is None  # (read otherwise by the two parsers)
+    rng = random.Random(17)
+    for _ in range(150):
+        verbose, twin = rng.choice(twins)
+        text, pieces = random_output(rng, "ab c")
+        for ended in (False, True):
+            want = first_regex_stop_by_definition([verbose], text, "ab c", ended)
+            assert want == first_regex_stop_by_definition([twin], text, "ab c", ended), (verbose, text)
+            assert_stream_stops_at([], [verbose], text, pieces, ended, want)
+            assert_stream_stops_at([], [twin], text, pieces, ended, want)
 
 
 def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_longest_does():
@@ -567,7 +601,7 @@ def test_a_stop_regexs_reach_is_what_matching_at_a_start_reads():
     # backreference, a class Python's re does not read (\p{L}) or a fuzzy constraint
     assert [reach(p) for p in ["ab", r"x(?=y)", r"a$", r"(?<=a)b", r"\bZZ\d{1,3}\b", r"a(?=bc(?=d))", "x{,3}"]] == \
         [2, 2, 3, 1, 7, 4, 3]
-    assert [reach(p) for p in [r"\d+", r"a{2,}", r"(\w)\1", r"\p{L}", "(?:abc){e<=1}", r"(?<=a\b)c", "(?x)a b",
+    assert [reach(p) for p in [r"\d+", r"a{2,}", r"(\w)\1", r"\p{L}", "(?:abc){e<=1}", r"(?<=a\b)c", "(?x)a\xa0b",
                                r"(a)(?<=(?(1)\b|c))"]] == [None] * 8
     rng = random.Random(2)
     for _ in range(300):  # without assertions: the longest match, as Python's own parser measures it
