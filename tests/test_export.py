@@ -4684,6 +4684,37 @@ def test_a_users_module_that_each_row_reloads_is_not_noted_as_carrying_over(tmp_
 
 
 
+_REMEMBER = "def remember(x, acc=[]):\n    acc.append(x)\n    return len(acc)\n"
+
+
+@pytest.mark.parametrize("setup, cell, noted, job", [
+    ("from helpers import remember", "r = str(remember(q))",
+     "remember, which `from helpers import remember` gives (helpers.py, beside the notebook) and", "123"),
+    ("import helpers", "r = str(helpers.remember(q))",
+     "helpers.remember, of `import helpers` (helpers.py, beside the notebook), which", "123"),
+    ("from helpers import *", "r = str(remember(q))",
+     "remember, which `from helpers import *` gives (helpers.py, beside the notebook) and", "123"),
+    # (a reload runs the def again, but a from-import's function is still the first, with the first default)
+    ("import importlib\nimport helpers\nfrom helpers import remember as rem", "importlib.reload(helpers)\nr = str(rem(q))",
+     "rem, which `from helpers import remember as rem` gives (helpers.py, beside the notebook) and", "123"),
+    # (not where each call passes its own, nor where each row reloads the module and uses the new function)
+    ("import helpers", "r = str(helpers.remember(q, []))", None, "111"),
+    ("from helpers import remember as rem", "r = str(rem(q, acc=[]))", None, "111"),
+    ("import importlib\nimport helpers", "importlib.reload(helpers)\nr = str(helpers.remember(q))", None, "111"),
+    ("import importlib\nimport helpers\nfrom helpers import remember",
+     "importlib.reload(helpers)\nfrom helpers import remember\nr = str(remember(q))", None, "111"),
+])
+def test_a_default_a_users_module_function_changes_carries_over_as_noted(tmp_path, monkeypatch, setup, cell, noted, job):
+    """def remember(x, acc=[]) in helpers.py beside the notebook, remember(q) per row: the job imports
+    the module once, so the def's list goes on from row to row (1, 2, 3), where each pass of the
+    notebook imports it anew (1); only a set-up cell's own function was followed for its defaults."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _REMEMBER}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == list(job)
+    assert notes == ([] if noted is None else [
+        f"cell 1: {noted} the rows call, changes in place its default acc, which the def makes once (a call that leaves "
+        "it out gets that one)"]), notes
+
+
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
 
 

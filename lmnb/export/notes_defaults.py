@@ -34,6 +34,17 @@ def _changed_defaults(function) -> list:
             if _made_once(d) and a.arg not in rebound and a.arg in _mutated(_closures_of(function, a.arg), surely=True)]
 
 
+def _leaves_out(call, position, name: str) -> bool:
+    """Whether ``call`` (an ``ast.Call``) leaves the parameter ``name`` (at ``position``, None for a
+    keyword-only one) to its default: it passes it neither by position nor by keyword, nor may pass
+    it by a spread (``*args``, ``**kw``: not known here)."""
+    import ast
+
+    spread = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+    given = (position is not None and position < len(call.args)) or name in {k.arg for k in call.keywords}
+    return not (spread or given)
+
+
 def _closures_of(function, name: str):
     """A copy of ``function``'s body (a module) without the functions and lambdas in it whose own
     variable ``name`` is (a parameter, ``def inner(acc)``, a name it binds, or one it declares
@@ -79,12 +90,8 @@ def _default_notes(row: list, called: list, defs: dict) -> list:
     for index, function in functions:
         found = []
         for position, name, default in _changed_defaults(function):
-            for call in (c for c in calls if c.func.id == function.name):
-                spread = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
-                given = (position is not None and position < len(call.args)) or name in {k.arg for k in call.keywords}
-                if not (spread or given):  # (a *spread may pass it: not known here)
-                    found.append((name, ast.unparse(default)))
-                    break
+            if any(_leaves_out(c, position, name) for c in calls if c.func.id == function.name):
+                found.append((name, ast.unparse(default)))
         if found:
             names = [n for n, _ in found]
             notes.append(f"cell {index}: {function.name}, which the rows call, changes in place its default"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from lmnb.export.cells import Code, LMCell, _mutated, bound_by, class_attribute_changes
+from lmnb.export.notes_defaults import _changed_defaults, _leaves_out
 from lmnb.export.notes_wording import _OWN_STATE
 from lmnb.export.read_only import _read_only_methods
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
@@ -90,6 +91,8 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
         if isinstance(func, ast.Attribute) and _dotted(func.value):
             attributes.setdefault(ast.unparse(func.value), set()).add(func.attr)
     reloaded = _reloaded_modules(cells, row)
+    row_bound = set().union(*map(_cell_binds, row))
+    nodes = [n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Call)]  # (the calls, for defaults)
     notes, read = [], {}  # (read: path → _module_state of its source)
     parsed = {} if parsed is None else parsed  # (module file → its syntax tree: _parsed)
     for c in cells:
@@ -143,7 +146,53 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                                  "to row (what one row changes, the next row sees), where each pass of the notebook "
                                  f"imports it anew, and rows running at once (--num-threads above 1) share it; "
                                  f"{_OWN_STATE}")
+            for name, found in _module_defaults(path, parsed).items():
+                local = next((n for n, original in (names or {}).items() if original == name), None)
+                # (a row's reload runs the def again, with a new default: helpers.remember is the new function, and so
+                # is remember where a row cell imports it again; a from-import's remember is still the first)
+                if module in reloaded and (alias is not None or local in row_bound):
+                    continue
+                if names is not None and local is not None and local not in defined:
+                    shown = name if local == name else f"{name} as {local}"
+                    what = f"{local}, which `from {module} import {shown}` gives ({file}, beside the notebook) and"
+                    calls = [n for n in nodes if isinstance(n.func, ast.Name) and n.func.id == local]
+                elif names is None and alias is None and name in exported and name not in bound:
+                    what = f"{name}, which `from {module} import *` gives ({file}, beside the notebook) and"
+                    calls = [n for n in nodes if isinstance(n.func, ast.Name) and n.func.id == name]
+                elif alias is not None:
+                    what = f"{alias}.{name}, of `{statement}` ({file}, beside the notebook), which"
+                    calls = [n for n in nodes if isinstance(n.func, ast.Attribute) and n.func.attr == name
+                             and ast.unparse(n.func.value) == alias]
+                else:
+                    continue
+                left = [(p, d) for i, p, d in found if any(_leaves_out(call, i, p) for call in calls)]
+                if left:
+                    it = "it" if len(left) == 1 else "them"
+                    notes.append(f"cell {c.index}: {what} the rows call, changes in place its default"
+                                 f"{'s' * (len(left) > 1)} {', '.join(p for p, _ in left)}, which the def makes once "
+                                 f"(a call that leaves {it} out gets that one): the job imports the module once, so "
+                                 "what one row changes, the next row sees, where each pass of the notebook imports it "
+                                 "anew, and rows running at once (--num-threads above 1) share it; default it to None "
+                                 f"and make a new one in the function (`if {left[0][0]} is None: {left[0][0]} = "
+                                 f"{left[0][1]}`)")
     return notes
+
+
+def _module_defaults(path: Path, parsed: dict) -> dict:
+    """(function name → ``notes_defaults._changed_defaults`` of it: (position, name, default source))
+    for the top-level functions of the module file ``path`` with a dict, list or set default that
+    they change in place (``def remember(x, acc=[])``), where no later statement binds the name
+    again; {} for a file that does not parse. ``parsed``: ``_parsed``'s."""
+    import ast
+
+    tree = _parsed(path, parsed)
+    out: dict = {}
+    for stmt in tree.body if tree is not None else []:
+        for name in bound_by(stmt):
+            out.pop(name, None)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and (found := _changed_defaults(stmt)):
+            out[stmt.name] = [(i, p, ast.unparse(d)) for i, p, d in found]
+    return out
 
 
 def _module_file(folder: Path, module: str, within: Optional[Path] = None) -> Optional[Path]:
