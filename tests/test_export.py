@@ -4715,6 +4715,34 @@ def test_a_default_a_users_module_function_changes_carries_over_as_noted(tmp_pat
         "it out gets that one)"]), notes
 
 
+_SEEN_LIST = "seen = []\n"
+_USES_STORE = "from store import seen\n\ndef remember(x):\n    seen.append(x)\n    return len(seen)\n"
+
+
+@pytest.mark.parametrize("helpers, setup, cell, noted, job", [
+    (_USES_STORE, "from helpers import remember", "r = str(remember(q))",
+     "remember, which `from helpers import remember` gives (helpers.py, beside the notebook) and", "123"),
+    (_USES_STORE, "import helpers", "r = str(helpers.remember(q))",
+     "helpers.remember, of `import helpers` (helpers.py, beside the notebook), which", "123"),
+    # (a reload of helpers imports store's list again as it is: it went without a note, as helpers' own globals do)
+    (_USES_STORE, "import importlib\nimport helpers", "importlib.reload(helpers)\nr = str(helpers.remember(q))",
+     "helpers.remember, of `import helpers` (helpers.py, beside the notebook), which", "123"),
+    # (not where the function binds its own list by that name, or only reads store's)
+    (_USES_STORE.replace("seen.append(x)", "seen = [x]"), "import helpers", "r = str(helpers.remember(q))", None, "111"),
+    (_USES_STORE.replace("    seen.append(x)\n", "").replace("len(seen)", "len(seen) + 1"), "import helpers",
+     "r = str(helpers.remember(q))", None, "111"),
+])
+def test_a_list_a_users_module_imports_from_another_that_its_function_changes_is_noted(tmp_path, monkeypatch, helpers,
+                                                                                    setup, cell, noted, job):
+    """seen = [] in store.py, `from store import seen` in helpers.py, whose remember() appends to it, and
+    remember(q) per row: the job imports both modules once, so the rows go 1, 2, 3, where each pass of
+    the notebook gives 1; only a list the module itself makes was followed."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"store.py": _SEEN_LIST, "helpers.py": helpers}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == list(job)
+    assert notes == ([] if noted is None else [
+        f"cell 1: {noted} the rows call, changes the module's own globals seen (store.py)"]), notes
+
+
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
 
 

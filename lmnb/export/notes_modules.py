@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from lmnb.export.cells import Code, LMCell, _mutated, bound_by, class_attribute_changes
-from lmnb.export.notes_defaults import _changed_defaults, _leaves_out
+from lmnb.export.notes_defaults import _changed_defaults, _leaves_out, _made_once
 from lmnb.export.notes_wording import _OWN_STATE
 from lmnb.export.read_only import _read_only_methods
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
@@ -123,8 +123,12 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 owner = name.rpartition(".")[0]  # (a class's method: "Cache.add" of Cache)
                 # (a row's reload runs the module again in its own globals, which its functions read, and makes its
                 # classes anew: helpers.Cache is the new one, where a from-import's Cache stays the one made first)
+                # (but not what it imports from another module of the user's, "seen (store.py)", which the reload
+                # imports again as it is)
                 if module in reloaded and (not owner or alias is not None):
-                    continue
+                    state = [s for s in state if s.endswith(")")]
+                    if not state:
+                        continue
                 local = next((n for n, original in (names or {}).items() if original == (owner or name)), None)
                 kind = "class attribute" + ("s" if len(state) > 1 else "") if owner else "globals"
                 if owner:  # (called as the class's attribute: Cache.add(q); not where a cell binds its own Cache)
@@ -244,8 +248,8 @@ def _module_state(path: Path, folder: Path, read: dict, parsed: dict, seen: tupl
     tree = _parsed(path, parsed)
     if tree is None:
         return read[path]
-    changes, exported = _stateful_functions(tree)
     last = {name: i for i, stmt in enumerate(tree.body) for name in bound_by(stmt)}  # (what binds a name last)
+    sources = []  # ((statement's index, statement, file) of each from-import of another module of the user's)
     for i, stmt in enumerate(tree.body):
         if not (isinstance(stmt, ast.ImportFrom) and stmt.names[0].name != "*"):
             continue
@@ -253,7 +257,15 @@ def _module_state(path: Path, folder: Path, read: dict, parsed: dict, seen: tupl
             continue
         within = path.parents[stmt.level - 1] if stmt.level else None
         source = _module_file(folder, stmt.module or "", within) if stmt.module or stmt.level else None
-        if source is None or source in seen:
+        if source is not None:
+            sources.append((i, stmt, source))
+    # (a dict, list or set that such a module makes at its top level and this one imports by name, `from store
+    # import seen`: the same object, which this module's functions change)
+    shared = {a.asname or a.name: f"{a.name} ({source.relative_to(folder).as_posix()})" for i, stmt, source in sources
+              for a in stmt.names if last.get(a.asname or a.name) == i and a.name in _containers(_parsed(source, parsed))}
+    changes, exported = _stateful_functions(tree, shared)
+    for i, stmt, source in sources:
+        if source in seen:
             continue
         theirs, _ = _module_state(source, folder, read, parsed, (*seen, path))
         shown = source.relative_to(folder).as_posix()
@@ -262,8 +274,9 @@ def _module_state(path: Path, folder: Path, read: dict, parsed: dict, seen: tupl
             changes = {n: state for n, state in changes.items() if n.partition(".")[0] != local}
             for name, state in theirs.items():
                 owner, _, method = name.rpartition(".")
-                if (owner or name) == a.name:
-                    changes[f"{local}.{method}" if owner else local] = [f"{s} ({shown})" for s in state]
+                if (owner or name) == a.name:  # (state shown with its file already keeps it)
+                    changes[f"{local}.{method}" if owner else local] = [
+                        s if s.endswith(")") else f"{s} ({shown})" for s in state]
     read[path] = (changes, exported)
     return read[path]
 
@@ -356,10 +369,26 @@ def _dotted(node) -> bool:
     return isinstance(node, ast.Name)
 
 
-def _stateful_functions(tree) -> tuple[dict, set]:
+def _containers(tree) -> set:
+    """The names that a module's ``tree`` (None: a file that does not parse) binds last, at its top
+    level, to a new dict, list or set (``seen = []``: ``notes_defaults._made_once``)."""
+    import ast
+
+    out: set = set()
+    for stmt in tree.body if tree is not None else []:
+        out -= set(bound_by(stmt))
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and _made_once(stmt.value):
+            out.add(stmt.targets[0].id)
+    return out
+
+
+def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]:
     """(function name → the module globals it changes, for the top-level functions of a module's
     ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
-    the module binds at top level that it changes in place (``seen.append(x)``), or an instance of
+    the module binds at top level, or imports by name from another module of the user's (``shared``:
+    its name here → that module's name and file, "seen (store.py)", which the result shows), that
+    it changes in place (``seen.append(x)``), or an instance of
     a class of the module it makes there, which it changes by a method that is no read-only one
     (``_c.bump()``, ``read_only._read_only_methods``) or by setting an attribute, by itself or
     through the module's functions it calls by name (``_remember(x)``), and "C.m" → the attributes
@@ -368,7 +397,8 @@ def _stateful_functions(tree) -> tuple[dict, set]:
     strings says, else the names without a leading "_"; those it imports by name too)."""
     import ast
 
-    containers, exported, functions, classes = set(), None, {}, {}
+    shared = shared or {}
+    containers, exported, functions, classes = set(shared), None, {}, {}
     objects: dict = {}  # (name → its class, for each instance of a class of the module that it makes at top level)
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
@@ -376,9 +406,7 @@ def _stateful_functions(tree) -> tuple[dict, set]:
             if target == "__all__" and isinstance(value, (ast.List, ast.Tuple)) and all(
                     isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
                 exported = {e.value for e in value.elts}
-            if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
-                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-                    and value.func.id in ("dict", "list", "set")):
+            if _made_once(value):
                 containers.add(target)
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
                 objects[target] = value.func.id
@@ -426,4 +454,4 @@ def _stateful_functions(tree) -> tuple[dict, set]:
             shell.body = [method]
             changes[f"{cls.name}.{method.name}"] = {a for a in class_attribute_changes(shell)[0]
                                                    if a.split(".")[0] == cls.name}
-    return {name: sorted(state) for name, state in changes.items() if state}, given
+    return {name: sorted(shared.get(s, s) for s in state) for name, state in changes.items() if state}, given
