@@ -4743,6 +4743,41 @@ def test_a_list_a_users_module_imports_from_another_that_its_function_changes_is
         f"cell 1: {noted} the rows call, changes the module's own globals seen (store.py)"]), notes
 
 
+_BUMPS = ("class C:\n    def __init__(self):\n        self.n = 0\n\n    def bump(self):\n        self.n += 1\n        return self.n\n\n"
+          "    def peek(self):\n        return self.n + 1\n\n_c = C()\n")
+
+
+@pytest.mark.parametrize("setup, cell, noted, job", [
+    ("from helpers import _c", "r = str(_c.bump())",
+     "_c, which `from helpers import _c` gives (helpers.py, beside the notebook), an instance of C that the module makes "
+     "once at its top level, is changed by the rows (`_c.bump()` in cell 3)", "123"),
+    ("import helpers", "r = str(helpers._c.bump())",
+     "helpers._c, of `import helpers` (helpers.py, beside the notebook), an instance of C that the module makes once at "
+     "its top level, is changed by the rows (`helpers._c.bump()` in cell 3)", "123"),
+    ("from helpers import _c as k", "k.n += 1\nr = str(k.n)",
+     "k, which `from helpers import _c as k` gives (helpers.py, beside the notebook), an instance of C that the module "
+     "makes once at its top level, is changed by the rows (`k.n` in cell 3)", "123"),
+    ("from helpers import _c\ndef use():\n    return _c.bump()", "r = str(use())",
+     "_c, which `from helpers import _c` gives (helpers.py, beside the notebook), an instance of C that the module makes "
+     "once at its top level, is changed by the rows (`_c.bump()` in use(), a function of cell 1)", "123"),
+    # (a reload makes helpers._c anew, but a from-import's _c is still the first)
+    ("import importlib\nimport helpers\nfrom helpers import _c", "importlib.reload(helpers)\nr = str(_c.bump())",
+     "_c, which `from helpers import _c` gives (helpers.py, beside the notebook), an instance of C that the module makes "
+     "once at its top level, is changed by the rows (`_c.bump()` in cell 3)", "123"),
+    # (not where the rows only read it, by a method or an attribute, nor use the new one each reload makes)
+    ("from helpers import _c", "r = str(_c.peek())", None, "111"),
+    ("import helpers", "r = str(helpers._c.n + 1)", None, "111"),
+    ("import importlib\nimport helpers", "importlib.reload(helpers)\nr = str(helpers._c.bump())", None, "111"),
+])
+def test_an_instance_a_users_module_makes_that_the_rows_change_is_noted(tmp_path, monkeypatch, setup, cell, noted, job):
+    """_c = C() in helpers.py beside the notebook, `from helpers import _c` once and _c.bump() per row:
+    the job imports the module once, so the rows go 1, 2, 3, where each pass of the notebook gives 1;
+    only the module's functions that change _c were followed, not the rows' own use of it."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _BUMPS}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == list(job)
+    assert notes == ([] if noted is None else [f"cell 1: {noted}"]), notes
+
+
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
 
 

@@ -82,7 +82,10 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                for n in bound_by(stmt)}
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
     used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
-    trees = [tree for _, tree in _row_trees(row)] + [defs[f[0], f[1]] for f in called if (f[0], f[1]) in defs]
+    # (where → its tree: the row cells, "cell 3", and the set-up functions they call, "use(), a function of cell 1")
+    placed = _row_trees(row) + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
+                                if (f[0], f[1]) in defs]
+    trees = [tree for _, tree in placed]
     # (alias → the module's functions that the rows call as its attributes: helpers.remember(x), and
     # pkg.helpers.remember(x) of `import pkg.helpers`, whose alias is the dotted name)
     attributes: dict = {}
@@ -179,7 +182,36 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                                  "anew, and rows running at once (--num-threads above 1) share it; default it to None "
                                  f"and make a new one in the function (`if {left[0][0]} is None: {left[0][0]} = "
                                  f"{left[0][1]}`)")
+            for name, (cls, read_only) in _module_instances(tree).items() if (tree := _parsed(path, parsed)) else ():
+                local = next((n for n, original in (names or {}).items() if original == name), None)
+                if names is not None and local is not None and local not in defined:
+                    shown = name if local == name else f"{name} as {local}"
+                    caller, what = local, f"{local}, which `from {module} import {shown}` gives"
+                # (a row's reload makes helpers._c anew; a from-import's _c is still the first)
+                elif alias is not None and module not in reloaded:
+                    caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
+                else:
+                    continue
+                change = next((f"`{ast.unparse(n)}` in {where}" for where, t in placed for n in ast.walk(t)
+                               if _changes(n, caller, read_only)), None)
+                if change is not None:
+                    notes.append(f"cell {c.index}: {what} ({file}, beside the notebook), an instance of {cls} that "
+                                 f"the module makes once at its top level, is changed by the rows ({change}): the job "
+                                 "imports the module once, so what one row changes, the next row sees, where each pass "
+                                 "of the notebook imports it anew, and rows running at once (--num-threads above 1) "
+                                 f"share it; {_OWN_STATE}")
     return notes
+
+
+def _changes(node, caller: str, read_only) -> bool:
+    """Whether ``node`` (of a syntax tree) changes the object that the expression ``caller``
+    ("_c", "helpers._c") gives by calling a method of it that is none of ``read_only``
+    (``_c.bump()``), or by setting or deleting an attribute of it (``_c.n = 1``, ``_c.n += 1``)."""
+    import ast
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return ast.unparse(node.func.value) == caller and node.func.attr not in read_only
+    return isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == caller
 
 
 def _module_defaults(path: Path, parsed: dict) -> dict:
@@ -383,6 +415,25 @@ def _containers(tree) -> set:
     return out
 
 
+def _module_instances(tree) -> dict:
+    """Name → (its class's name, the methods of that class that change nothing of it:
+    ``read_only._read_only_methods``'s) for each instance that a module's ``tree`` makes at its top level of a class it defines above
+    (``_c = C()``): a class with a base other than ``object``, whose methods are not all known here,
+    is left out, and so are its instances."""
+    import ast
+
+    classes, objects = set(), {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name) \
+                and stmt.value.func.id in classes:
+            objects[stmt.targets[0].id] = stmt.value.func.id
+        if isinstance(stmt, ast.ClassDef):
+            classes.add(stmt.name)
+    read_only = _read_only_methods([Code(0, ast.unparse(tree))])
+    return {name: (cls, read_only[cls]) for name, cls in objects.items() if cls in read_only}
+
+
 def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]:
     """(function name → the module globals it changes, for the top-level functions of a module's
     ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
@@ -399,7 +450,6 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
 
     shared = shared or {}
     containers, exported, functions, classes = set(shared), None, {}, {}
-    objects: dict = {}  # (name → its class, for each instance of a class of the module that it makes at top level)
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             target, value = stmt.targets[0].id, stmt.value
@@ -408,8 +458,6 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
                 exported = {e.value for e in value.elts}
             if _made_once(value):
                 containers.add(target)
-            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
-                objects[target] = value.func.id
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[stmt.name] = stmt
         if isinstance(stmt, ast.ClassDef):
@@ -419,10 +467,7 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
                 for a in stmt.names if a.name != "*"]
     given = {name for name in [*functions, *classes, *imported]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
-    # (the methods of its classes that change nothing of their instance: a class with a base, whose methods are not
-    # all known here, has none, and its instances are left out)
-    read_only = _read_only_methods([Code(0, ast.unparse(tree))])
-    objects = {name: cls for name, cls in objects.items() if cls in read_only}
+    objects = _module_instances(tree)
     changes: dict = {}
     for name, function in functions.items():
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
@@ -431,7 +476,7 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
         # (an instance it changes by a method that is no read-only one, `_c.bump()`, or by setting an attribute)
         called = {n.func.value.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
                   and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-                  and n.func.value.id in objects and n.func.attr not in read_only[objects[n.func.value.id]]}
+                  and n.func.value.id in objects and n.func.attr not in objects[n.func.value.id][1]}
         changed = (called | set(_mutated(function, calls=False))) & set(objects)
         changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed)
                                 - _function_locals(function))
