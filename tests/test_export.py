@@ -4796,6 +4796,11 @@ _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
     ({"pkg/__init__.py": "from pkg.helpers import remember as rem\n"}, "from pkg import rem", "r = str(rem(q))",
      "rem, which `from pkg import rem` gives (pkg/__init__.py, beside the notebook) and the rows call, changes the "
      "module's own globals calls (pkg/helpers.py), seen (pkg/helpers.py)"),
+    # (given on through two modules: the state was shown with both files, "seen (pkg/helpers.py) (pkg/api.py)")
+    ({"pkg/__init__.py": "from pkg.api import remember\n", "pkg/api.py": "from .helpers import remember\n"},
+     "from pkg import remember", "r = str(remember(q))",
+     "remember, which `from pkg import remember` gives (pkg/__init__.py, beside the notebook) and the rows call, changes "
+     "the module's own globals calls (pkg/helpers.py), seen (pkg/helpers.py)"),
     ({"pkg/api.py": "from .helpers import Cache\n"}, "from pkg.api import *", "r = str(Cache.add(q))",
      "Cache.add, of `from pkg.api import *` (pkg/api.py, beside the notebook), which the rows call, changes the "
      "module's own class attribute Cache.store (pkg/helpers.py)"),
