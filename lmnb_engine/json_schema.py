@@ -21,6 +21,8 @@ import re
 from typing import Any, Callable, Optional
 from urllib.parse import unquote
 
+from lmnb_engine.regex_parts import classes_held, unicode_classes
+
 # A value in a schema's error message is cut after this many characters (``json_value``), as
 # ``regex_check`` cuts a pattern: a schema's const, enum or pattern can run to megabytes, which the
 # message then repeated whole; the message's place (``at #/...``) says where the whole value is.
@@ -402,7 +404,7 @@ def code_point_fix(pattern: str) -> Optional[str]:
     it with) reads otherwise than ECMA 262 for its code point escapes only: the pattern with each
     spelled as both read it (``_code_points_as_python``), where ``re`` reads that (how to spell
     them alone where the engine would refuse that pattern for more: ``_engine_builds``); else None."""
-    from lmnb_engine.regex_errors import python_error  # (it imports this module)
+    from lmnb_engine.regex_python_error import python_error  # (it imports this module)
 
     python = _code_points_as_python(pattern)
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
@@ -442,7 +444,7 @@ def _engine_builds(python: str) -> bool:
     ECMA's named groups), so that it may be offered whole: it holds no lookaround, back-reference
     or anchor inside (``regex_errors.unbuilt_feature``), nor case-insensitive matching, ``(?i)`` or
     ``(?i:...)``, which the engine would refuse next (``constrained.json_string``)."""
-    from lmnb_engine.regex_errors import classes_held, unbuilt_feature  # (it imports this module)
+    from lmnb_engine.regex_errors import unbuilt_feature  # (it imports this module)
     from lmnb_engine.regex_tree import constants, parser, walk
 
     spelled = ecma_names_as_python(python)
@@ -461,7 +463,7 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     would refuse that pattern for more: ``_engine_builds``); else None (ECMA's empty class ``[]``
     has no such spelling the engine builds: ``(?!)`` is a lookahead). The engine said only
     "unterminated character set", "fix the pattern", of such a pattern, valid in JSON Schema."""
-    from lmnb_engine.regex_errors import python_error  # (it imports this module)
+    from lmnb_engine.regex_python_error import python_error  # (it imports this module)
 
     out, i, n = [], 0, len(pattern)
     while i < n:
@@ -530,10 +532,10 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
     (``\\g<n>``, ``\\k'n'``: ``regex_u_flag.other_back_reference``), else one by number,
     ``\\1``, or Python's ``(?P=n)``, as Python's parser reads the pattern once its ECMA syntax is
     spelled as Python's (``_ecma_as_python``: a named group stays a group, so its number holds;
-    ``regex_errors.first_back_reference``), each in ``back_reference_words``. No backend can
+    ``regex_references.first_back_reference``), each in ``back_reference_words``. No backend can
     constrain output with one (no regular language holds it), so ``gen()`` refuses it as the
     engine does. A pattern Python's parser cannot read then is left to the other checks."""
-    from lmnb_engine.regex_errors import classes_held, first_back_reference  # (it imports this module)
+    from lmnb_engine.regex_references import first_back_reference  # (it imports this module)
     from lmnb_engine.regex_tree import quiet_parse
     from lmnb_engine.regex_u_flag import named_back_reference, named_groups, other_back_reference
 
@@ -583,7 +585,7 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     schemas written for Python or Pydantic (``^\\d{3}\\-\\d{4}$``), as a validator that falls back to
     Annex B's grammar takes them (corvus-json-schema's ecmaregex). One read otherwise by Python
     (``x\\Z``, ``a{,3}``) or not at all (``\\k``) is refused."""
-    from lmnb_engine.regex_errors import python_reading, unicode_classes  # (it imports this module)
+    from lmnb_engine.regex_python_error import python_reading  # (it imports this module)
     from lmnb_engine.regex_u_flag import identity_escape, u_flag_error
 
     found = identity_escape(pattern)
@@ -638,7 +640,7 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
 def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
     """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: once its
     ECMA syntax is spelled as Python's (``_ecma_as_python``), one of ``_ERRORS_OF_EVERY_DIALECT``
-    for Python's ``re`` (its Unicode classes read as classes, as ``regex_errors.python_error``
+    for Python's ``re`` (its Unicode classes read as classes, as ``regex_python_error.python_error``
     reads them), and an error for the ``regex`` package too, which reads more (``[\\d-z]``):
     ``a(b``, ``(?<year>\\d{4})-(\\d{2}``, ``[a``. A pattern too deep or too large for either to
     tell is taken; the backend has the last word on it. ``u_flag``: as ``_ecma_as_python``'s."""
@@ -646,7 +648,6 @@ def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
 
     import regex
 
-    from lmnb_engine.regex_errors import classes_held  # (it imports this module)
 
     spelled, _ = _ecma_as_python(pattern, u_flag)
     try:
@@ -670,7 +671,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     """Why the schema's ``pattern`` (at ``where``, e.g. ``#/properties/a/pattern``), which the
     meta-schema's ``regex`` format check refused, cannot be taken, or None where that is not
     known: a syntax error, worded and placed as a ``regex`` constraint's
-    (``regex_errors.python_error``, its Unicode classes read as classes), or a Unicode class
+    (``regex_python_error.python_error``, its Unicode classes read as classes), or a Unicode class
     (``\\p{L}``): valid JSON Schema, whose patterns are ECMA's, but jsonschema, whose check every
     output is made to pass, reads a pattern with Python's ``re``, which has no such classes.
     ``ecma``: the error is found once its ECMA syntax is spelled as Python's (``_ecma_as_python``,
@@ -678,7 +679,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     in its words, for the engine too (``ecma`` False): an error of every dialect, then one of ECMA's
     u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
     then, for the engine, a back-reference by name (``back_reference_words``), which it cannot build."""
-    from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
+    from lmnb_engine.regex_python_error import python_error  # (it imports this module)
     from lmnb_engine.regex_u_flag import other_back_reference
 
     if not isinstance(pattern, str):
@@ -741,12 +742,12 @@ def _quoting_problem(pattern: str, where: str) -> Optional[str]:
 
 def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:
     """The engine's words for the schema ``pattern`` (at ``where``) that names two of Python's groups
-    alike, ``(?P<m>a)|(?P<m>b)`` (``regex_errors.repeated_name``; an ECMA group, ``(?<m>``, the
+    alike, ``(?P<m>a)|(?P<m>b)`` (``regex_references.repeated_name``; an ECMA group, ``(?<m>``, the
     engine reads as a plain one: ``ecma_names_as_python``), as a ``regex``'s are worded
     (``repeated_name_words``), the pattern so written offered where the engine takes it
     (``_engine_takes``); None where no such name is repeated. It said only "redefinition of group
     name 'm' as group 2 ...; fix the pattern"."""
-    from lmnb_engine.regex_errors import repeated_name, repeated_name_words  # (it imports this module)
+    from lmnb_engine.regex_references import repeated_name, repeated_name_words  # (it imports this module)
 
     found = repeated_name(pattern, ecma=False)
     if found is None:
@@ -804,7 +805,7 @@ def _unicode_class_fix(pattern: str) -> str:
     of its characters where that is short (a Unicode block, ``\\p{InGreek}``: ``[\\u0370-\\u03ff]``),
     else as a class of the characters meant; and the whole output constrained with ``regex=``
     instead, only where ``regex=`` takes the pattern (Rust's regex has no Unicode blocks)."""
-    from lmnb_engine.regex_errors import pattern_problem, unicode_classes
+    from lmnb_engine.regex_errors import pattern_problem
 
     spelled = {cls: as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in unicode_classes(pattern))}
     if all(spelled.values()):

@@ -14,7 +14,9 @@ from typing import Any, Iterator, Optional
 
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_empty_class import empty_class_problem
-from lmnb_engine.regex_errors import pattern_parts, python_error, shown_regex, stop_posix_problem
+from lmnb_engine.regex_parts import pattern_parts
+from lmnb_engine.regex_python_error import python_error, shown_regex
+from lmnb_engine.regex_stop_posix import stop_posix_problem
 from lmnb_engine.regex_never import never_problem
 from lmnb_engine.suggest import did_you_mean, unexpected_keywords
 from lmnb_engine.tokenizer import lone_surrogate_problem
@@ -410,7 +412,7 @@ _FUZZY = re.compile(rf"\{{(?:{_FUZZY_ITEM}(?:,{_FUZZY_ITEM})*|\d*[eids](?:\+\d*[
 
 def _fuzzy_constraint(pattern: str, verbose: bool = False) -> str | None:
     """The first fuzzy constraint in ``pattern`` (its text), outside escapes, character classes and
-    comments (``regex_errors.pattern_parts``); None where it holds none. ``verbose``: whether the
+    comments (``regex_parts.pattern_parts``); None where it holds none. ``verbose``: whether the
     VERBOSE flag holds for the whole pattern (``(?x)`` anywhere); a scoped ``(?x:`` or ``(?-x:``
     sets it up to its group's ``)``. Where it holds, the regex package reads a constraint with
     whitespace in it, ``{ e <= 1 }``, as one (without the flag that is literal text) and "#"
@@ -429,7 +431,7 @@ def _fuzzy_constraint(pattern: str, verbose: bool = False) -> str | None:
 def _escapes(pattern: str, verbose: bool) -> Iterator[str]:
     """The character after the backslash of each escape outside a class of ``pattern`` that the
     regex package reads as syntax (a ``\\G`` or ``\\K`` in a class is an error of its own): not one
-    in a comment (``regex_errors.pattern_parts``: ``(?#...)``, which ends at the first ``)`` no
+    in a comment (``regex_parts.pattern_parts``: ``(?#...)``, which ends at the first ``)`` no
     backslash escapes, or, where the VERBOSE flag holds, from a ``#`` outside a class to the line's
     end, which may hold a ``)``). ``verbose``: whether the flag holds for the whole pattern
     (``(?x)`` anywhere); a scoped ``(?x:`` or ``(?-x:`` sets it up to its group's ``)``. Each
@@ -443,9 +445,9 @@ def stop_regex_problem(value: Any) -> str | None:
 
     A pattern must compile in the ``regex`` package (whose partial matching holds streamed text
     back; its error is told in Python's ``re``'s words and place where ``re`` refuses the pattern
-    too, as a ``regex`` constraint's is: ``regex_errors.python_error``) and must not match the
+    too, as a ``regex`` constraint's is: ``regex_python_error.python_error``) and must not match the
     empty string, which would stop the output early, nor hold ``\\G``, nor a POSIX class
-    (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
+    (``[[:alpha:]]``: ``regex_stop_posix.stop_posix_problem``), which that package and Python's ``re``
     read two ways, nor be a reverse pattern (``(?r)``) nor hold ``\\K``, whose matches the stop
     matcher, reading the output left to right from where a match begins, does not find, nor a class
     that matches no character (``regex_empty_class.empty_class_problem``, worded as for ``regex=``), nor

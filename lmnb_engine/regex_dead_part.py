@@ -7,7 +7,7 @@ holding it (``[^\\w\\W]|b``: the pattern matches what ``b`` does), a part that m
 zero times (``(a[^\\d\\D])?b``, ``x[^\\s\\S]*``: it only ever matches nothing), or a negative
 lookaround (``(?![^\\s\\S])``: it always holds). Where no such part holds it, the whole pattern
 never matches. The pattern is read as Python's parser delimits its classes and comments
-(``regex_errors.pattern_parts``), its groups and ``|`` as written.
+(``regex_parts.pattern_parts``), its groups and ``|`` as written.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Optional
 
-from lmnb_engine.regex_errors import GLOBAL_FLAGS, pattern_parts, shown_regex
+from lmnb_engine.regex_parts import GLOBAL_FLAGS, pattern_parts
+from lmnb_engine.regex_python_error import shown_regex
 
 # A repeat after an atom, as Python and the regex package read one: its low count, or none for
 # "?" and "*" (group 1: the low count of a counted repeat, "{2}", "{2,}", "{,3}", "{,}"; "{}" is two
@@ -114,7 +115,7 @@ def _owner(groups: list[tuple[int, int]], at: int) -> tuple[int, int] | None:
 
 def _groups_and_bars(pattern: str) -> tuple[list[tuple[int, int]], list[int]]:
     """The (index of "(", index of its ")") of each group of ``pattern``, and the index of each "|"
-    outside classes, comments and escapes (``regex_errors.pattern_parts``); a group never closed
+    outside classes, comments and escapes (``regex_parts.pattern_parts``); a group never closed
     ends at the pattern's end."""
     groups, bars, open_ = [], [], []
     for part in pattern_parts(pattern):

@@ -29,14 +29,10 @@ import sys
 import warnings
 from typing import Iterator
 
-from lmnb_engine.regex_errors import (
-    _automaton_matches_nothing,
-    classes_held,
-    pattern_parts,
-    shown_regex,
-    unbuilt_feature,
-    unicode_classes,
-)
+from lmnb_engine.regex_automaton import automaton_matches_nothing
+from lmnb_engine.regex_errors import unbuilt_feature
+from lmnb_engine.regex_parts import classes_held, pattern_parts, unicode_classes
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_dead_part import dead_part
 from lmnb_engine.regex_tree import constants as _c, parser, quiet_parse
 
@@ -130,7 +126,7 @@ def _first_empty_class(pattern: str, stop: bool) -> tuple[int, int, bool] | None
 
 def _classes(pattern: str) -> Iterator[tuple[int, int, bool]]:
     """(start, end, whether the case-insensitive flag holds there) for each character class of
-    ``pattern`` as Python's parser delimits it (``regex_errors.pattern_parts``), outside comments.
+    ``pattern`` as Python's parser delimits it (``regex_parts.pattern_parts``), outside comments.
     The flag holds where the pattern sets it globally or a group opening ``(?i:`` around the class
     does, and no ``(?-i:`` inside that."""
     return ((part.start, part.end, "i" in part.flags) for part in pattern_parts(pattern) if part.kind == "class")
@@ -178,4 +174,4 @@ def _matches_nothing(pattern: str, start: int, end: int, caseless: bool, stop: b
                 and not (stop and compiled.search("".join(map(chr, _MARKERS)))))
     from lmnb_engine.constrained.regex_syntax import class_syntax  # (torch-free; it imports this package)
 
-    return _automaton_matches_nothing(("(?i)" if caseless else "") + class_syntax(pattern, start, caseless))
+    return automaton_matches_nothing(("(?i)" if caseless else "") + class_syntax(pattern, start, caseless))

@@ -33,7 +33,8 @@ import warnings
 from typing import Any
 
 from lmnb_engine.regex_dead_part import dead_part
-from lmnb_engine.regex_errors import pattern_parts, shown_regex
+from lmnb_engine.regex_parts import pattern_parts
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_reach import Unreadable, parse_as_python
 from lmnb_engine.regex_tree import one_character, walk
 from lmnb_engine.regex_tree import parser as _sre

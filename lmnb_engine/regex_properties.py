@@ -15,6 +15,7 @@ import functools
 import re
 from typing import Optional
 
+from lmnb_engine.regex_automaton import automaton_reads
 from lmnb_engine.suggest import close_match
 
 # ECMA 262's General_Category values with their aliases (Unicode's PropertyValueAliases.txt), and
@@ -94,14 +95,12 @@ def unknown_property(cls: str) -> bool:
     names a property, or a value, no regex dialect knows (``_known``); False for a known one
     (``\\p{L}``, ``\\p{Greek}``, ``\\p{InGreek}``, ``\\p{Age=3.0}``), which each backend's own
     checks take or refuse."""
-    from lmnb_engine.regex_errors import _automaton_reads  # (it imports this module)
-
     m = _CLASS.fullmatch(cls)
     if m is None:
         return False
     key, equals, value = m.group(2).partition("=")
     ecma = value in _VALUED.get(key, ()) if equals else key in ECMA_PROPERTY_NAMES  # (CWKCF: ECMA's alone)
-    return not ecma and not _known(m.group(2)) and not _automaton_reads(cls)
+    return not ecma and not _known(m.group(2)) and not automaton_reads(cls)
 
 
 def closest_property(cls: str) -> Optional[str]:

@@ -22,6 +22,7 @@ import re
 import warnings
 from typing import Any
 
+from lmnb_engine.regex_parts import pattern_parts
 from lmnb_engine.regex_tree import parser as _sre
 from lmnb_engine.regex_tree import walk
 
@@ -180,8 +181,6 @@ def unbounded_lookahead(pattern: str) -> str | None:
     whose own pattern reads on without bound (``reach`` None: ``(?=[^z]*z)``), as written, or
     None. Searched again from every start where a match may begin, such a lookahead reads to the
     text's end each time."""
-    from lmnb_engine.regex_errors import pattern_parts
-
     open_: list[int] = []
     for part in pattern_parts(pattern):
         if part.kind == "(":

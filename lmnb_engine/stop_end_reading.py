@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from lmnb_engine.regex_errors import GLOBAL_FLAGS
+from lmnb_engine.regex_parts import GLOBAL_FLAGS
 from lmnb_engine.regex_reach import assertion_reach, reach
 from lmnb_engine.stop_relaxed import LOOKAHEAD_MARK, ending_by, relax
 

@@ -15,7 +15,8 @@ import functools
 import re
 from typing import Any, Callable, Sequence
 
-from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
+from lmnb_engine.regex_parts import GLOBAL_FLAGS, pattern_parts
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 from lmnb_engine.stop_end_reading import EndReadingChecks, end_reading, windowed
@@ -293,8 +294,6 @@ def _open_head(pattern: str) -> Any:
     start, and no match is in the text, a match from there stays open: what follows reads
     anything until the tail matches (``StopStringMatcher._open``)."""
     import regex
-
-    from lmnb_engine.regex_errors import pattern_parts
 
     depth, cut = 0, None
     parts = list(pattern_parts(pattern))

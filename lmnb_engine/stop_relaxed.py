@@ -15,7 +15,7 @@ import functools
 import re
 from typing import Any
 
-from lmnb_engine.regex_errors import GLOBAL_FLAGS
+from lmnb_engine.regex_parts import GLOBAL_FLAGS
 
 # The name of the empty group that marks where a negative lookahead stood (the lookaheads of relax)
 LOOKAHEAD_MARK = "_lmnb_lookahead"

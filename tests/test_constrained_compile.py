@@ -357,7 +357,7 @@ def test_a_back_reference_to_no_group_says_there_is_none(backend, pattern, refer
 
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
     # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
-    from lmnb_engine.regex_errors import without_edge_anchors
+    from lmnb_engine.regex_edges import without_edge_anchors
 
     for anchored, bare in ((r"^\d{3}$", r"\d{3}"), (r"^yes$|^no$", "yes|no"), (r"\Aab\Z", "ab"),
                            (r"(?i)^yes$", "(?i)yes"), (r"[$^]|(a|^b)$", r"[$^]|(a|^b)"), (r"[]|^]x$", "[]|^]x"),
@@ -3979,14 +3979,14 @@ def _spans(pattern, module=re):
 
 @pytest.mark.filterwarnings("ignore:Possible:FutureWarning")  # (nested set, set union: Python reads them as written)
 def test_the_classes_read_in_a_pattern_are_those_pythons_parser_reads_in_random_patterns():
-    # regex_errors.pattern_parts walks a pattern's text for the empty-class check (regex_empty_class), the part
+    # regex_parts.pattern_parts walks a pattern's text for the empty-class check (regex_empty_class), the part
     # a class kills (regex_dead_part) and the stop regex checks (params). A "#" is a comment under a scoped
     # (?x:...) and under an (?x) after a comment, (?#c)(?x), too: a "[" there was taken to open a class (the empty
     # class after it was then missed, and "(?#c)(?x)a#[" raised IndexError). The reference: Python's parser,
     # on random patterns it reads: each class found, held by a character the pattern lacks, is read as that
     # character (not skipped in a comment), and no class is left in the parse but \d, \s, \w and their negations
     from lmnb_engine.regex_empty_class import _classes
-    from lmnb_engine.regex_errors import classes_held
+    from lmnb_engine.regex_parts import classes_held
     from lmnb_engine.regex_tree import constants, parser, walk
 
     pieces = ["a", "|", "(", ")", "(?:", "(?x:", "(?i:", "(?-x:", "(?ix-s:", "(?#", "#", "\n", " ", "[", "[^", "]",

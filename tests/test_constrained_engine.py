@@ -459,7 +459,7 @@ def test_a_min_new_tokens_conflict_with_only_eos_banned_says_to_let_the_grammar_
 
     on = engines[0]
     # a regex matching only the empty text, which allows only EOS first, is refused as empty before
-    # min_new_tokens is weighed (regex_errors.empty_pattern_problem); the words for that conflict:
+    # min_new_tokens is weighed (regex_edges.empty_pattern_problem); the words for that conflict:
     with pytest.raises(GrammarError, match=r'regex "a\{0\}" matches only the empty string'):
         on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=2, regex="a{0}"))
     assert min_new_tokens_conflict("the regex", 2, 0, stop_ids=False) == (

@@ -166,7 +166,9 @@ def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp
              # cli_options holds the argparse actions every lmnb command line shares, and tokenizer,
              # standard library only until a tokenizer loads, the lone-surrogate check params uses;
              # json_schema, standard library only until a schema is checked, writes values as JSON,
-             # and regex_errors, which words a bad stop_regex for params, reading Python's parser
+             # and regex_errors with the modules it asks (regex_parts, regex_python_error, regex_edges,
+             # regex_references, regex_unicode_classes, regex_ambiguous_class, regex_class_spelling,
+             # regex_automaton, regex_stop_posix), which word a bad stop_regex for params, reading Python's parser
              # through regex_tree, with regex_u_flag's pattern of other dialects' back-references, and regex_empty_class with regex_dead_part, which find a class
              # matching no character in a stop_regex, and regex_never with regex_reach, which find an
              # assertion that keeps a stop_regex from ever matching, and suggest, the did-you-mean of
@@ -176,7 +178,10 @@ def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp
              " - {'lmnb_engine.outputs', 'lmnb_engine.params', 'lmnb_engine.cli_options', 'lmnb_engine.tokenizer',"
              " 'lmnb_engine.json_schema', 'lmnb_engine.regex_errors', 'lmnb_engine.regex_tree',"
              " 'lmnb_engine.regex_empty_class', 'lmnb_engine.regex_dead_part', 'lmnb_engine.regex_never',"
-             " 'lmnb_engine.regex_reach', 'lmnb_engine.suggest', 'lmnb_engine.regex_u_flag'}))")
+             " 'lmnb_engine.regex_reach', 'lmnb_engine.suggest', 'lmnb_engine.regex_u_flag',"
+             " 'lmnb_engine.regex_parts', 'lmnb_engine.regex_python_error', 'lmnb_engine.regex_edges',"
+             " 'lmnb_engine.regex_references', 'lmnb_engine.regex_unicode_classes', 'lmnb_engine.regex_ambiguous_class',"
+             " 'lmnb_engine.regex_class_spelling', 'lmnb_engine.regex_automaton', 'lmnb_engine.regex_stop_posix'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("[]")

@@ -30,13 +30,10 @@ from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
 from lmnb_engine.json_schema import copies_problem
 from lmnb_engine.regex_empty_class import empty_class_problem
-from lmnb_engine.regex_errors import (
-    classes_held,
-    empty_pattern_problem,
-    regex_problem,
-    shown_regex,
-    without_edge_anchors,
-)
+from lmnb_engine.regex_edges import empty_pattern_problem, without_edge_anchors
+from lmnb_engine.regex_errors import regex_problem
+from lmnb_engine.regex_parts import classes_held
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import parser as _p
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_python_error import shown_regex
 
 
 class GrammarError(ValueError):

@@ -57,7 +57,9 @@ from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.regex_check import MAX_NESTING, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
-from lmnb_engine.regex_errors import classes_held, regex_problem, shown_regex, unicode_classes
+from lmnb_engine.regex_errors import regex_problem
+from lmnb_engine.regex_parts import classes_held, unicode_classes
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import constants as _c, quiet_parse
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)

@@ -30,7 +30,7 @@ from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.json_schema import code_point_fix, ecma_names_as_python
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",

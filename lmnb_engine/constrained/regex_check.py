@@ -5,7 +5,7 @@ lookaround fails there with "error building NFA", which says nothing about the c
 pattern is parsed with Python's own regex parser (``re._parser``) and walked for those features,
 so the error names the feature and the fix. Unicode property classes (``\\p{L}``), which Python
 lacks and ``regex-automata`` reads, are held by other characters meanwhile
-(``regex_errors.classes_held``); other patterns Python cannot parse are left to the library.
+(``regex_parts.classes_held``); other patterns Python cannot parse are left to the library.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import back_reference_problem, classes_held, shown_regex, unsupported_words
+from lmnb_engine.regex_errors import unsupported_words
+from lmnb_engine.regex_parts import classes_held
+from lmnb_engine.regex_python_error import shown_regex
+from lmnb_engine.regex_references import back_reference_problem
 from lmnb_engine.regex_tree import constants as _c
 from lmnb_engine.regex_tree import parser as _p
 from lmnb_engine.regex_tree import walk
@@ -119,7 +122,7 @@ def check_regex(pattern: str) -> None:
     (``^ $ \\A \\Z``; matches are whole-output already), word boundaries, atomic groups,
     possessive quantifiers, repeat counts above ``MAX_REPEAT_COUNT`` (nested ones multiplied), and
     parentheses nested deeper than ``MAX_NESTING`` (``nesting_depth``), in a pattern with Unicode
-    classes too (read with them held by ``a``s: ``regex_errors.classes_held``). A pattern that
+    classes too (read with them held by ``a``s: ``regex_parts.classes_held``). A pattern that
     Python's parser rejects is passed on unchanged (the DFA library may accept it, or report its own error
     when compiling).
 

@@ -46,15 +46,10 @@ import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.regex_errors import (
-    SCOPED_FLAGS,
-    UNICODE_CLASS_AT,
-    ambiguous_class,
-    class_range_problem,
-    classes_held,
-    shown_regex,
-    unbuilt_class_problem,
-)
+from lmnb_engine.regex_ambiguous_class import ambiguous_class
+from lmnb_engine.regex_parts import SCOPED_FLAGS, UNICODE_CLASS_AT, classes_held
+from lmnb_engine.regex_python_error import shown_regex
+from lmnb_engine.regex_unicode_classes import class_range_problem, unbuilt_class_problem
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
 MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
@@ -280,14 +275,14 @@ def automaton_syntax(pattern: str) -> str:
     """``pattern`` (Python ``re`` syntax) rewritten into the automaton library's syntax with the
     same meaning (see the module docstring). Unicode property classes (``\\p{L}``), which Python
     lacks and the library reads, are kept as written, and the rest is read with them held
-    (``regex_errors.classes_held``); a pattern Python cannot parse even so is returned unchanged
+    (``regex_parts.classes_held``); a pattern Python cannot parse even so is returned unchanged
     (the library names its own error, which ``grammar.compile_grammar`` words as ``re`` does).
 
     Raises:
         GrammarError: a class whose meaning Python itself flags as ambiguous (``[[:alpha:]]``,
-            ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``: ``regex_errors.ambiguous_class``), a
-            Unicode class the library does not build (``\\p{InGreek}``: ``regex_errors.unbuilt_class_problem``)
-            or at an end of a range (``[\\p{L}-z]``: ``regex_errors.class_range_problem``),
+            ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``: ``regex_ambiguous_class.ambiguous_class``), a
+            Unicode class the library does not build (``\\p{InGreek}``: ``regex_unicode_classes.unbuilt_class_problem``)
+            or at an end of a range (``[\\p{L}-z]``: ``regex_unicode_classes.class_range_problem``),
             the ASCII flag ``(?a)`` or a scoped ``(?x:...)``, each with the fix.
     """
     # (a class the library cannot build, named as gen() names it, from the user's pattern, not the respelled one;

@@ -55,7 +55,7 @@ from lmnb_engine.constrained.schema_unique import listed_item_values, unique_ite
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value, loaded_schema
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 from lmnb_engine.schema_copies import too_many_copies, too_much_text
 

@@ -158,7 +158,7 @@ def _engine_spelling(pattern: str) -> str:
     (``[\\p{Lu}&&[^AEIOU]]``: ambiguous to Python) came from a backend that took it as written,
     so it is returned as written, for the library to read as Rust's ``regex`` does. Loads no torch."""
     from lmnb_engine.constrained.errors import GrammarError
-    from lmnb_engine.regex_errors import without_edge_anchors
+    from lmnb_engine.regex_edges import without_edge_anchors
     from lmnb_engine.constrained.regex_syntax import automaton_syntax
 
     try:
