@@ -29,7 +29,7 @@ from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import invalid_regex, shown_regex
 from lmnb_engine.regex_references import (back_reference_problem, named_group_problem, named_reference_problem,
                                           repeated_name_problem)
-from lmnb_engine.regex_tree import parser
+from lmnb_engine.regex_tree import constants, parser, walk
 from lmnb_engine.regex_unicode_classes import class_range_problem, unbuilt_class_problem
 
 
@@ -59,8 +59,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     Python's ``(?P<year>``), a syntax error (``invalid_regex``), a repeat count above what ``re``
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
-    number or Python's ``(?P=n)``, which no backend can constrain output with
-    (``back_reference_problem``, the engine's words). The pattern
+    number or Python's ``(?P=n)``, or a lookbehind, which no backend can constrain output with
+    (``back_reference_problem``, ``lookbehind_problem``, the engine's words). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
     ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
@@ -88,7 +88,26 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
-    return problem or back_reference_problem(parsed, pattern)
+    return problem or back_reference_problem(parsed, pattern) or lookbehind_problem(parsed, pattern)
+
+
+# The fix for a lookaround, in the engine's words (constrained.regex_check) and gen()'s
+LOOKAROUND_FIX = "express the condition with character classes and alternatives"
+
+
+def lookbehind_problem(parsed, pattern: str) -> str | None:
+    """The engine's words (``unsupported_words``, as ``constrained.regex_check`` says them) for the
+    first lookbehind, ``(?<=...)`` or ``(?<!...)``, nested ones too, in ``pattern`` parsed by
+    ``re._parser`` (``parsed``), or None where it has none. No backend builds one: the engine
+    cannot, xgrammar says "Lookbehind is not supported yet", Rust's regex (outlines-core's,
+    llguidance's) has no look-around, and interegular (older outlines') says "lookbacks are not
+    implemented"; so ``gen()`` refuses it, as it does a back-reference. A lookahead is left to the
+    backend: interegular builds one that the pattern goes on past (``a(?=b)\\w``)."""
+    for op, av in walk(parsed):
+        if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == -1:  # (direction -1: behind)
+            kind = "a negative lookbehind" if op is constants.ASSERT_NOT else "a lookbehind"
+            return unsupported_words(pattern, kind, LOOKAROUND_FIX)
+    return None
 
 
 def unsupported_words(pattern: str, feature: str, fix: str) -> str:
@@ -101,8 +120,8 @@ def unsupported_words(pattern: str, feature: str, fix: str) -> str:
 def unbuilt_feature(pattern: str) -> str | None:
     """The engine's words for what in the ``regex`` constraint ``pattern`` no automaton can build (a
     lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
-    its edge anchors, as the engine asks), or None where it has none. ``gen()`` leaves these to the
-    backend, but offers no pattern that holds one (``offer_taken``)."""
+    its edge anchors, as the engine asks), or None where it has none. ``gen()`` leaves these but a
+    back-reference and a lookbehind to the backend, but offers no pattern that holds one (``offer_taken``)."""
     from lmnb_engine.constrained.errors import GrammarError
     from lmnb_engine.constrained.regex_check import check_regex  # (torch-free; it imports this module)
 

@@ -14,7 +14,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import unsupported_words
+from lmnb_engine.regex_errors import LOOKAROUND_FIX, unsupported_words
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_references import back_reference_problem
@@ -45,7 +45,7 @@ def _unsupported(op, av) -> tuple[str, str] | None:
     if op in (_c.ASSERT, _c.ASSERT_NOT):
         direction = "lookahead" if av[0] == 1 else "lookbehind"
         kind = "negative " if op is _c.ASSERT_NOT else ""
-        return f"a {kind}{direction}", "express the condition with character classes and alternatives"
+        return f"a {kind}{direction}", LOOKAROUND_FIX
     if op is _c.AT and av in _AT_NAMES:
         return _AT_NAMES[av]
     if getattr(_c, "ATOMIC_GROUP", None) is not None and op is _c.ATOMIC_GROUP:
