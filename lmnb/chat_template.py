@@ -114,10 +114,14 @@ def get_chat_template(name: str) -> ChatTemplate:
     """A registered template by name.
 
     Raises:
-        ValueError: unknown name (the message lists the known ones).
+        ValueError: unknown name (the message lists the known ones and offers the closest,
+            ``chatlm`` → ``chatml``).
     """
     if name not in _REGISTRY:
-        raise ValueError(f"unknown chat template {name!r}; known: {sorted(_REGISTRY)}")
+        from lmnb.ir import did_you_mean  # (lmnb_engine.suggest's, loaded only here)
+
+        raise ValueError(f"unknown chat template {name!r}; known: {sorted(_REGISTRY)}"
+                         + did_you_mean([name], ("", _REGISTRY)))
     return _REGISTRY[name]
 
 

@@ -2561,3 +2561,121 @@ def test_blank_lines_before_a_csv_header_are_skipped(tmp_path):
         list(read_rows(rows))
     assert str(refused.value) == (f"{rows} has no CSV header: it holds no line but blank ones; its first line must "
                                   "name every column")
+
+
+@pytest.fixture(scope="module")
+def base_model(tiny_llama, tmp_path_factory):
+    """``tiny_llama`` without a chat template (a base model): neither its chat_template.jinja nor
+    tokenizer_config.json's ``chat_template``."""
+    import shutil
+
+    model = shutil.copytree(tiny_llama, tmp_path_factory.mktemp("base") / "base")
+    (model / "chat_template.jinja").unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)  # (the transformers version may keep it in the .jinja alone)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+@lmnb.function
+def chat_echo(s, question):
+    s += lmnb.user(question)
+    s += lmnb.assistant(lmnb.gen("answer", max_tokens=1, temperature=0))
+
+
+def _chat_job(tmp_path, model, *options, progress=False) -> list:
+    """Run ``chat_echo`` over the rows q0, q1 on the engine with ``model`` as a job with
+    ``options`` (and its progress bar, where ``progress``); returns each row's text (the prompt the
+    model got, and its one token)."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0"}, {"question": "q1"}])
+    texts = []
+
+    def run_chat_row(question):
+        texts.append(chat_echo.run(question).text())
+
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--model", str(model), "--device", "cpu", "--num-threads", "2",
+                                      *([] if progress else ["--no-progress"]), *map(str, options)])
+    assert job.run(run_chat_row, programs=[chat_echo]) == 0
+    return sorted(texts)
+
+
+def test_a_jobs_chat_template_option_formats_a_base_models_roles(tmp_path, capsys, base_model):
+    """A job on a model with no chat template sent its rows' roles in SGLang's generic 'default'
+    format and warned with the Python API's fixes (Engine(MODEL, chat_template_name=...)), which a
+    job cannot follow, as a Python warning in the progress bar's line. --chat-template NAME gives
+    the format (chatml: "<|im_start|>ROLE\\n...<|im_end|>\\n", as SGLang's chatml writes it), is
+    recorded in the rows' settings, and the warning is one job line that names it, above the bar."""
+    (tmp_path / "plain").mkdir()
+    texts = _chat_job(tmp_path / "plain", base_model, progress=True)
+    assert [t.split("ASSISTANT:")[0] for t in texts] == ["USER:q0\n", "USER:q1\n"]  # ('default')
+    err = capsys.readouterr().err
+    assert re.search("[\r\n]lmnb batch: warning: the model", err), err  # (on a line of its own, not the bar's)
+    assert [line for line in err.splitlines() if "warning" in line.lower()] == [
+        f"lmnb batch: warning: the model '{base_model}' has no chat template, so the program's roles go out in the "
+        "generic 'default' format ('SYSTEM:', 'USER:' and 'ASSISTANT:' lines), which the model may not be trained "
+        "on; give its format with --chat-template NAME (e.g. --chat-template chatml, a name in SGLang's registry)"]
+
+    texts = _chat_job(tmp_path, base_model, "--chat-template", "chatml")
+    for text, question in zip(texts, ("q0", "q1")):  # (then the token and the assistant's "<|im_end|>\n")
+        assert text.startswith(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"), text
+        assert text.endswith("<|im_end|>\n"), text
+    assert "warning" not in capsys.readouterr().err
+    assert {r["settings"]["--chat-template"] for r in read_results(tmp_path / "out.jsonl")} == {"chatml"}
+    rows = tmp_path / "rows.jsonl"
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
+                                      "--model", str(base_model), "--device", "cpu", "--chat-template",
+                                      "llama-3-instruct"])
+    assert job.run(lambda question: None) == 2  # (a resume with another format is other settings)
+    assert " holds rows run with other settings (--chat-template: 'chatml' there, 'llama-3-instruct' now); " in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("options, said", [
+    (["--chat-template", "chatlm"], "(engine): ValueError: unknown chat template 'chatlm'; known: ["),
+    (["--openai", "gpt-4o", "--chat-template", "chatml"],
+     "(--openai gpt-4o at the official OpenAI API): ValueError: --chat-template goes with --openai MODEL only for a "
+     "completion model (add --completion); the server applies a chat model's own template")])
+def test_a_chat_template_a_job_cannot_use_is_refused_before_any_cell_runs(tmp_path, options, said):
+    """A misspelt --chat-template is offered the closest name, and one for an OpenAI chat model
+    (whose server formats its messages) refused, before the set-up cells run, as --device is."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    cells = ['open("ran.txt", "w").close()', 'q = "x"', "%%lm\n{user}{q}{/user}{assistant}{gen a max_tokens=1}{/assistant}"]
+    source, _ = export_notebook(notebook(*cells), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", "--input", "rows.jsonl", "--output", "out.jsonl", *options],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    last = done.stderr.splitlines()[-1]
+    assert done.returncode == 2 and last.startswith("lmnb batch: could not start the backend " + said), last
+    assert last.endswith("; did you mean 'chatml'?") == ("chatlm" in options)
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path, capsys):
+    """The same on --backend URL (an lmnb serve of a model with no chat template): the job's
+    warning line names --chat-template, and --chat-template chatml is the format the server gets."""
+    from helpers_lang import RecordingEngine, live_server
+
+    engine = RecordingEngine(lambda text, params: "ok")
+    engine.chat_template, engine.model_path = None, "base-model"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0"}])
+    with live_server(engine) as url:
+        for out, options in (("plain.jsonl", []), ("chatml.jsonl", ["--chat-template", "chatml"])):
+            job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / out), "--no-progress",
+                                              "--backend", url, *options])
+            assert job.run(lambda question: chat_echo.run(question).sync()) == 0
+            warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+            if not options:
+                assert engine.prompts[-1] == "USER:q0\nASSISTANT:"
+                assert warned == [
+                    "lmnb batch: warning: the model 'base-model' has no chat template, so the program's roles go out "
+                    "in the generic 'default' format ('SYSTEM:', 'USER:' and 'ASSISTANT:' lines), which the model may "
+                    "not be trained on; give its format with --chat-template NAME (e.g. --chat-template chatml, a "
+                    "name in SGLang's registry)"]
+            else:
+                assert engine.prompts[-1] == "<|im_start|>user\nq0<|im_end|>\n<|im_start|>assistant\n"
+                assert warned == []

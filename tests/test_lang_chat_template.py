@@ -99,6 +99,9 @@ def test_unexpressible_template_falls_back_with_a_warning():
     assert from_jinja(None, SPECIAL, "meta-llama/Llama-3.1-8B-Instruct").name == "llama-3-instruct"
     with pytest.raises(ValueError, match="unknown chat template"):
         sgl.get_chat_template("nope")
+    with pytest.raises(ValueError, match=r"^unknown chat template 'Llama-3-Instrukt'; known: \[.*\]; did you mean "
+                                         r"'llama-3-instruct'\?$"):
+        sgl.get_chat_template("Llama-3-Instrukt")  # (a misspelt name is offered the closest, as options are)
 
 
 def test_the_fallback_warning_of_a_programs_run_points_at_the_run():

@@ -236,14 +236,16 @@ def test_connect_completion_says_a_guessed_chat_template_once_as_a_line(server, 
 
 def test_a_batch_jobs_completion_model_says_a_guessed_chat_template_once_as_a_line(server, capsys):  # noqa: F811
     """A job's --openai M --completion: one 'lmnb batch: warning:' line with the job's options as
-    fixes, not a UserWarning with lmnb's file and line, however many threads meet it."""
+    fixes (--chat-template first), not a UserWarning with lmnb's file and line, however many threads
+    meet it; with --chat-template chatml the prompt is in that format, without a word."""
     import warnings
 
     from lmnb.batch.options import make_backend
 
     _completion_server(server)
     args = types.SimpleNamespace(backend=server.url + "/v1", openai="my-model", completion=True, api_key=None,
-                                 timeout=5, model=None, device=None, dtype=None, max_total_tokens=None)
+                                 timeout=5, model=None, device=None, dtype=None, max_total_tokens=None,
+                                 chat_template=None)
     backend = make_backend(args)
     try:
         with warnings.catch_warnings(record=True) as seen:
@@ -254,6 +256,17 @@ def test_a_batch_jobs_completion_model_says_a_guessed_chat_template_once_as_a_li
         backend.shutdown()
     assert [str(w.message) for w in seen] == []
     assert capsys.readouterr().err == (
-        f"lmnb batch: warning: {_CHAT_TEMPLATE_GUESS}; give --backend the server's root URL without --openai (an "
-        "lmnb serve or SGLang server), which uses the model's own template, or leave out --completion if it is a "
-        "chat model\n")
+        f"lmnb batch: warning: {_CHAT_TEMPLATE_GUESS}; give its format with --chat-template NAME (e.g. --chat-template "
+        "chatml, a name in SGLang's registry), or give --backend the server's root URL without --openai (an lmnb "
+        "serve or SGLang server), which uses the model's own template, or leave out --completion if it is a chat "
+        "model\n")
+    prompts = []
+    answer = server.answer
+    server.answer = lambda h, b: (prompts.append(b["prompt"]), answer(h, b))[1]
+    backend = make_backend(types.SimpleNamespace(**{**vars(args), "chat_template": "chatml"}))  # (the job's option)
+    try:
+        _chat.run(backend=backend)
+    finally:
+        backend.shutdown()
+    assert prompts == ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"]  # (SGLang's chatml)
+    assert capsys.readouterr().err == ""

@@ -521,6 +521,8 @@ class Job:
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
         if a.completion:  # (only when set: results files written before the option stay readable)
             values["--completion"] = True
+        if a.chat_template is not None:  # (as --completion)
+            values["--chat-template"] = a.chat_template
         # (a float parameter's nan or inf as the file holds it, so that a rerun compares it alike)
         return finite_floats(json.loads(json.dumps(values, default=_settings_value)))
 

@@ -106,6 +106,11 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--dtype", action=Once, help="engine backend: float32, bfloat16 or float16")
     p.add_argument("--max-total-tokens", action=Once, type=pool_tokens, metavar="N",
                    help="engine backend: KV cache size in tokens (default: from the free memory)")
+    p.add_argument("--chat-template", action=Once, metavar="NAME",
+                   help="the format of the programs' chat roles, by its name in SGLang's registry (chatml, llama-3-"
+                        "instruct, ...: lmnb.get_chat_template's), for a model with none of its own (a base model) "
+                        "or another than its own; the engine, a --backend URL, or --openai with --completion "
+                        "(default: the model's own)")
     if not per_row:
         return p
     p.add_argument("--num-threads", action=Once, type=_positive_int, default=DEFAULT_THREADS, metavar="N",
@@ -252,24 +257,32 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     url = args.backend
     if url == "engine" and not args.openai:
         kwargs = {k: getattr(args, k) for k in ("device", "dtype", "max_total_tokens") if getattr(args, k) is not None}
+        if args.chat_template is not None:
+            kwargs["chat_template_name"] = args.chat_template
         backend = lmnb.Engine(engine_model(args, default_model), **kwargs)
         backend.front_end_options = (vars(args), "")  # (a row's error names the job's --max-total-tokens)
+        backend.on_guessed_template = _say_no_chat_template
         return backend
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
+        template = {"chat_template": lmnb.get_chat_template(args.chat_template)} if args.chat_template else {}
         backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
-                              is_chat_model=False if args.completion else None, **timeout)
+                              is_chat_model=False if args.completion else None, **timeout, **template)
         if url != "engine":
             _check_served_model(backend, args.openai, url)
         backend.on_guessed_template = _say_guessed_template
         return backend
-    return lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, **timeout)
+    backend = lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                                   chat_template_name=args.chat_template, **timeout)
+    backend.on_guessed_template = _say_no_chat_template
+    return backend
 
 
 def check_backend_options(args: argparse.Namespace) -> None:
-    """Refuse backend options that do not fit together (``make_backend`` starts none of them), and
-    an engine ``--device`` or ``--dtype`` the engine does not take (``lmnb_engine.device_names``),
-    with no backend started: an exported job checks them before any notebook cell runs.
+    """Refuse backend options that do not fit together (``make_backend`` starts none of them), an
+    unknown ``--chat-template`` (with the closest name), and an engine ``--device`` or ``--dtype``
+    the engine does not take (``lmnb_engine.device_names``), with no backend started: an exported
+    job checks them before any notebook cell runs.
 
     Raises:
         ValueError: what does not fit, and what to give instead.
@@ -277,6 +290,13 @@ def check_backend_options(args: argparse.Namespace) -> None:
     url = args.backend
     if args.completion and not args.openai:
         raise ValueError("--completion goes with --openai MODEL")
+    if args.chat_template is not None:
+        if args.openai and not args.completion:  # (it would be ignored: the server formats a chat model's messages)
+            raise ValueError("--chat-template goes with --openai MODEL only for a completion model (add --completion); "
+                             "the server applies a chat model's own template")
+        from lmnb.chat_template import get_chat_template
+
+        get_chat_template(args.chat_template)
     if url == "engine" and not args.openai:
         if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
             raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
@@ -298,9 +318,27 @@ def check_backend_options(args: argparse.Namespace) -> None:
 def _say_guessed_template(what: str) -> None:
     """``lmnb.OpenAI.on_guessed_template`` for a job's ``--openai MODEL --completion``: one line on
     stderr with the job's fixes, not a Python warning (its file, line and source)."""
-    print(f"lmnb batch: warning: {what}; give --backend the server's root URL without --openai (an lmnb serve or "
-          "SGLang server), which uses the model's own template, or leave out --completion if it is a chat model",
-          file=sys.stderr)
+    _say_above_bar(f"lmnb batch: warning: {what}; give its format with --chat-template NAME (e.g. --chat-template "
+                   "chatml, a name in SGLang's registry), or give --backend the server's root URL without --openai (an lmnb serve or SGLang server), which uses the "
+                   "model's own template, or leave out --completion if it is a chat model")
+
+
+def _say_no_chat_template(what: str) -> None:
+    """``on_guessed_template`` of a job's engine or ``--backend URL`` (a model with no chat template):
+    one line on stderr with the job's fix, not a Python warning (lmnb's file and line, and
+    ``Engine(chat_template_name=...)``, which a job cannot pass)."""
+    _say_above_bar(f"lmnb batch: warning: {what}; give its format with --chat-template NAME (e.g. --chat-template "
+                   "chatml, a name in SGLang's registry)")
+
+
+def _say_above_bar(line: str) -> None:
+    """``line`` on the job's stderr at once, from a row's thread, on a line of its own above the
+    progress bar (a print went into the bar's line, or, with several threads, waited for the row's
+    end among its own output): tqdm's write clears the bar and draws it again below; the real
+    stderr is the one ``runner.RowOutput`` keeps rows' prints for."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=getattr(sys.stderr, "target", sys.stderr))
 
 
 def _check_served_model(backend, model: str, url: str) -> None:
