@@ -2679,3 +2679,23 @@ def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path
             else:
                 assert engine.prompts[-1] == "<|im_start|>user\nq0<|im_end|>\n<|im_start|>assistant\n"
                 assert warned == []
+
+
+def test_a_results_file_made_through_a_users_link_is_removed_and_the_link_kept(tmp_path):
+    """--output out.jsonl, a link the user made to real.jsonl, which is not there yet: a job whose
+    backend cannot start removed the link (the user's) and left the empty real.jsonl it made; now
+    it removes real.jsonl and keeps the link, as it was before the run. A file that replaced the
+    one the store holds (another name's file at the path) is not removed."""
+    os.symlink(tmp_path / "real.jsonl", tmp_path / "out.jsonl")
+    store = ResultStore(tmp_path / "out.jsonl")
+    store.open()
+    store.drop_if_unwritten()
+    store.close()
+    assert os.path.islink(tmp_path / "out.jsonl") and not (tmp_path / "real.jsonl").exists()
+    store = ResultStore(tmp_path / "made.jsonl")
+    store.open()
+    os.replace(tmp_path / "made.jsonl", tmp_path / "moved.jsonl")
+    (tmp_path / "made.jsonl").write_text("")  # (a file of the user's now at the path)
+    store.drop_if_unwritten()
+    store.close()
+    assert (tmp_path / "made.jsonl").exists()

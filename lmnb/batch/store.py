@@ -329,15 +329,30 @@ class ResultStore:
     def drop_if_unwritten(self) -> None:
         """Remove the file where ``open`` made it and nothing was written to it: a job that could
         not start (its backend) left an empty results file behind, which reads as a run of no rows.
-        Call before ``close`` (the lock keeps another run from taking the file meanwhile)."""
-        if self._made_file and self._fd is not None and os.fstat(self._fd).st_size == 0:
-            os.unlink(self.path)
+        Call before ``close`` (the lock keeps another run from taking the file meanwhile). Where
+        ``path`` is a link the user made to a file not there yet, the file made at its end goes
+        and the link stays: only the file this store holds open is removed."""
+        if not (self._made_file and self._fd is not None):
+            return
+        held = os.fstat(self._fd)
+        made = self.path.resolve()  # (open() made the link's target, not the link)
+        if held.st_size == 0 and _same_file(made, held):
+            os.unlink(made)
 
     def close(self) -> None:
         """Release the lock (the data is already with the operating system)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _same_file(path: Path, held: os.stat_result) -> bool:
+    """Whether ``path`` names the file whose ``os.fstat`` is ``held``."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _record(line: bytes) -> Optional[dict]:
