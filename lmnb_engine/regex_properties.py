@@ -184,8 +184,10 @@ def _ecma_spelling(name: str) -> Optional[str]:
 
 
 def _folded(word: str, names: tuple[str, ...]) -> Optional[str]:
-    """The one of ``names`` that is ``word`` but for letter case, or None."""
-    return next((n for n in names if n.lower() == word.lower()), None)
+    """The one of ``names`` that is ``word`` but for letter case, spaces, hyphens and "_" (as the
+    regex package reads ``\\p{White Space}``: ``White_Space``), or None."""
+    loose = re.sub(r"[ _-]", "", word).lower()
+    return next((n for n in names if re.sub(r"[ _-]", "", n).lower() == loose), None)
 
 
 def _script(word: str) -> Optional[str]:

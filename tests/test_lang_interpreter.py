@@ -487,6 +487,15 @@ def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_wit
      "join with _)", r"\p{Script=Greek}"),
     (r"\p{Script=Old Italic}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
      "join with _)", r"\p{Script=Old_Italic}"),
+    # (so for a general category, a binary property and a property's name: said to name none ECMA reads before)
+    (r"\p{Lowercase Letter}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
+     "join with _)", r"\p{Lowercase_Letter}"),
+    (r"[\p{White Space}x]", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
+     "join with _)", r"[\p{White_Space}x]"),
+    (r"\p{ASCII-Hex-Digit}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
+     "join with _)", r"\p{ASCII_Hex_Digit}"),
+    (r"\p{General Category=Lu}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: "
+     "words join with _)", r"\p{General_Category=Lu}"),
 ])
 def test_a_schema_patterns_property_class_ecma_does_not_read_is_refused_at_gen_with_ecmas_spelling(pattern, why, offer):
     """\\p{Greek}, \\p{IsGreek}, \\p{lu}, \\p{Script=greek}, \\p{^L} passed gen() and a %%lm cell, which
