@@ -14,6 +14,8 @@ from typing import Iterator, NamedTuple, Optional
 
 # ECMA 262's SyntaxCharacter and "/": the characters an identity escape may stand for under the u flag
 _SYNTAX_CHARACTERS = "^$\\.*+?()[]{}|/"
+# a verbose flag, global or scoped (or turned off: "(?-x)", which a quote's codes do no harm in)
+_VERBOSE = re.compile(r"\(\?[a-zA-Z-]*x")
 # the letters an ECMA escape with the u flag may begin with: an assertion (b, B), a control escape
 # (f n r t v), a control letter (c), a class (d D s S w W, p P), a code (x, u) or a group name (k);
 # in a class, b is a backspace and B and k no escape, and "-" is one
@@ -116,15 +118,23 @@ def pcre_quoting(pattern: str) -> Optional[tuple[int, str]]:
     is taken literally (to the pattern's end without ``\\E``), which Python's ``re``, the ``regex``
     package and ECMA 262 lack (they read ``\\Q`` as an error, or Annex B the letter): ``\\Qa.b\\E``
     as ``a\\.b``, each syntax character (``_SYNTAX_CHARACTERS``) escaped, which all of them read
-    alike; None where there is none."""
-    first, i = None, 0
+    alike; None where there is none. Where verbose mode may hold (``(?x)``), a space or "#" of the
+    text is written as a code (``\\x20``, ``\\x23``), which verbose mode does not skip, as PCRE does
+    not skip them in a quote."""
+    first, i, verbose = None, 0, _VERBOSE.search(pattern) is not None
     while (at := next((j for j in _outside_classes(pattern) if j >= i and pattern.startswith("\\Q", j)), None)) is not None:
         end = pattern.find("\\E", at + 2)
         end = len(pattern) if end < 0 else end
-        quoted = "".join("\\" + c if c in _SYNTAX_CHARACTERS else c for c in pattern[at + 2:end])
+        quoted = "".join("\\" + c if c in _SYNTAX_CHARACTERS else _code(c) if verbose and (c.isspace() or c == "#")
+                         else c for c in pattern[at + 2:end])
         first = at if first is None else first
         pattern, i = pattern[:at] + quoted + pattern[end + 2:], at + len(quoted)
     return None if first is None else (first, pattern)
+
+
+def _code(c: str) -> str:
+    """``c`` as an escape of its code point (``\\x20``, ``\\u2028``), read alike by ``re`` and ECMA."""
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
 def _outside_classes(pattern: str) -> Iterator[int]:

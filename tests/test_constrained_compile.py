@@ -945,6 +945,8 @@ def _perl_fullmatches(pattern: str, texts: list[str]) -> list[bool] | None:
 
 @pytest.mark.parametrize("pattern, at, offer", [
     (r"\Qa.b\E", 0, r"a\.b"), (r"x\Q(a)\E+", 1, r"x\(a\)+"), (r"\Q1+1", 0, r"1\+1"),  # (no \E: to the end)
+    # (verbose mode skips a space and a "#" comment, which a quote keeps: written as codes, not as themselves)
+    (r"(?x)\Qa b\E", 4, r"(?x)a\x20b"), (r"(?x) x \Qa#b\E", 7, r"(?x) x a\x23b"),
 ])
 def test_pcre_quoting_in_a_regex_is_refused_with_its_text_escaped(backend, pattern, at, offer):
     r"""gen(regex=r"\Qa.b\E"), a %%lm cell and the engine said only "bad escape \Q at position 0; fix the
@@ -959,7 +961,7 @@ def test_pcre_quoting_in_a_regex_is_refused_with_its_text_escaped(backend, patte
         f"instead, as re.escape does: write {json.dumps(offer)}")
     assert lmnb.gen("x", regex=offer).params.regex == offer
     built = backend.compile(regex=offer).regex
-    texts = ["a.b", "axb", "x(a)", "x(a))", "xa", "1+1", "11", "Qa.bE"]
+    texts = ["a.b", "axb", "x(a)", "x(a))", "xa", "1+1", "11", "Qa.bE", "a b", "ab", "a", "xa#b", "xa"]
     perl = _perl_fullmatches(pattern, texts)
     assert perl is None or perl == [bool(re.fullmatch(built, t)) for t in texts]
 
