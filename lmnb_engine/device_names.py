@@ -35,8 +35,13 @@ def check_device(device: str) -> str:
     if m is not None and m[1] in TORCH_ONLY_TYPES:
         raise ValueError(f"device {device!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")
     kind, colon, index = device.partition(":")
-    match = close_match(kind, DEVICE_TYPES)  # (cdua:1 → 'cuda:1')
-    hint = f"; did you mean {match + colon + index!r}?" if match else ""
+    known = kind if kind in DEVICE_TYPES else close_match(kind, DEVICE_TYPES)  # (cdua:1 → 'cuda:1')
+    number = index.strip().lstrip("+")  # (cuda:01, cuda: 1, cuda:+1: torch reads none, but 1 is meant)
+    if colon and not (number.isascii() and number.isdecimal()):  # (cuda:-1, cuda:1:2)
+        hint = f"; did you mean '{known}:N'?" if known else ""
+        hint += " N is the device's number, 0, 1, ..."
+    else:
+        hint = f"; did you mean {known + colon + (str(int(number)) if colon else '')!r}?" if known else ""
     raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'{hint}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -604,6 +605,26 @@ def test_the_torch_free_device_check_takes_the_names_torch_reads_as_cuda_or_cpu(
     else:
         with pytest.raises(ValueError, match="is not supported" if kind else "unknown device"):
             check_device(name)
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("cuda:01", "; did you mean 'cuda:1'?"), ("cuda: 1", "; did you mean 'cuda:1'?"), ("cpu:+0", "; did you mean 'cpu:0'?"),
+    ("cuda:-1", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."), ("cdua:01", "; did you mean 'cuda:1'?"),
+    ("cuda:1:2", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."), ("xyz:-1", " N is the device's number, 0, 1, ..."),
+])
+def test_a_device_whose_number_torch_does_not_read_is_offered_the_number_not_itself(name, hint):
+    """--device cuda:01 (cuda: 1, cuda:-1) was told "did you mean 'cuda:01'?", the name given, as the
+    offer only respelled the type: a right type is offered its number as torch.device reads one
+    (which takes each offer and refuses each name), or told what N is; a misspelt type is so too."""
+    from lmnb_engine.device_names import check_device
+
+    with pytest.raises(RuntimeError):
+        torch.device(name)
+    with pytest.raises(ValueError) as refused:
+        check_device(name)
+    assert str(refused.value) == f"unknown device {name!r}; use 'cuda', 'cuda:N' or 'cpu'{hint}"
+    offer = re.search(r"did you mean '([^']*[0-9])'", hint)  # (a number offered: torch reads it)
+    assert offer is None or check_device(offer[1]) == str(torch.device(offer[1])) == offer[1]
 
 
 @pytest.mark.parametrize("name", ["float32", "float", "fp32", "float16", "half", "fp16", "bfloat16", "bf16", "float64",
