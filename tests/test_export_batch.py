@@ -207,6 +207,12 @@ def test_a_missing_field_that_a_field_of_the_row_misspells_is_offered(tmp_path):
 
     assert _misspelt({"persn": 1, "qestion": 2, "x": 3}, ["person", "question"], ["person", "question"]) == (
         "; did you mean 'persn' → 'person', 'qestion' → 'question'? rename them in the input")
+    # (one field near two missing names is offered for one, the closest: it said "did you mean 'name' → 'name1',
+    # 'name' → 'name2'? rename them", one field renamed twice)
+    assert _misspelt({"name": 1}, ["name1", "name2"], ["name1", "name2"]) == (
+        "; did you mean 'name1' for the row's 'name'? rename it in the input")
+    assert _misspelt({"nam": 1}, ["names", "name"], ["names", "name"]) == (
+        "; did you mean 'name' for the row's 'nam'? rename it in the input")
 
 
 def test_a_null_field_is_bad_input_not_the_text_none(tmp_path, capsys):

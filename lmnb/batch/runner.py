@@ -559,11 +559,20 @@ class _StopOnSignals:
 def _misspelt(fields, missing: list, inputs: list) -> str:
     """The "did you mean" for a row whose field names a ``missing`` one misspelt (``persn`` for
     ``person``: the error named both with no word that they are one), or "". Not for a field the
-    job reads, nor one that only has spaces around a missing name (said as such)."""
+    job reads, nor one that only has spaces around a missing name (said as such). A field close to
+    several missing names is offered for the closest (the first of equals), not renamed twice."""
+    from difflib import SequenceMatcher
+
     from lmnb_engine.suggest import close_match
 
     others = [k for k in fields if isinstance(k, str) and k not in inputs and k.strip() not in missing]
-    pairs = [(found, name) for name in missing if (found := close_match(name, others)) is not None]
+    meant: dict = {}  # row field → the missing name it is offered for
+    for name in missing:
+        found = close_match(name, others)
+        if found is not None and (found not in meant or SequenceMatcher(None, found, name).ratio() >
+                                  SequenceMatcher(None, found, meant[found]).ratio()):
+            meant[found] = name
+    pairs = [(found, name) for name in missing for found in meant if meant[found] == name]
     if len(pairs) == 1:
         return f"; did you mean {pairs[0][1]!r} for the row's {pairs[0][0]!r}? rename it in the input"
     if pairs:
