@@ -299,12 +299,11 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             comps = ex._call(ex.backend.generate, ex._prompt(), params)
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
-            values, why = _split(terms, reply, _follows(meta, params.stop))
+            cut = finish_reason_dict(meta).get("type") == "length"
+            values, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None)
             if values is not None:
                 break
         if values is None:
-            if finish_reason_dict(meta).get("type") == "length":
-                why += f" (the reply was cut at num_api_spec_tokens={ex.num_api_spec_tokens} tokens: raise it)"
             raise ValueError(
                 f"API speculative execution: after {SPEC_MAX_TRIES} calls the reply {reply[:200]!r} "
                 f"does not follow the assistant role's pattern of text and gens: {why}; or turn API "
@@ -337,9 +336,12 @@ def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) ->
     return _split(terms, reply, follows)[0]
 
 
-def _split(terms: list[tuple], reply: str, follows: Optional[str]) -> tuple[Optional[list[str]], str]:
+def _split(terms: list[tuple], reply: str, follows: Optional[str],
+           cut_at: Optional[int] = None) -> tuple[Optional[list[str]], str]:
     """``spec_match``'s gen values and "", or None and why the reply does not follow the pattern,
-    with the fix where the program's pattern is the cause (``spec_role_end``'s error)."""
+    with the fix where the program's pattern is the cause (``spec_role_end``'s error). ``cut_at``:
+    the call's ``max_tokens`` where the reply was cut there, said where a gen met neither its stop
+    nor the next fill (the cut may be why; not where the program's pattern is)."""
     values, rest, stopped = [], reply, None  # stopped: the last gen's name and the stop it ended at
     for k, term in enumerate(terms):
         if term[0] == "text":
@@ -366,8 +368,9 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str]) -> tuple[Opti
             return None, (f"gen {name!r} met no stop in the reply's text {rest[:40]!r}, and no fill comes before "
                           f"gen {after!r} to end it: give gen {name!r} a stop")
         else:
+            cut = f" (the reply was cut at num_api_spec_tokens={cut_at} tokens: raise it)" if cut_at else ""
             return None, (f"gen {name!r} met neither its stop nor the next fill ({following!r}) in the reply's "
-                          f"text {rest[:40]!r}: raise num_api_spec_tokens or add stop strings")
+                          f"text {rest[:40]!r}: raise num_api_spec_tokens or add stop strings{cut}")
         values.append(rest[:pos])
         rest = rest[pos:]
     return values, ""

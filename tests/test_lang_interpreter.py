@@ -2588,6 +2588,10 @@ def test_a_speculated_chat_reply_is_counted_once_not_once_per_gen():
      "num_api_spec_tokens or add stop strings (the reply was cut at num_api_spec_tokens=16 tokens: raise it)"),
     (lambda: sgl.gen("a") + sgl.gen("b"), "x y", "stop",
      "gen 'a' met no stop in the reply's text 'x y', and no fill comes before gen 'b' to end it: give gen 'a' a stop"),
+    # (a cut reply whose cause is the program's pattern: raising num_api_spec_tokens mends nothing)
+    (lambda: "Result: " + sgl.gen("r", stop="END") + " here", "Result: x END here", "length",
+     "gen 'r' stops at 'END', where the reply goes on 'END here', not with the next fill (' here'): make "
+     "each gen's stop the start of the fill after it, as in gen(stop=\"\\n\") + \"\\nAge: \""),
 ])
 def test_a_speculated_chat_reply_off_the_roles_pattern_is_refused_naming_the_cause_and_the_fix(role, reply, finish, why):
     # the error said only that the reply "does not follow the assistant role's pattern of text and
