@@ -157,7 +157,10 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
     elif spelled.lower() == name.lower():
         why = "naming a property as ECMA does not spell it (its names are case-sensitive)"
     else:  # (\p{Script = Greek}, \p{Script=Old Italic}: the regex package reads such spellings)
-        why = "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words join with _)"
+        cased = re.sub(r"[ _-]", "", spelled) != re.sub(r"[ _-]", "", name)  # (\p{script = greek}: both)
+        why = ("naming a property as ECMA does not spell it ("
+               + ("its names are case-sensitive, and " if cased else "")
+               + "no spaces or hyphens in its names: words join with _)")
     return why, meant
 
 

@@ -487,6 +487,8 @@ def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_wit
      "join with _)", r"\p{Script=Greek}"),
     (r"\p{Script=Old Italic}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
      "join with _)", r"\p{Script=Old_Italic}"),
+    (r"\p{script = greek}", "naming a property as ECMA does not spell it (its names are case-sensitive, and no spaces "
+     "or hyphens in its names: words join with _)", r"\p{Script=Greek}"),
     # (so for a general category, a binary property and a property's name: said to name none ECMA reads before)
     (r"\p{Lowercase Letter}", "naming a property as ECMA does not spell it (no spaces or hyphens in its names: words "
      "join with _)", r"\p{Lowercase_Letter}"),
