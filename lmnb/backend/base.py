@@ -11,6 +11,7 @@ interpreter side (``lmnb.choices``) so every backend feeds the same method the s
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -215,6 +216,35 @@ class AbortedIds:
         return self._ids.pop(rid, False) is None
 
 
+class GuessedTemplate:
+    """The generic ``default`` chat template a backend chose for a model that has none, told of
+    once: at the first role a program writes with it (a model trained on another format answers
+    worse, with no other sign of why), also where a batch's threads meet it together."""
+
+    def __init__(self, template: ChatTemplate):
+        self._template: Optional[ChatTemplate] = template
+        self._lock = threading.Lock()
+
+    def take(self, template: ChatTemplate) -> bool:
+        """Whether the caller, writing a role with ``template``, tells of the guess: it is the
+        guessed template and no caller told first (then the guess is forgotten)."""
+        if template is not self._template:  # (unlocked: one identity test per role written)
+            return False
+        with self._lock:
+            told, self._template = self._template is None, None
+        return not told
+
+
+def tell_guessed_template(on_guessed_template: Optional[Callable[[str], None]], what: str, warning: str) -> None:
+    """Say ``what`` was guessed through ``on_guessed_template`` where a front end set it (a kernel's
+    line in the cell's output, a job's line on stderr: its own words and fixes); otherwise a
+    ``UserWarning`` at the user's line saying ``warning`` (``what`` and the backend's fixes)."""
+    if on_guessed_template is not None:
+        on_guessed_template(what)
+    else:
+        warn_at_user(warning, UserWarning)
+
+
 class AssignableChatTemplate:
     """``chat_template`` as SGLang's backends have it, for a backend that keeps its template in
     ``self._template`` under ``self._lock`` and makes it in ``get_chat_template()``: reading gives
@@ -222,38 +252,31 @@ class AssignableChatTemplate:
     that one instead, as SGLang's examples do with ``runtime.endpoint.chat_template = ...``.
 
     A model with no chat template gets the registry's for its path (``from_jinja``); where that is
-    the generic ``default``, the backend keeps it in ``_guessed`` (``guessed``), and the first role
-    a program writes with it warns, once per backend (a model trained on another format answers
-    worse, with no other sign of why): a ``UserWarning`` naming ``_template_fix``, or
-    ``on_guessed_template`` where a front end set it (a kernel's line in the cell's output)."""
+    the generic ``default``, the backend keeps it as a ``GuessedTemplate`` (``guessed``), and the
+    first role a program writes with it says so once per backend: a ``UserWarning`` naming
+    ``_template_fix``, or ``on_guessed_template`` where a front end set it."""
 
     _template_fix = ""  # (the backend's own way to give a template, for the warning)
-    _guessed: Optional[ChatTemplate] = None
+    _guessed: Optional[GuessedTemplate] = None
     _guessed_for = ""  # (its model path)
     on_guessed_template: Optional[Callable[[str], None]] = None
 
     def guessed(self, jinja: Optional[str], template: ChatTemplate, model_path: str) -> ChatTemplate:
-        """``template`` (``from_jinja(jinja, ..., model_path)``), remembered to warn of at the first
+        """``template`` (``from_jinja(jinja, ..., model_path)``), remembered to tell of at the first
         role when the model has no template (``jinja`` empty) and it is the generic ``default``."""
         if not jinja and template.name == "default":
-            self._guessed, self._guessed_for = template, model_path
+            self._guessed, self._guessed_for = GuessedTemplate(template), model_path
         return template
 
     def note_role(self, template: ChatTemplate) -> None:
-        if template is not self._guessed:
+        guess = self._guessed
+        if guess is None or not guess.take(template):
             return
-        with self._lock:
-            if self._guessed is None:  # (another thread said it)
-                return
-            self._guessed = None
         what = (f"the model {self._guessed_for or '(unnamed)'!r} has no chat template, so the program's roles go out "
                 "in the generic 'default' format ('SYSTEM:', 'USER:' and 'ASSISTANT:' lines), which the model may "
                 "not be trained on")
-        if self.on_guessed_template is not None:
-            self.on_guessed_template(what)
-            return
-        warn_at_user(f"{what}. Give its format: {self._template_fix}, or backend.chat_template = "
-                     "lmnb.get_chat_template('chatml') (or another registered name)", UserWarning)
+        tell_guessed_template(self.on_guessed_template, what, f"{what}. Give its format: {self._template_fix}, or "
+                              "backend.chat_template = lmnb.get_chat_template('chatml') (or another registered name)")
 
     @property
     def chat_template(self) -> ChatTemplate:

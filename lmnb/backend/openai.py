@@ -28,14 +28,13 @@ import weakref
 from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
-    MAX_BATCH_PROMPTS, AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt,
-    aborted_reason, check_utf8,
+    MAX_BATCH_PROMPTS, AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion,
+    GuessedTemplate, Prompt, aborted_reason, check_utf8, tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
-from lmnb.user_site import warn_at_user
 
 # Completion-only models of the official API (SGLang's INSTRUCT_MODEL_NAMES, extended).
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
@@ -140,8 +139,7 @@ class OpenAI(BaseBackend):
         self.is_chat_model = model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         # the generic template chosen because no name matched: said once, when a program's roles use it
-        self._guessed_template = self.chat_template if chat_template is None and self.chat_template.name == "default" else None
-        self._guessed_lock = threading.Lock()  # (once also where a batch's threads meet it together)
+        self._guessed = GuessedTemplate(self.chat_template) if chat_template is None and self.chat_template.name == "default" else None
         # A front end that says the guess in its own words and with its own fixes (%lm connect, a
         # batch job) sets this: called once with what was guessed, instead of the UserWarning
         self.on_guessed_template: Optional[Callable[[str], None]] = None
@@ -296,31 +294,22 @@ class OpenAI(BaseBackend):
         return kw
 
     def _warn_guessed_template(self, prompt: Prompt) -> None:
-        """Warn once when a completion model's prompt has chat roles written in the generic
-        ``default`` format because no template matched the model name (a model trained on another
-        format answers worse, with no other sign of why): a ``UserWarning``, or
-        ``on_guessed_template`` where a front end set it."""
-        if self.is_chat_model or self.chat_template is not self._guessed_template:
+        """Tell once (``tell_guessed_template``) when a completion model's prompt has chat roles
+        written in the generic ``default`` format because no template matched the model name."""
+        if self.is_chat_model or self._guessed is None or not (prompt.messages or prompt.role):
             return
-        if not (prompt.messages or prompt.role):
+        if not self._guessed.take(self.chat_template):
             return
-        with self._guessed_lock:
-            if self._guessed_template is None:  # (another thread said it)
-                return
-            self._guessed_template = None
         what = (f"no chat template is known for the model name {self.model_name!r}, so the program's roles go "
                 "out in the generic 'default' format ('USER:...\\nASSISTANT:'), which the model may not be "
                 "trained on")
-        if self.on_guessed_template is not None:
-            self.on_guessed_template(what)
-            return
-        warn_at_user(
+        tell_guessed_template(
+            self.on_guessed_template, what,
             f"lmnb.OpenAI({self.model_name!r}, is_chat_model=False): {what}. Give its format: OpenAI(..., "
             "chat_template=lmnb.get_chat_template('chatml')) (or another registered name); or, on an lmnb serve "
             "or SGLang server, connect to its root URL (no /v1) with lmnb.RuntimeEndpoint(URL), which uses the "
             "model's own template; or use it as a chat model (leave out is_chat_model=False), so the server "
-            "applies its template",
-            UserWarning)
+            "applies its template")
 
     def _prompt_kwargs(self, prompt: Prompt) -> dict:
         if not self.is_chat_model:
