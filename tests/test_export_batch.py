@@ -919,6 +919,49 @@ def test_with_several_threads_each_rows_stderr_comes_out_together_and_a_rows_las
         assert all(lines[k].split()[0] == lines[k + 1].split()[0] for k in range(0, 16, 2)), lines
 
 
+def terminal_lines(text: str) -> list[str]:
+    """The lines a terminal shows for ``text``: a carriage return goes back to the line's start,
+    and what is written then overwrites what was there (trailing spaces left out)."""
+    lines = []
+    for raw in text.split("\n"):
+        line = ""
+        for part in raw.split("\r"):
+            line = part + line[len(part):]
+        lines.append(line.rstrip())
+    return lines
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_a_rows_printed_lines_are_on_lines_of_their_own_above_the_progress_bar(tmp_path, monkeypatch, threads):
+    """On a terminal (stdout and stderr one tty), a row's print ran into the progress bar's line:
+    "out.jsonl:   0%|...| 0/3 [00:00<?, ?row/s]row says q0". Each printed line is now on a line of
+    its own (the bar cleared and drawn again below, as tqdm.write does), a line printed in two
+    pieces is one line, and one left unended is ended with its row."""
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    def printing_row(question):
+        print("row says", question)
+        print("then", end="")
+        print(" more", question)
+        print("unended", question, end="")
+
+    tty = Terminal()
+    monkeypatch.setattr(sys, "stdout", tty)
+    monkeypatch.setattr(sys, "stderr", tty)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    job = Job("printing", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                              "--num-threads", threads])
+    assert job.run(printing_row, programs=[], backend=ScriptedBackend(reply)) == 0
+    lines = terminal_lines(tty.getvalue())
+    for i in range(3):
+        assert {f"row says q{i}", f"then more q{i}", f"unended q{i}"} <= set(lines), lines
+    bars = [line for line in lines if line.startswith("out.jsonl: ")]
+    assert bars and bars[-1].startswith("out.jsonl: 100%|") and bars[-1].endswith("row/s]"), lines  # (the bar stays)
+
+
 def test_an_output_that_is_no_regular_file_is_refused_with_the_fix(tmp_path, capsys):
     """`--output /dev/stdout | jq` waited forever reading the pipe back; /dev/null took every row
     and kept none; a folder was a bare '[Errno 21] Is a directory'."""

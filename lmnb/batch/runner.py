@@ -248,15 +248,21 @@ class RowRunner:
         start = time.perf_counter()
         pool = ThreadPoolExecutor(self.args.num_threads, thread_name_prefix="lmnb-row")
         inflight: set = set()
-        streams = sys.stdout, sys.stderr = RowOutput(sys.stdout), RowOutput(sys.stderr)
-        if self.args.num_threads > 1:  # (one row at a time: its prints go out as they come)
-            self.outputs = streams
+        shown = None if bar.disable else bar  # (one row at a time without it: its prints go out as they come)
+        group = self.args.num_threads > 1
+        streams = sys.stdout, sys.stderr = RowOutput(sys.stdout, shown, group), RowOutput(sys.stderr, shown, group)
+        self.outputs = streams
         with _StopOnSignals(self):  # (until the pool is shut down: a Ctrl-C is counted, never raised)
             try:
                 self._run_pool(pool, pending, inflight, window, bar)
             finally:
                 sys.stdout, sys.stderr = (out.target for out in streams)
                 self.outputs = ()
+                try:
+                    for out in streams:  # (a line left unended by a thread a row started)
+                        out.close()
+                except BrokenPipeError:
+                    self.pipe_closed = True
             bar.close()
             self.seconds = time.perf_counter() - start
             pool.shutdown(wait=not inflight, cancel_futures=True)
@@ -476,40 +482,68 @@ def _the_rows(n: int) -> str:
 
 class RowOutput:
     """``sys.stdout`` (or ``sys.stderr``) while rows run. It writes a lone surrogate, which no
-    stream can encode, as U+FFFD. On several threads (``begin`` / ``end`` around each row), what a
-    row's thread prints is kept and written in one piece when the row ends, so the lines of rows running
-    together do not interleave (nor do the pieces of one ``print``: its text and its newline are
-    two writes). GNU parallel groups its jobs' output the same way by default. A row's piece ends
-    its last line, so the next row's starts on a line of its own. Other threads (the main one, and
-    threads a row starts itself) write through.
+    stream can encode, as U+FFFD. On several threads (``group``; ``begin`` / ``end`` around each
+    row), what a row's thread prints is kept and written in one piece when the row ends, so the
+    lines of rows running together do not interleave (nor do the pieces of one ``print``: its text
+    and its newline are two writes). GNU parallel groups its jobs' output the same way by default. A
+    row's piece ends its last line, so the next row's starts on a line of its own. Other threads
+    (the main one, and threads a row starts itself) write through.
+
+    With the progress ``bar`` shown, text goes out in whole lines, each written as ``tqdm.write``
+    writes: the bar is cleared first and drawn again below, where a print ran into the bar's line
+    on a terminal ("out.jsonl:   0%|...| 0/3 [...]row says x0"). A line not yet ended waits for
+    its newline, or for the row's end (``end``), which ends it.
 
     Attributes:
         target: the stream rows' output goes to (the ``sys.stdout`` this replaced).
     """
 
-    def __init__(self, target):
+    def __init__(self, target, bar=None, group: bool = False):
         self.target = target
+        self.bar = bar  # the tqdm bar on the terminal, or None (--no-progress)
+        self.group = group
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._pending: dict[int, str] = {}  # thread id → its line not yet ended (with a bar)
 
     def begin(self) -> None:
-        """Start keeping what this thread prints (call at a row's start)."""
-        self._local.buffer = io.StringIO()
+        """Start keeping what this thread prints, if ``group`` (call at a row's start)."""
+        if self.group:
+            self._local.buffer = io.StringIO()
 
     def end(self) -> None:
-        """Write what this thread printed since ``begin``, in one piece.
+        """Write what this thread printed since ``begin`` in one piece, or its line not yet ended,
+        ending its last line (call at a row's end).
 
         Raises:
             BrokenPipeError: stdout is a pipe its reader closed.
         """
         buffer = self._local.__dict__.pop("buffer", None)
-        text = buffer.getvalue() if buffer is not None else ""
-        if text and not text.endswith("\n"):
+        with self._lock:
+            text = self._pending.pop(threading.get_ident(), "")
+        self._put(buffer.getvalue() if buffer is not None else text)
+
+    def close(self) -> None:
+        """Write the lines threads left unended (after the rows ran)."""
+        with self._lock:
+            texts, self._pending = list(self._pending.values()), {}
+        for text in texts:
+            self._put(text)
+
+    def _put(self, text: str) -> None:
+        """Write ``text``, its last line ended, in one piece (above the bar)."""
+        if not text:
+            return
+        if not text.endswith("\n"):
             text += "\n"
-        if text:
+        if self.bar is None:
             with self._lock:
                 self.target.write(text)
                 self.target.flush()
+            return
+        with self.bar.external_write_mode(file=self.bar.fp):  # (tqdm's lock: the bar is not drawn meanwhile)
+            self.target.write(text)
+            self.target.flush()
 
     def write(self, text: str) -> int:
         # A lone surrogate (print("\\ud800")) no stream can encode failed the row that printed it;
@@ -518,6 +552,14 @@ class RowOutput:
         buffer = getattr(self._local, "buffer", None)
         if buffer is not None:
             return buffer.write(text)
+        if self.bar is not None:
+            with self._lock:
+                lines, newline, rest = (self._pending.pop(threading.get_ident(), "") + text).rpartition("\n")
+                if rest:
+                    self._pending[threading.get_ident()] = rest
+            if newline:
+                self._put(lines + newline)
+            return len(text)
         with self._lock:
             return self.target.write(text)
 
