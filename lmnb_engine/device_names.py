@@ -11,6 +11,9 @@ from lmnb_engine.suggest import close_match, did_you_mean
 # torch.device's grammar (c10's Device.cpp): a type, then ":N" with no leading zero
 DEVICE = re.compile(r"([a-zA-Z_]+)(?::(0|[1-9][0-9]*))?")
 DEVICE_TYPES = ("cuda", "cpu")
+# torch keeps a device's number as a c10::DeviceIndex, an int8_t: past 127 it reads another device
+# (cuda:256 is cuda:0, cuda:255 the current one, cuda:128 cuda:-128) or none (past 2**31 - 1)
+MAX_INDEX = 127
 # device types torch knows that the engine does not run on (worded "not supported", not "unknown")
 TORCH_ONLY_TYPES = frozenset((
     "mps", "meta", "xpu", "xla", "hip", "ipu", "hpu", "mtia", "maia", "lazy", "vulkan", "ve", "fpga", "ideep",
@@ -22,27 +25,39 @@ DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16"
 
 
 def check_device(device: str) -> str:
-    """``device`` (``cuda``, ``cuda:N``, ``cpu`` or ``cpu:N``) as given; whether CUDA is there is
-    for torch to tell (``model_loader``).
+    """``device`` (``cuda``, ``cuda:N``, ``cpu`` or ``cpu:N``, N from 0 to ``MAX_INDEX``) as given;
+    whether CUDA and its device N are there is for torch to tell (``model_loader``).
 
     Raises:
         ValueError: a name torch does not read (with the closest device type, ``cdua`` → ``cuda``),
-            or a torch device the engine does not run on (``mps``, ``meta``).
+            a number past ``MAX_INDEX``, which torch reads as another device or not at all, or a
+            torch device the engine does not run on (``mps``, ``meta``).
     """
     m = DEVICE.fullmatch(device)
     if m is not None and m[1] in DEVICE_TYPES:
+        if m[2] is not None and _past_max(m[2]):
+            listed = " (nvidia-smi lists the CUDA devices)" if m[1] == "cuda" else ""
+            raise ValueError(f"device {device!r}: its number is past {MAX_INDEX}, the largest torch reads as itself "
+                             f"(it reads cuda:256 as cuda:0); give the device's number, 0, 1, ...{listed}")
         return device
     if m is not None and m[1] in TORCH_ONLY_TYPES:
         raise ValueError(f"device {device!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")
     kind, colon, index = device.partition(":")
     known = kind if kind in DEVICE_TYPES else close_match(kind, DEVICE_TYPES)  # (cdua:1 → 'cuda:1')
     number = index.strip().lstrip("+")  # (cuda:01, cuda: 1, cuda:+1: torch reads none, but 1 is meant)
-    if colon and not (number.isascii() and number.isdecimal()):  # (cuda:-1, cuda:1:2)
+    if colon and not (number.isascii() and number.isdecimal() and not _past_max(number)):  # (cuda:-1, cuda:1:2)
         hint = f"; did you mean '{known}:N'?" if known else ""
         hint += " N is the device's number, 0, 1, ..."
     else:
         hint = f"; did you mean {known + colon + (str(int(number)) if colon else '')!r}?" if known else ""
     raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'{hint}")
+
+
+def _past_max(number: str) -> bool:
+    """Whether the decimal digits ``number`` are a number past ``MAX_INDEX`` (read without ``int``
+    where they are many: Python refuses to read more than 4300 digits)."""
+    digits = number.lstrip("0")
+    return len(digits) > len(str(MAX_INDEX)) or int(digits or "0") > MAX_INDEX
 
 
 def dtype_name(dtype: str) -> str:

@@ -448,6 +448,9 @@ def test_a_parameters_options_are_read_before_the_cells_above_the_parameters_cel
     (None, ["--backend", "ftp://x"], "ValueError: --backend 'ftp://x' is neither 'engine' nor an http(s) URL"),
     (None, ["--device", "cdua"], "ValueError: unknown device 'cdua'; use 'cuda', 'cuda:N' or 'cpu'; did you mean 'cuda'?"),
     (None, ["--device", "mps"], "ValueError: device 'mps' is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'"),
+    (None, ["--device", "cuda:99999999999999999999"], "ValueError: device 'cuda:99999999999999999999': its number is "
+     "past 127, the largest torch reads as itself (it reads cuda:256 as cuda:0); give the device's number, 0, 1, ... "
+     "(nvidia-smi lists the CUDA devices)"),
     (None, ["--dtype", "flaot16"], "ValueError: unsupported dtype 'flaot16'; use float32, bfloat16 or float16; did you "
                                    "mean 'float16'?")])
 def test_a_backend_that_cannot_start_is_refused_before_any_cell_runs(tmp_path, model, options, said):

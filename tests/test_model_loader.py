@@ -589,28 +589,55 @@ def test_a_tied_config_with_a_different_stored_head_keeps_both_as_transformers_d
 
 
 @pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0", "cuda:12", "cpu:1", "cuda:01", "cuda:-1", "cuda:", " cuda",
-                                  "CUDA", "cuda:0:1", "cdua", "mps", "meta", "xla:0", "tpu", ""])
+                                  "CUDA", "cuda:0:1", "cdua", "mps", "meta", "xla:0", "tpu", "", "cuda:127", "cuda:128",
+                                  "cuda:255", "cuda:256", "cpu:256", "cuda:2147483648", "cuda:99999999999999999999"])
 def test_the_torch_free_device_check_takes_the_names_torch_reads_as_cuda_or_cpu(name):
     """device_names.check_device (an exported job's check before its cells run, without torch) is
-    the rule the loader applies: it takes a name exactly where torch.device reads it as a cuda or
-    cpu device, and calls 'not supported' exactly the other device types torch reads."""
+    the rule the loader applies: it takes a name exactly where torch.device reads it as that cuda or
+    cpu device (not cuda:256 as cuda:0), and calls 'not supported' exactly the other device types
+    torch reads."""
     from lmnb_engine.device_names import check_device
 
     try:
-        kind = torch.device(name).type
+        read = torch.device(name)
     except (RuntimeError, TypeError):
-        kind = None
-    if kind in ("cuda", "cpu"):
+        read = None
+    if read is not None and read.type in ("cuda", "cpu") and str(read) == name:
         assert check_device(name) == name
     else:
-        with pytest.raises(ValueError, match="is not supported" if kind else "unknown device"):
+        other = read is not None and read.type not in ("cuda", "cpu")
+        with pytest.raises(ValueError, match="is not supported" if other else "unknown device|its number is past 127"):
             check_device(name)
+
+
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+@pytest.mark.parametrize("number", ["128", "255", "256", "2147483648", "99999999999999999999", "9" * 5000],
+                         ids=lambda n: n if len(n) < 30 else f"{len(n)}-digits")
+def test_a_device_number_torch_does_not_read_as_itself_is_refused_saying_the_largest(kind, number):
+    """--device cuda:99999999999999999999 passed a job's early check and failed only as the backend
+    started, after the set-up cells ran (torch: "Could not parse device index"), and cuda:256 ran
+    on cuda:0 (torch keeps a device's number in 8 bits). Each number torch does not read as itself,
+    or at all, is refused, naming the largest it does (127, which it reads) and the fix."""
+    from lmnb_engine.device_names import check_device
+
+    assert check_device(f"{kind}:127") == str(torch.device(f"{kind}:127"))
+    name = f"{kind}:{number}"
+    try:
+        assert str(torch.device(name)) != name
+    except RuntimeError:
+        pass  # (refused: past 2**31 - 1)
+    listed = " (nvidia-smi lists the CUDA devices)" if kind == "cuda" else ""
+    with pytest.raises(ValueError) as refused:
+        check_device(name)
+    assert str(refused.value) == (f"device {name!r}: its number is past 127, the largest torch reads as itself (it "
+                                  f"reads cuda:256 as cuda:0); give the device's number, 0, 1, ...{listed}")
 
 
 @pytest.mark.parametrize("name, hint", [
     ("cuda:01", "; did you mean 'cuda:1'?"), ("cuda: 1", "; did you mean 'cuda:1'?"), ("cpu:+0", "; did you mean 'cpu:0'?"),
     ("cuda:-1", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."), ("cdua:01", "; did you mean 'cuda:1'?"),
     ("cuda:1:2", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."), ("xyz:-1", " N is the device's number, 0, 1, ..."),
+    ("cuda:0256", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."),
 ])
 def test_a_device_whose_number_torch_does_not_read_is_offered_the_number_not_itself(name, hint):
     """--device cuda:01 (cuda: 1, cuda:-1) was told "did you mean 'cuda:01'?", the name given, as the
