@@ -3302,6 +3302,79 @@ def test_logprob_bytes_of_an_added_token_are_the_bytes_its_decode_reads(tiny_lla
     assert _chat_logprobs(engine, [TokenLogprob(cafe, -1.0)])["content"][0]["token"] == "bytes:caf\\xe9"
 
 
+def test_echoed_prompt_tokens_and_offsets_index_the_prompt_as_given(tiny_llama):
+    """``echo`` returns the prompt as given, but its logprob tokens and ``text_offset`` followed the
+    decoder, which does not read every prompt back: "<s>hi there" (a special token written in the
+    prompt) decodes to "hi there" without special tokens, so each offset was 3 short; "café" added
+    to a byte-level BPE was the token ``bytes:caf\\xe9`` (its decoder reads c a f E9), and "Ã©"
+    added reads C3 A9, "é", one character where the prompt has two, so the offsets after it were one
+    short. Now the prompt's tokens are the characters each stands for in the prompt (the
+    tokenizer's offsets), byte tokens of one character still ``bytes:``. Checked by hand and
+    against the reply's text: the tokens' bytes join into it and each offset is where its token is."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    from lmnb_engine.http_server.openai_api import _choice_logprobs
+    from lmnb_engine.outputs import TokenLogprob
+    from lmnb_engine.testing.byte_fallback import byte_fallback_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))  # (its own: add_tokens changes it)
+    tok.add_tokens(["café", "Ã©"])
+    engine = types.SimpleNamespace(tokenizer=tok, decode=tok.decode)
+    req = types.SimpleNamespace(echo=True, logprobs=1)
+    after = tok.encode(" ok")  # the completion: " ok", after the prompt
+    cases = {
+        "<s>hi there": (["<s>", "h", "i", " th", "ere"], [0, 3, 4, 5, 8]),
+        "café ok": (["café", " ", "o", "k"], [0, 4, 5, 6]),
+        "Ã© ok": (["Ã©", " ", "o", "k"], [0, 2, 3, 4]),
+        "ok café é": (["o", "k", " ", "café", " ", "bytes:\\xc3", "bytes:\\xa9"], [0, 1, 2, 3, 7, 8, 8]),
+    }
+    for prompt, (tokens, offsets) in cases.items():
+        ids = tok.encode(prompt)
+        assert tok.decode(ids, skip_special_tokens=True) != prompt  # (the decoder does not read it back)
+        result = types.SimpleNamespace(
+            prompt_logprobs=[None] + [TokenLogprob(i, -1.0, ((i, -1.0),)) for i in ids[1:]],
+            logprobs=[TokenLogprob(i, -2.0, ((i, -2.0),)) for i in after])
+        lp = _choice_logprobs(engine, req, result, prompt, ids)
+        text = prompt + " ok"  # the reply's text: the prompt as given, then the completion's
+        assert lp["tokens"] == tokens + [" ", "o", "k"]
+        assert lp["text_offset"] == offsets + [len(prompt) + k for k in range(3)]
+        assert b"".join(_token_bytes(t) for t in lp["tokens"]) == text.encode()
+        for t, at in zip(lp["tokens"], lp["text_offset"]):
+            assert text.startswith(t, at) or t.startswith("bytes:")
+        # the token itself is keyed in its top_logprobs as it is written
+        assert lp["top_logprobs"] == [None] + [{t: -1.0} for t in tokens[1:]] + [{t: -2.0} for t in " ok"]
+        assert lp["token_logprobs"] == [None] + [-1.0] * (len(ids) - 1) + [-2.0] * 3
+    # GPT-2's ByteLevel post-processor trims the offsets of spaces (a space token has none), and
+    # Llama 2's normalizer prepends a "▁" to each part around "<s>", whose token's offsets hold the
+    # space there too; byte tokens share their character
+    trims = AutoTokenizer.from_pretrained(str(tiny_llama))
+    trims.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)
+    llama2 = byte_fallback_tokenizer()
+    cases = [
+        (trims, "<s>The river  runs ", (["<s>", "Th", "e", " river", " ", " ", "r", "u", "n", "s", " "],
+                                        [0, 3, 5, 6, 12, 13, 14, 15, 16, 17, 18])),
+        (llama2, " ok<s> a", ([" ", "ok", "<s>", " ", "a"], [0, 1, 3, 6, 7])),
+        (llama2, "<s>ok é 中 a", (["<s>", "ok", " ", "é", " ", "bytes:\\xe4", "bytes:\\xb8", "bytes:\\xad", " a"],
+                                 [0, 3, 5, 6, 7, 8, 8, 8, 9])),
+    ]
+    for tok, prompt, (tokens, offsets) in cases:
+        engine = types.SimpleNamespace(tokenizer=tok, decode=tok.decode)
+        ids = tok.encode(prompt)
+        assert tok.decode(ids, skip_special_tokens=True) != prompt
+        result = types.SimpleNamespace(prompt_logprobs=[None] + [TokenLogprob(i, -1.0, ()) for i in ids[1:]], logprobs=[])
+        lp = _choice_logprobs(engine, req, result, prompt, ids)
+        assert (lp["tokens"], lp["text_offset"]) == (tokens, offsets)
+        assert b"".join(_token_bytes(t) for t in tokens) == prompt.encode()
+
+
+def _token_bytes(token: str) -> bytes:
+    """The bytes an OpenAI logprob token stands for (``bytes:`` escapes those of partial characters)."""
+    if not token.startswith("bytes:"):
+        return token.encode()
+    return token[6:].encode("latin-1").decode("unicode_escape").encode("latin-1")
+
+
 @pytest.mark.parametrize("path, body, param, shown", [
     ("/generate", {"input_ids": [[1]] * 129, "sampling_params": {"n": 128, "max_new_tokens": 1}},
      "input_ids", "16512 samples (129 prompts at n=128)"),

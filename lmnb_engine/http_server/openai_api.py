@@ -59,6 +59,7 @@ from lmnb_engine.http_server.app import (
     rid_clash,
     sse,
 )
+from lmnb_engine.http_server.echo import echoed_prompt
 from lmnb_engine.http_server.protocol import (
     ABORTED_BY_SHUTDOWN,
     RequestError,
@@ -575,8 +576,8 @@ def _completion_top(engine: Any, lp: Any, token: str, value: Optional[float]) ->
     ``<0x41>`` and ``A``): the more likely one's logprob is kept (``lp.top`` is most likely first),
     where a less likely token of the same text overwrote it."""
     top: dict = {}
-    for t, v in lp.top or ():
-        top.setdefault(token_text(engine, t), finite(v))
+    for t, v in lp.top or ():  # (the token itself as ``token`` writes it: an echoed prompt's own text)
+        top.setdefault(token if t == lp.token_id else token_text(engine, t), finite(v))
     top.setdefault(token, value)  # (a top token of the same text already holds its place)
     return top
 
@@ -584,10 +585,19 @@ def _completion_top(engine: Any, lp: Any, token: str, value: Optional[float]) ->
 def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, prompt_ids: list) -> Optional[dict]:
     """A completion choice's ``logprobs`` (None unless asked for): with ``echo``, the prompt's
     tokens first and offsets from 0; else offsets after ``prompt_text``. It decodes each token
-    (and twice more for its offset), so routes call it on a worker thread, off the event loop."""
+    (and twice more for its offset), so routes call it on a worker thread, off the event loop.
+    The echoed prompt's tokens and offsets are read from ``prompt_text`` where the decoder does not
+    read its tokens back to it (``echo.echoed_prompt``), as the reply's text begins with it."""
     if req.logprobs is None:
         return None
     head = list(result.prompt_logprobs or []) if req.echo else []
+    echoed = echoed_prompt(engine, prompt_text, prompt_ids) if head and len(head) == len(prompt_ids) else None
+    if echoed is not None:
+        rest = CompletionLogprobs(engine, len(prompt_text), None, prompt_ids).add(list(result.logprobs or []))
+        values = [None if lp is None else finite(lp.logprob) for lp in head]
+        tops = [None if lp is None else _completion_top(engine, lp, t, v) for lp, t, v in zip(head, echoed[0], values)]
+        return {"tokens": echoed[0] + rest["tokens"], "token_logprobs": values + rest["token_logprobs"],
+                "top_logprobs": tops + rest["top_logprobs"], "text_offset": echoed[1] + rest["text_offset"]}
     return CompletionLogprobs(engine, 0 if req.echo else len(prompt_text), prompt_ids[0] if prompt_ids else None,
                               () if req.echo else prompt_ids).add(head + list(result.logprobs or []))
 
