@@ -22,6 +22,7 @@ from lmnb_engine import is_demo_name
 from lmnb_engine import tokenizer as tok
 from lmnb_engine.checkpoint_path import DEMO_MODEL_PATH, local_checkpoint, looked_in
 from lmnb_engine.cli_options import option_error
+from lmnb_engine.cuda_presence import missing_cuda, no_cuda_error
 from lmnb_engine.device_names import check_device, dtype_name
 from lmnb_engine.model_config import MULTIMODAL_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
 from lmnb_engine.models.presets import PRESETS, preset_hf_config
@@ -142,8 +143,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(check_device(str(device)))  # (a torch.device as its name: one rule, device_names)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise option_error(ValueError, f"device {str(device)!r} asked for, but torch sees no CUDA device",
-                           ("use {}", "device", "cpu"))
+        raise no_cuda_error(str(device), missing_cuda() or "torch sees no CUDA device")
     return dev
 
 

@@ -68,6 +68,18 @@ class ManualRunner:
         return outs, logits
 
 
+def no_gpu(monkeypatch) -> None:
+    """Make torch, in this process, a CUDA build with the NVIDIA driver but no GPU, whatever this
+    machine has: a cuda device is then refused as torch tells it ("torch sees no CUDA device"), with
+    nothing for ``lmnb_engine.cuda_presence.missing_cuda`` to tell."""
+    import lmnb_engine.cuda_presence as presence
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(presence, "DRIVER_LIBRARY", None)  # (not looked for, as off Linux)
+
+
 def hf_model(path):
     """The transformers reference model of a checkpoint, float32, eval mode."""
     import transformers

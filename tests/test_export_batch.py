@@ -477,6 +477,38 @@ def test_a_backend_that_cannot_start_is_refused_before_any_cell_runs(tmp_path, m
     assert not (tmp_path / "ran.txt").exists()
 
 
+@pytest.mark.parametrize("build, driver", [(None, None), ("12.4", "no-such-libcuda.so.1")])
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_on_a_machine_without_cuda_is_refused_before_any_cell_runs(tmp_path, build, driver, device):
+    """--device cuda on a machine without CUDA (a CPU build of torch, or a CUDA build without the
+    NVIDIA driver) was found only as the engine started, after every set-up cell ran; the job now
+    says why before any cell runs (exit 2), told without starting CUDA, which a set-up cell's
+    CUDA_VISIBLE_DEVICES still chooses. The job runs under a wrapper that makes torch such a build,
+    whatever this machine's is."""
+    import subprocess
+
+    import torch
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    cells = ['open("ran.txt", "w").close()', 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"]
+    (tmp_path / "job.py").write_text(export_notebook(notebook(*cells), "nb.ipynb", "job.py")[0])
+    (tmp_path / "rows.jsonl").write_text('{"q": "x"}\n')
+    wrapper = ("import runpy, sys, torch, lmnb_engine.cuda_presence as p\n"
+               f"torch.version.cuda, torch.version.hip, p.DRIVER_LIBRARY = {build!r}, None, {driver!r}\n"
+               "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", wrapper, "job.py", "--input", "rows.jsonl", "--output", "out.jsonl",
+                           "--device", device], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    why = (f"torch {torch.__version__} is a CPU build (torch.version.cuda is None)" if build is None
+           else f"no NVIDIA driver is installed ({driver} is not found)")
+    fix = "run on a machine with an NVIDIA GPU" + (" and a CUDA build of torch" if build is None else "")
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2, f"lmnb batch: could not start the backend (engine): ValueError: device {device!r} asked for, but {why}; "
+           f"use --device cpu, or {fix}")
+    assert not (tmp_path / "ran.txt").exists()
+
+
 @pytest.mark.parametrize("before", [None, ""])
 def test_a_job_whose_backend_fails_after_the_cells_leaves_no_results_file_it_made(tmp_path, before):
     """A backend that fails only as it loads (a checkpoint whose config.json is no JSON: the
@@ -2069,15 +2101,16 @@ def test_a_model_from_lmnb_model_that_cannot_load_is_named_as_coming_from_it(tmp
 
 def test_a_device_that_is_not_there_names_the_jobs_option_to_give(tmp_path, capsys, monkeypatch):
     """A job run with --device cuda without CUDA said "use device='cpu'", the Python API's words."""
-    import torch
+    from helpers_model import no_gpu
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu(monkeypatch)
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
     job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
                                       "--device", "cuda"])
     assert job.run(run_row, programs=[echo]) == 2
     assert capsys.readouterr().err.endswith(
-        "ValueError: device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n")
+        "ValueError: device 'cuda' asked for, but torch sees no CUDA device; use --device cpu, or run on a machine "
+        "with an NVIDIA GPU\n")
 
 
 def _job_failure(tmp_path, capsys, *options) -> str:

@@ -398,12 +398,13 @@ def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(
 
 def test_a_load_on_a_device_that_is_not_there_names_the_option_to_give(ip, tiny_llama, monkeypatch):
     """%lm load --device cuda without CUDA said "use device='cpu'", the Python API's words."""
-    import torch
+    from helpers_model import no_gpu
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu(monkeypatch)
     result, out = run(ip, f"%lm load {tiny_llama} --device cuda")
     assert not result.success
-    assert "device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n" in out.stdout + out.stderr
+    assert ("device 'cuda' asked for, but torch sees no CUDA device; use --device cpu, or run on a machine with an "
+            "NVIDIA GPU\n") in out.stdout + out.stderr
 
 
 def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -303,6 +304,35 @@ def test_unknown_device_names_the_choices(tiny_llama):
     for device in ("meta", "mps"):  # real torch devices this engine does not run on
         with pytest.raises(ValueError, match=f"device '{device}' is not supported: lmnb_engine runs on 'cuda'"):
             load_model(tiny_llama, device=device)
+
+
+@pytest.mark.parametrize("cuda, hip, driver, why", [
+    (None, None, "libc.so.6", f"torch {torch.__version__} is a CPU build (torch.version.cuda is None)"),
+    ("12.4", None, "no-such-libcuda.so.1", "no NVIDIA driver is installed (no-such-libcuda.so.1 is not found)"),
+    ("12.4", None, "libc.so.6", None),  # (a library that loads: the driver is there)
+    ("12.4", None, None, None),  # (off Linux: torch tells)
+    (None, "6.2", "no-such-libcuda.so.1", None),  # (ROCm: torch.cuda runs on it; no NVIDIA driver needed)
+])
+def test_a_machine_without_cuda_is_told_without_starting_cuda(tiny_llama, monkeypatch, cuda, hip, driver, why):
+    """cuda_presence.missing_cuda says why torch cannot use CUDA where that is sure from torch's
+    build and the NVIDIA driver's library (an exported job asks before its set-up cells, which may
+    set CUDA_VISIBLE_DEVICES: CUDA is not started), else None; load_model's refusal of a cuda device
+    says the same, where it said "torch sees no CUDA device" for a CPU build of torch too."""
+    import lmnb_engine.cuda_presence as presence
+
+    if driver == "libc.so.6" and not sys.platform.startswith("linux"):
+        pytest.skip("libc.so.6 is Linux's C library")
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(presence, "DRIVER_LIBRARY", driver)
+    assert presence.missing_cuda() == why
+    assert not torch.cuda.is_initialized()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fix = "run on a machine with an NVIDIA GPU" + (" and a CUDA build of torch" if cuda is hip is None else "")
+    with pytest.raises(ValueError) as refused:
+        load_model(tiny_llama, device="cuda:0")
+    assert str(refused.value) == (f"device 'cuda:0' asked for, but {why or 'torch sees no CUDA device'}; use "
+                                  f"device='cpu', or {fix}")
 
 
 def test_a_sliding_window_caps_the_context_only_where_a_layer_is_windowed(tiny_checkpoint_factory):

@@ -361,16 +361,15 @@ def test_lmnb_serve_on_a_device_that_is_not_there_names_the_option_to_give(tiny_
     """lmnb serve --device cuda without CUDA said "use device='cpu'", the Python API's words."""
     import argparse
 
-    import torch
-
+    from helpers_model import no_gpu
     from lmnb_engine.http_server import serve, serve_arguments
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu(monkeypatch)
     parser = argparse.ArgumentParser()
     serve_arguments(parser)
     assert serve(parser.parse_args(["--port", "0", "--model", str(tiny_llama), "--device", "cuda"])) == 2
     assert capsys.readouterr().err == ("lmnb serve: device 'cuda' asked for, but torch sees no CUDA device; "
-                                       "use --device cpu\n")
+                                       "use --device cpu, or run on a machine with an NVIDIA GPU\n")
 
 
 def _serve_failure(capsys, *options) -> str:

@@ -280,9 +280,11 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
 
 def check_backend_options(args: argparse.Namespace) -> None:
     """Refuse backend options that do not fit together (``make_backend`` starts none of them), an
-    unknown ``--chat-template`` (with the closest name), and an engine ``--device`` or ``--dtype``
-    the engine does not take (``lmnb_engine.device_names``), with no backend started: an exported
-    job checks them before any notebook cell runs.
+    unknown ``--chat-template`` (with the closest name), an engine ``--device`` or ``--dtype``
+    the engine does not take (``lmnb_engine.device_names``), and a cuda ``--device`` on a machine
+    that certainly has no CUDA (``lmnb_engine.cuda_presence``: a CPU build of torch, no NVIDIA
+    driver; this imports torch, as the engine does), with no backend started: an exported job checks
+    them before any notebook cell runs.
 
     Raises:
         ValueError: what does not fit, and what to give instead.
@@ -303,8 +305,12 @@ def check_backend_options(args: argparse.Namespace) -> None:
         if args.device is not None or args.dtype is not None:
             from lmnb_engine.device_names import check_device, dtype_name  # (no torch; the engine's own rule)
 
-            if args.device is not None:
-                check_device(args.device)
+            if args.device is not None and check_device(args.device).startswith("cuda"):
+                from lmnb_engine.cuda_presence import missing_cuda, no_cuda_error  # (torch, which the engine imports)
+
+                reason = missing_cuda()
+                if reason is not None:
+                    raise no_cuda_error(args.device, reason)
             if args.dtype is not None:
                 dtype_name(args.dtype)
         return
