@@ -18,6 +18,7 @@ module does not import ``stop_matcher``, which imports it.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, NamedTuple
 
@@ -203,5 +204,21 @@ class EndReadingChecks:
             TimeoutError: a match ran past ``_budget()`` seconds.
         """
         budget = self._budget()
-        return any((x := rx.match(text, p, end, partial=True, timeout=budget)) is not None and x.partial
+        # (a partial match from the end of the text searched is partial to the regex package
+        # whatever X's lookbehinds read there: "(?<=a)\w" from the end of "ab". From one character
+        # earlier, that character consumed first, they are read: a\w*(?!(?<=a)\w) on "bab" met
+        # "ab" only once one more character came)
+        return any((x := (_after_one(rx.pattern).match(text, p - 1, end, partial=True, timeout=budget) if p == end > 0
+                          else rx.match(text, p, end, partial=True, timeout=budget))) is not None and x.partial
                    for i, rx in enumerate(lookaheads) for p in f.starts(f"{LOOKAHEAD_MARK}{i}"))
+
+
+@functools.lru_cache(maxsize=256)
+def _after_one(pattern: str) -> Any:
+    """``pattern`` (a negative lookahead's X, compiled by ``end_reading``) after one character of
+    any kind, its global flags kept first: matched from one character before where X stood."""
+    import regex
+
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    return regex.compile(f"{lead}[\\s\\S](?:{pattern[len(lead):]})")

@@ -192,6 +192,31 @@ def test_an_unbounded_stop_regex_reading_the_texts_end_stops_at_the_earliest_sta
             assert_stream_stops_at([], regexes, text, pieces, ended, first_regex_stop_by_definition(regexes, text, "abxc \n", ended))
 
 
+def test_a_negative_lookahead_opening_with_a_lookbehind_is_settled_by_the_text_it_reads():
+    """a\\w*(?!(?<=a)\\w) on "b\\n  bab": the match "ab" from 5 reads no "a" before the text's end,
+    so (?<=a) fails and the lookahead holds whatever comes: a stop once "b" comes, where a check
+    after each character (the brute-force reference) meets it. It was met only where the output
+    ended or one more character came (the regex package's partial match from the text's end says
+    partial without reading the lookbehind: "(?<=a)\\w" from the end of "ab"). Whatever the tokens,
+    for it and random texts of patterns with such lookaheads."""
+    pattern, pieces = r"a\w*(?!(?<=a)\w)", ["b\n  ba", "b"]
+    text = "".join(pieces)
+    assert first_regex_stop_by_definition([pattern], text) == (5, "ab")
+    assert_stream_stops_at([], [pattern], text, pieces, False, (5, "ab"))
+    # (so too a shorter match from the same start was taken for the final one: "b", not "ba", of
+    # [ab]+(?!(?<=b) ) on "xba", where the regex package's match from 1 is "ba")
+    assert first_regex_stop_by_definition([r"[ab]+(?!(?<=b) )"], "xba") == (1, "ba")
+    assert_stream_stops_at([], [r"[ab]+(?!(?<=b) )"], "xba", ["x", "b", "a"], False, (1, "ba"))
+    patterns = [r"a\w*(?!(?<=a)\w)", r"b[ab]*(?!(?<!a) )", r"x(?!(?<=x)a)", r"[ab]+(?!(?<=b)a)|x"]
+    rng = random.Random(32)
+    for _ in range(300):
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text, pieces = random_output(rng, "abx \n")
+        for ended in (False, True):
+            assert_stream_stops_at([], regexes, text, pieces, ended,
+                                   first_regex_stop_by_definition(regexes, text, "abx \n", ended))
+
+
 def test_a_lookahead_reading_to_the_texts_end_is_settled_as_language_md_says():
     """docs/language.md's stop_regex rules for a lookahead that reads to the text's end, worked by
     hand. a(?=[ab]*(?!b)): its "a" is a match whatever follows ([ab]* takes every "b"), but the
