@@ -358,8 +358,9 @@ def test_a_bounded_verbose_stop_regex_stops_where_its_non_verbose_twin_does():
     parser reads (?x) as the regex package does, but for a space other than " \\t\\n\\r\\v\\f" (the
     regex package skips "\\xa0", Python's parser keeps it) and an escaped newline (a "#" comment
     goes on past it in Python's parser only): those are left unread. Over random streams, ended or
-    not, each verbose pattern (a "#" comment, a space in a class [ ], verbose in a group only or
-    but in a group, which relax leaves unread and the reach settles) stops where the brute-force
+    not, each verbose pattern (a "#" comment, one ending the pattern with no newline after it too,
+    which the reference's _ending_at closed inside the comment, a space in a class [ ], verbose in
+    a group only or but in a group, which relax leaves unread and the reach settles) stops where the brute-force
     reference says and where its non-verbose twin does (with the reach alone, (?x) \\b a [b ]{1,2}
     (?!a) over "abb" met "abb" a character late, not the final "ab" that the relaxed form finds)."""
     from lmnb_engine.regex_reach import assertion_reach, reach
@@ -370,7 +371,8 @@ def test_a_bounded_verbose_stop_regex_stops_where_its_non_verbose_twin_does():
              ("(?x) \\b a # an a, then (one or two of b and a space) $\n [b ]{1,2} (?!a)", r"\ba[b ]{1,2}(?!a)"),
              (r"(?x) (?<= \s) a b? (?= [ ]c | $ )", r"(?<=\s)ab?(?=[ ]c|$)"),
              (r"(?x: a \s )b (?!\ a)", r"a\sb (?! a)"),  # (verbose in its group only)
-             (r"(?x) a (?-x:b c) (?!a)", r"ab c(?!a)")]
+             (r"(?x) a (?-x:b c) (?!a)", r"ab c(?!a)"),
+             (r"(?x) a b? (?!a)  # ends in a comment, no newline after it", r"ab?(?!a)")]
     for verbose, twin in twins:  # (the reach and the assertions' reach are the twin's, which reads alike)
         assert (reach(verbose), assertion_reach(verbose)) == (reach(twin), assertion_reach(twin)) != (None, None), verbose
     assert reach("(?x)a\xa0b") is None and reach("(?x)a#\\\nb") is None  # (read otherwise by the two parsers)
@@ -1074,11 +1076,13 @@ def _ending_at(pattern: str, after: int):
     """``pattern`` compiled by the regex package to match only where exactly ``after`` characters
     follow its match, which its assertions read (a lookahead for them). Compiled once: looking it
     up in the regex package's own cache, at each of the brute force's millions of matches, took
-    most of their time."""
+    most of their time. A verbose pattern may end in a "#" comment, which a newline ends before
+    the group closes (else the comment took the rest in)."""
     import regex
 
     flags = re.match(r"(?:\(\?[a-zA-Z]+\))*", pattern).group()
-    return regex.compile(f"{flags}(?:{pattern[len(flags):]})(?=[\\s\\S]{{{after}}}\\Z)")
+    end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""
+    return regex.compile(f"{flags}(?:{pattern[len(flags):]}{end})(?=[\\s\\S]{{{after}}}\\Z)")
 
 
 def _new_matches_met_first(pattern: str, pieces: list[str], unchecked: int, ended: bool = False,
