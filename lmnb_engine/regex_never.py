@@ -17,8 +17,11 @@ rules that are sound by construction, each about the characters the parts right 
 
 "Beside" is in Python's parse of the pattern: the assertion held by a character the pattern lacks
 (as ``regex_empty_class._read`` finds a class), its neighbours in the sequence that holds it, each
-one consuming exactly one character (a literal, a class, ``.``); an assertion first or last in a
-group, or beside a group or a repeat, is not judged. Where such an assertion makes the pattern
+one consuming exactly one character (a literal, a class, ``.``), past the assertions and
+lookarounds next to it, which consume nothing (``(?m)a$^b``: "a" is before "^"); a lookahead among
+those names the character after it too by its first item, a lookbehind the one before by its last
+(``a(?=b)\\b``, ``(?<=a)\\bb``). An assertion first or last in a group, or beside a group or a
+repeat, with no such lookaround, is not judged. Where such an assertion makes the pattern
 never match is decided as for an empty class (``regex_dead_part``): only where no alternative,
 optional part or negative lookaround around it lets the pattern match without it. Patterns the
 regex package reads otherwise than Python's parser (``regex_reach.parse_as_python``), verbose ones
@@ -28,6 +31,7 @@ and those with flags Python lacks (word, version 1, ...) are not judged.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import warnings
 from typing import Any
@@ -49,6 +53,8 @@ _ASSERTIONS = {"\\b": "AT_BOUNDARY", "\\B": "AT_NON_BOUNDARY", "\\A": "AT_BEGINN
                "\\Z": "AT_END_STRING", "^": "AT_BEGINNING", "$": "AT_END"}
 # What consumes exactly one character, as Python's parser names it
 _ONE_CHARACTER = ("LITERAL", "NOT_LITERAL", "ANY", "IN")
+# What consumes nothing, as Python's parser names it: an assertion, a lookaround
+_ZERO_WIDTH = ("AT", "ASSERT", "ASSERT_NOT")
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,6 +115,19 @@ def _never(pattern: str, start: int, end: int, flags: str) -> str | None:
     beside = _neighbours(pattern, start, end)
     if beside is None:
         return None
+    # (the character before it is every item of befores' too, and the one after every item of
+    # afters': any pair that rules it out does)
+    befores, afters = beside
+    for pair in itertools.product(befores or [None], afters or [None]):
+        why = _never_between(text, start, pair, flags)
+        if why is not None:
+            return why
+    return None
+
+
+def _never_between(text: str, start: int, beside: tuple[Any, Any], flags: str) -> str | None:
+    """``_never`` of the assertion ``text`` at ``start`` between the one-character items ``beside``
+    (Python's parse; None where none is known)."""
     before, after = (None if leaf is None else _leaf(leaf, flags) for leaf in beside)
     name = _ASSERTIONS[text]
     if name in ("AT_BOUNDARY", "AT_NON_BOUNDARY") and before and after:
@@ -163,11 +182,14 @@ def _scoped(pattern: str, flags: str) -> str:
     return f"(?{flags}:{pattern})" if flags else pattern
 
 
-def _neighbours(pattern: str, start: int, end: int) -> tuple[Any, Any] | None:
-    """The nodes (Python's parse) right before and after the assertion at ``pattern[start:end]``
-    in the sequence that holds it, each None where it is no one-character item (or there is
-    none); None where the assertion is not found so (it stands in a repeat, or is no assertion
-    there). Found by holding it by a character the pattern lacks."""
+def _neighbours(pattern: str, start: int, end: int) -> tuple[list, list] | None:
+    """The one-character items (Python's parse) that the characters right before and right after
+    the assertion at ``pattern[start:end]`` must each match: the items beside it in the sequence
+    that holds it, past the assertions and lookarounds beside it (they consume nothing: in
+    ``(?m)a$^b`` "a" is before "^"), and the last item of a lookbehind and the first of a lookahead
+    among those (``a(?=b)\\b``: "b" comes after ``\\b``); each list empty where none is known. None
+    where the assertion is not found so (it stands in a repeat, or is no assertion there). Found
+    by holding it by a character the pattern lacks."""
     mark = next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in pattern), None)
     if mark is None:
         return None
@@ -185,9 +207,21 @@ def _neighbours(pattern: str, start: int, end: int) -> tuple[Any, Any] | None:
     for sequence in _sequences(marked):
         for k, (op, av) in enumerate(sequence):
             if op.name == "LITERAL" and av == ord(mark):
-                before = sequence[k - 1] if k > 0 else None
-                after = sequence[k + 1] if k + 1 < len(sequence) else None
-                return tuple(n if n is not None and n[0].name in _ONE_CHARACTER else None for n in (before, after))
+                befores, afters = [], []
+                for side, step in ((befores, -1), (afters, 1)):
+                    at = k + step
+                    while 0 <= at < len(sequence) and sequence[at][0].name in _ZERO_WIDTH:
+                        item_op, item_av = sequence[at]
+                        if item_op.name == "ASSERT":  # (a lookahead reads the character after, a lookbehind the one before)
+                            direction, sub = item_av
+                            items = list(sub)
+                            if items:
+                                (afters if direction == 1 else befores).append(items[0] if direction == 1 else items[-1])
+                        at += step
+                    if 0 <= at < len(sequence):
+                        side.append(sequence[at])
+                return ([n for n in befores if n[0].name in _ONE_CHARACTER],
+                        [n for n in afters if n[0].name in _ONE_CHARACTER])
     return None
 
 

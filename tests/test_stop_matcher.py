@@ -1802,10 +1802,14 @@ def _matches_some(pattern: str, texts: list[str]) -> bool:
     (r"a\B ", r"\B at position 1"), (r"a\Ab", r"\A at position 1"), ("a^b", "^ at position 1"),
     ("(?m)a^b", "^ at position 5"), (r"a\Z\n", r"\Z at position 1"), ("$a", "$ at position 0"),
     ("(?m:a$b)", "$ at position 5"), (r"(?=a\bb)", r"the word boundary \b at position 4"),
+    # (beside other assertions and lookarounds, which consume nothing; a lookaround's character)
+    ("(?m)a$^b", "$ at position 5"), ("(?m)a^$b", "^ at position 5"), (r"a(?=b)\b", r"the word boundary \b at position 6"),
+    (r"(?<=a)\bb", r"the word boundary \b at position 6"), (r"a(?!x)\B-", r"\B at position 6"),
 ])
 def test_a_stop_regex_that_an_assertion_keeps_from_ever_matching_is_refused_naming_it(pattern, part):
     # "a\bb", "$a", "(?!)" were taken and never matched: the output ran to its max tokens and the
-    # user never learned why. The reference: the regex package (the stop matcher's reader) finds no
+    # user never learned why; so were "(?m)a$^b", "a(?=b)\b", their assertion beside another
+    # assertion or a lookaround. The reference: the regex package (the stop matcher's reader) finds no
     # match in any text of up to 4 characters of word, non-word and newline ones
     import lmnb as sgl
     from lmnb_engine import SamplingParams
@@ -1843,7 +1847,8 @@ def test_no_stop_regex_refused_for_an_assertion_matches_any_short_text():
 
     rng = random.Random(7)
     atoms = ["a", "b", " ", "-", r"\n", "é", ".", r"\w", r"\W", "[a ]", r"[^\n]", r"\s"]
-    asserts = [r"\b", r"\B", r"\A", r"\Z", "^", "$", "(?!)", "(?<!)", "(?!a?)", "(?!b)", "(?=a)"]
+    asserts = [r"\b", r"\B", r"\A", r"\Z", "^", "$", "(?!)", "(?<!)", "(?!a?)", "(?!b)", "(?=a)", "(?<=a)", "(?<= )",
+               r"(?=\n)", r"(?<=\n)", "(?=-|a)"]
     texts, refused = _short_texts(), 0
     for _ in range(400):
         items = [rng.choice(atoms + asserts) for _ in range(rng.randint(2, 5))]
