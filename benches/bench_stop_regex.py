@@ -27,7 +27,13 @@ at the end of each token's text, an unbounded one whose match stays open from th
 start, unbounded ones with a lookbehind after their start (word boundaries or not), and one whose
 match from every start stays open until the output ends (``[\s\S]+\Z``).
 
-    python benches/bench_stop_regex.py [--threads | --fallback] [--out benches/results/<date>-cpu-stop-regex.md]
+``--run`` measures instead stop regexes whose match stays open over a long run of letters with no
+space (``RUN_CASES``: from every start of the run a match that a word boundary or an end anchor
+ends, none final until a non-letter comes), fed 4 letters a token, alone: milliseconds per token
+at each of ``RUN_LENGTHS`` characters (each token's least of ``--repeats`` runs, over the 10
+tokens ending there), "given up" past the length where a search ran over ``REGEX_TIMEOUT_S``.
+
+    python benches/bench_stop_regex.py [--threads | --fallback | --run] [--out benches/results/<date>-cpu-stop-regex.md]
 """
 
 from __future__ import annotations
@@ -74,6 +80,10 @@ FALLBACK_CASES = [
     ("unbounded, a negative lookbehind after its start", r"<\w+(?<!br)>", None, 0),
     ("unbounded, every match at the output's end", r"[\s\S]+\Z", None, 0),
 ]
+
+# --run: patterns whose match stays open over a run of letters, and the run's lengths measured
+RUN_CASES = [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)", r"a\w*(?!\w)"]
+RUN_LENGTHS = (250, 500, 1000, 2000)
 
 
 def pieces(n: int, first: str | None) -> list[str]:
@@ -143,12 +153,43 @@ def measure_threads(repeats: int) -> list[str]:
     return lines
 
 
+def measure_run(repeats: int) -> list[str]:
+    """The ``--run`` table: per pattern, ms per token at each of ``RUN_LENGTHS`` characters of a run."""
+    tokens = ["abcd"] * (max(RUN_LENGTHS) // 4)
+    lines = [f"a run of letters, 4 a token, no stop strings; ms per token over the 10 tokens ending at each "
+             f"length, each token's least of {repeats} runs", "",
+             "| pattern | " + " | ".join(str(n) for n in RUN_LENGTHS) + " |", "|---|" + "---:|" * len(RUN_LENGTHS)]
+    for pattern in RUN_CASES:
+        runs = []
+        for _ in range(repeats):
+            matcher, text, times = StopStringMatcher([], [pattern]), "", []
+            for piece in tokens:
+                t = time.perf_counter()
+                checked, text = len(text), text + piece
+                hit = matcher.find(text, checked)
+                matcher.safe_len(text)
+                times.append(None if matcher.problem else time.perf_counter() - t)
+                assert hit is None, hit  # (no non-letter comes: no match is final)
+                if matcher.problem:
+                    break
+            runs.append(times + [None] * (len(tokens) - len(times)))
+        least = [None if None in ts else min(ts) for ts in zip(*runs)]
+        cells = []
+        for n in RUN_LENGTHS:
+            window = least[n // 4 - 10:n // 4]
+            cells.append("given up" if None in window else f"{sum(window) / len(window) * 1e3:.2f}")
+        lines.append(f"| `{pattern}` | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--window", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", action="store_true", help="the many-threads patterns, automaton vs searched")
     ap.add_argument("--fallback", action="store_true", help="patterns the automaton does not take")
+    ap.add_argument("--run", action="store_true", help="patterns whose match stays open over a run of letters")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
     import regex
@@ -167,6 +208,12 @@ def main() -> None:
             print(lines[-1], flush=True)
         if args.out:
             args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + "\n".join(lines) + "\n")
+        return
+    if args.run:
+        report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]
+                           + measure_run(args.repeats))
+        if args.out:
+            args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + report + "\n")
         return
     if args.threads:
         report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]

@@ -351,6 +351,13 @@ def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool],
     Raises:
         TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
     """
+    # (a partial match from pos itself ends the search there: the search would scan every later
+    # start for a whole match first, each to the text's end, which grew with the square of an open
+    # run: \w+\b over a run of letters. A match from pos at most says partial where the search
+    # would not, holding back no less)
+    if pos < len(text) and (m := rx.match(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None \
+            and m.partial and not settled(pos):
+        return pos
     # (a search from past the text's end searches from its end: an empty match there, passed
     # over, would be found again and again)
     while pos <= len(text) and (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:

@@ -296,6 +296,39 @@ def test_a_stop_regex_reading_the_texts_end_open_from_every_start_of_a_long_run_
         assert all(t == "" for t in shown), pattern
 
 
+def test_where_a_match_may_begin_at_the_floor_safe_len_reads_that_start_alone_not_every_later_one():
+    """\\w+\\b over a run of letters: a match may begin at the run's start (it ends at a non-letter,
+    none yet), so nothing is shown. safe_len's partial search said so only after trying every later
+    start for a whole match, each to the text's end (the regex package prefers a whole match to a
+    partial one before it), a cost growing with the square of the run (timed in benches/, not here);
+    now a partial match from the floor itself ends it, with no search. What is shown and found is
+    as before: nothing of the run, the stop (once a newline ends the run) where Python's re over
+    the final text matches."""
+    from lmnb_engine import stop_matcher
+
+    class Counted:  # (the partial pattern, its searches counted)
+        def __init__(self, rx):
+            self.rx, self.searches = rx, 0
+
+        def search(self, *args, **kwargs):
+            self.searches += 1
+            return self.rx.search(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.rx, name)
+
+    for pattern in [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)"]:
+        shared = stop_matcher.StopRegexes([pattern])
+        shared.partial[0] = counted = Counted(shared.partial[0])
+        run = "ab" * 100
+        _, hit, shown = stream(StopStringMatcher([], shared), [run[i:i + 4] for i in range(0, len(run), 4)])
+        assert hit is None and all(t == "" for t in shown) and counted.searches == 0, (pattern, counted.searches)
+        text = run + "\n b"
+        ref = re.search(pattern, text)
+        _, hit, shown = stream(StopStringMatcher([], [pattern]), [text[i:i + 4] for i in range(0, len(text), 4)])
+        assert hit == (ref.start(), ref.group()) and all(t == "" for t in shown), pattern
+
+
 def test_a_stop_regex_ending_in_a_one_character_negative_lookahead_is_not_checked_start_by_start_over_a_long_run(
         monkeypatch):
     """a\\w*(?!\\w) over a run of letters has a match from every start of the run, none final until
