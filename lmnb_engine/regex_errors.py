@@ -59,8 +59,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     Python's ``(?P<year>``), a syntax error (``invalid_regex``), a repeat count above what ``re``
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
-    number or Python's ``(?P=n)``, or a lookbehind, which no backend can constrain output with
-    (``back_reference_problem``, ``lookbehind_problem``, the engine's words). The pattern
+    number or Python's ``(?P=n)``, a lookbehind or a word boundary, which no backend can constrain
+    output with (``back_reference_problem``, ``assertion_problem``, the engine's words). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
     ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
@@ -88,25 +88,31 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
-    return problem or back_reference_problem(parsed, pattern) or lookbehind_problem(parsed, pattern)
+    return problem or back_reference_problem(parsed, pattern) or assertion_problem(parsed, pattern)
 
 
-# The fix for a lookaround, in the engine's words (constrained.regex_check) and gen()'s
+# The fixes for a lookaround and a word boundary, in the engine's words (constrained.regex_check) and gen()'s
 LOOKAROUND_FIX = "express the condition with character classes and alternatives"
+BOUNDARY_FIX = "spell out the characters allowed on each side"
+BOUNDARIES = {constants.AT_BOUNDARY: "a word boundary '\\b'", constants.AT_NON_BOUNDARY: "a non-word-boundary '\\B'"}
 
 
-def lookbehind_problem(parsed, pattern: str) -> str | None:
+def assertion_problem(parsed, pattern: str) -> str | None:
     """The engine's words (``unsupported_words``, as ``constrained.regex_check`` says them) for the
-    first lookbehind, ``(?<=...)`` or ``(?<!...)``, nested ones too, in ``pattern`` parsed by
-    ``re._parser`` (``parsed``), or None where it has none. No backend builds one: the engine
-    cannot, xgrammar says "Lookbehind is not supported yet", Rust's regex (outlines-core's,
-    llguidance's) has no look-around, and interegular (older outlines') says "lookbacks are not
-    implemented"; so ``gen()`` refuses it, as it does a back-reference. A lookahead is left to the
-    backend: interegular builds one that the pattern goes on past (``a(?=b)\\w``)."""
+    first lookbehind, ``(?<=...)`` or ``(?<!...)``, or word boundary, ``\\b`` or ``\\B``, nested ones
+    too, in ``pattern`` parsed by ``re._parser`` (``parsed``), or None where it has none. No
+    backend builds either: the engine cannot; xgrammar says "Lookbehind is not supported yet";
+    Rust's regex (outlines-core's, llguidance's) has no look-around, and outlines-core says "cannot
+    build DFAs for regexes with Unicode word boundaries"; interegular (older outlines') says
+    "lookbacks are not implemented" and "Escape \\b is not implemented"; so ``gen()`` refuses
+    them, as it does a back-reference. A lookahead is left to the backend: interegular builds one
+    that the pattern goes on past (``a(?=b)\\w``)."""
     for op, av in walk(parsed):
         if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == -1:  # (direction -1: behind)
             kind = "a negative lookbehind" if op is constants.ASSERT_NOT else "a lookbehind"
             return unsupported_words(pattern, kind, LOOKAROUND_FIX)
+        if op is constants.AT and av in BOUNDARIES:
+            return unsupported_words(pattern, BOUNDARIES[av], BOUNDARY_FIX)
     return None
 
 

@@ -65,7 +65,7 @@ def back_reference_problem(parsed, pattern: str) -> str | None:
     ``first_back_reference``), or None where it has none. No backend can constrain output with
     one (no regular language holds it: xgrammar says "Backreference is not supported yet",
     outlines' automaton library has none), so ``gen()`` refuses it, as it does a lookbehind, where
-    it leaves a lookahead to the backend (``regex_errors.lookbehind_problem``)."""
+    it leaves a lookahead to the backend (``regex_errors.assertion_problem``)."""
     found = first_back_reference(parsed, pattern)
     return found and f"regex {shown_regex(pattern)} {back_reference_words(*found)}"
 

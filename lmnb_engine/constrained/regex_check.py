@@ -14,7 +14,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import LOOKAROUND_FIX, unsupported_words
+from lmnb_engine.regex_errors import BOUNDARIES, BOUNDARY_FIX, LOOKAROUND_FIX, unsupported_words
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_references import back_reference_problem
@@ -33,8 +33,7 @@ _AT_NAMES = {
     _c.AT_BEGINNING_STRING: ("a '\\A' anchor", _ANCHOR_HINT),
     _c.AT_END: ("a '$' anchor", _ANCHOR_HINT),
     _c.AT_END_STRING: ("a '\\Z' anchor", _ANCHOR_HINT),
-    _c.AT_BOUNDARY: ("a word boundary '\\b'", "spell out the characters allowed on each side"),
-    _c.AT_NON_BOUNDARY: ("a non-word-boundary '\\B'", "spell out the characters allowed on each side"),
+    **{at: (name, BOUNDARY_FIX) for at, name in BOUNDARIES.items()},
 }
 
 
