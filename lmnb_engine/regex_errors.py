@@ -24,7 +24,7 @@ import warnings
 from typing import Any
 
 from lmnb_engine.regex_ambiguous_class import ambiguous_class
-from lmnb_engine.regex_edges import empty_pattern_problem, without_edge_anchors
+from lmnb_engine.regex_edges import empty_pattern_problem, lookahead_past_end_problem, without_edge_anchors
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import invalid_regex, shown_regex
 from lmnb_engine.regex_references import (back_reference_problem, named_group_problem, named_reference_problem,
@@ -60,7 +60,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
     number or Python's ``(?P=n)``, a lookbehind or a word boundary, which no backend can constrain
-    output with (``back_reference_problem``, ``assertion_problem``, the engine's words). The pattern
+    output with (``back_reference_problem``, ``assertion_problem``, the engine's words), or a lookahead
+    that reads past the pattern's end (``lookahead_past_end_problem``). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
     ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
@@ -88,7 +89,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
-    return problem or back_reference_problem(parsed, pattern) or assertion_problem(parsed, pattern)
+    return (problem or back_reference_problem(parsed, pattern) or assertion_problem(parsed, pattern)
+            or lookahead_past_end_problem(pattern))
 
 
 # The fixes for a lookaround and a word boundary, in the engine's words (constrained.regex_check) and gen()'s
@@ -105,8 +107,9 @@ def assertion_problem(parsed, pattern: str) -> str | None:
     Rust's regex (outlines-core's, llguidance's) has no look-around, and outlines-core says "cannot
     build DFAs for regexes with Unicode word boundaries"; interegular (older outlines') says
     "lookbacks are not implemented" and "Escape \\b is not implemented"; so ``gen()`` refuses
-    them, as it does a back-reference. A lookahead is left to the backend: interegular builds one
-    that the pattern goes on past (``a(?=b)\\w``)."""
+    them, as it does a back-reference. A lookahead is left to the backend (interegular builds one
+    that the pattern goes on past, ``a(?=b)\\w``), but for one that reads past the pattern's end
+    (``lookahead_past_end_problem``)."""
     for op, av in walk(parsed):
         if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == -1:  # (direction -1: behind)
             kind = "a negative lookbehind" if op is constants.ASSERT_NOT else "a lookbehind"
