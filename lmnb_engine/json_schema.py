@@ -225,13 +225,14 @@ def copies_problem(schema: Any, engine: bool = True) -> None:
 @functools.cache
 def _syntax_checker():
     """A ``jsonschema`` format checker of the ``regex`` format alone, which refuses a pattern only
-    where ``_no_dialect_reads``, ``u_flag_problem`` or ``back_reference_problem`` (``checked_schema``'s
-    ``engine`` False)."""
+    where ``_no_dialect_reads``, ``u_flag_problem``, ``back_reference_problem`` or ``assertion_problem``
+    (``checked_schema``'s ``engine`` False)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
     checker.checks("regex")(lambda pattern: not (isinstance(pattern, str) and (
-        _no_dialect_reads(pattern) or u_flag_problem(pattern) or back_reference_problem(pattern))))
+        _no_dialect_reads(pattern) or u_flag_problem(pattern) or back_reference_problem(pattern)
+        or assertion_problem(pattern))))
     return checker
 
 
@@ -239,8 +240,8 @@ def _syntax_checker():
 def _engine_checker(validator: type):
     """``validator``'s own format checker (jsonschema's default for its draft) with its ``regex``
     check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
-    u flag (``u_flag_problem``) or a back-reference (``back_reference_problem``), as the language's
-    check (``_syntax_checker``) does."""
+    u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookbehind or a word
+    boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -253,8 +254,8 @@ def _engine_checker(validator: type):
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
             python_reads = python_check(ecma_names_as_python(pattern) if isinstance(pattern, str) else pattern)
-        return python_reads and not (isinstance(pattern, str) and (u_flag_problem(pattern)
-                                                                    or back_reference_problem(pattern)))
+        return python_reads and not (isinstance(pattern, str) and (
+            u_flag_problem(pattern) or back_reference_problem(pattern) or assertion_problem(pattern)))
 
     checker.checks("regex", raises)(regex_format)
     return checker
@@ -556,6 +557,20 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
     return f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {back_reference_words(*found)}"
 
 
+def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
+    """The engine's words for the schema ``pattern``'s first lookbehind or word boundary (at
+    ``where``, its ``pattern`` keyword's place), which no backend builds
+    (``regex_errors.assertion_problem``), as Python's parser reads the pattern once its ECMA syntax
+    is spelled as Python's (``_ecma_as_python``), or None where it has none or that parser cannot
+    read it, which the other checks name. ``gen()`` refuses it as the engine does."""
+    from lmnb_engine.regex_errors import assertion_problem  # (it imports this module)
+    from lmnb_engine.regex_tree import quiet_parse
+
+    parsed = quiet_parse(classes_held(_ecma_as_python(pattern)[0]))
+    said = None if parsed is None else assertion_problem(parsed, pattern)
+    return said and said.replace("regex ", f"JSON schema at {where}: the pattern ", 1)
+
+
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)
 _NO_SCHEMA_CLASSES = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which "
                       "reads a pattern with Python's re, which has none): write the characters as a class")
@@ -678,7 +693,8 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     which keeps positions), as ``_no_dialect_reads`` found it. The language's refusals come first,
     in its words, for the engine too (``ecma`` False): an error of every dialect, then one of ECMA's
     u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
-    then, for the engine, a back-reference by name (``back_reference_words``), which it cannot build."""
+    then a back-reference (``back_reference_problem``), a lookbehind or a word boundary
+    (``assertion_problem``), which no backend builds."""
     from lmnb_engine.regex_python_error import python_error  # (it imports this module)
     from lmnb_engine.regex_u_flag import other_back_reference
 
@@ -698,8 +714,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
-    # (a back-reference, which no backend builds: gen() refuses it as the engine does)
-    reference = None if every else back_reference_problem(pattern, where)
+    # (a back-reference, a lookbehind or a word boundary, which no backend builds: gen() refuses them as the engine
+    # does, before Python's own errors, which fix no such pattern: ECMA takes (?<=a+), where re wants a fixed width)
+    reference = None if every else back_reference_problem(pattern, where) or assertion_problem(pattern, where)
     if reference:
         return reference
     # (a name given twice, which Python's re takes once: gen() leaves it to the backend, as other patterns

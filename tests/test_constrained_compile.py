@@ -563,7 +563,7 @@ def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
         ({"type": "string", "pattern": "^(ab|cde)$", "minLength": 4}, ["has no match of at least 4 characters"]),
         ({"type": "string", "format": "date", "maxLength": 9}, ['format "date"', "no match of at most 9"]),
         # the location, and the bounds as written, in every message
-        ({"properties": {"p": {"type": "string", "pattern": "x(^a|b)"}}}, ["pattern at #/properties/p", "'^' anchor"]),
+        ({"properties": {"p": {"type": "string", "pattern": "x(^a|b)"}}}, ["JSON schema at #/properties/p/pattern: the pattern", "'^' anchor"]),
         ({"properties": {"n": {"type": "integer", "minimum": 0.5, "maximum": 0.7}}},
          ["at #/properties/n (minimum 0.5 and maximum 0.7)", "no integer"]),
         ({"properties": {"c": {"const": "a\ud800"}}}, ["at #/properties/c", "lone surrogate"]),  # "Expected a valid JSON string"
@@ -1115,7 +1115,8 @@ def test_an_invalid_regex_is_worded_alike_by_gen_a_cell_and_the_engine(backend):
 def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend, pattern):
     """Python's re refuses a look-behind of varying width as the pattern compiles, with no position
     (re.error.pos None): gen(), a %%lm cell and the engine said "(look-behind requires fixed-width
-    pattern at position None)", and so did a schema's pattern, which ECMA 262 takes."""
+    pattern at position None)", and so did a schema's pattern, which ECMA 262 takes: that one is
+    refused for its lookbehind now, which no backend builds, of any width."""
     with pytest.raises(re.error) as python:
         re.compile(pattern)
     assert python.value.pos is None
@@ -1124,8 +1125,9 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
         f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression ({error}); fix the pattern")
     with pytest.raises(GrammarError) as in_schema:
         backend.compile(json_schema=json.dumps({"type": "string", "pattern": pattern}))
-    assert str(in_schema.value) == (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
-                                    f"it is not a valid regular expression ({error}); fix the pattern")
+    assert str(in_schema.value).startswith(f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} uses a ")
+    assert str(in_schema.value).endswith("lookbehind, which constrained decoding cannot support (patterns compile to a "
+                                         "finite automaton): express the condition with character classes and alternatives")
 
 
 @pytest.mark.parametrize("schema, said", [
@@ -1929,9 +1931,8 @@ def test_a_schema_patterns_offer_keeping_python_syntax_does_not_say_ecma_reads_i
 
 
 @pytest.mark.parametrize("pattern, python, ending", [
-    (r"c(?<=x)[^]", r"c(?<=x)[\s\S]", "write [\\s\\S] for each [^], which both read alike"),
-    (r"^a\b[^]$", r"^a\b[\s\S]$", "write [\\s\\S] for each [^], which both read alike"),
-    (r"c(?<=x)\u{1F600}", "c(?<=x)\U0001F600", "or as \\uXXXX up to U+FFFF, which both read alike"),
+    # (c(?<=x)[^] and ^a\b[^]$ are refused for the lookbehind and \b first now, with no spelling offered:
+    # test_lang_interpreter's test_a_schema_patterns_lookbehind_or_word_boundary_is_refused_at_gen_where_it_stands)
     # (case-insensitive matching, which a schema string cannot have: "(?i)a[\\s\\S]" was offered whole, then refused)
     (r"(?i)a[^]", r"(?i)a[\s\S]", "write [\\s\\S] for each [^], which both read alike"),
     (r"(?i:a)\u{1F600}", "(?i:a)\U0001F600", "or as \\uXXXX up to U+FFFF, which both read alike"),
@@ -3370,7 +3371,7 @@ def test_parentheses_nested_above_the_limit_are_refused_by_name(backend, pattern
     with pytest.raises(GrammarError, match=r"nests parentheses (150|1000|61) levels deep, above the limit of 60"):
         backend.to_regex(regex=pattern)
     if len(pattern) < 3000:  # (1000 levels: the meta-schema check refuses it first, see below)
-        with pytest.raises(GrammarError, match=r"at #: regex .* nests parentheses (150|61) levels deep"):
+        with pytest.raises(GrammarError, match=r"^JSON schema at #/pattern: the pattern .* nests parentheses (150|61) levels deep"):
             backend.to_regex(json_schema={"type": "string", "pattern": pattern})
 
 

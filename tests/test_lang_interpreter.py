@@ -674,6 +674,46 @@ def test_a_schema_pattern_python_reads_as_ecma_does_without_the_u_flag_is_taken(
     assert parse("{gen x json_schema=" + repr(json.dumps(schema)) + "}")
 
 
+@pytest.mark.parametrize("pattern, feature, fix", [
+    (r"(?<=a)b", "a lookbehind", "express the condition with character classes and alternatives"),
+    (r"^a(?<!b)c$", "a negative lookbehind", "express the condition with character classes and alternatives"),
+    (r"\bword\b", "a word boundary '\\b'", "spell out the characters allowed on each side"),
+    (r"(?<n>a)\B", "a non-word-boundary '\\B'", "spell out the characters allowed on each side"),
+    # (beside ECMA's [^] or \u{...}, which Python's re lacks: the engine offered their spelling, then refused that)
+    (r"c(?<=x)[^]", "a lookbehind", "express the condition with character classes and alternatives"),
+    (r"^a\b\u{1F600}$", "a word boundary '\\b'", "spell out the characters allowed on each side"),
+])
+def test_a_schema_patterns_lookbehind_or_word_boundary_is_refused_at_gen_where_it_stands(pattern, feature, fix):
+    """A schema pattern's lookbehind or word boundary (ECMA 262 reads both: node's RegExp takes each
+    with the u flag, where at hand), which no backend builds, passed gen() and a %%lm cell, and the
+    engine refused it only when it built the schema, as "JSON schema pattern at #/properties/a:
+    regex ... uses a lookbehind", where its other refusals of a pattern say "JSON schema at
+    #/properties/a/pattern: the pattern ...". gen(), a cell and the engine now refuse it up front in
+    those words, at the pattern keyword's place, as a regex= is refused."""
+    assert _node_refuses(pattern, "u") is not True
+    said = (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} uses {feature}, which constrained "
+            f"decoding cannot support (patterns compile to a finite automaton): {fix}")
+    assert _refusals({"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}) == (said, said)
+
+
+def test_a_schema_patterns_lookahead_is_refused_by_the_engine_where_it_stands():
+    """A schema pattern's lookahead, which interegular builds, is left to the backend by gen(), as in
+    a regex=; the engine, which builds none, refused it as "JSON schema pattern at #: regex ...", and
+    says now, as its other refusals of a schema's pattern do, "JSON schema at #/pattern: the
+    pattern ..."."""
+    from lmnb_engine.constrained.schema import schema_to_regex
+
+    for schema, where in (({"type": "string", "pattern": "a(?=b)"}, "#/pattern"),
+                          ({"items": {"type": "string", "pattern": "a(?=b)"}}, "#/items/pattern")):
+        assert sgl.gen("x", json_schema=schema)
+        with pytest.raises(ValueError) as in_engine:
+            schema_to_regex(schema)
+        assert str(in_engine.value) == (
+            f'JSON schema at {where}: the pattern "a(?=b)" uses a lookahead, which constrained decoding cannot '
+            "support (patterns compile to a finite automaton): express the condition with character classes and "
+            "alternatives")
+
+
 @pytest.mark.parametrize("pattern, reference, group, same, other", [
     (r"^(a|b)\1$", r"\1", 1, "aa", "ab"), (r"^(?P<n>a|b)(?P=n)$", "(?P=n)", "n", "bb", "ba"),
     (r"^(?<n>a|b)x\1$", r"\1", 1, "axa", "axb"), (r"^(x)(?<n>a|b)\2$", r"\2", 2, "xaa", "xab"),

@@ -1459,7 +1459,7 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
     ({"properties": {"a": {"type": "string", "foo": True}}},
      'JSON schema keyword "foo" at #/properties/a is not supported by constrained decoding'),
     ({"properties": {"p": {"type": "string", "pattern": "(?<=a)b"}}},
-     'JSON schema pattern at #/properties/p: regex "(?<=a)b" uses a lookbehind'),
+     'JSON schema at #/properties/p/pattern: the pattern "(?<=a)b" uses a lookbehind'),
     ({"$ref": "other.json#/$defs/x"}, 'JSON schema $ref "other.json#/$defs/x" at # points into another document'),
     ({"properties": {"c": {"const": "a\ud800"}}}, 'JSON schema at #/properties/c lists the string "a\\ud800"'),
     # jsonschema's own message, put in JSON's words (in_json_words): the surrogate was written bare
@@ -1470,7 +1470,7 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
      'JSON schema at #/properties/a/type is not a valid JSON Schema: "\\ud800" is not a JSON type (the types:'),
     # a pattern the regex checker shows cut after 80 characters of its JSON, as a schema's values are
     ({"properties": {"p": {"type": "string", "pattern": "^\u00e9\u0001" + "x" * 90 + "[a-z]{1,2000}$"}}},
-     'JSON schema pattern at #/properties/p: regex "^\u00e9\\u0001' + "x" * 71 + '… repeats a part 2000 times'),
+     'JSON schema at #/properties/p/pattern: the pattern "^\u00e9\\u0001' + "x" * 71 + '… repeats a part 2000 times'),
 ])
 def test_a_json_schemas_error_reads_alike_in_process_and_over_http(schema, message):
     """The engine's JSON schema errors wrote the schema's values as Python does ('foo', True),

@@ -264,7 +264,8 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         check_parsed(parsed, pattern)
     except GrammarError as e:
-        raise GrammarError(f"JSON schema pattern at {where}: {e}") from None
+        # (in the words of the schema's other pattern refusals, json_schema._refused_pattern, at the keyword's place)
+        raise GrammarError(str(e).replace("regex ", f"JSON schema at {where}/pattern: the pattern ", 1)) from None
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
               else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
                   max_length is None and min_length == 1) else " characters")
