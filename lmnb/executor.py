@@ -176,7 +176,9 @@ class ProgramEvent:
     empty ``text``), ``"var"`` (variable ``name`` set to ``value`` with ``meta_info``; ``name`` is
     None for an unnamed gen or select, which sets no variable but made a request, and for a gen
     whose request was aborted (its ``finish_reason`` says so; ``value`` None); a constrained
-    gen's ``constraint`` is ``{"regex": ..., "json_schema": ...}``), ``"prefill"`` (a prefix-cache
+    gen's ``constraint`` is ``{"regex": ..., "json_schema": ...}``; ``source`` is ``"join"`` for
+    the lists a join gathers from its branches, whose requests the branches' own events reported,
+    where a gen with ``n`` > 1 gives a list of its ``n`` requests' meta infos), ``"prefill"`` (a prefix-cache
     hint ran; ``meta_info``), ``"fork"`` (``children`` sids), ``"join"`` (``children`` sids,
     ``mode`` in ``source``), ``"error"``.
     """
@@ -773,8 +775,10 @@ class StreamExecutor:
             with self._cv:
                 self._pending[name] = max(0, self._pending[name] - 1)
                 self._cv.notify_all()
-        # Unnamed gens/selects set nothing, but views still need their request's token counts.
-        self._emit("var", name=name, value=value, meta_info=meta_info, constraint=constraint)
+        # Unnamed gens/selects set nothing, but views still need their request's token counts. A
+        # join's list of meta infos is told apart from a gen(n=k)'s (k requests to count) by its source.
+        self._emit("var", name=name, value=value, meta_info=meta_info, constraint=constraint,
+                   source="join" if gathered else "")
 
     def _append(self, text: str, source: str, name: Optional[str] = None, tokens: Optional[list] = None,
                 value: Any = None) -> None:

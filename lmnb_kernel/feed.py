@@ -98,10 +98,11 @@ class ViewFeeder:
             chosen = choices.index(ev.value) if ev.value in choices else None
             self.view.on_select(lane, name=ev.name if ev.name is not None else "(unnamed)", choices=choices,
                                 scores=meta["scores"], chosen=chosen, meta=_select_requests(meta))
-        elif ((kind == "gen" or ev.name is None) and isinstance(meta, list)
+        elif (ev.source != "join" and isinstance(meta, list)
               and all(isinstance(m, dict) and "prompt_tokens" in m for m in meta)):
-            # gen(n=k): k requests, the first one's text shown (a join's lists are not "gen"). Unnamed:
-            # also k requests stopped by an abort, reported before any of their text reached the lane.
+            # gen(n=k): k requests, the first one's text shown (also where that text is empty, so no
+            # gen text came before). Unnamed: also k requests stopped by an abort, reported before
+            # any of their text reached the lane.
             for m in meta:
                 self.view.on_gen_end(lane, meta=m, finish_reason=m.get("finish_reason"), name=ev.name)
             self._media(lane, meta[0] if meta else {})

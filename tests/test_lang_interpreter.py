@@ -5079,3 +5079,55 @@ def test_a_thread_stack_snapshot_never_runs_with_the_collector_turned_back_on_by
     a.join(30)
     b.join(30)
     assert seen == {"second": False} and gc.isenabled()
+
+
+@pytest.mark.parametrize("texts", [["", "ab", "cde"], ["a", "bc", "def"]])
+def test_a_gen_with_n_samples_counts_its_requests_in_the_cell_summary_and_the_job_record(texts):
+    # a job's row recorded 0 tokens for a gen(n=3) (its list of meta infos was taken for a join's
+    # gathered list), and a cell's summary too where the first sample was empty ("prompt 0,
+    # completion 0": no gen text came before the list); a join's lists are still not counted again
+    from lmnb.backend.base import Completion
+    from lmnb.batch.record import RowRecorder
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.magics import _tokens
+    from lmnb_kernel.widgets import RunView, Tally
+
+    reported = []  # every request's counts as the backend reported them: what the totals must sum
+
+    class Counted(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            outs = texts if (params.n or 1) == 3 else ["x"]
+            metas = [{"id": rid, "prompt_tokens": 5, "cached_tokens": 2, "completion_tokens": len(t) + 1,
+                      "finish_reason": {"type": "stop"}} for t in outs]
+            reported.extend(metas)
+            return [Completion(t, m) for t, m in zip(outs, metas)]
+
+        def cache_prefix(self, text, rid):
+            meta = super().cache_prefix(text, rid)
+            reported.append(meta)
+            return meta
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("c", n=3)
+        forks = s.fork(2)
+        for f in forks:
+            f += "A:" + sgl.gen("b")
+        forks.join()
+
+    events = []
+    with sgl.observe(events.append):
+        st = prog.run(backend=Counted())
+    assert st["c"] == texts and st["b"] == ["x", "x"]
+    want = {"prompt": sum(m["prompt_tokens"] for m in reported), "cached": sum(m["cached_tokens"] for m in reported),
+            "completion": sum(m.get("completion_tokens", 0) for m in reported)}
+    assert want["completion"] == sum(len(t) + 1 for t in texts) + 2 * 2  # (3 samples, 2 branches of 1 token)
+    recorder, view = RowRecorder(), RunView(live=False, session=Tally())
+    feeder = ViewFeeder(view, next(ev.sid for ev in events if ev.kind == "state"))
+    for ev in events:
+        recorder(ev)
+        feeder.apply(ev)
+    assert recorder.tokens == want
+    assert _tokens(view.model) == {"prompt_tokens": want["prompt"], "cached_tokens": want["cached"],
+                                   "completion_tokens": want["completion"]}

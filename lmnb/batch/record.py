@@ -37,13 +37,16 @@ class RowRecorder:
                 if event.sid in self._roots and event.name is not None:
                     self.variables[event.name] = event.value
                     self.meta[event.name] = event.meta_info
-                self._count(event.meta_info)
+                if isinstance(event.meta_info, list) and event.source != "join":  # gen(n=k): k requests
+                    for meta in event.meta_info:
+                        self._count(meta)
+                else:
+                    self._count(event.meta_info)
             elif event.kind == "prefill":
                 self._count(event.meta_info)
 
     def _count(self, meta: Any) -> None:
-        # Lists of meta are fork results gathered by a join: their requests were counted when each
-        # branch finished them.
+        # (a join's lists of meta are not counted: each branch's requests were, as they finished)
         if not isinstance(meta, dict):
             return
         if "prompt_tokens" in meta:  # a generation request (or a prefill)
