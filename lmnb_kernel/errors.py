@@ -37,7 +37,12 @@ _OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
               for package in ("lmnb", "lmnb_kernel", "lmnb_engine"))
 
 
-def _is_ours(filename: str) -> bool:
+def _is_ours(frame) -> bool:
+    filename = frame.f_code.co_filename
+    if filename.startswith("<") and not filename.startswith("<%%lm cell"):
+        # code made at run time has no file: a dataclass's generated __init__ (GenParams', whose
+        # check of gen()'s options raises) runs in the globals of the module that defines the class
+        return frame.f_globals.get("__name__", "").partition(".")[0] in ("lmnb", "lmnb_kernel", "lmnb_engine")
     return os.path.abspath(filename).startswith(_OURS)
 
 
@@ -58,7 +63,7 @@ def called_frames(shell, error: BaseException) -> list[str]:
             if tb.tb_frame.f_code.co_filename.startswith("<%%lm cell"):
                 after = tb.tb_next
             tb = tb.tb_next
-        if after is not None and not all(_is_ours(f.filename) for f in traceback.extract_tb(after)):
+        if after is not None and not all(_is_ours(frame) for frame, _ in traceback.walk_tb(after)):
             called = (exc, after)
         exc = exc.__cause__
     if called is None:

@@ -1351,6 +1351,13 @@ def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_
     # and lmnb's own check of a gen's arguments (its frames are lmnb's): the message says it all
     result, out = run(ip, "%%lm --static --python\ns += lmnb.gen('x', regex='(')")
     assert not result.success and "Traceback" not in out.stdout and "is not a valid regular expression" in out.stdout
+    # also where the check runs in the __init__ a dataclass generated (GenParams'), a frame of no file:
+    # it showed as a traceback of lmnb/api.py and lmnb/ir.py above the cell error
+    for option, said in (("max_tokens='eight'", "max_tokens='eight' is invalid: must be an integer"),
+                         ("stop=5", "stop=5 is invalid: give a string or a list of strings")):
+        result, out = run(ip, f"%%lm --static --python\ns += lmnb.gen('x', {option})")
+        assert not result.success and "Traceback" not in out.stdout and "lmnb/ir.py" not in out.stdout
+        assert out.stdout.endswith(f"CellError\x1b[0m: line 2: TypeError: {said}\n")
     # unless the cell's own handler passed that error to a helper that raised another: its frames show
     run(ip, "def rewrap(e):\n    raise RuntimeError('my helper rejects it') from e\n")
     result, out = run(ip, "%%lm --static --python\ntry:\n    s += lmnb.gen('x', regex='(')\nexcept ValueError as e:\n"
