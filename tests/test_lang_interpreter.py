@@ -5131,3 +5131,31 @@ def test_a_gen_with_n_samples_counts_its_requests_in_the_cell_summary_and_the_jo
     assert recorder.tokens == want
     assert _tokens(view.model) == {"prompt_tokens": want["prompt"], "cached_tokens": want["cached"],
                                    "completion_tokens": want["completion"]}
+
+
+def test_a_job_records_the_finish_reasons_of_a_gen_with_n_samples_in_fork_branches():
+    # "finish_reasons" left out a gen(n=2) in fork branches: its gathered meta info is a list of
+    # lists, which only a flat list was read for
+    from lmnb.backend.base import Completion
+    from lmnb.batch.record import RowRecorder
+
+    class Reasons(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            kinds = ["stop", "length"][:params.n or 1]
+            return [Completion(k, {"id": rid, "prompt_tokens": 1, "completion_tokens": 1,
+                                   "finish_reason": {"type": k}}) for k in kinds]
+
+    @sgl.function
+    def prog(s):
+        forks = s.fork(2)
+        for f in forks:
+            f += sgl.gen("x", n=2)
+        forks.join()
+        s += sgl.gen("y", n=2) + sgl.gen("z")
+
+    recorder = RowRecorder()
+    with sgl.observe(recorder):
+        st = prog.run(backend=Reasons())
+    assert st["x"] == [["stop", "length"], ["stop", "length"]] and st["y"] == ["stop", "length"]
+    # each reason stands where its text stands in the variable
+    assert recorder.finish_reasons() == {"x": st["x"], "y": st["y"], "z": "stop"}

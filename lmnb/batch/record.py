@@ -8,7 +8,7 @@ fails — without the exported code having to collect anything.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from lmnb.backend.base import finish_reason_dict
 
@@ -63,17 +63,22 @@ class RowRecorder:
 
     def finish_reasons(self) -> dict[str, Any]:
         """name → finish reason type (``"stop"``, ``"length"``, ...) of each captured gen; a list for
-        gathered fork results. Variables without one (select, var_scope) are left out."""
+        a gen's ``n`` samples and for gathered fork results (a list of lists for a gen with ``n`` > 1
+        in fork branches, as its variable is). Variables without one (select, var_scope) are left out."""
         out = {}
         for name, meta in self.meta.items():
-            if isinstance(meta, dict):
-                reason = _reason(meta)
-                if reason is not None:
-                    out[name] = reason
-            elif isinstance(meta, list) and any(isinstance(m, dict) and _reason(m) for m in meta):
-                out[name] = [_reason(m) if isinstance(m, dict) else None for m in meta]
+            reason = _reason(meta)
+            if reason is not None:
+                out[name] = reason
         return out
 
 
-def _reason(meta: dict) -> Optional[str]:
-    return finish_reason_dict(meta).get("type") if "finish_reason" in meta else None
+def _reason(meta: Any) -> Any:
+    """The finish reason type of a meta info, or the list of those of a list of them (nested as
+    the variable is); None where there is none at any depth."""
+    if isinstance(meta, dict):
+        return finish_reason_dict(meta).get("type") if "finish_reason" in meta else None
+    if isinstance(meta, list):
+        reasons = [_reason(m) for m in meta]
+        return reasons if any(r is not None for r in reasons) else None
+    return None
