@@ -67,7 +67,12 @@ class ProgramError(RuntimeError):
         expr: repr of the primitive that failed.
         partial_text: the state's text up to the failure (nothing is lost).
         primitive: the primitive (``lmnb.ir.Expr``) that failed, or None.
+        site: the user's line that added that primitive (``lmnb.user_site.Site``: file, line
+            number), or None: the program body had moved on when it failed, so no frame of the
+            error's traceback is that line.
     """
+
+    site = None
 
     def __init__(self, message: str, branch: tuple = (), expr: str = "", partial_text: str = "",
                  primitive: Optional[Any] = None):
@@ -531,7 +536,7 @@ class StreamExecutor:
                 self.abort()  # as Ctrl-C in run() does; the rest of the queue is skipped
                 interrupted = e
             except BaseException as e:  # noqa: BLE001 - every failure is recorded, none is lost
-                self.fail(repr(expr), e, expr)
+                self.fail(repr(expr), e, expr, site)
         if interrupted is not None:  # raised once the queue is settled, so waiting for it cannot hang
             raise interrupted
 
@@ -542,15 +547,16 @@ class StreamExecutor:
             self._version += 1
             self._cv.notify_all()
 
-    def fail(self, what: str, exc: BaseException, primitive: Optional[Expr] = None) -> None:
+    def fail(self, what: str, exc: BaseException, primitive: Optional[Expr] = None, site=None) -> None:
         """Record ``exc`` (raised by ``what``, e.g. a primitive's repr; by ``primitive``, where one
-        raised it) as this state's error."""
+        raised it, added at the user's ``site``) as this state's error."""
         if isinstance(exc, ProgramError):
             err = exc
         else:
             shown = what if len(what) <= 160 else f"{what[:100]} ... {what[-50:]}"  # a prompt can be long
             err = ProgramError(f"{shown} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_, primitive)
             err.__cause__ = exc
+            err.site = site
         with self._cv:
             if self.error_ is None:
                 self.error_ = err

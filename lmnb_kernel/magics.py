@@ -585,6 +585,10 @@ def _describe(error: BaseException, filename: str, template=None) -> str:
                                         indent=template.indent))
     if isinstance(error, ForkError):  # the join's line says nothing of which branch failed where
         return f"ForkError: {error}"
+    site = getattr(error, "site", None)
+    if isinstance(error, ProgramError) and site is not None and site.filename == filename:
+        # a --python body's primitive that failed as it ran: the line that added it
+        return f"line {site.lineno}: {type(error).__name__}: {error}"
     for exc in reversed(chain):  # innermost first: where the cell's own code failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
         if frames:

@@ -1366,6 +1366,22 @@ def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_
     assert not result.success and "in rewrap(e)" in frames and "RuntimeError: my helper rejects it" in frames
 
 
+def test_a_python_body_primitive_that_fails_as_it_runs_is_told_at_the_line_that_added_it(ip):
+    # "CellError: ProgramError: Gen('x') failed: ..." named no line: the body had moved on when the
+    # backend refused the gen, so no frame of the error was the body's; in a long body, with
+    # several gens of one name, which one failed was left to guess
+    body = ("%%lm --static --python\n"
+            "s += 'Hi'\n"
+            "s += lmnb.gen('x', max_tokens=2)\n"
+            "\n"
+            "s += lmnb.gen('x', max_tokens=10**6)\n"
+            "s += lmnb.gen('y', max_tokens=2)\n")
+    result, out = run(ip, body)
+    assert not result.success and "Traceback" not in out.stdout
+    error = out.stdout.rpartition("CellError\x1b[0m: ")[2]
+    assert error.startswith("line 5: ProgramError: Gen('x') failed: ValueError: prompt of ") and "context length" in error
+
+
 def test_an_lm_function_that_raises_shows_its_own_line_without_lmnb_frames(ip):
     # five frames of lmnb's run machinery (api.py, interpreter.py) stood between the call and the
     # program's own raise, from a plain cell and from a --python body alike
