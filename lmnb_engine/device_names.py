@@ -38,7 +38,7 @@ def check_device(device: str) -> str:
         if m[2] is not None and _past_max(m[2]):
             listed = " (nvidia-smi lists the CUDA devices)" if m[1] == "cuda" else ""
             raise ValueError(f"device {device!r}: its number is past {MAX_INDEX}, the largest torch reads as itself "
-                             f"(it reads cuda:256 as cuda:0); give the device's number, 0, 1, ...{listed}")
+                             f"(it reads {m[1]}:256 as {m[1]}:0); give the device's number, 0, 1, ...{listed}")
         return device
     if m is not None and m[1] in TORCH_ONLY_TYPES:
         raise ValueError(f"device {device!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")

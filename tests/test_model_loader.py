@@ -660,7 +660,9 @@ def test_a_device_number_torch_does_not_read_as_itself_is_refused_saying_the_lar
     with pytest.raises(ValueError) as refused:
         check_device(name)
     assert str(refused.value) == (f"device {name!r}: its number is past 127, the largest torch reads as itself (it "
-                                  f"reads cuda:256 as cuda:0); give the device's number, 0, 1, ...{listed}")
+                                  f"reads {kind}:256 as {kind}:0); give the device's number, 0, 1, ...{listed}")
+    # (the example it gives is of the device type asked for, and holds: a cpu device was told of cuda's)
+    assert str(torch.device(f"{kind}:256")) == f"{kind}:0"
 
 
 @pytest.mark.parametrize("name, hint", [
