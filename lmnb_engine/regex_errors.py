@@ -11,10 +11,11 @@ Unicode class the automaton library does not build or at an end of a range
 (``regex_unicode_classes``), a class Python flags as ambiguous (``regex_ambiguous_class``), PCRE's
 quoting (here), another dialect's back-reference or group name (``regex_references``), Python's
 own syntax error (``regex_python_error``), a class that matches no character
-(``regex_empty_class``) and a back-reference. ``unbuilt_feature`` asks the engine's own check
-(``constrained.regex_check``) and ``offer_taken`` both, for the fixes those modules offer, which
-import it when they weigh an offer. The text walk all of them share is ``regex_parts``. Importing it
-loads neither torch nor the engine's constrained-decoding package.
+(``regex_empty_class``), a back-reference (``regex_references``), a lookbehind or a word boundary
+(here) and a lookahead that reads past the pattern's end (``regex_edges``). ``unbuilt_feature``
+asks the engine's own check (``constrained.regex_check``) and ``offer_taken`` both, for the fixes
+those modules offer, which import it when they weigh an offer. The text walk all of them share is
+``regex_parts``. Importing it loads neither torch nor the engine's constrained-decoding package.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def unsupported_words(pattern: str, feature: str, fix: str) -> str:
 def unbuilt_feature(pattern: str) -> str | None:
     """The engine's words for what in the ``regex`` constraint ``pattern`` no automaton can build (a
     lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
-    its edge anchors, as the engine asks), or None where it has none. ``gen()`` leaves these but a
-    back-reference and a lookbehind to the backend, but offers no pattern that holds one (``offer_taken``)."""
+    its edge anchors, as the engine asks), or None where it has none. ``gen()`` leaves these to the
+    backend but a back-reference, a lookbehind, a word boundary and a lookahead that reads past the
+    pattern's end (``pattern_problem``), but offers no pattern that holds one (``offer_taken``)."""
     from lmnb_engine.constrained.errors import GrammarError
     from lmnb_engine.constrained.regex_check import check_regex  # (torch-free; it imports this module)
 
