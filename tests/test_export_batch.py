@@ -997,6 +997,23 @@ def test_a_rows_printed_lines_are_on_lines_of_their_own_above_the_progress_bar(t
     assert bars and bars[-1].startswith("out.jsonl: 100%|") and bars[-1].endswith("row/s]"), lines  # (the bar stays)
 
 
+def test_a_line_a_rows_thread_left_unended_before_the_row_comes_before_the_rows_lines():
+    """With the bar shown and rows grouped, a thread's line left unended outside a row (kept to be
+    ended) was dropped at that thread's next row end, where the row's kept text replaced it."""
+    from tqdm import tqdm
+
+    from lmnb.batch.runner import RowOutput
+
+    out, err = io.StringIO(), io.StringIO()
+    output = RowOutput(out, tqdm(total=1, file=err), group=True)
+    output.write("before")
+    output.begin()
+    output.write("in row\n")
+    output.end()
+    output.close()
+    assert out.getvalue() == "beforein row\n"  # (as without the bar: the row's text follows on that line)
+
+
 def test_an_output_that_is_no_regular_file_is_refused_with_the_fix(tmp_path, capsys):
     """`--output /dev/stdout | jq` waited forever reading the pipe back; /dev/null took every row
     and kept none; a folder was a bare '[Errno 21] Is a directory'."""

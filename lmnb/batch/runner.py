@@ -520,8 +520,8 @@ class RowOutput:
         """
         buffer = self._local.__dict__.pop("buffer", None)
         with self._lock:
-            text = self._pending.pop(threading.get_ident(), "")
-        self._put(buffer.getvalue() if buffer is not None else text)
+            text = self._pending.pop(threading.get_ident(), "")  # (written before the row: it comes first)
+        self._put(text + (buffer.getvalue() if buffer is not None else ""))
 
     def close(self) -> None:
         """Write the lines threads left unended (after the rows ran)."""
