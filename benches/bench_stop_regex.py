@@ -209,15 +209,9 @@ def main() -> None:
         if args.out:
             args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + "\n".join(lines) + "\n")
         return
-    if args.run:
+    if args.run or args.threads:
         report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]
-                           + measure_run(args.repeats))
-        if args.out:
-            args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + report + "\n")
-        return
-    if args.threads:
-        report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]
-                           + measure_threads(args.repeats))
+                           + (measure_run if args.run else measure_threads)(args.repeats))
         if args.out:
             args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + report + "\n")
         return
