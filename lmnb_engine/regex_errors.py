@@ -25,7 +25,7 @@ import warnings
 from typing import Any
 
 from lmnb_engine.regex_ambiguous_class import ambiguous_class
-from lmnb_engine.regex_edges import empty_pattern_problem, lookahead_past_end_problem, without_edge_anchors
+from lmnb_engine.regex_edges import empty_pattern_problem, without_edge_anchors
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import invalid_regex, shown_regex
 from lmnb_engine.regex_references import (back_reference_problem, named_group_problem, named_reference_problem,
@@ -60,9 +60,9 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     Python's ``(?P<year>``), a syntax error (``invalid_regex``), a repeat count above what ``re``
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
-    number or Python's ``(?P=n)``, a lookbehind or a word boundary, which no backend can constrain
-    output with (``back_reference_problem``, ``assertion_problem``, the engine's words), or a lookahead
-    that reads past the pattern's end (``lookahead_past_end_problem``). The pattern
+    number or Python's ``(?P=n)``, a lookbehind or a word boundary, or a lookahead, which no backend
+    can constrain output with as ``re`` reads them (``back_reference_problem``, ``assertion_problem``,
+    ``lookahead_problem``, the engine's words). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
     ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
@@ -91,7 +91,7 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
     return (problem or back_reference_problem(parsed, pattern) or assertion_problem(parsed, pattern)
-            or lookahead_past_end_problem(pattern))
+            or lookahead_problem(parsed, pattern))
 
 
 # The fixes for a lookaround and a word boundary, in the engine's words (constrained.regex_check) and gen()'s
@@ -108,15 +108,32 @@ def assertion_problem(parsed, pattern: str) -> str | None:
     Rust's regex (outlines-core's, llguidance's) has no look-around, and outlines-core says "cannot
     build DFAs for regexes with Unicode word boundaries"; interegular (older outlines') says
     "lookbacks are not implemented" and "Escape \\b is not implemented"; so ``gen()`` refuses
-    them, as it does a back-reference. A lookahead is left to the backend (interegular builds one
-    that the pattern goes on past, ``a(?=b)\\w``), but for one that reads past the pattern's end
-    (``lookahead_past_end_problem``)."""
+    them, as it does a back-reference. A JSON schema's pattern is asked this too
+    (``json_schema.assertion_problem``); a ``regex`` constraint's lookahead, ``lookahead_problem``."""
     for op, av in walk(parsed):
         if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == -1:  # (direction -1: behind)
             kind = "a negative lookbehind" if op is constants.ASSERT_NOT else "a lookbehind"
             return unsupported_words(pattern, kind, LOOKAROUND_FIX)
         if op is constants.AT and av in BOUNDARIES:
             return unsupported_words(pattern, BOUNDARIES[av], BOUNDARY_FIX)
+    return None
+
+
+def lookahead_problem(parsed, pattern: str) -> str | None:
+    """The engine's words (``unsupported_words``, as ``constrained.regex_check`` says them) for the
+    first lookahead, ``(?=...)`` or ``(?!...)``, nested ones too, in the ``regex`` constraint
+    ``pattern`` parsed by ``re._parser`` (``parsed``), or None where it has none. No backend
+    constrains output with one as Python's ``re`` reads it: the engine cannot build one; xgrammar
+    says "Lookahead is not supported yet"; Rust's regex (outlines-core's, llguidance's) has no
+    look-around, and outlines-core fails with "error building NFA"; interegular (older outlines',
+    an SGLang server's) reads the lookahead's text as the output's own (its `` \\w+(?= )`` takes
+    " ab ", its ``a(?!b)`` takes "a ", which ``re.fullmatch`` refuses), so its output would not
+    match the pattern. So ``gen()`` refuses it, as it does a lookbehind. (A JSON schema's pattern
+    is not asked this: ``json_schema.assertion_problem`` asks ``assertion_problem`` alone.)"""
+    for op, av in walk(parsed):
+        if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == 1:  # (direction 1: ahead)
+            kind = "a negative lookahead" if op is constants.ASSERT_NOT else "a lookahead"
+            return unsupported_words(pattern, kind, LOOKAROUND_FIX)
     return None
 
 
@@ -130,9 +147,9 @@ def unsupported_words(pattern: str, feature: str, fix: str) -> str:
 def unbuilt_feature(pattern: str) -> str | None:
     """The engine's words for what in the ``regex`` constraint ``pattern`` no automaton can build (a
     lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
-    its edge anchors, as the engine asks), or None where it has none. ``gen()`` leaves these to the
-    backend but a back-reference, a lookbehind, a word boundary and a lookahead that reads past the
-    pattern's end (``pattern_problem``), but offers no pattern that holds one (``offer_taken``)."""
+    its edge anchors, as the engine asks), or None where it has none. ``gen()`` refuses some of these
+    itself (a back-reference, a lookaround, a word boundary) and leaves the rest to the backend, but offers no
+    pattern that holds one (``offer_taken``)."""
     from lmnb_engine.constrained.errors import GrammarError
     from lmnb_engine.constrained.regex_check import check_regex  # (torch-free; it imports this module)
 

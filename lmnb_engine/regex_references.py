@@ -64,8 +64,8 @@ def back_reference_problem(parsed, pattern: str) -> str | None:
     number or Python's ``(?P=n)``, in ``pattern`` parsed by ``re._parser`` (``parsed``:
     ``first_back_reference``), or None where it has none. No backend can constrain output with
     one (no regular language holds it: xgrammar says "Backreference is not supported yet",
-    outlines' automaton library has none), so ``gen()`` refuses it, as it does a lookbehind or a
-    word boundary, where it leaves a lookahead to the backend (``regex_errors.assertion_problem``)."""
+    outlines' automaton library has none), so ``gen()`` refuses it, as it does a lookaround
+    (``regex_errors.assertion_problem``, ``lookahead_problem``)."""
     found = first_back_reference(parsed, pattern)
     return found and f"regex {shown_regex(pattern)} {back_reference_words(*found)}"
 

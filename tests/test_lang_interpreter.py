@@ -697,10 +697,9 @@ def test_a_schema_patterns_lookbehind_or_word_boundary_is_refused_at_gen_where_i
 
 
 def test_a_schema_patterns_lookahead_is_refused_by_the_engine_where_it_stands():
-    """A schema pattern's lookahead, which interegular builds, is left to the backend by gen(), as in
-    a regex=; the engine, which builds none, refused it as "JSON schema pattern at #: regex ...", and
-    says now, as its other refusals of a schema's pattern do, "JSON schema at #/pattern: the
-    pattern ..."."""
+    """A schema pattern's lookahead is left to the backend by gen() (a regex='s is refused); the
+    engine, which builds none, refused it as "JSON schema pattern at #: regex ...", and says now,
+    as its other refusals of a schema's pattern do, "JSON schema at #/pattern: the pattern ..."."""
     from lmnb_engine.constrained.schema import schema_to_regex
 
     for schema, where in (({"type": "string", "pattern": "a(?=b)"}, "#/pattern"),
