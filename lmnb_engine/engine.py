@@ -1352,17 +1352,6 @@ class Engine:
         ids = self._to_ids(token_ids)
         self._check(ids, SamplingParams(max_new_tokens=0))
         key = getattr(ids, "input_key", ids)  # [issue 10] image positions are keyed by pixel hash
-
-        def lock() -> Optional[int]:
-            s = self.scheduler
-            match = s.cache.match_prefix(key)
-            if match.length < len(ids):
-                return None
-            s.cache.inc_lock_ref(match.node)
-            handle, s._next_pin = s._next_pin, s._next_pin + 1
-            s.pins[handle] = match.node
-            return handle
-
         for _ in range(3):
             handle, reqs = self._make_reqs(ids, SamplingParams(max_new_tokens=0))
             for req in reqs:  # (pinning is a cache action, not traffic: the hit rate leaves it out)
@@ -1370,7 +1359,7 @@ class Engine:
             r = self._run([(handle, reqs)])[0]
             if r.finish_reason.type == "abort":  # e.g. its KV came out NaN: nothing worth pinning
                 raise RuntimeError(f"could not compute the prefix to pin: {r.finish_reason.message}")
-            handle = self._call(lock)
+            handle = self._call(lambda: self.scheduler.pin(key))
             if handle is not None:
                 return handle
         raise RuntimeError("the prefix was evicted before it could be pinned; the KV pool is too busy, retry later")

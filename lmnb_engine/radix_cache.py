@@ -159,7 +159,7 @@ class RadixCache(PrefixCache):
         indices = torch.cat([child.value for child in path]) if path else _EMPTY
         return MatchResult(indices, node)
 
-    def _peek_path(self, key: Key) -> tuple[list[TreeNode], int]:
+    def peek_path(self, key: Key) -> tuple[list[TreeNode], int]:
         """(the nodes below the root that ``key`` enters, in order; matched length), changing
         nothing: no edge is split (the last node may match only part of its edge) and no access
         time is refreshed."""
@@ -178,7 +178,7 @@ class RadixCache(PrefixCache):
     def peek_prefix(self, key: Key) -> tuple[Optional[int], int]:
         """Like ``match_prefix`` but changes nothing: no edge is split and no access time is
         refreshed, so looking (e.g. to label a widget's paths) never alters LRU eviction order."""
-        path, pos = self._peek_path(key)
+        path, pos = self.peek_path(key)
         return (path[-1].id, pos) if pos else (None, 0)
 
     def insert(self, key: Key, indices: torch.Tensor) -> int:
@@ -261,7 +261,7 @@ class RadixCache(PrefixCache):
         """
         if self.kv_pool is None:
             return 0
-        path, _ = self._peek_path(key)  # dropping is not a use, for LRU's sake
+        path, _ = self.peek_path(key)  # dropping is not a use, for LRU's sake
         if not path:
             return 0
         bad = self.kv_pool.nonfinite_slots(torch.cat([c.value for c in path]))

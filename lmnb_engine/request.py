@@ -173,6 +173,12 @@ class Req:
         return len(self.origin_input_ids) + len(self.output_ids)
 
     @property
+    def kv_to_finish(self) -> int:
+        """KV slots the request holds once it has sampled ``max_new_tokens``: one per token but the
+        last sampled, which is never fed back (the prompt alone where it samples none)."""
+        return self.prompt_len + max(self.params.max_new_tokens - 1, 0)
+
+    @property
     def fill_ids(self) -> list[int]:
         """All tokens of the sequence: prompt then output."""
         return self.origin_input_ids + self.output_ids

@@ -304,16 +304,57 @@ class Scheduler:
         if failure is not None:
             raise failure
 
+    def pin(self, key: list) -> Optional[int]:
+        """Lock the cached prefix ``key`` (a cache key: token ids, or [issue 10] a multimodal
+        prompt's ``input_key``) for ``Engine.pin_prefix``; its new handle, or None if ``key`` is not
+        cached whole (evicted since it was computed). On the loop thread."""
+        match = self.cache.match_prefix(key)
+        if match.length < len(key):
+            return None
+        self.cache.inc_lock_ref(match.node)
+        handle, self._next_pin = self._next_pin, self._next_pin + 1
+        self.pins[handle] = match.node
+        return handle
+
     def pinned_tokens(self) -> int:
         """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
         ``protected_size``: that also counts the prefixes running requests lock."""
-        total, seen = 0, set()
+        return sum(len(node.key) for node in self._pinned_nodes().values())
+
+    def _pinned_nodes(self) -> dict[int, Any]:
+        """The tree nodes on a pinned path (below the root), each once, by ``id``."""
+        seen: dict[int, Any] = {}
         for node in self.pins.values():
             while node.parent is not None and id(node) not in seen:  # up to the root (or a counted node)
-                seen.add(id(node))
-                total += len(node.key)
+                seen[id(node)] = node
                 node = node.parent
-        return total
+        return seen
+
+    def _kept_out_by_pins(self, req: Req) -> Optional[FinishReason]:
+        """The abort of ``req``, as it arrives, if it cannot finish even alone beside the pinned
+        prefixes: its ``kv_to_finish`` slots, less the part of its prompt it would reuse from a
+        pinned prefix (counted as pinned already), exceed the pool's unpinned slots. Admitted, it
+        would generate until the pool ran out and then abort (``_unblock_head``, which still ends
+        one that a pin taken after it came keeps out). None if it can."""
+        if not self.pins:  # (none with the radix cache disabled either: pin_prefix refuses then)
+            return None
+        nodes = self._pinned_nodes()
+        pinned = sum(len(node.key) for node in nodes.values())
+        needs = req.kv_to_finish
+        # (only what an admission may reuse, max_prefix_len: a prompt pinned whole still computes its last token)
+        path, matched = self.cache.peek_path(req.cache_key(req.max_prefix_len()))
+        reused = 0
+        for node in path:  # a pinned path runs from the root, so the pinned nodes lead the path
+            if id(node) not in nodes:
+                break
+            reused = min(reused + len(node.key), matched)
+        free = self.kv_pool.size - pinned
+        if needs - reused <= free:
+            return None
+        already = f" ({reused} of them pinned already)" if reused else ""
+        return FinishReason("abort", message=option_message(
+            f"request needs {needs} KV slots to finish{already} but only {free} of {self.kv_pool.size} can be "
+            f"freed ({pinned} are pinned)", *_POOL_FIXES))
 
     def shut_down_error(self) -> RuntimeError:
         """The error of a call made once the loop has stopped (a shutdown, or a failed recovery)."""
@@ -392,9 +433,13 @@ class Scheduler:
             # (one ended before it came, aborted while its submit compiled the grammar: nothing more
             # is said of it, and its rid may be a newer request's by now)
             payload = [r for r in payload if not r.finished]
-            for req in [r for r in payload if r.to_abort]:  # (its grammar refused before it came)
-                self._finish(req, req.to_abort)
-            payload = [r for r in payload if not r.to_abort]
+            # (its grammar refused before it came; or the pins keep it out: admitted, it would
+            # generate until the pool ran out, then abort, the work wasted)
+            ends = [(r, r.to_abort or self._kept_out_by_pins(r)) for r in payload]
+            for req, end in ends:
+                if end is not None:
+                    self._finish(req, end)
+            payload = [r for r, end in ends if end is None]
             for req in payload:
                 req.arrival = self._arrivals
                 self._arrivals += 1
@@ -643,7 +688,7 @@ class Scheduler:
             FinishReason(
                 "abort",
                 message=option_message(
-                    f"request needs {head.prompt_len + head.params.max_new_tokens} KV slots to finish "
+                    f"request needs {head.kv_to_finish} KV slots to finish "
                     f"({head.seq_len} for its tokens so far) but only "
                     f"{self.kv_pool.available_size() + self.cache.evictable_size()} of {self.kv_pool.size} can be "
                     f"freed ({self.pinned_tokens()} are pinned)", *_POOL_FIXES

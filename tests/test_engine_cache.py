@@ -361,36 +361,90 @@ def test_a_chunked_prompt_waits_for_room_instead_of_failing_the_step(tiny_llama)
             eng.check_invariants()
 
 
+def _pinned_after_it_came(eng, prefix: list[int], prompt: list[int], params: SamplingParams):
+    """Submit ``prompt``, then pin ``prefix`` (cached already), the scheduler held meanwhile so
+    that both come before its next step: a pin taken after the request arrived, which its
+    arrival's check could not see. (handle, pin handle)."""
+    s = eng.scheduler
+    held, go = threading.Event(), threading.Event()
+    s.call(lambda: (held.set(), go.wait(60)))
+    assert held.wait(60)
+    handle = eng.submit(prompt, params)
+    pin = s.call(lambda: s.pin(prefix))
+    go.set()
+    return handle, pin.result(60)
+
+
 def test_a_prompt_that_cannot_fit_beside_pinned_prefixes_says_how_many_tokens_are_pinned(tiny_llama):
     """The count was the cache's protected size, which also holds the request's own locked chunks
-    (it said 320 of a 320-slot pool were pinned, with 200 pinned)."""
+    (it said 320 of a 320-slot pool were pinned, with 200 pinned). The pin comes after the request:
+    one before it is refused as the request arrives
+    (test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_arrives)."""
     import random
 
     with engine(tiny_llama, max_total_tokens=320, chunked_prefill_size=16) as eng:
         rng = random.Random(0)
-        handle = eng.pin_prefix([rng.randrange(10, 500) for _ in range(200)])
-        r = eng.generate([rng.randrange(10, 500) for _ in range(150)], SamplingParams(max_new_tokens=5))
+        prefix = [rng.randrange(10, 500) for _ in range(200)]
+        eng.generate(prefix, SamplingParams(max_new_tokens=0))
+        h, pin = _pinned_after_it_came(eng, prefix, [rng.randrange(10, 500) for _ in range(150)],
+                                       SamplingParams(max_new_tokens=5))
+        r = h.result(timeout=60)
         assert r.finish_reason.type == "abort"
         assert r.finish_reason.message == ("a chunked prompt needs more KV slots but none of 320 can be freed (200 are "
                                            "pinned); unpin prefixes, or raise max_total_tokens")
-        eng.unpin(handle)
+        eng.unpin(pin)
         assert_idle_accounting(eng)
 
 
 def test_a_request_that_cannot_finish_beside_pinned_prefixes_says_what_it_needs_to_finish(tiny_llama):
-    """It said its length at the abort ("needs 51 KV slots") where it needs prompt + max_new_tokens
-    slots to finish (55), which is what raising max_total_tokens or unpinning must give."""
+    """It said its length at the abort ("needs 51 KV slots") where it needs a slot for each of its
+    prompt + max_new_tokens tokens but the last, never fed back, to finish (54), which is what
+    raising max_total_tokens or unpinning must give. The pin comes after the request: it then
+    generates until the pool runs out (a slot for each of 45 + 6 tokens but the last)."""
     import random
-    import re
 
     with engine(tiny_llama, max_total_tokens=100) as eng:
         rng = random.Random(1)
-        handle = eng.pin_prefix([rng.randrange(10, 500) for _ in range(50)])
-        r = eng.generate([rng.randrange(10, 500) for _ in range(45)],
-                         SamplingParams(max_new_tokens=10, ignore_eos=True))
+        prefix = [rng.randrange(10, 500) for _ in range(50)]
+        eng.generate(prefix, SamplingParams(max_new_tokens=0))
+        h, pin = _pinned_after_it_came(eng, prefix, [rng.randrange(10, 500) for _ in range(45)],
+                                       SamplingParams(max_new_tokens=10, ignore_eos=True))
+        r = h.result(timeout=60)
         assert r.finish_reason.type == "abort"
-        assert re.fullmatch(r"request needs 55 KV slots to finish \((4[5-9]|5[0-4]) for its tokens so far\) but only "
-                            r"50 of 100 can be freed \(50 are pinned\); unpin prefixes, or raise max_total_tokens",
-                            r.finish_reason.message), r.finish_reason.message
-        eng.unpin(handle)
+        assert r.finish_reason.message == ("request needs 54 KV slots to finish (51 for its tokens so far) but only 50 "
+                                           "of 100 can be freed (50 are pinned); unpin prefixes, or raise max_total_tokens")
+        assert len(r.token_ids) == 6
+        eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
+def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_arrives(tiny_llama):
+    """It was admitted and generated until the pool ran out, then aborted: the work was wasted.
+    Pinned: 50 + 30 of a 150-token pool, 70 free. A request needs a slot for each token but its
+    last sampled one (prompt + max_new_tokens - 1), less the part of its prompt a pinned prefix
+    holds (at most all but its last token, which is computed again for its logits)."""
+    import random
+
+    with engine(tiny_llama, max_total_tokens=150) as eng:
+        rng = random.Random(2)
+        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
+        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        fresh = [rng.randrange(10, 500) for _ in range(45)]
+        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        for prompt, max_new, message in [
+            (fresh, 26, None),  # 45 + 26 - 1 = 70
+            (fresh, 27, f"request needs 71 KV slots to finish {refusal}"),
+            (a[:30] + fresh[:20], 51, None),  # 50 + 51 - 1 - 30 = 70
+            (a[:30] + fresh[:20], 52, f"request needs 101 KV slots to finish (30 of them pinned already) {refusal}"),
+            (a, 70, None),  # 50 + 70 - 1 - 49 = 70
+            (a, 71, f"request needs 120 KV slots to finish (49 of them pinned already) {refusal}"),
+        ]:
+            r = eng.generate(prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True))
+            if message is None:
+                assert (r.finish_reason.type, len(r.token_ids)) == ("length", max_new), r.finish_reason
+            else:
+                assert (r.finish_reason.type, r.finish_reason.message) == ("abort", message)
+                assert r.token_ids == [] and r.meta.forward_passes == 0
+        for pin in pins:
+            eng.unpin(pin)
         assert_idle_accounting(eng)

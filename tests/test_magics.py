@@ -491,11 +491,12 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
         assert ("makes the prompt 170 tokens (10 without it), more than the KV pool of 160 tokens; shorten the prompt or "
                 "the choice, or raise %lm load's --max-total-tokens\n") in cell_failure(
                     "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 160 + "']}")
-        # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise)
+        # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise; as the
+        # request arrives, where it generated until the pool ran out: 10 + 10 - 1 slots, 10 not pinned)
         assert run(ip, "%%lm --state pool_pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pool_pinned")[0].success
         # (which names the kernel's unpin, %lm unpin NAME: the cell has no Engine.unpin to call)
-        assert ("(150 are pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise "
-                "%lm load's --max-total-tokens\n" in
+        assert ("request needs 19 KV slots to finish but only 10 of 160 can be freed (150 are pinned); unpin a state "
+                "with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's --max-total-tokens\n" in
                 cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:
         run(ip, "%lm reset pool_pinned")
