@@ -567,8 +567,7 @@ def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
     from lmnb_engine.regex_tree import quiet_parse
 
     parsed = quiet_parse(classes_held(_ecma_as_python(pattern)[0]))
-    said = None if parsed is None else assertion_problem(parsed, pattern)
-    return said and said.replace("regex ", f"JSON schema at {where}: the pattern ", 1)
+    return None if parsed is None else assertion_problem(parsed, pattern, f"JSON schema at {where}: the pattern")
 
 
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)

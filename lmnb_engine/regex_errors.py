@@ -100,7 +100,7 @@ BOUNDARY_FIX = "spell out the characters allowed on each side"
 BOUNDARIES = {constants.AT_BOUNDARY: "a word boundary '\\b'", constants.AT_NON_BOUNDARY: "a non-word-boundary '\\B'"}
 
 
-def assertion_problem(parsed, pattern: str) -> str | None:
+def assertion_problem(parsed, pattern: str, subject: str = "regex") -> str | None:
     """The engine's words (``unsupported_words``, as ``constrained.regex_check`` says them) for the
     first lookbehind, ``(?<=...)`` or ``(?<!...)``, or word boundary, ``\\b`` or ``\\B``, nested ones
     too, in ``pattern`` parsed by ``re._parser`` (``parsed``), or None where it has none. No
@@ -109,13 +109,14 @@ def assertion_problem(parsed, pattern: str) -> str | None:
     build DFAs for regexes with Unicode word boundaries"; interegular (older outlines') says
     "lookbacks are not implemented" and "Escape \\b is not implemented"; so ``gen()`` refuses
     them, as it does a back-reference. A JSON schema's pattern is asked this too
-    (``json_schema.assertion_problem``); a ``regex`` constraint's lookahead, ``lookahead_problem``."""
+    (``json_schema.assertion_problem``); a ``regex`` constraint's lookahead, ``lookahead_problem``.
+    ``subject``: what the words call the pattern (``unsupported_words``)."""
     for op, av in walk(parsed):
         if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == -1:  # (direction -1: behind)
             kind = "a negative lookbehind" if op is constants.ASSERT_NOT else "a lookbehind"
-            return unsupported_words(pattern, kind, LOOKAROUND_FIX)
+            return unsupported_words(pattern, kind, LOOKAROUND_FIX, subject)
         if op is constants.AT and av in BOUNDARIES:
-            return unsupported_words(pattern, BOUNDARIES[av], BOUNDARY_FIX)
+            return unsupported_words(pattern, BOUNDARIES[av], BOUNDARY_FIX, subject)
     return None
 
 
@@ -137,10 +138,11 @@ def lookahead_problem(parsed, pattern: str) -> str | None:
     return None
 
 
-def unsupported_words(pattern: str, feature: str, fix: str) -> str:
+def unsupported_words(pattern: str, feature: str, fix: str, subject: str = "regex") -> str:
     """The engine's refusal of ``pattern`` for ``feature`` (e.g. "a lookbehind"), which no finite
-    automaton expresses, with the ``fix`` (``constrained.regex_check``'s words)."""
-    return (f"regex {shown_regex(pattern)} uses {feature}, which constrained decoding cannot support "
+    automaton expresses, with the ``fix`` (``constrained.regex_check``'s words); ``subject`` names
+    the pattern before its text (a schema's: "JSON schema at #/pattern: the pattern")."""
+    return (f"{subject} {shown_regex(pattern)} uses {feature}, which constrained decoding cannot support "
             f"(patterns compile to a finite automaton): {fix}")
 
 

@@ -59,15 +59,16 @@ def first_back_reference(parsed, pattern: str) -> tuple[str, str, int | None] | 
     return f"\\{group}", str(group), None
 
 
-def back_reference_problem(parsed, pattern: str) -> str | None:
+def back_reference_problem(parsed, pattern: str, subject: str = "regex") -> str | None:
     """The engine's words (``json_schema.back_reference_words``) for the first back-reference, by
     number or Python's ``(?P=n)``, in ``pattern`` parsed by ``re._parser`` (``parsed``:
     ``first_back_reference``), or None where it has none. No backend can constrain output with
     one (no regular language holds it: xgrammar says "Backreference is not supported yet",
     outlines' automaton library has none), so ``gen()`` refuses it, as it does a lookaround
-    (``regex_errors.assertion_problem``, ``lookahead_problem``)."""
+    (``regex_errors.assertion_problem``, ``lookahead_problem``).
+    ``subject`` names the pattern before its text (a schema's: "JSON schema at #/pattern: the pattern")."""
     found = first_back_reference(parsed, pattern)
-    return found and f"regex {shown_regex(pattern)} {back_reference_words(*found)}"
+    return found and f"{subject} {shown_regex(pattern)} {back_reference_words(*found)}"
 
 
 # A back-reference by name in the syntax of ECMA 262, .NET and the regex package (the name: group 1)

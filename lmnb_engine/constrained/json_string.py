@@ -261,11 +261,8 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     anchored = bool(parsed.data) and parsed.data[0] in _BEGINNINGS and parsed.data[-1] in _ENDS
     items = _without_edge_anchors(parsed.data, parsed.state)
     parsed.data = items
-    try:
-        check_parsed(parsed, pattern)
-    except GrammarError as e:
-        # (in the words of the schema's other pattern refusals, json_schema._refused_pattern, at the keyword's place)
-        raise GrammarError(str(e).replace("regex ", f"JSON schema at {where}/pattern: the pattern ", 1)) from None
+    # (in the words of the schema's other pattern refusals, json_schema._refused_pattern, at the keyword's place)
+    check_parsed(parsed, pattern, f"JSON schema at {where}/pattern: the pattern")
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
               else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
                   max_length is None and min_length == 1) else " characters")

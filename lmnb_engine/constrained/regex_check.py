@@ -145,31 +145,32 @@ def check_regex(pattern: str) -> None:
     check_parsed(parsed, pattern)
 
 
-def check_parsed(parsed, pattern: str) -> None:
-    """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages)."""
-    _check_nesting(pattern)
+def check_parsed(parsed, pattern: str, subject: str = "regex") -> None:
+    """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages,
+    which name it as ``subject``, e.g. "JSON schema at #/pattern: the pattern", before its text)."""
+    _check_nesting(pattern, subject)
     for op, av in walk(parsed):
         if op is _c.GROUPREF:  # (in the words of every refusal of one: json_schema.back_reference_words)
-            raise GrammarError(back_reference_problem(parsed, pattern))
+            raise GrammarError(back_reference_problem(parsed, pattern, subject))
         found = _unsupported(op, av)
         if found is not None:
-            raise GrammarError(unsupported_words(pattern, *found))
+            raise GrammarError(unsupported_words(pattern, *found, subject))
     count = largest_repeat(parsed)
     if count > MAX_REPEAT_COUNT:
-        raise GrammarError(_too_many(pattern, str(count)))
+        raise GrammarError(_too_many(pattern, str(count), subject))
 
 
-def _check_nesting(pattern: str) -> None:
+def _check_nesting(pattern: str, subject: str = "regex") -> None:
     depth = nesting_depth(pattern)
     if depth > MAX_NESTING:
         raise GrammarError(
-            f"regex {shown_regex(pattern)} nests parentheses {depth} levels deep, above the limit of {MAX_NESTING}: the "
-            "automaton library cannot build it; flatten the pattern (a group around a single item, or an "
+            f"{subject} {shown_regex(pattern)} nests parentheses {depth} levels deep, above the limit of {MAX_NESTING}: "
+            "the automaton library cannot build it; flatten the pattern (a group around a single item, or an "
             "alternative of alternatives, can be written without the extra level)")
 
 
-def _too_many(pattern: str, count: str) -> str:
+def _too_many(pattern: str, count: str, subject: str = "regex") -> str:
     shown = shown_regex(pattern)
-    return (f"regex {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
+    return (f"{subject} {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
             f"{MAX_REPEAT_COUNT}: its automaton would take too long to build; use an unbounded repeat "
             '("+" or "*") and bound the length with max_tokens instead')
