@@ -30,15 +30,17 @@ def check_device(device: str) -> str:
 
     Raises:
         ValueError: a name torch does not read (with the closest device type, ``cdua`` → ``cuda``),
-            a number past ``MAX_INDEX``, which torch reads as another device or not at all, or a
+            a number past ``MAX_INDEX``, which torch reads as another device or not at all (for cpu,
+            told to give ``cpu``, as a cpu number selects nothing), or a
             torch device the engine does not run on (``mps``, ``meta``).
     """
     m = DEVICE.fullmatch(device)
     if m is not None and m[1] in DEVICE_TYPES:
         if m[2] is not None and _past_max(m[2]):
-            listed = " (nvidia-smi lists the CUDA devices)" if m[1] == "cuda" else ""
+            fix = ("give the device's number, 0, 1, ... (nvidia-smi lists the CUDA devices)" if m[1] == "cuda"
+                   else "give 'cpu': a cpu device's number selects nothing (torch puts cpu:N's tensors on 'cpu')")
             raise ValueError(f"device {device!r}: its number is past {MAX_INDEX}, the largest torch reads as itself "
-                             f"(it reads {m[1]}:256 as {m[1]}:0); give the device's number, 0, 1, ...{listed}")
+                             f"(it reads {m[1]}:256 as {m[1]}:0); {fix}")
         return device
     if m is not None and m[1] in TORCH_ONLY_TYPES:
         raise ValueError(f"device {device!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")

@@ -451,6 +451,9 @@ def test_a_parameters_options_are_read_before_the_cells_above_the_parameters_cel
     (None, ["--device", "cuda:99999999999999999999"], "ValueError: device 'cuda:99999999999999999999': its number is "
      "past 127, the largest torch reads as itself (it reads cuda:256 as cuda:0); give the device's number, 0, 1, ... "
      "(nvidia-smi lists the CUDA devices)"),
+    (None, ["--device", "cpu:256"], "ValueError: device 'cpu:256': its number is past 127, the largest torch reads as "
+     "itself (it reads cpu:256 as cpu:0); give 'cpu': a cpu device's number selects nothing (torch puts cpu:N's "
+     "tensors on 'cpu')"),
     (None, ["--dtype", "flaot16"], "ValueError: unsupported dtype 'flaot16'; use float32, bfloat16 or float16; did you "
                                    "mean 'float16'?")])
 def test_a_backend_that_cannot_start_is_refused_before_any_cell_runs(tmp_path, model, options, said):

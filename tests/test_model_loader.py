@@ -647,7 +647,9 @@ def test_a_device_number_torch_does_not_read_as_itself_is_refused_saying_the_lar
     """--device cuda:99999999999999999999 passed a job's early check and failed only as the backend
     started, after the set-up cells ran (torch: "Could not parse device index"), and cuda:256 ran
     on cuda:0 (torch keeps a device's number in 8 bits). Each number torch does not read as itself,
-    or at all, is refused, naming the largest it does (127, which it reads) and the fix."""
+    or at all, is refused, naming the largest it does (127, which it reads) and the fix: for cuda the
+    device's number; for cpu 'cpu', as a cpu device's number selects nothing (it was told to give
+    "the device's number, 0, 1, ...")."""
     from lmnb_engine.device_names import check_device
 
     assert check_device(f"{kind}:127") == str(torch.device(f"{kind}:127"))
@@ -656,11 +658,14 @@ def test_a_device_number_torch_does_not_read_as_itself_is_refused_saying_the_lar
         assert str(torch.device(name)) != name
     except RuntimeError:
         pass  # (refused: past 2**31 - 1)
-    listed = " (nvidia-smi lists the CUDA devices)" if kind == "cuda" else ""
+    fix = {"cuda": "give the device's number, 0, 1, ... (nvidia-smi lists the CUDA devices)",
+           "cpu": "give 'cpu': a cpu device's number selects nothing (torch puts cpu:N's tensors on 'cpu')"}[kind]
     with pytest.raises(ValueError) as refused:
         check_device(name)
     assert str(refused.value) == (f"device {name!r}: its number is past 127, the largest torch reads as itself (it "
-                                  f"reads {kind}:256 as {kind}:0); give the device's number, 0, 1, ...{listed}")
+                                  f"reads {kind}:256 as {kind}:0); {fix}")
+    # (what the cpu words say holds: a tensor made on cpu:N is on 'cpu', as one made there)
+    assert torch.zeros(1, device="cpu:3").device == torch.zeros(1, device="cpu").device == torch.device("cpu")
     # (the example it gives is of the device type asked for, and holds: a cpu device was told of cuda's)
     assert str(torch.device(f"{kind}:256")) == f"{kind}:0"
 
