@@ -48,8 +48,10 @@ def check_device(device: str) -> str:
     known = kind if kind in DEVICE_TYPES else close_match(kind, DEVICE_TYPES)  # (cdua:1 → 'cuda:1')
     number = index.strip().lstrip("+")  # (cuda:01, cuda: 1, cuda:+1: torch reads none, but 1 is meant)
     if colon and not (number.isascii() and number.isdecimal() and not _past_max(number)):  # (cuda:-1, cuda:1:2)
-        hint = f"; did you mean '{known}:N'?" if known else ""
-        hint += " N is the device's number, 0, 1, ..."
+        if known == "cpu":  # (a cpu device's number selects nothing: no N to explain)
+            hint = "; did you mean 'cpu'?"
+        else:
+            hint = (f"; did you mean '{known}:N'?" if known else "") + " N is the device's number, 0, 1, ..."
     else:
         hint = f"; did you mean {known + colon + (str(int(number)) if colon else '')!r}?" if known else ""
     raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'{hint}")

@@ -675,11 +675,14 @@ def test_a_device_number_torch_does_not_read_as_itself_is_refused_saying_the_lar
     ("cuda:-1", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."), ("cdua:01", "; did you mean 'cuda:1'?"),
     ("cuda:1:2", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."), ("xyz:-1", " N is the device's number, 0, 1, ..."),
     ("cuda:0256", "; did you mean 'cuda:N'? N is the device's number, 0, 1, ..."),
+    ("cpu:-1", "; did you mean 'cpu'?"), ("cpu:1:2", "; did you mean 'cpu'?"), ("cpux:0256", "; did you mean 'cpu'?"),
 ])
 def test_a_device_whose_number_torch_does_not_read_is_offered_the_number_not_itself(name, hint):
     """--device cuda:01 (cuda: 1, cuda:-1) was told "did you mean 'cuda:01'?", the name given, as the
     offer only respelled the type: a right type is offered its number as torch.device reads one
-    (which takes each offer and refuses each name), or told what N is; a misspelt type is so too."""
+    (which takes each offer and refuses each name), or told what N is; a misspelt type is so too.
+    A cpu device with no number torch reads is offered 'cpu', as its number selects nothing (it was
+    offered 'cpu:N', "N is the device's number, 0, 1, ...")."""
     from lmnb_engine.device_names import check_device
 
     with pytest.raises(RuntimeError):
