@@ -4783,6 +4783,60 @@ def test_an_instance_a_users_module_makes_that_the_rows_change_is_noted(tmp_path
     assert notes == ([] if noted is None else [f"cell 1: {noted}"]), notes
 
 
+_HOLDS = _BUMPS.replace("self.n = 0\n", "self.n = 0\n        self.items = []\n        self.seen = {}\n")
+_INSTANCE_NOTE = ("(helpers.py, beside the notebook), an instance of C that the module makes once at its top level, is "
+                  "changed by the rows")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    # (a name bound to the instance, by a row or by the set-up, or to its method; the method called on the class)
+    ("import helpers", "c = helpers._c\nr = str(c.bump())",
+     "helpers._c, of `import helpers` {} (`c.bump()` in cell 3, c being `helpers._c`)"),
+    ("from helpers import _c\nk = _c", "r = str(k.bump())",
+     "_c, which `from helpers import _c` gives {} (`k.bump()` in cell 3, k being `_c`)"),
+    ("from helpers import _c\ndef use():\n    return k.bump()\nk = _c", "r = str(use())",
+     "_c, which `from helpers import _c` gives {} (`k.bump()` in use(), a function of cell 1, k being `_c`)"),
+    ("from helpers import C, _c", "r = str(C.bump(_c))",
+     "_c, which `from helpers import _c` gives {} (`C.bump(_c)` in cell 3)"),
+    ("import helpers as h", "r = str(h.C.bump(h._c))",
+     "h._c, of `import helpers as h` {} (`h.C.bump(h._c)` in cell 3)"),
+    ("from helpers import _c", "f = _c.bump\nr = str(f())",
+     "_c, which `from helpers import _c` gives {} (`f()` in cell 3, f being `_c.bump`)"),
+    ("import helpers\nf = helpers._c.bump", "r = str(f())",
+     "helpers._c, of `import helpers` {} (`f()` in cell 3, f being `helpers._c.bump`)"),
+    # (an attribute of it changed in place, by a name bound to it too)
+    ("from helpers import _c", "_c.items.append(q)\nr = str(len(_c.items))",
+     "_c, which `from helpers import _c` gives {} (`_c.items.append(q)` in cell 3)"),
+    ("import helpers", "helpers._c.seen[q] = 1\nr = str(len(helpers._c.seen))",
+     "helpers._c, of `import helpers` {} (`helpers._c.seen[q]` in cell 3)"),
+    ("import helpers", "items = helpers._c.items\nitems.append(q)\nr = str(len(items))",
+     "helpers._c, of `import helpers` {} (`items.append(q)` in cell 3, items being `helpers._c.items`)"),
+    # (not where the rows only read it by such a name, nor change a copy or an instance of their own, nor bind the
+    # name again)
+    ("import helpers", "c = helpers._c\nr = str(c.peek())", None),
+    ("from helpers import _c", "f = _c.peek\nr = str(f())", None),
+    ("from helpers import C, _c", "r = str(C.peek(_c))", None),
+    ("from helpers import C, _c", "r = str(C.bump(C()))", None),
+    ("import helpers\nk = helpers._c", "k = helpers.C()\nr = str(k.bump())", None),
+    ("import helpers\nk = helpers._c\ndef use():\n    k = helpers.C()\n    return k.bump()", "r = str(use())", None),
+    # (a set-up name bound to a list it holds is the row's copy in the job, Job.row_copy's)
+    ("from helpers import _c\nitems = _c.items", "items.append(q)\nr = str(len(items))", None),
+    ("import helpers", "c = helpers._c\nc = helpers.C()\nr = str(c.bump())", None),
+    ("from helpers import _c", "r = str(_c.items.count(q) + 1)", None),
+    ("from helpers import _c", "items = list(_c.items)\nitems.append(q)\nr = str(len(items))", None),
+    ("from helpers import _c", "items = _c.items[:]\nitems.append(q)\nr = str(len(items))", None),
+])
+def test_a_users_module_instance_changed_by_another_name_or_in_an_attribute_is_noted(tmp_path, monkeypatch, setup, cell,
+                                                                                     noted):
+    """_c = C() in helpers.py, changed by the rows through a name bound to it (`c = helpers._c;
+    c.bump()`, a set-up `k = _c`, `f = _c.bump; f()`), by its class's method (`C.bump(_c)`) or in an
+    attribute (`_c.items.append(q)`): the job imports the module once, so the rows go 1, 2, 3, where
+    each pass of the notebook gives 1; only `_c.bump()` and `_c.n = ...` themselves were followed."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _HOLDS}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert notes == ([] if noted is None else [f"cell 1: {noted.format(_INSTANCE_NOTE)}"]), notes
+
+
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
 
 
@@ -4827,10 +4881,12 @@ def test_a_function_a_users_package_gives_by_its_module_or_an_import_that_keeps_
     assert notes == ([] if noted is None else [f"cell 1: {noted}"])
 
 
-_OBJECT = ("class C:\n    def __init__(self):\n        self.n = 0\n\n    def bump(self):\n        self.n += 1\n"
+_OBJECT = ("class C:\n    def __init__(self):\n        self.n = 0\n        self.items = []\n\n    def bump(self):\n        self.n += 1\n"
            "        return self.n\n\n    def peek(self):\n        return self.n + 1\n\n_c = C()\n\n"
            "def remember(x):\n    return _c.bump()\n\ndef mark(x):\n    _c.n += 1\n    return _c.n\n\n"
-           "def look(x):\n    return _c.peek()\n\ndef fresh(x):\n    _c = C()\n    return _c.bump()\n")
+           "def look(x):\n    return _c.peek()\n\ndef fresh(x):\n    _c = C()\n    return _c.bump()\n\n"
+           "def keep(x):\n    _c.items.append(x)\n    return len(_c.items)\n\n"
+           "def alias(x):\n    c = _c\n    return C.bump(c)\n\ndef count(x):\n    return _c.items.count(x) + 1\n")
 
 
 @pytest.mark.parametrize("setup, cell, noted", [
@@ -4840,9 +4896,17 @@ _OBJECT = ("class C:\n    def __init__(self):\n        self.n = 0\n\n    def bum
     ("import helpers", "r = str(helpers.mark(q))",
      "helpers.mark, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the module's "
      "own globals _c"),
-    # (a method that only reads it, or an instance of the function's own)
+    # (in what an attribute of it holds, or through a name bound to it and its class's method: no note before)
+    ("from helpers import keep", "r = str(keep(q))",
+     "keep, which `from helpers import keep` gives (helpers.py, beside the notebook) and the rows call, changes the "
+     "module's own globals _c"),
+    ("import helpers", "r = str(helpers.alias(q))",
+     "helpers.alias, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the module's "
+     "own globals _c"),
+    # (a method that only reads it, or an instance of the function's own, or an attribute's read method)
     ("from helpers import look", "r = str(look(q))", None),
     ("from helpers import fresh", "r = str(fresh(q))", None),
+    ("from helpers import count", "r = str(count(q))", None),
 ])
 def test_an_object_the_users_module_makes_at_top_level_that_its_functions_change_is_noted(tmp_path, monkeypatch, setup,
                                                                                          cell, noted):

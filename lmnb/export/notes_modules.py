@@ -9,8 +9,9 @@ import copy
 from pathlib import Path
 from typing import Optional
 
-from lmnb.export.cells import Code, LMCell, _mutated, bound_by, class_attribute_changes
+from lmnb.export.cells import _CONTAINER_CHANGES, Code, LMCell, _mutated, bound_by, class_attribute_changes
 from lmnb.export.notes_defaults import _changed_defaults, _leaves_out, _made_once
+from lmnb.export.notes_objects import _unaliased
 from lmnb.export.notes_wording import _OWN_STATE
 from lmnb.export.read_only import _read_only_methods
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
@@ -192,8 +193,11 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
                 else:
                     continue
-                change = next((f"`{ast.unparse(n)}` in {where}" for where, t in placed for n in ast.walk(t)
-                               if _changes(n, caller, read_only)), None)
+                # (its class as the same import gives it, for `C.bump(_c)`)
+                named = f"{alias}.{cls}" if alias is not None else next(
+                    (n for n, original in names.items() if original == cls and n not in defined), None)
+                change = _instance_change(placed, len(_row_trees(row)), caller, read_only, named,
+                                          _setup_aliases(cells, row, caller), row_bound)
                 if change is not None:
                     notes.append(f"cell {c.index}: {what} ({file}, beside the notebook), an instance of {cls} that "
                                  f"the module makes once at its top level, is changed by the rows ({change}): the job "
@@ -203,15 +207,111 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     return notes
 
 
-def _changes(node, caller: str, read_only) -> bool:
+def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
     """Whether ``node`` (of a syntax tree) changes the object that the expression ``caller``
     ("_c", "helpers._c") gives by calling a method of it that is none of ``read_only``
-    (``_c.bump()``), or by setting or deleting an attribute of it (``_c.n = 1``, ``_c.n += 1``)."""
+    (``_c.bump()``, or ``C.bump(_c)`` where ``cls`` is how its class is named there, "C"), by
+    setting or deleting an attribute of it (``_c.n = 1``, ``_c.n += 1``), or by changing in place
+    what an attribute of it holds: a dict's, list's or set's change (``_c.items.append(x)``,
+    ``_c.rows[0].append(x)``), an item or an attribute set or deleted (``_c.seen[k] = 1``)."""
     import ast
 
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        return ast.unparse(node.func.value) == caller and node.func.attr not in read_only
-    return isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == caller
+        of = ast.unparse(node.func.value)
+        if of == caller or cls is not None and of == cls and node.args and ast.unparse(node.args[0]) == caller:
+            return node.func.attr not in read_only
+        return node.func.attr in _CONTAINER_CHANGES and _within(node.func.value, caller)
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
+        return ast.unparse(node.value) == caller and isinstance(node, ast.Attribute) or _within(node.value, caller)
+    return False
+
+
+def _within(node, caller: str) -> bool:
+    """Whether the expression ``node`` is an attribute of what ``caller`` gives, or an item of one,
+    all the way down (``_c.items``, ``_c.rows[0]``, ``_c.a.b``: the same objects that it holds,
+    not a slice's copy, ``_c.items[:]``)."""
+    import ast
+
+    while isinstance(node, ast.Attribute) or isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice):
+        node = node.value
+        if ast.unparse(node) == caller:
+            return True
+    return False
+
+
+def _setup_aliases(cells: list, row: list, caller: str) -> dict:
+    """Name → what it stands for ("_c", "_c.bump"), for each name that a set-up cell (of ``cells``,
+    those not in ``row``) binds last, at its top level, to the instance that the expression
+    ``caller`` gives (``k = _c``) or to an attribute of it (``f = _c.bump``), which the rows then
+    only call (``f()``: a row's copy of a list such a name holds, ``Job.row_copy``'s, changes
+    nothing of the instance)."""
+    import ast
+
+    out: dict = {}
+
+    def gives(node) -> str:  # (what node gives, a name bound above to the instance read as caller)
+        return caller if isinstance(node, ast.Name) and out.get(node.id) == caller else ast.unparse(node)
+
+    for _, stmt in _statements([c for c in cells if c not in row]):
+        for name in bound_by(stmt):
+            out.pop(name, None)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            if gives(stmt.value) == caller:
+                out[stmt.targets[0].id] = caller
+            elif isinstance(stmt.value, ast.Attribute) and gives(stmt.value.value) == caller:
+                out[stmt.targets[0].id] = f"{caller}.{stmt.value.attr}"
+    return out
+
+
+def _instance_change(placed: list, rows: int, caller: str, read_only, cls: Optional[str], given: dict,
+                     row_bound: set) -> Optional[str]:
+    """"`c.bump()` in cell 3, c being `helpers._c`": the first change (``_changes``) of the instance
+    that the expression ``caller`` gives, of class ``cls`` as the rows name it, in ``placed``
+    (``_local_module_state``'s (where, tree): the first ``rows`` of them the row cells, then the
+    set-up functions they call), itself or through a name they bind once to it or to what it holds
+    (``_bound_to``: a row cell's name is the later row cells' too), or a name of the set-up's that
+    they do not bind (``given``: ``_setup_aliases``; one bound to an attribute, only where they
+    call it); None where there is none."""
+    import ast
+
+    rows_bound = _bound_to([tree for _, tree in placed[:rows]], caller)
+    for i, (where, tree) in enumerate(placed):
+        own, binds = rows_bound if i < rows else _bound_to([tree], caller)
+        # (name → (what it stands for, whether that is the instance itself))
+        setup = {n: (ast.parse(v, mode="eval").body, v == caller) for n, v in given.items()
+                 if n not in binds and n not in row_bound}
+        for node in ast.walk(tree):
+            called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            aliases = {**{n: v for n, (v, whole) in setup.items() if whole or n == called}, **own}
+            resolved, alias = _unaliased(node, aliases) if aliases else (node, None)
+            if _changes(resolved, caller, read_only, cls):
+                being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
+                return f"`{ast.unparse(node)}` in {where}{being}"
+    return None
+
+
+def _bound_to(trees: list, caller: str) -> tuple[dict, set]:
+    """(name → the expression it stands for, for each name that ``trees`` bind once, by an
+    assignment to it alone, to the instance that the expression ``caller`` gives or to what it
+    holds, ``_within``'s, also through such a name bound above: ``c = helpers._c``, ``items =
+    c.items`` (items: ``helpers._c.items``); the names they bind at all, parameters too)."""
+    import ast
+
+    nodes = [n for tree in trees for n in ast.walk(tree)]
+    counts: dict = {}
+    for node in nodes:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) or isinstance(node, ast.arg):
+            name = node.id if isinstance(node, ast.Name) else node.arg
+            counts[name] = counts.get(name, 0) + 1
+    found: dict = {}
+    assigns = [(t, n) for t, tree in enumerate(trees) for n in ast.walk(tree) if isinstance(n, ast.Assign)]
+    for _, node in sorted(assigns, key=lambda tn: (tn[0], tn[1].lineno, tn[1].col_offset)):
+        target = node.targets[0]
+        if len(node.targets) == 1 and isinstance(target, ast.Name) and counts.get(target.id) == 1:
+            value = _unaliased(node.value, found)[0]
+            if ast.unparse(value) == caller or _within(value, caller):
+                found[target.id] = value
+    return found, set(counts)
 
 
 def _module_defaults(path: Path, parsed: dict) -> dict:
@@ -473,11 +573,11 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
         set_ = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
                 and n.id in declared}
-        # (an instance it changes by a method that is no read-only one, `_c.bump()`, or by setting an attribute)
-        called = {n.func.value.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
-                  and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-                  and n.func.value.id in objects and n.func.attr not in objects[n.func.value.id][1]}
-        changed = (called | set(_mutated(function, calls=False))) & set(objects)
+        # (an instance it changes by a method that is no read-only one, `_c.bump()` or `C.bump(_c)`, by setting an
+        # attribute, or in what an attribute holds, `_c.items.append(x)`, also through a name bound to it, `c = _c`)
+        changed = {o for o, (cls, read_only) in objects.items()
+                   if _instance_change([("", function)], 0, o, read_only, cls, {}, set())}
+        changed |= set(_mutated(function, calls=False)) & set(objects)
         changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed)
                                 - _function_locals(function))
     # (and what the module's functions they call change, its private ones too: `def ask(x): _remember(x)`)
