@@ -4837,6 +4837,31 @@ def test_a_users_module_instance_changed_by_another_name_or_in_an_attribute_is_n
     assert notes == ([] if noted is None else [f"cell 1: {noted.format(_INSTANCE_NOTE)}"]), notes
 
 
+@pytest.mark.parametrize("helpers, setup, cell, noted", [
+    (_HOLDS.replace("_c = C()", "c = C()"), "from helpers import *", "r = str(c.bump())",
+     "c, which `from helpers import *` gives {} (`c.bump()` in cell 3)"),
+    (_HOLDS.replace("_c = C()", "c = C()"), "from helpers import *", "r = str(C.bump(c))",
+     "c, which `from helpers import *` gives {} (`C.bump(c)` in cell 3)"),
+    (_HOLDS.replace("_c = C()", "__all__ = ['C', '_box']\n_box = C()"), "from helpers import *",
+     "_box.items.append(q)\nr = str(len(_box.items))", "_box, which `from helpers import *` gives {} "
+     "(`_box.items.append(q)` in cell 3)"),
+    # (a reload leaves it the first, as a from-import's)
+    (_HOLDS.replace("_c = C()", "c = C()"), "import importlib\nimport helpers\nfrom helpers import *",
+     "importlib.reload(helpers)\nr = str(c.bump())", "c, which `from helpers import *` gives {} (`c.bump()` in cell 3)"),
+    # (not where the rows only read it, or use their own)
+    (_HOLDS.replace("_c = C()", "c = C()"), "from helpers import *", "r = str(c.peek())", None),
+    (_HOLDS.replace("_c = C()", "c = C()"), "from helpers import *", "c = C()\nr = str(c.bump())", None),
+])
+def test_an_instance_a_star_import_of_a_users_module_gives_that_the_rows_change_is_noted(tmp_path, monkeypatch, helpers,
+                                                                                       setup, cell, noted):
+    """c = C() in helpers.py, `from helpers import *` once and c.bump() per row: the job imports the
+    module once, so the rows go 1, 2, 3, where each pass of the notebook gives 1, without a note
+    (only a from-import's or an import's instance was followed)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": helpers}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert notes == ([] if noted is None else [f"cell 1: {noted.format(_INSTANCE_NOTE)}"]), notes
+
+
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
 
 
@@ -4928,6 +4953,11 @@ _STORE = ("class Store:\n    def __init__(self):\n        self.items = []\n\n   
      "cell 1: c, an instance of Store that this cell makes once, is used by the rows (`c.add(q)` in cell 3)"),
     ("import helpers as h\nc = h.Store()", "r = str(c.add(q))",
      "cell 1: c, an instance of h.Store that this cell makes once, is used by the rows (`c.add(q)` in cell 3)"),
+    # (a class that a star import gives: no note before)
+    ("from helpers import *\nc = Store()", "r = str(c.add(q))",
+     "cell 1: c, an instance of Store that this cell makes once, is used by the rows (`c.add(q)` in cell 3)"),
+    ("from helpers import *\nc = Store()", "r = str(c.size() + 1)", None),
+    ("from helpers import *\nc = Deque()", "r = str(c.size() + 1)", None),
     # (a method that only reads it, an instance the row makes, or one of a class with a base, whose methods are not
     # all known here)
     ("from helpers import Store\nc = Store()", "r = str(c.size() + 1)", None),

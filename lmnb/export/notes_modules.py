@@ -191,11 +191,15 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 # (a row's reload makes helpers._c anew; a from-import's _c is still the first)
                 elif alias is not None and module not in reloaded:
                     caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
+                # (a star import's c, which a reload, as a from-import's, leaves the first)
+                elif names is None and alias is None and name in exported and name not in bound:
+                    caller, what = name, f"{name}, which `from {module} import *` gives"
                 else:
                     continue
                 # (its class as the same import gives it, for `C.bump(_c)`)
                 named = f"{alias}.{cls}" if alias is not None else next(
-                    (n for n, original in names.items() if original == cls and n not in defined), None)
+                    (n for n, original in names.items() if original == cls and n not in defined), None) \
+                    if names is not None else cls if cls in exported and cls not in bound else None
                 change = _instance_change(placed, len(_row_trees(row)), caller, read_only, named,
                                           _setup_aliases(cells, row, caller), row_bound)
                 if change is not None:
@@ -438,6 +442,9 @@ def _module_classes(setup: list, folder: Optional[Path], parsed: dict) -> dict:
         if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
             found = classes(stmt.module)
             out.update({a.asname or a.name: found[a.name] for a in stmt.names if a.name in found})
+            if stmt.names[0].name == "*" and found:  # (the classes it gives: _stateful_functions' names)
+                given = _stateful_functions(_parsed(_module_file(folder, stmt.module), parsed))[1]
+                out.update({name: methods for name, methods in found.items() if name in given})
         elif isinstance(stmt, ast.Import):
             for a in stmt.names:
                 out.update({f"{a.asname or a.name}.{cls}": methods for cls, methods in classes(a.name).items()})
@@ -565,9 +572,9 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     # (and what it imports by name, which a star import of it gives too: `from .helpers import remember`)
     imported = [a.asname or a.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom)
                 for a in stmt.names if a.name != "*"]
-    given = {name for name in [*functions, *classes, *imported]
-             if ((name in exported) if exported is not None else not name.startswith("_"))}
     objects = _module_instances(tree)
+    given = {name for name in [*functions, *classes, *imported, *objects]
+             if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
     for name, function in functions.items():
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
