@@ -4736,6 +4736,19 @@ _USES_STORE = "from store import seen\n\ndef remember(x):\n    seen.append(x)\n 
     (_USES_STORE.replace("seen.append(x)", "seen = [x]"), "import helpers", "r = str(helpers.remember(q))", None, "111"),
     (_USES_STORE.replace("    seen.append(x)\n", "").replace("len(seen)", "len(seen) + 1"), "import helpers",
      "r = str(helpers.remember(q))", None, "111"),
+    # (store's list reached as its attribute, `import store`: no note before; not where the function binds its own
+    # store, or only reads the list)
+    (_USES_STORE.replace("from store import seen", "import store").replace("seen", "store.seen"), "import helpers",
+     "r = str(helpers.remember(q))", "helpers.remember, of `import helpers` (helpers.py, beside the notebook), which",
+     "123"),
+    (_USES_STORE.replace("from store import seen", "import store as s").replace("seen", "s.seen"),
+     "from helpers import remember", "r = str(remember(q))",
+     "remember, which `from helpers import remember` gives (helpers.py, beside the notebook) and", "123"),
+    (_USES_STORE.replace("from store import seen", "import store").replace("seen", "store.seen").replace(
+        "(x):\n", "(x):\n    store = type('S', (), {'seen': []})\n"), "import helpers", "r = str(helpers.remember(q))",
+     None, "111"),
+    (_USES_STORE.replace("from store import seen", "import store").replace("    seen.append(x)\n", "").replace(
+        "len(seen)", "len(store.seen) + 1"), "import helpers", "r = str(helpers.remember(q))", None, "111"),
 ])
 def test_a_list_a_users_module_imports_from_another_that_its_function_changes_is_noted(tmp_path, monkeypatch, helpers,
                                                                                     setup, cell, noted, job):
@@ -4860,6 +4873,37 @@ def test_an_instance_a_star_import_of_a_users_module_gives_that_the_rows_change_
     notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": helpers}, setup, cell)
     assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
     assert notes == ([] if noted is None else [f"cell 1: {noted.format(_INSTANCE_NOTE)}"]), notes
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("import helpers", "helpers.seen.append(q)\nr = str(len(helpers.seen))",
+     "helpers.seen, of `import helpers` (helpers.py, beside the notebook), a list that the module makes once at its top "
+     "level, is changed by the rows (`helpers.seen.append(q)` in cell 3)"),
+    ("import helpers as h", "s = h.seen\ns[:0] = [q]\nr = str(len(s))",
+     "h.seen, of `import helpers as h` (helpers.py, beside the notebook), a list that the module makes once at its top "
+     "level, is changed by the rows (`s[:0]` in cell 3, s being `h.seen`)"),
+    ("import helpers\ndef add(x):\n    helpers.seen.append(x)\n    return len(helpers.seen)", "r = str(add(q))",
+     "helpers.seen, of `import helpers` (helpers.py, beside the notebook), a list that the module makes once at its top "
+     "level, is changed by the rows (`helpers.seen.append(x)` in add(), a function of cell 1)"),
+    ("from helpers import *", "seen.append(q)\nr = str(len(seen))",
+     "seen, which `from helpers import *` gives (helpers.py, beside the notebook), a list that the module makes once at "
+     "its top level, is changed by the rows (`seen.append(q)` in cell 3)"),
+    # (not where the rows only read it, change a copy, reload the module, or change the set-up's from-import, which the
+    # job copies per row)
+    ("import helpers", "r = str(helpers.seen.count(q) + 1)", None),
+    ("import helpers", "s = list(helpers.seen)\ns.append(q)\nr = str(len(s))", None),
+    ("import importlib\nimport helpers", "importlib.reload(helpers)\nhelpers.seen.append(q)\nr = str(len(helpers.seen))",
+     None),
+    ("from helpers import seen", "seen.append(q)\nr = str(len(seen))", None),
+])
+def test_a_list_a_users_module_makes_that_the_rows_change_as_its_attribute_is_noted(tmp_path, monkeypatch, setup, cell,
+                                                                                   noted):
+    """seen = [] in helpers.py, `import helpers` once and helpers.seen.append(q) per row (or seen.append(q)
+    of a star import): the job imports the module once, so the rows go 1, 2, 3, where each pass of
+    the notebook gives 1, without a note (only the module's own functions that change it were followed)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _SEEN_LIST}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert notes == ([] if noted is None else [f"cell 1: {noted}"]), notes
 
 
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}

@@ -203,12 +203,30 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 change = _instance_change(placed, len(_row_trees(row)), caller, read_only, named,
                                           _setup_aliases(cells, row, caller), row_bound)
                 if change is not None:
-                    notes.append(f"cell {c.index}: {what} ({file}, beside the notebook), an instance of {cls} that "
-                                 f"the module makes once at its top level, is changed by the rows ({change}): the job "
-                                 "imports the module once, so what one row changes, the next row sees, where each pass "
-                                 "of the notebook imports it anew, and rows running at once (--num-threads above 1) "
-                                 f"share it; {_OWN_STATE}")
+                    notes.append(_made_once_note(c.index, what, file, f"an instance of {cls}", change))
+            # (a dict, list or set it makes, which the rows change as the module's attribute, helpers.seen.append(q), or
+            # as a star import's name: not a from-import's, which is a set-up variable that the job copies per row)
+            for name, made in _containers(tree).items() if tree is not None else ():
+                if alias is not None and module not in reloaded:
+                    caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
+                elif names is None and alias is None and name in exported and name not in bound:
+                    caller, what = name, f"{name}, which `from {module} import *` gives"
+                else:
+                    continue
+                change = _instance_change(placed, len(_row_trees(row)), caller, None, None, {}, row_bound)
+                if change is not None:
+                    notes.append(_made_once_note(c.index, what, file, f"a {made}", change))
     return notes
+
+
+def _made_once_note(cell: int, what: str, file: str, kind: str, change: str) -> str:
+    """The note for an object (``kind``: "an instance of C", "a list") that a module of the user's
+    (``file``) makes at its top level, which the import of ``cell`` gives (``what``), and the rows
+    change (``change``: ``_instance_change``'s)."""
+    return (f"cell {cell}: {what} ({file}, beside the notebook), {kind} that the module makes once at its top "
+            f"level, is changed by the rows ({change}): the job imports the module once, so what one row changes, "
+            "the next row sees, where each pass of the notebook imports it anew, and rows running at once "
+            f"(--num-threads above 1) share it; {_OWN_STATE}")
 
 
 def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
@@ -217,16 +235,21 @@ def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
     (``_c.bump()``, or ``C.bump(_c)`` where ``cls`` is how its class is named there, "C"), by
     setting or deleting an attribute of it (``_c.n = 1``, ``_c.n += 1``), or by changing in place
     what an attribute of it holds: a dict's, list's or set's change (``_c.items.append(x)``,
-    ``_c.rows[0].append(x)``), an item or an attribute set or deleted (``_c.seen[k] = 1``)."""
+    ``_c.rows[0].append(x)``), an item or an attribute set or deleted (``_c.seen[k] = 1``).
+    ``read_only`` None: the object is a dict, list or set, which such a change of its own, or of
+    an item, changes (``helpers.seen.append(x)``, ``helpers.seen[k] = 1``)."""
     import ast
 
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         of = ast.unparse(node.func.value)
-        if of == caller or cls is not None and of == cls and node.args and ast.unparse(node.args[0]) == caller:
+        if read_only is not None and (of == caller or cls is not None and of == cls and node.args
+                                      and ast.unparse(node.args[0]) == caller):
             return node.func.attr not in read_only
-        return node.func.attr in _CONTAINER_CHANGES and _within(node.func.value, caller)
+        return node.func.attr in _CONTAINER_CHANGES and (of == caller or _within(node.func.value, caller))
     if isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
-        return ast.unparse(node.value) == caller and isinstance(node, ast.Attribute) or _within(node.value, caller)
+        if ast.unparse(node.value) == caller:  # (an instance's attribute; a dict's, list's or set's item)
+            return isinstance(node, ast.Attribute if read_only is not None else ast.Subscript)
+        return _within(node.value, caller)
     return False
 
 
@@ -374,8 +397,9 @@ def _module_state(path: Path, folder: Path, read: dict, parsed: dict, seen: tupl
     """``_stateful_functions`` of the module file ``path`` (read and parsed once an export: ``read``,
     path → its result), with what it imports from another module of the user's and so gives as its
     own (``from .helpers import remember`` in pkg/api.py, or in pkg/__init__.py): that module's
-    state for those names, each shown with its file ("seen (pkg/helpers.py)"). ({}, set()) for a
-    file that does not parse."""
+    state for those names, each shown with its file ("seen (pkg/helpers.py)"), and the dicts, lists
+    and sets of a module of the user's that it imports (``import store``), which its functions
+    change as its attributes (``store.seen.append(x)``). ({}, set()) for a file that does not parse."""
     import ast
 
     if path in read:
@@ -399,6 +423,13 @@ def _module_state(path: Path, folder: Path, read: dict, parsed: dict, seen: tupl
     # import seen`: the same object, which this module's functions change)
     shared = {a.asname or a.name: f"{a.name} ({source.relative_to(folder).as_posix()})" for i, stmt, source in sources
               for a in stmt.names if last.get(a.asname or a.name) == i and a.name in _containers(_parsed(source, parsed))}
+    # (and one such a module makes that this one reaches as its attribute, "store.seen" of `import store`, which
+    # its functions change so: store.seen.append(x))
+    shared.update({f"{a.asname or a.name}.{name}": f"{name} ({source.relative_to(folder).as_posix()})"
+                   for i, stmt in enumerate(tree.body) if isinstance(stmt, ast.Import) for a in stmt.names
+                   if last.get(a.asname or a.name.partition(".")[0]) == i
+                   and (source := _module_file(folder, a.name)) is not None
+                   for name in _containers(_parsed(source, parsed))})
     changes, exported = _stateful_functions(tree, shared)
     for i, stmt, source in sources:
         if source in seen:
@@ -508,17 +539,21 @@ def _dotted(node) -> bool:
     return isinstance(node, ast.Name)
 
 
-def _containers(tree) -> set:
-    """The names that a module's ``tree`` (None: a file that does not parse) binds last, at its top
-    level, to a new dict, list or set (``seen = []``: ``notes_defaults._made_once``)."""
+def _containers(tree) -> dict:
+    """Name → "dict", "list" or "set", for the names that a module's ``tree`` (None: a file that
+    does not parse) binds last, at its top level, to a new dict, list or set (``seen = []``:
+    ``notes_defaults._made_once``)."""
     import ast
 
-    out: set = set()
+    out: dict = {}
     for stmt in tree.body if tree is not None else []:
-        out -= set(bound_by(stmt))
+        for name in bound_by(stmt):
+            out.pop(name, None)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
                 and _made_once(stmt.value):
-            out.add(stmt.targets[0].id)
+            value = stmt.value
+            made = value.func.id if isinstance(value, ast.Call) else type(value).__name__.lower().removesuffix("comp")
+            out[stmt.targets[0].id] = made
     return out
 
 
@@ -546,13 +581,16 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
     the module binds at top level, or imports by name from another module of the user's (``shared``:
     its name here → that module's name and file, "seen (store.py)", which the result shows), that
-    it changes in place (``seen.append(x)``), or an instance of
+    it changes in place (``seen.append(x)``; or reaches as that module's attribute, ``shared``'s
+    "store.seen" of ``import store``: ``store.seen.append(x)``), or an instance of
     a class of the module it makes there, which it changes by a method that is no read-only one
-    (``_c.bump()``, ``read_only._read_only_methods``) or by setting an attribute, by itself or
+    (``_c.bump()``, ``read_only._read_only_methods``), by setting an attribute or in what an
+    attribute holds (``_c.items.append(x)``: ``_instance_change``), by itself or
     through the module's functions it calls by name (``_remember(x)``), and "C.m" → the attributes
     of class C, "C.n", that its method m changes (``class_attribute_changes``); the names of the
-    functions and classes that ``from m import *`` gives: its ``__all__`` where a list or tuple of
-    strings says, else the names without a leading "_"; those it imports by name too)."""
+    functions, classes, instances and dicts, lists and sets that ``from m import *`` gives: its
+    ``__all__`` where a list or tuple of strings says, else the names without a leading "_"; those
+    it imports by name too)."""
     import ast
 
     shared = shared or {}
@@ -573,7 +611,7 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     imported = [a.asname or a.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom)
                 for a in stmt.names if a.name != "*"]
     objects = _module_instances(tree)
-    given = {name for name in [*functions, *classes, *imported, *objects]
+    given = {name for name in [*functions, *classes, *imported, *objects, *_containers(tree)]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
     for name, function in functions.items():
@@ -587,6 +625,9 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
         changed |= set(_mutated(function, calls=False)) & set(objects)
         changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed)
                                 - _function_locals(function))
+        # (another module's, which it changes as that module's attribute: store.seen.append(x), shared's "store.seen")
+        changes[name] |= {key for key in shared if "." in key and key.partition(".")[0] not in _function_locals(function)
+                          and any(_changes(n, key, None) for n, _ in _own_nodes(function))}
     # (and what the module's functions they call change, its private ones too: `def ask(x): _remember(x)`)
     calls = {name: {n.func.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Name) and n.func.id in functions} - _function_locals(function)
