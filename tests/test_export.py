@@ -4824,9 +4824,19 @@ _INSTANCE_NOTE = ("(helpers.py, beside the notebook), an instance of C that the 
      "helpers._c, of `import helpers` {} (`helpers._c.seen[q]` in cell 3)"),
     ("import helpers", "items = helpers._c.items\nitems.append(q)\nr = str(len(items))",
      "helpers._c, of `import helpers` {} (`items.append(q)` in cell 3, items being `helpers._c.items`)"),
+    # (passed to a function of the set-up's or a row cell's that changes it)
+    ("from helpers import _c\ndef use(x):\n    return x.bump()", "r = str(use(_c))",
+     "_c, which `from helpers import _c` gives {} (`x.bump()` in use(), a function of cell 1, x being `_c`, passed by "
+     "`use(_c)` in cell 3)"),
+    ("import helpers", "def use(n, x):\n    x.items.append(n)\n    return len(x.items)\nc = helpers._c\nr = str(use(q, x=c))",
+     "helpers._c, of `import helpers` {} (`x.items.append(n)` in cell 3, in its use(), x being `helpers._c`, passed by "
+     "`use(q, x=c)` in cell 3)"),
     # (not where the rows only read it by such a name, nor change a copy or an instance of their own, nor bind the
     # name again)
     ("import helpers", "c = helpers._c\nr = str(c.peek())", None),
+    ("from helpers import _c\ndef use(x):\n    return x.peek()", "r = str(use(_c))", None),
+    ("from helpers import _c, C\ndef use(x):\n    x = C()\n    return x.bump()", "r = str(use(_c))", None),
+    ("from helpers import _c\ndef use(x):\n    return x.bump()", "use = lambda x: x.peek()\nr = str(use(_c))", None),
     ("from helpers import _c", "f = _c.peek\nr = str(f())", None),
     ("from helpers import C, _c", "r = str(C.peek(_c))", None),
     ("from helpers import C, _c", "r = str(C.bump(C()))", None),
@@ -4888,6 +4898,11 @@ def test_an_instance_a_star_import_of_a_users_module_gives_that_the_rows_change_
     ("from helpers import *", "seen.append(q)\nr = str(len(seen))",
      "seen, which `from helpers import *` gives (helpers.py, beside the notebook), a list that the module makes once at "
      "its top level, is changed by the rows (`seen.append(q)` in cell 3)"),
+    ("import helpers\ndef add(s, x):\n    s.append(x)\n    return len(s)", "r = str(add(helpers.seen, q))",
+     "helpers.seen, of `import helpers` (helpers.py, beside the notebook), a list that the module makes once at its top "
+     "level, is changed by the rows (`s.append(x)` in add(), a function of cell 1, s being `helpers.seen`, passed by "
+     "`add(helpers.seen, q)` in cell 3)"),
+    ("import helpers\ndef add(s, x):\n    return s.count(x) + 1", "r = str(add(helpers.seen, q))", None),
     # (not where the rows only read it, change a copy, reload the module, or change the set-up's from-import, which the
     # job copies per row)
     ("import helpers", "r = str(helpers.seen.count(q) + 1)", None),

@@ -96,6 +96,12 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
             attributes.setdefault(ast.unparse(func.value), set()).add(func.attr)
     reloaded = _reloaded_modules(cells, row)
     row_bound = set().union(*map(_cell_binds, row))
+    # (the functions the rows may pass an instance to, by name → (where, def): a row cell's, or a set-up one they call
+    # that no row cell binds again)
+    functions = {f[1]: (f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
+                 if (f[0], f[1]) in defs and f[1] not in row_bound}
+    functions.update({f.name: (f"{where}, in its {f.name}()", f) for where, tree in _row_trees(row)
+                      for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))})
     nodes = [n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Call)]  # (the calls, for defaults)
     notes, read = [], {}  # (read: path → _module_state of its source)
     parsed = {} if parsed is None else parsed  # (module file → its syntax tree: _parsed)
@@ -201,7 +207,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     (n for n, original in names.items() if original == cls and n not in defined), None) \
                     if names is not None else cls if cls in exported and cls not in bound else None
                 change = _instance_change(placed, len(_row_trees(row)), caller, read_only, named,
-                                          _setup_aliases(cells, row, caller), row_bound)
+                                          _setup_aliases(cells, row, caller), row_bound, functions)
                 if change is not None:
                     notes.append(_made_once_note(c.index, what, file, f"an instance of {cls}", change))
             # (a dict, list or set it makes, which the rows change as the module's attribute, helpers.seen.append(q), or
@@ -213,7 +219,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     caller, what = name, f"{name}, which `from {module} import *` gives"
                 else:
                     continue
-                change = _instance_change(placed, len(_row_trees(row)), caller, None, None, {}, row_bound)
+                change = _instance_change(placed, len(_row_trees(row)), caller, None, None, {}, row_bound, functions)
                 if change is not None:
                     notes.append(_made_once_note(c.index, what, file, f"a {made}", change))
     return notes
@@ -291,14 +297,15 @@ def _setup_aliases(cells: list, row: list, caller: str) -> dict:
 
 
 def _instance_change(placed: list, rows: int, caller: str, read_only, cls: Optional[str], given: dict,
-                     row_bound: set) -> Optional[str]:
+                     row_bound: set, functions: Optional[dict] = None) -> Optional[str]:
     """"`c.bump()` in cell 3, c being `helpers._c`": the first change (``_changes``) of the instance
     that the expression ``caller`` gives, of class ``cls`` as the rows name it, in ``placed``
     (``_local_module_state``'s (where, tree): the first ``rows`` of them the row cells, then the
     set-up functions they call), itself or through a name they bind once to it or to what it holds
     (``_bound_to``: a row cell's name is the later row cells' too), or a name of the set-up's that
     they do not bind (``given``: ``_setup_aliases``; one bound to an attribute, only where they
-    call it); None where there is none."""
+    call it), or in a function of ``functions`` (name → (where, its ``def``)) that they pass it to
+    (``use(_c)`` of ``def use(x): x.bump()``: ``_passed_change``); None where there is none."""
     import ast
 
     rows_bound = _bound_to([tree for _, tree in placed[:rows]], caller)
@@ -314,6 +321,31 @@ def _instance_change(placed: list, rows: int, caller: str, read_only, cls: Optio
             if _changes(resolved, caller, read_only, cls):
                 being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
                 return f"`{ast.unparse(node)}` in {where}{being}"
+            if called in (functions or {}) and (change := _passed_change(resolved, *functions[called], caller,
+                                                                          read_only, cls)):
+                return f"{change}, passed by `{ast.unparse(node)}` in {where}"
+    return None
+
+
+def _passed_change(call, where: str, function, caller: str, read_only, cls: Optional[str]) -> Optional[str]:
+    """"`x.bump()` in use(), a function of cell 1, x being `_c`": the first change (``_changes``)
+    that ``function`` (its ``def``, at ``where``) makes to the instance that the expression
+    ``caller`` gives, which ``call`` (its names read as what they stand for) passes it, through the
+    parameter that takes it (by position or by name; not a parameter the function binds again);
+    None where there is none."""
+    import ast
+
+    params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    passed = {**dict(zip(params, call.args)), **{k.arg: k.value for k in call.keywords if k.arg in params}}
+    bindings = [n.id if isinstance(n, ast.Name) else n.arg for n in ast.walk(function)
+                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) or isinstance(n, ast.arg)]
+    for param, arg in passed.items():
+        if ast.unparse(arg) != caller or bindings.count(param) != 1:  # (bound again: which value is not known)
+            continue
+        for node in ast.walk(function):
+            resolved, alias = _unaliased(node, {param: arg})
+            if alias is not None and _changes(resolved, caller, read_only, cls):
+                return f"`{ast.unparse(node)}` in {where}, {param} being `{caller}`"
     return None
 
 
