@@ -1331,6 +1331,12 @@ _SEEN = "def seen(x, acc=[]):\n    acc.append(x)\n    return len(acc)"
     ("def seen(x, *, acc={}):\n    acc[x] = 1\n    return len(acc)", "r = str(seen(q))", "123"),
     (_SEEN + "\ndef use(x):\n    return seen(x)", "r = str(use(q))", "123"),  # (through a set-up function)
     ("seen = lambda x, acc=[]: acc.append(x) or len(acc)", "r = str(seen(q))", "123"),  # (a lambda's)
+    # (by another name, a set-up cell's or a row cell's: no note before)
+    (_SEEN + "\ng = seen", "r = str(g(q))", "123"),
+    (_SEEN, "g = seen\nr = str(g(q))", "123"),
+    (_SEEN + "\ng = seen", "r = str(g(q, []))", "111"),
+    (_SEEN + "\ng = seen\ng = len", "r = str(g(q) + seen(q, []) - 1)", "111"),
+    (_SEEN + "\ng = seen", "g = len\nr = str(g(q) + seen(q, []) - 1)", "111"),
     # (not where each call passes its own, the default is made per call, bound again, or only read, nor for a
     # function of the row's, whose def runs per row)
     (_SEEN, "r = str(seen(q, []))", "111"),
@@ -1364,6 +1370,15 @@ def test_a_setup_functions_default_the_rows_change_carries_over_as_noted(tmp_pat
         "leaves it out gets that one): what one row changes, the next row sees, where each pass of the notebook runs "
         f"the def anew; default it to None and make a new one in the function (`if acc is None: acc = "
         f"{'{}' if 'acc={}' in setup else '[]'}`), and rows running at once (--num-threads above 1) share it"]), notes
+
+
+def test_two_setup_functions_defaults_the_rows_change_are_each_noted(tmp_path, monkeypatch):
+    """seen(q) and seen2(q) per row, each of a def with acc=[]: the job's rows go 1, 2, 3 for each, where
+    each pass of the notebook gives 1, and each is noted."""
+    setup = _SEEN + "\n" + _SEEN.replace("seen", "seen2")
+    notes, passes, rows = _one_cell_job(tmp_path, monkeypatch, setup, "r = str(seen(q) + seen2(q) - 1)")
+    assert passes == ["1", "1", "1"] and rows == ["1", "3", "5"]
+    assert [n.split(",")[0] for n in notes] == ["cell 1: seen", "cell 1: seen2"], notes
 
 
 _MAKE = "def make():\n    log = []\n    def add(x):\n        log.append(x)\n        return len(log)\n    return add"

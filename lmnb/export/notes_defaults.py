@@ -4,8 +4,8 @@ row to row in the job, where each pass of the notebook runs the ``def`` anew."""
 
 from __future__ import annotations
 
-from lmnb.export.cells import _mutated
-from lmnb.export.syntax import _bound_before_read, _function_locals, _own_nodes, _row_trees
+from lmnb.export.cells import _mutated, bound_by
+from lmnb.export.syntax import _bound_before_read, _function_locals, _own_nodes, _row_trees, _statements
 
 
 def _made_once(value) -> bool:
@@ -69,12 +69,13 @@ def _closures_of(function, name: str):
     return Without().visit(ast.Module(body=copy.deepcopy(function.body), type_ignores=[]))
 
 
-def _default_notes(row: list, called: list, defs: dict) -> list:
+def _default_notes(row: list, called: list, defs: dict, setup: list = ()) -> list:
     """The notes for the set-up functions the rows call (``called``: ``_called``; ``defs``: their
     ``def``s, ``_made_objects``') with a dict, list or set default that they change in place
     (``_changed_defaults``), where a call by name in a row cell (where no row cell binds that name)
     or in one of those functions leaves that parameter to its default (``seen(q)`` of ``def seen(x,
-    acc=[])``; not ``seen(q, [])``)."""
+    acc=[])``; not ``seen(q, [])``), also by another name bound to the function (``_function_names``:
+    ``g = seen`` of a ``setup`` cell or a row cell, then ``g(q)``)."""
     import ast
 
     functions = [(f[0], d) for f in called if (d := defs.get((f[0], f[1]))) is not None
@@ -83,14 +84,16 @@ def _default_notes(row: list, called: list, defs: dict) -> list:
     # functions, which read the script's globals, call the set-up one by it; bound after a call, the call is the
     # set-up one's)
     own = _bound_before_read(row)
+    setup_names, row_names = _function_names(setup, row, {d.name for _, d in functions})
+    aliases = {**{n: f for n, f in setup_names.items() if n not in own}, **row_names}
     calls = [n for tree in [t for _, t in _row_trees(row)] for n in ast.walk(tree)
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in own]
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and (n.func.id not in own or n.func.id in aliases)]
     calls += [n for _, d in functions for n in ast.walk(d) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     notes = []
     for index, function in functions:
         found = []
         for position, name, default in _changed_defaults(function):
-            if any(_leaves_out(c, position, name) for c in calls if c.func.id == function.name):
+            if any(_leaves_out(c, position, name) for c in calls if aliases.get(c.func.id, c.func.id) == function.name):
                 found.append((name, ast.unparse(default)))
         if found:
             names = [n for n, _ in found]
@@ -101,3 +104,29 @@ def _default_notes(row: list, called: list, defs: dict) -> list:
                          f"one in the function (`if {names[0]} is None: {names[0]} = {found[0][1]}`), and rows running "
                          "at once (--num-threads above 1) share it")
     return notes
+
+
+def _function_names(setup: list, row: list, functions: set) -> tuple[dict, dict]:
+    """(name → the set-up function of ``functions`` it stands for, for each name that a ``setup``
+    cell binds last, at its top level, to one (``g = seen``); the same for the names the ``row``
+    cells bind once, by an assignment to the name alone, and nowhere else (a parameter, a loop's
+    target: which value a call reads is not known here), to one they do not bind)."""
+    import ast
+
+    out: dict = {}
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out.pop(name, None)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and isinstance(stmt.value, ast.Name) and stmt.value.id in functions:
+            out[stmt.targets[0].id] = stmt.value.id
+    nodes = [n for _, tree in _row_trees(row) for n in ast.walk(tree)]
+    counts: dict = {}
+    for node in nodes:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) or isinstance(node, ast.arg):
+            name = node.id if isinstance(node, ast.Name) else node.arg
+            counts[name] = counts.get(name, 0) + 1
+    theirs = {n.targets[0].id: n.value.id for n in nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
+              and isinstance(n.targets[0], ast.Name) and counts.get(n.targets[0].id) == 1
+              and isinstance(n.value, ast.Name) and n.value.id in functions and counts.get(n.value.id) is None}
+    return out, theirs
