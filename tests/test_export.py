@@ -1040,6 +1040,11 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "            return f(*a) + str(n)\n        return w\n    return deco\n@counted()\ndef tag(x):\n    return x",
      "r = tag('t')", "cell 1: tag, which the rows call, is wrapped by counted(), whose closure keeps state by "
      "`nonlocal`: it carries over from row to row"),
+    # (a decorator a set-up call makes: no note before)
+    ("def make():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"
+     "            return f(*a) + str(n)\n        return w\n    return deco\ncounted = make()\n@counted\ndef tag(x):\n"
+     "    return x", "r = tag('t')", "cell 1: tag, which the rows call, is wrapped by counted, whose closure keeps state "
+     "by `nonlocal`: it carries over from row to row"),
     # (in a function the row cell defines and calls)
     ("it = iter('xyz')", "def take():\n    return next(it)\nr = take()",
      "cell 1: it, an iterator (iter()) that this cell makes once, is used by the rows (`next(it)` in cell 3, in its "
@@ -1119,6 +1124,12 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
     ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
+    # (a decorator a set-up call makes whose closure keeps nothing, or a name bound again to another)
+    ("def make():\n    def deco(f):\n        return lambda *a: f(*a) + '1'\n    return deco\ncounted = make()\n"
+     "@counted\ndef tag(x):\n    return x", "r = tag('t')"),
+    ("def make():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"
+     "            return f(*a) + str(n)\n        return w\n    return deco\ncounted = make()\ncounted = lambda f: f\n"
+     "@counted\ndef tag(x):\n    return x", "r = tag('t')"),
     (_COUNTER, "def f(x):\n    x = Counter()\n    return x.bump()\nr = str(f(c))"),  # (its x: a new one)
     # (a loop over a slice of a list of generators, or over a starred name's, runs through the list and consumes none
     # of them: it was noted as consuming them)

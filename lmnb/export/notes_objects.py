@@ -484,6 +484,16 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     setup_functions = {name: d for (_, name), d in sorted(defs.items(), key=lambda kv: kv[0][0]) if name not in bound}
     decorators = {name: d for (_, name), d in defs.items()
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
+    # (and a name a set-up cell binds, at its top level, to what such a function's call gives, `counted = make()`,
+    # where no later statement binds it again: the closure of that call keeps the state)
+    made_by_call: dict = {}
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            made_by_call.pop(name, None)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) in decorators:
+            made_by_call[stmt.targets[0].id] = decorators[ast.unparse(stmt.value.func)]
+    decorators.update(made_by_call)
     # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
     methods = {(c.index, s.name): [m for m in s.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
                for c, s in _statements(setup) if isinstance(s, ast.ClassDef)}
