@@ -1040,6 +1040,14 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "            return f(*a) + str(n)\n        return w\n    return deco\n@counted()\ndef tag(x):\n    return x",
      "r = tag('t')", "cell 1: tag, which the rows call, is wrapped by counted(), whose closure keeps state by "
      "`nonlocal`: it carries over from row to row"),
+    # (passed on through a second function, and a third: no note before)
+    (_COUNTER + "\ndef inner(y):\n    return y.bump()\ndef outer(x):\n    return inner(x)", "r = str(outer(c))",
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`y.bump()` in inner(), a "
+     "function of cell 1, y being `c`)"),
+    (_COUNTER + "\ndef bump(z):\n    return z.bump()\ndef inner(y):\n    return bump(y)\ndef outer(x):\n"
+     "    return inner(x)", "r = str(outer(c))",
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`z.bump()` in bump(), a "
+     "function of cell 1, z being `c`)"),
     # (a decorator a set-up call makes: no note before)
     ("def make():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"
      "            return f(*a) + str(n)\n        return w\n    return deco\ncounted = make()\n@counted\ndef tag(x):\n"
@@ -1124,6 +1132,13 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
     ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
+    # (passed on to a function that only reads it, binds its parameter again, or is passed a new one)
+    (_COUNTER + "\ndef inner(y):\n    return y.n + 1\ndef outer(x):\n    return inner(x)", "r = str(outer(c))"),
+    (_COUNTER + "\ndef inner(y):\n    y = Counter()\n    return y.bump()\ndef outer(x):\n    return inner(x)",
+     "r = str(outer(c))"),
+    (_COUNTER + "\ndef inner(y):\n    return y.bump()\ndef outer(x):\n    return inner(Counter()) + x.n",
+     "r = str(outer(c))"),
+    (_COUNTER + "\ndef loop(x, k):\n    return x.n + 1 if k == 0 else loop(x, k - 1)", "r = str(loop(c, 3))"),
     # (a decorator a set-up call makes whose closure keeps nothing, or a name bound again to another)
     ("def make():\n    def deco(f):\n        return lambda *a: f(*a) + '1'\n    return deco\ncounted = make()\n"
      "@counted\ndef tag(x):\n    return x", "r = tag('t')"),

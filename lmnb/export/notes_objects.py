@@ -342,7 +342,8 @@ def _stands_for(value, made: dict, held: dict) -> bool:
             or _items_of(value, held) is not None or _as_item(value, held) is not value)
 
 
-def _argument_places(places: list, row: list, made: dict, held: dict, owners: Optional[dict] = None) -> list:
+def _argument_places(places: list, row: list, made: dict, held: dict, owners: Optional[dict] = None,
+                     callers: Optional[list] = None) -> list:
     """For each function of ``places`` (``_carried_over``'s: a row cell's, or a set-up one the rows
     call) and each call of it at the top level of a row cell that passes it a set-up object, a held
     container or its item (``_stands_for``, after the cell's own ``_aliases``: ``f(c)``,
@@ -352,10 +353,13 @@ def _argument_places(places: list, row: list, made: dict, held: dict, owners: Op
     → a dict of the keyword ones: ``use(1, c)`` of ``def use(*xs)``, xs being ``(1, c)``, so that
     ``xs[1]`` is c). A parameter the function binds again is left out. ``owners``: id of a method's
     ``def`` → its set-up class, for a method of ``places``, called on a ``made`` instance of that
-    class (``u.use(c)``: its first parameter, self, is u)."""
+    class (``u.use(c)``: its first parameter, self, is u). ``callers``: the places whose calls are
+    read instead of the row cells' (such a place's function, its aliases: a function passed an
+    object that passes it on, ``inner(x)`` in ``def outer(x)``)."""
     import ast
 
-    calls = [(node, aliases) for _, tree in _row_trees(row) for aliases in [_aliases(tree, made, held)]
+    callers = [(tree, _aliases(tree, made, held)) for _, tree in _row_trees(row)] if callers is None else callers
+    calls = [(node, aliases) for tree, aliases in callers
              for node, _ in _own_nodes(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, (ast.Name, ast.Attribute))]
     out = []
@@ -478,8 +482,22 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     method_places = [(f"{s.name}.{m.name}(), a method of cell {c.index}", m, tuple(_function_locals(m)), False)
                      for c, s in _statements(setup) if isinstance(s, ast.ClassDef) for m in s.body
                      if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    places += _argument_places(places + method_places, row, made, held,
-                               {id(m[1]): m[0].split(".")[0] for m in method_places})
+    owners = {id(m[1]): m[0].split(".")[0] for m in method_places}
+
+    def key(place) -> tuple:  # (a function, and what its parameters stand for there)
+        return id(place[1]), *((param, ast.dump(value)) for param, value in place[4].items())
+
+    passed = _argument_places(places + method_places, row, made, held, owners)
+    # (and the functions those pass it on to, inner(x) in def outer(x), and so on: each place once, in a chain no
+    # longer than there are functions)
+    seen, new = set(map(key, passed)), passed
+    for _ in range(len(places) + len(method_places)):
+        new = [p for p in _argument_places(places + method_places, row, made, held, owners,
+                                           [(p[1], {**_aliases(p[1], made, held, p[4]), **p[4]}) for p in new])
+               if key(p) not in seen]
+        seen |= set(map(key, new))
+        passed += new
+    places += passed
     # (the set-up functions a row may call by name, which it may pass what a method passes out: f(tok.first()))
     setup_functions = {name: d for (_, name), d in sorted(defs.items(), key=lambda kv: kv[0][0]) if name not in bound}
     decorators = {name: d for (_, name), d in defs.items()
