@@ -1048,6 +1048,13 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "    return inner(x)", "r = str(outer(c))",
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`z.bump()` in bump(), a "
      "function of cell 1, z being `c`)"),
+    # (a function a set-up dict or list holds, called through it: no note before)
+    (_COUNTER + "\ndef use(x):\n    return x.bump()\nhandlers = {'a': use}", "r = str(handlers['a'](c))",
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`x.bump()` in use(), a "
+     "function of cell 1, x being `c`)"),
+    (_COUNTER + "\ndef use(x):\n    return x.bump()\ndef outer(x):\n    return hs[1](x)\nhs = [len, use]",
+     "r = str(outer(c))", "cell 1: c, an instance of Counter that this cell makes once, is used by the rows "
+     "(`x.bump()` in use(), a function of cell 1, x being `c`)"),
     # (a decorator a set-up call makes: no note before)
     ("def make():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"
      "            return f(*a) + str(n)\n        return w\n    return deco\ncounted = make()\n@counted\ndef tag(x):\n"
@@ -1139,6 +1146,14 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     (_COUNTER + "\ndef inner(y):\n    return y.bump()\ndef outer(x):\n    return inner(Counter()) + x.n",
      "r = str(outer(c))"),
     (_COUNTER + "\ndef loop(x, k):\n    return x.n + 1 if k == 0 else loop(x, k - 1)", "r = str(loop(c, 3))"),
+    # (called through a container, the function there only reads it, or the rows' own container, or one whose items
+    # the set-up moves)
+    (_COUNTER + "\ndef use(x):\n    return x.bump()\ndef peek(x):\n    return x.n + 1\nhs = {'a': use, 'b': peek}",
+     "r = str(hs['b'](c))"),
+    (_COUNTER + "\ndef use(x):\n    return x.bump()\ndef peek(x):\n    return x.n + 1\nhs = {'a': use}",
+     "hs = {'a': peek}\nr = str(hs['a'](c))"),
+    (_COUNTER + "\ndef use(x):\n    return x.bump()\ndef peek(x):\n    return x.n + 1\nhs = [peek, use]\nhs.reverse()",
+     "r = str(hs[1](c))"),
     # (a decorator a set-up call makes whose closure keeps nothing, or a name bound again to another)
     ("def make():\n    def deco(f):\n        return lambda *a: f(*a) + '1'\n    return deco\ncounted = make()\n"
      "@counted\ndef tag(x):\n    return x", "r = tag('t')"),

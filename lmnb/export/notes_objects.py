@@ -343,7 +343,7 @@ def _stands_for(value, made: dict, held: dict) -> bool:
 
 
 def _argument_places(places: list, row: list, made: dict, held: dict, owners: Optional[dict] = None,
-                     callers: Optional[list] = None) -> list:
+                     callers: Optional[list] = None, handlers: Optional[dict] = None) -> list:
     """For each function of ``places`` (``_carried_over``'s: a row cell's, or a set-up one the rows
     call) and each call of it at the top level of a row cell that passes it a set-up object, a held
     container or its item (``_stands_for``, after the cell's own ``_aliases``: ``f(c)``,
@@ -355,13 +355,14 @@ def _argument_places(places: list, row: list, made: dict, held: dict, owners: Op
     ``def`` → its set-up class, for a method of ``places``, called on a ``made`` instance of that
     class (``u.use(c)``: its first parameter, self, is u). ``callers``: the places whose calls are
     read instead of the row cells' (such a place's function, its aliases: a function passed an
-    object that passes it on, ``inner(x)`` in ``def outer(x)``)."""
+    object that passes it on, ``inner(x)`` in ``def outer(x)``). ``handlers``: ``_held_functions``'
+    (a call of an item of one by a constant, ``handlers['a'](c)``, calls the function there)."""
     import ast
 
     callers = [(tree, _aliases(tree, made, held)) for _, tree in _row_trees(row)] if callers is None else callers
     calls = [(node, aliases) for tree, aliases in callers
              for node, _ in _own_nodes(tree) if isinstance(node, ast.Call)
-             and isinstance(node.func, (ast.Name, ast.Attribute))]
+             and isinstance(node.func, (ast.Name, ast.Attribute, ast.Subscript))]
     out = []
     for where, function, skipped, _ in places:
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -374,6 +375,8 @@ def _argument_places(places: list, row: list, made: dict, held: dict, owners: Op
         rebound = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for call, aliases in calls:
             func = call.func
+            if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name):  # (handlers['a'](c))
+                func = ast.Name((handlers or {}).get(func.value.id, {}).get(_constant_key(func.slice), ""))
             if not (isinstance(func, ast.Name) and func.id == function.name if owner is None else
                     isinstance(func, ast.Attribute) and func.attr == function.name and isinstance(func.value, ast.Name)
                     and func.value.id in made and made[func.value.id][2] == owner):
@@ -398,6 +401,26 @@ def _argument_places(places: list, row: list, made: dict, held: dict, owners: Op
                     found[param.arg] = value
             if found:
                 out.append((where, function, tuple(n for n in skipped if n not in found), True, found))
+    return out
+
+
+def _held_functions(setup: list, functions: set) -> dict:
+    """Name → (its index or key → the name of the set-up function there), for each dict, list or
+    tuple display of names that a set-up cell binds last at its top level and then changes nowhere
+    (``_changed_in_place``), with an item one of ``functions`` (``handlers = {'a': use}``, ``hs =
+    [use]``): a call of its item by a constant, ``handlers['a'](c)``, calls that function."""
+    import ast
+
+    out: dict = {}
+    for _, stmt in _statements(setup):
+        for name in {*bound_by(stmt), *_changed_in_place(stmt, out)}:
+            out.pop(name, None)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            kind, items = _container_items(stmt.value)
+            if kind in ("dict", "list", "tuple") and all(k is not _ANY for k, _ in items):
+                found = {k: v.id for k, v in items if isinstance(v, ast.Name) and v.id in functions}
+                if found:
+                    out[stmt.targets[0].id] = found
     return out
 
 
@@ -487,14 +510,16 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     def key(place) -> tuple:  # (a function, and what its parameters stand for there)
         return id(place[1]), *((param, ast.dump(value)) for param, value in place[4].items())
 
-    passed = _argument_places(places + method_places, row, made, held, owners)
+    handlers = {name: found for name, found in _held_functions(setup, {name for _, name in defs}).items()
+                if name not in bound}
+    passed = _argument_places(places + method_places, row, made, held, owners, handlers=handlers)
     # (and the functions those pass it on to, inner(x) in def outer(x), and so on: each place once, in a chain no
     # longer than there are functions)
     seen, new = set(map(key, passed)), passed
     for _ in range(len(places) + len(method_places)):
         new = [p for p in _argument_places(places + method_places, row, made, held, owners,
-                                           [(p[1], {**_aliases(p[1], made, held, p[4]), **p[4]}) for p in new])
-               if key(p) not in seen]
+                                           [(p[1], {**_aliases(p[1], made, held, p[4]), **p[4]}) for p in new],
+                                           handlers) if key(p) not in seen]
         seen |= set(map(key, new))
         passed += new
     places += passed
