@@ -5026,7 +5026,10 @@ _OBJECT = ("class C:\n    def __init__(self):\n        self.n = 0\n        self.
            "def remember(x):\n    return _c.bump()\n\ndef mark(x):\n    _c.n += 1\n    return _c.n\n\n"
            "def look(x):\n    return _c.peek()\n\ndef fresh(x):\n    _c = C()\n    return _c.bump()\n\n"
            "def keep(x):\n    _c.items.append(x)\n    return len(_c.items)\n\n"
-           "def alias(x):\n    c = _c\n    return C.bump(c)\n\ndef count(x):\n    return _c.items.count(x) + 1\n")
+           "def alias(x):\n    c = _c\n    return C.bump(c)\n\ndef count(x):\n    return _c.items.count(x) + 1\n\n"
+           "_it = iter(range(1, 9))\n\ndef take(x):\n    return next(_it)\n\ndef _gen():\n    n = 0\n    while True:\n"
+           "        n += 1\n        yield n\n\n_g = _gen()\n\ndef tick(x):\n    for n in _g:\n        return n\n\n"
+           "def fresh_it(x):\n    _it = iter(range(1, 9))\n    return next(_it)\n")
 
 
 @pytest.mark.parametrize("setup, cell, noted", [
@@ -5043,6 +5046,14 @@ _OBJECT = ("class C:\n    def __init__(self):\n        self.n = 0\n        self.
     ("import helpers", "r = str(helpers.alias(q))",
      "helpers.alias, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the module's "
      "own globals _c"),
+    # (an iterator or a generator it makes at its top level, which its function runs through: no note before)
+    ("from helpers import take", "r = str(take(q))",
+     "take, which `from helpers import take` gives (helpers.py, beside the notebook) and the rows call, changes the "
+     "module's own globals _it"),
+    ("import helpers", "r = str(helpers.tick(q))",
+     "helpers.tick, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes the module's "
+     "own globals _g"),
+    ("from helpers import fresh_it", "r = str(fresh_it(q))", None),
     # (a method that only reads it, or an instance of the function's own, or an attribute's read method)
     ("from helpers import look", "r = str(look(q))", None),
     ("from helpers import fresh", "r = str(fresh(q))", None),

@@ -11,9 +11,9 @@ from typing import Optional
 
 from lmnb.export.cells import _CONTAINER_CHANGES, Code, LMCell, _mutated, bound_by, class_attribute_changes
 from lmnb.export.notes_defaults import _changed_defaults, _leaves_out, _made_once
-from lmnb.export.notes_objects import _unaliased
+from lmnb.export.notes_objects import _ITERATOR_CALLS, _unaliased
 from lmnb.export.notes_wording import _OWN_STATE
-from lmnb.export.read_only import _read_only_methods
+from lmnb.export.read_only import _ITERATING_BUILTINS, _read_only_methods
 from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
 
 
@@ -608,6 +608,24 @@ def _module_instances(tree) -> dict:
     return {name: (cls, read_only[cls]) for name, cls in objects.items() if cls in read_only}
 
 
+def _module_iterators(tree, functions: dict) -> set:
+    """The names that a module's ``tree`` binds last, at its top level, to an iterator it makes
+    there: a call of ``notes_objects._ITERATOR_CALLS`` (``_it = iter(xs)``), of one of its generator
+    functions (``functions``: name → ``def``) or a generator expression."""
+    import ast
+
+    generators = {name for name, d in functions.items()
+                  if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(d))}
+    out: set = set()
+    for stmt in tree.body:
+        out -= set(bound_by(stmt))
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and (
+                isinstance(stmt.value, ast.GeneratorExp) or isinstance(stmt.value, ast.Call)
+                and ast.unparse(stmt.value.func) in _ITERATOR_CALLS | generators):
+            out.add(stmt.targets[0].id)
+    return out
+
+
 def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]:
     """(function name → the module globals it changes, for the top-level functions of a module's
     ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
@@ -617,7 +635,8 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     "store.seen" of ``import store``: ``store.seen.append(x)``), or an instance of
     a class of the module it makes there, which it changes by a method that is no read-only one
     (``_c.bump()``, ``read_only._read_only_methods``), by setting an attribute or in what an
-    attribute holds (``_c.items.append(x)``: ``_instance_change``), by itself or
+    attribute holds (``_c.items.append(x)``: ``_instance_change``), or an iterator it makes there
+    (``_module_iterators``), which it runs through (``next(_it)``, ``for x in _it``), by itself or
     through the module's functions it calls by name (``_remember(x)``), and "C.m" → the attributes
     of class C, "C.n", that its method m changes (``class_attribute_changes``); the names of the
     functions, classes, instances and dicts, lists and sets that ``from m import *`` gives: its
@@ -643,6 +662,7 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     imported = [a.asname or a.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom)
                 for a in stmt.names if a.name != "*"]
     objects = _module_instances(tree)
+    iterators = _module_iterators(tree, functions)
     given = {name for name in [*functions, *classes, *imported, *objects, *_containers(tree)]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
@@ -657,6 +677,13 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
         changed |= set(_mutated(function, calls=False)) & set(objects)
         changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed)
                                 - _function_locals(function))
+        # (an iterator the module makes, which it runs through: next(_it), for x in _it, list(_it))
+        consumed = {n.args[0].id for n, _ in _own_nodes(function) if isinstance(n, ast.Call) and n.args
+                    and isinstance(n.func, ast.Name) and n.func.id in {"next", *_ITERATING_BUILTINS}
+                    and isinstance(n.args[0], ast.Name)}
+        consumed |= {n.iter.id for n, _ in _own_nodes(function)
+                     if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(n.iter, ast.Name)}
+        changes[name] |= consumed & iterators - _function_locals(function)
         # (another module's, which it changes as that module's attribute: store.seen.append(x), shared's "store.seen")
         changes[name] |= {key for key in shared if "." in key and key.partition(".")[0] not in _function_locals(function)
                           and any(_changes(n, key, None) for n, _ in _own_nodes(function))}
