@@ -4977,6 +4977,27 @@ def test_a_list_a_users_module_makes_that_the_rows_change_as_its_attribute_is_no
     assert notes == ([] if noted is None else [f"cell 1: {noted}"]), notes
 
 
+_ITERATES = "_it = iter(range(1, 9))\n"
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("import helpers", "r = str(next(helpers._it))", "helpers._it, of `import helpers`"),
+    ("from helpers import _it", "for n in _it:\n    break\nr = str(n)", "_it, which `from helpers import _it` gives"),
+    ("from helpers import _it as it\nk = it", "r = str(next(k))", "it, which `from helpers import _it as it` gives"),
+    # (not where each row reloads the module and runs through the new one, nor through one of its own)
+    ("import importlib\nimport helpers", "importlib.reload(helpers)\nr = str(next(helpers._it))", None),
+    ("import helpers", "r = str(next(iter(range(1, 9))))", None),
+])
+def test_an_iterator_a_users_module_makes_that_the_rows_run_through_is_noted(tmp_path, monkeypatch, setup, cell, noted):
+    """_it = iter(range(1, 9)) in helpers.py, next(helpers._it) per row: the job imports the module
+    once, so the rows go 1, 2, 3, where each pass of the notebook gives 1, without a note (only the
+    module's own functions that run through it were followed)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _ITERATES}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert [n.split(" (helpers.py")[0] for n in notes] == ([] if noted is None else [f"cell 1: {noted}"]), notes
+    assert all("an iterator that the module makes once at its top level, is changed by the rows" in n for n in notes)
+
+
 _PKG = {"pkg/__init__.py": "", "pkg/helpers.py": _HELPERS + "\n" + _CACHE}
 
 

@@ -189,7 +189,11 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                                  "anew, and rows running at once (--num-threads above 1) share it; default it to None "
                                  f"and make a new one in the function (`if {left[0][0]} is None: {left[0][0]} = "
                                  f"{left[0][1]}`)")
-            for name, (cls, read_only) in _module_instances(tree).items() if (tree := _parsed(path, parsed)) else ():
+            # (its instances, and its iterators, which the rows change by running through them: next(_it))
+            tree = _parsed(path, parsed)
+            made = [*(_module_instances(tree).items() if tree is not None else ()),
+                    *((name, (None, _ITERATES)) for name in (_module_iterators(tree) if tree is not None else ()))]
+            for name, (cls, read_only) in made:
                 local = next((n for n, original in (names or {}).items() if original == name), None)
                 if names is not None and local is not None and local not in defined:
                     shown = name if local == name else f"{name} as {local}"
@@ -209,10 +213,11 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 change = _instance_change(placed, len(_row_trees(row)), caller, read_only, named,
                                           _setup_aliases(cells, row, caller), row_bound, functions)
                 if change is not None:
-                    notes.append(_made_once_note(c.index, what, file, f"an instance of {cls}", change))
+                    notes.append(_made_once_note(c.index, what, file, f"an instance of {cls}" if cls else "an iterator",
+                                                 change))
             # (a dict, list or set it makes, which the rows change as the module's attribute, helpers.seen.append(q), or
             # as a star import's name: not a from-import's, which is a set-up variable that the job copies per row)
-            for name, made in _containers(tree).items() if tree is not None else ():
+            for name, container in _containers(tree).items() if tree is not None else ():
                 if alias is not None and module not in reloaded:
                     caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
                 elif names is None and alias is None and name in exported and name not in bound:
@@ -221,7 +226,7 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     continue
                 change = _instance_change(placed, len(_row_trees(row)), caller, None, None, {}, row_bound, functions)
                 if change is not None:
-                    notes.append(_made_once_note(c.index, what, file, f"a {made}", change))
+                    notes.append(_made_once_note(c.index, what, file, f"a {container}", change))
     return notes
 
 
@@ -235,6 +240,10 @@ def _made_once_note(cell: int, what: str, file: str, kind: str, change: str) -> 
             f"(--num-threads above 1) share it; {_OWN_STATE}")
 
 
+# (``_changes``' read_only for an iterator, which a run through it changes)
+_ITERATES = object()
+
+
 def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
     """Whether ``node`` (of a syntax tree) changes the object that the expression ``caller``
     ("_c", "helpers._c") gives by calling a method of it that is none of ``read_only``
@@ -243,9 +252,12 @@ def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
     what an attribute of it holds: a dict's, list's or set's change (``_c.items.append(x)``,
     ``_c.rows[0].append(x)``), an item or an attribute set or deleted (``_c.seen[k] = 1``).
     ``read_only`` None: the object is a dict, list or set, which such a change of its own, or of
-    an item, changes (``helpers.seen.append(x)``, ``helpers.seen[k] = 1``)."""
+    an item, changes (``helpers.seen.append(x)``, ``helpers.seen[k] = 1``); ``_ITERATES``: an
+    iterator, which a run through it changes (``_consumes``)."""
     import ast
 
+    if read_only is _ITERATES:
+        return _consumes(node, caller)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         of = ast.unparse(node.func.value)
         if read_only is not None and (of == caller or cls is not None and of == cls and node.args
@@ -257,6 +269,18 @@ def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
             return isinstance(node, ast.Attribute if read_only is not None else ast.Subscript)
         return _within(node.value, caller)
     return False
+
+
+def _consumes(node, caller: str) -> bool:
+    """Whether ``node`` (of a syntax tree) runs through the iterator that the expression ``caller``
+    gives: ``next(_it)``, a builtin that iterates it (``list(_it)``: ``_ITERATING_BUILTINS``), or
+    a ``for`` loop or a comprehension over it."""
+    import ast
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args \
+            and node.func.id in {"next", *_ITERATING_BUILTINS}:
+        return ast.unparse(node.args[0]) == caller
+    return isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and ast.unparse(node.iter) == caller
 
 
 def _within(node, caller: str) -> bool:
@@ -608,14 +632,14 @@ def _module_instances(tree) -> dict:
     return {name: (cls, read_only[cls]) for name, cls in objects.items() if cls in read_only}
 
 
-def _module_iterators(tree, functions: dict) -> set:
+def _module_iterators(tree) -> set:
     """The names that a module's ``tree`` binds last, at its top level, to an iterator it makes
     there: a call of ``notes_objects._ITERATOR_CALLS`` (``_it = iter(xs)``), of one of its generator
-    functions (``functions``: name → ``def``) or a generator expression."""
+    functions or a generator expression."""
     import ast
 
-    generators = {name for name, d in functions.items()
-                  if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(d))}
+    generators = {d.name for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(d))}
     out: set = set()
     for stmt in tree.body:
         out -= set(bound_by(stmt))
@@ -662,8 +686,8 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     imported = [a.asname or a.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom)
                 for a in stmt.names if a.name != "*"]
     objects = _module_instances(tree)
-    iterators = _module_iterators(tree, functions)
-    given = {name for name in [*functions, *classes, *imported, *objects, *_containers(tree)]
+    iterators = _module_iterators(tree)
+    given = {name for name in [*functions, *classes, *imported, *objects, *iterators, *_containers(tree)]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
     for name, function in functions.items():
