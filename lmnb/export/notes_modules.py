@@ -84,8 +84,9 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
     used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
     # (where → its tree: the row cells, "cell 3", and the set-up functions they call, "use(), a function of cell 1")
-    placed = _row_trees(row) + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
-                                if (f[0], f[1]) in defs]
+    row_placed = _row_trees(row)
+    placed = row_placed + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
+                           if (f[0], f[1]) in defs]
     trees = [tree for _, tree in placed]
     # (alias → the module's functions that the rows call as its attributes: helpers.remember(x), and
     # pkg.helpers.remember(x) of `import pkg.helpers`, whose alias is the dotted name)
@@ -100,9 +101,11 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     # that no row cell binds again)
     functions = {f[1]: (f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
                  if (f[0], f[1]) in defs and f[1] not in row_bound}
-    functions.update({f.name: (f"{where}, in its {f.name}()", f) for where, tree in _row_trees(row)
+    functions.update({f.name: (f"{where}, in its {f.name}()", f) for where, tree in row_placed
                       for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))})
     nodes = [n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Call)]  # (the calls, for defaults)
+    setup_statements = [stmt for _, stmt in _statements([c for c in cells if c not in row])]
+    walks: dict = {}  # (_walked's, for each tree)
     notes, read = [], {}  # (read: path → _module_state of its source)
     parsed = {} if parsed is None else parsed  # (module file → its syntax tree: _parsed)
     for c in cells:
@@ -210,8 +213,8 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 named = f"{alias}.{cls}" if alias is not None else next(
                     (n for n, original in names.items() if original == cls and n not in defined), None) \
                     if names is not None else cls if cls in exported and cls not in bound else None
-                change = _instance_change(placed, len(_row_trees(row)), caller, read_only, named,
-                                          _setup_aliases(cells, row, caller), row_bound, functions)
+                change = _instance_change(placed, len(row_placed), caller, read_only, named,
+                                          _setup_aliases(setup_statements, caller), row_bound, functions, walks)
                 if change is not None:
                     notes.append(_made_once_note(c.index, what, file, f"an instance of {cls}" if cls else "an iterator",
                                                  change))
@@ -224,7 +227,8 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     caller, what = name, f"{name}, which `from {module} import *` gives"
                 else:
                     continue
-                change = _instance_change(placed, len(_row_trees(row)), caller, None, None, {}, row_bound, functions)
+                change = _instance_change(placed, len(row_placed), caller, None, None, {}, row_bound, functions,
+                                          walks)
                 if change is not None:
                     notes.append(_made_once_note(c.index, what, file, f"a {container}", change))
     return notes
@@ -296,9 +300,9 @@ def _within(node, caller: str) -> bool:
     return False
 
 
-def _setup_aliases(cells: list, row: list, caller: str) -> dict:
-    """Name → what it stands for ("_c", "_c.bump"), for each name that a set-up cell (of ``cells``,
-    those not in ``row``) binds last, at its top level, to the instance that the expression
+def _setup_aliases(statements: list, caller: str) -> dict:
+    """Name → what it stands for ("_c", "_c.bump"), for each name that the set-up cells' top-level
+    ``statements`` (in order) bind last to the instance that the expression
     ``caller`` gives (``k = _c``) or to an attribute of it (``f = _c.bump``), which the rows then
     only call (``f()``: a row's copy of a list such a name holds, ``Job.row_copy``'s, changes
     nothing of the instance)."""
@@ -309,7 +313,7 @@ def _setup_aliases(cells: list, row: list, caller: str) -> dict:
     def gives(node) -> str:  # (what node gives, a name bound above to the instance read as caller)
         return caller if isinstance(node, ast.Name) and out.get(node.id) == caller else ast.unparse(node)
 
-    for _, stmt in _statements([c for c in cells if c not in row]):
+    for stmt in statements:
         for name in bound_by(stmt):
             out.pop(name, None)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
@@ -321,7 +325,7 @@ def _setup_aliases(cells: list, row: list, caller: str) -> dict:
 
 
 def _instance_change(placed: list, rows: int, caller: str, read_only, cls: Optional[str], given: dict,
-                     row_bound: set, functions: Optional[dict] = None) -> Optional[str]:
+                     row_bound: set, functions: Optional[dict] = None, walks: Optional[dict] = None) -> Optional[str]:
     """"`c.bump()` in cell 3, c being `helpers._c`": the first change (``_changes``) of the instance
     that the expression ``caller`` gives, of class ``cls`` as the rows name it, in ``placed``
     (``_local_module_state``'s (where, tree): the first ``rows`` of them the row cells, then the
@@ -329,16 +333,18 @@ def _instance_change(placed: list, rows: int, caller: str, read_only, cls: Optio
     (``_bound_to``: a row cell's name is the later row cells' too), or a name of the set-up's that
     they do not bind (``given``: ``_setup_aliases``; one bound to an attribute, only where they
     call it), or in a function of ``functions`` (name → (where, its ``def``)) that they pass it to
-    (``use(_c)`` of ``def use(x): x.bump()``: ``_passed_change``); None where there is none."""
+    (``use(_c)`` of ``def use(x): x.bump()``: ``_passed_change``); None where there is none.
+    ``walks``: ``_walked``'s, kept from call to call."""
     import ast
 
-    rows_bound = _bound_to([tree for _, tree in placed[:rows]], caller)
+    walks = {} if walks is None else walks
+    rows_bound = _bound_to([tree for _, tree in placed[:rows]], caller, walks)
     for i, (where, tree) in enumerate(placed):
-        own, binds = rows_bound if i < rows else _bound_to([tree], caller)
+        own, binds = rows_bound if i < rows else _bound_to([tree], caller, walks)
         # (name → (what it stands for, whether that is the instance itself))
         setup = {n: (ast.parse(v, mode="eval").body, v == caller) for n, v in given.items()
                  if n not in binds and n not in row_bound}
-        for node in ast.walk(tree):
+        for node in _walked(tree, walks)[0]:
             called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
             aliases = {**{n: v for n, (v, whole) in setup.items() if whole or n == called}, **own}
             resolved, alias = _unaliased(node, aliases) if aliases else (node, None)
@@ -373,28 +379,49 @@ def _passed_change(call, where: str, function, caller: str, read_only, cls: Opti
     return None
 
 
-def _bound_to(trees: list, caller: str) -> tuple[dict, set]:
+def _bound_to(trees: list, caller: str, walks: dict) -> tuple[dict, set]:
     """(name → the expression it stands for, for each name that ``trees`` bind once, by an
     assignment to it alone, to the instance that the expression ``caller`` gives or to what it
     holds, ``_within``'s, also through such a name bound above: ``c = helpers._c``, ``items =
-    c.items`` (items: ``helpers._c.items``); the names they bind at all, parameters too)."""
+    c.items`` (items: ``helpers._c.items``); the names they bind at all, parameters too).
+    ``walks``: ``_walked``'s."""
     import ast
 
-    nodes = [n for tree in trees for n in ast.walk(tree)]
     counts: dict = {}
-    for node in nodes:
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) or isinstance(node, ast.arg):
-            name = node.id if isinstance(node, ast.Name) else node.arg
-            counts[name] = counts.get(name, 0) + 1
+    for tree in trees:
+        for name, n in _walked(tree, walks)[1].items():
+            counts[name] = counts.get(name, 0) + n
     found: dict = {}
-    assigns = [(t, n) for t, tree in enumerate(trees) for n in ast.walk(tree) if isinstance(n, ast.Assign)]
-    for _, node in sorted(assigns, key=lambda tn: (tn[0], tn[1].lineno, tn[1].col_offset)):
-        target = node.targets[0]
-        if len(node.targets) == 1 and isinstance(target, ast.Name) and counts.get(target.id) == 1:
-            value = _unaliased(node.value, found)[0]
+    for node in (n for tree in trees for n in _walked(tree, walks)[2]):
+        if counts.get(node.targets[0].id) == 1:
+            value = _unaliased(node.value, found)[0] if found else node.value
             if ast.unparse(value) == caller or _within(value, caller):
-                found[target.id] = value
+                found[node.targets[0].id] = value
     return found, set(counts)
+
+
+def _walked(tree, walks: dict) -> tuple:
+    """(the nodes of the syntax ``tree`` that may change an object, ``_changes``': calls, attributes
+    and items set or deleted, loops and comprehensions; name → how many times it binds the name,
+    parameters too; its assignments of a name alone to a name, an attribute or an item, in order),
+    for ``tree`` walked once: ``walks`` (id of a tree → this) keeps it."""
+    import ast
+
+    if id(tree) not in walks:
+        nodes = list(ast.walk(tree))
+        counts: dict = {}
+        for node in nodes:
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) or isinstance(node, ast.arg):
+                name = node.id if isinstance(node, ast.Name) else node.arg
+                counts[name] = counts.get(name, 0) + 1
+        walks[id(tree)] = (
+            [n for n in nodes if isinstance(n, (ast.Call, ast.For, ast.AsyncFor, ast.comprehension))
+             or isinstance(n, (ast.Attribute, ast.Subscript)) and not isinstance(n.ctx, ast.Load)],
+            counts,
+            sorted((n for n in nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Name) and isinstance(n.value, (ast.Name, ast.Attribute, ast.Subscript))),
+                   key=lambda n: (n.lineno, n.col_offset)))
+    return walks[id(tree)]
 
 
 def _module_defaults(path: Path, parsed: dict) -> dict:
@@ -690,6 +717,7 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
     given = {name for name in [*functions, *classes, *imported, *objects, *iterators, *_containers(tree)]
              if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
+    walks: dict = {}  # (_walked's)
     for name, function in functions.items():
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
         set_ = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
@@ -697,7 +725,7 @@ def _stateful_functions(tree, shared: Optional[dict] = None) -> tuple[dict, set]
         # (an instance it changes by a method that is no read-only one, `_c.bump()` or `C.bump(_c)`, by setting an
         # attribute, or in what an attribute holds, `_c.items.append(x)`, also through a name bound to it, `c = _c`)
         changed = {o for o, (cls, read_only) in objects.items()
-                   if _instance_change([("", function)], 0, o, read_only, cls, {}, set())}
+                   if _instance_change([("", function)], 0, o, read_only, cls, {}, set(), walks=walks)}
         changed |= set(_mutated(function, calls=False)) & set(objects)
         changes[name] = set_ | ((set(_mutated(function, surely=True)) & containers | changed)
                                 - _function_locals(function))

@@ -517,6 +517,8 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     # longer than there are functions)
     seen, new = set(map(key, passed)), passed
     for _ in range(len(places) + len(method_places)):
+        if not new:
+            break
         new = [p for p in _argument_places(places + method_places, row, made, held, owners,
                                            [(p[1], {**_aliases(p[1], made, held, p[4]), **p[4]}) for p in new],
                                            handlers) if key(p) not in seen]
