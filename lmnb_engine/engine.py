@@ -1358,7 +1358,11 @@ class Engine:
                 req.counted = False
             r = self._run([(handle, reqs)])[0]
             if r.finish_reason.type == "abort":  # e.g. its KV came out NaN: nothing worth pinning
-                raise RuntimeError(f"could not compute the prefix to pin: {r.finish_reason.message}")
+                # (an abort's fixes that name the engine's options, e.g. pins that keep it out, stay the
+                # error's, for a front end to say them its way: in_option_syntax)
+                message = r.finish_reason.message
+                problem, fixes = getattr(message, "option_fixes", (message, ()))
+                raise option_error(RuntimeError, f"could not compute the prefix to pin: {problem}", *fixes)
             handle = self._call(lambda: self.scheduler.pin(key))
             if handle is not None:
                 return handle

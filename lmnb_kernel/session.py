@@ -296,7 +296,8 @@ class Session:
                 raise CellError(f"state {name!r} is empty; there is nothing to pin")
             handle = engine.pin_prefix(ids)
         except (RuntimeError, ValueError) as e:
-            raise CellError(f"could not pin state {name!r}: {e}") from e
+            # (the engine's fixes, e.g. a pool too small, as a cell's request error says them: %lm load's options)
+            raise CellError(f"could not pin state {name!r}: {self._backend._worded(e)}") from e
         if named.pin is not None:
             engine.unpin(named.pin)
         named.pin = handle

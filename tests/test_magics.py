@@ -503,6 +503,32 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
         get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
 
 
+def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
+    """%lm pin of a state that did not fit the KV pool was told to "raise max_total_tokens", the Python
+    API's keyword, where a cell's request says "raise %lm load's --max-total-tokens" (the kernel's pool is
+    sized by %lm load's option); so was one that the pinned states kept out ("unpin prefixes": a cell
+    says %lm unpin NAME)."""
+    def pin_failure(name: str) -> str:
+        result, out = run(ip, f"%lm pin {name}")
+        assert not result.success
+        return out.stdout + out.stderr
+
+    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 160")[0].success
+    try:
+        assert run(ip, "%%lm --state too_big\n" + "w" * 170)[0].success
+        assert ("could not pin state 'too_big': prompt of 170 tokens does not fit the KV pool of 160 tokens; raise %lm "
+                "load's --max-total-tokens, or shorten the prompt\n") in pin_failure("too_big")
+        # (150 pinned leave 10 slots, fewer than the 20 tokens of the next state's prefill)
+        assert run(ip, "%%lm --state pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pinned")[0].success
+        assert run(ip, "%%lm --state kept_out\n" + "v" * 20)[0].success
+        assert ("could not pin state 'kept_out': could not compute the prefix to pin: request needs 20 KV slots to "
+                "finish but only 10 of 160 can be freed (150 are pinned); unpin a state with %lm unpin NAME (%lm states "
+                "shows which are pinned), or raise %lm load's --max-total-tokens\n") in pin_failure("kept_out")
+    finally:
+        run(ip, "%lm reset")
+        get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
+
+
 def test_help_options_show_the_help(ip):
     # the parsers have no -h of their own: "%%lm --help" was "unrecognized arguments: --help"
     for cell, words in [("%%lm --help\nx", "--temperature"), ("%%lm -h\nx", "--max-tokens"),
