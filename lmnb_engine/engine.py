@@ -29,7 +29,7 @@ from lmnb_engine.outputs import (
 )
 from lmnb_engine.params import SamplingParams, SamplingParamsError, does_not_fit, python_value
 from lmnb_engine.prefix_cache import TreeNodeView
-from lmnb_engine.request import Req
+from lmnb_engine.request import Req, kv_to_finish
 from lmnb_engine.sampler import min_new_tokens_conflict
 from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
@@ -774,7 +774,8 @@ class Engine:
         if n > pool:
             raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens",
                                ("raise {}", "max_total_tokens", None), ("shorten the prompt",))
-        if n + params.max_new_tokens > pool:
+        # (the slots it holds once finished, as the scheduler counts them: 80 + 21 new tokens fit 100)
+        if kv_to_finish(n, params.max_new_tokens) > pool:
             raise does_not_fit(option_error(
                 ValueError, f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV pool of {pool} "
                 "tokens", ("raise {}", "max_total_tokens", None), ("lower max_new_tokens",)))

@@ -77,6 +77,14 @@ def sample_draw(seed: int, position: int) -> float:
     return (z >> 11) / float(1 << 53)  # the top 53 bits: every float64 step of [0, 1) is reachable
 
 
+def kv_to_finish(prompt_len: int, max_new_tokens: int) -> int:
+    """KV slots a request of ``prompt_len`` tokens holds once it has sampled ``max_new_tokens``:
+    one per token but the last sampled, which is never fed back (the prompt alone where it
+    samples none). The engine refuses a request by it (``Engine._check``) as the scheduler
+    admits one (``Req.kv_to_finish``), so the two agree."""
+    return prompt_len + max(max_new_tokens - 1, 0)
+
+
 class ReqStatus(enum.Enum):
     """Where a request is in the scheduler."""
     WAITING = "waiting"
@@ -174,9 +182,8 @@ class Req:
 
     @property
     def kv_to_finish(self) -> int:
-        """KV slots the request holds once it has sampled ``max_new_tokens``: one per token but the
-        last sampled, which is never fed back (the prompt alone where it samples none)."""
-        return self.prompt_len + max(self.params.max_new_tokens - 1, 0)
+        """KV slots the request holds once it has sampled ``max_new_tokens`` (module ``kv_to_finish``)."""
+        return kv_to_finish(self.prompt_len, self.params.max_new_tokens)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -242,6 +242,31 @@ def test_a_request_too_large_for_the_kv_pool_names_the_engine_arguments_that_fix
             "run(max_new_tokens=30): give it its own max_tokens=N, or lower that)")
 
 
+def test_a_request_that_fills_the_kv_pool_exactly_is_accepted_and_finishes(tiny_llama, hf):
+    """A request holds a KV slot per token but the last it samples, which is never fed back
+    (Req.kv_to_finish, by which the scheduler admits it): 80 prompt tokens + 21 new need 80 + 20 = 100
+    slots, which a 100-token pool has, and a 100-token prompt that samples one token its 100. The
+    engine refused both, counting one slot more than the request uses ("prompt of 80 tokens +
+    max_new_tokens=21 does not fit the KV pool of 100 tokens"); a slot more than the pool is still
+    refused."""
+    prompt = [3 + (7 * i) % 500 for i in range(80)]
+    expected = hf.greedy(prompt, 21)
+    assert len(expected) == 21 and hf.eos not in expected  # (so the engine, too, samples all 21)
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=100) as eng:
+        r = eng.generate(prompt, GREEDY.copy(max_new_tokens=21))
+        assert (r.token_ids, r.finish_reason.type) == (expected, "length")
+        long_prompt = [3 + (7 * i) % 500 for i in range(100)]
+        assert len(eng.generate(long_prompt, GREEDY.copy(max_new_tokens=1)).token_ids) == 1
+        with pytest.raises(ValueError) as e:
+            eng.generate(prompt, GREEDY.copy(max_new_tokens=22))  # 80 + 21 = 101 slots
+        assert str(e.value) == ("prompt of 80 tokens + max_new_tokens=22 does not fit the KV pool of 100 tokens; raise "
+                                "max_total_tokens, or lower max_new_tokens")
+        with pytest.raises(ValueError) as e:
+            eng.generate(long_prompt + [3], GREEDY.copy(max_new_tokens=1))
+        assert str(e.value) == ("prompt of 101 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens, "
+                                "or shorten the prompt")
+        assert_idle_accounting(eng)
+
 def test_a_load_error_survives_pickling_with_its_fixes(tiny_llama):
     """(A tensor-parallel worker's error crosses a process boundary.)"""
     import pickle
