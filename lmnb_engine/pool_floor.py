@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from lmnb_engine.cli_options import option_error
+from lmnb_engine.request import kv_to_finish
 
 
 def pool_to_make(asked: Any) -> Any:
@@ -20,7 +21,9 @@ def refuse_a_pool_too_small(engine: Any, asked: Optional[int], max_tokens: int) 
     """Shut ``engine`` (an ``lmnb_engine.Engine`` the caller made) down and raise ``ValueError``
     if its KV pool (``asked``, the ``max_total_tokens`` given, where one was) cannot hold one gen of
     lmnb's default ``max_tokens`` (``max_tokens``, 128) after a one-character prompt (with the BOS
-    its tokenizer adds), or, where the model's context is shorter, a request of the whole context.
+    its tokenizer adds), or, where the model's context is shorter, a request of the whole context;
+    a request holds a slot per token but the last it samples (``request.kv_to_finish``, as the
+    engine's own check counts them).
     The engine itself takes any pool of 2 tokens or more (a prompt token and a new one): a tiny
     pool is how its eviction is tested. A pool this small on purpose (every gen with a small
     ``max_tokens``) is had by passing such an engine to ``lmnb.Engine(engine=...)``, which is not
@@ -32,7 +35,7 @@ def refuse_a_pool_too_small(engine: Any, asked: Optional[int], max_tokens: int) 
     info = engine.model_info()
     prompt = len(engine.encode("a"))
     pool = info["max_total_tokens"] if asked is None else asked
-    least = min(info["context_len"], prompt + max_tokens)
+    least = kv_to_finish(prompt, min(info["context_len"], prompt + max_tokens) - prompt)
     if pool < least:
         engine.shutdown()
         raise option_error(ValueError, f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default max_tokens "

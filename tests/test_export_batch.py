@@ -2152,7 +2152,7 @@ def test_load_errors_name_the_jobs_options_not_the_python_apis(tmp_path, capsys,
 
     assert _job_failure(tmp_path, capsys, "--model", tiny_llama, "--max-total-tokens", 1).endswith(
         "ValueError: a KV pool of 1 token cannot hold one gen of lmnb's default max_tokens (128) after a "
-        "one-character prompt (1 token); pass --max-total-tokens 129 or more")  # (not the engine's own floor, 2)
+        "one-character prompt (1 token); pass --max-total-tokens 128 or more")  # (not the engine's own floor, 2)
     assert _job_failure(tmp_path, capsys, "--model", "llama-3-8b").endswith(
         "ValueError: 'llama-3-8b' is a shape preset without weights; give a checkpoint directory or hub id")
     pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))

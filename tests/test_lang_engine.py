@@ -1236,14 +1236,15 @@ def test_a_select_choice_that_overflows_the_context_is_named_not_the_prompt(back
 
 def test_a_kv_pool_too_small_for_a_default_gen_is_refused_and_its_engine_shut_down(tiny_llama):
     """lmnb.Engine(max_total_tokens=10) was taken, and every gen without a small max_tokens failed.
-    Expected: a ValueError naming the least pool, 128 (lmnb's default max_tokens) + 1 (a one-character
-    prompt, one token in the tiny checkpoint's tokenizer); the engine it made shut down, its
+    Expected: a ValueError naming the least pool, 1 (a one-character prompt, one token in the tiny
+    checkpoint's tokenizer) + 128 (lmnb's default max_tokens) - 1 (the last sampled token takes no
+    KV slot); the engine it made shut down, its
     scheduler thread gone, not left running behind the error."""
     before = {t.ident for t in threading.enumerate()}
     with pytest.raises(ValueError) as e:
         sgl.Engine(str(tiny_llama), device="cpu", max_total_tokens=10)
     assert str(e.value) == ("a KV pool of 10 tokens cannot hold one gen of lmnb's default max_tokens (128) after a "
-                            "one-character prompt (1 token); pass max_total_tokens=129 or more, or pass "
+                            "one-character prompt (1 token); pass max_total_tokens=128 or more, or pass "
                             "engine=lmnb_engine.Engine(..., max_total_tokens=10) for a pool this small on purpose")
     assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("lmnb")] == []
 
@@ -1316,12 +1317,13 @@ def test_a_constrained_gen_cut_inside_a_character_keeps_whole_characters(backend
 @pytest.mark.parametrize("pool", [1, 0])
 def test_a_kv_pool_below_the_engines_own_floor_names_lmnbs_least_pool(tiny_llama, pool):
     """max_total_tokens=1 said 'pass max_total_tokens=2 or more' (lmnb_engine's floor), and 2 was then
-    refused for 'pass 129 or more': the least pool is 128 (the default max_tokens) + 1 (the one token
-    of a one-character prompt in the tiny checkpoint's tokenizer), said at once."""
+    refused for 'pass 129 or more': lmnb's least pool, said at once: 1 (the one token of a one-character
+    prompt in the tiny checkpoint's tokenizer) + 128 (the default max_tokens) - 1 (the last sampled
+    token takes no KV slot)."""
     with pytest.raises(ValueError) as e:
         sgl.Engine(str(tiny_llama), device="cpu", max_total_tokens=pool)
     assert str(e.value) == (f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default "
-                            "max_tokens (128) after a one-character prompt (1 token); pass max_total_tokens=129 or "
+                            "max_tokens (128) after a one-character prompt (1 token); pass max_total_tokens=128 or "
                             "more, or pass engine=lmnb_engine.Engine(..., max_total_tokens=2) for a pool this small "
                             "on purpose")  # (2: the engine's own least pool)
 

@@ -420,7 +420,7 @@ def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, t
         return out.stdout + out.stderr
 
     assert ("a KV pool of 1 token cannot hold one gen of lmnb's default max_tokens (128) after a one-character "
-            "prompt (1 token); pass --max-total-tokens 129 or more\n") in load_failure(
+            "prompt (1 token); pass --max-total-tokens 128 or more\n") in load_failure(
         f"%lm load {tiny_llama} --device cpu --max-total-tokens 1")
     assert ("'llama-3-8b' is a shape preset without weights; pass --random-weights, or give a checkpoint directory "
             "or hub id\n") in load_failure("%lm load llama-3-8b --device cpu")
@@ -457,14 +457,15 @@ def test_a_load_without_a_model_or_the_demo_checkpoint_names_the_positional_argu
 def test_a_kv_pool_too_small_for_a_default_gen_is_refused_at_load(ip, tiny_llama):
     """%lm load --max-total-tokens 10 was taken, and then every cell's gen without a small max_tokens
     of its own failed on the pool. Expected: the load refused, naming the least pool that holds one
-    gen of lmnb's default 128 tokens after a one-character prompt: 128 + 1 = 129 (the tiny
-    checkpoint's tokenizer writes a character as one token, no BOS); 129 is taken, and runs that gen."""
+    gen of lmnb's default 128 tokens after a one-character prompt: 1 + 128 - 1 = 128 (the tiny
+    checkpoint's tokenizer writes a character as one token, no BOS; the last sampled token takes no KV
+    slot); 128 is taken, and runs that gen (it said 129, one more than the gen holds)."""
     result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 10")
     assert not result.success
     assert ("could not load " + str(tiny_llama) + ": ValueError: a KV pool of 10 tokens cannot hold one gen of "
-            "lmnb's default max_tokens (128) after a one-character prompt (1 token); pass --max-total-tokens 129 or "
+            "lmnb's default max_tokens (128) after a one-character prompt (1 token); pass --max-total-tokens 128 or "
             "more\n") in out.stdout + out.stderr
-    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 129")[0].success
+    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 128")[0].success
     try:
         result, out = run(ip, "%%lm --temperature 0 --out st\na{gen x ignore_eos=True}")
         assert result.success, out.stdout + out.stderr

@@ -398,11 +398,12 @@ def test_lmnb_serve_load_errors_name_its_options_not_the_python_apis(tiny_llama,
     from lmnb_engine import SamplingParams
 
     assert SamplingParams.max_new_tokens == DEFAULT_MAX_NEW_TOKENS  # (the server's floor, worded as lmnb's)
-    # (the least as %lm load names it: the tiny tokenizer's one token of "a" (no BOS), then lmnb's 128)
-    for pool in (1, 50, 128):
+    # (the least as %lm load names it: the tiny tokenizer's one token of "a" (no BOS), then lmnb's 128
+    # but the last sampled, which takes no KV slot)
+    for pool in (1, 50, 127):
         assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", pool) == (
             f"lmnb serve: a KV pool of {pool} token{'s' * (pool > 1)} cannot hold one gen of lmnb's default max_tokens "
-            "(128) after a one-character prompt (1 token); pass --max-total-tokens 129 or more\n")
+            "(128) after a one-character prompt (1 token); pass --max-total-tokens 128 or more\n")
     assert _serve_failure(capsys, "--model", "llama-3-8b") == (
         "lmnb serve: 'llama-3-8b' is a shape preset without weights; give a checkpoint directory or hub id\n")
     pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))

@@ -143,7 +143,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
             from lmnb_engine.pool_floor import pool_to_make, refuse_a_pool_too_small
 
             asked = engine_kwargs.get("max_total_tokens")
-            if "max_total_tokens" in engine_kwargs:  # (the engine's own floor said "pass 2 or more", then lmnb's 129)
+            if "max_total_tokens" in engine_kwargs:  # (the engine's own floor said "pass 2 or more", then lmnb's least)
                 engine_kwargs = {**engine_kwargs, "max_total_tokens": pool_to_make(asked)}
             engine = RuntimeEngine(model=model, **engine_kwargs)
             refuse_a_pool_too_small(engine, asked, DEFAULT_MAX_NEW_TOKENS)
