@@ -527,6 +527,14 @@ def back_reference_words(reference: str, group: str, at: Optional[int], names: O
             f"no regular language expresses; {NO_BACK_REFERENCES}")
 
 
+def pattern_subject(where: str) -> str:
+    """What a refusal of a schema's ``pattern`` calls it before its text (``json_value(pattern,
+    SHOWN_CHARS)``): "JSON schema at #/properties/a/pattern: the pattern", ``where`` being the JSON
+    pointer of its ``pattern`` keyword. Every such refusal, here or by the regex checks' builders
+    (their ``subject``: ``regex_errors.unsupported_words``, ``constrained.regex_check``), opens so."""
+    return f"JSON schema at {where}: the pattern"
+
+
 def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
     """The engine's words for the schema ``pattern``'s first back-reference (at ``where``, its
     ``pattern`` keyword's place), or None where it has none: ECMA's ``\\k<n>`` or another dialect's
@@ -544,7 +552,7 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
                 key=lambda m: m.start())
     if named:
         names = list(dict.fromkeys(m.group(2) for m in named_groups(pattern)))
-        return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} "
+        return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} "
                 f"{back_reference_words(named.group(), named.group(1), named.start(), names)}")
     spelled, place = _ecma_as_python(pattern)
     parsed = quiet_parse(classes_held(spelled))
@@ -554,7 +562,7 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
     if found is None:
         return None
     found = found[0], found[1], None if found[2] is None else place(found[2])
-    return f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {back_reference_words(*found)}"
+    return f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} {back_reference_words(*found)}"
 
 
 def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
@@ -567,7 +575,7 @@ def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
     from lmnb_engine.regex_tree import quiet_parse
 
     parsed = quiet_parse(classes_held(_ecma_as_python(pattern)[0]))
-    return None if parsed is None else assertion_problem(parsed, pattern, f"JSON schema at {where}: the pattern")
+    return None if parsed is None else assertion_problem(parsed, pattern, pattern_subject(where))
 
 
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)
@@ -699,7 +707,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
 
     if not isinstance(pattern, str):
         return None
-    shown = json_value(pattern, SHOWN_CHARS)
+    named = f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)}"
     # the language's refusals first, in its words, for the engine too: an error of every dialect,
     # then one of ECMA's u flag; then, for the engine, Python's own errors
     every = _no_dialect_reads(pattern)
@@ -712,7 +720,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
         return quoting
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
-        return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
+        return f"{named} cannot be read as JSON Schema reads it: {escape}"
     # (a back-reference, a lookbehind or a word boundary, which no backend builds: gen() refuses them as the engine
     # does, before Python's own errors, which fix no such pattern: ECMA takes (?<=a+), where re wants a fixed width)
     reference = None if every else back_reference_problem(pattern, where) or assertion_problem(pattern, where)
@@ -730,13 +738,13 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     if problem:
         # (ecma: what gen() refuses, which no escape or respelling helps)
         fix = None if ecma else code_point_fix(pattern) or _ecma_syntax_fix(pattern)
-        return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
-                f"({problem}); {fix or 'fix the pattern'}{_u_flag_note(pattern) if ecma else ''}")
+        return (f"{named} cannot be compiled: it is not a valid regular expression ({problem}); "
+                f"{fix or 'fix the pattern'}{_u_flag_note(pattern) if ecma else ''}")
     if not unicode_classes(pattern):
         return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
-    return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "
-            "schema: its outputs are made to pass jsonschema's check, which reads a pattern with Python's re, and re "
-            f"has no such classes; {_unicode_class_fix(pattern)}")
+    return (f"{named} uses a \\p{{...}} class, which this engine cannot take in a schema: its outputs are made "
+            "to pass jsonschema's check, which reads a pattern with Python's re, and re has no such classes; "
+            f"{_unicode_class_fix(pattern)}")
 
 
 def _quoting_problem(pattern: str, where: str) -> Optional[str]:
@@ -752,7 +760,7 @@ def _quoting_problem(pattern: str, where: str) -> Optional[str]:
         return None
     at, offer = found
     taken = not _no_dialect_reads(offer) and u_flag_problem(offer) is None
-    return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} {QUOTING_WORDS.format(at=at)}"
+    return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} {QUOTING_WORDS.format(at=at)}"
             + (f": write {json_value(offer, SHOWN_CHARS)}" if taken else ""))
 
 
@@ -770,7 +778,7 @@ def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:
         return None
     name, places, offer = found
     written = f": write {json_value(offer, SHOWN_CHARS)}" if _engine_takes(offer) else ""
-    return (f"JSON schema at {where}: the pattern {json_value(pattern, SHOWN_CHARS)} cannot be compiled: "
+    return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} cannot be compiled: "
             + repeated_name_words(name, places, "a schema's pattern here (jsonschema checks each output with it)")
             + written)
 

@@ -141,7 +141,7 @@ def lookahead_problem(parsed, pattern: str) -> str | None:
 def unsupported_words(pattern: str, feature: str, fix: str, subject: str = "regex") -> str:
     """The engine's refusal of ``pattern`` for ``feature`` (e.g. "a lookbehind"), which no finite
     automaton expresses, with the ``fix`` (``constrained.regex_check``'s words); ``subject`` names
-    the pattern before its text (a schema's: "JSON schema at #/pattern: the pattern")."""
+    the pattern before its text (a schema's: ``json_schema.pattern_subject``)."""
     return (f"{subject} {shown_regex(pattern)} uses {feature}, which constrained decoding cannot support "
             f"(patterns compile to a finite automaton): {fix}")
 

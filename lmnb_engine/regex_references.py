@@ -66,7 +66,7 @@ def back_reference_problem(parsed, pattern: str, subject: str = "regex") -> str 
     one (no regular language holds it: xgrammar says "Backreference is not supported yet",
     outlines' automaton library has none), so ``gen()`` refuses it, as it does a lookaround
     (``regex_errors.assertion_problem``, ``lookahead_problem``).
-    ``subject`` names the pattern before its text (a schema's: "JSON schema at #/pattern: the pattern")."""
+    ``subject`` names the pattern before its text (a schema's: ``json_schema.pattern_subject``)."""
     found = first_back_reference(parsed, pattern)
     return found and f"{subject} {shown_regex(pattern)} {back_reference_words(*found)}"
 

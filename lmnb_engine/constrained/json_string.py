@@ -29,7 +29,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.json_schema import code_point_fix, ecma_names_as_python
+from lmnb_engine.json_schema import code_point_fix, ecma_names_as_python, pattern_subject
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
@@ -262,7 +262,7 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     items = _without_edge_anchors(parsed.data, parsed.state)
     parsed.data = items
     # (in the words of the schema's other pattern refusals, json_schema._refused_pattern, at the keyword's place)
-    check_parsed(parsed, pattern, f"JSON schema at {where}/pattern: the pattern")
+    check_parsed(parsed, pattern, pattern_subject(f"{where}/pattern"))
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
               else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
                   max_length is None and min_length == 1) else " characters")

@@ -147,7 +147,7 @@ def check_regex(pattern: str) -> None:
 
 def check_parsed(parsed, pattern: str, subject: str = "regex") -> None:
     """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages,
-    which name it as ``subject``, e.g. "JSON schema at #/pattern: the pattern", before its text)."""
+    which name it as ``subject``, e.g. a schema's ``json_schema.pattern_subject``, before its text)."""
     _check_nesting(pattern, subject)
     for op, av in walk(parsed):
         if op is _c.GROUPREF:  # (in the words of every refusal of one: json_schema.back_reference_words)
