@@ -124,6 +124,15 @@ class _Flight:
     unsampled: list[tuple[Req, int]] = field(default_factory=list)
 
 
+def _runs_to_length(req: Req) -> bool:
+    """Whether nothing but its ``max_new_tokens`` can end ``req``: it ignores EOS and has no stop
+    token, stop string, stop regex or constraint (a grammar ends it where its pattern does), each of
+    which may end it sooner, before a pool that cannot hold its whole length runs out."""
+    p = req.params
+    return p.ignore_eos and not (req.stop_token_ids or any(p.stop_strings) or p.stop_regexes or p.constraint
+                                 or req.grammar is not None)
+
+
 def _peeks_next_token(req: Req) -> bool:
     """Whether ``req`` scores the token after its prompt without generating it: SGLang's prefill of
     a ``max_new_tokens=0`` request with ``return_logprob`` reports that token's logprob and top
@@ -332,15 +341,18 @@ class Scheduler:
 
     def _kept_out_by_pins(self, req: Req) -> Optional[FinishReason]:
         """The abort of ``req``, as it arrives, if it cannot finish even alone beside the pinned
-        prefixes: its ``kv_to_finish`` slots, less the part of its prompt it would reuse from a
-        pinned prefix (counted as pinned already), exceed the pool's unpinned slots. Admitted, it
-        would generate until the pool ran out and then abort (``_unblock_head``, which still ends
-        one that a pin taken after it came keeps out). None if it can."""
+        prefixes: the slots it surely needs, less the part of its prompt it would reuse from a
+        pinned prefix (counted as pinned already), exceed the pool's unpinned slots. It surely
+        needs its ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else
+        its prompt's alone: it may stop before the pool runs out. Admitted, it would generate until
+        the pool ran out and then abort (``_unblock_head``, which still ends one that a pin taken
+        after it came keeps out, or that did not stop in time). None if it can."""
         if not self.pins:  # (none with the radix cache disabled either: pin_prefix refuses then)
             return None
         nodes = self._pinned_nodes()
         pinned = sum(len(node.key) for node in nodes.values())
-        needs = req.kv_to_finish
+        to_length = _runs_to_length(req)
+        needs = req.kv_to_finish if to_length else req.prompt_len
         # (only what an admission may reuse, max_prefix_len: a prompt pinned whole still computes its last token)
         path, matched = self.cache.peek_path(req.cache_key(req.max_prefix_len()))
         reused = 0
@@ -353,8 +365,8 @@ class Scheduler:
             return None
         already = f" ({reused} of them pinned already)" if reused else ""
         return FinishReason("abort", message=option_message(
-            f"request needs {needs} KV slots to finish{already} but only {free} of {self.kv_pool.size} can be "
-            f"freed ({pinned} are pinned)", *_POOL_FIXES))
+            f"request needs {needs} KV slots {'to finish' if to_length else 'for its prompt'}{already} but only "
+            f"{free} of {self.kv_pool.size} can be freed ({pinned} are pinned)", *_POOL_FIXES))
 
     def shut_down_error(self) -> RuntimeError:
         """The error of a call made once the loop has stopped (a shutdown, or a failed recovery)."""

@@ -448,3 +448,41 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_ar
         for pin in pins:
             eng.unpin(pin)
         assert_idle_accounting(eng)
+
+
+def test_a_request_that_may_stop_sooner_is_refused_beside_pinned_prefixes_only_for_its_prompt(tiny_llama):
+    """A request that a grammar, a stop or EOS may end before its max_new_tokens was refused as it
+    arrived for max_new_tokens it would never reach: regex "abc" with max_new_tokens=60 beside pins
+    that leave 70 of 150 slots (45 + 60 - 1 = 104 > 70), though it ends after "abc" (it ran before
+    the arrival check). Only its prompt surely needs slots: 71 fresh tokens are refused, 70 run, and
+    a prompt sharing 30 pinned tokens needs 41 of its 71. Pinned: 50 + 30 of a 150-token pool."""
+    import random
+
+    with engine(tiny_llama, max_total_tokens=150) as eng:
+        rng = random.Random(3)
+        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
+        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        fresh = [rng.randrange(10, 500) for _ in range(71)]
+        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        for prompt, params, message in [
+            (fresh[:45], SamplingParams(max_new_tokens=60, regex="abc"), None),
+            (fresh[:45], SamplingParams(max_new_tokens=60, stop_token_ids=[7], ignore_eos=True), None),
+            (fresh[:70], SamplingParams(max_new_tokens=60, regex="abc"), None),
+            (fresh, SamplingParams(max_new_tokens=60, regex="abc"), f"request needs 71 KV slots for its prompt {refusal}"),
+            (a[:30] + fresh[:41], SamplingParams(max_new_tokens=60, regex="abc"), None),
+            (a[:30] + fresh[:41], SamplingParams(max_new_tokens=60, ignore_eos=True),
+             f"request needs 130 KV slots to finish (30 of them pinned already) {refusal}"),
+        ]:
+            r = eng.generate(prompt, params)
+            if message is not None:
+                assert (r.finish_reason.type, r.finish_reason.message) == ("abort", message)
+                assert r.token_ids == [] and r.meta.forward_passes == 0
+            elif params.regex is not None:
+                assert (r.finish_reason.type, r.text) == ("stop", "abc"), r.finish_reason
+            else:  # (it ran: it stopped at token 7, or aborted where the pool ran out, 70 - 45 + 1 tokens in)
+                assert r.meta.forward_passes > 0
+                assert r.finish_reason.type == "stop" or r.finish_reason.message == (
+                    f"request needs 104 KV slots to finish (71 for its tokens so far) {refusal}"), r.finish_reason
+        for pin in pins:
+            eng.unpin(pin)
+        assert_idle_accounting(eng)

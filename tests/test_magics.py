@@ -493,12 +493,17 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
                 "the choice, or raise %lm load's --max-total-tokens\n") in cell_failure(
                     "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 160 + "']}")
         # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise; as the
-        # request arrives, where it generated until the pool ran out: 10 + 10 - 1 slots, 10 not pinned)
+        # request arrives where its prompt does not fit, 11 slots with 10 not pinned)
         assert run(ip, "%%lm --state pool_pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pool_pinned")[0].success
         # (which names the kernel's unpin, %lm unpin NAME: the cell has no Engine.unpin to call)
-        assert ("request needs 19 KV slots to finish but only 10 of 160 can be freed (150 are pinned); unpin a state "
-                "with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's --max-total-tokens\n" in
-                cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
+        assert ("request needs 11 KV slots for its prompt but only 10 of 160 can be freed (150 are pinned); unpin a "
+                "state with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's --max-total-tokens\n"
+                in cell_failure("%%lm\n" + "v" * 11 + "{gen x max_tokens=10 ignore_eos=True}"))
+        # (a gen that fits only its prompt runs, as a cell's gen has a stop that may end it in time, the chat
+        # template's end: 10 + 10 - 1 slots, and it aborts where the pool runs out, 11 tokens in)
+        assert ("request needs 19 KV slots to finish (11 for its tokens so far) but only 10 of 160 can be freed (150 are "
+                "pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's "
+                "--max-total-tokens\n" in cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:
         run(ip, "%lm reset pool_pinned")
         get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)

@@ -3116,8 +3116,8 @@ def test_an_abort_beside_pinned_prefixes_does_not_tell_the_client_to_raise_the_s
         engine.unpin(pinned)
         assert r.status_code == 200, r.text
         assert r.json()["meta_info"]["finish_reason"] == {
-            "type": "abort", "message": "request needs 154 KV slots to finish but only 120 of 320 can be freed (200 "
-                                        "are pinned); unpin prefixes"}, r.text
+            "type": "abort", "message": "request needs 150 KV slots for its prompt but only 120 of 320 can be freed "
+                                        "(200 are pinned); unpin prefixes"}, r.text
 
 
 def test_an_abort_that_fails_after_its_response_was_cancelled_is_logged_as_the_servers_error(caplog):
