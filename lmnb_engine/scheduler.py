@@ -364,9 +364,13 @@ class Scheduler:
         if needs - reused <= free:
             return None
         already = f" ({reused} of them pinned already)" if reused else ""
+        # (its length is the problem where its prompt fits: the most new tokens that finish, m, has
+        # prompt + m - 1 - reused == free)
+        most = free + reused - req.prompt_len + 1
+        fewer = ((f"lower max_new_tokens to {most}",),) if to_length and most >= 1 else ()
         return FinishReason("abort", message=option_message(
             f"request needs {needs} KV slots {'to finish' if to_length else 'for its prompt'}{already} but only "
-            f"{free} of {self.kv_pool.size} can be freed ({pinned} are pinned)", *_POOL_FIXES))
+            f"{free} of {self.kv_pool.size} can be freed ({pinned} are pinned)", *_POOL_FIXES, *fewer))
 
     def shut_down_error(self) -> RuntimeError:
         """The error of a call made once the loop has stopped (a shutdown, or a failed recovery)."""

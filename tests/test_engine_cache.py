@@ -431,13 +431,15 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_ar
         pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
         fresh = [rng.randrange(10, 500) for _ in range(45)]
         refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
-        for prompt, max_new, message in [
+        for prompt, max_new, message in [  # (the refusal names the largest max_new_tokens that finishes)
             (fresh, 26, None),  # 45 + 26 - 1 = 70
-            (fresh, 27, f"request needs 71 KV slots to finish {refusal}"),
+            (fresh, 27, f"request needs 71 KV slots to finish {refusal}, or lower max_new_tokens to 26"),
             (a[:30] + fresh[:20], 51, None),  # 50 + 51 - 1 - 30 = 70
-            (a[:30] + fresh[:20], 52, f"request needs 101 KV slots to finish (30 of them pinned already) {refusal}"),
+            (a[:30] + fresh[:20], 52, f"request needs 101 KV slots to finish (30 of them pinned already) {refusal}, "
+                                      "or lower max_new_tokens to 51"),
             (a, 70, None),  # 50 + 70 - 1 - 49 = 70
-            (a, 71, f"request needs 120 KV slots to finish (49 of them pinned already) {refusal}"),
+            (a, 71, f"request needs 120 KV slots to finish (49 of them pinned already) {refusal}, "
+                    "or lower max_new_tokens to 70"),
         ]:
             r = eng.generate(prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True))
             if message is None:
@@ -447,6 +449,33 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_ar
                 assert r.token_ids == [] and r.meta.forward_passes == 0
         for pin in pins:
             eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
+def test_a_programs_gen_kept_out_by_pinned_prefixes_is_told_the_max_tokens_that_finishes(tiny_llama):
+    """The arrival's refusal names the largest max_new_tokens that finishes; a program's gen is told
+    it as gen()'s max_tokens (the engine's name, max_new_tokens, is no argument of gen()). The
+    default chat template has no end of message, so only its length ends an ignore_eos gen: 45
+    prompt tokens beside 80 pinned of 150, 45 + 27 - 1 = 71 > 70, 45 + 26 - 1 = 70."""
+    import random
+
+    import lmnb as sgl
+
+    @sgl.function
+    def prog(s):
+        s += "x" * 45
+        s += sgl.gen("y", max_tokens=27, ignore_eos=True)
+
+    with engine(tiny_llama, max_total_tokens=150) as eng:
+        backend = sgl.Engine(engine=eng)
+        backend.chat_template = sgl.get_chat_template("default")
+        rng = random.Random(4)
+        pin = eng.pin_prefix([rng.randrange(10, 500) for _ in range(80)])
+        assert len(eng.encode("x" * 45)) == 45
+        state = prog.run(backend=backend)
+        assert ("request needs 71 KV slots to finish but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or "
+                "raise max_total_tokens, or lower max_tokens to 26") in str(state.error()), state.error()
+        eng.unpin(pin)
         assert_idle_accounting(eng)
 
 
@@ -471,7 +500,8 @@ def test_a_request_that_may_stop_sooner_is_refused_beside_pinned_prefixes_only_f
             (fresh, SamplingParams(max_new_tokens=60, regex="abc"), f"request needs 71 KV slots for its prompt {refusal}"),
             (a[:30] + fresh[:41], SamplingParams(max_new_tokens=60, regex="abc"), None),
             (a[:30] + fresh[:41], SamplingParams(max_new_tokens=60, ignore_eos=True),
-             f"request needs 130 KV slots to finish (30 of them pinned already) {refusal}"),
+             f"request needs 130 KV slots to finish (30 of them pinned already) {refusal}, or lower max_new_tokens "
+             "to 30"),  # (71 + 30 - 1 - 30 = 70)
         ]:
             r = eng.generate(prompt, params)
             if message is not None:

@@ -195,7 +195,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
         decode = self.engine.decode if params.return_text_in_logprobs else None
         meta = meta_info(result, decode, params.top_logprobs_num or 0, first)
         if result.finish_reason is not None and result.finish_reason.message:  # (an abort's: pinned prefixes...)
-            meta["finish_reason"]["message"] = self._worded(result.finish_reason.message)
+            meta["finish_reason"]["message"] = in_gen_names(self._worded(result.finish_reason.message))
         if counts:  # [issue 10]
             meta["images"] = media_cache(ids.mm_inputs.images, counts, result.meta.cached_tokens)
             meta["cached_chars"] = self._cached_chars(text, ids, counts, result.meta.cached_tokens)
