@@ -12,7 +12,7 @@ Unicode class the automaton library does not build or at an end of a range
 quoting (here), another dialect's back-reference or group name (``regex_references``), Python's
 own syntax error (``regex_python_error``), a class that matches no character
 (``regex_empty_class``), a back-reference (``regex_references``), a lookbehind or a word boundary
-(here) and a lookahead that reads past the pattern's end (``regex_edges``). ``unbuilt_feature``
+(here) and a lookahead (here). ``unbuilt_feature``
 asks the engine's own check (``constrained.regex_check``) and ``offer_taken`` both, for the fixes
 those modules offer, which import it when they weigh an offer. The text walk all of them share is
 ``regex_parts``. Importing it loads neither torch nor the engine's constrained-decoding package.
