@@ -527,8 +527,8 @@ def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
         # (150 pinned leave 10 slots, fewer than the 20 tokens of the next state's prefill)
         assert run(ip, "%%lm --state pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pinned")[0].success
         assert run(ip, "%%lm --state kept_out\n" + "v" * 20)[0].success
-        assert ("could not pin state 'kept_out': could not compute the prefix to pin: request needs 20 KV slots to "
-                "finish but only 10 of 160 can be freed (150 are pinned); unpin a state with %lm unpin NAME (%lm states "
+        assert ("could not pin state 'kept_out': could not compute the prefix to pin: request needs 20 KV slots for "
+                "its prompt but only 10 of 160 can be freed (150 are pinned); unpin a state with %lm unpin NAME (%lm states "
                 "shows which are pinned), or raise %lm load's --max-total-tokens\n") in pin_failure("kept_out")
     finally:
         run(ip, "%lm reset")
