@@ -4745,6 +4745,24 @@ def test_a_users_module_that_each_row_reloads_is_not_noted_as_carrying_over(tmp_
 
 
 
+@pytest.mark.parametrize("setup, cell", [
+    ("import importlib\nimport counter, helpers",
+     "counter.n = q\nimportlib.reload(helpers)\nfrom helpers import *\nr = str(v)"),
+    ("import helpers", "helpers.v = q\nfrom helpers import *\nr = str(v)"),
+    ("import helpers", "helpers.put(q)\nfrom helpers import *\nr = str(v)"),
+])
+def test_a_per_row_star_import_of_a_users_module_reads_what_the_module_holds_at_the_import(tmp_path, monkeypatch,
+                                                                                             setup, cell):
+    """A name the row reads only below its `from helpers import *` was the script's global, which the job
+    set once at its start: after a reload (or a change of helpers' globals) above the import, the job's
+    rows gave helpers' v at load (0, 0, 0) where each pass of the notebook gives the row's q, and nothing
+    was noted."""
+    files = {"counter.py": "n = 0\n", "helpers.py": "import counter\nv = counter.n\ndef put(x):\n    global v\n"
+             "    v = x\n"}
+    _, passes, rows = _module_job(tmp_path, monkeypatch, files, setup, cell)
+    assert passes == ["B", "C", "D"] and rows == passes
+
+
 _REMEMBER = "def remember(x, acc=[]):\n    acc.append(x)\n    return len(acc)\n"
 
 

@@ -19,6 +19,7 @@ heuristics are modules of their own that ``plan`` calls (``notes_objects``, ``no
 from __future__ import annotations
 
 import builtins
+import sys
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,9 @@ class Plan:
     those of ``star_globals`` wherever the row reads them: run_row's own variables too, holding the value the notebook has before the row's first import
     (``Job.star_start``), each import's from its line on (two imports in a row give each its own
     sqrt). One read only below the last import (``print``, ``pi``) is the script's global, which
-    ``Job.star_import`` sets at load to the value the imports leave, as the notebook has it there.
+    ``Job.star_import`` sets at load to the value the imports leave, as the notebook has it there,
+    where the row star-imports only standard library modules: another's (a module of the user's,
+    which a reload or the row may change before its import) is run_row's own too, but a builtin.
     rebound_builtins: the builtins (len) that a row cell binds and a row cell reads: run_row's
     variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
@@ -760,11 +763,15 @@ def _star_names(setup: list, row: list, module_names: tuple, set_back: set = fro
         if isinstance(c, (Code, LMCell)):
             bound |= set(_cell_binds(c))
             read += c.reads
-    # (a name read only below the row's last star import reads the script's global, which job.star_import
-    # sets at load as that import leaves it; one read above it, or deleted, is run_row's own, import by import)
+    # (a name read only below the row's last star import of standard library modules reads the script's global,
+    # which job.star_import sets at load as that import leaves it; one read above it, or deleted, is run_row's own,
+    # import by import, and so is one that another module may set: a module of the user's gives the row's import
+    # what it holds there, which a reload or a change of its globals above it makes other than at load)
     early = set(_used_above_star_imports(row)).union(set_back, *(_deleted_names(c.source) for c in row
                                                                  if isinstance(c, Code)))
-    return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__") and n in early)
+    fixed = all(m.split(".")[0] in sys.stdlib_module_names for c in row if isinstance(c, Code) for m in c.star_imports)
+    return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__")
+                 and (n in early or not fixed and n not in _BUILTINS))
 
 
 def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
