@@ -240,7 +240,7 @@ def _syntax_checker():
 def _engine_checker(validator: type):
     """``validator``'s own format checker (jsonschema's default for its draft) with its ``regex``
     check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
-    u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookbehind or a word
+    u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookaround or a word
     boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does."""
     import jsonschema
 
@@ -566,16 +566,19 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
 
 
 def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
-    """The engine's words for the schema ``pattern``'s first lookbehind or word boundary (at
-    ``where``, its ``pattern`` keyword's place), which no backend builds
-    (``regex_errors.assertion_problem``), as Python's parser reads the pattern once its ECMA syntax
-    is spelled as Python's (``_ecma_as_python``), or None where it has none or that parser cannot
-    read it, which the other checks name. ``gen()`` refuses it as the engine does."""
-    from lmnb_engine.regex_errors import assertion_problem  # (it imports this module)
+    """The engine's words for the schema ``pattern``'s first lookbehind or word boundary
+    (``regex_errors.assertion_problem``), else its first lookahead
+    (``regex_errors.lookahead_problem``), as a ``regex`` constraint's are asked (at ``where``, its
+    ``pattern`` keyword's place), as Python's parser reads the pattern once its ECMA syntax is
+    spelled as Python's (``_ecma_as_python``), or None where it has none or that parser cannot read
+    it, which the other checks name. No backend builds one: ``gen()`` refuses it as the engine does."""
+    from lmnb_engine.regex_errors import assertion_problem, lookahead_problem  # (it imports this module)
     from lmnb_engine.regex_tree import quiet_parse
 
     parsed = quiet_parse(classes_held(_ecma_as_python(pattern)[0]))
-    return None if parsed is None else assertion_problem(parsed, pattern, pattern_subject(where))
+    subject = pattern_subject(where)
+    return None if parsed is None else (assertion_problem(parsed, pattern, subject)
+                                        or lookahead_problem(parsed, pattern, subject))
 
 
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)
@@ -700,7 +703,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     which keeps positions), as ``_no_dialect_reads`` found it. The language's refusals come first,
     in its words, for the engine too (``ecma`` False): an error of every dialect, then one of ECMA's
     u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
-    then a back-reference (``back_reference_problem``), a lookbehind or a word boundary
+    then a back-reference (``back_reference_problem``), a lookaround or a word boundary
     (``assertion_problem``), which no backend builds."""
     from lmnb_engine.regex_python_error import python_error  # (it imports this module)
     from lmnb_engine.regex_u_flag import other_back_reference
@@ -721,7 +724,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"{named} cannot be read as JSON Schema reads it: {escape}"
-    # (a back-reference, a lookbehind or a word boundary, which no backend builds: gen() refuses them as the engine
+    # (a back-reference, a lookaround or a word boundary, which no backend builds: gen() refuses them as the engine
     # does, before Python's own errors, which fix no such pattern: ECMA takes (?<=a+), where re wants a fixed width)
     reference = None if every else back_reference_problem(pattern, where) or assertion_problem(pattern, where)
     if reference:

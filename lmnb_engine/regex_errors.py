@@ -109,7 +109,7 @@ def assertion_problem(parsed, pattern: str, subject: str = "regex") -> str | Non
     build DFAs for regexes with Unicode word boundaries"; interegular (older outlines') says
     "lookbacks are not implemented" and "Escape \\b is not implemented"; so ``gen()`` refuses
     them, as it does a back-reference. A JSON schema's pattern is asked this too
-    (``json_schema.assertion_problem``); a ``regex`` constraint's lookahead, ``lookahead_problem``.
+    (``json_schema.assertion_problem``); a lookahead, ``lookahead_problem``.
     ``subject``: what the words call the pattern (``unsupported_words``)."""
     for op, av in walk(parsed):
         if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == -1:  # (direction -1: behind)
@@ -120,21 +120,23 @@ def assertion_problem(parsed, pattern: str, subject: str = "regex") -> str | Non
     return None
 
 
-def lookahead_problem(parsed, pattern: str) -> str | None:
+def lookahead_problem(parsed, pattern: str, subject: str = "regex") -> str | None:
     """The engine's words (``unsupported_words``, as ``constrained.regex_check`` says them) for the
-    first lookahead, ``(?=...)`` or ``(?!...)``, nested ones too, in the ``regex`` constraint
-    ``pattern`` parsed by ``re._parser`` (``parsed``), or None where it has none. No backend
+    first lookahead, ``(?=...)`` or ``(?!...)``, nested ones too, in ``pattern`` parsed by
+    ``re._parser`` (``parsed``), or None where it has none. No backend
     constrains output with one as Python's ``re`` reads it: the engine cannot build one; xgrammar
     says "Lookahead is not supported yet"; Rust's regex (outlines-core's, llguidance's) has no
     look-around, and outlines-core fails with "error building NFA"; interegular (older outlines',
     an SGLang server's) reads the lookahead's text as the output's own (its `` \\w+(?= )`` takes
     " ab ", its ``a(?!b)`` takes "a ", which ``re.fullmatch`` refuses), so its output would not
-    match the pattern. So ``gen()`` refuses it, as it does a lookbehind. (A JSON schema's pattern
-    is not asked this: ``json_schema.assertion_problem`` asks ``assertion_problem`` alone.)"""
+    match the pattern. So ``gen()`` refuses it, as it does a lookbehind, in a ``regex`` constraint
+    and in a JSON schema's pattern (``json_schema.assertion_problem``, whose converters in xgrammar
+    and outlines-core build the pattern with the same regex readers). ``subject``: what the words
+    call the pattern (``unsupported_words``)."""
     for op, av in walk(parsed):
         if (op is constants.ASSERT or op is constants.ASSERT_NOT) and av[0] == 1:  # (direction 1: ahead)
             kind = "a negative lookahead" if op is constants.ASSERT_NOT else "a lookahead"
-            return unsupported_words(pattern, kind, LOOKAROUND_FIX)
+            return unsupported_words(pattern, kind, LOOKAROUND_FIX, subject)
     return None
 
 
