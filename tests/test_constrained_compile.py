@@ -337,8 +337,8 @@ def test_a_group_name_given_twice_in_a_schema_pattern_is_named_with_the_fix(patt
     """The engine refused a schema pattern naming two of Python's groups alike, (?P<m>a)|(?P<m>b),
     with only "redefinition of group name 'm' as group 2 ...; fix the pattern", where regex= names
     the name and the fix. It now says so in the schema's framing. gen() and a %%lm cell take the
-    pattern, as they take others Python's re alone refuses ((?<=a+)b): the regex package reads it, so
-    a backend may. The reference for the offer: the regex package, which takes a name twice,
+    pattern, as they take others Python's re alone refuses: the regex package reads it, so a backend
+    may. The reference for the offer: the regex package, which takes a name twice,
     matches the pattern as the offer, and the engine builds the offer."""
     import lmnb
     from lmnb.template.options import check_literal
