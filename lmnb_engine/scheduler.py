@@ -339,17 +339,17 @@ class Scheduler:
                 node = node.parent
         return seen
 
-    def _kept_out_by_pins(self, req: Req) -> Optional[FinishReason]:
+    def _kept_out_by_pins(self, req: Req, nodes: dict[int, Any]) -> Optional[FinishReason]:
         """The abort of ``req``, as it arrives, if it cannot finish even alone beside the pinned
-        prefixes: the slots it surely needs, less the part of its prompt it would reuse from a
-        pinned prefix (counted as pinned already), exceed the pool's unpinned slots. It surely
-        needs its ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else
-        its prompt's alone: it may stop before the pool runs out. Admitted, it would generate until
-        the pool ran out and then abort (``_unblock_head``, which still ends one that a pin taken
-        after it came keeps out, or that did not stop in time). None if it can."""
-        if not self.pins:  # (none with the radix cache disabled either: pin_prefix refuses then)
+        prefixes (``nodes``, ``_pinned_nodes``, taken once for the requests that arrive together):
+        the slots it surely needs, less the part of its prompt it would reuse from a pinned prefix
+        (counted as pinned already), exceed the pool's unpinned slots. It surely needs its
+        ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else its prompt's
+        alone: it may stop before the pool runs out. Admitted, it would generate until the pool ran
+        out and then abort (``_unblock_head``, which still ends one that a pin taken after it came
+        keeps out, or that did not stop in time). None if it can."""
+        if not nodes:  # (no pins; none with the radix cache disabled either: pin_prefix refuses then)
             return None
-        nodes = self._pinned_nodes()
         pinned = sum(len(node.key) for node in nodes.values())
         to_length = _runs_to_length(req)
         needs = req.kv_to_finish if to_length else req.prompt_len
@@ -451,7 +451,8 @@ class Scheduler:
             payload = [r for r in payload if not r.finished]
             # (its grammar refused before it came; or the pins keep it out: admitted, it would
             # generate until the pool ran out, then abort, the work wasted)
-            ends = [(r, r.to_abort or self._kept_out_by_pins(r)) for r in payload]
+            nodes = self._pinned_nodes()
+            ends = [(r, r.to_abort or self._kept_out_by_pins(r, nodes)) for r in payload]
             for req, end in ends:
                 if end is not None:
                     self._finish(req, end)
