@@ -339,6 +339,28 @@ class Scheduler:
                 node = node.parent
         return seen
 
+    def _reused_from_pins(self, req: Req, nodes: dict[int, Any]) -> int:
+        """Tokens of ``req``'s prompt that an admission of it from the start would take from the
+        pinned prefixes (``nodes``, ``_pinned_nodes``), which are counted as pinned already: only
+        what a match may cover (``max_prefix_len``; a prompt pinned whole still computes its last
+        token), and of the prompt alone (a retracted request's output is not pinned)."""
+        key = req.cache_key(min(req.max_prefix_len(), max(req.prompt_len - 1, 0)))
+        path, matched = self.cache.peek_path(key)
+        reused = 0
+        for node in path:  # a pinned path runs from the root, so the pinned nodes lead the path
+            if id(node) not in nodes:
+                break
+            reused = min(reused + len(node.key), matched)
+        return reused
+
+    def _fewer_new_tokens(self, req: Req, free: int, reused: int) -> tuple[tuple[str], ...]:
+        """The fix "lower max_new_tokens to M" for ``req`` kept out by pins (``option_message``'s
+        fixes: none or one), M the most new tokens that finish in ``free`` unpinned slots with
+        ``reused`` prompt tokens pinned already: prompt + M - 1 - reused == free. None where even
+        its prompt does not fit (M < 1: no length helps)."""
+        most = free + reused - req.prompt_len + 1
+        return ((f"lower max_new_tokens to {most}",),) if most >= 1 else ()
+
     def _kept_out_by_pins(self, req: Req, nodes: dict[int, Any]) -> Optional[FinishReason]:
         """The abort of ``req``, as it arrives, if it cannot finish even alone beside the pinned
         prefixes (``nodes``, ``_pinned_nodes``, taken once for the requests that arrive together):
@@ -353,21 +375,13 @@ class Scheduler:
         pinned = sum(len(node.key) for node in nodes.values())
         to_length = _runs_to_length(req)
         needs = req.kv_to_finish if to_length else req.prompt_len
-        # (only what an admission may reuse, max_prefix_len: a prompt pinned whole still computes its last token)
-        path, matched = self.cache.peek_path(req.cache_key(req.max_prefix_len()))
-        reused = 0
-        for node in path:  # a pinned path runs from the root, so the pinned nodes lead the path
-            if id(node) not in nodes:
-                break
-            reused = min(reused + len(node.key), matched)
+        reused = self._reused_from_pins(req, nodes)
         free = self.kv_pool.size - pinned
         if needs - reused <= free:
             return None
         already = f" ({reused} of them pinned already)" if reused else ""
-        # (its length is the problem where its prompt fits: the most new tokens that finish, m, has
-        # prompt + m - 1 - reused == free)
-        most = free + reused - req.prompt_len + 1
-        fewer = ((f"lower max_new_tokens to {most}",),) if to_length and most >= 1 else ()
+        # (its length is the problem only where its prompt fits, and only where nothing else may end it)
+        fewer = self._fewer_new_tokens(req, free, reused) if to_length else ()
         return FinishReason("abort", message=option_message(
             f"request needs {needs} KV slots {'to finish' if to_length else 'for its prompt'}{already} but only "
             f"{free} of {self.kv_pool.size} can be freed ({pinned} are pinned)", *_POOL_FIXES, *fewer))
@@ -695,20 +709,25 @@ class Scheduler:
         self.cache.dec_lock_ref(node)
 
     def _unblock_head(self) -> None:
-        """Nothing runs and nothing could be admitted: the head request can never fit."""
+        """Nothing runs and nothing could be admitted: the head request can never fit. Its abort
+        offers the max_new_tokens that would have finished beside the pins, where its prompt fits."""
         if self.running or self.chunked or not self.waiting:
             return
         head = self.policy.order(self.waiting)[0]
         self.waiting.remove(head)
+        nodes = self._pinned_nodes()
+        reused = self._reused_from_pins(head, nodes)
+        free = self.kv_pool.available_size() + self.cache.evictable_size()
+        already = f", {reused} of them pinned already" if reused else ""
         self._finish(
             head,
             FinishReason(
                 "abort",
                 message=option_message(
                     f"request needs {head.kv_to_finish} KV slots to finish "
-                    f"({head.seq_len} for its tokens so far) but only "
-                    f"{self.kv_pool.available_size() + self.cache.evictable_size()} of {self.kv_pool.size} can be "
-                    f"freed ({self.pinned_tokens()} are pinned)", *_POOL_FIXES
+                    f"({head.seq_len} for its tokens so far{already}) but only {free} of {self.kv_pool.size} can be "
+                    f"freed ({sum(len(node.key) for node in nodes.values())} are pinned)", *_POOL_FIXES,
+                    *self._fewer_new_tokens(head, free, reused)
                 ),
             ),
         )

@@ -400,7 +400,8 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_says_what_it_needs_
     """It said its length at the abort ("needs 51 KV slots") where it needs a slot for each of its
     prompt + max_new_tokens tokens but the last, never fed back, to finish (54), which is what
     raising max_total_tokens or unpinning must give. The pin comes after the request: it then
-    generates until the pool runs out (a slot for each of 45 + 6 tokens but the last)."""
+    generates until the pool runs out (a slot for each of 45 + 6 tokens but the last), and is told
+    the max_new_tokens that finishes in the 50 unpinned slots (45 + 6 - 1 = 50)."""
     import random
 
     with engine(tiny_llama, max_total_tokens=100) as eng:
@@ -412,8 +413,40 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_says_what_it_needs_
         r = h.result(timeout=60)
         assert r.finish_reason.type == "abort"
         assert r.finish_reason.message == ("request needs 54 KV slots to finish (51 for its tokens so far) but only 50 "
-                                           "of 100 can be freed (50 are pinned); unpin prefixes, or raise max_total_tokens")
+                                           "of 100 can be freed (50 are pinned); unpin prefixes, or raise max_total_tokens, "
+                                           "or lower max_new_tokens to 6")
         assert len(r.token_ids) == 6
+        eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
+def test_an_abort_where_the_pool_runs_out_beside_pins_offers_the_max_new_tokens_that_finishes(tiny_llama):
+    """The abort of a request that a pin taken after it came keeps out (``_unblock_head``) told it to
+    unpin or raise the pool only, where the arrival's refusal also offers the max_new_tokens that
+    finishes. A prompt of 30 pinned + 45 fresh tokens beside 50 pinned of 100: 45 + M - 1 = 50
+    unpinned slots, M = 6 (the tokens it wrote); a prompt of 60 fresh tokens does not fit the 50 at
+    all, so no length is offered."""
+    import random
+
+    with engine(tiny_llama, max_total_tokens=100) as eng:
+        rng = random.Random(5)
+        prefix = [rng.randrange(10, 500) for _ in range(50)]
+        eng.generate(prefix, SamplingParams(max_new_tokens=0))
+        h, pin = _pinned_after_it_came(eng, prefix, prefix[:30] + [rng.randrange(10, 500) for _ in range(45)],
+                                       SamplingParams(max_new_tokens=10, ignore_eos=True))
+        r = h.result(timeout=60)
+        assert (r.finish_reason.type, r.finish_reason.message) == ("abort", (
+            "request needs 84 KV slots to finish (81 for its tokens so far, 30 of them pinned already) but only 50 of "
+            "100 can be freed (50 are pinned); unpin prefixes, or raise max_total_tokens, or lower max_new_tokens to 6"))
+        assert len(r.token_ids) == 6
+        eng.unpin(pin)
+        h, pin = _pinned_after_it_came(eng, prefix, [rng.randrange(10, 500) for _ in range(60)],
+                                       SamplingParams(max_new_tokens=10, ignore_eos=True))
+        r = h.result(timeout=60)
+        assert (r.finish_reason.type, r.finish_reason.message) == ("abort", (
+            "request needs 69 KV slots to finish (60 for its tokens so far) but only 50 of 100 can be freed (50 are "
+            "pinned); unpin prefixes, or raise max_total_tokens"))
+        assert r.token_ids == []
         eng.unpin(pin)
         assert_idle_accounting(eng)
 
@@ -512,7 +545,8 @@ def test_a_request_that_may_stop_sooner_is_refused_beside_pinned_prefixes_only_f
             else:  # (it ran: it stopped at token 7, or aborted where the pool ran out, 70 - 45 + 1 tokens in)
                 assert r.meta.forward_passes > 0
                 assert r.finish_reason.type == "stop" or r.finish_reason.message == (
-                    f"request needs 104 KV slots to finish (71 for its tokens so far) {refusal}"), r.finish_reason
+                    f"request needs 104 KV slots to finish (71 for its tokens so far) {refusal}, or lower "
+                    "max_new_tokens to 26"), r.finish_reason  # (45 + 26 - 1 = 70)
         for pin in pins:
             eng.unpin(pin)
         assert_idle_accounting(eng)

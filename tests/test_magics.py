@@ -500,10 +500,11 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
                 "state with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's --max-total-tokens\n"
                 in cell_failure("%%lm\n" + "v" * 11 + "{gen x max_tokens=10 ignore_eos=True}"))
         # (a gen that fits only its prompt runs, as a cell's gen has a stop that may end it in time, the chat
-        # template's end: 10 + 10 - 1 slots, and it aborts where the pool runs out, 11 tokens in)
+        # template's end: 10 + 10 - 1 slots, and it aborts where the pool runs out, 11 tokens in, told the
+        # max_tokens that finishes in gen()'s name: 10 + 1 - 1 = 10 slots)
         assert ("request needs 19 KV slots to finish (11 for its tokens so far) but only 10 of 160 can be freed (150 are "
                 "pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's "
-                "--max-total-tokens\n" in cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
+                "--max-total-tokens, or lower max_tokens to 1\n" in cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:
         run(ip, "%lm reset pool_pinned")
         get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
