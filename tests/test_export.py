@@ -4763,6 +4763,54 @@ def test_a_per_row_star_import_of_a_users_module_reads_what_the_module_holds_at_
     assert passes == ["B", "C", "D"] and rows == passes
 
 
+
+_RELOAD_ROW = "importlib.reload(helpers)\nr = str(helpers.v)"
+_BUMPS = "import counter\ncounter.n += 1\nv = counter.n\n"
+_N_BUMPED = "counter.n (line 2, `counter.n += 1`)"
+
+
+@pytest.mark.parametrize("helpers, setup, cell, noted, passes, job", [
+    (_BUMPS, "import importlib\nimport helpers", _RELOAD_ROW, _N_BUMPED, "222", "234"),
+    ("import counter as c\nc.n = c.n + 1\nv = c.n\n", "import importlib\nimport helpers", _RELOAD_ROW,
+     "counter.n (line 2, `c.n = c.n + 1`)", "222", "234"),
+    ("import counter\nfor x in 'ab':\n    counter.seen.append(x)\nv = len(counter.seen)\n",
+     "import importlib\nimport helpers", _RELOAD_ROW, "counter.seen (line 3, `counter.seen.append(x)`)", "444", "468"),
+    ("from counter import seen\nseen += ['a']\nv = len(seen)\n", "import importlib\nimport helpers", _RELOAD_ROW,
+     "counter.seen (line 2, `seen += ['a']`)", "222", "234"),
+    # (set from such a value: it goes on too)
+    ("import counter\ncounter.n += 1\ncounter.m = counter.n\nv = counter.m\n", "import importlib\nimport helpers",
+     _RELOAD_ROW, _N_BUMPED + " and counter.m (line 3, `counter.m = counter.n`)", "222", "234"),
+    # (counter reloaded below helpers' reload: the next row's reload of helpers still starts from what it left)
+    (_BUMPS, "import importlib\nimport counter, helpers", "importlib.reload(helpers)\nimportlib.reload(counter)\n"
+     "r = str(helpers.v)", _N_BUMPED, "222", "211"),
+    # (not where it only reads counter, sets it to the same each run, or is not reloaded)
+    ("import counter\nv = counter.n + 1\n", "import importlib\nimport helpers", _RELOAD_ROW, None, "111", "111"),
+    ("import counter\ncounter.n = 5\ncounter.seen = []\ncounter.seen.append(1)\ncounter.n += 1\n"
+     "v = counter.n + len(counter.seen)\n", "import importlib\nimport helpers", _RELOAD_ROW, None, "777", "777"),
+    ("import counter\ncounter.seen.clear()\ncounter.m = counter.n + 1\nv = counter.m\n",
+     "import importlib\nimport helpers", _RELOAD_ROW, None, "111", "111"),
+    (_BUMPS, "import helpers", "r = str(helpers.v)", None, "111", "111"),
+    # (nor where the row sets it back, or reloads counter, above the reload)
+    (_BUMPS, "import importlib\nimport counter, helpers", "counter.n = 0\n" + _RELOAD_ROW, None, "111", "111"),
+    # (but a value the row makes from counter's sets nothing back)
+    (_BUMPS, "import importlib\nimport counter, helpers", "counter.n = counter.n * 1\n" + _RELOAD_ROW, _N_BUMPED, "222",
+     "234"),
+    (_BUMPS, "import importlib\nimport counter, helpers", "importlib.reload(counter)\n" + _RELOAD_ROW, None, "111",
+     "111"),
+])
+def test_a_reloaded_modules_top_level_change_of_another_users_module_is_noted(tmp_path, monkeypatch, helpers, setup,
+                                                                               cell, noted, passes, job):
+    """counter.py's n = 0, helpers.py's `import counter; counter.n += 1; v = counter.n`, and a row that
+    reloads helpers and reads helpers.v: each pass of the notebook imports counter anew (2, 2, 2), the
+    job once, so each row's reload bumps it again (2, 3, 4), and nothing was noted."""
+    files = {"counter.py": "n = 0\nseen = []\n", "helpers.py": helpers}
+    notes, got, rows = _module_job(tmp_path, monkeypatch, files, setup, cell)
+    assert got == list(passes) and rows == list(job)
+    assert notes == ([] if noted is None else [
+        "cell 3: `importlib.reload(helpers)` runs the top level of helpers (helpers.py, beside the notebook) again each row, which "
+        f"changes {noted} of counter.py"]), notes
+
+
 _REMEMBER = "def remember(x, acc=[]):\n    acc.append(x)\n    return len(acc)\n"
 
 

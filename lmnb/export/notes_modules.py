@@ -566,11 +566,18 @@ def _module_classes(setup: list, folder: Optional[Path], parsed: dict) -> dict:
 
 
 def _reloaded_modules(cells: list, row: list) -> set:
-    """The modules (by their dotted names) that a row cell reloads by a statement of its top level,
-    ``importlib.reload(helpers)`` or ``helpers = reload(helpers)`` (of ``from importlib import
-    reload``), where a cell's ``import helpers``, ``import helpers as h`` or ``from pkg import
-    helpers`` says which module the name is: each row runs the module again, which sets its
-    globals back, so that what one row changed, the next does not see."""
+    """The modules (by their dotted names) that a row cell reloads by a statement of its top level
+    (``_row_reloads``): each row runs the module again, which sets its globals back, so that what
+    one row changed, the next does not see."""
+    return {module for _, _, module in _row_reloads(cells, row)[1] if module is not None}
+
+
+def _row_reloads(cells: list, row: list) -> tuple[dict, list]:
+    """(name → the dotted name of the module it is, for each name that a cell's top-level ``import
+    helpers``, ``import helpers as h`` or ``from pkg import helpers`` binds; (cell, statement, the
+    module it reloads or None) for each top-level statement of the row cells, in order), where a
+    statement reloads a module by ``importlib.reload(helpers)`` or ``helpers = reload(helpers)`` (of
+    ``from importlib import reload``): not one under an if or a loop, which may skip it in some rows."""
     import ast
 
     modules, reloads = {}, {"importlib.reload"}
@@ -582,13 +589,13 @@ def _reloaded_modules(cells: list, row: list) -> set:
         elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
             # (a name of a package may be its module, pkg/helpers.py, or any other thing it binds: not known here)
             modules.update({a.asname or a.name: f"{stmt.module}.{a.name}" for a in stmt.names})
-    out = set()
-    for _, stmt in _statements(row):  # (not under an if or a loop: that may skip it in some rows)
+    out = []
+    for c, stmt in _statements(row):
         call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
-        if isinstance(call, ast.Call) and ast.unparse(call.func) in reloads and len(call.args) == 1 \
-                and ast.unparse(call.args[0]) in modules:
-            out.add(modules[ast.unparse(call.args[0])])
-    return out
+        reloaded = isinstance(call, ast.Call) and ast.unparse(call.func) in reloads and len(call.args) == 1 \
+            and ast.unparse(call.args[0]) in modules
+        out.append((c, stmt, modules[ast.unparse(call.args[0])] if reloaded else None))
+    return modules, out
 
 
 def _class_method_call(name: str, module: str, file: str, local, alias, names, attributes: dict, statement=None):

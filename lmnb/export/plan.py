@@ -32,6 +32,7 @@ from lmnb.export.notes_closures import _closure_notes
 from lmnb.export.notes_defaults import _default_notes
 from lmnb.export.notes_modules import _local_module_state, _module_classes, _seeded_module_notes
 from lmnb.export.notes_objects import _carried_over, _made_objects
+from lmnb.export.notes_reloads import _reload_notes
 from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped, _number_words, _verb
 from lmnb.export.parameters import read_parameters
 from lmnb.export.star_builtins import _builtins_set_by
@@ -340,6 +341,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     rows_call = _called(functions, row, links, _bound_before_read(row))
     p.notes += _carried_over(setup, row, rows_call, objects, p.copied, lazy, imported)
     p.notes += _local_module_state(cells, row, rows_call, folder, objects[2], parsed)
+    p.notes += _reload_notes(cells, row, folder, parsed)
     p.notes += _seeded_module_notes(setup, row, rows_call, objects[2])
     p.notes += _default_notes(row, rows_call, objects[2], setup)
     p.notes += _closure_notes(setup, row, rows_call)
