@@ -11,8 +11,10 @@ Unicode class the automaton library does not build or at an end of a range
 (``regex_unicode_classes``), a class Python flags as ambiguous (``regex_ambiguous_class``), PCRE's
 quoting (here), another dialect's back-reference or group name (``regex_references``), Python's
 own syntax error (``regex_python_error``), a class that matches no character
-(``regex_empty_class``), a back-reference (``regex_references``), a lookbehind or a word boundary
-(here) and a lookahead (here). ``unbuilt_feature``
+(``regex_empty_class``), then what no backend builds (``no_backend_problem``, which the engine's own
+check asks first too, so that a pattern with several such features is refused for the same one by
+both): a back-reference (``regex_references``), a lookbehind or a word boundary (here) and a
+lookahead (here). ``unbuilt_feature``
 asks the engine's own check (``constrained.regex_check``) and ``offer_taken`` both, for the fixes
 those modules offer, which import it when they weigh an offer. The text walk all of them share is
 ``regex_parts``. Importing it loads neither torch nor the engine's constrained-decoding package.
@@ -61,8 +63,7 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
     number or Python's ``(?P=n)``, a lookbehind or a word boundary, or a lookahead, which no backend
-    can constrain output with as ``re`` reads them (``back_reference_problem``, ``assertion_problem``,
-    ``lookahead_problem``, the engine's words). The pattern
+    can constrain output with as ``re`` reads them (``no_backend_problem``, the engine's words). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
     ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
@@ -90,11 +91,23 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
-    return (problem or back_reference_problem(parsed, pattern) or assertion_problem(parsed, pattern)
-            or lookahead_problem(parsed, pattern))
+    return problem or no_backend_problem(parsed, pattern)
 
 
-# The fixes for a lookaround and a word boundary, in the engine's words (constrained.regex_check) and gen()'s
+def no_backend_problem(parsed, pattern: str, subject: str = "regex") -> str | None:
+    """The engine's words for what in ``pattern`` (parsed by ``re._parser``: ``parsed``) no backend
+    builds, which ``gen()`` refuses, or None where it has none: its first back-reference
+    (``back_reference_problem``), else its first lookbehind or word boundary (``assertion_problem``),
+    else its first lookahead (``lookahead_problem``). The one order for a pattern with several:
+    ``gen()`` and a ``%%lm`` cell ask it (``pattern_problem``), and the engine's own check asks it
+    before its other refusals (``constrained.regex_check.check_parsed``), so that both name the
+    same feature (``(?=a)a\\b``: the word boundary). ``subject``: what the words call the pattern
+    (``unsupported_words``)."""
+    return (back_reference_problem(parsed, pattern, subject) or assertion_problem(parsed, pattern, subject)
+            or lookahead_problem(parsed, pattern, subject))
+
+
+# The fixes for a lookaround and a word boundary, in the words gen() and the engine say (no_backend_problem)
 LOOKAROUND_FIX = "express the condition with character classes and alternatives"
 BOUNDARY_FIX = "spell out the characters allowed on each side"
 BOUNDARIES = {constants.AT_BOUNDARY: "a word boundary '\\b'", constants.AT_NON_BOUNDARY: "a non-word-boundary '\\B'"}

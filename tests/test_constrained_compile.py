@@ -218,6 +218,72 @@ def test_a_word_boundary_is_refused_by_gen_as_the_engine_refuses_it(backend, pat
         Index(r"\w\b", Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)}))
 
 
+_LOOKAROUND_FIX = "express the condition with character classes and alternatives"
+_BOUNDARY_FIX = "spell out the characters allowed on each side"
+# Parts of a pattern no backend builds: (text, [(where in it, rank, feature, fix)]); rank: gen()'s order, a
+# back-reference (0) before a lookbehind or word boundary (1) before a lookahead (2), the first of a rank first
+_UNBUILT_PARTS = [
+    ("(?=a)", [(0, 2, "a lookahead", _LOOKAROUND_FIX)]), ("(?!b)", [(0, 2, "a negative lookahead", _LOOKAROUND_FIX)]),
+    ("(?<=a)", [(0, 1, "a lookbehind", _LOOKAROUND_FIX)]),
+    ("(?<!b)", [(0, 1, "a negative lookbehind", _LOOKAROUND_FIX)]),
+    ("\\b", [(0, 1, "a word boundary '\\b'", _BOUNDARY_FIX)]),
+    ("\\B", [(0, 1, "a non-word-boundary '\\B'", _BOUNDARY_FIX)]),
+    ("(?=.(?<=b))", [(0, 2, "a lookahead", _LOOKAROUND_FIX), (4, 1, "a lookbehind", _LOOKAROUND_FIX)]),
+    ("(?=.\\b)", [(0, 2, "a lookahead", _LOOKAROUND_FIX), (4, 1, "a word boundary '\\b'", _BOUNDARY_FIX)]),
+    ("(\\w)\\{group}", None),  # (a back-reference to the group before it, at 4: numbered as it is made)
+]
+
+
+def _unbuilt_words(pattern, found):
+    """The refusal of ``pattern`` for ``found``, (position, rank, feature, fix), in gen()'s words."""
+    at, rank, feature, fix = found
+    if rank == 0:
+        return f"regex {json.dumps(pattern)} {_no_back_reference(feature, int(feature[1:]), at)}"
+    return (f"regex {json.dumps(pattern)} uses {feature}, which constrained decoding cannot support (patterns "
+            f"compile to a finite automaton): {fix}")
+
+
+def _several_unbuilt(rng):
+    """A pattern of two to four parts no backend builds (``_UNBUILT_PARTS``) between fillers that
+    consume text, and the refusal gen() words for it: the one of the lowest rank, the first of those."""
+    pattern, found, groups = "", [], 0
+    for _ in range(rng.randint(2, 4)):
+        pattern += rng.choice(["", "a", "[a-z]", "x*", "(?:ab|c)"])
+        text, features = rng.choice(_UNBUILT_PARTS)
+        if features is None:
+            groups += 1
+            text, features = text.format(group=groups), [(4, 0, f"\\{groups}", None)]
+        found += [(len(pattern) + at, rank, feature, fix) for at, rank, feature, fix in features]
+        pattern += text
+    pattern += "c"
+    return pattern, _unbuilt_words(pattern, min(found, key=lambda f: (f[1], f[0])))
+
+
+def test_a_pattern_with_several_features_no_backend_builds_is_refused_for_the_same_one_everywhere(backend):
+    r"""gen(regex=r"(?=a)a\b") and a %%lm cell named the word boundary, and the engine's own check
+    (constrained.check_regex, which offers ask: "... but without it, ...") the lookahead, the first
+    in the pattern; so with (?!a)\bb, and (?=a)(\w)\1 and (?<=a)(\w)\1, where gen() names the
+    back-reference. The engine's check now asks gen()'s check first (regex_errors.no_backend_problem):
+    a back-reference, then a lookbehind or word boundary, then a lookahead, the first of each. The
+    reference: that order, applied to the features each pattern is built of (``_several_unbuilt``)."""
+    from lmnb_engine.regex_errors import pattern_problem
+
+    for pattern, words in [
+        (r"(?=a)a\b", _unbuilt_words(r"(?=a)a\b", (6, 1, "a word boundary '\\b'", _BOUNDARY_FIX))),
+        (r"(?!a)\bb", _unbuilt_words(r"(?!a)\bb", (5, 1, "a word boundary '\\b'", _BOUNDARY_FIX))),
+        (r"(?=a)(\w)\1", _unbuilt_words(r"(?=a)(\w)\1", (9, 0, r"\1", None))),
+        (r"(?<=a)(\w)\1", _unbuilt_words(r"(?<=a)(\w)\1", (10, 0, r"\1", None))),
+    ] + [_several_unbuilt(random.Random(seed)) for seed in range(60)]:
+        assert _refused_alike(backend, pattern) == words, pattern
+        with pytest.raises(GrammarError) as e:
+            check_regex(pattern)
+        assert str(e.value) == words, pattern
+    # where an offer is weighed: the pattern without its empty class, refused as gen() refuses it
+    said = pattern_problem(r"(?=a)a\b|[^\s\S]")
+    assert said.endswith("; but without it, " + _unbuilt_words(r"(?=a)a\b", (6, 1, "a word boundary '\\b'",
+                                                                                 _BOUNDARY_FIX))), said
+
+
 def test_a_back_reference_the_text_does_not_show_is_named_by_its_group(backend):
     """Where the text is read otherwise than Python's parser reads it (a comment holding an escaped
     newline before (?x) hides that flag from pattern_parts, which then reads "#[" as a class holding

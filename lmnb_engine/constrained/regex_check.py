@@ -14,10 +14,9 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import BOUNDARIES, BOUNDARY_FIX, LOOKAROUND_FIX, unsupported_words
+from lmnb_engine.regex_errors import no_backend_problem, unsupported_words
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import shown_regex
-from lmnb_engine.regex_references import back_reference_problem
 from lmnb_engine.regex_tree import constants as _c
 from lmnb_engine.regex_tree import parser as _p
 from lmnb_engine.regex_tree import walk
@@ -33,18 +32,14 @@ _AT_NAMES = {
     _c.AT_BEGINNING_STRING: ("a '\\A' anchor", _ANCHOR_HINT),
     _c.AT_END: ("a '$' anchor", _ANCHOR_HINT),
     _c.AT_END_STRING: ("a '\\Z' anchor", _ANCHOR_HINT),
-    **{at: (name, BOUNDARY_FIX) for at, name in BOUNDARIES.items()},
 }
 
 
 def _unsupported(op, av) -> tuple[str, str] | None:
-    """(feature name, fix) if the parsed node ``(op, av)`` has no finite-automaton equivalent."""
+    """(feature name, fix) if the parsed node ``(op, av)`` has no finite-automaton equivalent, of
+    those ``gen()`` leaves to the engine (``check_parsed`` asks ``no_backend_problem`` first)."""
     if op is _c.GROUPREF_EXISTS:
         return "a conditional group '(?(n)...|...)'", "write the alternatives out with '|'"
-    if op in (_c.ASSERT, _c.ASSERT_NOT):
-        direction = "lookahead" if av[0] == 1 else "lookbehind"
-        kind = "negative " if op is _c.ASSERT_NOT else ""
-        return f"a {kind}{direction}", LOOKAROUND_FIX
     if op is _c.AT and av in _AT_NAMES:
         return _AT_NAMES[av]
     if getattr(_c, "ATOMIC_GROUP", None) is not None and op is _c.ATOMIC_GROUP:
@@ -126,7 +121,8 @@ def check_regex(pattern: str) -> None:
     when compiling).
 
     Raises:
-        GrammarError: naming the first unsupported feature found and how to rewrite it.
+        GrammarError: naming an unsupported feature and how to rewrite it: of several, the one
+            ``gen()`` names (``check_parsed``).
         TypeError: ``pattern`` is not a string.
     """
     if not isinstance(pattern, str):
@@ -147,11 +143,17 @@ def check_regex(pattern: str) -> None:
 
 def check_parsed(parsed, pattern: str, subject: str = "regex") -> None:
     """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages,
-    which name it as ``subject``, e.g. a schema's ``json_schema.pattern_subject``, before its text)."""
+    which name it as ``subject``, e.g. a schema's ``json_schema.pattern_subject``, before its text):
+    its nesting, then what ``gen()`` refuses, in ``gen()``'s words and order
+    (``regex_errors.no_backend_problem``: a back-reference, a lookbehind or word boundary, a
+    lookahead), then the other features in the pattern's order, then its repeat counts."""
     _check_nesting(pattern, subject)
+    # (what gen() refuses first, in gen()'s order: a pattern with a lookahead and a word boundary, (?=a)a\b,
+    # was refused here for the lookahead, the first in the pattern, and by gen() for the boundary)
+    problem = no_backend_problem(parsed, pattern, subject)
+    if problem:
+        raise GrammarError(problem)
     for op, av in walk(parsed):
-        if op is _c.GROUPREF:  # (in the words of every refusal of one: json_schema.back_reference_words)
-            raise GrammarError(back_reference_problem(parsed, pattern, subject))
         found = _unsupported(op, av)
         if found is not None:
             raise GrammarError(unsupported_words(pattern, *found, subject))
