@@ -166,10 +166,19 @@ def unbuilt_feature(pattern: str) -> str | None:
     lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
     its edge anchors, as the engine asks), or None where it has none. ``gen()`` refuses some of these
     itself (a back-reference, a lookaround, a word boundary) and leaves the rest to the backend, but offers no
-    pattern that holds one (``offer_taken``)."""
+    pattern that holds one (``offer_taken``). Those ``gen()`` refuses are asked of ``pattern`` as
+    written (``no_backend_problem``), so a back-reference's position is its place in ``pattern``."""
     from lmnb_engine.constrained.errors import GrammarError
     from lmnb_engine.constrained.regex_check import check_regex  # (torch-free; it imports this module)
 
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            problem = no_backend_problem(parser.parse(classes_held(pattern)), pattern)
+    except (re.error, RecursionError, OverflowError):
+        problem = None  # (Python cannot read it: check_regex leaves it to the library too)
+    if problem:  # (check_regex reads it without its edge anchors: the \1 of "^(a)\1" was placed at 3, not 4)
+        return problem
     trimmed = without_edge_anchors(pattern)
     try:
         check_regex(trimmed)

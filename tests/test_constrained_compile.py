@@ -284,6 +284,20 @@ def test_a_pattern_with_several_features_no_backend_builds_is_refused_for_the_sa
                                                                                  _BOUNDARY_FIX))), said
 
 
+def test_an_offer_refused_for_its_back_reference_places_it_in_the_pattern_as_written(backend):
+    r"""gen(regex=r"^(a)\1$|[^\s\S]") and a %%lm cell said the pattern without its empty class,
+    "^(a)\\1$", has "a back-reference \1 at position 3", its place once the engine's check had
+    dropped the "^" (regex_errors.unbuilt_feature), where gen(regex=r"^(a)\1$") and the engine
+    say 4. The reference: the \1's index in the pattern so written."""
+    from lmnb_engine.regex_errors import pattern_problem
+
+    offer, reference = r"^(a)\1$", r"\1"
+    words = f"regex {json.dumps(offer)} {_no_back_reference(reference, 1, offer.index(reference))}"
+    assert _refused_alike(backend, offer) == words
+    said = pattern_problem(offer + r"|[^\s\S]")
+    assert said.endswith(f"; but without it, {words}"), said
+
+
 def test_a_back_reference_the_text_does_not_show_is_named_by_its_group(backend):
     """Where the text is read otherwise than Python's parser reads it (a comment holding an escaped
     newline before (?x) hides that flag from pattern_parts, which then reads "#[" as a class holding
