@@ -55,7 +55,7 @@ from lmnb_engine.outputs import (
 )
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
-from lmnb_engine.request import Req, ReqStatus
+from lmnb_engine.request import Req, ReqStatus, kv_to_finish
 from lmnb_engine.sampler import (
     PendingSample,
     blocked_reason,
@@ -356,34 +356,52 @@ class Scheduler:
     def _fewer_new_tokens(self, req: Req, free: int, reused: int) -> tuple[tuple[str], ...]:
         """The fix "lower max_new_tokens to M" for ``req`` kept out by pins (``option_message``'s
         fixes: none or one), M the most new tokens that finish in ``free`` unpinned slots with
-        ``reused`` prompt tokens pinned already: prompt + M - 1 - reused == free. None where even
-        its prompt does not fit (M < 1: no length helps)."""
-        most = free + reused - req.prompt_len + 1
-        return ((f"lower max_new_tokens to {most}",),) if most >= 1 else ()
+        ``reused`` prompt tokens pinned already: prompt + M - 1 - reused == free; "lower
+        max_new_tokens and min_new_tokens to M" where its min_new_tokens exceeds M (a max_new_tokens
+        below it is refused). None where even its prompt does not fit (M < 1: no length helps)."""
+        most = self._most_new_tokens(req, free, reused)
+        both = " and min_new_tokens" if req.params.min_new_tokens > most else ""
+        return ((f"lower max_new_tokens{both} to {most}",),) if most >= 1 else ()
+
+    @staticmethod
+    def _most_new_tokens(req: Req, free: int, reused: int) -> int:
+        """The most new tokens ``req`` can sample in ``free`` unpinned slots with ``reused`` prompt
+        tokens pinned already (``kv_to_finish``: prompt + M - 1 - reused == free); below 1 where
+        its prompt does not fit."""
+        return free + reused - req.prompt_len + 1
 
     def _kept_out_by_pins(self, req: Req, nodes: dict[int, Any]) -> Optional[FinishReason]:
         """The abort of ``req``, as it arrives, if it cannot finish even alone beside the pinned
         prefixes (``nodes``, ``_pinned_nodes``, taken once for the requests that arrive together):
         the slots it surely needs, less the part of its prompt it would reuse from a pinned prefix
         (counted as pinned already), exceed the pool's unpinned slots. It surely needs its
-        ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else its prompt's
-        alone: it may stop before the pool runs out. Admitted, it would generate until the pool ran
-        out and then abort (``_unblock_head``, which still ends one that a pin taken after it came
+        ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else those of its
+        ``min_new_tokens``, which holds off EOS, stop tokens and stops (a grammar complete before
+        them aborts; the context length is no nearer: ``Engine._check``): it may stop once they
+        are sampled, before the pool runs out. Admitted, it would generate until the pool ran out
+        and then abort (``_unblock_head``, which still ends one that a pin taken after it came
         keeps out, or that did not stop in time). None if it can."""
         if not nodes:  # (no pins; none with the radix cache disabled either: pin_prefix refuses then)
             return None
         pinned = sum(len(node.key) for node in nodes.values())
         to_length = _runs_to_length(req)
-        needs = req.kv_to_finish if to_length else req.prompt_len
+        least = req.params.max_new_tokens if to_length else req.params.min_new_tokens
+        needs = kv_to_finish(req.prompt_len, least)
         reused = self._reused_from_pins(req, nodes)
         free = self.kv_pool.size - pinned
         if needs - reused <= free:
             return None
         already = f" ({reused} of them pinned already)" if reused else ""
         # (its length is the problem only where its prompt fits, and only where nothing else may end it)
-        fewer = self._fewer_new_tokens(req, free, reused) if to_length else ()
+        most = self._most_new_tokens(req, free, reused)
+        if to_length:
+            what, fewer = "to finish", self._fewer_new_tokens(req, free, reused)
+        elif most >= 1:  # (so min_new_tokens > most >= 1: its prompt alone fits)
+            what, fewer = f"for its prompt + min_new_tokens={least}", ((f"lower min_new_tokens to {most}",),)
+        else:
+            what, fewer, needs = "for its prompt", (), req.prompt_len
         return FinishReason("abort", message=option_message(
-            f"request needs {needs} KV slots {'to finish' if to_length else 'for its prompt'}{already} but only "
+            f"request needs {needs} KV slots {what}{already} but only "
             f"{free} of {self.kv_pool.size} can be freed ({pinned} are pinned)", *_POOL_FIXES, *fewer))
 
     def shut_down_error(self) -> RuntimeError:

@@ -550,3 +550,81 @@ def test_a_request_that_may_stop_sooner_is_refused_beside_pinned_prefixes_only_f
         for pin in pins:
             eng.unpin(pin)
         assert_idle_accounting(eng)
+
+
+def test_a_request_that_min_new_tokens_keeps_from_stopping_is_refused_beside_pinned_prefixes_as_it_arrives(tiny_llama):
+    """A request with stops, or EOS, and a min_new_tokens that cannot fit beside the pins was
+    admitted (only its prompt was counted: it may stop sooner) and generated until the pool ran out,
+    then aborted, though min_new_tokens holds off EOS, stop tokens and stops until that many tokens
+    exist. It surely needs a slot for each of prompt + min_new_tokens tokens but the last, less what a
+    pinned prefix holds, and is refused as it arrives, told the min_new_tokens that fits (a program
+    its min_tokens). Pinned: 50 + 30 of a 150-token pool, 70 free."""
+    import random
+
+    import lmnb as sgl
+
+    with engine(tiny_llama, max_total_tokens=150) as eng:
+        rng = random.Random(6)
+        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
+        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        fresh = [rng.randrange(10, 500) for _ in range(71)]
+        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        stops = dict(max_new_tokens=60, stop_token_ids=[7], stop=["x"])
+        for prompt, params, message in [
+            (fresh[:45], SamplingParams(min_new_tokens=26, **stops), None),  # 45 + 26 - 1 = 70
+            (fresh[:45], SamplingParams(min_new_tokens=27, **stops),
+             f"request needs 71 KV slots for its prompt + min_new_tokens=27 {refusal}, or lower min_new_tokens to 26"),
+            (fresh[:45], SamplingParams(max_new_tokens=60, min_new_tokens=27),  # (EOS alone)
+             f"request needs 71 KV slots for its prompt + min_new_tokens=27 {refusal}, or lower min_new_tokens to 26"),
+            (a[:30] + fresh[:41], SamplingParams(min_new_tokens=31, **stops),  # 71 + 31 - 1 - 30 = 71
+             f"request needs 101 KV slots for its prompt + min_new_tokens=31 (30 of them pinned already) {refusal}, "
+             "or lower min_new_tokens to 30"),
+            (fresh, SamplingParams(min_new_tokens=5, **stops), f"request needs 71 KV slots for its prompt {refusal}"),
+        ]:
+            r = eng.generate(prompt, params)
+            if message is not None:
+                assert (r.finish_reason.type, r.finish_reason.message) == ("abort", message)
+                assert r.token_ids == [] and r.meta.forward_passes == 0
+            else:  # (it ran: it stopped, or aborted where the pool ran out, 26 tokens in)
+                assert r.meta.forward_passes > 0 and len(r.token_ids) >= 26
+                assert r.finish_reason.type == "stop" or r.finish_reason.message == (
+                    f"request needs 104 KV slots to finish (71 for its tokens so far) {refusal}, or lower "
+                    "max_new_tokens to 26"), r.finish_reason
+
+        @sgl.function
+        def prog(s):
+            s += "x" * 45
+            s += sgl.gen("y", max_tokens=60, min_tokens=27, stop=".")
+
+        backend = sgl.Engine(engine=eng)
+        backend.chat_template = sgl.get_chat_template("default")
+        assert len(eng.encode("x" * 45)) == 45
+        state = prog.run(backend=backend)
+        assert (f"request needs 71 KV slots for its prompt + min_tokens=27 {refusal}, or lower min_tokens to 26"
+                in str(state.error())), state.error()
+        for pin in pins:
+            eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
+def test_an_abort_where_the_pool_runs_out_beside_pins_offers_a_max_new_tokens_its_min_new_tokens_allows(tiny_llama):
+    """The abort of a request that a pin taken after it came keeps out offered "lower max_new_tokens
+    to 6" to one with min_new_tokens=8, a max_new_tokens that is refused (it must not be below
+    min_new_tokens); it offers both lowered. 45 fresh prompt tokens beside 50 pinned of 100:
+    45 + M - 1 = 50, M = 6 (the tokens it wrote; min_new_tokens holds its stop token off)."""
+    import random
+
+    with engine(tiny_llama, max_total_tokens=100) as eng:
+        rng = random.Random(7)
+        prefix = [rng.randrange(10, 500) for _ in range(50)]
+        eng.generate(prefix, SamplingParams(max_new_tokens=0))
+        h, pin = _pinned_after_it_came(eng, prefix, [rng.randrange(10, 500) for _ in range(45)],
+                                       SamplingParams(max_new_tokens=10, min_new_tokens=8, stop_token_ids=[7]))
+        r = h.result(timeout=60)
+        assert (r.finish_reason.type, r.finish_reason.message) == ("abort", (
+            "request needs 54 KV slots to finish (51 for its tokens so far) but only 50 of 100 can be freed (50 are "
+            "pinned); unpin prefixes, or raise max_total_tokens, or lower max_new_tokens and min_new_tokens to 6"))
+        assert len(r.token_ids) == 6
+        SamplingParams(max_new_tokens=6, min_new_tokens=6).validate()  # (the offer is one it takes)
+        eng.unpin(pin)
+        assert_idle_accounting(eng)
