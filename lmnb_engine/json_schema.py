@@ -568,17 +568,21 @@ def back_reference_problem(pattern: str, where: str = "#/pattern") -> Optional[s
 def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
     """The engine's words for the schema ``pattern``'s first lookbehind or word boundary
     (``regex_errors.assertion_problem``), else its first lookahead
-    (``regex_errors.lookahead_problem``), as a ``regex`` constraint's are asked (at ``where``, its
+    (``regex_errors.lookahead_problem``), else its first atomic group (``regex_errors.backtracking_problem``:
+    ECMA's u flag refuses a possessive quantifier and a conditional already, ``u_flag_problem``, but
+    not ``(?>``), as a ``regex`` constraint's are asked (at ``where``, its
     ``pattern`` keyword's place), as Python's parser reads the pattern once its ECMA syntax is
     spelled as Python's (``_ecma_as_python``), or None where it has none or that parser cannot read
     it, which the other checks name. No backend builds one: ``gen()`` refuses it as the engine does."""
-    from lmnb_engine.regex_errors import assertion_problem, lookahead_problem  # (it imports this module)
+    from lmnb_engine.regex_errors import (assertion_problem, backtracking_problem,  # (it imports this module)
+                                          lookahead_problem)
     from lmnb_engine.regex_tree import quiet_parse
 
     parsed = quiet_parse(classes_held(_ecma_as_python(pattern)[0]))
     subject = pattern_subject(where)
     return None if parsed is None else (assertion_problem(parsed, pattern, subject)
-                                        or lookahead_problem(parsed, pattern, subject))
+                                        or lookahead_problem(parsed, pattern, subject)
+                                        or backtracking_problem(parsed, pattern, subject))
 
 
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)

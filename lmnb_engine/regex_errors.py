@@ -13,8 +13,8 @@ quoting (here), another dialect's back-reference or group name (``regex_referenc
 own syntax error (``regex_python_error``), a class that matches no character
 (``regex_empty_class``), then what no backend builds (``no_backend_problem``, which the engine's own
 check asks first too, so that a pattern with several such features is refused for the same one by
-both): a back-reference (``regex_references``), a lookbehind or a word boundary (here) and a
-lookahead (here). ``unbuilt_feature``
+both): a back-reference (``regex_references``), a lookbehind or a word boundary (here), a
+lookahead (here) and a conditional, an atomic group or a possessive quantifier (here). ``unbuilt_feature``
 asks the engine's own check (``constrained.regex_check``) and ``offer_taken`` both, for the fixes
 those modules offer, which import it when they weigh an offer. The text walk all of them share is
 ``regex_parts``. Importing it loads neither torch nor the engine's constrained-decoding package.
@@ -62,7 +62,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     Python's ``(?P<year>``), a syntax error (``invalid_regex``), a repeat count above what ``re``
     reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
     of levels), a class that matches no character (``regex_empty_class``), or a back-reference by
-    number or Python's ``(?P=n)``, a lookbehind or a word boundary, or a lookahead, which no backend
+    number or Python's ``(?P=n)``, a lookbehind or a word boundary, a lookahead, or a conditional,
+    an atomic group or a possessive quantifier, which no backend
     can constrain output with as ``re`` reads them (``no_backend_problem``, the engine's words). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
@@ -98,13 +99,14 @@ def no_backend_problem(parsed, pattern: str, subject: str = "regex") -> str | No
     """The engine's words for what in ``pattern`` (parsed by ``re._parser``: ``parsed``) no backend
     builds, which ``gen()`` refuses, or None where it has none: its first back-reference
     (``back_reference_problem``), else its first lookbehind or word boundary (``assertion_problem``),
-    else its first lookahead (``lookahead_problem``). The one order for a pattern with several:
+    else its first lookahead (``lookahead_problem``), else its first conditional, atomic group or
+    possessive quantifier (``backtracking_problem``). The one order for a pattern with several:
     ``gen()`` and a ``%%lm`` cell ask it (``pattern_problem``), and the engine's own check asks it
     before its other refusals (``constrained.regex_check.check_parsed``), so that both name the
     same feature (``(?=a)a\\b``: the word boundary). ``subject``: what the words call the pattern
     (``unsupported_words``)."""
     return (back_reference_problem(parsed, pattern, subject) or assertion_problem(parsed, pattern, subject)
-            or lookahead_problem(parsed, pattern, subject))
+            or lookahead_problem(parsed, pattern, subject) or backtracking_problem(parsed, pattern, subject))
 
 
 # The fixes for a lookaround and a word boundary, in the words gen() and the engine say (no_backend_problem)
@@ -153,6 +155,34 @@ def lookahead_problem(parsed, pattern: str, subject: str = "regex") -> str | Non
     return None
 
 
+# What re reads as backtracking control or a condition on a group, and each one's fix, in the words gen() and the
+# engine say (backtracking_problem); ATOMIC_GROUP and POSSESSIVE_REPEAT are Python 3.11's (before it, re refuses them)
+_BACKTRACKING = [(getattr(constants, name), words) for name, words in [
+    ("GROUPREF_EXISTS", ("a conditional group '(?(n)...|...)'", "write the alternatives out with '|'")),
+    ("ATOMIC_GROUP", ("an atomic group '(?>...)'", "use a plain group '(?:...)'")),
+    ("POSSESSIVE_REPEAT", ("a possessive quantifier ('*+', '++', '?+')", "use the greedy quantifier")),
+] if hasattr(constants, name)]
+
+
+def backtracking_problem(parsed, pattern: str, subject: str = "regex") -> str | None:
+    """The engine's words (``unsupported_words``) for the first conditional ``(?(1)b|c)``, atomic
+    group ``(?>...)`` or possessive quantifier (``a++``, ``a{2}+``), nested ones too, in ``pattern``
+    parsed by ``re._parser`` (``parsed``), or None where it has none. No backend builds one as
+    ``re`` reads it: outlines-core (Rust's regex) fails on a conditional or an atomic group with
+    "error building NFA" and reads ``a*+`` as ``(?:a*)+``, so that its ``a*+a`` takes "aa", which
+    ``re.fullmatch`` refuses (the possessive repeat gives back no "a"); interegular says
+    "Conditional matching is not implemented", "Unknown group-extension: '>'", and reads ``a*+a``
+    so too; xgrammar says "Group modifier flag is not supported yet" of ``(?>`` and ``(?(``, and
+    refuses two repeat modifiers in a row. So ``gen()`` refuses them, in a ``regex`` constraint and
+    in a JSON schema's pattern (``json_schema.assertion_problem``). ``subject``: what the words call
+    the pattern (``unsupported_words``)."""
+    for op, _ in walk(parsed):
+        for code, words in _BACKTRACKING:
+            if op is code:  # (by identity: re's codes are ints, equal to others of another kind)
+                return unsupported_words(pattern, *words, subject)
+    return None
+
+
 def unsupported_words(pattern: str, feature: str, fix: str, subject: str = "regex") -> str:
     """The engine's refusal of ``pattern`` for ``feature`` (e.g. "a lookbehind"), which no finite
     automaton expresses, with the ``fix`` (``constrained.regex_check``'s words); ``subject`` names
@@ -165,7 +195,8 @@ def unbuilt_feature(pattern: str) -> str | None:
     """The engine's words for what in the ``regex`` constraint ``pattern`` no automaton can build (a
     lookaround, a back-reference, an anchor inside: ``regex_check.check_regex``, asked of it without
     its edge anchors, as the engine asks), or None where it has none. ``gen()`` refuses some of these
-    itself (a back-reference, a lookaround, a word boundary) and leaves the rest to the backend, but offers no
+    itself (``no_backend_problem``: a back-reference, a lookaround, a word boundary, a conditional,
+    an atomic group, a possessive quantifier) and leaves the rest to the backend, but offers no
     pattern that holds one (``offer_taken``). Those ``gen()`` refuses are asked of ``pattern`` as
     written (``no_backend_problem``), so a back-reference's position is its place in ``pattern``."""
     from lmnb_engine.constrained.errors import GrammarError

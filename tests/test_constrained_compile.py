@@ -284,6 +284,78 @@ def test_a_pattern_with_several_features_no_backend_builds_is_refused_for_the_sa
                                                                                  _BOUNDARY_FIX))), said
 
 
+_POSSESSIVE = ("a possessive quantifier ('*+', '++', '?+')", "use the greedy quantifier")
+_ATOMIC = ("an atomic group '(?>...)'", "use a plain group '(?:...)'")
+_CONDITIONAL = ("a conditional group '(?(n)...|...)'", "write the alternatives out with '|'")
+
+
+@pytest.mark.parametrize("pattern, found", [
+    ("a++b", _POSSESSIVE), ("a{2}+", _POSSESSIVE), ("x(?:ab)*+", _POSSESSIVE), ("(?>ab)c", _ATOMIC),
+    ("a(?:b|(?>cd))", _ATOMIC), ("(a)?(?(1)b|c)", _CONDITIONAL),
+    ("a^b(?>c)", _ATOMIC),  # (gen()'s refusals before the engine's own: the engine named the anchor)
+    ("(?>a)\\bb", ("a word boundary '\\b'", _BOUNDARY_FIX)),  # (a boundary before them, in gen()'s order)
+])
+def test_a_possessive_quantifier_atomic_group_or_conditional_is_refused_at_gen_in_the_engines_words(backend, pattern,
+                                                                                                   found):
+    """gen(regex="a++b") (or "a{2}+", "(?>ab)c", "(a)?(?(1)b|c)"), a %%lm cell and lmnb export took
+    the pattern, and the engine refused it when each row ran. No backend builds one as Python's re
+    reads it (regex_errors.backtracking_problem: outlines-core reads a*+a as (?:a*)+a, which takes
+    "aa", see below), so gen() refuses it as the engine does (regex_errors.no_backend_problem, after
+    a lookaround or boundary). The reference: the engine's words for each feature, written out."""
+    feature, fix = found
+    words = (f"regex {json.dumps(pattern)} uses {feature}, which constrained decoding cannot support (patterns "
+             f"compile to a finite automaton): {fix}")
+    assert _refused_alike(backend, pattern) == words
+    with pytest.raises(GrammarError) as e:
+        check_regex(pattern)
+    assert str(e.value) == words
+
+
+def test_outlines_core_reads_a_possessive_quantifier_otherwise_than_re():
+    """Why gen() refuses a possessive quantifier rather than leave it to outlines-core: re's a*+a
+    matches nothing (the repeat gives back no "a"), and outlines-core's automaton takes "aa"."""
+    from outlines_core import Index, Vocabulary
+
+    index = Index("a*+a", Vocabulary(9, {"a": [0]}))
+    state = index.get_next_state(index.get_next_state(index.get_initial_state(), 0), 0)
+    assert index.is_final_state(state) and re.fullmatch("a*+a", "aa") is None
+
+
+def test_a_plain_group_beside_the_refused_features_stays_taken(backend):
+    """The fixes the refusals offer (a plain group, the greedy quantifier, the alternatives written
+    out) pass gen() and compile to what re reads."""
+    import lmnb
+
+    for pattern, texts in [("(?:ab)c", ["abc"]), ("a+b", ["ab", "aab"]), ("ab|c", ["ab", "c"])]:
+        lmnb.gen("x", regex=pattern)
+        compiled = backend.compile(regex=pattern).regex
+        assert all(re.fullmatch(compiled, t) for t in texts) and not re.fullmatch(compiled, "b"), pattern
+
+
+@pytest.mark.parametrize("pattern, refused", [("(?>a)b", True), ("a(?>b|c)d", True), ("(?:a)b", False)])
+def test_a_schema_patterns_atomic_group_is_refused_at_gen_in_the_engines_words(pattern, refused):
+    """gen(json_schema=...) and a %%lm cell took a schema whose pattern holds an atomic group
+    (ECMA's u flag check refuses a possessive quantifier and a conditional, but not "(?>"), which
+    the engine refused when the row ran; they refuse it in the engine's words now. A plain group
+    stays taken. The reference: the engine's words for an atomic group, written out."""
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    schema = {"type": "object", "properties": {"k": {"type": "string", "pattern": pattern}}}
+    if not refused:
+        lmnb.gen("x", json_schema=schema)
+        assert check_literal("gen", "json_schema", schema) is None
+        schema_to_regex(schema)
+        return
+    words = (f"JSON schema at #/properties/k/pattern: the pattern {json.dumps(pattern)} uses {_ATOMIC[0]}, which "
+             f"constrained decoding cannot support (patterns compile to a finite automaton): {_ATOMIC[1]}")
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", json_schema=schema)
+    with pytest.raises(GrammarError) as in_engine:
+        schema_to_regex(schema)
+    assert [str(at_gen.value), check_literal("gen", "json_schema", schema), str(in_engine.value)] == [words] * 3
+
+
 def test_an_offer_refused_for_its_back_reference_places_it_in_the_pattern_as_written(backend):
     r"""gen(regex=r"^(a)\1$|[^\s\S]") and a %%lm cell said the pattern without its empty class,
     "^(a)\\1$", has "a back-reference \1 at position 3", its place once the engine's check had

@@ -37,16 +37,9 @@ _AT_NAMES = {
 
 def _unsupported(op, av) -> tuple[str, str] | None:
     """(feature name, fix) if the parsed node ``(op, av)`` has no finite-automaton equivalent, of
-    those ``gen()`` leaves to the engine (``check_parsed`` asks ``no_backend_problem`` first)."""
-    if op is _c.GROUPREF_EXISTS:
-        return "a conditional group '(?(n)...|...)'", "write the alternatives out with '|'"
-    if op is _c.AT and av in _AT_NAMES:
-        return _AT_NAMES[av]
-    if getattr(_c, "ATOMIC_GROUP", None) is not None and op is _c.ATOMIC_GROUP:
-        return "an atomic group '(?>...)'", "use a plain group '(?:...)'"
-    if getattr(_c, "POSSESSIVE_REPEAT", None) is not None and op is _c.POSSESSIVE_REPEAT:
-        return "a possessive quantifier ('*+', '++', '?+')", "use the greedy quantifier"
-    return None
+    those ``gen()`` leaves to the engine (``check_parsed`` asks ``no_backend_problem`` first): an
+    anchor inside."""
+    return _AT_NAMES[av] if op is _c.AT and av in _AT_NAMES else None
 
 
 # The automaton library (regex-syntax) refuses a pattern nested more than 250 levels deep, where a
@@ -146,7 +139,8 @@ def check_parsed(parsed, pattern: str, subject: str = "regex") -> None:
     which name it as ``subject``, e.g. a schema's ``json_schema.pattern_subject``, before its text):
     its nesting, then what ``gen()`` refuses, in ``gen()``'s words and order
     (``regex_errors.no_backend_problem``: a back-reference, a lookbehind or word boundary, a
-    lookahead), then the other features in the pattern's order, then its repeat counts."""
+    lookahead, a conditional, atomic group or possessive quantifier), then the other features in
+    the pattern's order, then its repeat counts."""
     _check_nesting(pattern, subject)
     # (what gen() refuses first, in gen()'s order: a pattern with a lookahead and a word boundary, (?=a)a\b,
     # was refused here for the lookahead, the first in the pattern, and by gen() for the boundary)
