@@ -5156,6 +5156,30 @@ def test_an_object_the_users_module_makes_at_top_level_that_its_functions_change
     assert notes == ([] if noted is None else [f"cell 1: {noted}"])
 
 
+_PEEK = ("class C:\n    def __init__(self):\n        self.n = 0\n        self.rows = []\n\n    def bump(self):\n"
+         "        self.n += 1\n        return self.n\n\n    def peek(self):\n        return self.n\n\n"
+         "    def all(self):\n        return self.rows\n\n\n_c = C()\n")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("from helpers import _c", "r = str(_c.peek() + 1)", None),
+    ("import helpers", "r = str(helpers._c.peek() + 1)", None),
+    ("from helpers import C\nc = C()", "r = str(c.peek() + 1)", None),
+    # (a method that hands on a list its instance holds, which the row changes, still changes it)
+    ("from helpers import _c", "_c.all().append(q)\nr = str(len(_c.rows))",
+     "cell 1: _c, which `from helpers import _c` gives (helpers.py, beside the notebook), an instance of C that the "
+     "module makes once at its top level, is changed by the rows (`_c.all()` in cell 3)"),
+])
+def test_a_method_that_returns_an_attribute_holding_only_numbers_reads_its_instance(tmp_path, monkeypatch, setup,
+                                                                                   cell, noted):
+    """`_c.peek()` of `def peek(self): return self.n`, n only ever 0 or n += 1, was taken to change
+    _c (what a method returns of its instance may be changed where it goes), so a row that only read
+    it was told _c "is changed by the rows"; each pass and the job's rows give 1, 1, 1."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _PEEK}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert [n.split(": the job")[0].split(": what")[0] for n in notes] == ([] if noted is None else [noted])
+
+
 _STORE = ("class Store:\n    def __init__(self):\n        self.items = []\n\n    def add(self, x):\n"
           "        self.items.append(x)\n        return len(self.items)\n\n    def size(self):\n"
           "        return len(self.items)\n\n\nclass Deque(list):\n    def size(self):\n        return len(self)\n")

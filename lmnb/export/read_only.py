@@ -41,8 +41,9 @@ def _read_only_methods(setup: list) -> dict:
             continue
         plain = _plain_attributes(methods) - _changed_outside(setup, stmt)
         literal = _literal_attributes(methods, plain)
+        fixed = _immutable_attributes(stmt, methods) - _changed_outside(setup, stmt)
         out[stmt.name] = {m: _passes_out_item(methods[m]) for m in methods
-                          if _reads_only(methods[m], methods, set(), plain, literal)}
+                          if _reads_only(methods[m], methods, set(), plain, literal, fixed)}
     return out
 
 
@@ -285,6 +286,41 @@ def _plain_attributes(methods: dict) -> set:
     return plain - other
 
 
+def _immutable_attributes(cls, methods: dict) -> set:
+    """The attributes that the ``methods`` of the class ``cls`` (a ``ClassDef``) only ever set on
+    their instance, by an assignment to it alone, to a number, string, bytes, bool or None
+    (``self.n = 0``), or change by such a constant (``self.n += 1``): what they hold is immutable, so
+    handing it on (``return self.n``) lets nothing change the instance. None where a method uses
+    its first parameter otherwise than for an attribute (``setattr(self, 'n', [])``, ``f(self)``),
+    or reaches ``__dict__``; nor an attribute the class body binds (a class attribute, a property),
+    which the instance's reads give until a method sets it."""
+    import ast
+
+    fixed, other = set(), set()
+    for method in methods.values():
+        if not method.args.args:
+            continue
+        me = method.args.args[0].arg
+        parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(method):
+            if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+                return set()
+            if not (isinstance(node, ast.Name) and node.id == me) or node is method.args.args[0]:
+                continue
+            attribute = parents.get(node)
+            if not isinstance(attribute, ast.Attribute):
+                return set()
+            if isinstance(attribute.ctx, ast.Load):
+                continue
+            stmt = parents.get(attribute)
+            value = getattr(stmt, "value", None)
+            single = isinstance(stmt, ast.AugAssign) or isinstance(stmt, ast.AnnAssign) or (
+                isinstance(stmt, ast.Assign) and stmt.targets == [attribute])
+            constant = isinstance(value, ast.Constant) and not isinstance(value.value, type(...))
+            (fixed if single and constant else other).add(attribute.attr)
+    return fixed - other - set().union(*(bound_by(s) for s in cls.body))
+
+
 def _literal_attributes(methods: dict, plain: set) -> set:
     """The attributes of ``plain`` (``_plain_attributes``) that the class's ``methods`` only ever set
     to a literal of strings and numbers (``['ab', 'cd']``, ``{'a': (1, 2)}``: ``ast.literal_eval``'s)
@@ -325,7 +361,8 @@ def _is_literal(value) -> bool:
     return True
 
 
-def _reads_only(method, methods: dict, seen: set, plain: set = frozenset(), literal: set = frozenset()) -> bool:
+def _reads_only(method, methods: dict, seen: set, plain: set = frozenset(), literal: set = frozenset(),
+                fixed: set = frozenset()) -> bool:
     """Whether ``method`` (a plain ``def`` of a class whose ``methods`` are given) changes nothing of
     its instance, as far as can be told safely: its first parameter is used only to read attributes
     (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``, ``_read``), or to call methods of
@@ -333,7 +370,8 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset(), lite
     class (``type(self)``, ``self.__class__``: what is set there is a class attribute's change,
     ``_class_attributes``'). ``plain``: the attributes that hold plain containers
     (``_plain_attributes``); ``literal``: those of them whose items are literals too
-    (``_literal_attributes``)."""
+    (``_literal_attributes``); ``fixed``: those that hold only numbers, strings and such
+    (``_immutable_attributes``), which any use reads (``return self.n``)."""
     import ast
 
     if _static(method):
@@ -355,9 +393,10 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset(), lite
         if isinstance(user, ast.Call) and user.func is attribute:  # (self.m(...): a method of the class)
             called = methods.get(attribute.attr)
             if called is None or (called.name not in seen
-                                  and not _reads_only(called, methods, seen | {method.name}, plain, literal)):
+                                  and not _reads_only(called, methods, seen | {method.name}, plain, literal,
+                                                      fixed)):
                 return False
-        elif not _read(attribute, parents, attribute.attr in plain, literal=attribute.attr in literal):
+        elif attribute.attr not in fixed and not _read(attribute, parents, attribute.attr in plain, literal=attribute.attr in literal):
             return False
     return True
 
