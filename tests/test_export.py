@@ -5180,6 +5180,39 @@ def test_a_method_that_returns_an_attribute_holding_only_numbers_reads_its_insta
     assert [n.split(": the job")[0].split(": what")[0] for n in notes] == ([] if noted is None else [noted])
 
 
+_NAMED = ("class C:\n    def __init__(self):\n        self.n = 0\n        self.items = []\n\n\n_c = C()\nseen = []\n"
+          "counts = {}\n")
+
+
+def _made_once(what: str, kind: str, change: str) -> str:
+    return (f"cell 1: {what} (helpers.py, beside the notebook), {kind} that the module makes once at its top level, "
+            f"is changed by the rows (`{change}` in cell 3)")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("import helpers", "setattr(helpers._c, 'n', helpers._c.n + 1)\nr = str(helpers._c.n)",
+     _made_once("helpers._c, of `import helpers`", "an instance of C", "setattr(helpers._c, 'n', helpers._c.n + 1)")),
+    ("import helpers", "getattr(helpers, 'seen').append(q)\nr = str(len(helpers.seen))",
+     _made_once("helpers.seen, of `import helpers`", "a list", "getattr(helpers, 'seen').append(q)")),
+    ("import helpers", "vars(helpers)['counts'][q] = 1\nr = str(len(helpers.counts))",
+     _made_once("helpers.counts, of `import helpers`", "a dict", "vars(helpers)['counts'][q]")),
+    ("from helpers import _c", "getattr(_c, 'items').append(q)\nr = str(len(_c.items))",
+     _made_once("_c, which `from helpers import _c` gives", "an instance of C", "getattr(_c, 'items').append(q)")),
+    # (what only reads them, or binds the module's name anew, changes nothing the next row sees)
+    ("import helpers", "r = str(len(getattr(helpers, 'seen')) + getattr(helpers._c, 'n') + len(vars(helpers)['counts'])"
+     " + 1)", None),
+    ("import helpers", "setattr(helpers, 'seen', [q])\nr = str(len(helpers.seen))", None),
+])
+def test_a_change_through_setattr_getattr_or_vars_with_a_constant_name_is_noted(tmp_path, monkeypatch, setup, cell,
+                                                                              noted):
+    """`setattr(helpers._c, 'n', helpers._c.n + 1)`, `getattr(helpers, 'seen').append(x)` and
+    `vars(helpers)['counts'][x] = 1` per row: the job's rows gave 1, 2, 3, where each pass of the
+    notebook gives 1, without a note (only `helpers._c.n = ...` and the like were read as changes)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _NAMED}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert [n.split(": the job")[0] for n in notes] == ([] if noted is None else [noted])
+
+
 _STORE = ("class Store:\n    def __init__(self):\n        self.items = []\n\n    def add(self, x):\n"
           "        self.items.append(x)\n        return len(self.items)\n\n    def size(self):\n"
           "        return len(self.items)\n\n\nclass Deque(list):\n    def size(self):\n        return len(self)\n")

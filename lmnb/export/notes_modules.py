@@ -14,7 +14,7 @@ from lmnb.export.notes_defaults import _changed_defaults, _leaves_out, _made_onc
 from lmnb.export.notes_objects import _ITERATOR_CALLS, _unaliased
 from lmnb.export.notes_wording import _OWN_STATE
 from lmnb.export.read_only import _ITERATING_BUILTINS, _read_only_methods
-from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
+from lmnb.export.syntax import _as_attributes, _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
 
 
 # The module-level seeding calls of the standard library's and numpy's global random number generators
@@ -257,11 +257,14 @@ def _changes(node, caller: str, read_only, cls: Optional[str] = None) -> bool:
     ``_c.rows[0].append(x)``), an item or an attribute set or deleted (``_c.seen[k] = 1``).
     ``read_only`` None: the object is a dict, list or set, which such a change of its own, or of
     an item, changes (``helpers.seen.append(x)``, ``helpers.seen[k] = 1``); ``_ITERATES``: an
-    iterator, which a run through it changes (``_consumes``)."""
+    iterator, which a run through it changes (``_consumes``). An attribute named by a constant
+    string is that attribute (``setattr(_c, 'n', 1)``, ``getattr(h, 'seen').append(x)``,
+    ``vars(h)['seen']``: ``_as_attributes``)."""
     import ast
 
     if read_only is _ITERATES:
         return _consumes(node, caller)
+    node = _as_attributes(node)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         of = ast.unparse(node.func.value)
         if read_only is not None and (of == caller or cls is not None and of == cls and node.args
@@ -290,9 +293,10 @@ def _consumes(node, caller: str) -> bool:
 def _within(node, caller: str) -> bool:
     """Whether the expression ``node`` is an attribute of what ``caller`` gives, or an item of one,
     all the way down (``_c.items``, ``_c.rows[0]``, ``_c.a.b``: the same objects that it holds,
-    not a slice's copy, ``_c.items[:]``)."""
+    not a slice's copy, ``_c.items[:]``; ``getattr(_c, 'items')`` too: ``_as_attributes``)."""
     import ast
 
+    node = _as_attributes(node)
     while isinstance(node, ast.Attribute) or isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice):
         node = node.value
         if ast.unparse(node) == caller:

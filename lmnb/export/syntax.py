@@ -1,8 +1,11 @@
 """The walks over the cells' code that the export's plan and its notes share: a cell's top-level
 statements, the syntax trees of the row cells, the names a cell binds, a function's own nodes (with
-the ``if`` tests above each) and its own variables, and whether a test asks if a name is unset."""
+the ``if`` tests above each) and its own variables, whether a test asks if a name is unset, and
+``getattr(o, 'n')`` and the like read as the attribute ``o.n``."""
 
 from __future__ import annotations
+
+import copy
 
 from lmnb.export.cells import Cell, Code, LMCell, bound_by
 
@@ -133,3 +136,39 @@ def _bound_before_read(row: list) -> set:
                 binds if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else set())
             own |= binds - read  # (a statement's reads come before its binding: use = wrap(use) calls the set-up's)
     return own
+
+
+def _as_attributes(node):
+    """``node`` (an expression) with ``getattr(o, 'n')`` and ``vars(o)['n']`` in it written as
+    ``o.n``, and itself, ``setattr(o, 'n', v)`` or ``delattr(o, 'n')``, as the attribute ``o.n``
+    set or deleted: a constant name is the attribute it names (``getattr(helpers, 'seen').append(x)``
+    changes ``helpers.seen``). A copy where there is such a call, else ``node`` itself."""
+    import ast
+
+    def name(arg) -> str | None:
+        return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) \
+            and arg.value.isidentifier() else None
+
+    def call_of(n, function: str, count: int) -> bool:
+        return isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == function \
+            and len(n.args) == count and not n.keywords
+
+    class Spelled(ast.NodeTransformer):
+        def visit_Call(self, n):
+            n = self.generic_visit(n)
+            return ast.Attribute(n.args[0], name(n.args[1]), ast.Load()) \
+                if call_of(n, "getattr", 2) and name(n.args[1]) else n
+
+        def visit_Subscript(self, n):
+            n = self.generic_visit(n)
+            return ast.Attribute(n.value.args[0], name(n.slice), n.ctx) \
+                if call_of(n.value, "vars", 1) and name(n.slice) else n
+
+    if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+               and n.func.id in {"getattr", "vars", "setattr", "delattr"} for n in ast.walk(node)):
+        return node
+    node = Spelled().visit(copy.deepcopy(node))
+    for function, count, ctx in (("setattr", 3, ast.Store), ("delattr", 2, ast.Del)):
+        if call_of(node, function, count) and name(node.args[1]):
+            return ast.Attribute(node.args[0], name(node.args[1]), ctx())
+    return node
