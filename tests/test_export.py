@@ -5243,6 +5243,38 @@ def test_an_instance_of_a_users_module_class_that_the_rows_change_is_noted(tmp_p
     assert [n.split(": what")[0] for n in notes] == ([] if noted is None else [noted])
 
 
+_SET_UP_C = "class C:\n    def __init__(self):\n        self.n = 0\n        self.items = []\n\n\nc = C()"
+_SET_UP_C_USED = "cell 1: c, an instance of C that this cell makes once, is used by the rows ("
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    (_SET_UP_C, "c.n = c.n + 1\nr = str(c.n)", "`c.n = c.n + 1` in cell 3)"),
+    (_SET_UP_C, "c.n += 1\nr = str(c.n)", "`c.n += 1` in cell 3)"),
+    (_SET_UP_C, "c.items.append(q)\nr = str(len(c.items))", "`c.items.append(q)` in cell 3)"),
+    (_SET_UP_C, "x = c\nx.n += 1\nr = str(c.n)", "`x.n += 1` in cell 3, x being `c`)"),
+    (_SET_UP_C + "\n\n\ndef bump():\n    c.items.append(1)\n    return len(c.items)", "r = str(bump())",
+     "`c.items.append(1)` in bump(), a function of cell 1)"),
+    # (reads only; and an instance the row makes)
+    (_SET_UP_C, "r = str(c.n + 1)", None),
+    (_SET_UP_C, "c = C()\nc.n += 1\nr = str(c.n)", None),
+])
+def test_an_attribute_change_of_a_setup_instance_is_noted(tmp_path, monkeypatch, setup, cell, noted):
+    """`c = C()` once, `c.n = c.n + 1` (or `c.n += 1`, `c.items.append(q)`) per row: the job's rows
+    gave 1, 2, 3, where each pass of the notebook gives 1, without a note (only a method call of
+    it was taken for a change)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert [n.split(": what")[0] for n in notes] == ([] if noted is None else [_SET_UP_C_USED + noted])
+
+
+def test_a_setup_instance_a_row_sets_back_before_changing_is_still_noted(tmp_path, monkeypatch):
+    """`c.n = 0; c.n += 1` per row gives each row what the notebook's pass gives; the export does
+    not follow that the row sets back all it changes, so it notes the change as any other."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {}, _SET_UP_C, "c.n = 0\nc.n += 1\nr = str(c.n)")
+    assert passes == rows == ["1", "1", "1"]
+    assert [n.split(": what")[0] for n in notes] == [_SET_UP_C_USED + "`c.n = 0` in cell 3)"]
+
+
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
     with a note for each cell as before."""

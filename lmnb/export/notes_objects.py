@@ -586,6 +586,12 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
         for node, tests in _own_nodes(tree):
             if any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
+            for name, alias in _attribute_changes(node, made, aliases, {*bound, *skipped}):
+                being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
+                statement = node
+                while not isinstance(statement, ast.stmt) and statement in parents:
+                    statement = parents[statement]
+                uses.setdefault(name, (made[name], f"`{ast.unparse(statement)}` in {where}{being}"))
             func = node.func if isinstance(node, ast.Call) else None
             if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):  # (`for x in it` consumes it)
                 target, iterating, shown = node.iter, True, f"for {ast.unparse(node.target)} in {ast.unparse(node.iter)}"
@@ -682,6 +688,32 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
             if wrapped:
                 notes.append(_wrapped_note(f[0], name, wrapped[0]))
     return notes
+
+
+def _attribute_changes(node, made: dict, aliases: dict, skipped: set) -> list:
+    """(name, the alias it is used by or None) for each instance of a class among the ``made``
+    objects (``_made_objects``' first) that ``node`` changes by setting or deleting an attribute of
+    it, or by changing in place what an attribute holds (``c.n += 1``, ``c.items.append(q)``,
+    ``x.items[0] = q`` of ``x = c``: ``notes_modules._changes``), as a method that changes it would;
+    not by a method call of its own (``c.bump()``, which ``_carried_over`` asks its class about),
+    nor for a name in ``skipped`` (the row's own there)."""
+    import ast
+
+    # (notes_modules imports this module: its test of a module instance's change, asked here of a set-up one)
+    from lmnb.export.notes_modules import _changes
+
+    found = []
+    for name, entry in made.items():
+        if entry[2] is None or name in skipped:
+            continue
+        callers = [(name, None)] + [(a, a) for a, v in aliases.items() if isinstance(v, ast.Name) and v.id == name]
+        for caller, alias in callers:
+            own_call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and ast.unparse(node.func.value) == caller
+            if not own_call and _changes(node, caller, ()):
+                found.append((name, alias))
+                break
+    return found
 
 
 def _wrapped_note(cell: int, name: str, decorator: str) -> str:
