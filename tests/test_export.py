@@ -5275,6 +5275,37 @@ def test_a_setup_instance_a_row_sets_back_before_changing_is_still_noted(tmp_pat
     assert [n.split(": what")[0] for n in notes] == [_SET_UP_C_USED + "`c.n = 0` in cell 3)"]
 
 
+_PASSES_OUT = ("class C:\n    def __init__(self):\n        self.rows = [[]]\n\n    def first(self):\n"
+               "        return self.rows[0]\n\n\n_c = C()\n")
+
+
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("from helpers import _c", "_c.first().append(q)\nr = str(len(_c.first()))",
+     "cell 1: _c, which `from helpers import _c` gives (helpers.py, beside the notebook), an instance of C that the "
+     "module makes once at its top level, is changed by the rows (`_c.first().append(q)` in cell 3, changing what "
+     "_c.first() passes out)"),
+    ("import helpers", "helpers._c.first().append(q)\nr = str(len(helpers._c.first()))",
+     "cell 1: helpers._c, of `import helpers` (helpers.py, beside the notebook), an instance of C that the module "
+     "makes once at its top level, is changed by the rows (`helpers._c.first().append(q)` in cell 3, changing what "
+     "helpers._c.first() passes out)"),
+    ("from helpers import _c", "x = _c.first()\nx.append(q)\nr = str(len(x))",
+     "cell 1: _c, which `from helpers import _c` gives (helpers.py, beside the notebook), an instance of C that the "
+     "module makes once at its top level, is changed by the rows (`x = _c.first(); x.append(q)` in cell 3, changing "
+     "what _c.first() passes out)"),
+    # (a read of what it passes out; a copy of it changed)
+    ("from helpers import _c", "r = str(len(_c.first()) + 1)", None),
+    ("from helpers import _c", "x = list(_c.first())\nx.append(q)\nr = str(len(x))", None),
+])
+def test_what_a_module_instances_method_passes_out_changed_by_the_rows_is_noted(tmp_path, monkeypatch, setup, cell,
+                                                                                noted):
+    """`_c.first().append(q)` per row of `from helpers import _c`, `first` returning
+    `self.rows[0]`: the job's rows gave 1, 2, 3, where each pass of the notebook gives 1, without a
+    note (a set-up instance's was noted; a module's was read as a read)."""
+    notes, passes, rows = _module_job(tmp_path, monkeypatch, {"helpers.py": _PASSES_OUT}, setup, cell)
+    assert passes == ["1", "1", "1"] and rows == (["1", "1", "1"] if noted is None else ["1", "2", "3"])
+    assert [n.split(": the job")[0] for n in notes] == ([] if noted is None else [noted])
+
+
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
     with a note for each cell as before."""

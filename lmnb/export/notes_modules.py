@@ -13,7 +13,7 @@ from lmnb.export.cells import _CONTAINER_CHANGES, Code, LMCell, _mutated, bound_
 from lmnb.export.notes_defaults import _changed_defaults, _leaves_out, _made_once
 from lmnb.export.notes_objects import _ITERATOR_CALLS, _unaliased
 from lmnb.export.notes_wording import _OWN_STATE
-from lmnb.export.read_only import _ITERATING_BUILTINS, _read_only_methods
+from lmnb.export.read_only import _ITERATING_BUILTINS, _read_only_methods, _result_changed
 from lmnb.export.syntax import _as_attributes, _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
 
 
@@ -352,9 +352,18 @@ def _instance_change(placed: list, rows: int, caller: str, read_only, cls: Optio
             called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
             aliases = {**{n: v for n, (v, whole) in setup.items() if whole or n == called}, **own}
             resolved, alias = _unaliased(node, aliases) if aliases else (node, None)
+            being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
             if _changes(resolved, caller, read_only, cls):
-                being = f", {alias} being `{ast.unparse(aliases[alias])}`" if alias is not None else ""
                 return f"`{ast.unparse(node)}` in {where}{being}"
+            # (a read-only method that passes out an item of an attribute, `return self.rows[0]`, which the row
+            # changes in place: _c.first().append(q), or x = _c.first(); x.append(q))
+            if isinstance(read_only, dict) and isinstance(resolved, ast.Call) \
+                    and isinstance(resolved.func, ast.Attribute) and ast.unparse(resolved.func.value) == caller \
+                    and read_only.get(resolved.func.attr):
+                parents = {child: n for n in ast.walk(tree) for child in ast.iter_child_nodes(n)}
+                defs = {name: d for name, (_, d) in (functions or {}).items()}
+                if changing := _result_changed(node, tree, parents, defs):
+                    return f"`{changing}` in {where}, changing what {ast.unparse(node)} passes out{being}"
             if called in (functions or {}) and (change := _passed_change(resolved, *functions[called], caller,
                                                                           read_only, cls)):
                 return f"{change}, passed by `{ast.unparse(node)}` in {where}"
