@@ -1064,6 +1064,75 @@ def test_a_rerun_on_another_lmnb_model_is_refused_not_mixed_into_the_file(tmp_pa
     assert run_job(tmp_path, "--input", rows, "--model", "/models/a") == 0  # the same model, named
 
 
+BAR_INTO_CLOSED_PIPE_JOB = '''
+import sys, threading
+sys.path.insert(0, {tests!r})
+import tqdm
+import lmnb
+from helpers_lang import ScriptedBackend
+from lmnb.batch import Job
+
+class Pipe:  # stderr, the progress bar's, into `| head`: its reader leaves once row 0 has printed
+    closed = False
+
+    def write(self, text):
+        if Pipe.closed:
+            raise BrokenPipeError(32, "Broken pipe")
+        return len(text)
+
+    def flush(self):
+        if Pipe.closed:
+            raise BrokenPipeError(32, "Broken pipe")
+
+sys.stderr = Pipe()
+
+@lmnb.function
+def echo(s, question):
+    s += "Q: " + question + "\\nA:" + lmnb.gen("answer", max_tokens=4)
+
+def run_row(question):
+    print(question + ":" + echo.run(question, temperature=0)["answer"])
+    Pipe.closed = True
+
+status = Job("piped", ["question"]).run(run_row, programs=[echo], backend=ScriptedBackend())
+# what a row's thread does when it prints above the bar (and tqdm's monitor thread, and a bar's
+# __del__ on a pool thread at exit): take tqdm's lock, which the main thread had kept
+# (into a file: the job pointed stdout at /dev/null when the pipe closed)
+with open(__file__ + ".after", "w") as after:
+    writer = threading.Thread(target=tqdm.tqdm.write, args=("the bar's lock is free",), kwargs={{"file": after}})
+    writer.start()
+    writer.join()
+raise SystemExit(status)
+'''
+
+
+def test_a_progress_bar_drawn_into_a_closed_pipe_leaves_no_lock_held(tmp_path):
+    """`job.py ... 2>&1 | head -3` hung for good at times (rc 124 under `timeout`, no CPU): the bar
+    drawn after a row was written met the closed pipe inside tqdm's refresh, which holds tqdm's
+    lock and does not release it when the write raises, so a row's print above the bar (and, at
+    exit, a bar's __del__ on a pool thread the interpreter joins) waited for that lock forever.
+    TQDM_MININTERVAL=0 has the bar drawn at each row, so the write that fails is that one."""
+    import subprocess
+    from pathlib import Path
+
+    script = tmp_path / "job.py"
+    script.write_text(BAR_INTO_CLOSED_PIPE_JOB.format(tests=str(Path(__file__).parent)), encoding="utf-8")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(5)])
+    argv = [sys.executable, str(script), "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+            "--num-threads", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "TQDM_MININTERVAL": "0"})
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 141, err.decode()
+    # rows 0 and 1 were in flight (two per thread) when the pipe closed; they finish, no other starts
+    assert out.decode().splitlines() == ["q0:ok", "q1:ok"], err.decode()
+    assert (tmp_path / "job.py.after").read_text() == "the bar's lock is free\n"
+    assert [(r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")] == [(0, "ok"), (1, "ok")]
+
+
 class _ClosedPipe:
     """A stderr whose reader left after its first line (`job.py ... 2>&1 | head -1`)."""
 
