@@ -286,6 +286,17 @@ def _plain_attributes(methods: dict) -> set:
     return plain - other
 
 
+def _instance_methods(methods: dict):
+    """Each of the class's ``methods`` that takes an instance, as ``(method, me, parents)``: ``me``
+    its first parameter's name, ``parents`` each of its nodes' parent node."""
+    import ast
+
+    for method in methods.values():
+        if method.args.args:
+            parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+            yield method, method.args.args[0].arg, parents
+
+
 def _immutable_attributes(cls, methods: dict) -> set:
     """The attributes that the ``methods`` of the class ``cls`` (a ``ClassDef``) only ever set on
     their instance, by an assignment to it alone, to a number, string, bytes, bool or None
@@ -297,11 +308,7 @@ def _immutable_attributes(cls, methods: dict) -> set:
     import ast
 
     fixed, other = set(), set()
-    for method in methods.values():
-        if not method.args.args:
-            continue
-        me = method.args.args[0].arg
-        parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+    for method, me, parents in _instance_methods(methods):
         for node in ast.walk(method):
             if isinstance(node, ast.Attribute) and node.attr == "__dict__":
                 return set()
@@ -330,11 +337,7 @@ def _literal_attributes(methods: dict, plain: set) -> set:
     import ast
 
     out = set(plain)
-    for method in methods.values():
-        if not method.args.args:
-            continue
-        me = method.args.args[0].arg
-        parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+    for method, me, parents in _instance_methods(methods):
         for node in ast.walk(method):
             if not (isinstance(node, ast.Attribute) and node.attr in out and isinstance(node.value, ast.Name)
                     and node.value.id == me):
