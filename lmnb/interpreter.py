@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import multiprocessing
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -586,7 +587,11 @@ def run_program_batch(
             # its first text, "0%| 0/2", however far the batch got)
             from tqdm import tqdm
 
-            pbar = tqdm(total=len(batch_kwargs))
+            from lmnb.bar_stream import BarStream
+
+            # (a stderr that is a closed pipe: the batch runs on and the bar's draws are dropped;
+            # a draw that raised kept tqdm's lock, and the next item's update waited for it for good)
+            pbar = tqdm(total=len(batch_kwargs), file=BarStream(sys.stderr))
         try:
             with ThreadPoolExecutor(num_threads) as pool:
                 try:

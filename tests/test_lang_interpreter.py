@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -2833,7 +2834,7 @@ def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_th
     bars = []
 
     class Bar:
-        def __init__(self, total):
+        def __init__(self, total, file=None):
             self.total, self.n, self.closed = total, 0, False
             bars.append(self)
 
@@ -2865,7 +2866,7 @@ def test_a_run_batch_progress_bar_does_not_count_the_items_a_break_aborted(monke
     bars = []
 
     class Bar:
-        def __init__(self, total):
+        def __init__(self, total, file=None):
             self.total, self.n = total, 0
             bars.append(self)
 
@@ -2899,7 +2900,7 @@ def test_a_run_batch_progress_bar_that_cannot_draw_loses_no_items_result(monkeyp
     import tqdm
 
     class Bar:
-        def __init__(self, total):
+        def __init__(self, total, file=None):
             pass
 
         def update(self):
@@ -2917,6 +2918,51 @@ def test_a_run_batch_progress_bar_that_cannot_draw_loses_no_items_result(monkeyp
 
     states = prog.run_batch([(i,) for i in range(3)], num_threads=2, progress_bar=True, backend=be)
     assert [st["a"] for st in states] == ["x", "x", "x"]
+
+
+RUN_BATCH_BAR_INTO_CLOSED_PIPE = """
+import sys
+sys.path.insert(0, {tests!r})
+import lmnb as sgl
+from helpers_lang import ScriptedBackend
+
+class ClosedPipe:  # stderr whose reader leaves after 3 writes (`2>&1 | head`)
+    writes = 0
+
+    def write(self, text):
+        ClosedPipe.writes += 1
+        if ClosedPipe.writes > 3:
+            raise BrokenPipeError(32, "Broken pipe")
+        return len(text)
+
+    def flush(self):
+        pass
+
+out, sys.stderr = sys.stderr, ClosedPipe()
+
+@sgl.function
+def prog(s, n):
+    s += f"v{{n}}" + sgl.gen("a", max_tokens=2)
+
+states = prog.run_batch([(i,) for i in range(6)], num_threads=2, progress_bar=True,
+                        backend=ScriptedBackend(lambda p, q: p.text))
+print([st["a"] for st in states], ClosedPipe.writes > 3, file=out)
+"""
+
+
+def test_a_run_batch_progress_bar_drawn_into_a_closed_pipe_runs_the_batch_to_its_end():
+    """run_batch(progress_bar=True) with stderr a closed pipe hung for good: the real tqdm draws
+    holding its lock and keeps it when the write raises, so the next item's update waited for it.
+    The batch now runs on and the bar's draws are dropped. TQDM_MININTERVAL=0 has the bar drawn at
+    each update, so the fourth write fails; a subprocess, so a hang fails the test by timeout."""
+    from pathlib import Path
+
+    code = RUN_BATCH_BAR_INTO_CLOSED_PIPE.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TQDM_MININTERVAL": "0"})
+    assert out.returncode == 0, out.stderr
+    # each item's answer is its own prompt, "v0" ... "v5", in input order; the pipe did close
+    assert out.stderr.strip() == str([f"v{i}" for i in range(6)]) + " True"
 
 
 @pytest.mark.timeout(60)

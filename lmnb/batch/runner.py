@@ -15,6 +15,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from lmnb.bar_stream import BarStream
 from lmnb.batch.inputs import InputRow, input_format
 from lmnb.batch.options import UnreadableValue, make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
@@ -236,12 +237,18 @@ class RowRunner:
         finally:
             lmnb.set_default_backend(previous)
 
+    def bar_pipe_closed(self) -> None:
+        """The progress bar met stderr a closed pipe: the job stops as at a row's print there
+        (the rows in flight finish, none starts, exit 141)."""
+        self.pipe_closed = True
+
     def _execute(self, backend, todo: list) -> None:
         if len(todo) > 1:
             self.cache_prefixes(backend)
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), unit="row", disable=self.args.no_progress, file=_BarStream(sys.stderr, self),
+        bar = tqdm(total=len(todo), unit="row", disable=self.args.no_progress,
+                   file=BarStream(sys.stderr, self.bar_pipe_closed),
                    dynamic_ncols=True, desc=self.args.output.name)
         window = 2 * self.args.num_threads
         pending = iter(todo)
@@ -566,48 +573,6 @@ class RowOutput:
     def flush(self) -> None:
         if getattr(self._local, "buffer", None) is None:
             self.target.flush()
-
-    def __getattr__(self, name: str):  # fileno, encoding, isatty, ... of the real stream
-        return getattr(self.target, name)
-
-
-class _BarStream:
-    """The progress bar's stream (stderr): a write into a pipe its reader closed (``2>&1 | head``)
-    stops the job as a row's print there does (``RowRunner.pipe_closed``), and is dropped, not
-    raised. tqdm (4.70) draws the bar holding its lock and does not release it when the write
-    raises (``refresh`` and ``clear`` have no try/finally), so the main thread kept the lock and
-    the next row's print above the bar, or a bar's ``__del__`` on a pool thread the interpreter
-    joins at exit, waited for it forever: the job hung."""
-
-    def __init__(self, target, run: RowRunner):
-        self.target = target
-        self.run = run
-        self.broken = False  # a write met the closed pipe: the bar draws no more
-
-    def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                self.target.write(text)
-            except BrokenPipeError:
-                self._closed()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.broken:
-            try:
-                self.target.flush()
-            except BrokenPipeError:
-                self._closed()
-
-    def _closed(self) -> None:
-        self.broken = True
-        self.run.pipe_closed = True
-
-    def __eq__(self, other) -> bool:  # (tqdm.write(file=sys.stderr) clears the bars drawn on that stream)
-        return other is self or other == self.target
-
-    def __hash__(self) -> int:
-        return hash(self.target)
 
     def __getattr__(self, name: str):  # fileno, encoding, isatty, ... of the real stream
         return getattr(self.target, name)
