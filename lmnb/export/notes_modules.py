@@ -201,14 +201,11 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                 if names is not None and local is not None and local not in defined:
                     shown = name if local == name else f"{name} as {local}"
                     caller, what = local, f"{local}, which `from {module} import {shown}` gives"
-                # (a row's reload makes helpers._c anew; a from-import's _c is still the first)
-                elif alias is not None and module not in reloaded:
-                    caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
-                # (a star import's c, which a reload, as a from-import's, leaves the first)
-                elif names is None and alias is None and name in exported and name not in bound:
-                    caller, what = name, f"{name}, which `from {module} import *` gives"
                 else:
-                    continue
+                    reached = _reached_from_module(name, module, statement, alias, names, exported, bound, reloaded)
+                    if reached is None:
+                        continue
+                    caller, what = reached
                 # (its class as the same import gives it, for `C.bump(_c)`)
                 named = f"{alias}.{cls}" if alias is not None else next(
                     (n for n, original in names.items() if original == cls and n not in defined), None) \
@@ -221,17 +218,30 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
             # (a dict, list or set it makes, which the rows change as the module's attribute, helpers.seen.append(q), or
             # as a star import's name: not a from-import's, which is a set-up variable that the job copies per row)
             for name, container in _containers(tree).items() if tree is not None else ():
-                if alias is not None and module not in reloaded:
-                    caller, what = f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
-                elif names is None and alias is None and name in exported and name not in bound:
-                    caller, what = name, f"{name}, which `from {module} import *` gives"
-                else:
+                reached = _reached_from_module(name, module, statement, alias, names, exported, bound, reloaded)
+                if reached is None:
                     continue
+                caller, what = reached
                 change = _instance_change(placed, len(row_placed), caller, None, None, {}, row_bound, functions,
                                           walks)
                 if change is not None:
                     notes.append(_made_once_note(c.index, what, file, f"a {container}", change))
     return notes
+
+
+def _reached_from_module(name: str, module: str, statement: str, alias, names, exported, bound,
+                         reloaded) -> Optional[tuple[str, str]]:
+    """How the rows reach ``name``, an object the module ``module`` makes once at its top level, other
+    than by a from-import: ``(what they write, the note's words for it)`` for the module's attribute
+    of ``statement`` (``helpers._c`` of ``import helpers``, ``alias`` its name; not where a row
+    reloads the module, which makes it anew) or a star import's name (``names`` and ``alias`` None,
+    ``name`` in ``exported`` and not ``bound`` by the notebook; a reload leaves it the first, as a
+    from-import's); None where they do neither."""
+    if alias is not None and module not in reloaded:
+        return f"{alias}.{name}", f"{alias}.{name}, of `{statement}`"
+    if names is None and alias is None and name in exported and name not in bound:
+        return name, f"{name}, which `from {module} import *` gives"
+    return None
 
 
 def _made_once_note(cell: int, what: str, file: str, kind: str, change: str) -> str:
