@@ -33,8 +33,9 @@ def show_cell_error(shell, etype, value, tb, tb_offset=None):
     return stb
 
 
+_PACKAGES = ("lmnb", "lmnb_kernel", "lmnb_engine")
 _OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package, "")
-              for package in ("lmnb", "lmnb_kernel", "lmnb_engine"))
+              for package in _PACKAGES)
 
 
 def _is_ours(frame) -> bool:
@@ -42,7 +43,7 @@ def _is_ours(frame) -> bool:
     if filename.startswith("<") and not filename.startswith("<%%lm cell"):
         # code made at run time has no file: a dataclass's generated __init__ (GenParams', whose
         # check of gen()'s options raises) runs in the globals of the module that defines the class
-        return frame.f_globals.get("__name__", "").partition(".")[0] in ("lmnb", "lmnb_kernel", "lmnb_engine")
+        return frame.f_globals.get("__name__", "").partition(".")[0] in _PACKAGES
     return os.path.abspath(filename).startswith(_OURS)
 
 
