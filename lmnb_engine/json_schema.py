@@ -231,9 +231,15 @@ def _syntax_checker():
 
     checker = jsonschema.FormatChecker(formats=())
     checker.checks("regex")(lambda pattern: not (isinstance(pattern, str) and (
-        _no_dialect_reads(pattern) or u_flag_problem(pattern) or back_reference_problem(pattern)
-        or assertion_problem(pattern))))
+        _no_dialect_reads(pattern) or _no_backend_builds(pattern))))
     return checker
+
+
+def _no_backend_builds(pattern: str) -> bool:
+    """Whether a schema's ``pattern`` is refused by both format checkers: a syntax error under
+    ECMA's u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), or what else
+    no backend builds (``assertion_problem``)."""
+    return bool(u_flag_problem(pattern) or back_reference_problem(pattern) or assertion_problem(pattern))
 
 
 @functools.cache
@@ -254,8 +260,7 @@ def _engine_checker(validator: type):
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
             python_reads = python_check(ecma_names_as_python(pattern) if isinstance(pattern, str) else pattern)
-        return python_reads and not (isinstance(pattern, str) and (
-            u_flag_problem(pattern) or back_reference_problem(pattern) or assertion_problem(pattern)))
+        return python_reads and not (isinstance(pattern, str) and _no_backend_builds(pattern))
 
     checker.checks("regex", raises)(regex_format)
     return checker
