@@ -14,19 +14,24 @@ class BarStream:
     joins at exit, waited for that lock forever: the program hung.
 
     ``on_closed`` (no arguments) is called once, at the first write or flush that meets the closed
-    pipe. The wrapper compares equal to the stream it wraps, so ``tqdm.write(file=sys.stderr)``
-    still clears the bars drawn on it."""
+    pipe. ``drops``: the errors dropped so, ``BrokenPipeError`` by default; ``OSError`` for a bar
+    whose stream may fail otherwise too and whose program has nothing else to say there
+    (``run_batch``: a ``2> log`` on a full disk, ``OSError`` ENOSPC, hung it the same way). The
+    wrapper compares equal to the stream it wraps, so ``tqdm.write(file=sys.stderr)`` still clears
+    the bars drawn on it."""
 
-    def __init__(self, target, on_closed: Optional[Callable[[], None]] = None):
+    def __init__(self, target, on_closed: Optional[Callable[[], None]] = None,
+                 drops: type[OSError] = BrokenPipeError):
         self.target = target
         self.on_closed = on_closed
+        self.drops = drops
         self.broken = False  # a write met the closed pipe: the bar draws no more
 
     def write(self, text: str) -> int:
         if not self.broken:
             try:
                 self.target.write(text)
-            except BrokenPipeError:
+            except self.drops:
                 self._closed()
         return len(text)
 
@@ -34,7 +39,7 @@ class BarStream:
         if not self.broken:
             try:
                 self.target.flush()
-            except BrokenPipeError:
+            except self.drops:
                 self._closed()
 
     def _closed(self) -> None:

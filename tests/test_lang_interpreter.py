@@ -2926,13 +2926,13 @@ sys.path.insert(0, {tests!r})
 import lmnb as sgl
 from helpers_lang import ScriptedBackend
 
-class ClosedPipe:  # stderr whose reader leaves after 3 writes (`2>&1 | head`)
+class ClosedPipe:  # stderr that fails after 3 writes (`2>&1 | head`; `2> log` on a full disk)
     writes = 0
 
     def write(self, text):
         ClosedPipe.writes += 1
         if ClosedPipe.writes > 3:
-            raise BrokenPipeError(32, "Broken pipe")
+            raise {error}
         return len(text)
 
     def flush(self):
@@ -2950,14 +2950,16 @@ print([st["a"] for st in states], ClosedPipe.writes > 3, file=out)
 """
 
 
-def test_a_run_batch_progress_bar_drawn_into_a_closed_pipe_runs_the_batch_to_its_end():
-    """run_batch(progress_bar=True) with stderr a closed pipe hung for good: the real tqdm draws
-    holding its lock and keeps it when the write raises, so the next item's update waited for it.
-    The batch now runs on and the bar's draws are dropped. TQDM_MININTERVAL=0 has the bar drawn at
-    each update, so the fourth write fails; a subprocess, so a hang fails the test by timeout."""
+@pytest.mark.parametrize("error", ['BrokenPipeError(32, "Broken pipe")', 'OSError(28, "No space left on device")'])
+def test_a_run_batch_progress_bar_drawn_into_a_closed_pipe_runs_the_batch_to_its_end(error):
+    """run_batch(progress_bar=True) with stderr a closed pipe (or a file on a full disk) hung for
+    good: the real tqdm draws holding its lock and keeps it when the write raises, so the next
+    item's update waited for it. The batch now runs on and the bar's draws are dropped.
+    TQDM_MININTERVAL=0 has the bar drawn at each update, so the fourth write fails; a subprocess,
+    so a hang fails the test by timeout."""
     from pathlib import Path
 
-    code = RUN_BATCH_BAR_INTO_CLOSED_PIPE.format(tests=str(Path(__file__).parent))
+    code = RUN_BATCH_BAR_INTO_CLOSED_PIPE.format(tests=str(Path(__file__).parent), error=error)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "TQDM_MININTERVAL": "0"})
     assert out.returncode == 0, out.stderr
