@@ -239,7 +239,7 @@ def _no_backend_builds(pattern: str) -> bool:
     """Whether a schema's ``pattern`` is refused by both format checkers: a syntax error under
     ECMA's u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), or what else
     no backend builds (``assertion_problem``)."""
-    return bool(u_flag_problem(pattern) or back_reference_problem(pattern) or assertion_problem(pattern))
+    return bool(_u_flag_reading(pattern) or back_reference_problem(pattern) or assertion_problem(pattern))
 
 
 @functools.cache
@@ -593,6 +593,9 @@ def assertion_problem(pattern: str, where: str = "#/pattern") -> Optional[str]:
 # (why the in-process engine refuses a schema pattern's \\p{...} class, and what it takes instead)
 _NO_SCHEMA_CLASSES = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which "
                       "reads a pattern with Python's re, which has none): write the characters as a class")
+# (what gen() and the engine alike say of an offer that holds a \\p{...} class, which the engine takes in no schema)
+_CLASSES_ELSEWHERE = (", where the backend reads \\p{...} in a schema (an OpenAI-compatible API may); the in-process "
+                      f"engine {_NO_SCHEMA_CLASSES}")
 
 
 def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
@@ -618,7 +621,61 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
     taken: every dialect a backend may read it in reads it alike, and such escapes are common in
     schemas written for Python or Pydantic (``^\\d{3}\\-\\d{4}$``), as a validator that falls back to
     Annex B's grammar takes them (corvus-json-schema's ecmaregex). One read otherwise by Python
-    (``x\\Z``, ``a{,3}``) or not at all (``\\k``) is refused."""
+    (``x\\Z``, ``a{,3}``) or not at all (``\\k``) is refused.
+
+    Each pattern offered is one ``gen()`` and the engine take (``_offer_taken``; one with a
+    ``\\p{...}`` class, ``gen()`` alone, and the words say so): for ``(?=a)\\Z``, whose ``(?=a)Z``
+    holds the lookahead refused next, they say to write each such character unescaped, and offer
+    no pattern."""
+    reading = _u_flag_reading(pattern)
+    if reading is None:
+        return None
+    found, unescaped, error, instead = reading
+    if found is None:
+        meant = [(p, what) for p, what in error.meant if _u_flag_reading(p) is None]
+        # (no back-reference is offered, in any syntax: gen() refuses one as the engine does, which builds
+        # none; nor, by the engine, a \\p{...} class, which it takes in no schema: each would be refused next)
+        refs = any("back-reference" in what for _, what in meant)
+        classes = [what for p, what in meant if unicode_classes(p)]
+        meant = [(p, what) for p, what in meant
+                 if not (refs and "back-reference" in what) and not (engine and what in classes) and _offer_taken(p)]
+        if instead is not None and _offer_taken(instead):
+            fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
+                   f"without it{_CLASSES_ELSEWHERE if unicode_classes(instead) else ''}")
+        else:
+            fix = (f"write {', or '.join(f'{json_value(p, SHOWN_CHARS)} for {what}' for p, what in meant)}" if meant
+                   else "" if refs or classes else error.fix or "fix the pattern")
+        if refs:
+            fix += ("; " if meant else "") + NO_BACK_REFERENCES
+        # (the offer holds a \p{...} class, which the engine refuses next: the engine's words offer none, and
+        # gen()'s, made before the backend is known, say which backends take it; where gen() refuses it for
+        # more, (?=a)\p{Letter}, the class is named alone)
+        if classes and (engine or not meant):
+            are = "are" if classes[0].startswith("the classes") else "is"  # (each misspelt class offered: regex_u_flag)
+            fix += (("; " if meant or refs else "") + f"ECMA's closest {are} {classes[0]}"
+                    + (f", but this engine {_NO_SCHEMA_CLASSES}" if engine else ""))
+        elif classes:
+            fix += _CLASSES_ELSEWHERE
+        return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
+                f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
+    at, c = found
+    code = " (ECMA's escape of a code point is \\u{...} or \\uXXXX, its u lowercase)" if c == "U" else ""
+    written = ("write each such character unescaped," if not _offer_taken(unescaped) else
+               f"write {json_value(unescaped, SHOWN_CHARS)}, each such character unescaped,"
+               + (_CLASSES_ELSEWHERE if unicode_classes(unescaped) else ""))
+    return (f"it escapes {json_value(c, SHOWN_CHARS)} at position {at}, an identity escape ECMA 262 refuses with the u flag "
+            "JSON Schema asks patterns be read with (2020-12 core, section 6.4): there a backslash stands before a "
+            f'syntax character (^ $ \\ . * + ? ( ) [ ] {{ }} |), "/", "-" in a class, or an escape it defines; {written} '
+            f"as ECMA reads the escape without the flag{code}")
+
+
+def _u_flag_reading(pattern: str) -> Optional[tuple]:
+    """None where ``u_flag_problem`` takes the schema ``pattern``, else what its words are made of,
+    without weighing an offer (the format checks ask it, and ``_offer_taken`` first, so that weighing
+    an offer asks for no offer of its own): (the first identity escape the u flag refuses, or None:
+    ``regex_u_flag.identity_escape``; the pattern with each such character unescaped; the first other
+    syntax error of that, or None: ``regex_u_flag.u_flag_error``; the pattern written to mean what it
+    means without the flag, or None where it has no such spelling)."""
     from lmnb_engine.regex_python_error import python_reading  # (it imports this module)
     from lmnb_engine.regex_u_flag import identity_escape, u_flag_error
 
@@ -639,36 +696,26 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
         instead = None
     if instead is not None and (read := python_reading(pattern)) is not None and python_reading(instead) == read:
         return None
-    if found is None:
-        meant = [(p, what) for p, what in error.meant if u_flag_problem(p) is None]
-        # (no back-reference is offered, in any syntax: gen() refuses one as the engine does, which builds
-        # none; nor, by the engine, a \\p{...} class, which it takes in no schema: each would be refused next)
-        refs = any("back-reference" in what for _, what in meant)
-        classes = [what for p, what in meant if unicode_classes(p)]
-        meant = [f"{json_value(p, SHOWN_CHARS)} for {what}" for p, what in meant
-                 if not (refs and "back-reference" in what) and not (engine and what in classes)]
-        fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
-               "without it" if instead is not None else f"write {', or '.join(meant)}" if meant else
-               "" if refs or classes else error.fix or "fix the pattern")
-        if refs:
-            fix += ("; " if meant else "") + NO_BACK_REFERENCES
-        # (the offer holds a \p{...} class, which the engine refuses next: the engine's words offer none, and
-        # gen()'s, made before the backend is known, say which backends take it)
-        if classes and engine:
-            are = "are" if classes[0].startswith("the classes") else "is"  # (each misspelt class offered: regex_u_flag)
-            fix += ("; " if meant or refs else "") + f"ECMA's closest {are} {classes[0]}, but this engine {_NO_SCHEMA_CLASSES}"
-        elif classes:
-            fix += (", where the backend reads \\p{...} in a schema (an OpenAI-compatible API may); the in-process "
-                    f"engine {_NO_SCHEMA_CLASSES}")
-        return (f"it has {error.what} at position {error.at}, a syntax error of ECMA 262 with the u flag JSON Schema "
-                f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
-    at, c = found
-    code = " (ECMA's escape of a code point is \\u{...} or \\uXXXX, its u lowercase)" if c == "U" else ""
-    return (f"it escapes {json_value(c, SHOWN_CHARS)} at position {at}, an identity escape ECMA 262 refuses with the u flag "
-            "JSON Schema asks patterns be read with (2020-12 core, section 6.4): there a backslash stands before a "
-            'syntax character (^ $ \\ . * + ? ( ) [ ] { } |), "/", "-" in a class, or an escape it defines; write '
-            f"{json_value(unescaped, SHOWN_CHARS)}, each such character unescaped, as ECMA reads the escape without the "
-            f"flag{code}")
+    return found, unescaped, error, instead
+
+
+def _offer_taken(pattern: str, engine: bool = False) -> bool:
+    """Whether ``pattern``, written as the fix of a refused schema pattern, may be offered, as
+    ``regex_errors.offer_taken`` weighs a ``regex``'s: ECMA's u flag reads it (``_u_flag_reading``),
+    and the engine takes it as a schema's (``checked_schema``) and builds it (``_engine_builds``),
+    so that no offer is refused next (``(?=a)\\Z`` is not offered ``(?=a)Z``, which holds the
+    lookahead) and ``gen()`` and the engine word each refusal alike. One with a ``\\p{...}``
+    class, which the engine takes in no schema, is weighed by the language's check alone, for
+    words that say it is for a backend that reads it (``_CLASSES_ELSEWHERE``), unless ``engine``
+    (the engine's words alone, which offer none)."""
+    if _u_flag_reading(pattern) is not None:  # (first: the schema check's words would weigh offers of their own)
+        return False
+    by_engine = engine or not unicode_classes(pattern)
+    try:
+        checked_schema({"type": "string", "pattern": pattern}, by_engine)
+    except ValueError:
+        return False
+    return not by_engine or _engine_builds(pattern)
 
 
 def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
@@ -762,8 +809,8 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
 def _quoting_problem(pattern: str, where: str) -> Optional[str]:
     """The words for the schema ``pattern`` (at ``where``) holding PCRE's quoting ``\\Q...\\E``
     (``regex_u_flag.pcre_quoting``), as a ``regex``'s are worded (``regex_errors.QUOTING_WORDS``),
-    with the pattern its text escaped offered where no dialect refuses it and ECMA's u flag reads
-    it; None where it has none."""
+    with the pattern its text escaped offered where ``gen()`` and the engine take it
+    (``_offer_taken``); None where it has none."""
     from lmnb_engine.regex_errors import QUOTING_WORDS  # (it imports this module)
     from lmnb_engine.regex_u_flag import pcre_quoting
 
@@ -771,7 +818,7 @@ def _quoting_problem(pattern: str, where: str) -> Optional[str]:
     if found is None:
         return None
     at, offer = found
-    taken = not _no_dialect_reads(offer) and u_flag_problem(offer) is None
+    taken = _offer_taken(offer)
     return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} {QUOTING_WORDS.format(at=at)}"
             + (f": write {json_value(offer, SHOWN_CHARS)}" if taken else ""))
 
@@ -781,7 +828,7 @@ def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:
     alike, ``(?P<m>a)|(?P<m>b)`` (``regex_references.repeated_name``; an ECMA group, ``(?<m>``, the
     engine reads as a plain one: ``ecma_names_as_python``), as a ``regex``'s are worded
     (``repeated_name_words``), the pattern so written offered where the engine takes it
-    (``_engine_takes``); None where no such name is repeated. It said only "redefinition of group
+    (``_offer_taken``); None where no such name is repeated. It said only "redefinition of group
     name 'm' as group 2 ...; fix the pattern"."""
     from lmnb_engine.regex_references import repeated_name, repeated_name_words  # (it imports this module)
 
@@ -789,20 +836,10 @@ def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:
     if found is None:
         return None
     name, places, offer = found
-    written = f": write {json_value(offer, SHOWN_CHARS)}" if _engine_takes(offer) else ""
+    written = f": write {json_value(offer, SHOWN_CHARS)}" if _offer_taken(offer, engine=True) else ""
     return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} cannot be compiled: "
             + repeated_name_words(name, places, "a schema's pattern here (jsonschema checks each output with it)")
             + written)
-
-
-def _engine_takes(pattern: str) -> bool:
-    """Whether the in-process engine takes ``pattern`` as a schema's (``checked_schema``) and builds it
-    (``_engine_builds``), so that it may be offered."""
-    try:
-        checked_schema({"type": "string", "pattern": pattern})
-    except ValueError:
-        return False
-    return _engine_builds(pattern)
 
 
 # a code-point escape \u{...} (after an even run of backslashes, group 1; its digits, group 2)

@@ -222,7 +222,8 @@ def offer_taken(pattern: str) -> bool:
     """Whether ``pattern``, written as the fix of a refused one, may be offered: ``gen()`` takes it
     (``pattern_problem``) and the engine builds it (``unbuilt_feature``), so that no offer is
     refused next (``c(?<=x)\\p{InGreek}`` is offered ``[\\u0370-\\u03ff]`` for its class, not
-    ``c(?<=x)[\\u0370-\\u03ff]``, which holds the lookbehind)."""
+    ``c(?<=x)[\\u0370-\\u03ff]``, which holds the lookbehind). A schema's pattern, ECMA's, has its
+    own: ``json_schema._offer_taken``."""
     return pattern_problem(pattern) is None and unbuilt_feature(pattern) is None
 
 
