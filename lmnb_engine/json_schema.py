@@ -880,7 +880,7 @@ def _unicode_class_fix(pattern: str) -> str:
     instead, only where ``regex=`` takes the pattern (Rust's regex has no Unicode blocks)."""
     from lmnb_engine.regex_errors import pattern_problem
 
-    spelled = {cls: as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in unicode_classes(pattern))}
+    spelled = {cls: as_ranges(cls, ecma=True) for cls in dict.fromkeys(m.group(2) for m in unicode_classes(pattern))}
     if all(spelled.values()):
         fix = "write " + ", ".join(f"{cls} as {ranges}" for cls, ranges in spelled.items())
     else:
@@ -921,18 +921,21 @@ def without_surrogates(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 @functools.lru_cache(maxsize=64)
-def as_ranges(cls: str) -> str | None:
+def as_ranges(cls: str, ecma: bool = False) -> str | None:
     """The Unicode class ``cls`` (``\\p{InGreek}``) as a class of code-point ranges Python's ``re``
     reads (``[\\u0370-\\u03ff]``), its characters as the ``regex`` package reads them (the Unicode
     Character Database; surrogates, which no text holds, left out), or None where that package
-    does not read it or the ranges number more than ``MAX_SPELLED_RANGES``."""
+    does not read it or the ranges number more than ``MAX_SPELLED_RANGES``. ``ecma``: for a
+    schema's pattern, which ECMA 262 with the u flag reads too, a code point above U+FFFF is
+    written as the character itself (``\\p{InGothic}``: ``[𐌰-𐍏]``, U+10330 to U+1034F), which both
+    read alike: ECMA has no ``\\U00010330``, Python's ``re`` no ``\\u{10330}``."""
     runs = code_point_runs(cls)
     spans = without_surrogates(runs or [])
     if not spans or len(spans) > MAX_SPELLED_RANGES:
         return None
 
     def code(c: int) -> str:
-        return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
+        return f"\\u{c:04x}" if c <= 0xFFFF else chr(c) if ecma else f"\\U{c:08x}"
 
     return "[" + "".join(code(lo) if lo == hi else f"{code(lo)}-{code(hi)}" for lo, hi in spans) + "]"
 

@@ -244,7 +244,7 @@ def _property_offer(pattern: str) -> Optional[tuple[str, str]]:
         problem = None if unknown_property(cls) else ecma_problem(cls)
         if not unknown_property(cls) and problem is None:
             continue
-        fix = closest_property(cls) if problem is None else problem[1] or as_ranges(cls)
+        fix = closest_property(cls) if problem is None else problem[1] or as_ranges(cls, ecma=True)
         if fix is None:
             return None
         fixes.append((start, end, fix, in_class))

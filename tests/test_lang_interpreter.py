@@ -540,6 +540,37 @@ def test_a_schema_patterns_unicode_block_is_refused_at_gen_with_its_ranges():
     assert sgl.gen("x", json_schema={"type": "string", "pattern": r"^[\u0370-\u03ff\d]+$"})
 
 
+def test_a_schema_patterns_unicode_block_above_u_ffff_is_offered_its_characters():
+    """\\p{InGothic}, a block above U+FFFF, was offered nothing ("fix the pattern"), where a block
+    below it is offered its ranges: they were written with Python's \\U00010330, an identity escape
+    ECMA refuses with the u flag, and the offer was dropped. Its code points are written as the
+    characters themselves, which ECMA's u flag and Python's re read alike: Blocks.txt's
+    "10330..1034F; Gothic", whose ends the regex package's \\p{InGothic} holds and whose neighbours
+    it does not. node reads the offer with the u flag (where at hand); gen() and the engine take it."""
+    import regex
+
+    from lmnb_engine.constrained.schema import schema_to_regex
+
+    lo, hi = 0x10330, 0x1034F
+    assert [bool(regex.fullmatch(r"\p{InGothic}", chr(c))) for c in (lo - 1, lo, hi, hi + 1)] == [0, 1, 1, 0]
+    pattern, offer = r"^[\p{InGothic}\d]+$", f"^[{chr(lo)}-{chr(hi)}\\d]+$"
+    assert _node_refuses(pattern, "u") is not False and _node_refuses(offer, "u") is not True
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine
+    assert message.endswith(f"; write {json.dumps(offer, ensure_ascii=False)} for the class [{chr(lo)}-{chr(hi)}]"), message
+    assert sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+    assert schema_to_regex({"type": "string", "pattern": offer})
+    assert re.fullmatch(offer, chr(lo) + "7" + chr(hi)) and not re.fullmatch(offer, chr(hi + 1))
+    # (the engine's words for a script ECMA reads, which it takes in no schema, spell it so too: Scripts.txt's
+    # Gothic is 10330..1034A, the regex package's \p{Script=Gothic} too)
+    script = f"[{chr(lo)}-{chr(0x1034A)}]"
+    assert all(regex.fullmatch(r"\p{Script=Gothic}", c) for c in script[1:-1:2]) and not regex.match(
+        r"\p{Script=Gothic}", chr(0x1034B))
+    with pytest.raises(ValueError, match=re.escape(f"write \\p{{Script=Gothic}} as {script}, or")):
+        schema_to_regex({"type": "string", "pattern": r"\p{Script=Gothic}"})
+    assert schema_to_regex({"type": "string", "pattern": script})
+
+
 def test_a_schema_patterns_misspelt_property_classes_are_each_offered_their_name():
     """\\p{Lettr}\\p{Nmber} was offered nothing ("fix the pattern"): the offer held the first class
     alone, and was dropped as the second still refused it. Each is offered ECMA's closest name, in
