@@ -48,7 +48,8 @@ _VALUED = {"General_Category": _GENERAL_CATEGORIES, "gc": _GENERAL_CATEGORIES}
 _CLASS = re.compile(r"\\([pP])\{\^?([^}]*)\}")
 # ECMA's names of the properties whose values are scripts (\p{Script=Greek}, \p{scx=Grek}), and those
 # values (its table of Script values: Unicode's PropertyValueAliases.txt, sc, with each script's short
-# name; Unicode 17's, as the regex package reads them, written out from fontTools.unicodedata)
+# name; Unicode 17's, as the regex package reads them, written out from fontTools.unicodedata), less
+# _SCRIPTS_UNREAD
 _SCRIPT_KEYS = ("Script", "sc", "Script_Extensions", "scx")
 _SCRIPTS = tuple("""
 Adlm Adlam Aghb Caucasian_Albanian Ahom Arab Arabic Armi Imperial_Aramaic Armn Armenian Avst Avestan Bali
@@ -58,17 +59,17 @@ Cherokee Chrs Chorasmian Copt Coptic Cpmn Cypro_Minoan Cprt Cypriot Cyrl Cyrilli
 Dives_Akuru Dogr Dogra Dsrt Deseret Dupl Duployan Egyp Egyptian_Hieroglyphs Elba Elbasan Elym Elymaic Ethi
 Ethiopic Gara Garay Geor Georgian Glag Glagolitic Gong Gunjala_Gondi Gonm Masaram_Gondi Goth Gothic Gran
 Grantha Grek Greek Gujr Gujarati Gukh Gurung_Khema Guru Gurmukhi Hang Hangul Hani Han Hano Hanunoo Hatr Hatran
-Hebr Hebrew Hira Hiragana Hluw Anatolian_Hieroglyphs Hmng Pahawh_Hmong Hmnp Nyiakeng_Puachue_Hmong Hrkt
-Katakana_Or_Hiragana Hung Old_Hungarian Ital Old_Italic Java Javanese Jurc Jurchen Kali Kayah_Li Kana Katakana
+Hebr Hebrew Hira Hiragana Hluw Anatolian_Hieroglyphs Hmng Pahawh_Hmong Hmnp Nyiakeng_Puachue_Hmong
+Hung Old_Hungarian Ital Old_Italic Java Javanese Kali Kayah_Li Kana Katakana
 Kawi Khar Kharoshthi Khmr Khmer Khoj Khojki Kits Khitan_Small_Script Knda Kannada Krai Kirat_Rai Kthi Kaithi
 Lana Tai_Tham Laoo Lao Latn Latin Lepc Lepcha Limb Limbu Lina Linear_A Linb Linear_B Lisu Lyci Lycian Lydi
 Lydian Mahj Mahajani Maka Makasar Mand Mandaic Mani Manichaean Marc Marchen Medf Medefaidrin Mend
 Mende_Kikakui Merc Meroitic_Cursive Mero Meroitic_Hieroglyphs Mlym Malayalam Modi Mong Mongolian Mroo Mro Mtei
 Meetei_Mayek Mult Multani Mymr Myanmar Nagm Nag_Mundari Nand Nandinagari Narb Old_North_Arabian Nbat Nabataean
 Newa Nkoo Nko Nshu Nushu Ogam Ogham Olck Ol_Chiki Onao Ol_Onal Orkh Old_Turkic Orya Oriya Osge Osage Osma
-Osmanya Ougr Old_Uyghur Palm Palmyrene Pauc Pau_Cin_Hau Pcun Proto_Cuneiform Perm Old_Permic Phag Phags_Pa
+Osmanya Ougr Old_Uyghur Palm Palmyrene Pauc Pau_Cin_Hau Perm Old_Permic Phag Phags_Pa
 Phli Inscriptional_Pahlavi Phlp Psalter_Pahlavi Phnx Phoenician Plrd Miao Prti Inscriptional_Parthian Rjng
-Rejang Rohg Hanifi_Rohingya Runr Runic Samr Samaritan Sarb Old_South_Arabian Saur Saurashtra Seal Sgnw
+Rejang Rohg Hanifi_Rohingya Runr Runic Samr Samaritan Sarb Old_South_Arabian Saur Saurashtra Sgnw
 SignWriting Shaw Shavian Shrd Sharada Sidd Siddham Sidt Sidetic Sind Khudawadi Sinh Sinhala Sogd Sogdian Sogo
 Old_Sogdian Sora Sora_Sompeng Soyo Soyombo Sund Sundanese Sunu Sunuwar Sylo Syloti_Nagri Syrc Syriac Tagb
 Tagbanwa Takr Takri Tale Tai_Le Talu New_Tai_Lue Taml Tamil Tang Tangut Tavt Tai_Viet Tayo Tai_Yo Telu Telugu
@@ -76,6 +77,11 @@ Tfng Tifinagh Tglg Tagalog Thaa Thaana Thai Tibt Tibetan Tirh Tirhuta Tnsa Tangs
 Toto Tutg Tulu_Tigalari Ugar Ugaritic Vaii Vai Vith Vithkuqi Wara Warang_Citi Wcho Wancho Xpeo Old_Persian
 Xsux Cuneiform Yezi Yezidi Yiii Yi Zanb Zanabazar_Square Zinh Inherited Zyyy Common Zzzz Unknown
 Qaac Qaai""".split())  # (the last two: other short names of Coptic and Inherited)
+# Script values the regex package reads that node's RegExp (V8; node 20's ICU holds Unicode 17) refuses with
+# the u flag, as a JSON Schema validator that reads patterns with it does: Katakana_Or_Hiragana, which no
+# character has (V8 never read it), and scripts encoded after Unicode 17. A schema's pattern with one is refused
+# (ecma_problem), its characters offered as ranges where they are few.
+_SCRIPTS_UNREAD = ("Hrkt", "Katakana_Or_Hiragana", "Jurc", "Jurchen", "Pcun", "Proto_Cuneiform", "Seal")
 
 
 @functools.lru_cache(maxsize=256)
@@ -147,6 +153,10 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
     meant = spelled and f"\\{flipped if negated else letter}{{{spelled}}}"
     if negated:
         why = f"negated as the regex package negates, which ECMA lacks (it negates with \\{flipped})"
+    elif spelled is None and (unread := _script(name.partition("=")[2] if "=" in name else name, _SCRIPTS_UNREAD)):
+        why = (("naming Katakana_Or_Hiragana, a script no character has, " if unread in _SCRIPTS_UNREAD[:2] else
+                "naming a script newer than the Unicode 17 node's RegExp reads, ")
+               + "which node refuses, as a JSON Schema validator reading patterns with it does")
     elif spelled is None:
         why = ("naming no property ECMA reads (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, "
                "or a script, \\p{Script=Greek}; no block)")
@@ -193,8 +203,8 @@ def _folded(word: str, names: tuple[str, ...]) -> Optional[str]:
     return next((n for n in names if re.sub(r"[ _-]", "", n).lower() == loose), None)
 
 
-def _script(word: str) -> Optional[str]:
-    """The script ``word`` names as ECMA spells it (``_SCRIPTS``; ``greek``, ``Old Italic``: ``Greek``,
+def _script(word: str, scripts: tuple[str, ...] = _SCRIPTS) -> Optional[str]:
+    """The script ``word`` names as ECMA spells it (``scripts``; ``greek``, ``Old Italic``: ``Greek``,
     ``Old_Italic``), letter case, spaces, hyphens and "_" aside, or None."""
     loose = re.sub(r"[ _-]", "", word).lower()
-    return next((s for s in _SCRIPTS if s.replace("_", "").lower() == loose), None)
+    return next((s for s in scripts if s.replace("_", "").lower() == loose), None)

@@ -672,6 +672,23 @@ def test_each_ecma_property_name_offered_is_one_ecma_reads_and_none_is_refused()
     assert unknown_property(r"\p{Lettr}") and unknown_property(r"\p{gc=CWKCF}")  # (a binary property is no category)
 
 
+@pytest.mark.parametrize("cls", [r"\p{Script=Hrkt}", r"\p{scx=Katakana_Or_Hiragana}", r"\p{Script=Jurc}",
+                                 r"\p{Script=Proto_Cuneiform}", r"\p{sc=Seal}"])
+def test_a_schema_patterns_script_node_does_not_read_is_refused_and_every_script_taken_is_read(cls):
+    """gen() took a schema pattern's \\p{Script=Hrkt}, Jurc, Pcun and Seal (the regex package reads each),
+    which node's RegExp (node 20, Unicode 17) refuses with the u flag, as a JSON Schema validator reading
+    patterns with it does. Each is refused, naming why, by gen() and the engine alike; every script
+    name ECMA's checks take, with Script= and Script_Extensions=, node reads (where at hand)."""
+    from lmnb_engine.regex_properties import _SCRIPTS
+
+    assert _node_refuses(cls, "u") is not False
+    for key in ("Script", "Script_Extensions"):
+        assert _node_refuses("".join(f"\\p{{{key}={name}}}" for name in _SCRIPTS), "u") is not True
+    message, in_engine = _refusals({"type": "string", "pattern": cls})
+    assert message == in_engine
+    assert f"it has a class {cls} naming " in message and "which node refuses, as a JSON Schema validator" in message
+
+
 @pytest.mark.parametrize("pattern", [r"[(?P<n>a)]\k<n>", r"[x(?P<n>a)]+\k<n>"])
 def test_a_python_group_spelt_inside_a_class_is_no_group_a_back_reference_may_name(pattern):
     """``(?P<n>a)`` inside a class is its characters, no group: ``[(?P<n>a)]\\k<n>`` was told "a
