@@ -2829,6 +2829,51 @@ def test_a_chat_template_a_job_cannot_use_is_refused_before_any_cell_runs(tmp_pa
     assert not (tmp_path / "ran.txt").exists()
 
 
+def test_a_resume_with_other_settings_is_refused_before_the_set_up_cells_run(tmp_path, monkeypatch, capsys):
+    """A rerun into an output whose rows ran with another parameter value, or keyed otherwise
+    (--id-field), was refused only by Job.run, after the set-up cells had run (a model load:
+    minutes on a GPU box): the set-up cell's file was written, then the job refused. It is refused
+    as the job is made now, in the same words, exit 2. A parameter the cell computes (m) is known
+    only once the cell ran: a resume that changes it alone is refused by Job.run, as before."""
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    cells = [("parameters", "n = 1\nm = len('ab')"), 'open("setup-ran.txt", "a").write("x")', 'q = "x"',
+             "%%lm\n{q}{n}{m}{gen a max_tokens=1}"]
+    source, _ = export_notebook(notebook(*cells), "nb.ipynb", "job.py")
+    monkeypatch.chdir(tmp_path)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "a"}, {"q": "b"}])
+    out = tmp_path / "out.jsonl"
+
+    def run_script(*options, name="__main__"):  # (as __main__, the job reads its options as it is made)
+        monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress",
+                                          *options])
+        ns = {"__name__": name}
+        exec(compile(source, "job.py", "exec"), ns)  # (as __main__ it goes on to Job.run: refused before the engine)
+        return ns
+
+    first = run_script("--limit", "1", name="first")  # (not __main__: its run is given a scripted backend)
+    assert first["job"].run(first["run_row"], backend=ScriptedBackend(lambda p, q: "!")) == 0
+    before = out.read_bytes()
+    os.remove("setup-ran.txt")
+    capsys.readouterr()
+    for options, said in [(["--n", "2"], "(parameter n: 1 there, 2 now)"),
+                          (["--id-field", "q"], "holds rows written without --id-field")]:
+        with pytest.raises(SystemExit) as e:
+            run_script(*options)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"lmnb batch: {out} holds rows ") and said in err, err
+        assert not os.path.exists("setup-ran.txt")
+        assert out.read_bytes() == before
+    with pytest.raises(SystemExit) as e:
+        run_script("--m", "5")
+    assert e.value.code == 2
+    assert "(parameter m: 2 there, 5 now)" in capsys.readouterr().err
+    assert os.path.exists("setup-ran.txt")  # (the cell that computes m ran first)
+    assert out.read_bytes() == before
+
+
 def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path, capsys):
     """The same on --backend URL (an lmnb serve of a model with no chat template): the job's
     warning line names --chat-template, and --chat-template chatml is the format the server gets."""

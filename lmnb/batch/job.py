@@ -316,8 +316,9 @@ class Job:
             the notebook's set-up cells run, so ``--help`` and a misspelt option answer at once
             (they ran every set-up cell first, a slow one or one that fails too; with a parameters
             cell, those above it: a model load). Exits as ``argparse`` does on bad options (status 2),
-            and with status 2 where the backend options do not fit or the engine's model is a
-            checkpoint directory that is not there.
+            and with status 2 where the backend options do not fit, the engine's model is a
+            checkpoint directory that is not there, or ``--output`` holds rows run with other
+            settings or keyed otherwise (``run`` refuses those too).
     """
 
     # The script's run_row calls these through the job object, whose name the exporter keeps free:
@@ -359,10 +360,11 @@ class Job:
         if caller.f_globals.get("__name__") == "__main__":
             if options_first:
                 parser = self._parser()
-                add_parameters(parser, *self._parameters, per_row=per_row)
+                dests = add_parameters(parser, *self._parameters, per_row=per_row)
                 self.args = parser.parse_args(self.argv)
                 self._read_early = bool(self._parameters[0])
                 self._check_backend()
+                self._check_resume(dests)
             if setup_error.is_program(caller):
                 self._end_setup = setup_error.install(caller.f_code.co_filename, per_row)
 
@@ -479,6 +481,22 @@ class Job:
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(fatal(start_failure(self.args, self.default_model, e))) from None
 
+    def _check_resume(self, dests: dict) -> None:
+        """Exit with status 2 and ``Job.run``'s reason where ``--output`` holds rows keyed otherwise
+        (``--id-field``) or run with other settings (``ResultStore.check_before_setup``), which
+        ``run`` refused only after the set-up cells ran (a model load: minutes). ``dests``: each
+        parameter's option's dest in ``args`` (``add_parameters``); those the parameters cell
+        computes are not known yet: ``run`` compares them."""
+        args, computed = self.args, self._parameters[1]
+        if not self.per_row or _same_file(args.output, args.input):  # (run names that mistake)
+            return
+        known = {name: getattr(args, dest) for name, dest in dests.items() if name not in computed}
+        store = ResultStore(args.output, args.id_field, self.settings(known))
+        try:
+            store.check_before_setup(unknown=[f"parameter {name}" for name in computed])
+        except StoreError as e:
+            raise SystemExit(fatal(str(e))) from None
+
     def parameters(self, **defaults: Any) -> argparse.Namespace:
         """Parse the command line now, with one option per notebook parameter (papermill's
         ``parameters`` cell): ``--name VALUE`` replaces the default, parsed like the default's type
@@ -499,9 +517,10 @@ class Job:
         self.parameter_values = {name: getattr(self.args, dest) for name, dest in dests.items()}
         return argparse.Namespace(**self.parameter_values)
 
-    def settings(self) -> dict:
-        """What the rows' results depend on besides their fields: the notebook parameters and the
-        backend options, as JSON values (``repr`` for others, a float nan or inf too). Each record carries them. A model
+    def settings(self, parameters: Optional[dict] = None) -> dict:
+        """What the rows' results depend on besides their fields: the notebook parameters
+        (``parameters``, default those ``parameters()`` read) and the backend options, as JSON
+        values (``repr`` for others, a float nan or inf too). Each record carries them. A model
         given as a local directory is recorded as its real path, however it was spelled (the
         built-in demo model, by its directory or its name "demo", as None, as a run without --model
         records it, but as "demo" where the notebook loads a model of its own, which a run without
@@ -517,7 +536,8 @@ class Job:
             # no --model runs, by its name: a rerun without --model is then other settings, not rows already done
             model = None if not self.default_model or _is_demo_model(self.default_model) else DEMO_MODEL_NAME
         backend = a.backend if a.backend == "engine" else a.backend.rstrip("/")  # (a URL, with or without "/")
-        values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": backend,
+        parameters = self.parameter_values if parameters is None else parameters
+        values = {**{f"parameter {k}": v for k, v in parameters.items()}, "--backend": backend,
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
         if a.completion:  # (only when set: results files written before the option stay readable)
             values["--completion"] = True

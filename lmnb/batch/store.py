@@ -29,7 +29,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from lmnb.output_paths import make_folders, why_unwritable
 
@@ -209,6 +209,30 @@ class ResultStore:
             self.torn_row = int(row.group(1)) if row else None
         return records
 
+    def check_before_setup(self, unknown: Collection[str] = ()) -> None:
+        """``open``'s refusal of a file whose records were keyed otherwise or run with other
+        settings, made before the notebook's set-up cells run (a model load: minutes), reading
+        the file without taking its lock or changing it. ``unknown``: the keys of ``settings``
+        that are not known yet (a parameter the parameters cell computes), left out of the
+        comparison; ``open`` compares them. A file that cannot be read, or that holds a line
+        that is no record (which ``open`` refuses in its own words), is left to ``open``.
+
+        Raises:
+            StoreError: as ``open`` does for keying and settings, in its words."""
+        try:
+            data = self.path.read_bytes() if self.path.is_file() else b""
+        except OSError:
+            return
+        *lines, tail = data.split(b"\n")
+        records = [_record(line) for line in lines if line.strip()]
+        if None in records:
+            return
+        if tail.strip() and (last := _record(tail)) is not None:  # (a torn tail is cut off by open)
+            records.append(last)
+        for record in records:
+            self._check_keying(record)
+            self._check_settings(record, unknown)
+
     def _check_keying(self, record: dict) -> None:
         if record.get("status") == BAD_INPUT:
             return  # unusable input records are keyed by row index under either scheme
@@ -220,13 +244,15 @@ class ResultStore:
             raise StoreError(f"{self.path} holds rows keyed by an id field; rerun with the same "
                              "--id-field as the first run, or write to a new output file")
 
-    def _check_settings(self, record: dict) -> None:
+    def _check_settings(self, record: dict, unknown: Collection[str] = ()) -> None:
         old = record.get("settings")
         # (a bad_input row never ran, so no setting made its record: a job whose --backend could
         # not start had written its bad rows, and the rerun with the right URL was refused)
         if self.settings is None or old is None or old == self.settings or record.get("status") == BAD_INPUT:
             return
-        changed = sorted(k for k in {*old, *self.settings} if old.get(k) != self.settings.get(k))
+        changed = sorted(k for k in {*old, *self.settings} - set(unknown) if old.get(k) != self.settings.get(k))
+        if not changed:
+            return
         shown = "; ".join(f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now" for k in changed)
         raise StoreError(f"{self.path} holds rows run with other settings ({shown}); rerun with the same "
                          "options as the first run, or write to a new output file")
