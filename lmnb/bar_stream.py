@@ -7,44 +7,42 @@ from typing import Callable, Optional
 
 
 class BarStream:
-    """Wraps the bar's stream so that a write into a pipe its reader closed (``2>&1 | head``) is
-    dropped, not raised, and the bar draws no more. tqdm (4.70) draws the bar holding its lock and
-    does not release it when the write raises (``refresh`` and ``clear`` have no try/finally), so
-    the next draw, print above the bar, or a bar's ``__del__`` on a pool thread the interpreter
-    joins at exit, waited for that lock forever: the program hung.
+    """Wraps the bar's stream so that a write that fails is dropped, not raised, and the bar
+    draws no more: the bar only shows the work, which goes on (``2> log`` on a full disk,
+    ``OSError`` ENOSPC; past a file size limit, EFBIG; tqdm itself drops EIO alone). tqdm (4.70)
+    draws the bar holding its lock and does not release it when the write raises (``refresh``
+    and ``clear`` have no try/finally), so the next draw, print above the bar, or a bar's
+    ``__del__`` on a pool thread the interpreter joins at exit, waited for that lock forever:
+    the program hung; a job stopped at the bar's first draw, before any row ran.
 
-    ``on_closed`` (no arguments) is called once, at the first write or flush that meets the closed
-    pipe. ``drops``: the errors dropped so, ``BrokenPipeError`` by default; ``OSError`` for a bar
-    whose stream may fail otherwise too and whose program has nothing else to say there
-    (``run_batch``: a ``2> log`` on a full disk, ``OSError`` ENOSPC, hung it the same way). The
+    ``on_closed`` (no arguments) is called once, where the write that failed met a pipe its reader
+    closed (``BrokenPipeError``: ``2>&1 | head``), which a job takes for the signal to stop. The
     wrapper compares equal to the stream it wraps, so ``tqdm.write(file=sys.stderr)`` still clears
     the bars drawn on it."""
 
-    def __init__(self, target, on_closed: Optional[Callable[[], None]] = None,
-                 drops: type[OSError] = BrokenPipeError):
+    def __init__(self, target, on_closed: Optional[Callable[[], None]] = None):
         self.target = target
         self.on_closed = on_closed
-        self.drops = drops
-        self.broken = False  # a write met the closed pipe: the bar draws no more
+        self.broken = False  # a write failed: the bar draws no more
 
     def write(self, text: str) -> int:
         if not self.broken:
             try:
                 self.target.write(text)
-            except self.drops:
-                self._closed()
+            except OSError as e:
+                self._failed(e)
         return len(text)
 
     def flush(self) -> None:
         if not self.broken:
             try:
                 self.target.flush()
-            except self.drops:
-                self._closed()
+            except OSError as e:
+                self._failed(e)
 
-    def _closed(self) -> None:
+    def _failed(self, error: OSError) -> None:
         self.broken = True
-        if self.on_closed is not None:
+        if isinstance(error, BrokenPipeError) and self.on_closed is not None:
             self.on_closed()
 
     def __eq__(self, other) -> bool:

@@ -591,7 +591,7 @@ def run_program_batch(
 
             # (a stderr that is a closed pipe: the batch runs on and the bar's draws are dropped;
             # a draw that raised kept tqdm's lock, and the next item's update waited for it for good)
-            pbar = tqdm(total=len(batch_kwargs), file=BarStream(sys.stderr, drops=OSError))
+            pbar = tqdm(total=len(batch_kwargs), file=BarStream(sys.stderr))
         try:
             with ThreadPoolExecutor(num_threads) as pool:
                 try:

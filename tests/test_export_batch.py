@@ -1163,6 +1163,32 @@ def test_stderr_into_a_pipe_that_closes_stops_the_job_as_sigpipe_does(tmp_path, 
         (0, "bad_input"), (1, "bad_input"), (2, "ok")]
 
 
+class _FullDisk:
+    """A stderr whose every write fails as a file on a full disk does (`job.py ... 2> log`)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_progress_bar_that_cannot_be_written_leaves_the_rows_to_run(tmp_path, monkeypatch):
+    """`2> log` on a full disk (or /dev/full) stopped the job at the progress bar's first draw,
+    before any row ran, where --no-progress ran them all: the bar only shows the work, so its
+    failed writes are dropped (as run_batch's are) and every row runs and is written. What the
+    job itself says there (its summary) still meets the error."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    monkeypatch.setattr(sys, "stderr", _FullDisk())
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--num-threads", "1"])
+    with pytest.raises(OSError, match="No space left on device"):  # (the summary's)
+        job.run(run_row, programs=[echo], backend=ScriptedBackend(reply))
+    monkeypatch.undo()
+    assert sorted((r["row"], r["status"], r["variables"]) for r in read_results(tmp_path / "out.jsonl")) == [
+        (i, "ok", {"answer": f"Q{i}"}) for i in range(3)]
+
+
 def test_retry_errors_with_other_settings_is_refused_before_it_removes_the_error_records(tmp_path, capsys):
     """--retry-errors removed the failed rows' records, then the settings check refused the run:
     the file had lost its error records (and their messages) to a run that never happened."""
