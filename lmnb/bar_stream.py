@@ -1,9 +1,46 @@
-"""The stream a tqdm progress bar draws on (stderr), shared by ``run_batch(progress_bar=True)``
-and a job's row bar (``lmnb.batch.runner``)."""
+"""The progress bar of ``run_batch(progress_bar=True)`` and of a job's rows (``lmnb.batch.runner``):
+a tqdm bar on stderr, drawn in place on a terminal and written as lines elsewhere, which never
+stops the work it counts (``BarStream``)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import os
+import sys
+from typing import Any, Callable, Optional
+
+# Seconds between two of a bar's lines where stderr is no terminal (`2> job.log`, nohup, CI): a
+# log shows the work going on without a line per item. tqdm's own $TQDM_MININTERVAL sets another.
+LOG_INTERVAL = 30.0
+
+
+def is_live(stream: Any) -> bool:
+    """Whether a bar on ``stream`` is drawn in place, by ``\\r`` frames: a terminal, or a Jupyter
+    kernel's stream, which the notebook shows in place (its ``isatty()`` says False). Elsewhere (a
+    pipe, a file) every frame stayed in the log, one carriage return after the other."""
+    kernel = sys.modules.get("ipykernel.iostream")  # (imported where a kernel runs)
+    if kernel is not None and isinstance(stream, kernel.OutStream):
+        return True
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # (a stream without isatty; a closed one)
+        return False
+
+
+def progress_bar(total: int, live: bool, on_closed: Optional[Callable[[], None]] = None, **options: Any):
+    """A tqdm bar counting ``total`` items on ``sys.stderr`` (through ``BarStream``, which calls
+    ``on_closed`` where stderr is a closed pipe). ``live`` (``is_live(sys.stderr)``): drawn in
+    place, as tqdm draws it; else written in whole lines (ASCII): at the start, at most every
+    ``LOG_INTERVAL`` seconds as items are done, and the last, with the count done, at ``close()``.
+    ``options``: tqdm's (``desc``, ``unit``, ``disable``, ...)."""
+    from tqdm import tqdm
+
+    if live:
+        return tqdm(total=total, file=BarStream(sys.stderr, on_closed), **options)
+    # (miniters=1: no line between items, which tqdm's monitor thread draws where it sets miniters)
+    log: dict = {"miniters": 1, "ascii": True}
+    if "TQDM_MININTERVAL" not in os.environ:  # (tqdm's own setting wins)
+        log["mininterval"] = LOG_INTERVAL
+    return tqdm(total=total, file=BarStream(sys.stderr, on_closed, lines=True), **log, **options)
 
 
 class BarStream:
@@ -16,22 +53,29 @@ class BarStream:
     the program hung; a job stopped at the bar's first draw, before any row ran.
 
     ``on_closed`` (no arguments) is called once, where the write that failed met a pipe its reader
-    closed (``BrokenPipeError``: ``2>&1 | head``), which a job takes for the signal to stop. The
-    wrapper compares equal to the stream it wraps, so ``tqdm.write(file=sys.stderr)`` still clears
-    the bars drawn on it."""
+    closed (``BrokenPipeError``: ``2>&1 | head``), which a job takes for the signal to stop.
+    ``lines``: each of tqdm's frames (``\\r``, the bar, spaces over the rest of the last) is written
+    as a line of its own, and its clearing of the bar (spaces) and its last line break are left
+    out: for a stream that does not draw in place (a log file). The wrapper compares equal to the
+    stream it wraps, so ``tqdm.write(file=sys.stderr)`` still clears the bars drawn on it."""
 
-    def __init__(self, target, on_closed: Optional[Callable[[], None]] = None):
+    def __init__(self, target, on_closed: Optional[Callable[[], None]] = None, lines: bool = False):
         self.target = target
         self.on_closed = on_closed
+        self.lines = lines
         self.broken = False  # a write failed: the bar draws no more
 
     def write(self, text: str) -> int:
-        if not self.broken:
+        size = len(text)
+        if self.lines:
+            text = text.rpartition("\r")[2].rstrip()
+            text = text and text + "\n"
+        if text and not self.broken:
             try:
                 self.target.write(text)
             except OSError as e:
                 self._failed(e)
-        return len(text)
+        return size
 
     def flush(self) -> None:
         if not self.broken:

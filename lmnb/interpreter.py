@@ -585,13 +585,12 @@ def run_program_batch(
             # (plain tqdm, as SGLang's: text on stderr, which a notebook shows in place as it
             # updates and saves whole; tqdm.auto's widget was saved by `lmnb run`, nbclient, as
             # its first text, "0%| 0/2", however far the batch got)
-            from tqdm import tqdm
-
-            from lmnb.bar_stream import BarStream
+            from lmnb import bar_stream
 
             # (a stderr that is a closed pipe: the batch runs on and the bar's draws are dropped;
-            # a draw that raised kept tqdm's lock, and the next item's update waited for it for good)
-            pbar = tqdm(total=len(batch_kwargs), file=BarStream(sys.stderr))
+            # a draw that raised kept tqdm's lock, and the next item's update waited for it for good;
+            # a log file gets lines, a terminal and a notebook the bar drawn in place)
+            pbar = bar_stream.progress_bar(len(batch_kwargs), bar_stream.is_live(sys.stderr))
         try:
             with ThreadPoolExecutor(num_threads) as pool:
                 try:

@@ -1000,6 +1000,96 @@ def test_a_rows_printed_lines_are_on_lines_of_their_own_above_the_progress_bar(t
     assert bars and bars[-1].startswith("out.jsonl: 100%|") and bars[-1].endswith("row/s]"), lines  # (the bar stays)
 
 
+def test_a_progress_bar_into_a_log_file_is_whole_lines_ending_with_the_row_count(tmp_path, monkeypatch):
+    """`job.py ... > job.log 2>&1` (nohup, CI) got the terminal's bar: a frame per draw after a
+    carriage return, and the bar cleared and drawn again around every line a row printed, all
+    kept in the file. Into a file the bar is whole lines now: the first, at most one every 30 s,
+    and the last, which counts the rows the input holds; the rows' lines stay whole."""
+    def printing_row(question):
+        print("row says", question)
+        print("then", end="")
+        print(" more", question)
+
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    rows = [{"question": f"q{i}"} for i in range(4)]
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    with open(tmp_path / "job.log", "w", encoding="utf-8") as log:
+        monkeypatch.setattr(sys, "stdout", log)
+        monkeypatch.setattr(sys, "stderr", log)
+        job = Job("printing", ["question"], argv=["--input", str(path), "--output", str(tmp_path / "out.jsonl"),
+                                                  "--num-threads", "1"])
+        assert job.run(printing_row, programs=[], backend=ScriptedBackend(reply)) == 0
+    monkeypatch.undo()
+    text = (tmp_path / "job.log").read_text(encoding="utf-8")
+    assert "\r" not in text, text
+    lines = text.splitlines()
+    for row in rows:
+        assert {f"row says {row['question']}", f"then more {row['question']}"} <= set(lines), lines
+    bars = [line for line in lines if line.startswith("out.jsonl: ")]
+    assert bars[0].startswith(f"out.jsonl:   0%|          | 0/{len(rows)} ["), lines
+    assert re.match(rf"out\.jsonl: 100%\|#{{10}}\| {len(rows)}/{len(rows)} \[.*row/s\]$", bars[-1]), lines
+    assert lines[lines.index(bars[-1]) + 1].startswith(f"lmnb batch: {tmp_path / 'out.jsonl'}: {len(rows)} rows"), lines
+
+
+def test_a_progress_bar_on_a_terminal_is_drawn_in_place(tmp_path):
+    """A job's stderr a terminal (a pty here) still gets tqdm's bar drawn in place, frame over
+    frame after a carriage return, and ends on the row count."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    script = tmp_path / "job.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from helpers_lang import ScriptedBackend
+from lmnb.batch import Job
+
+raise SystemExit(Job("tty", ["question"]).run(lambda question: None, backend=ScriptedBackend()))
+""", encoding="utf-8")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # (a new pty's is 0 by 0)
+    proc = subprocess.Popen([sys.executable, str(script), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")],
+                            stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)  # (so that the reads below end, with EIO, once the job's end closed the terminal)
+    shown = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # (EIO: no process holds the terminal any more)
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+        assert proc.wait(timeout=120) == 0, shown
+    text = shown.decode("utf-8", "replace")
+    assert "\rout.jsonl:   0%|" in text and "\rout.jsonl: 100%|" in text and "| 3/3 [" in text, text
+
+
+def test_the_bar_is_drawn_in_place_on_a_terminal_and_as_lines_into_a_file_or_a_pipe(tmp_path):
+    """The decision between the bar drawn in place and its lines (bar_stream.is_live): a terminal
+    draws in place; a file, a pipe, a stream without isatty and a closed one get lines. (A
+    notebook's stream draws in place: test_notebooks' run_batch bar is saved with its frames.)"""
+    import pty
+
+    from lmnb.bar_stream import is_live
+
+    leader, follower = pty.openpty()
+    read, write = os.pipe()
+    with open(follower, "w") as tty, open(write, "w") as pipe, open(tmp_path / "log", "w") as log:
+        assert is_live(tty) and not is_live(pipe) and not is_live(log)
+        assert not is_live(io.StringIO()) and not is_live(object())
+    assert not is_live(log)  # (closed: its isatty raises ValueError)
+    os.close(leader)
+    os.close(read)
+
+
 def test_a_line_a_rows_thread_left_unended_before_the_row_comes_before_the_rows_lines():
     """With the bar shown and rows grouped, a thread's line left unended outside a row (kept to be
     ended) was dropped at that thread's next row end, where the row's kept text replaced it."""

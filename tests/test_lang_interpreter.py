@@ -2936,7 +2936,7 @@ def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_th
     bars = []
 
     class Bar:
-        def __init__(self, total, file=None):
+        def __init__(self, total, **options):
             self.total, self.n, self.closed = total, 0, False
             bars.append(self)
 
@@ -2968,7 +2968,7 @@ def test_a_run_batch_progress_bar_does_not_count_the_items_a_break_aborted(monke
     bars = []
 
     class Bar:
-        def __init__(self, total, file=None):
+        def __init__(self, total, **options):
             self.total, self.n = total, 0
             bars.append(self)
 
@@ -3002,7 +3002,7 @@ def test_a_run_batch_progress_bar_that_cannot_draw_loses_no_items_result(monkeyp
     import tqdm
 
     class Bar:
-        def __init__(self, total, file=None):
+        def __init__(self, total, **options):
             pass
 
         def update(self):
@@ -3067,6 +3067,28 @@ def test_a_run_batch_progress_bar_drawn_into_a_closed_pipe_runs_the_batch_to_its
     assert out.returncode == 0, out.stderr
     # each item's answer is its own prompt, "v0" ... "v5", in input order; the pipe did close
     assert out.stderr.strip() == str([f"v{i}" for i in range(6)]) + " True"
+
+
+def test_a_run_batch_progress_bar_into_a_file_is_whole_lines(monkeypatch):
+    """run_batch(progress_bar=True) in a script whose stderr is a file (`2> log`) wrote the
+    terminal's frames, each after a carriage return; it writes whole lines now, the last with the
+    batch's count (a notebook's stream and a terminal still get the bar drawn in place)."""
+    import io
+
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    log = io.StringIO()  # (no terminal)
+    monkeypatch.setattr(sys, "stderr", log)
+
+    @sgl.function
+    def prog(s, n):
+        s += f"v{n}" + sgl.gen("a", max_tokens=2)
+
+    states = prog.run_batch([(i,) for i in range(5)], num_threads=2, progress_bar=True,
+                            backend=ScriptedBackend(lambda p, q: "x"))
+    assert [st["a"] for st in states] == ["x"] * 5
+    text = log.getvalue()
+    assert "\r" not in text and text.endswith("\n"), repr(text)
+    assert re.match(r"100%\|#{10}\| 5/5 \[", text.splitlines()[-1]), repr(text)
 
 
 @pytest.mark.timeout(60)

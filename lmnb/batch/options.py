@@ -123,7 +123,8 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--retry-errors", action=OnceFlag,
                    help="run again the rows whose results are errors (their old records are removed); "
                         "rows whose input changed since run again without it")
-    p.add_argument("--no-progress", action=OnceFlag, help="no progress bar")
+    p.add_argument("--no-progress", action=OnceFlag, help="no progress bar (on stderr: drawn in place on a terminal; "
+                   "into a file or a pipe, a line at most every 30 s and the last with the count)")
     p.epilog = JOB_EXIT_STATUSES
     return p
 

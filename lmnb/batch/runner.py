@@ -15,7 +15,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from lmnb.bar_stream import BarStream
+from lmnb.bar_stream import is_live, progress_bar
 from lmnb.batch.inputs import InputRow, input_format
 from lmnb.batch.options import UnreadableValue, make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
@@ -245,11 +245,9 @@ class RowRunner:
     def _execute(self, backend, todo: list) -> None:
         if len(todo) > 1:
             self.cache_prefixes(backend)
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(todo), unit="row", disable=self.args.no_progress,
-                   file=BarStream(sys.stderr, self.bar_pipe_closed),
-                   dynamic_ncols=True, desc=self.args.output.name)
+        live = is_live(sys.stderr)  # (else its lines go to a log: 2> job.log, nohup, CI)
+        bar = progress_bar(len(todo), live, self.bar_pipe_closed, unit="row", disable=self.args.no_progress,
+                           dynamic_ncols=True, desc=self.args.output.name)
         window = 2 * self.args.num_threads
         pending = iter(todo)
         start = time.perf_counter()
@@ -257,7 +255,8 @@ class RowRunner:
         inflight: set = set()
         shown = None if bar.disable else bar  # (one row at a time without it: its prints go out as they come)
         group = self.args.num_threads > 1
-        streams = sys.stdout, sys.stderr = RowOutput(sys.stdout, shown, group), RowOutput(sys.stderr, shown, group)
+        streams = sys.stdout, sys.stderr = (RowOutput(sys.stdout, shown, group, live),
+                                            RowOutput(sys.stderr, shown, group, live))
         self.outputs = streams
         with _StopOnSignals(self):  # (until the pool is shut down: a Ctrl-C is counted, never raised)
             try:
@@ -497,17 +496,20 @@ class RowOutput:
     (the main one, and threads a row starts itself) write through.
 
     With the progress ``bar`` shown, text goes out in whole lines, each written as ``tqdm.write``
-    writes: the bar is cleared first and drawn again below, where a print ran into the bar's line
-    on a terminal ("out.jsonl:   0%|...| 0/3 [...]row says x0"). A line not yet ended waits for
-    its newline, or for the row's end (``end``), which ends it.
+    writes where the bar is ``live`` (drawn in place): the bar is cleared first and drawn again
+    below, where a print ran into the bar's line on a terminal ("out.jsonl:   0%|...| 0/3
+    [...]row says x0"); a bar written in lines (a log) is left as it is, as it would write a line
+    after each print. A line not yet ended waits for its newline, or for the row's end (``end``),
+    which ends it.
 
     Attributes:
         target: the stream rows' output goes to (the ``sys.stdout`` this replaced).
     """
 
-    def __init__(self, target, bar=None, group: bool = False):
+    def __init__(self, target, bar=None, group: bool = False, live: bool = True):
         self.target = target
-        self.bar = bar  # the tqdm bar on the terminal, or None (--no-progress)
+        self.bar = bar  # the tqdm bar on stderr, or None (--no-progress)
+        self.live = live
         self.group = group
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -543,7 +545,7 @@ class RowOutput:
             return
         if not text.endswith("\n"):
             text += "\n"
-        if self.bar is None:
+        if self.bar is None or not self.live:
             with self._lock:
                 self.target.write(text)
                 self.target.flush()
