@@ -450,7 +450,8 @@ def as_expr(x: Any) -> Expr:
     """A string as ``ConstantText``, an ``Expr`` as is.
 
     Raises:
-        TypeError: None (said as such), or anything else (naming the type, to convert with ``str()``).
+        TypeError: None (said as such); a program or the state of one (saying to call ``program.func(s, ...)``);
+            anything else (naming the type, to convert with ``str()``).
         ValueError: a string holding a lone surrogate (``check_text``).
     """
     if isinstance(x, Expr):
@@ -461,6 +462,16 @@ def as_expr(x: Any) -> Expr:
     if x is None:  # (most often a helper's result that returns nothing, not a value to convert)
         raise TypeError("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
                         "primitive such as gen(...)")
+    from lmnb.api import SglFunction  # (here, not at the top: both modules import this one)
+    from lmnb.interpreter import ProgramState
+
+    if isinstance(x, ProgramState):  # (str() of it is no text a program means)
+        raise TypeError("cannot add a ProgramState to an lmnb program: calling a @function, s += other(...), runs "
+                        "it as a program of its own and returns its state; to run its body on this state, call "
+                        "other.func(s, ...), or add that state's text, other(...).text()")
+    if isinstance(x, SglFunction):
+        raise TypeError(f"cannot add the program {x.__name__!r} itself to an lmnb program; to run its body on this "
+                        f"state, call {x.__name__}.func(s, ...)")
     raise TypeError(
         f"cannot add a {type(x).__name__} to an lmnb program; add a str (e.g. str(value)) or a "
         "primitive such as gen(...)"

@@ -3686,6 +3686,38 @@ def test_adding_none_is_a_type_error_as_adding_an_int_is():
     assert prog.run("B", False, backend=be).text() == "AB"
 
 
+def test_adding_a_program_or_its_state_says_to_call_its_func_on_the_state():
+    """s += inner(x="a") inside a program (inner ran as a program of its own and returned its
+    state) said to add "a str (e.g. str(value))", whose str() is no text the program means; so did
+    s += inner. Both now say to run the body on this state with inner.func(s, ...)."""
+    @sgl.function
+    def inner(s, x):
+        s += "in " + x
+
+    @sgl.function
+    def outer(s, how):
+        if how == "state":
+            s += inner(x="a", backend=be)
+        elif how == "program":
+            s += inner
+        else:
+            inner.func(s, "a")
+
+    be = ScriptedBackend()
+    state = re.escape("cannot add a ProgramState to an lmnb program: calling a @function, s += other(...), runs it "
+                      "as a program of its own and returns its state; to run its body on this state, call "
+                      "other.func(s, ...), or add that state's text, other(...).text()")
+    program = re.escape("cannot add the program 'inner' itself to an lmnb program; to run its body on this state, "
+                        "call inner.func(s, ...)")
+    with pytest.raises(TypeError, match=f"^{state}$"):
+        outer.run("state", backend=be)
+    with pytest.raises(TypeError, match=f"^{program}$"):
+        outer.run("program", backend=be)
+    with pytest.raises(TypeError, match=f"^{program}$"):
+        sgl.gen("x") + inner
+    assert outer.run("func", backend=be).text() == "in a"  # (the way the messages name)
+
+
 def test_select_refuses_a_choice_listed_twice_naming_it():
     # select("x", choices=["a", "a", "b"]) ran (as SGLang's does), and its pick could not say which "a" won
     with pytest.raises(ValueError, match=r"^select\(\) choices must differ; 'a' is listed more than once: "
