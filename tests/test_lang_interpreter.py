@@ -3718,6 +3718,21 @@ def test_adding_a_program_or_its_state_says_to_call_its_func_on_the_state():
     assert outer.run("func", backend=be).text() == "in a"  # (the way the messages name)
 
 
+def test_adding_bytes_says_to_decode_them():
+    """s += b"x" said to add "a str (e.g. str(value))", and str(b"x") is "b'x'", the repr, not the text."""
+    @sgl.function
+    def prog(s, value):
+        s += "A"
+        s += value
+
+    for value, kind in ((b"x", "bytes"), (bytearray(b"x"), "bytearray")):
+        with pytest.raises(TypeError, match="^" + re.escape(
+                f'cannot add {kind} to an lmnb program; decode them to text first, value.decode("utf-8") (for an '
+                "image's bytes: image(value))") + "$"):
+            prog.run(value, backend=ScriptedBackend())
+    assert prog.run(b"x".decode("utf-8"), backend=ScriptedBackend()).text() == "Ax"
+
+
 def test_select_refuses_a_choice_listed_twice_naming_it():
     # select("x", choices=["a", "a", "b"]) ran (as SGLang's does), and its pick could not say which "a" won
     with pytest.raises(ValueError, match=r"^select\(\) choices must differ; 'a' is listed more than once: "
