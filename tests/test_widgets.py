@@ -913,6 +913,9 @@ def test_finish_replaces_the_live_output_in_place(comms, shell):
     first, last = cap.outputs[0], cap.outputs[-1]
     assert WIDGET_MIME in first.data and first.data[WIDGET_MIME]["model_id"] == _run_comm(comms).comm_id
     assert "text/html" in first.data  # a note for frontends without widgets
+    # and a text one for terminals (jupyter-run printed the widget's repr, "<...LiveRunWidget object at 0x...>")
+    assert first.data["text/plain"] == ("lmnb run in progress: the live view needs Jupyter widgets; the result "
+                                        "replaces this note when the cell finishes.")
     assert not first.update and last.update
     assert last.transient["display_id"] == first.transient["display_id"] == v.display_id
     assert last.data == bundle and WIDGET_MIME not in bundle

@@ -61,6 +61,8 @@ LIVE_PLACEHOLDER = (
     '<div class="lmnb-run lmnb-running" style="color:#57606a;font-size:12px">lmnb run in progress: the '
     "live view needs Jupyter widgets; the result replaces this note when the cell finishes.</div>"
 )
+LIVE_PLACEHOLDER_TEXT = ("lmnb run in progress: the live view needs Jupyter widgets; the result replaces this note "
+                         "when the cell finishes.")
 
 
 def prefix_chars_from(engine: Any) -> Callable[[str, int], int]:
@@ -202,7 +204,9 @@ class RunView:
             self._widget.status = self._sent_status = self.model.status
             self._mark_all_sent()
             data, md = self._widget._repr_mimebundle_()
-            data = {**data, "text/html": LIVE_PLACEHOLDER}
+            # (a frontend without widgets shows these: the widget's own text/plain is its repr,
+            # "<...LiveRunWidget object at 0x...>", which jupyter-run printed as the cell's output)
+            data = {**data, "text/html": LIVE_PLACEHOLDER, "text/plain": LIVE_PLACEHOLDER_TEXT}
             # (its status too, as a static view's: ``lmnb run`` tells a view whose finish never came)
             self._handle = display(data, raw=True, metadata={**md, **self._metadata()}, display_id=True)
         else:
