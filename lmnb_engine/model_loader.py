@@ -159,7 +159,15 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> tor
 
 
 def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path:
-    """The local checkpoint directory for ``model`` (see ``load_model``)."""
+    """The local checkpoint directory for ``model`` (see ``load_model``).
+
+    Raises:
+        TypeError: ``model`` is neither None, a str nor an ``os.PathLike`` (pathlib's own error
+            named neither the argument nor what it takes).
+    """
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise TypeError("model must be a checkpoint directory (a str or a path), a Hugging Face hub id, or None for "
+                        f"the built-in demo model; got {model!r} ({type(model).__name__})")
     if model is None or is_demo_name(model):  # ("demo", where the hub would be asked for a repo "demo")
         if not (DEMO_MODEL_PATH / "config.json").is_file():
             raise option_error(FileNotFoundError, f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no "

@@ -172,6 +172,15 @@ def test_unknown_path_names_it():
         load_model("./no/such/dir")
 
 
+@pytest.mark.parametrize("model, kind", [(123, "int"), (b"/models/llama", "bytes")])
+def test_a_model_of_another_type_is_named_with_what_it_takes(model, kind):
+    # lmnb.Engine(123) raised pathlib's "expected str, bytes or os.PathLike object, not int"
+    with pytest.raises(TypeError) as e:
+        load_model(model)
+    assert str(e.value) == ("model must be a checkpoint directory (a str or a path), a Hugging Face hub id, or None "
+                            f"for the built-in demo model; got {model!r} ({kind})")
+
+
 def test_uncached_hub_id_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="lmnb-test/does-not-exist.*HF_HUB_OFFLINE"):
