@@ -100,6 +100,15 @@ def _subcommands(parser) -> dict:
     return {}
 
 
+def _shown_help(parser) -> str:
+    """``parser``'s help as printed for a user: IPython's MagicHelpFormatter opens the usage with
+    "::" and an indent (reST, for a magic's docstring), which ``%lm help`` printed as its first line;
+    here it opens with argparse's "usage: ", one character longer, so the usage's wrapped lines move
+    one to the right with it."""
+    usage, blank, rest = parser.format_help().removeprefix("::\n\n  ").partition("\n\n")
+    return "usage: " + usage.replace("\n", "\n ") + blank + rest
+
+
 def _help(parser, words: list[str]) -> str | None:
     """``parser``'s help (its subcommand's, for ``%lm SUBCOMMAND --help``) if ``words`` ask for it
     with ``-h`` / ``--help``, else None. The magics' parsers have no help option of their own, so
@@ -107,7 +116,7 @@ def _help(parser, words: list[str]) -> str | None:
     if "-h" not in words and "--help" not in words:
         return None
     subcommand = _subcommands(parser).get(words[0])
-    return (subcommand or parser).format_help()
+    return _shown_help(subcommand or parser)
 
 
 def _help_word(words: list[str]) -> list[str]:
@@ -214,7 +223,7 @@ class LMMagics(Magics):
             _check_help_subcommand(words)
             if words[0].startswith("-"):  # %lm --help: also the cell options, which %%lm --help alone
                 # cannot show (IPython refuses a cell magic with an empty body, pointing to %lm)
-                shown += "\nCells: %%lm [options], then the prompt on the lines below.\n" + cell_parser().format_help()
+                shown += "\nCells: %%lm [options], then the prompt on the lines below.\n" + _shown_help(cell_parser())
             return print(shown)
         parser = line_parser()
         try:
@@ -222,7 +231,7 @@ class LMMagics(Magics):
         except UsageError as e:
             raise UsageError(_suggest_subcommand(str(e), parser, words)) from None
         if args.command is None:
-            raise UsageError("%lm needs a subcommand:\n" + line_parser().format_help())
+            raise UsageError("%lm needs a subcommand:\n" + _shown_help(line_parser()))
         name = getattr(args, "name", None)
         if name is not None and not STATE_NAME.match(name):
             raise UsageError(f"{name!r} is not a valid state name: {STATE_NAME_RULE}")

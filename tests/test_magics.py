@@ -669,7 +669,7 @@ def test_a_cell_cancelled_without_a_result_does_not_leave_its_text_behind(ip):
 
 def test_usage_lines_name_the_magics_as_typed(ip):
     _, out = run(ip, "%lm")
-    assert "\n  %lm SUBCOMMAND ...\n" in out.stdout + out.stderr  # IPython prefixes its own "%"; it was %%lm
+    assert "\nusage: %lm SUBCOMMAND ...\n" in out.stdout + out.stderr  # IPython prefixes its own "%"; it was %%lm
     from lmnb_kernel.magics import cell_parser
 
     assert cell_parser().format_usage().startswith("::\n\n  %%lm [--python]")
@@ -1332,11 +1332,20 @@ def test_help_subcommand_shows_the_help(ip):
     result, out = run(ip, "%lm help")
     assert result.success and "SUBCOMMAND" in out.stdout and "Cells: %%lm [options]" in out.stdout, out.stderr
     assert out.stdout == run(ip, "%lm --help")[1].stdout
+    # (IPython's reST usage, "::\n\n  %lm ...", was printed as it is in a docstring)
+    assert out.stdout.startswith("usage: %lm SUBCOMMAND ...\n") and "\nusage: %%lm [--python]" in out.stdout
+    assert "::" not in out.stdout
     result, out = run(ip, "%lm help load")
     assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout, out.stderr
     # (the load subcommand's own argparse help, as `%lm load --help` prints it)
     load = _subcommands(line_parser())["load"]
-    assert out.stdout == run(ip, "%lm load --help")[1].stdout == load.format_help() + "\n"
+    assert out.stdout == run(ip, "%lm load --help")[1].stdout
+    # (argparse's usage, its wrapped lines under the first option, where IPython's reST began "::")
+    usage = ("usage: %lm load [--device DEVICE] [--dtype DTYPE]\n"
+             "                [--max-total-tokens MAX_TOTAL_TOKENS] [--random-weights]\n"
+             "                [model]\n\n"
+             "load a model into a new in-process engine now\n")
+    assert out.stdout.startswith(usage) and out.stdout.endswith(load.format_help().split("\n\n", 2)[2] + "\n")
 
 
 def test_help_lists_help_among_the_subcommands(ip):
