@@ -36,11 +36,15 @@ class EndReading(NamedTuple):
     match tells that more text may undo it (the partial search does not: ``a(?!bc)`` on "ab" is a
     whole match to it). Where the pattern cannot be read so (``relaxed`` None), ``ahead``
     instead: the characters past its match that it may read (None where unknown or unbounded:
-    final only where the output ends)."""
+    final only where the output ends). ``settled``: the pattern whose whole match, in a search
+    that is not partial, is one no text after it undoes (``_settled_form``), None where it cannot
+    be made: it finds a final path that the partial match of ``relaxed`` hides behind an earlier
+    one reading past the text's end (``\\w(?!a)|x`` on "x")."""
 
     relaxed: Any
     lookaheads: tuple
     ahead: int | None
+    settled: Any = None
 
 
 def end_reading(pattern: str) -> EndReading:
@@ -53,7 +57,8 @@ def end_reading(pattern: str) -> EndReading:
     lead = lead.group() if lead else ""
     try:
         if relaxed is not None:
-            return EndReading(regex.compile(relaxed), tuple(regex.compile(lead + x) for x in lookaheads), 0)
+            return EndReading(regex.compile(relaxed), tuple(regex.compile(lead + x) for x in lookaheads), 0,
+                              _settled_form(pattern))
     except regex.error:
         pass
     if not re.search(r"\(\?[=!(]", pattern):
@@ -61,6 +66,41 @@ def end_reading(pattern: str) -> EndReading:
         # (where assertion_reach does not read it either): none reads 2 characters past its place)
         return EndReading(None, (), 2)
     return EndReading(None, (), assertion_reach(pattern))
+
+
+# What makes a whole match at the text's end, in a search that is not partial, one that more text
+# may undo though no assertion in it reads past that end, found in the pattern's text erring towards
+# yes: what commits to the first way it matches and takes what more text adds (an atomic group, a
+# possessive repeat, \X, \R, a verb: "[ab](?>a*)(?<=b)" matches "b", not "ba"), a lookbehind (a
+# negative one is left as written, its end assertions unrelaxed: "a(?<!a\B)" matches "a", not
+# "ab"), a call of a group, a backreference, a fuzzy constraint (the best match is chosen)
+_NOT_SETTLED = re.compile(r"\(\?>|[*+?}]\+|\\[XRgk1-9]|\(\*|\(\?<[=!]|\(\?(?:R|&|P>|P=|[+-]?\d)|\{(?!\d*(?:,\d*)?\})")
+
+
+def _settled_form(pattern: str) -> Any:
+    """``EndReading.settled`` of ``pattern``: its relaxed form for a search that is not partial
+    (``stop_relaxed.relax``, ``partial`` False: each end assertion first reads past where its value
+    can still change, so at the text's end it fails) with each negative lookahead ``(?!X)`` followed
+    by as many characters as X's reach (``regex_reach.reach``), which settle X. None where a
+    construct of ``_NOT_SETTLED`` is in it, an X's reach is unbounded or the form does not compile."""
+    import regex
+
+    if _NOT_SETTLED.search(pattern):
+        return None
+    lookaheads: list[str] = []
+    form = relax(pattern, lookaheads=lookaheads, partial=False)
+    if form is None:
+        return None
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    for i, x in enumerate(lookaheads):
+        if (ahead := reach(lead + x)) is None:
+            return None
+        form = form.replace(f"(?P<{LOOKAHEAD_MARK}{i}>)", f"(?=[\\s\\S]{{{ahead}}})")
+    try:
+        return regex.compile(form)
+    except regex.error:
+        return None
 
 
 # What in a negative lookahead's X may read the text before its place, or read it otherwise than
@@ -125,13 +165,11 @@ class EndReadingChecks:
         budget = self._budget()
         if at_end and end == len(text):
             return m
-        relaxed, lookaheads, ahead = self._shared.end_readings[k]
+        relaxed, lookaheads, ahead, settled = self._shared.end_readings[k]
         if relaxed is None:
             final = ahead is not None and m.end() + ahead <= end
         else:  # (the relaxed match of m's own span: whole where no assertion in it reads past end)
-            exact = ending_by(relaxed.pattern, end - m.end(), exact=True)
-            f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=budget)
-            final = f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end)
+            final = self._settled_span(k, text, m.start(), m.end(), end) is not None
         if final:
             return m
         if relaxed is not None:  # another match from its start that is final (ab?(?!a) on "aab" from 1: "a")
@@ -149,13 +187,34 @@ class EndReadingChecks:
             for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
                 if e == m.end() or not self._unheld(k, text, m.start(), e):  # (m's own span: not final, above)
                     continue
-                exact = ending_by(relaxed.pattern, end - e, exact=True)
-                f = None if exact is None else exact.match(text, m.start(), end, partial=True, timeout=budget)
-                if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
+                if (f := self._settled_span(k, text, m.start(), e, end)) is not None:
                     return f
         if end == len(text):
             self._pending[k] = min(self._pending.get(k, end), m.start())
         return None
+
+    def _settled_span(self, k: int, text: str, start: int, e: int, end: int) -> Any:
+        """A match of regex ``k`` in ``text[:end]`` from ``start`` to ``e`` that no text after
+        ``end`` can undo, None where none is found: the relaxed pattern's match there, whole where
+        no assertion in it reads past ``end`` and no negative lookahead in it is open
+        (``_lookahead_open``); else, where the regex package's partial match took an earlier way
+        that reads past ``end`` and so hid a later one that does not (``\\w(?!a)|x`` on "x": the
+        partial ``\\w(?!a)``, not ``x``), the match of ``EndReading.settled`` there, which tries
+        every way. Only a regex with ``EndReading.relaxed``.
+
+        Raises:
+            TimeoutError: a match ran past ``_budget()`` seconds.
+        """
+        budget = self._budget()
+        relaxed, lookaheads, _, settled = self._shared.end_readings[k]
+        exact = ending_by(relaxed.pattern, end - e, exact=True)
+        f = None if exact is None else exact.match(text, start, end, partial=True, timeout=budget)
+        if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
+            return f
+        if f is None or settled is None:  # (no way from start to e at all, or no form to try them)
+            return None
+        exact = ending_by(settled.pattern, end - e, exact=True)
+        return None if exact is None else exact.match(text, start, end, timeout=budget)
 
     def _unheld(self, k: int, text: str, start: int, end: int) -> bool:
         """Whether a match of regex ``k`` in ``text`` from ``start`` to ``end`` is new past the text

@@ -220,20 +220,40 @@ def test_a_negative_lookahead_opening_with_a_lookbehind_is_settled_by_the_text_i
 def test_a_lookahead_reading_to_the_texts_end_is_settled_as_language_md_says():
     """docs/language.md's stop_regex rules for a lookahead that reads to the text's end, worked by
     hand. a(?=[ab]*(?!b)): its "a" is a match whatever follows ([ab]* takes every "b"), but the
-    (?!b) the lookahead reaches at the end of "abab" is read on its own, so the match is held there
-    and met once "c" comes or the output ends. Patterns these checks do not rewrite: (?x: a )\\b is
+    (?!b) the lookahead reaches at the end of "abbb" is read on its own, so the match is held there
+    and met once "c" comes or the output ends; over "aba" the (?!b) before the second "a" settles it. Patterns these checks do not rewrite: (?x: a )\\b is
     settled two characters past its match, (?w)a(?!b), whose lookahead's reach is not known under
     (?w), only where the output ends."""
     def hit(pattern: str, text: str, ended: bool = False) -> tuple[int, str] | None:
         return stream(StopStringMatcher([], [pattern]), list(text), ended)[1]
 
-    assert hit(r"a(?=[ab]*(?!b))", "abab") is None
-    assert hit(r"a(?=[ab]*(?!b))", "abab", ended=True) == (0, "a")
+    assert hit(r"a(?=[ab]*(?!b))", "abbb") is None
+    assert hit(r"a(?=[ab]*(?!b))", "abbb", ended=True) == (0, "a")
     assert hit(r"a(?=[ab]*(?!b))", "abc") == (0, "a")
+    # (over "aba" the repeat may stop before the second "a", which settles (?!b): met there)
+    assert hit(r"a(?=[ab]*(?!b))", "ab") is None
+    assert hit(r"a(?=[ab]*(?!b))", "aba") == (0, "a")
     assert hit(r"(?x: a )\b", "a ") is None
     assert hit(r"(?x: a )\b", "a c") == (0, "a")
     assert hit(r"(?w)a(?!b)", "a c d") is None
     assert hit(r"(?w)a(?!b)", "a c d", ended=True) == (0, "a")
+
+
+def test_a_stop_regex_match_that_a_later_alternative_makes_final_is_met_with_its_last_character():
+    """\\w(?!a)|x on "x": the second alternative's "x" is a match whatever follows, but the first
+    one's (?!a), read at the text's end, may still be undone, and the regex package's partial match
+    took that way and hid the other: the stop was met one character later, or where the output
+    ended. Now every way to the match's end is tried: it is met with the "x" itself. Worked by
+    hand: whatever comes next, Python's re over the final text matches there (and so does the
+    brute-force check after each character)."""
+    for pattern, text, want in [(r"\w(?!a)|x", "x", (0, "x")), (r"a\b|a", "a", (0, "a")),
+                                (r"\d+(?!\.)|\d", "1", (0, "1")), (r"[ab]\B|(?:x|b)", "yb", (1, "b"))]:
+        for after in ("", "a", " ", ".5", "ab"):
+            ref = re.search(pattern, text + after)
+            assert (ref.start(), ref.group()) == want, (pattern, after)
+        assert first_regex_stop_by_definition([pattern], text) == want, pattern
+        assert StopStringMatcher([], [pattern]).find(text, 0) == want, pattern  # one token
+        assert stream(StopStringMatcher([], [pattern]), list(text))[1] == want, pattern  # character by character
 
 
 def first_stop_with_a_regex_by_definition(stops: list[str], regex_: str, text: str, ended: bool = False) -> tuple[int, str] | None:
