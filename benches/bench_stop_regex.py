@@ -82,8 +82,8 @@ FALLBACK_CASES = [
 ]
 
 # --run: patterns whose match stays open over a run of letters, and the run's lengths measured
-RUN_CASES = [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)", r"a\w*(?!\w)"]
-RUN_LENGTHS = (250, 500, 1000, 2000)
+RUN_CASES = [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)", r"a\w*(?!\w)", r"\w+(?<=ing)\b"]
+RUN_LENGTHS = (250, 500, 1000, 2000, 4000, 8000)
 
 
 def pieces(n: int, first: str | None) -> list[str]:

@@ -4,8 +4,9 @@ A stop regex with an end assertion (``$``, ``\\b``, ``\\Z``), a negative lookahe
 on a lookaround may match where the text so far ends and not once more text comes (``\\bEND\\b`` on
 "END", then "ING"): such a match is a stop only once it is final, no text after it able to undo
 it, or where the output ends there. This module tells that: per pattern, its relaxed form and its
-negative lookaheads (``EndReading``, ``end_reading``) and one search saying that no match near the
-text's end is final (``windowed``); per match, the checks ``StopStringMatcher`` inherits
+negative lookaheads (``EndReading``, ``end_reading``), one search saying that no match near the
+text's end is final (``windowed``) and, where every match ends in assertions, those alone, searched
+first where a match may end (``ending_assertions``); per match, the checks ``StopStringMatcher`` inherits
 (``EndReadingChecks``), which read its state: ``_shared`` (``StopRegexes``), ``_regexes``,
 ``_held_to`` (the length of the text not checked, the first ``min_new_tokens``) and ``_pending``
 (where a match that reads the text's end begins, which ``safe_len`` holds back), and call its
@@ -136,6 +137,86 @@ def windowed(pattern: str, reading: EndReading, after: int) -> Any:
     return _ending_within(window, after)
 
 
+# A top-level item of a pattern that asserts and consumes nothing, and reads no text before the
+# search's start otherwise than a full search does (not "^", \A, \G): an end or word-boundary
+# assertion, or a lookaround (ending_assertions)
+_ASSERTION_ITEM = re.compile(r"\\[bBZzmM]|\$|\(\?<?[=!]")
+# What after a pattern's global flags sets flags for all of it (the regex package's version 0: an
+# inline flag anywhere is global), which its tail alone would not have
+_INLINE_FLAG = re.compile(r"\(\?[a-zA-Z-][a-zA-Z0-9-]*\)")
+
+
+class Tail(NamedTuple):
+    """The assertions that end every match of a stop regex (``ending_assertions``), empty matches of
+    each of which hold wherever the regex's own form (``plain``: the pattern, ``window``: its
+    window, ``windowed``) may end a match, searched where those would read every start."""
+
+    window: Any
+    plain: Any
+
+
+def ending_assertions(pattern: str, after: int) -> Tail | None:
+    """``StopRegexes.tails`` of ``pattern``: where its top level is one sequence that ends in
+    assertions (``\\w+\\b``, ``[a-z]+\\b(?!-)``, ``a\\w*(?!\\w)``), those assertions alone
+    (its global flags kept first), as written (``plain``) and as ``windowed`` reads them
+    (``window``, ``after`` the pattern's assertion reach): every match passes them last, so one
+    ends only where they hold, and in the window each is rewritten alike or, where the rest of the
+    pattern decides its form (a multiline flag turned off there), more loosely. Searched over the
+    places a match may end (``_none_final``: the window's last ``after`` + 1), where they find none
+    the pattern has no match, found without reading every start. None where the pattern is not of
+    that form, or holds an inline flag after its global ones, or is verbose, or either form of its
+    tail cannot be made."""
+    import regex
+
+    from lmnb_engine.regex_parts import pattern_parts
+    from lmnb_engine.regex_reach import Unreadable, parse_as_python
+
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    if _INLINE_FLAG.search(pattern, len(lead)) or "x" in lead:
+        return None
+    body = pattern[len(lead):]
+    depth, count, items = 0, False, []  # items: the top level's (start in body, whether an assertion)
+    for part in pattern_parts(body):
+        text = body[part.start:part.end]
+        if part.kind == "(":
+            if depth == 0:
+                items.append((part.start, bool(_ASSERTION_ITEM.match(body, part.start))))
+            depth += 1
+        elif part.kind == ")":
+            depth -= 1
+        elif depth == 0 and part.kind == "":
+            for i, c in enumerate(text):
+                if c == "|":
+                    return None
+                if count or c in "*+?{":  # (a repeat makes the item before it one that consumes: "\b*" too)
+                    count = (count or c == "{") and c != "}"
+                    if items:
+                        items[-1] = (items[-1][0], False)
+                else:
+                    items.append((part.start + i, c == "$"))
+        elif depth == 0 and part.kind != "comment":
+            items.append((part.start, part.kind == "escape" and bool(_ASSERTION_ITEM.fullmatch(text))))
+    cut = len(items)
+    while cut and items[cut - 1][1]:
+        cut -= 1
+    if cut == 0 or cut == len(items):
+        return None
+    tail = body[items[cut][0]:]
+    try:  # (what was read here as the top level's last items, Python's parser reads so too)
+        whole, head, last = (list(parse_as_python(lead + t)) for t in (body, body[:items[cut][0]], tail))
+    except Unreadable:
+        return None
+    if len(whole) != len(head) + len(last) or any(op.name not in ("AT", "ASSERT", "ASSERT_NOT") for op, _ in last):
+        return None
+    reading = end_reading(lead + tail)
+    window = None if reading.relaxed is None else windowed(lead + tail, reading, after)
+    try:
+        return None if window is None else Tail(window, regex.compile(lead + tail))
+    except regex.error:  # (a reference to a group of the pattern's head)
+        return None
+
+
 def _ending_within(pattern: str, after: int) -> Any:
     """``pattern`` matching only where at most ``after`` characters follow its match
     (as ``stop_relaxed.ending_by`` matches where at least so many do)."""
@@ -242,16 +323,26 @@ class EndReadingChecks:
         at an earlier check, and met there. Then the earliest match there, which reads the end, is
         held back (``_pending``) as ``_final`` holds it. The search of every start after each
         character, each through ``_final``, grew with the square of an open match's length
-        (\\w+\\b over a run of letters was given up at ~600 characters).
+        (\\w+\\b over a run of letters was given up at ~600 characters), and so did the window's
+        own search, every start of the run read to its end (past its budget at ~1000 to 2000
+        characters): where the pattern's matches all end in assertions, those alone are searched
+        first over the places a match in the window may end (``StopRegexes.tails``), and where
+        none holds the window has no match.
 
         Raises:
             TimeoutError: a search ran past ``_budget()`` seconds.
         """
         budget = self._budget()
-        window = self._shared.windows[k]
-        if window is None or window.search(text, floor, end, timeout=budget) is not None:
+        window, tail = self._shared.windows[k], self._shared.tails[k]
+        if window is None:
             return False
-        if end == len(text) and (m := self._regexes[k].search(text, floor, end, timeout=budget)) is not None:
+        if ((tail is None or tail.window.search(text, max(floor, end - self._shared.assertion_reach[k]), end,
+                                                timeout=budget) is not None)
+                and window.search(text, floor, end, timeout=budget) is not None):
+            return False
+        # (the earliest match anywhere: where its tail holds nowhere, none, found in one pass)
+        if (end == len(text) and (tail is None or tail.plain.search(text, floor, end, timeout=budget) is not None)
+                and (m := self._regexes[k].search(text, floor, end, timeout=budget)) is not None):
             self._pending[k] = min(self._pending.get(k, end), m.start())
         return True
 

@@ -19,7 +19,7 @@ from lmnb_engine.regex_parts import GLOBAL_FLAGS, pattern_parts
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
-from lmnb_engine.stop_end_reading import EndReadingChecks, end_reading, windowed
+from lmnb_engine.stop_end_reading import EndReadingChecks, end_reading, ending_assertions, windowed
 from lmnb_engine.stop_relaxed import MULTILINE_FLAG, ending_by, relax
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
@@ -156,6 +156,11 @@ class StopRegexes:
         # its assertion reach of the text's end, where both are known (StopStringMatcher._none_final)
         self.windows = [None if r is None or r.relaxed is None or a is None else windowed(p, r, a)
                         for p, r, a in zip(patterns or (), self.end_readings, self.assertion_reach)]
+        # per pattern with a window: the assertions that end each of its matches, as written and as
+        # its window reads them (stop_end_reading.ending_assertions), None where it has none: searched
+        # first, over the places a match could end, not from every start of an open run
+        self.tails = [None if w is None else ending_assertions(p, a)
+                      for p, w, a in zip(patterns or (), self.windows, self.assertion_reach)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 

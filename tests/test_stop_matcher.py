@@ -316,6 +316,92 @@ def test_a_stop_regex_reading_the_texts_end_open_from_every_start_of_a_long_run_
         assert all(t == "" for t in shown), pattern
 
 
+def test_a_stop_regex_ending_in_assertions_open_over_a_long_run_is_not_window_searched_from_every_start():
+    """\\w+\\b over a run of letters: whether a match near the text's end is final was told by one
+    search of the pattern's window after each character, which read every start of the run to its
+    end (a cost growing with the square of the run: past the 50 ms budget at ~1000 to 2000
+    letters, the request aborted; timed in benches/, not here). The pattern's matches all end in
+    its assertions, so those alone are searched first over the places a match may end; none
+    holds inside the run, and the window is searched only at the run's start. So too the search of
+    the pattern itself for where the earliest match begins (once a token), which read every start
+    to the run's end where none matched (x\\w*(?<=ING)\\b). The stop, once a non-letter comes, is
+    where Python's re over the final text matches, nothing shown before."""
+    from lmnb_engine import stop_matcher
+
+    class Counted:  # (the window, its searches counted)
+        def __init__(self, rx):
+            self.rx, self.searches = rx, 0
+
+        def search(self, *args, **kwargs):
+            self.searches += 1
+            return self.rx.search(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.rx, name)
+
+    for pattern in [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)", r"a\w*(?!\w)", r"(?i)x\w*(?<=ING)\b"]:
+        shared = stop_matcher.StopRegexes([pattern])
+        shared.windows[0] = counted = Counted(shared.windows[0])
+        shared.compiled[0] = whole = Counted(shared.compiled[0])
+        run = "x" + "ab" * 300
+        _, hit, shown = stream(StopStringMatcher([], shared), [run[i:i + 4] for i in range(0, len(run), 4)])
+        # (searched only while the run's start, a word boundary, is among the last places)
+        assert hit is None and all(len(t) <= 1 for t in shown) and counted.searches <= 3, (pattern, counted.searches)
+        if "(?<=" in pattern:  # (where a match may begin, for the stream: none, as (?<=ING)\b holds nowhere)
+            assert whole.searches == 0, whole.searches
+        text = run + "ing\n b"
+        ref = re.search(pattern, text)
+        _, hit, shown = stream(StopStringMatcher([], [pattern]), [text[i:i + 4] for i in range(0, len(text), 4)])
+        assert hit == (ref.start(), ref.group()) and all(len(t) <= ref.start() for t in shown), pattern
+
+
+def _random_tail_pattern(rng: random.Random) -> str:
+    """A stop regex whose top level is a sequence ending in 1 or 2 assertions (StopRegexes.tails)."""
+    head = "".join(rng.choice(["a", "b", "x", "[ab]", r"\w", ".", " ", "(?:a|b )", "a*", r"\w+", "[ab]+?", "x?",
+                               r"\b", "(?!a)", "(?<=b)", "(?:a|b)"]) for _ in range(rng.randint(1, 3)))
+    ends = [r"\b", r"\B", "$", "(?!a)", "(?!ab)", r"(?!\w)", "(?! )", "(?=a)", "(?<=a)", "(?<!b)", "(?=[ab]*(?!b))",
+            r"(?!a\b)", r"(?=\w\b)"]
+    flags = rng.choice(["", "", "(?m)", "(?i)", "(?s)"])
+    return flags + head + "".join(rng.choice(ends) for _ in range(rng.randint(1, 2)))
+
+
+def test_a_stop_regex_ending_in_assertions_stops_as_its_window_search_alone_says_for_random_patterns():
+    """The search of a pattern's ending assertions alone (StopRegexes.tails) says "no match ends
+    here" only where its window search (or its own search, for the form as written) says so too,
+    and the matcher stops and streams exactly as without it, whatever the tokens: random patterns ending in assertions, random texts split
+    at random, the output ending or not, against the matcher with those searches left out."""
+    import regex
+
+    from lmnb_engine.stop_matcher import StopRegexes
+
+    rng = random.Random(33)
+    checked = 0
+    for _ in range(600):
+        pattern = _random_tail_pattern(rng)
+        try:
+            if regex.search(pattern, "") is not None:
+                continue  # (refused by SamplingParams)
+        except regex.error:
+            continue
+        shared = StopRegexes([pattern])
+        tail, window, after = shared.tails[0], shared.windows[0], shared.assertion_reach[0]
+        text, pieces = random_output(rng, "abx \n")
+        if tail is not None:
+            checked += 1
+            for floor, end in itertools.combinations(range(len(text) + 1), 2):
+                if tail.window.search(text, max(floor, end - after), end) is None:
+                    assert window.search(text, floor, end) is None, (pattern, text, floor, end)
+                if tail.plain.search(text, floor, end) is None:
+                    assert shared.compiled[0].search(text, floor, end) is None, (pattern, text, floor, end)
+        without = StopRegexes([pattern])
+        without.tails = [None]
+        for ended in (False, True):
+            for split in (pieces, list(text)):
+                assert (stream(StopStringMatcher([], shared), split, ended)
+                        == stream(StopStringMatcher([], without), split, ended)), (pattern, split, ended)
+    assert checked > 200  # (most random patterns get a tail search)
+
+
 def test_where_a_match_may_begin_at_the_floor_safe_len_reads_that_start_alone_not_every_later_one():
     """\\w+\\b over a run of letters: a match may begin at the run's start (it ends at a non-letter,
     none yet), so nothing is shown. safe_len's partial search said so only after trying every later
