@@ -436,7 +436,9 @@ class SglFunction:
         """Run the program once per item of ``batch_kwargs`` (dicts of arguments, or tuples
         mapped onto the arguments in order) on ``num_threads`` threads; returns the states in
         order (a generator with ``generator_style``). A failing item does not stop the others.
-        The sampling arguments are ``run``'s (``max_new_tokens`` None is lmnb's 128).
+        The sampling arguments are ``run``'s (``max_new_tokens`` None is lmnb's 128), but for ``seed``:
+        item i runs with ``lmnb.executor.derived_seed(seed, (i,))``, as a fork branch derives its
+        own, so identical items are distinct samples, reproducibly.
         Keyword-only arguments (after ``*`` in the program's signature) are filled by a dict item,
         by name; a tuple's values fill only the arguments before the ``*``.
 

@@ -270,6 +270,14 @@ def _var_names(expr: Expr) -> list[str]:
     return []
 
 
+def derived_seed(seed: int, path: tuple) -> int:
+    """The seed, in [0, 2**62), of the sample at ``path`` (a tuple of ints) under the run's ``seed``:
+    a fork branch's gens (``path``: its ``seed_path``) and ``run_batch``'s item i (``path``: ``(i,)``)
+    use ``random.Random(f"{seed}:{path}").randrange(2**62)``, so samples differ from one another and
+    from the seed's own, and the same seed gives them again."""
+    return random.Random(f"{seed}:{path}").randrange(2**62)
+
+
 def _constraint(params: GenParams) -> Optional[dict]:
     """The output constraint of a resolved gen (a dtype's regex included), for ``var`` events."""
     if params.regex is None and params.json_schema is None:
@@ -990,7 +998,7 @@ class StreamExecutor:
 
                 raise ValueError(f"top_logprobs_num={p.top_logprobs_num} is invalid: {TOP_LOGPROBS_RULE}")
         if params.seed is None and p.seed is not None and self.seed_path:
-            p = dataclasses.replace(p, seed=random.Random(f"{p.seed}:{self.seed_path}").randrange(2**62))
+            p = dataclasses.replace(p, seed=derived_seed(p.seed, self.seed_path))
         if p.regex is None and p.json_schema is None and p.dtype is None:
             p = p.with_stops(self.chat_template.stop_str)
         parse = None

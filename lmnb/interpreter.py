@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import multiprocessing
 import sys
 import threading
@@ -23,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import BaseBackend
 from lmnb.executor import (
-    _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
+    _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners, derived_seed,
 )
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
@@ -560,8 +561,11 @@ def run_program_batch(
     stopping = False  # the consumer left early: items still running are aborted
     pbar = None  # the progress bar, made when the batch starts
 
-    def one(kwargs: dict) -> ProgramState:
-        state = _new_state(program, backend, kwargs, default_params, False, True, listeners)
+    def one(i: int, kwargs: dict) -> ProgramState:
+        params = default_params  # a seeded batch: item i runs as run(seed=derived_seed(seed, (i,))), a sample of its own
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=derived_seed(params.seed, (i,)))
+        state = _new_state(program, backend, kwargs, params, False, True, listeners)
         with lock:
             running.add(state)
             if stopping:  # (it started as the batch stopped)
@@ -594,7 +598,7 @@ def run_program_batch(
         try:
             with ThreadPoolExecutor(num_threads) as pool:
                 try:
-                    futures = [pool.submit(one, kw) for kw in batch_kwargs]
+                    futures = [pool.submit(one, i, kw) for i, kw in enumerate(batch_kwargs)]
                     for f in futures:
                         yield f.result()
                 finally:  # a consumer that stops early (break, Ctrl-C): no item is left running for no one

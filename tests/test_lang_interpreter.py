@@ -2155,6 +2155,33 @@ def test_a_fork_after_a_joined_fork_samples_anew_from_the_run_seed():
     assert sorted(gen_seeds(be.calls[done:])) == sorted(seeds)  # (branches call in any order)
 
 
+def test_a_seeded_run_batch_gives_each_item_a_sample_of_its_own():
+    # run_batch(seed=S) gave every item the seed S itself: 200 identical sampled items all made one
+    # pick (a new user's find); item i now runs as run(seed=...) with its own seed, derived from S
+    # and i as a fork branch's is (docs/language.md), so a rerun with S gives the same list again
+    import random
+
+    choices = [f" c{i}" for i in range(16)]
+    be = ScriptedBackend(choice_scores=lambda prompt, c: ([-1.0], [-1.0]))  # every pick a uniform draw
+
+    @sgl.function
+    def prog(s):
+        s += "Pick:" + sgl.select("pick", choices=choices, temperature=1.0) + sgl.gen("x", max_tokens=2)
+
+    def run():
+        done = len(be.calls)
+        states = prog.run_batch([{}] * 8, backend=be, seed=3, num_threads=4)
+        return [st["pick"] for st in states], sorted(p[1].seed for kind, p in be.calls[done:] if kind == "generate")
+
+    seeds = [random.Random(f"3:({i},)").randrange(2**62) for i in range(8)]
+    picks, sent = run()
+    assert len(set(picks)) > 1  # (all 8 alike: 16**-7)
+    assert sent == sorted(seeds)  # the gens' (items run in any order)
+    assert run() == (picks, sent)
+    # item i is run(seed=seeds[i]): the same pick
+    assert [prog.run(backend=be, seed=seed, temperature=1.0)["pick"] for seed in seeds] == picks
+
+
 @pytest.mark.timeout(60)
 def test_threads_of_one_body_forking_a_state_at_once_get_branches_of_their_own(monkeypatch):
     """Two threads of a body forking one state at once both read the fork counter before either
