@@ -601,5 +601,17 @@ def _describe(error: BaseException, filename: str, template=None) -> str:
     for exc in reversed(chain):  # innermost first: where the cell's own code failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
         if frames:
-            return f"line {frames[-1].lineno}: {type(exc).__name__}: {exc}"
+            return f"line {frames[-1].lineno}: {type(exc).__name__}: {exc}{_lmnb_name_hint(exc, template)}"
     return f"{type(error).__name__}: {error}"
+
+
+def _lmnb_name_hint(error: BaseException, template) -> str:
+    """For a ``--python`` body's NameError of a name lmnb exports (``gen``, ``select``, ``image``,
+    ``user``, ...): where it is, as SGLang programs write it unqualified (after ``from sglang import
+    *``), which the body's namespace, the kernel's, does not hold; else ""."""
+    import lmnb
+
+    name = getattr(error, "name", None)
+    if template is not None or type(error) is not NameError or name not in lmnb.__all__:
+        return ""
+    return f"; in a --python cell, write lmnb.{name} (or run `from lmnb import {name}` in a cell above)"

@@ -286,7 +286,12 @@ def test_python_mode_runs_a_program_body_with_state_s(ip):
     assert result.success, out.stdout
     assert ip.user_ns["hi"] == greedy(ip, "Hi Bo:", 5)
     bad, out = run(ip, "%%lm --python --static\ns += 'x'\ny = missing_name")
-    assert not bad.success and "line 3: NameError" in out.stdout
+    assert not bad.success and "line 3: NameError" in out.stdout and "lmnb." not in out.stdout
+    # a bare NameError named no fix for a primitive written as SGLang's examples do (a new user's find)
+    bad, out = run(ip, '%%lm --python --static\ns += "hi" + gen("x", max_tokens=3)')
+    assert not bad.success and out.stdout.rpartition("CellError\x1b[0m: ")[2].strip() == (
+        "line 2: NameError: name 'gen' is not defined; in a --python cell, write lmnb.gen (or run "
+        "`from lmnb import gen` in a cell above)")
     del ip.user_ns["lmnb"]  # as %reset -f does
     again, out = run(ip, '%%lm --python --static --temperature 0\ns += "Hi:" + lmnb.gen("hi2", max_tokens=2)')
     assert again.success, out.stdout
