@@ -410,6 +410,12 @@ def test_a_text_only_server_reports_no_image_token_and_refuses_images(tiny_llama
             with pytest.raises(ProgramError, match="serves the text-only") as e:
                 st.sync()
             assert isinstance(e.value.__cause__, BackendCannotRun)  # (no row's input would run: a job says so)
+            # an OpenAI API says nothing of images: the server's refusal at the gen, naming the fix (language.md)
+            st = ask_image.run(img=random_image(2), question="q", backend=sgl.OpenAI("default", base_url=f"{url}/v1",
+                                                                                    api_key="x"))
+            with pytest.raises(ProgramError, match=r"failed: BackendError: .*HTTP 400: messages\[0\] has an image_url "
+                               "part, but the served model is text-only; serve a LLaVA checkpoint to send images"):
+                st.sync()
     finally:
         engine.shutdown()
 
