@@ -4027,9 +4027,10 @@ def test_select_and_gen_choices_take_any_iterable_of_strings_such_as_a_pandas_se
     assert (state["a"], state["b"]) == ("no", "no")
     assert [c for kind, (_, c, _) in backend.calls if kind == "score"] == [["yes", "no", "maybe"]] * 2
     assert sgl.select("x", choices=(c for c in ["p", "q"])).choices == ["p", "q"]
-    for empty in (_SeriesLike([]), "yes"):  # (a string is no list of choices)
-        with pytest.raises(ValueError, match=r"^select\(\) choices must be a non-empty list of strings$"):
-            sgl.select("x", choices=empty)
+    with pytest.raises(ValueError, match=r"^select\(\) choices must be a non-empty list of strings$"):
+        sgl.select("x", choices=_SeriesLike([]))
+    with pytest.raises(ValueError, match=r"^select\(\) choices must be a non-empty list of strings, not a str \('yes'\)"):
+        sgl.select("x", choices="yes")  # (a string is no list of choices)
     with pytest.raises(ValueError, match=r"^select\(\) choices must be non-empty strings: choice 2 of 2 is 3$"):
         sgl.select("x", choices=_SeriesLike(["a", 3]))
 

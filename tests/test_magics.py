@@ -186,7 +186,8 @@ def test_a_failed_cells_view_says_its_error_as_the_cell_error_does(ip):
     ip.user_ns["lab"] = "ab"
     failed, out = run(ip, "%%lm --static\n{select x choices=lab}")
     assert not failed.success and str(failed.error_in_exec).startswith(
-        "line 2, col 19: choices must be a non-empty list of strings\n")
+        "line 2, col 19: choices must be a non-empty list of strings, not a str ('ab'); list the choices, e.g. "
+        "['yes', 'no']\n")
     [text] = [o.data["text/plain"] for o in out.outputs if "lmnb cell" in o.data.get("text/plain", "")][-1:]
     assert f"\nerror: {failed.error_in_exec}\n" in text and "body of program" not in text, text
 

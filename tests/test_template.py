@@ -936,7 +936,7 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
                                                    "expression (unterminated character set at position 0); fix the pattern"),
         ("{gen x stop_regex=pat}", {"pat": 5}, 19, "stop_regex=5 is invalid: must be a regular expression (a string)"),
         ("{gen x json_schema=S}", {"S": {"type": "objectx"}}, 20, "not a valid JSON Schema"),
-        ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings"),
+        ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings, not a str ('ab'); list the choices, e.g. ['yes', 'no']"),
         ("{select x choices=labels}", {"labels": ["a", ""]}, 19, "choices must be non-empty strings: choice 2 of 2 is ''"),
         ("{select x choices=labels}", {"labels": ["a", "a"]}, 19, "choices must differ; 'a' is listed more than once"),
         ("{fork doc in docs}{doc}{join}", {"docs": []}, 14, "docs has no items"),
@@ -1531,7 +1531,9 @@ def test_two_output_options_are_refused_in_one_wording_literal_or_from_variables
 
 @pytest.mark.parametrize("choices, words", [
     ([], "choices must be a non-empty list of strings"),
-    ("ab", "choices must be a non-empty list of strings"),  # (a string is no list of choices)
+    ("ab", "choices must be a non-empty list of strings, not a str ('ab'); list the choices, e.g. ['yes', 'no']"),  # (a string is no list of choices: said so, a new user's find)
+    ("word " * 20, "choices must be a non-empty list of strings, not a str ('word word wo...rd word word '); list "
+                   "the choices, e.g. ['yes', 'no']"),  # (reprlib's cut: 13 characters of the repr, ..., its last 14)
     (["a", 1], "choices must be non-empty strings: choice 2 of 2 is 1"),
     (["a", "", "b"], "choices must be non-empty strings: choice 2 of 3 is ''"),
     (["a", "a"], "choices must differ; 'a' is listed more than once: drop the repeats"),
