@@ -763,11 +763,18 @@ class Engine:
             raise ValueError(f"{prompt} exceeds the model's context length of {self.context_len} "
                              f"tokens{self._window_note()}; shorten the prompt")
         if n + params.max_new_tokens > self.context_len:
-            raise does_not_fit(ValueError(
+            # max_new_tokens the context's length or more fits beside no prompt: shortening it is no
+            # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large")
+            alone = params.max_new_tokens >= self.context_len
+            error = does_not_fit(ValueError(
                 f"{prompt} + max_new_tokens={params.max_new_tokens} exceeds the model's "
-                f"context length of {self.context_len} tokens{self._window_note()}; shorten the prompt or lower "
-                "max_new_tokens"
+                f"context length of {self.context_len} tokens{self._window_note()}; "
+                + (f"lower max_new_tokens to at most {self.context_len - n}" if alone else
+                   "shorten the prompt or lower max_new_tokens")
             ))
+            if alone:
+                error.field = "max_new_tokens"  # (refused_field reads it; an attribute, kept by pickling)
+            raise error
         # (option_error: max_total_tokens is the engine's option, which each front end names its own way,
         # or not at all: a server's client cannot size its KV pool; max_new_tokens is the request's field)
         pool = self.runner.max_total_tokens

@@ -586,9 +586,12 @@ def test_an_engine_refusal_names_gens_max_tokens_not_the_engines_max_new_tokens(
     def prog(s, **kw):
         s += "Hello" + sgl.gen("x", **kw)
 
-    err = prog.run(max_tokens=limit, backend=backend).error()
+    err = prog.run(max_tokens=limit, backend=backend).error()  # (no prompt fits beside it: shortening is no fix)
     assert str(err) == (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens={limit} exceeds the model's "
-                        f"context length of {limit} tokens; shorten the prompt or lower max_tokens")
+                        f"context length of {limit} tokens; lower max_tokens to at most {limit - n}")
+    err = prog.run(max_tokens=limit - 1, backend=backend).error()
+    assert str(err) == (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens={limit - 1} exceeds the "
+                        f"model's context length of {limit} tokens; shorten the prompt or lower max_tokens")
     # (the max_tokens the run's: gen() itself refuses a min_tokens above its own max_tokens)
     err = prog.run(max_new_tokens=2, min_tokens=3, backend=backend).error()
     assert str(err) == "Gen('x') failed: ValueError: min_tokens=3 is invalid: must not exceed max_tokens=2"

@@ -176,7 +176,7 @@ def test_a_gen_the_engine_refuses_as_it_runs_points_at_its_hole(ip):
     assert not failed.success
     n = len(get_session().engine("test").encode("Hello\n  there"))
     assert (f"line 3, col 8: Gen('w') failed: ValueError: prompt of {n} tokens + max_tokens={context_len * 2} exceeds "
-            f"the model's context length of {context_len} tokens; shorten the prompt or lower max_tokens\n"
+            f"the model's context length of {context_len} tokens; lower max_tokens to at most {context_len - n}\n"
             "      there{gen w max_tokens=" + f"{context_len * 2}" + "}\n           ^") in out.stdout
 
 

@@ -1024,12 +1024,23 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
         ("/v1/chat/completions", {"messages": msgs, "max_tokens": ctx_len}, "max_tokens"),
         ("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": ctx_len}, "max_completion_tokens"),
     ]
+    # a max_tokens no prompt fits beside (the context's length or more) is the field's error, as
+    # OpenAI's "max_tokens is too large" (param max_tokens): it was "param": "messages" and "shorten the
+    # messages or lower max_tokens" (a new user's find); the fix is what fits after this prompt
     for path, body, name in cases:
         r = httpx.post(url + path, json={"model": "tiny", **body}, timeout=60)
-        assert r.status_code == 400, r.text
-        message = r.json()["error"]["message"]
-        assert f"+ {name}={ctx_len} exceeds the model's context length of {ctx_len} tokens" in message
-        assert message.endswith(f"lower {name}") and "new_tokens" not in message
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
+        said = re.fullmatch(rf"prompt of (\d+) tokens \+ {name}={ctx_len} exceeds the model's context length of "
+                            rf"{ctx_len} tokens; lower {name} to at most (\d+)", r.json()["error"]["message"])
+        assert said and int(said[2]) == ctx_len - int(said[1]), r.text  # (a chat prompt: the template's)
+    n = len(engines[1].encode("hi"))
+    assert httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 10**6},
+                      timeout=60).json()["error"]["message"].endswith(f"; lower max_tokens to at most {ctx_len - n}")
+    # one that fits alone, past the context with the prompt: the messages', as OpenAI's context_length_exceeded
+    r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": ctx_len - 1},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert r.json()["error"]["message"].endswith("; shorten the messages or lower max_tokens")
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "min_tokens": 3})
     assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"
 
@@ -1044,10 +1055,11 @@ def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):
     def prog(s):
         s += "hi" + sgl.gen("x", max_tokens=ctx_len)
 
+    n = len(engines[1].encode("hi"))
     for stream in (False, True):
         message = str(prog.run(backend=remote, stream=stream).error())
         assert f"+ max_tokens={ctx_len} exceeds the model's context length of {ctx_len} tokens" in message
-        assert message.endswith("lower max_tokens") and "new_tokens" not in message
+        assert message.endswith(f"lower max_tokens to at most {ctx_len - n}") and "new_tokens" not in message
 
 
 def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(backends, engines):

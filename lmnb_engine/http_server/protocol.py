@@ -224,13 +224,17 @@ def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
     """The field that the engine's refusal ``e`` of a request with ``params`` is about: a
     ``SamplingParams`` field (its own error's, ``regex`` or ``json_schema`` for a grammar that
     does not compile, ``stop_token_ids`` outside the vocabulary, ``logprob_start_len`` past the
-    prompt), ``rid`` (in use), or None for the prompt (too long, ids outside the vocabulary)."""
+    prompt, ``max_new_tokens`` the context's length or more), ``rid`` (in use), or None for the
+    prompt (too long, or too long for a ``max_new_tokens`` that fits alone: OpenAI's
+    ``context_length_exceeded`` names the messages, ids outside the vocabulary)."""
     from lmnb_engine.constrained.errors import GrammarError
 
     if isinstance(e, SamplingParamsError):
         return e.field
     if isinstance(e, GrammarError):
         return params.constraint
+    if getattr(e, "field", None) == "max_new_tokens":  # (Engine._check: a max_new_tokens no prompt fits beside)
+        return "max_new_tokens"
     # (the engine's messages name these fields first: Engine._check_in_vocabulary, Engine._check ...)
     return next((f for f in ("stop_token_ids", "logprob_start_len", "rid") if str(e).startswith(f)), None)
 
