@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch import setup_error
 from lmnb.batch.inputs import InputError, read_rows
+from lmnb.batch.messages import say
 from lmnb.batch.options import (add_parameters, check_backend_options, engine_model, job_parser, make_backend,
                                 parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
@@ -135,16 +136,16 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
         for name in (n for n in reads if n in names and n not in kept):
             if names[name] is earlier.get(name, getattr(builtins, name, UNBOUND)):  # (the value it had: no change)
                 continue
-            print(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {last[name]} import *` sets, "
-                  f"and the row uses {short} above that import ({where}): in the notebook {short} read the {name} it "
-                  f"had before the import there, in this job it reads {last[name]}'s {name} from the start of every "
-                  f"row; pass {name} to {short} as an argument, or use `import {last[name]}` and {last[name]}.{name} "
-                  "instead of the star import", file=sys.stderr)
+            say(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {last[name]} import *` sets, "
+                f"and the row uses {short} above that import ({where}): in the notebook {short} read the {name} it "
+                f"had before the import there, in this job it reads {last[name]}'s {name} from the start of every "
+                f"row; pass {name} to {short} as an argument, or use `import {last[name]}` and {last[name]}.{name} "
+                "instead of the star import")
     for function, reads in (functions or {}).items():
         for name in (n for n in reads if n in kept):
-            print(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {setters[name]} import *` "
-                  f"sets: in the notebook it read the module's {name} after that import, in this job it reads the "
-                  f"value the cells run once set, in every row; pass {name} to it as an argument", file=sys.stderr)
+            say(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {setters[name]} import *` "
+                f"sets: in the notebook it read the module's {name} after that import, in this job it reads the "
+                f"value the cells run once set, in every row; pass {name} to it as an argument")
 
 
 def star_start(over: Sequence[str], /, *names: str) -> tuple:
@@ -426,9 +427,8 @@ class Job:
         --limit) and --num-threads both above 1. The export's note is read once, if at all."""
         shared, at_once = self._kept_names(), min(self.args.num_threads, rows)
         if shared and at_once > 1:
-            print(f"lmnb batch: warning: {at_once} rows run at once share {shared}, which each pass of the notebook "
-                  "starts from the cells run once: each row starts from those values only with --num-threads 1",
-                  file=sys.stderr)
+            say(f"lmnb batch: warning: {at_once} rows run at once share {shared}, which each pass of the notebook "
+                "starts from the cells run once: each row starts from those values only with --num-threads 1")
 
     def _kept_names(self) -> str:
         """The names and class attributes ``keep`` kept ("calls, Tally.n"; at most five, then "..."),
@@ -600,12 +600,11 @@ class Job:
         if not self.inputs and unread_fields:  # (not refused: running one program over and over may be meant)
             shown = ", ".join(map(repr, unread_fields[:5])) + (", ..." if len(unread_fields) > 5 else "")
             fields = f"the fields {shown} are" if len(unread_fields) > 1 else f"the field {shown} is"
-            print(f"lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read "
-                  f"none), so every row runs the same programs and {fields} not used; to read them, export "
-                  "the notebook again with --inputs NAMES", file=sys.stderr)
+            say(f"lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read "
+                f"none), so every row runs the same programs and {fields} not used; to read them, export "
+                "the notebook again with --inputs NAMES")
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
-            print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
-                  file=sys.stderr)
+            say(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run")
         unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
         if args.limit is not None:
             rows = rows[: args.limit]
@@ -613,15 +612,14 @@ class Job:
         try:
             store.open(retry_errors=args.retry_errors)
             if store.made_folder is not None:
-                print(f"lmnb batch: created the folder {store.made_folder} (it did not exist) for {args.output}",
-                      file=sys.stderr)
+                say(f"lmnb batch: created the folder {store.made_folder} (it did not exist) for {args.output}")
             if store.other_script:  # kept (an edit that fixes failed rows must not discard the good ones), but said
                 n = store.other_script
                 plural = n > 1
-                print(f"lmnb batch: {n} row{'s' if plural else ''} in {args.output} {'were' if plural else 'was'} "
-                      f"run by another version of this script (its code changed since) and {'are' if plural else 'is'} "
-                      "kept; to run every row on this version, write to a new output file (--retry-errors runs the "
-                      "failed ones again)", file=sys.stderr)
+                say(f"lmnb batch: {n} row{'s' if plural else ''} in {args.output} {'were' if plural else 'was'} "
+                    f"run by another version of this script (its code changed since) and {'are' if plural else 'is'} "
+                    "kept; to run every row on this version, write to a new output file (--retry-errors runs the "
+                    "failed ones again)")
             return RowRunner(self, args, store, rows, run_row, programs, backend, unread=unread).run()
         except BrokenPipeError:  # stderr (progress, summary) went to a pipe that closed: stop as SIGPIPE does
             silence_stream("stdout")
@@ -630,7 +628,7 @@ class Job:
         except (StoreError, OSError) as e:
             return fatal(str(e))
         except KeyboardInterrupt:
-            print("lmnb batch: interrupted before the rows started", file=sys.stderr)
+            say("lmnb batch: interrupted before the rows started")
             return EXIT_INTERRUPTED
         finally:
             store.close()

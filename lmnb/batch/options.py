@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 from lmnb.backend.base import BackendAuthError
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
+from lmnb.batch.messages import say
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 from lmnb_engine.cli_options import (Once, OnceFlag, SuggestingParser, in_option_syntax, pool_tokens,
@@ -345,7 +346,7 @@ def _say_above_bar(line: str) -> None:
     stderr is the one ``runner.RowOutput`` keeps rows' prints for."""
     from tqdm import tqdm
 
-    tqdm.write(line, file=getattr(sys.stderr, "target", sys.stderr))
+    say(line, lambda text: tqdm.write(text, file=getattr(sys.stderr, "target", sys.stderr)))
 
 
 def _check_served_model(backend, model: str, url: str) -> None:

@@ -5,6 +5,7 @@ row prints (stdout, and stderr apart) comes out in one piece when the row ends (
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from lmnb.bar_stream import is_live, progress_bar
 from lmnb.batch.inputs import InputRow, input_format
+from lmnb.batch.messages import say
 from lmnb.batch.options import UnreadableValue, make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
@@ -88,7 +90,7 @@ class RowRunner:
             with _StopOnSignals(self, stop_now=True):
                 backend.shutdown()
         except KeyboardInterrupt:
-            print("lmnb batch: the backend's shutdown was stopped (Ctrl-C twice)", file=sys.stderr)
+            say("lmnb batch: the backend's shutdown was stopped (Ctrl-C twice)")
 
     # -- which rows run ---------------------------------------------------------------------------
     def triage(self) -> list[tuple[InputRow, dict]]:
@@ -167,7 +169,7 @@ class RowRunner:
         if not self.unread:
             self._warn_of_other_rows(self.store.keys - keys)
         for base, error in bad:
-            print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
+            say(f"lmnb batch: {self.args.input} {error}")
             if base is None:
                 self.bad_again += 1
             else:
@@ -183,9 +185,9 @@ class RowRunner:
         keys = sorted(others, key=lambda k: (k[0], k[1] if k[0] == "row" else 0, str(k[1])))  # (row 10 after row 9)
         names = [f"id {k[1]!r}" if k[0] == "id" else f"row {k[1]}" for k in keys]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        print(f"lmnb batch: warning: {self.args.output} holds {len(names)} record{'s' * (len(names) > 1)} of rows "
-              f"this input does not have ({shown}); they are kept and counted below; write to another --output to "
-              "have this input's rows alone", file=sys.stderr)
+        say(f"lmnb batch: warning: {self.args.output} holds {len(names)} record{'s' * (len(names) > 1)} of rows "
+            f"this input does not have ({shown}); they are kept and counted below; write to another --output to "
+            "have this input's rows alone")
 
     def _replaced(self, key: tuple, digest: str, error, old_bad: dict) -> bool:
         """Whether the done row under ``key`` is done again: its record is bad input other than the
@@ -274,11 +276,12 @@ class RowRunner:
             pool.shutdown(wait=not inflight, cancel_futures=True)
         if inflight:  # stopped at once: rows still running are not written; a rerun does them
             n = len(inflight)
-            print(f"lmnb batch: stopping now, without {_the_rows(n)} still running (a rerun does "
-                  f"{'it' if n == 1 else 'them'})", file=sys.stderr)
+            say(f"lmnb batch: stopping now, without {_the_rows(n)} still running (a rerun does "
+                f"{'it' if n == 1 else 'them'})")
             self.summary()
             self.store.close()
-            sys.stderr.flush()
+            with contextlib.suppress(OSError):  # (a closed or full stderr: the job ends with 130 all the same)
+                sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
 
     def _run_pool(self, pool, pending, inflight: set, window: int, bar) -> None:
@@ -312,8 +315,8 @@ class RowRunner:
                     if future.cancel():
                         inflight.discard(future)
                 if inflight:  # (none: the rows all finished, or the rest were not started)
-                    bar.write(f"lmnb batch: stopping; finishing {_the_rows(len(inflight))} already running "
-                              "(Ctrl-C again to stop now)", file=sys.stderr)
+                    say(f"lmnb batch: stopping; finishing {_the_rows(len(inflight))} already running "
+                        "(Ctrl-C again to stop now)")  # (sys.stderr, the rows' RowOutput: above the bar)
 
     def cache_prefixes(self, backend) -> None:
         """Prefill each program's constant prefix once (``run_batch``'s prefix hint, paper §3)."""
@@ -325,7 +328,7 @@ class RowRunner:
                 if prefix:
                     backend.cache_prefix(prefix, uuid.uuid4().hex)
             except Exception as e:  # noqa: BLE001 - only a hint; the rows report real failures
-                print(f"lmnb batch: prefix hint for {program!r} skipped: {type(e).__name__}: {e}", file=sys.stderr)
+                say(f"lmnb batch: prefix hint for {program!r} skipped: {type(e).__name__}: {e}")
 
     def run_one(self, row: InputRow, base: dict) -> dict | None:
         """Run one row (on a pool thread); returns its record, or None if the row wrote to a
@@ -420,7 +423,7 @@ class RowRunner:
             lines.append(f'  rows with "status": {kinds} say why in "error"; {hint}')
         if self.signals and not self.left and not self.pipe_closed:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
-        print("\n".join(lines), file=sys.stderr)
+        say("\n".join(lines))
 
     def _torn_note(self) -> str:
         """What became of the row whose record a killed run left half-written (``ResultStore.torn_row``):
@@ -691,5 +694,5 @@ def silence_stream(name: str) -> None:
 
 def fatal(message: str) -> int:
     """Print ``message`` as the job's error; returns the exit status for it."""
-    print(f"lmnb batch: {message}", file=sys.stderr)
+    say(f"lmnb batch: {message}")
     return EXIT_FATAL

@@ -19,6 +19,8 @@ import tokenize
 from types import FrameType, TracebackType
 from typing import Callable, Optional
 
+from lmnb.batch.messages import say
+
 EXIT_SETUP = 2  # (runner's EXIT_FATAL: imported from there, this module would import the runner's imports)
 
 
@@ -38,7 +40,7 @@ def install(script: str, per_row: bool = True) -> Callable[[], None]:
             top = top.tb_next
         if not isinstance(error, Exception) or top is None:
             return previous(kind, error, tb)
-        print(f"lmnb batch: {message(error, top, script, per_row)}", file=sys.stderr)
+        say(f"lmnb batch: {message(error, top, script, per_row)}")
         raise SystemExit(EXIT_SETUP)
 
     def uninstall() -> None:
