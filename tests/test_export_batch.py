@@ -2042,6 +2042,44 @@ def test_a_results_line_json_cannot_hold_is_refused_with_its_line_number(tmp_pat
     assert out.read_text() == content
 
 
+@pytest.mark.parametrize("fields, said", [
+    ('"status": "ok", "settings": "x"', 'its "settings" is "x", not an object'),
+    ('"status": "ok", "settings": [1]', 'its "settings" is [1], not an object'),
+    ('"status": "ok", "settings": 0', 'its "settings" is 0, not an object'),
+    ('"status": ["ok"]', 'its "status" is ["ok"], not "ok", "error" or "bad_input"'),
+    ('"status": {"ok": 1}', 'its "status" is {"ok": 1}, not "ok", "error" or "bad_input"'),
+])
+@pytest.mark.parametrize("last", [False, True])
+def test_a_results_line_whose_fields_are_not_the_jobs_types_is_refused_with_its_line_number(tmp_path, capsys,
+                                                                                            fields, said, last):
+    """A hand-edited record whose "settings" is no object, or whose "status" is no string, stopped
+    the job with a traceback (AttributeError: 'str' object has no attribute 'get'; TypeError:
+    unhashable type), before the set-up cells ran too (the early settings check, which now leaves
+    the line to open's refusal). As the last line without its line break, it is refused and
+    left, not cut off as a record a killed run was writing (no cut-off record is JSON)."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    out = tmp_path / "out.jsonl"
+    content = '{"row": 0, "status": "ok"}\n{"row": 1, ' + fields + "}" + ("" if last else "\n")
+    out.write_text(content)
+    ResultStore(out, None, {"--model": None}).check_before_setup()  # (raises nothing: left to open)
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert (f"lmnb batch: {out} line 2 is not a result record of this job ({said}: it was changed by something "
+            "else, or is another file); move the file away or fix that line, then run again\n") in capsys.readouterr().err
+    assert out.read_text() == content
+
+
+@pytest.mark.parametrize("row, said", [("true", 'its "row" is true, not an integer row index'),
+                                       ('"1"', 'its "row" is "1", not an integer row index')])
+def test_a_results_line_whose_row_is_no_integer_is_refused_naming_it(tmp_path, capsys, row, said):
+    """`"row": true` was taken for row 1 (True == 1), a row the input may not have; a row that
+    is no number was refused with no word of which field was wrong."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}] * 3)
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"row": 0, "status": "ok"}\n{"row": ' + row + ', "status": "ok"}\n')
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert f"{out} line 2 is not a result record of this job ({said}: " in capsys.readouterr().err
+
+
 def test_a_csv_rerun_of_a_number_the_program_read_names_csvs_strings(tmp_path, capsys):
     """The program read 7 from JSON lines; the CSV copy gives "7": other input, and the refusal
     says why the same table differs."""

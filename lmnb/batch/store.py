@@ -45,8 +45,15 @@ OK, ERROR, BAD_INPUT = "ok", "error", "bad_input"
 _RECORD_START = b'{"row": '  # how every record begins (the runner puts "row" first)
 
 
-def _not_ours(path: Path, lineno: int) -> str:
-    return (f"{path} line {lineno} is not a result record of this job (it was changed by something else, "
+def _not_ours(path: Path, lineno: int, line: bytes) -> str:
+    """The error for ``line`` (line ``lineno`` of ``path``), which holds no result record, naming
+    the field that is not as the job writes it where it is a JSON object (``_flaw``)."""
+    try:
+        value = json.loads(line)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = None
+    why = f"{_flaw(value)}: " if isinstance(value, dict) else ""
+    return (f"{path} line {lineno} is not a result record of this job ({why}it was changed by something else, "
             "or is another file); move the file away or fix that line, then run again")
 
 
@@ -190,7 +197,7 @@ class ResultStore:
                 continue
             record = _record(line)
             if record is None:
-                raise StoreError(_not_ours(self.path, lineno))
+                raise StoreError(_not_ours(self.path, lineno, line))
             records.append((line, record))
         tail = data[end:]
         if not tail.strip():
@@ -200,8 +207,9 @@ class ResultStore:
             records.append((tail, last))  # kept, and the next write starts with the line break
             self._line_open = True
         else:  # checked after every other line: a file that is not ours is never cut
-            if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)):
-                raise StoreError(_not_ours(self.path, data[:end].count(b"\n") + 1))
+            # (no cut-off record is JSON: it lacks at least its closing brace; a whole one is a hand edit)
+            if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)) or _is_json(tail):
+                raise StoreError(_not_ours(self.path, data[:end].count(b"\n") + 1, tail))
             # The tail after the last newline is a record a killed run did not finish writing.
             os.ftruncate(self._fd, end)
             self.repaired = True
@@ -382,12 +390,44 @@ def _same_file(path: Path, held: os.stat_result) -> bool:
 
 
 def _record(line: bytes) -> Optional[dict]:
-    """The result record on ``line``, or None if it holds none."""
+    """The result record on ``line``, or None if it holds none (``_flaw``)."""
     try:
         record = json.loads(line)
     except (UnicodeDecodeError, ValueError, RecursionError):  # (also an integer of over 4300 digits)
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("row"), int) else None
+    return None if _flaw(record) else record
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def _flaw(record: Any) -> Optional[str]:
+    """Why ``record`` (a line's JSON value) is no result record, or None where it is one: a JSON
+    object whose fields that the job reads are of the types it writes them with ("row" an integer,
+    "status" a string, "settings" an object; the last two may be left out, and an unknown status
+    counts as an error). A hand edit that left another type there ("settings": "x") failed the
+    job with a traceback."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    row = record.get("row")
+    if not isinstance(row, int) or isinstance(row, bool):
+        return f'its "row" is {_shown(row)}, not an integer row index' if "row" in record else 'it has no "row"'
+    if not isinstance(record.get("status", ""), str):
+        return f'its "status" is {_shown(record["status"])}, not "ok", "error" or "bad_input"'
+    if record.get("settings") is not None and not isinstance(record["settings"], dict):
+        return f'its "settings" is {_shown(record["settings"])}, not an object'
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON, cut to 40 characters, for a message."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def finite_floats(value: Any) -> Any:
