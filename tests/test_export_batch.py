@@ -3076,6 +3076,36 @@ def test_a_resume_with_other_settings_is_refused_before_the_set_up_cells_run(tmp
     assert out.read_bytes() == before
 
 
+def test_the_command_lines_paths_are_read_from_the_folder_it_ran_in_after_a_set_up_cells_chdir(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    """A set-up cell's os.chdir("sub") had the job read --input and write --output (relative
+    paths) in sub/, and a --model directory looked for there (recorded as the text "ckpt", not its
+    path), while the check of --output before the set-up cells, and the user, meant the folder
+    the command ran in."""
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path / "rows.jsonl", [{"question": "top"}])
+    (tmp_path / "sub").mkdir()
+    write_rows(tmp_path / "sub" / "rows.jsonl", [{"question": "sub"}])  # (what the job read, before)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    source = 'import os\nfrom lmnb.batch import Job\njob = Job("", ["question"], options_first=True)\nos.chdir("sub")\n'
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "rows.jsonl", "--output", "out.jsonl", "--model", "ckpt",
+                                      "--no-progress"])
+    for said in ("this run: 1 row ran (1 ok, 0 failed), 0 bad input, 0 already done",
+                 "this run: 0 rows ran (0 ok, 0 failed), 0 bad input, 1 already done"):  # (the rerun: same settings)
+        monkeypatch.chdir(tmp_path)
+        ns = {"__name__": "__main__"}  # (as __main__, the job reads its options and checks --output as it is made)
+        exec(compile(source, "job.py", "exec"), ns)
+        assert os.getcwd() == str(tmp_path / "sub")
+        assert ns["job"].run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
+        assert f"lmnb batch: {tmp_path / 'out.jsonl'}: 1 row (1 ok, 0 failed, 0 bad input)\n  {said}\n" in (
+            capsys.readouterr().err)
+    assert not (tmp_path / "sub" / "out.jsonl").exists()
+    [record] = read_results(tmp_path / "out.jsonl")
+    assert record["variables"] == {"answer": "TOP"}
+    assert record["settings"]["--model"] == os.path.realpath(tmp_path / "ckpt")
+
+
 def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path, capsys):
     """The same on --backend URL (an lmnb serve of a model with no chat template): the job's
     warning line names --chat-template, and --chat-template chatml is the format the server gets."""

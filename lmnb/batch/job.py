@@ -357,6 +357,7 @@ class Job:
         self._kept: list = []  # (keep)
         self._star_builtins: tuple = ()  # (star_import)
         self._end_setup: Callable[[], None] = lambda: None  # (gives back the excepthook for the set-up's errors)
+        self._start_folder = _current_folder()  # (the one the command ran in, before a set-up cell's os.chdir)
         caller = sys._getframe(1)  # the script, whose module level goes on to run the notebook's set-up
         if caller.f_globals.get("__name__") == "__main__":
             if options_first:
@@ -556,6 +557,7 @@ class Job:
 
         if self.args is None:
             self.args = self._parser().parse_args(self.argv)
+        self._paths_from_start_folder()
         try:
             backend = make_backend(self.args, self.default_model)
         except (OSError, ValueError, RuntimeError, ImportError) as e:
@@ -583,6 +585,7 @@ class Job:
         self._parameters_read = True  # (a parameters() after the rows ran would change what they ran with)
         if self.args is None:
             self.args = self._parser().parse_args(self.argv)
+        self._paths_from_start_folder()
         args = self.args
         if _same_file(args.output, args.input):
             return fatal(f"--output {args.output} is the input file; write the results to another file")
@@ -634,6 +637,21 @@ class Job:
             store.close()
 
 
+    def _paths_from_start_folder(self) -> None:
+        """Where a set-up cell changed the folder (``os.chdir``), read the paths of the command line
+        from the folder it ran in, as the user gave them and as the check of ``--output`` before the
+        set-up cells did (``_check_resume``): ``--input``, ``--output`` and a ``--model`` directory
+        there become absolute paths. The job read the rows and wrote the results in the new
+        folder, where the check had read another file. A ``--model`` that is no path there (a hub
+        id) stays as it is."""
+        start, args = self._start_folder, self.args
+        if start is None or _current_folder() in (start, None):
+            return
+        if self.per_row:
+            args.input, args.output = Path(start, args.input), Path(start, args.output)
+        if args.model and os.path.exists(os.path.join(start, args.model)):
+            args.model = os.path.join(start, args.model)
+
     def _parameter_fields(self, rows) -> Optional[str]:
         """The error for input rows that hold a field named like a notebook parameter that is no
         row field (None if none do): the job ran every such row with the parameter's one value and
@@ -652,6 +670,14 @@ class Job:
                 f"{'their options' if plural else 'its option'}, not read from each row; to read "
                 f"{'them' if plural else 'it'} from the rows, export again with --inputs {','.join(self.inputs + fields)}; "
                 f"to use the option, leave the field{'s' * plural} out of the input")
+
+
+def _current_folder() -> Optional[str]:
+    """``os.getcwd()``, or None where the folder is gone (removed while the job ran)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def _same_file(a: Path, b: Path) -> bool:
