@@ -1303,6 +1303,27 @@ def test_the_jobs_own_messages_into_a_stderr_that_cannot_be_written_neither_stop
     assert job(["question"], "out.jsonl", "--model", "/other").run(run_row, backend=ScriptedBackend(reply)) == 2
 
 
+def test_a_line_a_rows_thread_left_unended_on_a_full_stderr_does_not_fail_the_job(tmp_path, monkeypatch):
+    """A thread a row started wrote a line without its line break to stderr (kept to the rows' end,
+    above the progress bar); written into a full stderr then, its OSError ended a job whose rows
+    were all written ok with exit 2, "could not start"."""
+    import threading
+
+    def row_with_a_thread(question):
+        run_row(question)
+        thread = threading.Thread(target=lambda: sys.stderr.write("partial"))
+        thread.start()
+        thread.join()
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(2)])
+    monkeypatch.setattr(sys, "stderr", _FullDisk())
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--num-threads", "1"])
+    assert job.run(row_with_a_thread, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    monkeypatch.undo()
+    assert sorted((r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")) == [(0, "ok"), (1, "ok")]
+
+
 def test_a_job_whose_stderr_is_dev_full_exits_with_its_rows_status(tmp_path):
     """The same for the script's process (`python job.py ... 2>/dev/full`): it exited 1 after
     writing every row ok, as Python does for an exception it cannot print."""

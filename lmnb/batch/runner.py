@@ -266,11 +266,13 @@ class RowRunner:
             finally:
                 sys.stdout, sys.stderr = (out.target for out in streams)
                 self.outputs = ()
-                try:
-                    for out in streams:  # (a line left unended by a thread a row started)
+                for out in streams:  # (a line left unended by a thread a row started)
+                    try:
                         out.close()
-                except BrokenPipeError:
-                    self.pipe_closed = True
+                    except BrokenPipeError:
+                        self.pipe_closed = True
+                    except OSError:  # (a full disk: no row is left to fail for it, and the rows are written)
+                        pass
             bar.close()
             self.seconds = time.perf_counter() - start
             pool.shutdown(wait=not inflight, cancel_futures=True)
