@@ -260,11 +260,12 @@ class EndReadingChecks:
                 return f
             # (where the relaxed match reads on to one a negative lookahead leaves open, the shortest,
             # within the pattern's reach, to ``end`` where that is unbounded: x[ab]*(?!c)|a on "xa "
-            # from 0 is "x"; and from where its assertions read the last character: each shorter text
-            # from past the text not checked was checked, and one final there was met then; one
-            # ending in the text not checked only where that text did not hold it, _unheld)
+            # from 0 is "x", the empty one too: a(?!\w)|(?=a) on " a" from 1; and from where its
+            # assertions read the last character: each shorter text from past the text not checked
+            # was checked, and one final there was met then; one ending in the text not checked only
+            # where that text did not hold it, _unheld)
             reach, ahead = self._shared.reach[k], self._shared.assertion_reach[k]
-            first = max(m.start() + 1, 0 if ahead is None else end - ahead)
+            first = max(m.start(), 0 if ahead is None else end - ahead)
             for e in range(first, end + 1 if reach is None else min(end, m.start() + reach) + 1):
                 if e == m.end() or not self._unheld(k, text, m.start(), e):  # (m's own span: not final, above)
                     continue

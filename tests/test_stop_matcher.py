@@ -256,6 +256,22 @@ def test_a_stop_regex_match_that_a_later_alternative_makes_final_is_met_with_its
         assert stream(StopStringMatcher([], [pattern]), list(text))[1] == want, pattern  # character by character
 
 
+def test_an_empty_stop_regex_match_that_an_alternative_makes_final_is_met_with_the_character_it_reads():
+    """a(?!\\w)|(?=a) on " a": the empty match at 1, from (?=a), holds whatever follows, but the
+    regex package's match there, "a", reads on with (?!\\w); of the shorter matches from that start
+    the empty one was never tried, so the stop was met one character later, as "a", or, where a
+    word character came next (" abbb"), not at all until the output ended. So too \\b(?:a(?!a))*
+    on "a" (\\b then no repeat, at 0). Worked by hand: the text read so far holds what each empty
+    match's assertions read (the "a" (?=a) and \\b read), so no text after it can undo it;
+    Python's re over the final text starts its match there whatever follows, and the brute-force
+    check after each character meets the empty match."""
+    for pattern, text, want in [(r"a(?!\w)|(?=a)", " a", (1, "")), (r"\b(?:a(?!a))*", "a", (0, ""))]:
+        for after in ("", "a", " ", "b", "bbb"):
+            assert re.search(pattern, text + after).start() == want[0], (pattern, after)
+            assert first_regex_stop_by_definition([pattern], text + after) == want, (pattern, after)
+            assert_stream_stops_at([], [pattern], text + after, [text, after] if after else [text], False, want)
+
+
 def first_stop_with_a_regex_by_definition(stops: list[str], regex_: str, text: str, ended: bool = False) -> tuple[int, str] | None:
     """The stop a check after each character meets among ``stops`` and one stop regex, by brute
     force: at the first prefix ``text[:k]`` where a stop string ends or the regex has a match no
