@@ -6,7 +6,8 @@ on a lookaround may match where the text so far ends and not once more text come
 it, or where the output ends there. This module tells that: per pattern, its relaxed form and its
 negative lookaheads (``EndReading``, ``end_reading``), one search saying that no match near the
 text's end is final (``windowed``) and, where every match ends in assertions, those alone, searched
-first where a match may end (``ending_assertions``); per match, the checks ``StopStringMatcher`` inherits
+first where a match may end (``ending_assertions``), per top-level alternative where there are several
+(``branches``); per match, the checks ``StopStringMatcher`` inherits
 (``EndReadingChecks``), which read its state: ``_shared`` (``StopRegexes``), ``_regexes``,
 ``_held_to`` (the length of the text not checked, the first ``min_new_tokens``) and ``_pending``
 (where a match that reads the text's end begins, which ``safe_len`` holds back), and call its
@@ -217,6 +218,63 @@ def ending_assertions(pattern: str, after: int) -> Tail | None:
         return None
 
 
+# What in a pattern reads across its top-level alternatives: a recursion or a call of a group
+# ((?R), (?1), (?&n), (?P>n)) or a verb ((*SKIP), (*COMMIT)), which one alternative alone would read
+# otherwise (found in its text, erring towards yes: StopRegexes.branches)
+_ACROSS = re.compile(r"\(\?(?:R|[+-]?\d|&|P>)|\(\*")
+
+
+class Branch(NamedTuple):
+    """One top-level alternative of a stop regex, as ``_none_final`` searches it: its window
+    (``windowed``), itself as written (``plain``) and its ending assertions (``ending_assertions``),
+    None where it has none."""
+
+    window: Any
+    plain: Any
+    tail: Tail | None
+
+
+def branches(pattern: str, compiled: Any, after: int) -> tuple[Branch, ...] | None:
+    """``StopRegexes.branches`` of ``pattern`` (``compiled``, its assertion reach ``after``) where
+    its top level is alternatives (``\\w+\\b|x``): each alone, the pattern's global flags kept
+    first, as a ``Branch``. A match of the pattern, or of its window, from a start is one of some
+    alternative's, or of its window, from there, so the pattern's window matches where one of
+    theirs does and its leftmost match starts where theirs first do; each is searched on its own,
+    the one whose matches all end in assertions those first, not read from every start of a run
+    (``\\w+\\b``). None where the top level has no "|", or the pattern holds a group (whose number
+    or name an alternative alone reads otherwise), a recursion or a verb (``_ACROSS``), an inline
+    flag after its global ones, or is verbose, or an alternative's window cannot be made."""
+    import regex
+
+    from lmnb_engine.regex_parts import pattern_parts
+
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    if compiled.groups or _ACROSS.search(pattern) or _INLINE_FLAG.search(pattern, len(lead)) or "x" in lead:
+        return None
+    body, depth, bars = pattern[len(lead):], 0, []
+    for part in pattern_parts(body):
+        if part.kind == "(":
+            depth += 1
+        elif part.kind == ")":
+            depth -= 1
+        elif depth == 0 and part.kind == "":
+            bars += [part.start + i for i, c in enumerate(body[part.start:part.end]) if c == "|"]
+    if not bars:
+        return None
+    found = []
+    for alternative in (lead + body[i + 1:j] for i, j in zip([-1] + bars, bars + [len(body)])):
+        reading = end_reading(alternative)
+        window = None if reading.relaxed is None else windowed(alternative, reading, after)
+        if window is None:
+            return None
+        try:
+            found.append(Branch(window, regex.compile(alternative), ending_assertions(alternative, after)))
+        except regex.error:
+            return None
+    return tuple(found)
+
+
 def _ending_within(pattern: str, after: int) -> Any:
     """``pattern`` matching only where at most ``after`` characters follow its match
     (as ``stop_relaxed.ending_by`` matches where at least so many do)."""
@@ -328,23 +386,29 @@ class EndReadingChecks:
         own search, every start of the run read to its end (past its budget at ~1000 to 2000
         characters): where the pattern's matches all end in assertions, those alone are searched
         first over the places a match in the window may end (``StopRegexes.tails``), and where
-        none holds the window has no match.
+        none holds the window has no match; a pattern of top-level alternatives so each alternative
+        (``StopRegexes.branches``: ``\\w+\\b|x``).
 
         Raises:
             TimeoutError: a search ran past ``_budget()`` seconds.
         """
         budget = self._budget()
-        window, tail = self._shared.windows[k], self._shared.tails[k]
+        window = self._shared.windows[k]
         if window is None:
             return False
-        if ((tail is None or tail.window.search(text, max(floor, end - self._shared.assertion_reach[k]), end,
-                                                timeout=budget) is not None)
-                and window.search(text, floor, end, timeout=budget) is not None):
-            return False
+        parts = self._shared.branches[k] or (Branch(window, self._regexes[k], self._shared.tails[k]),)
+        since = max(floor, end - self._shared.assertion_reach[k])
+        for part in parts:
+            if ((part.tail is None or part.tail.window.search(text, since, end, timeout=budget) is not None)
+                    and part.window.search(text, floor, end, timeout=budget) is not None):
+                return False
         # (the earliest match anywhere: where its tail holds nowhere, none, found in one pass)
-        if (end == len(text) and (tail is None or tail.plain.search(text, floor, end, timeout=budget) is not None)
-                and (m := self._regexes[k].search(text, floor, end, timeout=budget)) is not None):
-            self._pending[k] = min(self._pending.get(k, end), m.start())
+        starts = [m.start() for part in parts
+                  if end == len(text)
+                  and (part.tail is None or part.tail.plain.search(text, floor, end, timeout=budget) is not None)
+                  and (m := part.plain.search(text, floor, end, timeout=budget)) is not None]
+        if starts:
+            self._pending[k] = min(self._pending.get(k, end), *starts)
         return True
 
     def _lookahead_open(self, lookaheads: tuple, f: Any, text: str, end: int) -> bool:

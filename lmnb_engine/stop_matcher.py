@@ -19,7 +19,7 @@ from lmnb_engine.regex_parts import GLOBAL_FLAGS, pattern_parts
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
-from lmnb_engine.stop_end_reading import EndReadingChecks, end_reading, ending_assertions, windowed
+from lmnb_engine.stop_end_reading import EndReadingChecks, branches, end_reading, ending_assertions, windowed
 from lmnb_engine.stop_relaxed import MULTILINE_FLAG, ending_by, relax
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
@@ -161,6 +161,11 @@ class StopRegexes:
         # first, over the places a match could end, not from every start of an open run
         self.tails = [None if w is None else ending_assertions(p, a)
                       for p, w, a in zip(patterns or (), self.windows, self.assertion_reach)]
+        # per pattern with a window whose top level is alternatives: each alone, searched so
+        # (stop_end_reading.branches), None where it is not split: a run one alternative leaves open
+        # (\w+\b|x) is not read from every start through the others
+        self.branches = [None if w is None else branches(p, c, a)
+                         for p, c, w, a in zip(patterns or (), self.compiled, self.windows, self.assertion_reach)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 

@@ -418,6 +418,94 @@ def test_a_stop_regex_ending_in_assertions_stops_as_its_window_search_alone_says
     assert checked > 200  # (most random patterns get a tail search)
 
 
+def test_a_stop_regex_of_alternatives_one_ending_in_assertions_is_not_window_searched_from_every_start():
+    """\\w+\\b|x over a run of letters: its window (the relaxed pattern, ending near the text's end)
+    was searched after each character, reading every start of the run to its end, as \\w+\\b's was
+    before it was checked by its ending assertions first (a cost growing with the square of the run:
+    ~172 ms a token at 1000 letters; timed in benches/, not here): the top-level "|" kept the
+    pattern from that check. Now each alternative is searched alone (StopRegexes.branches), \\w+\\b
+    by its \\b first, x by its own window, which does not read the run. The searches that may read
+    the run from a start (the pattern's window and \\w+\\b's) are counted: 601 before, at most 3 now.
+    The stop, once a non-letter or an "x" comes, is where Python's re over the final text matches,
+    nothing shown before."""
+    from lmnb_engine import stop_matcher
+
+    class Counted:  # (a window, its searches counted)
+        def __init__(self, rx):
+            self.rx, self.searches = rx, 0
+
+        def search(self, *args, **kwargs):
+            self.searches += 1
+            return self.rx.search(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.rx, name)
+
+    for pattern, end in [(r"\w+\b|x", "ing\n b"), (r"x|[a-z]+\b(?!-)", "ing-x")]:
+        shared = stop_matcher.StopRegexes([pattern])
+        counted = [Counted(shared.windows[0])]
+        shared.windows[0] = counted[0]
+        if shared.branches[0] is not None:  # (the alternative that may read the run: its window counted)
+            counted += [Counted(b.window) for b in shared.branches[0] if b.tail is not None]
+            shared.branches[0] = tuple(b._replace(window=counted[-1]) if b.tail is not None else b
+                                       for b in shared.branches[0])
+        run = "y" + "ab" * 300
+        _, hit, shown = stream(StopStringMatcher([], shared), [run[i:i + 4] for i in range(0, len(run), 4)])
+        searches = sum(c.searches for c in counted)
+        assert hit is None and all(len(t) <= 1 for t in shown) and searches <= 3, (pattern, searches)
+        text = run + end
+        ref = re.search(pattern, text)
+        _, hit, shown = stream(StopStringMatcher([], [pattern]), [text[i:i + 4] for i in range(0, len(text), 4)])
+        assert hit == (ref.start(), ref.group()) and all(len(t) <= ref.start() for t in shown), pattern
+
+
+def test_a_stop_regex_of_alternatives_stops_as_its_window_search_says_for_random_patterns():
+    """Each top-level alternative searched alone (StopRegexes.branches: its ending assertions
+    first where it has them, then its window) finds a match near the text's end exactly where the
+    pattern's window does, and the earliest start of theirs is the pattern's leftmost match's; the
+    matcher stops and streams exactly as without them, whatever the tokens and min_new_tokens:
+    random alternatives, some ending in assertions, over random texts and floors."""
+    import regex
+
+    from lmnb_engine.stop_matcher import StopRegexes
+
+    rng = random.Random(34)
+    plain = ["x", "ab", " b", r"\w\w", "[ab]x", "b(?=a)", r"\bx", "a(?!b)", "(?<=a)b", "x$"]
+    checked = 0
+    for _ in range(300):
+        alternatives = [_random_tail_pattern(rng) if rng.random() < 0.5 else rng.choice(plain)
+                        for _ in range(rng.randint(2, 3))]
+        pattern = rng.choice(["", "", "(?m)", "(?i)"]) + "|".join(re.sub(r"^(?:\(\?[mis]\))+", "", a)
+                                                                  for a in alternatives)
+        try:
+            if regex.search(pattern, "") is not None:
+                continue  # (refused by SamplingParams)
+        except regex.error:
+            continue
+        shared = StopRegexes([pattern])
+        parts, window, after = shared.branches[0], shared.windows[0], shared.assertion_reach[0]
+        text, pieces = random_output(rng, "abx \n")
+        if parts is not None:
+            checked += 1
+            for floor, end in itertools.combinations_with_replacement(range(len(text) + 1), 2):
+                found = any((b.tail is None or b.tail.window.search(text, max(floor, end - after), end) is not None)
+                            and b.window.search(text, floor, end) is not None for b in parts)
+                assert found == (window.search(text, floor, end) is not None), (pattern, text, floor, end)
+                starts = [m.start() for b in parts if (m := b.plain.search(text, floor, end)) is not None]
+                m = shared.compiled[0].search(text, floor, end)
+                assert (min(starts) if starts else None) == (m and m.start()), (pattern, text, floor, end)
+        without = StopRegexes([pattern])
+        without.branches = [None]
+        for ended in (False, True):
+            for split in (pieces, list(text)):
+                assert (stream(StopStringMatcher([], shared), split, ended)
+                        == stream(StopStringMatcher([], without), split, ended)), (pattern, split, ended)
+            unchecked = rng.randint(0, len(pieces))
+            assert (feed_unchecked(StopStringMatcher([], shared), pieces, unchecked, ended)
+                    == feed_unchecked(StopStringMatcher([], without), pieces, unchecked, ended)), (pattern, pieces)
+    assert checked > 100  # (most random patterns are split)
+
+
 def test_where_a_match_may_begin_at_the_floor_safe_len_reads_that_start_alone_not_every_later_one():
     """\\w+\\b over a run of letters: a match may begin at the run's start (it ends at a non-letter,
     none yet), so nothing is shown. safe_len's partial search said so only after trying every later
