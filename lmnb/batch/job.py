@@ -636,7 +636,6 @@ class Job:
         finally:
             store.close()
 
-
     def _paths_from_start_folder(self) -> None:
         """Where a set-up cell changed the folder (``os.chdir``), read the paths of the command line
         from the folder it ran in, as the user gave them and as the check of ``--output`` before the
