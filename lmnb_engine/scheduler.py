@@ -133,6 +133,16 @@ def _runs_to_length(req: Req) -> bool:
                                  or req.grammar is not None)
 
 
+def _stops_after_min_new_tokens(req: Req) -> int:
+    """New tokens past its ``min_new_tokens`` that ``req`` must sample before it may stop: 0 where a
+    stop string, stop regex or grammar may end it at the token that makes that many (they are
+    checked from that token on), 1 where only an EOS or stop token id can (they are masked until
+    that many tokens exist, so the earliest is the next one). A length that ends it sooner is the
+    caller's to count."""
+    p = req.params
+    return 0 if any(p.stop_strings) or p.stop_regexes or p.constraint or req.grammar is not None else 1
+
+
 def _peeks_next_token(req: Req) -> bool:
     """Whether ``req`` scores the token after its prompt without generating it: SGLang's prefill of
     a ``max_new_tokens=0`` request with ``return_logprob`` reports that token's logprob and top
@@ -375,17 +385,21 @@ class Scheduler:
         prefixes (``nodes``, ``_pinned_nodes``, taken once for the requests that arrive together):
         the slots it surely needs, less the part of its prompt it would reuse from a pinned prefix
         (counted as pinned already), exceed the pool's unpinned slots. It surely needs its
-        ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else those of its
-        ``min_new_tokens``, which holds off EOS, stop tokens and stops (a grammar complete before
-        them aborts; the context length is no nearer: ``Engine._check``): it may stop once they
-        are sampled, before the pool runs out. Admitted, it would generate until the pool ran out
-        and then abort (``_unblock_head``, which still ends one that a pin taken after it came
-        keeps out, or that did not stop in time). None if it can."""
+        ``kv_to_finish`` where only its length can end it (``_runs_to_length``), else those of the
+        fewest tokens it may stop at: its ``min_new_tokens``, which holds off EOS, stop tokens and
+        stops (a grammar complete before them aborts; the context length is no nearer:
+        ``Engine._check``), and one more where only an EOS or stop token id can end it
+        (``_stops_after_min_new_tokens``), as many as its max_new_tokens at most. Admitted, it
+        would generate until the pool ran out and then abort (``_unblock_head``, which still ends
+        one that a pin taken after it came keeps out, or that did not stop in time). The
+        min_new_tokens offered is the most that fits by the same count. None if it can."""
         if not nodes:  # (no pins; none with the radix cache disabled either: pin_prefix refuses then)
             return None
         pinned = sum(len(node.key) for node in nodes.values())
         to_length = _runs_to_length(req)
-        least = req.params.max_new_tokens if to_length else req.params.min_new_tokens
+        after = _stops_after_min_new_tokens(req)
+        least = req.params.max_new_tokens if to_length else min(req.params.min_new_tokens + after,
+                                                                 req.params.max_new_tokens)
         needs = kv_to_finish(req.prompt_len, least)
         reused = self._reused_from_pins(req, nodes)
         free = self.kv_pool.size - pinned
@@ -396,8 +410,10 @@ class Scheduler:
         most = self._most_new_tokens(req, free, reused)
         if to_length:
             what, fewer = "to finish", self._fewer_new_tokens(req, free, reused)
-        elif most >= 1:  # (so min_new_tokens > most >= 1: its prompt alone fits)
-            what, fewer = f"for its prompt + min_new_tokens={least}", ((f"lower min_new_tokens to {most}",),)
+        elif most >= 1:  # (so min_new_tokens > most - after >= 0: its prompt alone fits)
+            # (min_new_tokens=N may then stop at N + after == most tokens, which fit)
+            what = f"for its prompt + min_new_tokens={req.params.min_new_tokens}"
+            fewer = ((f"lower min_new_tokens to {most - after}",),)
         else:
             what, fewer, needs = "for its prompt", (), req.prompt_len
         return FinishReason("abort", message=option_message(

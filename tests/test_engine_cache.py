@@ -556,9 +556,10 @@ def test_a_request_that_min_new_tokens_keeps_from_stopping_is_refused_beside_pin
     """A request with stops, or EOS, and a min_new_tokens that cannot fit beside the pins was
     admitted (only its prompt was counted: it may stop sooner) and generated until the pool ran out,
     then aborted, though min_new_tokens holds off EOS, stop tokens and stops until that many tokens
-    exist. It surely needs a slot for each of prompt + min_new_tokens tokens but the last, less what a
-    pinned prefix holds, and is refused as it arrives, told the min_new_tokens that fits (a program
-    its min_tokens). Pinned: 50 + 30 of a 150-token pool, 70 free."""
+    exist. It surely needs a slot for each of prompt + min_new_tokens tokens but the last (a stop is
+    checked from the min_new_tokens-th token on), or for each where EOS alone can end it (the token
+    after them), less what a pinned prefix holds, and is refused as it arrives, told the
+    min_new_tokens that fits (a program its min_tokens). Pinned: 50 + 30 of a 150-token pool, 70 free."""
     import random
 
     import lmnb as sgl
@@ -574,8 +575,8 @@ def test_a_request_that_min_new_tokens_keeps_from_stopping_is_refused_beside_pin
             (fresh[:45], SamplingParams(min_new_tokens=26, **stops), None),  # 45 + 26 - 1 = 70
             (fresh[:45], SamplingParams(min_new_tokens=27, **stops),
              f"request needs 71 KV slots for its prompt + min_new_tokens=27 {refusal}, or lower min_new_tokens to 26"),
-            (fresh[:45], SamplingParams(max_new_tokens=60, min_new_tokens=27),  # (EOS alone)
-             f"request needs 71 KV slots for its prompt + min_new_tokens=27 {refusal}, or lower min_new_tokens to 26"),
+            (fresh[:45], SamplingParams(max_new_tokens=60, min_new_tokens=27),  # (EOS alone: 45 + 27 = 72)
+             f"request needs 72 KV slots for its prompt + min_new_tokens=27 {refusal}, or lower min_new_tokens to 25"),
             (a[:30] + fresh[:41], SamplingParams(min_new_tokens=31, **stops),  # 71 + 31 - 1 - 30 = 71
              f"request needs 101 KV slots for its prompt + min_new_tokens=31 (30 of them pinned already) {refusal}, "
              "or lower min_new_tokens to 30"),
@@ -602,6 +603,53 @@ def test_a_request_that_min_new_tokens_keeps_from_stopping_is_refused_beside_pin
         state = prog.run(backend=backend)
         assert (f"request needs 71 KV slots for its prompt + min_tokens=27 {refusal}, or lower min_tokens to 26"
                 in str(state.error())), state.error()
+        for pin in pins:
+            eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
+def test_a_request_only_a_stop_token_ends_is_refused_beside_pins_where_its_min_new_tokens_leave_no_slot_for_the_last(
+        tiny_llama, hf):
+    """min_new_tokens=m masks EOS and stop token ids until m tokens exist, so a request that nothing
+    else ends stops at token m + 1 at the earliest, holding a slot for its prompt and each of its m
+    tokens (the stop token is not fed back). The arrival check counted prompt + m - 1 slots, as for
+    a stop string (checked from token m on): one a slot short was admitted, and aborted where the
+    pool ran out m tokens in; its offer "lower min_new_tokens to N" was itself one such. Pinned:
+    50 + 30 of a 150-token pool, 70 free, beside a 45-token prompt: m = 25 fits (45 + 25 = 70) and
+    stops at the stop token it samples 26th (greedy: the reference's 26th token, not among its first
+    25, so masking it leaves those as they are); m = 26 is one over, and refused as it arrives; with
+    max_new_tokens = m = 26 its length ends it at token 26 (45 + 25 = 70) and it fits; with a stop
+    string or a regex (checked at token m) m = 26 fits (45 + 26 - 1 = 70) and m = 27 is one over."""
+    import random
+
+    with engine(tiny_llama, max_total_tokens=150) as eng:
+        rng = random.Random(9)
+        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
+        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        prompt = [rng.randrange(10, 500) for _ in range(45)]
+        ahead = hf.greedy_ignore_eos(prompt, 26)
+        stop = ahead[25]
+        assert stop not in ahead[:25]  # (the premise of the stop at token 26)
+        ids = dict(max_new_tokens=60, temperature=0.0, ignore_eos=True, stop_token_ids=[stop])
+        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        r = eng.generate(prompt, SamplingParams(min_new_tokens=25, **ids))
+        assert (r.finish_reason.type, r.finish_reason.matched, r.token_ids[:25]) == ("stop", stop, ahead[:25])
+        r = eng.generate(prompt, SamplingParams(min_new_tokens=26, **ids))
+        assert (r.finish_reason.type, r.finish_reason.message) == ("abort", (
+            f"request needs 71 KV slots for its prompt + min_new_tokens=26 {refusal}, or lower min_new_tokens to 25"))
+        assert r.token_ids == [] and r.meta.forward_passes == 0
+        r = eng.generate(prompt, SamplingParams(**{**ids, "max_new_tokens": 26}, min_new_tokens=26))
+        # (its stop token masked to the end: the 26th is another)
+        assert (r.finish_reason.type, r.token_ids[:25], len(r.token_ids)) == ("length", ahead[:25], 26)
+        assert r.token_ids[25] != stop
+        text = dict(max_new_tokens=60, stop_token_ids=[7])
+        for ends in (dict(stop=["x"]), dict(stop_regex=["x+y"]), dict(regex="[a-z ]+")):
+            r = eng.generate(prompt, SamplingParams(min_new_tokens=26, **text, **ends))
+            assert r.meta.forward_passes > 0 and len(r.token_ids) >= 26, (ends, r.finish_reason)
+            r = eng.generate(prompt, SamplingParams(min_new_tokens=27, **text, **ends))
+            assert (r.finish_reason.type, r.finish_reason.message) == ("abort", (
+                f"request needs 71 KV slots for its prompt + min_new_tokens=27 {refusal}, or lower min_new_tokens "
+                "to 26")), ends
         for pin in pins:
             eng.unpin(pin)
         assert_idle_accounting(eng)
