@@ -111,11 +111,19 @@ def _suggest_choice(message: str, parser: argparse.ArgumentParser) -> str:
     return message if choices is None else message + did_you_mean([m.group(2)], ("", [str(c) for c in choices]))
 
 
+def _cut_short(word: str, known: list[str]) -> str | None:
+    """The one of ``known`` (options without their "--") that ``word`` begins, where only one does:
+    the option an abbreviation, which the parsers take no more (``allow_abbrev`` off), meant."""
+    longer = {k for k in known if k.startswith(word) and k != word} if word else set()
+    return longer.pop() if len(longer) == 1 else None
+
+
 def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str | None = None) -> str:
     """argparse's ``message`` with "did you mean" for each unrecognized option close to one of
-    ``parser``'s (``--temprature`` → ``--temperature``; ``suggest.close_match``), and, where ``help_line`` is given (``%%lm --help``), for an
-    unrecognized word with no close option (``--bogus``, a stray ``3``) the line that lists the
-    options. A word that is no option (``3``) is offered none. A value not among an argument's
+    ``parser``'s (``--temprature`` → ``--temperature``; ``suggest.close_match``), or that begins
+    only one of them (``--temp``: ``_cut_short``), and, where ``help_line`` is given (``%%lm
+    --help``), for an unrecognized word with no close option (``--bogus``, a stray ``3``) the line
+    that lists the options. A word that is no option (``3``) is offered none. A value not among an argument's
     choices, a subcommand's name among them, is offered the closest (``_suggest_choice``). Other
     messages come back as they are."""
     if not message.startswith("unrecognized arguments:"):
@@ -125,7 +133,8 @@ def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str
     words = message.split()[2:]
     if "--" in words:  # the options after it are read as words: a guess would name them as they are
         return message + " ('--' ends the options; remove it)"
-    guesses = [(w.split("=")[0], close_match(w.split("=")[0][2:], sorted(known))) for w in words if w.startswith("--")]
+    names = [w.split("=")[0] for w in words if w.startswith("--")]
+    guesses = [(w, _cut_short(w[2:], known) or close_match(w[2:], sorted(known))) for w in names]
     hints = [f"{w} → --{g}" for w, g in guesses if g and g != w[2:]]
     notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
     if help_line and (len(hints) < len(guesses) or not guesses):  # (no "--" word: a stray word, as in "%%lm 3")
@@ -137,7 +146,13 @@ class SuggestingParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose "unrecognized arguments" refusal offers each misspelt
     option its closest option (``suggest_option``): ``lmnb run`` / ``serve`` / ``export`` (their
     subparsers are of their parser's class) and an exported job, whose ``--limt 3`` was refused with
-    no guess. Python 3.11's argparse has no such offer. Exits 2 with the usage, as argparse does."""
+    no guess. Python 3.11's argparse has no such offer. Exits 2 with the usage, as argparse does.
+    ``allow_abbrev`` is off unless asked for: argparse took a prefix of one option (``--mod``,
+    ``--max-total``) for that option without a word, so a slip went through, and a script's
+    prefix would change meaning, or stop working, once an option beginning the same way came."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
         super().error(suggest_option(message, self))

@@ -53,17 +53,28 @@ _FRAMES_PER_S = {"live": 20.0, "static": 20.0, "headless": 1.0}
 RECENT_CELLS = 8  # unnamed cells whose radix paths %lm tree labels
 
 
+class _Parser(MagicArgumentParser):
+    """IPython's parser (a ``UsageError``, not an exit) that takes no prefix of an option: argparse
+    read ``%lm load --dtyp bfloat16`` as ``--dtype`` without a word, and a notebook's prefix would
+    change meaning once an option beginning the same way came. ``MagicArgumentParser`` takes no
+    ``allow_abbrev``; the exporter's parser (``cell_options._Parser``) refuses them too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.allow_abbrev = False
+
+
 # ``prog`` goes without one "%": IPython's usage line puts a "%" before it.
 def cell_parser() -> MagicArgumentParser:
     """The options of ``%%lm`` (defined in ``lmnb.template.cell_options``, which the exporter reads too)."""
-    return add_cell_options(MagicArgumentParser(prog="%lm", description="Run the cell as an LM program."))
+    return add_cell_options(_Parser(prog="%lm", description="Run the cell as an LM program."))
 
 
 def line_parser() -> MagicArgumentParser:
     """The subcommands of the ``%lm`` line magic (load, connect, stats, tree, states, reset, flush, pin, unpin,
     help)."""
-    p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
-    sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
+    p = _Parser(prog="lm", description="Manage the kernel's LM session.")
+    sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
 
     def add(name: str, help: str):  # the help is also the description %lm NAME --help shows
         return sub.add_parser(name, prog=f"lm {name}", help=help, description=help)

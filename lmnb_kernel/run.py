@@ -77,8 +77,9 @@ def _read_parameters_first(parser) -> None:
         given = word.partition("=")[0] if word.startswith("--") else word  # (--timeout=5: --timeout)
         for action in parser._actions:  # (complete by the time it parses: every option is added)
             for option in action.option_strings:
-                if option == given or (given.startswith("--") and len(given) > 2 and parser.allow_abbrev
-                                       and option.startswith(given)):  # (--out, an abbreviation of --output)
+                # (--out, an abbreviation of --output: argparse's, or, where it takes none, one the
+                # user surely meant, which n would otherwise take with out.ipynb left over)
+                if option == given or (given.startswith("--") and len(given) > 2 and option.startswith(given)):
                     return action
                 # argparse reads -oout.ipynb and -o=out.ipynb as -o with that value (-pm=3 as -p m=3); a
                 # flag's -hello it refuses itself, and -Bob names no option
@@ -115,9 +116,15 @@ def _read_parameters_first(parser) -> None:
             elif i + 2 < len(args) and (action := option_named(args[i + 2])) is not None:  # (-p n -o out.ipynb)
                 name, value = args[i + 1], args[i + 2]  # (n's value forgotten)
                 option = "/".join(action.option_strings)
-                parser.error(f"argument -p/--parameter: {args[i]} {name} takes {value!r} as its value, but {value!r} is "
-                             f"lmnb run's option {option}: give {name} its value first (e.g. -p {name} 3 {value} "
-                             f"...), or write -p {name}={value} if the value is the text {value!r}")
+                given = value.partition("=")[0]
+                full = next((o for o in action.option_strings if o.startswith(given) and o != given), None)
+                if full is None or parser.allow_abbrev:
+                    is_option, spelled = f"is lmnb run's option {option}", value
+                else:  # (no abbreviation is taken: the example spells the option out)
+                    is_option, spelled = f"cuts short lmnb run's option {option}, which is written in full", full
+                parser.error(f"argument -p/--parameter: {args[i]} {name} takes {value!r} as its value, but {value!r} "
+                             f"{is_option}: give {name} its value first (e.g. -p {name} 3 {spelled} ...), or write "
+                             f"-p {name}={value} if the value is the text {value!r}")
             elif i + 2 < len(args):
                 given.append([args[i + 1], args[i + 2]])
                 i += 3

@@ -57,6 +57,8 @@ def test_cell_line_options_are_the_magics_options():
                           ("3", "unrecognized arguments: 3 (%%lm --help lists the options)"),
                           ("--qiet", "did you mean: --qiet → --quiet?"),
                           ("--state s --apend", "did you mean: --apend → --append?"),
+                          # a prefix of an option, taken for it as the kernel's magic did: both refuse it
+                          ("--temp 0", "unrecognized arguments: --temp 0 (did you mean: --temp → --temperature?)"),
                           # it would do nothing, silently
                           ("--append", "--append only applies to a --state cell; add --state NAME, or remove --append"),
                           ("--temperature nan", "--temperature: must be a finite number >= 0"),
@@ -93,10 +95,13 @@ def test_a_backend_line_option_given_twice_is_refused(command, words, message):
     ("%lm connect http://h:9 --api_key k", "unrecognized arguments: --api_key k (did you mean: --api_key → --api-key?)"),
     ("%lm connect http://h:9 --bogus", "unrecognized arguments: --bogus (%lm connect --help lists the options)"),
     ("%lm connect http://h:9 extra", "unrecognized arguments: extra (%lm connect --help lists the options)"),
+    # a prefix of an option was taken for it (argparse's abbreviations), as by the kernel's %lm load
+    ("%lm load demo --dtyp float32", "unrecognized arguments: --dtyp float32 (did you mean: --dtyp → --dtype?)"),
 ])
 def test_a_backend_lines_misspelt_option_is_offered_the_closest(line, message):
     """Exporting a notebook whose ``%lm load`` line misspelt an option said "unrecognized arguments:
-    --devise cpu" and no more, where the kernel's ``%lm load`` offers ``--device``; now the same words."""
+    --devise cpu" and no more, where the kernel's ``%lm load`` offers ``--device``; now the same words.
+    A prefix of an option (``--dtyp``), which both took for it, both refuse."""
     from helpers_export import notebook
     from lmnb.export import ExportError, export_notebook
 

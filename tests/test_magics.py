@@ -594,6 +594,12 @@ def test_help_options_show_the_help(ip):
                                                        "--api_key → --api-key?)"),
         ("%lm connect http://127.0.0.1:9 --bogus", "unrecognized arguments: --bogus (%lm connect --help lists the "
                                                    "options)"),
+        # argparse took a prefix of one option for it: --dtyp loaded with --dtype, --temp 0 ran greedy
+        ("%lm load /no/such/checkpoint --dtyp bfloat16", "unrecognized arguments: --dtyp bfloat16 (did you mean: "
+                                                         "--dtyp → --dtype?)"),
+        ("%lm connect http://127.0.0.1:9 --time 5", "unrecognized arguments: --time 5 (did you mean: --time → "
+                                                    "--timeout?)"),
+        ("%%lm --temp 0\nx", "unrecognized arguments: --temp 0 (did you mean: --temp → --temperature?)"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
         ("%lm connect http://127.0.0.1:9", "could not connect to http://127.0.0.1:9"),
         # httpx's "UnsupportedProtocol: Request URL is missing an 'http://' or 'https://' protocol."

@@ -179,7 +179,6 @@ def test_a_p_followed_by_an_option_says_it_needs_a_name_and_a_value(tmp_path, ca
 @pytest.mark.parametrize("words, value, option", [
     (["-p", "n", "-o", "out.ipynb"], "-o", "-o/--output"),
     (["--parameter", "n", "--output", "out.ipynb"], "--output", "-o/--output"),
-    (["-p", "n", "--out", "out.ipynb"], "--out", "-o/--output"),  # (argparse's abbreviation of --output)
     (["-p", "n", "--timeout=5"], "--timeout=5", "--timeout"),
     (["-p", "n", "-p", "m", "3"], "-p", "-p/--parameter"),
     (["-p", "n", "--allow-errors"], "--allow-errors", "--allow-errors"),
@@ -212,6 +211,35 @@ def test_a_p_value_that_is_one_of_runs_options_is_refused_naming_name_equals_val
     run_arguments(parser)
     assert parser.parse_args(["nb.ipynb", "-p", f"n={value}"]).parameter == [["n", value]]  # (the way to give it)
 
+
+
+def test_a_p_value_that_cuts_one_of_runs_options_short_is_refused_naming_the_option_in_full(tmp_path, capsys):
+    """`lmnb run nb.ipynb -p n --out out.ipynb`: argparse took --out for --output, so the value was
+    refused as that option; lmnb run takes no abbreviation now, and n's value would have been the
+    text --out, with out.ipynb "unrecognized". It is still refused, the example naming --output (the
+    abbreviation would be refused); a parser that takes abbreviations still says --out is the option."""
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run_arguments
+
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("n = 2")]), path)
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(path), "-p", "n", "--out", "out.ipynb"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(
+        "lmnb run: error: argument -p/--parameter: -p n takes '--out' as its value, but '--out' cuts short lmnb run's "
+        "option -o/--output, which is written in full: give n its value first (e.g. -p n 3 --output ...), or write "
+        "-p n=--out if the value is the text '--out'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
+    parser = argparse.ArgumentParser()  # (allow_abbrev on)
+    run_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["nb.ipynb", "-p", "n", "--out", "out.ipynb"])
+    assert capsys.readouterr().err.rstrip().endswith(
+        "error: argument -p/--parameter: -p n takes '--out' as its value, but '--out' is lmnb run's option "
+        "-o/--output: give n its value first (e.g. -p n 3 --out ...), or write -p n=--out if the value is the text "
+        "'--out'")
+    assert parser.parse_args(["nb.ipynb", "--param", "n", "3"]).parameter == [["n", "3"]]
 
 def test_p_names_are_python_names_after_nfkc_normalization(tmp_path, capsys):
     """-p ｘ sets x (Python reads identifiers NFKC-normalized), but passed the "given twice" check
@@ -516,10 +544,21 @@ def test_an_unknown_option_shows_the_subcommands_usage(capsys):
     (["--verison"], "lmnb: error: unrecognized arguments: --verison (did you mean: --verison → --version?)"),
     # a word that is no option is offered none
     (["run", "nb.ipynb", "junk"], "lmnb run: error: unrecognized arguments: junk"),
+    # a prefix of an option was taken for it without a word (argparse's abbreviations): --serve --mod
+    # ran --model, and a script's --max-total would stop working once another option began the same way
+    (["serve", "--max-total", "64"],
+     "lmnb serve: error: unrecognized arguments: --max-total 64 (did you mean: --max-total → --max-total-tokens?)"),
+    (["run", "nb.ipynb", "--out", "o.ipynb"],
+     "lmnb run: error: unrecognized arguments: --out o.ipynb (did you mean: --out → --output?)"),
+    (["run", "nb.ipynb", "--param", "n", "3"],
+     "lmnb run: error: unrecognized arguments: --param n 3 (did you mean: --param → --parameter?)"),
+    (["export", "nb.ipynb", "--out=job.py"],
+     "lmnb export: error: unrecognized arguments: --out=job.py (did you mean: --out → --output?)"),
 ])
 def test_a_misspelt_option_is_offered_the_closest(capsys, argv, line):
     """`lmnb run nb.ipynb --ouptut out.ipynb` said "unrecognized arguments: --ouptut out.ipynb" and
-    no more, where a %%lm cell's misspelt option is offered the closest."""
+    no more, where a %%lm cell's misspelt option is offered the closest; a prefix of an option, which
+    argparse took for it, is refused as one, offered the option it begins."""
     from lmnb_kernel.cli import main
 
     with pytest.raises(SystemExit) as e:

@@ -68,10 +68,9 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line); an explicit ``--backend``
     leaves the notebook's ``openai_model``, ``completion`` and ``timeout`` out.
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
-    # allow_abbrev off: a parameter's option is the notebook's name, and with a row field named num
-    # (no --num option) argparse took --num 5 for --num-threads 5 without a word
-    p = _JobParser(description=_description(description), formatter_class=argparse.RawDescriptionHelpFormatter,
-                   allow_abbrev=False)
+    # (SuggestingParser's allow_abbrev off: a parameter's option is the notebook's name, and with a row
+    # field named num, no --num option, argparse took --num 5 for --num-threads 5 without a word)
+    p = _JobParser(description=_description(description), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.notebook_backend = (backend, openai_model, completion, timeout)
     backend, openai_model, model = (_escaped(x) for x in (backend, openai_model, model))  # (from here: help texts)
     take_negative_numbers(p)  # (a parameter's --lr -1e-3)

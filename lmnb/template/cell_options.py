@@ -115,6 +115,13 @@ class CellLineError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
+    """The exporter's parser of a ``%%lm`` / ``%lm load`` / ``%lm connect`` line, which takes what
+    the kernel's takes (``lmnb_kernel.magics``): no prefix of an option (``allow_abbrev`` off:
+    ``--dtyp`` is refused, where argparse read it as ``--dtype``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
     def error(self, message):  # argparse would print usage and exit
         raise CellLineError(message)
 
