@@ -29,6 +29,16 @@ def url(tiny_engine):
 
 
 @pytest.fixture()
+def endpoint(url):
+    """A ``RuntimeEndpoint`` on the server, shut down after the test: left to the garbage collector
+    (a failed program's error holds the test's frame in a cycle), its connection warned
+    "ResourceWarning: unclosed <socket.socket ...>" in whichever later test collected it."""
+    backend = sgl.RuntimeEndpoint(url)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture()
 def poison(tiny_engine):
     """``poison(token_id)`` sets that embedding row to NaN until the test ends."""
     with contextlib.ExitStack() as stack:
@@ -53,8 +63,8 @@ def only_in(engine, text: str, *others: str) -> int:
 
 
 @pytest.mark.parametrize("where", ["in-process", "RuntimeEndpoint"])
-def test_select_fails_when_the_unconditional_scores_are_nan(tiny_engine, url, poison, where):
-    backend = sgl.Engine(engine=tiny_engine) if where == "in-process" else sgl.RuntimeEndpoint(url)
+def test_select_fails_when_the_unconditional_scores_are_nan(tiny_engine, request, poison, where):
+    backend = sgl.Engine(engine=tiny_engine) if where == "in-process" else request.getfixturevalue("endpoint")
     assert pick.run(method=sgl.unconditional_likelihood_normalized, backend=backend)["c"] in CHOICES
     poison(only_in(tiny_engine, UNCONDITIONAL_CONTEXT, PROMPT, *CHOICES))
     st = pick.run(method=sgl.token_length_normalized, backend=backend)  # conditional scores are fine
@@ -64,9 +74,9 @@ def test_select_fails_when_the_unconditional_scores_are_nan(tiny_engine, url, po
         st["c"]
 
 
-def test_select_fails_when_the_prompt_scores_are_nan_through_the_server(tiny_engine, url, poison):
+def test_select_fails_when_the_prompt_scores_are_nan_through_the_server(tiny_engine, endpoint, poison):
     poison(only_in(tiny_engine, PROMPT, *CHOICES))
-    st = pick.run(method=sgl.token_length_normalized, backend=sgl.RuntimeEndpoint(url))
+    st = pick.run(method=sgl.token_length_normalized, backend=endpoint)
     with pytest.raises(sgl.ProgramError, match="scoring on the server was aborted: the model produced NaN"):
         st["c"]
 
