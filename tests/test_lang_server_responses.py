@@ -99,6 +99,31 @@ def test_model_info_of_another_shape_is_named(server, info, monkeypatch):
     assert len(made) == 1 and made[0].is_closed
 
 
+def test_an_endpoint_the_garbage_collector_takes_closes_its_connections(server, monkeypatch):
+    """An endpoint never shut down (code written for SGLang's RuntimeEndpoint, which holds no
+    connection, shuts none down) that went with a cycle (a program's state, an error's traceback)
+    left its pooled connection to the collector: "ResourceWarning: unclosed <socket.socket ...>", in
+    whatever test ran when it was collected (the last full CI run's, in test_stop_matcher). Its
+    client is closed as the endpoint is collected; shutdown closes it as before."""
+    import gc
+    import warnings
+
+    import httpx
+
+    made = []
+    monkeypatch.setattr(httpx, "Client", lambda *a, _client=httpx.Client, **kw: made.append(_client(*a, **kw)) or made[-1])
+    backend = lmnb.RuntimeEndpoint(server.url)  # (its model info asked on a pooled connection)
+    backend.itself = backend
+    del backend
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    assert len(made) == 1 and made[0].is_closed
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+    lmnb.RuntimeEndpoint(server.url).shutdown()
+    assert len(made) == 2 and made[1].is_closed
+
+
 def test_a_chat_template_that_is_not_a_string_falls_back_to_the_model_paths(server):
     """A non-string chat_template failed every program with jinja's TypeError ("Can't compile non
     template nodes"); like a server that sends none, the template comes from the model path."""

@@ -179,8 +179,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
         )
-        self._client: Optional[Any] = httpx.Client(**self._client_kwargs)
         self._httpx = httpx
+        self._client: Optional[Any] = self._new_client()
         self._forget_calls()
         _endpoints.add(self)
         # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server;
@@ -212,8 +212,20 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def client(self) -> Any:
         """The ``httpx.Client`` of every request (this process's: see ``_after_fork``)."""
         if self._client is None:
-            self._client = self._httpx.Client(**self._client_kwargs)
+            self._client = self._new_client()
         return self._client
+
+    def _new_client(self) -> Any:
+        """A new ``httpx.Client``, which ``_close_client`` closes: ``shutdown``, or the garbage
+        collector as it collects this endpoint. Code written for SGLang's RuntimeEndpoint, which
+        holds no connection, shuts none down, and an endpoint that went with a cycle (a program's
+        state, an error's traceback) left its pooled connections to the collector, "ResourceWarning:
+        unclosed <socket.socket ...>" in whatever ran then. (Not at exit, where a daemon thread may
+        still be using it.)"""
+        client = self._httpx.Client(**self._client_kwargs)
+        self._close_client = weakref.finalize(self, client.close)  # (holds the client, not the endpoint)
+        self._close_client.atexit = False
+        return client
 
     def _forget_calls(self) -> None:
         self._calls: dict[str, _Call] = {}  # request id -> its running calls
@@ -733,7 +745,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             self._shut = True
             self._posted.wait_for(lambda: not self._posting, ABORT_TIMEOUT_S)
         if self._client is not None:  # (a forked process's, made at its first use: none yet)
-            self._client.close()
+            self._close_client()
 
 
 # Every live endpoint: in a process made by os.fork, each makes a new client (_after_fork_in_child).
