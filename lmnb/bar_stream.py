@@ -31,9 +31,12 @@ def progress_bar(total: int, live: bool, on_closed: Optional[Callable[[], None]]
     ``on_closed`` where stderr is a closed pipe). ``live`` (``is_live(sys.stderr)``): drawn in
     place, as tqdm draws it; else written in whole lines (ASCII): at the start, at most every
     ``LOG_INTERVAL`` seconds as items are done, and the last, with the count done, at ``close()``.
-    ``options``: tqdm's (``desc``, ``unit``, ``disable``, ...)."""
+    ``options``: tqdm's (``desc``, ``unit``, ``disable``, ...). Where there is no stderr
+    (``sys.stderr`` None: ``2>&-``), the bar is disabled: nothing to draw on, the work goes on."""
     from tqdm import tqdm
 
+    if sys.stderr is None:  # (stderr closed, `2>&-`, or none, pythonw: Python's is None, whose write raised AttributeError)
+        return tqdm(total=total, **{**options, "disable": True})
     if live:
         return tqdm(total=total, file=BarStream(sys.stderr, on_closed), **options)
     # (miniters=1: no line between items, which tqdm's monitor thread draws where it sets miniters)

@@ -3118,6 +3118,22 @@ def test_a_run_batch_progress_bar_into_a_file_is_whole_lines(monkeypatch):
     assert re.match(r"100%\|#{10}\| 5/5 \[", text.splitlines()[-1]), repr(text)
 
 
+def test_a_run_batch_progress_bar_with_no_stderr_runs_the_batch(monkeypatch):
+    """A script run with stderr closed (`python script.py 2>&-`, or under pythonw) has sys.stderr
+    None: run_batch(progress_bar=True) raised AttributeError ('NoneType' object has no attribute
+    'write') at the bar's first draw, before any item ran. The bar has nowhere to go and is left
+    out; every item runs."""
+    monkeypatch.setattr(sys, "stderr", None)
+
+    @sgl.function
+    def prog(s, n):
+        s += f"v{n}" + sgl.gen("a", max_tokens=2)
+
+    states = prog.run_batch([(i,) for i in range(3)], num_threads=2, progress_bar=True,
+                            backend=ScriptedBackend(lambda p, q: "x"))
+    assert [st.text() for st in states] == ["v0x", "v1x", "v2x"]
+
+
 @pytest.mark.timeout(60)
 def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
     """Breaking out of generator_style (or Ctrl-C) ran every remaining item before returning."""
