@@ -10,6 +10,7 @@ and generation defaults come along in one ``LoadedModel``.
 from __future__ import annotations
 
 import os
+import reprlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,8 +167,10 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
             named neither the argument nor what it takes).
     """
     if model is not None and not isinstance(model, (str, os.PathLike)):
+        # (cut, on one line: a model object's repr is its whole module tree, hundreds of lines)
+        shown = " ".join(reprlib.repr(model).split())
         raise TypeError("model must be a checkpoint directory (a str or a path), a Hugging Face hub id, or None for "
-                        f"the built-in demo model; got {model!r} ({type(model).__name__})")
+                        f"the built-in demo model; got {shown} ({type(model).__name__})")
     if model is None or is_demo_name(model):  # ("demo", where the hub would be asked for a repo "demo")
         if not (DEMO_MODEL_PATH / "config.json").is_file():
             raise option_error(FileNotFoundError, f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no "

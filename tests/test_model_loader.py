@@ -181,6 +181,20 @@ def test_a_model_of_another_type_is_named_with_what_it_takes(model, kind):
                             f"for the built-in demo model; got {model!r} ({kind})")
 
 
+def test_a_model_object_is_named_on_one_short_line():
+    """lmnb.Engine(a torch module), a model object where a checkpoint's path is taken, pasted the
+    module's whole repr into the error: one line per layer (31 lines, 1846 characters for 30
+    Linear layers). Its repr is cut now, as reprlib cuts it, on one line, and its type named."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])
+    with pytest.raises(TypeError) as e:
+        load_model(model)
+    whole = repr(model)  # (reprlib keeps the first 13 and last 14 characters of a repr over 30)
+    cut = " ".join((whole[:13] + "..." + whole[-14:]).split())
+    assert cut == "Sequential( ..., bias=True) )"
+    assert str(e.value) == ("model must be a checkpoint directory (a str or a path), a Hugging Face hub id, or None "
+                            f"for the built-in demo model; got {cut} (Sequential)")
+
+
 def test_uncached_hub_id_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="lmnb-test/does-not-exist.*HF_HUB_OFFLINE"):
