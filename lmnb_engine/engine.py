@@ -764,8 +764,9 @@ class Engine:
                              f"tokens{self._window_note()}; shorten the prompt")
         if n + params.max_new_tokens > self.context_len:
             # max_new_tokens the context's length or more fits beside no prompt: shortening it is no
-            # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large")
-            alone = params.max_new_tokens >= self.context_len
+            # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large");
+            # but a prompt that fills the context leaves room for none: "at most 0" would be no fix either
+            alone = params.max_new_tokens >= self.context_len and n < self.context_len
             error = does_not_fit(ValueError(
                 f"{prompt} + max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; "
