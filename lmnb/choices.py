@@ -73,9 +73,10 @@ def choices_problem(choices: Any) -> Optional[str]:
     be a non-empty list (or tuple) of non-empty strings, each listed once. ``select()``,
     ``gen(choices=...)`` (after their own name) and a ``%%lm`` cell's parser ask it, for one wording
     (the first bad choice is named by its place, as a cell's reader finds it)."""
-    if isinstance(choices, str):  # (select("x", "yes no") reads as one choice or its letters: neither is meant)
-        return (f"choices must be a non-empty list of strings, not a str ({reprlib.repr(choices)}); list the "
-                "choices, e.g. ['yes', 'no']")
+    # (select("x", "yes no") reads as one choice or its letters, b"yes no" as its byte values: neither is meant)
+    if isinstance(choices, (str, bytes, bytearray)):
+        return (f"choices must be a non-empty list of strings, not a {type(choices).__name__} "
+                f"({reprlib.repr(choices)}); list the choices, e.g. ['yes', 'no']")
     if not isinstance(choices, (list, tuple)) or not choices:
         return "choices must be a non-empty list of strings"
     bad = next(((i, c) for i, c in enumerate(choices, start=1) if not isinstance(c, str) or not c), None)

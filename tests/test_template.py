@@ -1534,6 +1534,7 @@ def test_two_output_options_are_refused_in_one_wording_literal_or_from_variables
     ("ab", "choices must be a non-empty list of strings, not a str ('ab'); list the choices, e.g. ['yes', 'no']"),  # (a string is no list of choices: said so, a new user's find)
     ("word " * 20, "choices must be a non-empty list of strings, not a str ('word word wo...rd word word '); list "
                    "the choices, e.g. ['yes', 'no']"),  # (reprlib's cut: 13 characters of the repr, ..., its last 14)
+    (b"ab", "choices must be a non-empty list of strings, not a bytes (b'ab'); list the choices, e.g. ['yes', 'no']"),
     (["a", 1], "choices must be non-empty strings: choice 2 of 2 is 1"),
     (["a", "", "b"], "choices must be non-empty strings: choice 2 of 3 is ''"),
     (["a", "a"], "choices must differ; 'a' is listed more than once: drop the repeats"),
