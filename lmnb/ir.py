@@ -450,8 +450,9 @@ def as_expr(x: Any) -> Expr:
     """A string as ``ConstantText``, an ``Expr`` as is.
 
     Raises:
-        TypeError: None (said as such); bytes (saying to decode them); a program or the state of one (saying to
-            call ``program.func(s, ...)``); anything else (naming the type, to convert with ``str()``).
+        TypeError: None (said as such); bytes, a bytearray or a memoryview (saying to decode them); a
+            program or the state of one (saying to call ``program.func(s, ...)``); anything else
+            (naming the type, to convert with ``str()``).
         ValueError: a string holding a lone surrogate (``check_text``).
     """
     if isinstance(x, Expr):
@@ -462,9 +463,10 @@ def as_expr(x: Any) -> Expr:
     if x is None:  # (most often a helper's result that returns nothing, not a value to convert)
         raise TypeError("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
                         "primitive such as gen(...)")
-    if isinstance(x, (bytes, bytearray)):  # (str() of bytes is their repr, b'...', not their text)
+    if isinstance(x, (bytes, bytearray, memoryview)):  # (str() of bytes is their repr, b'...', not their text)
+        decode = "bytes(value).decode" if isinstance(x, memoryview) else "value.decode"  # (a memoryview has none)
         raise TypeError(f"cannot add {type(x).__name__} to an lmnb program; decode them to text first, "
-                        "value.decode(\"utf-8\") (for an image's bytes: image(value))")
+                        f"{decode}(\"utf-8\") (for an image's bytes: image(value))")
     from lmnb.api import SglFunction  # (here, not at the top: both modules import this one)
     from lmnb.interpreter import ProgramState
 

@@ -3768,12 +3768,14 @@ def test_adding_bytes_says_to_decode_them():
         s += "A"
         s += value
 
-    for value, kind in ((b"x", "bytes"), (bytearray(b"x"), "bytearray")):
+    for value, kind, decode in ((b"x", "bytes", "value.decode"), (bytearray(b"x"), "bytearray", "value.decode"),
+                                (memoryview(b"x"), "memoryview", "bytes(value).decode")):  # (a memoryview has no decode)
         with pytest.raises(TypeError, match="^" + re.escape(
-                f'cannot add {kind} to an lmnb program; decode them to text first, value.decode("utf-8") (for an '
+                f'cannot add {kind} to an lmnb program; decode them to text first, {decode}("utf-8") (for an '
                 "image's bytes: image(value))") + "$"):
             prog.run(value, backend=ScriptedBackend())
     assert prog.run(b"x".decode("utf-8"), backend=ScriptedBackend()).text() == "Ax"
+    assert prog.run(bytes(memoryview(b"x")).decode("utf-8"), backend=ScriptedBackend()).text() == "Ax"
 
 
 def test_select_refuses_a_choice_listed_twice_naming_it():
