@@ -3052,7 +3052,7 @@ def test_a_chat_template_a_job_cannot_use_is_refused_before_any_cell_runs(tmp_pa
 
 def test_a_resume_with_other_settings_is_refused_before_the_set_up_cells_run(tmp_path, monkeypatch, capsys):
     """A rerun into an output whose rows ran with another parameter value, or keyed otherwise
-    (--id-field), was refused only by Job.run, after the set-up cells had run (a model load:
+    (--id-field), or the input file as --output, was refused only by Job.run, after the set-up cells had run (a model load:
     minutes on a GPU box): the set-up cell's file was written, then the job refused. It is refused
     as the job is made now, in the same words, exit 2. A parameter the cell computes (m) is known
     only once the cell ran: a resume that changes it alone is refused by Job.run, as before."""
@@ -3087,6 +3087,12 @@ def test_a_resume_with_other_settings_is_refused_before_the_set_up_cells_run(tmp
         assert err.startswith(f"lmnb batch: {out} holds rows ") and said in err, err
         assert not os.path.exists("setup-ran.txt")
         assert out.read_bytes() == before
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(rows)])
+    with pytest.raises(SystemExit) as e:  # (the input file as --output: refused before the set-up too)
+        exec(compile(source, "job.py", "exec"), {"__name__": "__main__"})
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"lmnb batch: --output {rows} is the input file; write the results to another file\n"
+    assert not os.path.exists("setup-ran.txt")
     with pytest.raises(SystemExit) as e:
         run_script("--m", "5")
     assert e.value.code == 2

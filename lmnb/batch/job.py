@@ -483,14 +483,17 @@ class Job:
             raise SystemExit(fatal(start_failure(self.args, self.default_model, e))) from None
 
     def _check_resume(self, dests: dict) -> None:
-        """Exit with status 2 and ``Job.run``'s reason where ``--output`` holds rows keyed otherwise
-        (``--id-field``) or run with other settings (``ResultStore.check_before_setup``), which
-        ``run`` refused only after the set-up cells ran (a model load: minutes). ``dests``: each
+        """Exit with status 2 and ``Job.run``'s reason where ``--output`` is the input file, or
+        holds rows keyed otherwise (``--id-field``) or run with other settings
+        (``ResultStore.check_before_setup``), which ``run`` refused only after the set-up cells ran
+        (a model load: minutes). ``dests``: each
         parameter's option's dest in ``args`` (``add_parameters``); those the parameters cell
         computes are not known yet: ``run`` compares them."""
         args, computed = self.args, self._parameters[1]
-        if not self.per_row or _same_file(args.output, args.input):  # (run names that mistake)
+        if not self.per_row:
             return
+        if _same_file(args.output, args.input):
+            raise SystemExit(fatal(_output_is_input(args)))
         known = {name: getattr(args, dest) for name, dest in dests.items() if name not in computed}
         store = ResultStore(args.output, args.id_field, self.settings(known))
         try:
@@ -588,7 +591,7 @@ class Job:
         self._paths_from_start_folder()
         args = self.args
         if _same_file(args.output, args.input):
-            return fatal(f"--output {args.output} is the input file; write the results to another file")
+            return fatal(_output_is_input(args))
         try:
             rows = list(read_rows(args.input, args.input_format))
         except InputError as e:
@@ -677,6 +680,11 @@ def _current_folder() -> Optional[str]:
         return os.getcwd()
     except OSError:
         return None
+
+
+def _output_is_input(args: argparse.Namespace) -> str:
+    """The error for an ``--output`` that names the ``--input`` file (``_same_file``)."""
+    return f"--output {args.output} is the input file; write the results to another file"
 
 
 def _same_file(a: Path, b: Path) -> bool:
