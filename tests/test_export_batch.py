@@ -1346,6 +1346,31 @@ raise SystemExit(Job("", ["question"]).run(run_row, programs=[echo], backend=Scr
     assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["ok"] * 3
 
 
+def test_a_job_run_with_stderr_closed_writes_none_of_its_messages_to_stdout(tmp_path):
+    """`python job.py ... 2>&-` (or pythonw): Python starts with sys.stderr None, and print(...,
+    file=None) prints to stdout, so the job's summary (and a warning, a bad row's line) went to
+    stdout, into whatever reads the rows' printed output there; they are dropped, as into a
+    stderr that cannot be written, and the exit status is the rows'."""
+    import os
+    import subprocess
+
+    script = tmp_path / "job.py"
+    script.write_text(f"""import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from helpers_lang import ScriptedBackend
+from lmnb.batch import Job
+from test_export_batch import echo, run_row
+
+raise SystemExit(Job("", ["question"]).run(run_row, programs=[echo], backend=ScriptedBackend()))
+""", encoding="utf-8")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0"}, {"question": "q1"}, {"other": 2}])
+    done = subprocess.run([sys.executable, str(script), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")],
+                          stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), timeout=120)
+    assert (done.returncode, done.stdout) == (1, b"")  # (the bad row: 1)
+    assert sorted((r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")) == [
+        (0, "ok"), (1, "ok"), (2, "bad_input")]
+
+
 def test_retry_errors_with_other_settings_is_refused_before_it_removes_the_error_records(tmp_path, capsys):
     """--retry-errors removed the failed rows' records, then the settings check refused the run:
     the file had lost its error records (and their messages) to a run that never happened."""
