@@ -240,7 +240,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """In a process made by ``os.fork``: a client of its own, made at its first use (a fork
         that runs ``exec`` next needs none). The parent's pooled connections are the parent's
         sockets: a request of this process on one would share it with the parent's requests. The
-        parent's calls in flight, and its locks, are not this process's."""
+        parent's calls in flight, and its locks, are not this process's. Nor is the parent's
+        client closed here as this endpoint is collected: its pool's lock may have been held by a
+        parent thread at the fork, and its close would wait for it for good."""
+        self._close_client.detach()
         self._client = None
         self._forget_calls()
         self._lock = threading.Lock()
