@@ -124,12 +124,13 @@ class _Flight:
     unsampled: list[tuple[Req, int]] = field(default_factory=list)
 
 
-def _runs_to_length(req: Req) -> bool:
-    """Whether nothing but its ``max_new_tokens`` can end ``req``: it ignores EOS and has no stop
-    token, stop string, stop regex or constraint (a grammar ends it where its pattern does), each of
-    which may end it sooner, before a pool that cannot hold its whole length runs out."""
+def _runs_to_length(req: Req, eos_token_ids: frozenset[int]) -> bool:
+    """Whether nothing but its ``max_new_tokens`` can end ``req``: it ignores EOS or the model has
+    none (``eos_token_ids``: the model's EOS ids), and it has no stop token, stop string, stop regex
+    or constraint (a grammar ends it where its pattern does), each of which may end it sooner,
+    before a pool that cannot hold its whole length runs out."""
     p = req.params
-    return p.ignore_eos and not (req.stop_token_ids or any(p.stop_strings) or p.stop_regexes or p.constraint
+    return (p.ignore_eos or not eos_token_ids) and not (req.stop_token_ids or any(p.stop_strings) or p.stop_regexes or p.constraint
                                  or req.grammar is not None)
 
 
@@ -396,7 +397,7 @@ class Scheduler:
         if not nodes:  # (no pins; none with the radix cache disabled either: pin_prefix refuses then)
             return None
         pinned = sum(len(node.key) for node in nodes.values())
-        to_length = _runs_to_length(req)
+        to_length = _runs_to_length(req, self.eos_token_ids)
         after = _stops_after_min_new_tokens(req)
         least = req.params.max_new_tokens if to_length else min(req.params.min_new_tokens + after,
                                                                  req.params.max_new_tokens)

@@ -485,6 +485,41 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_ar
         assert_idle_accounting(eng)
 
 
+def test_a_request_of_a_model_with_no_eos_ids_is_refused_beside_pins_as_one_that_runs_to_its_length(
+        tiny_llama, tmp_path):
+    """A model whose config.json names no EOS id (null), with no generation_config.json and a
+    tokenizer with no eos_token, has no EOS ids: with no stop settings only its length ends a
+    request, as with ignore_eos, but the arrival check counted its min_new_tokens + 1, so one that
+    could not finish was admitted and aborted where the pool ran out, its tokens wasted. Pinned:
+    50 + 30 of a 150-token pool, 70 free, beside a 45-token prompt: max_new_tokens=26 fits
+    (45 + 26 - 1 = 70), 27 is one over and refused as it arrives."""
+    import json
+    import random
+    import shutil
+
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    (ck / "generation_config.json").unlink()
+    for name, key in (("config.json", "eos_token_id"), ("tokenizer_config.json", "eos_token")):
+        cfg = json.loads((ck / name).read_text())
+        (ck / name).write_text(json.dumps({**cfg, key: None}))  # (a missing eos_token_id is LlamaConfig's 2)
+    with engine(ck, max_total_tokens=150) as eng:
+        assert eng.eos_token_ids == frozenset()
+        rng = random.Random(2)
+        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
+        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        prompt = [rng.randrange(10, 500) for _ in range(45)]
+        r = eng.generate(prompt, SamplingParams(max_new_tokens=26))
+        assert (r.finish_reason.type, len(r.token_ids)) == ("length", 26), r.finish_reason
+        r = eng.generate(prompt, SamplingParams(max_new_tokens=27))
+        assert (r.finish_reason.type, r.finish_reason.message) == ("abort", (
+            "request needs 71 KV slots to finish but only 70 of 150 can be freed (80 are pinned); unpin prefixes, "
+            "or raise max_total_tokens, or lower max_new_tokens to 26"))
+        assert r.token_ids == [] and r.meta.forward_passes == 0
+        for pin in pins:
+            eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
 def test_a_programs_gen_kept_out_by_pinned_prefixes_is_told_the_max_tokens_that_finishes(tiny_llama):
     """The arrival's refusal names the largest max_new_tokens that finishes; a program's gen is told
     it as gen()'s max_tokens (the engine's name, max_new_tokens, is no argument of gen()). The
