@@ -134,6 +134,11 @@ def _runs_to_length(req: Req, eos_token_ids: frozenset[int]) -> bool:
                                  or req.grammar is not None)
 
 
+def _tokens_of(nodes: dict[int, Any]) -> int:
+    """KV slots the tree nodes ``nodes`` hold (``Scheduler._pinned_nodes``: each once, by ``id``)."""
+    return sum(len(node.key) for node in nodes.values())
+
+
 def _stops_after_min_new_tokens(req: Req) -> int:
     """New tokens past its ``min_new_tokens`` that ``req`` must sample before it may stop: 0 where a
     stop string, stop regex or grammar may end it at the token that makes that many (they are
@@ -339,7 +344,7 @@ class Scheduler:
     def pinned_tokens(self) -> int:
         """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
         ``protected_size``: that also counts the prefixes running requests lock."""
-        return sum(len(node.key) for node in self._pinned_nodes().values())
+        return _tokens_of(self._pinned_nodes())
 
     def _pinned_nodes(self) -> dict[int, Any]:
         """The tree nodes on a pinned path (below the root), each once, by ``id``."""
@@ -396,7 +401,7 @@ class Scheduler:
         min_new_tokens offered is the most that fits by the same count. None if it can."""
         if not nodes:  # (no pins; none with the radix cache disabled either: pin_prefix refuses then)
             return None
-        pinned = sum(len(node.key) for node in nodes.values())
+        pinned = _tokens_of(nodes)
         to_length = _runs_to_length(req, self.eos_token_ids)
         after = _stops_after_min_new_tokens(req)
         least = req.params.max_new_tokens if to_length else min(req.params.min_new_tokens + after,
@@ -761,7 +766,7 @@ class Scheduler:
                 message=option_message(
                     f"request needs {head.kv_to_finish} KV slots to finish "
                     f"({head.seq_len} for its tokens so far{already}) but only {free} of {self.kv_pool.size} can be "
-                    f"freed ({sum(len(node.key) for node in nodes.values())} are pinned)", *_POOL_FIXES,
+                    f"freed ({_tokens_of(nodes)} are pinned)", *_POOL_FIXES,
                     *self._fewer_new_tokens(head, free, reused)
                 ),
             ),
