@@ -130,8 +130,8 @@ def _runs_to_length(req: Req, eos_token_ids: frozenset[int]) -> bool:
     or constraint (a grammar ends it where its pattern does), each of which may end it sooner,
     before a pool that cannot hold its whole length runs out."""
     p = req.params
-    return (p.ignore_eos or not eos_token_ids) and not (req.stop_token_ids or any(p.stop_strings) or p.stop_regexes or p.constraint
-                                 or req.grammar is not None)
+    return (p.ignore_eos or not eos_token_ids) and not (
+        req.stop_token_ids or any(p.stop_strings) or p.stop_regexes or p.constraint or req.grammar is not None)
 
 
 def _tokens_of(nodes: dict[int, Any]) -> int:
