@@ -111,21 +111,26 @@ def _suggest_choice(message: str, parser: argparse.ArgumentParser) -> str:
     return message if choices is None else message + did_you_mean([m.group(2)], ("", [str(c) for c in choices]))
 
 
-def _cut_short(word: str, known: list[str]) -> str | None:
-    """The one of ``known`` (options without their "--") that ``word`` begins, where only one does:
-    the option an abbreviation, which the parsers take no more (``allow_abbrev`` off), meant."""
-    longer = {k for k in known if k.startswith(word) and k != word} if word else set()
-    return longer.pop() if len(longer) == 1 else None
+def _begun(word: str, known: list[str]) -> list[str]:
+    """Those of ``known`` (options without their "--") that ``word`` begins, and is not, sorted: the
+    options an abbreviation, which the parsers take no more (``allow_abbrev`` off), may have meant."""
+    return sorted(k for k in known if k.startswith(word) and k != word) if word else []
+
+
+def _and_list(items: list[str]) -> str:
+    """``items`` in words: ``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str | None = None) -> str:
     """argparse's ``message`` with "did you mean" for each unrecognized option close to one of
     ``parser``'s (``--temprature`` → ``--temperature``; ``suggest.close_match``), or that begins
-    only one of them (``--temp``: ``_cut_short``), and, where ``help_line`` is given (``%%lm
-    --help``), for an unrecognized word with no close option (``--bogus``, a stray ``3``) the line
-    that lists the options. A word that is no option (``3``) is offered none. A value not among an argument's
-    choices, a subcommand's name among them, is offered the closest (``_suggest_choice``). Other
-    messages come back as they are."""
+    only one of them (``--temp``: ``_begun``); one that begins several is told their names
+    (``--sta begins --state and --static; write the option in full``); and, where ``help_line``
+    is given (``%%lm --help``), for an unrecognized word with no close option (``--bogus``, a stray
+    ``3``) the line that lists the options. A word that is no option (``3``) is offered none. A
+    value not among an argument's choices, a subcommand's name among them, is offered the closest
+    (``_suggest_choice``). Other messages come back as they are."""
     if not message.startswith("unrecognized arguments:"):
         return _suggest_choice(message, parser)
     known = [o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")]
@@ -134,10 +139,14 @@ def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str
     if "--" in words:  # the options after it are read as words: a guess would name them as they are
         return message + " ('--' ends the options; remove it)"
     names = [w.split("=")[0] for w in words if w.startswith("--")]
-    guesses = [(w, _cut_short(w[2:], known) or close_match(w[2:], sorted(known))) for w in names]
+    begun = {w: _begun(w[2:], known) for w in names}
+    # a prefix of several options (--sta: --state, --static) is told them all: a close match was a guess
+    ambiguous = [w for w in names if len(begun[w]) > 1]
+    guesses = [(w, begun[w][0] if begun[w] else close_match(w[2:], sorted(known))) for w in names if w not in ambiguous]
     hints = [f"{w} → --{g}" for w, g in guesses if g and g != w[2:]]
     notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
-    if help_line and (len(hints) < len(guesses) or not guesses):  # (no "--" word: a stray word, as in "%%lm 3")
+    notes += [f"{w} begins {_and_list(['--' + k for k in begun[w]])}; write the option in full" for w in ambiguous]
+    if help_line and (len(hints) < len(guesses) or not names):  # (no "--" word: a stray word, as in "%%lm 3")
         notes.append(f"{help_line} lists the options")
     return message + f" ({'; '.join(notes)})" if notes else message
 

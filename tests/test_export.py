@@ -59,6 +59,11 @@ def test_cell_line_options_are_the_magics_options():
                           ("--state s --apend", "did you mean: --apend → --append?"),
                           # a prefix of an option, taken for it as the kernel's magic did: both refuse it
                           ("--temp 0", "unrecognized arguments: --temp 0 (did you mean: --temp → --temperature?)"),
+                          # a prefix of two options: it offered --state alone (difflib's pick), and for --st nothing
+                          ("--sta s", "unrecognized arguments: --sta s (--sta begins --state and --static; write the "
+                                      "option in full)"),
+                          ("--st x --qiet", "unrecognized arguments: --st x --qiet (did you mean: --qiet → --quiet?; "
+                                            "--st begins --state and --static; write the option in full)"),
                           # it would do nothing, silently
                           ("--append", "--append only applies to a --state cell; add --state NAME, or remove --append"),
                           ("--temperature nan", "--temperature: must be a finite number >= 0"),

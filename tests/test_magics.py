@@ -600,6 +600,11 @@ def test_help_options_show_the_help(ip):
         ("%lm connect http://127.0.0.1:9 --time 5", "unrecognized arguments: --time 5 (did you mean: --time → "
                                                     "--timeout?)"),
         ("%%lm --temp 0\nx", "unrecognized arguments: --temp 0 (did you mean: --temp → --temperature?)"),
+        # a prefix of two options: it was offered nothing (--st), or --state alone (--sta, difflib's pick)
+        ("%%lm --st x\nx", "unrecognized arguments: --st x (--st begins --state and --static; write the option in "
+                           "full)"),
+        ("%%lm --sta x\nx", "unrecognized arguments: --sta x (--sta begins --state and --static; write the option "
+                            "in full)"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
         ("%lm connect http://127.0.0.1:9", "could not connect to http://127.0.0.1:9"),
         # httpx's "UnsupportedProtocol: Request URL is missing an 'http://' or 'https://' protocol."
