@@ -59,20 +59,28 @@ class BarStream:
     closed (``BrokenPipeError``: ``2>&1 | head``), which a job takes for the signal to stop.
     ``lines``: each of tqdm's frames (``\\r``, the bar, spaces over the rest of the last) is written
     as a line of its own, and its clearing of the bar (spaces) and its last line break are left
-    out: for a stream that does not draw in place (a log file). The wrapper compares equal to the
-    stream it wraps, so ``tqdm.write(file=sys.stderr)`` still clears the bars drawn on it."""
+    out: for a stream that does not draw in place (a log file). A line that says what the last one
+    said, but for its times (``_without_times``), is left out too: ``close()`` draws the bar once
+    more, so a log where the last item's update drew it (``TQDM_MININTERVAL=0``) had the last line
+    twice. The wrapper compares equal to the stream it wraps, so ``tqdm.write(file=sys.stderr)``
+    still clears the bars drawn on it."""
 
     def __init__(self, target, on_closed: Optional[Callable[[], None]] = None, lines: bool = False):
         self.target = target
         self.on_closed = on_closed
         self.lines = lines
         self.broken = False  # a write failed: the bar draws no more
+        self.last = None  # (lines) the last line written, without its times
 
     def write(self, text: str) -> int:
         size = len(text)
         if self.lines:
             text = text.rpartition("\r")[2].rstrip()
-            text = text and text + "\n"
+            if _without_times(text) == self.last:
+                text = ""
+            elif text:
+                self.last = _without_times(text)
+                text += "\n"
         if text and not self.broken:
             try:
                 self.target.write(text)
@@ -100,3 +108,11 @@ class BarStream:
 
     def __getattr__(self, name: str):  # fileno, encoding, isatty, ... of the real stream
         return getattr(self.target, name)
+
+
+def _without_times(line: str) -> str:
+    """A bar's ``line`` without the elapsed, remaining and rate that open its last ``[...]``
+    (tqdm's ``[00:01<00:02, 1.50row/s, errors=1]`` → ``[errors=1]``): what it counts, and its
+    postfix, are kept."""
+    head, bracket, stats = line.rpartition(" [")
+    return head + bracket + ", ".join(stats.split(", ")[2:]) if bracket else line

@@ -1031,6 +1031,40 @@ def test_a_progress_bar_into_a_log_file_is_whole_lines_ending_with_the_row_count
     assert lines[lines.index(bars[-1]) + 1].startswith(f"lmnb batch: {tmp_path / 'out.jsonl'}: {len(rows)} rows"), lines
 
 
+@pytest.mark.parametrize("failing", [None, "q1", "q3"])
+def test_a_progress_bar_into_a_log_file_drawn_at_each_row_writes_its_last_line_once(tmp_path, monkeypatch, failing):
+    """With TQDM_MININTERVAL=0 (a line at each row), the log had the last line twice: once from the
+    last row's update, once from close(), its rate alone different ("4/4 [00:00<00:00, 949.70it/s]",
+    then "4/4 [00:00<00:00, 669.94it/s]"). Now a line per count, 0 to the rows the input holds; a
+    line that says more than the last (the errors, set after the last row's update) is still written."""
+    # (as TQDM_MININTERVAL=0 does, which tqdm reads as it is imported, maybe before this test)
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    monkeypatch.setattr("lmnb.bar_stream.LOG_INTERVAL", 0.0)
+    rows = [{"question": f"q{i}"} for i in range(4)]
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+
+    def row(question):
+        if question == failing:
+            raise ValueError("no answer")
+
+    with open(tmp_path / "job.log", "w", encoding="utf-8") as log:
+        monkeypatch.setattr(sys, "stderr", log)
+        job = Job("bar", ["question"], argv=["--input", str(path), "--output", str(tmp_path / "out.jsonl"),
+                                             "--num-threads", "1"])
+        assert job.run(row, programs=[], backend=ScriptedBackend(reply)) == (failing is not None)
+    monkeypatch.undo()
+    bars = [line for line in (tmp_path / "job.log").read_text(encoding="utf-8").splitlines()
+            if line.startswith("out.jsonl: ")]
+    assert all(a != b for a, b in zip(bars, bars[1:])), bars
+    counts = [re.search(r"\| (\d+)/4 \[", line).group(1) for line in bars]
+    # the errors set after the last update (a bar shows them from its next line: the last row's own,
+    # or one written in the same wait as a later row, as the pool returns them in any order) are
+    # close()'s line of its own
+    late = failing is not None and "errors=1" not in bars[4]
+    assert counts == list("01234") + ["4"] * late, bars
+    assert bars[-1].endswith("]") and ("errors=1" in bars[-1]) == (failing is not None), bars
+
+
 def test_a_progress_bar_on_a_terminal_is_drawn_in_place(tmp_path):
     """A job's stderr a terminal (a pty here) still gets tqdm's bar drawn in place, frame over
     frame after a carriage return, and ends on the row count."""
