@@ -18,6 +18,7 @@ import lmnb
 from helpers_export import read_results, write_rows
 from helpers_lang import ScriptedBackend, keyed_server, serve_http
 from lmnb.batch import InputError, Job, ResultStore, StoreError, read_rows
+from lmnb.batch.options import engine_model
 
 
 @lmnb.function
@@ -3188,6 +3189,33 @@ def test_the_command_lines_paths_are_read_from_the_folder_it_ran_in_after_a_set_
     [record] = read_results(tmp_path / "out.jsonl")
     assert record["variables"] == {"answer": "TOP"}
     assert record["settings"]["--model"] == os.path.realpath(tmp_path / "ckpt")
+
+
+def test_a_relative_lmnb_model_is_read_from_the_folder_the_job_ran_in_after_a_set_up_cells_chdir(tmp_path,
+                                                                                                  monkeypatch, capsys):
+    """As --model: with LMNB_MODEL=ckpt and no --model, a set-up cell's os.chdir("sub") had the
+    engine load sub/ckpt, and the records name it, where the check of --output before the set-up
+    cells, and the user, meant ckpt in the folder the command ran in."""
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path / "rows.jsonl", [{"question": "top"}])
+    for folder in (tmp_path, tmp_path / "sub"):  # (sub/ckpt: the one the job read, before)
+        (folder / "ckpt").mkdir(parents=True)
+        (folder / "ckpt" / "config.json").write_text("{}")
+    monkeypatch.setenv("LMNB_MODEL", "ckpt")
+    source = 'import os\nfrom lmnb.batch import Job\njob = Job("", ["question"], options_first=True)\nos.chdir("sub")\n'
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(tmp_path / "rows.jsonl"), "--output",
+                                      str(tmp_path / "out.jsonl"), "--no-progress"])
+    for said in ("this run: 1 row ran (1 ok, 0 failed), 0 bad input, 0 already done",
+                 "this run: 0 rows ran (0 ok, 0 failed), 0 bad input, 1 already done"):  # (the rerun: same settings)
+        monkeypatch.chdir(tmp_path)
+        ns = {"__name__": "__main__"}  # (as __main__, the job reads its options and checks --output as it is made)
+        exec(compile(source, "job.py", "exec"), ns)
+        assert os.getcwd() == str(tmp_path / "sub")
+        assert ns["job"].run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
+        assert said in capsys.readouterr().err
+    [record] = read_results(tmp_path / "out.jsonl")
+    assert record["settings"]["--model"] == os.path.realpath(tmp_path / "ckpt")
+    assert engine_model(ns["job"].args) == str(tmp_path / "ckpt")  # (what make_backend loads)
 
 
 def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path, capsys):

@@ -28,7 +28,7 @@ from lmnb.batch.options import (add_parameters, check_backend_options, engine_mo
                                 parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError, finite_floats
-from lmnb_engine import DEMO_MODEL_NAME, is_demo_name
+from lmnb_engine import DEMO_MODEL_NAME, MODEL_ENV, is_demo_name
 
 
 def code_fingerprint(func: Callable) -> Optional[str]:
@@ -643,9 +643,9 @@ class Job:
         """Where a set-up cell changed the folder (``os.chdir``), read the paths of the command line
         from the folder it ran in, as the user gave them and as the check of ``--output`` before the
         set-up cells did (``_check_resume``): ``--input``, ``--output`` and a ``--model`` directory
-        there become absolute paths. The job read the rows and wrote the results in the new
-        folder, where the check had read another file. A ``--model`` that is no path there (a hub
-        id) stays as it is."""
+        there (with no model named, ``$LMNB_MODEL``'s, in this process's environment) become
+        absolute paths. The job read the rows and wrote the results in the new folder, where the
+        check had read another file. A model that is no path there (a hub id) stays as it is."""
         start, args = self._start_folder, self.args
         if start is None or _current_folder() in (start, None):
             return
@@ -653,6 +653,10 @@ class Job:
             args.input, args.output = Path(start, args.input), Path(start, args.output)
         if args.model and os.path.exists(os.path.join(start, args.model)):
             args.model = os.path.join(start, args.model)
+        env_model = os.environ.get(MODEL_ENV)
+        if not (args.model or self.default_model) and env_model and os.path.exists(os.path.join(start, env_model)):
+            # (the engine, and the records' settings, read it after the set-up cells, as they read --model)
+            os.environ[MODEL_ENV] = os.path.join(start, env_model)
 
     def _parameter_fields(self, rows) -> Optional[str]:
         """The error for input rows that hold a field named like a notebook parameter that is no
