@@ -41,8 +41,9 @@ def progress_bar(total: int, live: bool, on_closed: Optional[Callable[[], None]]
         return tqdm(total=total, file=BarStream(sys.stderr, on_closed), **options)
     # (miniters=1: no line between items, which tqdm's monitor thread draws where it sets miniters)
     log: dict = {"miniters": 1, "ascii": True}
-    if "TQDM_MININTERVAL" not in os.environ:  # (tqdm's own setting wins)
-        log["mininterval"] = LOG_INTERVAL
+    # (tqdm's own setting wins; read here, as tqdm reads it only as it is imported, before a
+    # notebook's %env or a set-up cell could set it)
+    log["mininterval"] = float(os.environ.get("TQDM_MININTERVAL", LOG_INTERVAL))
     return tqdm(total=total, file=BarStream(sys.stderr, on_closed, lines=True), **log, **options)
 
 

@@ -1032,6 +1032,25 @@ def test_a_progress_bar_into_a_log_file_is_whole_lines_ending_with_the_row_count
     assert lines[lines.index(bars[-1]) + 1].startswith(f"lmnb batch: {tmp_path / 'out.jsonl'}: {len(rows)} rows"), lines
 
 
+def test_a_log_bars_interval_is_tqdm_mininterval_set_after_tqdm_was_imported(monkeypatch):
+    """TQDM_MININTERVAL set in the process (a notebook's %env, a set-up cell) after tqdm was
+    imported, which tqdm reads only then: the log's bar kept tqdm's 0.1 s, a line every 0.1 s,
+    where the value set was meant (and LOG_INTERVAL's 30 s where none is set)."""
+    import tqdm  # noqa: F401  (imported before the variable is set)
+
+    from lmnb import bar_stream
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setenv("TQDM_MININTERVAL", "45")
+    bar = bar_stream.progress_bar(3, live=False)
+    assert bar.mininterval == 45.0
+    bar.close()
+    monkeypatch.delenv("TQDM_MININTERVAL")
+    bar = bar_stream.progress_bar(3, live=False)
+    assert bar.mininterval == bar_stream.LOG_INTERVAL
+    bar.close()
+
+
 @pytest.mark.parametrize("failing", [None, "q1", "q3"])
 def test_a_progress_bar_into_a_log_file_drawn_at_each_row_writes_its_last_line_once(tmp_path, monkeypatch, failing):
     """With TQDM_MININTERVAL=0 (a line at each row), the log had the last line twice: once from the
