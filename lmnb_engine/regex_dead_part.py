@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Optional
 
-from lmnb_engine.regex_parts import GLOBAL_FLAGS, pattern_parts
+from lmnb_engine.regex_parts import global_flags, pattern_parts
 from lmnb_engine.regex_python_error import shown_regex
 
 # A repeat after an atom, as Python and the regex package read one: its low count, or none for
@@ -62,7 +62,7 @@ def dead_part(pattern: str, start: int, end: int) -> DeadPart | None:
                             None)
         # (where each of its alternatives starts, less one, and where the last ends; the pattern's own
         # start after its global flags, which hold whatever alternative is removed)
-        first = around[0] + _head_length(pattern, around[0]) if around else len(_global_flags(pattern))
+        first = around[0] + _head_length(pattern, around[0]) if around else len(global_flags(pattern))
         splits = [first - 1, *[b for b in bars if _owner(groups, b) == around], around[1] if around else len(pattern)]
         if len(splits) > 2:  # (an alternative of several: the pattern without it, and a "|" beside it)
             k = next(k for k in range(len(splits) - 1) if splits[k] < start < splits[k + 1])
@@ -81,12 +81,6 @@ def _part(pattern: str, start: int, end: int, what: str) -> DeadPart:
     where that keeps every group reference's meaning and the pattern is not verbose."""
     unsure = (_GROUP_REFERENCE.search(pattern) and "(" in pattern[start:end]) or _VERBOSE.match(pattern)
     return DeadPart(start, end, what, None if unsure else pattern[:start] + pattern[end:])
-
-
-def _global_flags(pattern: str) -> str:
-    """The global inline flags opening ``pattern`` (``(?i)``), or ""."""
-    flags = GLOBAL_FLAGS.match(pattern)
-    return flags.group() if flags else ""
 
 
 def _past_spaces(pattern: str, at: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import warnings
 
-from lmnb_engine.regex_parts import GLOBAL_FLAGS, unicode_classes
+from lmnb_engine.regex_parts import global_flags, unicode_classes
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import parser
 
@@ -22,8 +22,7 @@ def without_edge_anchors(pattern: str) -> str:
     default grammar backend, drops them too, and so do JSON Schema patterns here
     (``constrained.json_string``). Other anchors are left for the engine's
     ``constrained.regex_check.check_regex`` to refuse by name."""
-    flags = GLOBAL_FLAGS.match(pattern)
-    head = flags.group() if flags else ""
+    head = global_flags(pattern)
     return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
 
 

@@ -23,6 +23,12 @@ from typing import Callable, Iterator, NamedTuple
 # Python refuses (its own error names them). (Not "(?R)": a recursion, to the regex package.)
 GLOBAL_FLAGS = re.compile(r"(?:\(\?(?:[abefiLmprsuwx]|V[01])+\))+")
 
+
+def global_flags(pattern: str) -> str:
+    """The global inline flags opening ``pattern`` (``(?i)``, ``GLOBAL_FLAGS``), or ""."""
+    flags = GLOBAL_FLAGS.match(pattern)
+    return flags.group() if flags else ""
+
 # A group head that sets or clears flags in its scope, (?i: (?-i: (?x-s: (?V1x: ...: its letters set
 # (group 1) and cleared (group 2), as the regex package (the stop matcher's reader) reads them, which
 # sets b e f p r w and V0 V1 there too and clears f w: a superset of Python's (aiLmsux set, imsx

@@ -24,7 +24,7 @@ import functools
 import re
 from typing import Any, NamedTuple
 
-from lmnb_engine.regex_parts import GLOBAL_FLAGS
+from lmnb_engine.regex_parts import global_flags
 from lmnb_engine.regex_reach import assertion_reach, reach
 from lmnb_engine.stop_relaxed import LOOKAHEAD_MARK, ending_by, relax
 
@@ -55,8 +55,7 @@ def end_reading(pattern: str) -> EndReading:
 
     lookaheads: list[str] = []
     relaxed = relax(pattern, lookaheads=lookaheads)
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     try:
         if relaxed is not None:
             return EndReading(regex.compile(relaxed), tuple(regex.compile(lead + x) for x in lookaheads), 0,
@@ -93,8 +92,7 @@ def _settled_form(pattern: str) -> Any:
     form = relax(pattern, lookaheads=lookaheads, partial=False)
     if form is None:
         return None
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     for i, x in enumerate(lookaheads):
         if (ahead := reach(lead + x)) is None:
             return None
@@ -116,7 +114,8 @@ def windowed(pattern: str, reading: EndReading, after: int) -> Any:
     """``StopRegexes.windows`` of ``pattern``, whose ``end_reading`` is ``reading`` and whose
     assertions read ``after`` characters past a match at most: its relaxed form, as a search that
     is not partial reads it, matching only where at most ``after`` characters follow its match
-    (``_ending_within``); None where that form cannot be made. There each negative lookahead
+    (``_ending_within``); None where that form cannot be made, or ``reading`` has none
+    (``EndReading.relaxed`` None). There each negative lookahead
     ``(?!X)`` whose X consumes one character and reads nothing else (``[\\s\\S]``'s reach, no
     assertion or lookaround, and a partial match where the text ends) is followed by a
     character, its mark (``LOOKAHEAD_MARK``) made ``(?=[\\s\\S])``: where the text ends right
@@ -124,13 +123,14 @@ def windowed(pattern: str, reading: EndReading, after: int) -> Any:
     is final. Else the window held a whole match from every start of a run that such a lookahead
     ends (``a\\w*(?!\\w)`` over a run of letters), and each start was checked on its own after
     each character, at a cost growing with the run."""
+    if reading.relaxed is None:
+        return None
     lookaheads: list[str] = []
     window = relax(pattern, lookaheads=lookaheads, partial=False)
     if window is None:
         return None
     for i, x in enumerate(reading.lookaheads):
-        lead = GLOBAL_FLAGS.match(x.pattern)
-        body = x.pattern[lead.end() if lead else 0:]
+        body = x.pattern[len(global_flags(x.pattern)):]
         kept = _ESCAPE_OR_SET.sub(lambda m: m.group() if _NOT_CONSUMING.fullmatch(m.group()) else "", body)
         if (reach(x.pattern) == 1 and assertion_reach(x.pattern) == 0 and not _NOT_CONSUMING.search(kept)
                 and (f := x.match("", partial=True)) is not None and f.partial):
@@ -172,8 +172,7 @@ def ending_assertions(pattern: str, after: int) -> Tail | None:
     from lmnb_engine.regex_parts import pattern_parts
     from lmnb_engine.regex_reach import Unreadable, parse_as_python
 
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     if _INLINE_FLAG.search(pattern, len(lead)) or "x" in lead:
         return None
     body = pattern[len(lead):]
@@ -210,8 +209,7 @@ def ending_assertions(pattern: str, after: int) -> Tail | None:
         return None
     if len(whole) != len(head) + len(last) or any(op.name not in ("AT", "ASSERT", "ASSERT_NOT") for op, _ in last):
         return None
-    reading = end_reading(lead + tail)
-    window = None if reading.relaxed is None else windowed(lead + tail, reading, after)
+    window = windowed(lead + tail, end_reading(lead + tail), after)
     try:
         return None if window is None else Tail(window, regex.compile(lead + tail))
     except regex.error:  # (a reference to a group of the pattern's head)
@@ -248,8 +246,7 @@ def branches(pattern: str, compiled: Any, after: int) -> tuple[Branch, ...] | No
 
     from lmnb_engine.regex_parts import pattern_parts
 
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     if compiled.groups or _ACROSS.search(pattern) or _INLINE_FLAG.search(pattern, len(lead)) or "x" in lead:
         return None
     body, depth, bars = pattern[len(lead):], 0, []
@@ -264,8 +261,7 @@ def branches(pattern: str, compiled: Any, after: int) -> tuple[Branch, ...] | No
         return None
     found = []
     for alternative in (lead + body[i + 1:j] for i, j in zip([-1] + bars, bars + [len(body)])):
-        reading = end_reading(alternative)
-        window = None if reading.relaxed is None else windowed(alternative, reading, after)
+        window = windowed(alternative, end_reading(alternative), after)
         if window is None:
             return None
         try:
@@ -280,8 +276,7 @@ def _ending_within(pattern: str, after: int) -> Any:
     (as ``stop_relaxed.ending_by`` matches where at least so many do)."""
     import regex
 
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     try:
         return regex.compile(f"{lead}(?:{pattern[len(lead):]})(?=[\\s\\S]{{0,{after}}}\\Z)")
     except regex.error:
@@ -434,6 +429,5 @@ def _after_one(pattern: str) -> Any:
     any kind, its global flags kept first: matched from one character before where X stood."""
     import regex
 
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     return regex.compile(f"{lead}[\\s\\S](?:{pattern[len(lead):]})")

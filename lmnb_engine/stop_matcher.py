@@ -15,7 +15,7 @@ import functools
 import re
 from typing import Any, Callable, Sequence
 
-from lmnb_engine.regex_parts import GLOBAL_FLAGS, pattern_parts
+from lmnb_engine.regex_parts import global_flags, pattern_parts
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
@@ -106,8 +106,7 @@ class StopRegexes:
         # and shown; an end-sensitive pattern is searched with those assertions relaxed
         self.partial = []
         for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
-            flags = GLOBAL_FLAGS.match(p)
-            body = p[flags.end() if flags else 0 :]
+            body = p[len(global_flags(p)):]
             if _LATE_LOOKBEHIND.search(body):
                 # (None: nothing past the floor shown, where the window or an automaton leaves it)
                 relaxed = None if _NO_SUPERSET.search(body) else relax(p, drop_lookbehinds=True)
@@ -154,7 +153,7 @@ class StopRegexes:
         self.end_only = [r is not None and ends_at_text_end(p) for p, r in zip(patterns or (), self.end_readings)]
         # per pattern whose matches find checks with _final: its relaxed form whole, ending within
         # its assertion reach of the text's end, where both are known (StopStringMatcher._none_final)
-        self.windows = [None if r is None or r.relaxed is None or a is None else windowed(p, r, a)
+        self.windows = [None if r is None or a is None else windowed(p, r, a)
                         for p, r, a in zip(patterns or (), self.end_readings, self.assertion_reach)]
         # per pattern with a window: the assertions that end each of its matches, as written and as
         # its window reads them (stop_end_reading.ending_assertions), None where it has none: searched

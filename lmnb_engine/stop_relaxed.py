@@ -15,7 +15,7 @@ import functools
 import re
 from typing import Any
 
-from lmnb_engine.regex_parts import GLOBAL_FLAGS
+from lmnb_engine.regex_parts import global_flags
 
 # The name of the empty group that marks where a negative lookahead stood (the lookaheads of relax)
 LOOKAHEAD_MARK = "_lmnb_lookahead"
@@ -84,13 +84,13 @@ def relax(pattern: str, drop_lookbehinds: bool = False, lookaheads: list[str] | 
     (None where the pattern refers to a group by number, which that would renumber). ``partial``
     False: for a search that is not partial (``stop_end_reading.windowed``), where ``(?=X')(?!)``
     never matches: a negative lookaround is left as it is."""
-    flags = GLOBAL_FLAGS.match(pattern)
-    lead = flags.end() if flags else 0
+    flags = global_flags(pattern)
+    lead = len(flags)
     # word or version flags, a conditional, a verbose flag not global (in a scope "#" and spaces
     # read otherwise than outside it)
     if re.search(r"\(\?[a-zA-Z0-9-]*[wV]|\(\?\(", pattern) or re.search(r"\(\?[a-zA-Z0-9-]*x", pattern[lead:]):
         return None
-    verbose = flags is not None and "x" in flags.group()
+    verbose = "x" in flags
     if verbose and not _read_alike(pattern):
         return None  # (a group head with spaces in it, "(? !a)", is one to the regex package only)
     if lookaheads is not None and re.search(r"\\[1-9]|\\g<\d|\(\?\|", pattern):
@@ -214,8 +214,7 @@ def ending_by(pattern: str, after: int, exact: bool = False) -> Any:
     """
     import regex
 
-    lead = GLOBAL_FLAGS.match(pattern)
-    lead = lead.group() if lead else ""
+    lead = global_flags(pattern)
     # (a verbose pattern may end in a comment, which a newline ends)
     end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""
     count = f"{{{after}}}" if exact else f"{{{after},}}"
