@@ -129,9 +129,14 @@ def _runs_to_length(req: Req, eos_token_ids: frozenset[int]) -> bool:
     none (``eos_token_ids``: the model's EOS ids), and it has no stop token, stop string, stop regex
     or constraint (a grammar ends it where its pattern does), each of which may end it sooner,
     before a pool that cannot hold its whole length runs out."""
+    return (req.params.ignore_eos or not eos_token_ids) and not (req.stop_token_ids or _ended_by_its_text(req))
+
+
+def _ended_by_its_text(req: Req) -> bool:
+    """Whether a stop string, stop regex or constraint (a grammar, which ends it where its pattern
+    does) may end ``req``: each is checked on the text, from its ``min_new_tokens``-th token on."""
     p = req.params
-    return (p.ignore_eos or not eos_token_ids) and not (
-        req.stop_token_ids or any(p.stop_strings) or p.stop_regexes or p.constraint or req.grammar is not None)
+    return bool(any(p.stop_strings) or p.stop_regexes or p.constraint or req.grammar is not None)
 
 
 def _tokens_of(nodes: dict[int, Any]) -> int:
@@ -145,8 +150,7 @@ def _stops_after_min_new_tokens(req: Req) -> int:
     checked from that token on), 1 where only an EOS or stop token id can (they are masked until
     that many tokens exist, so the earliest is the next one). A length that ends it sooner is the
     caller's to count."""
-    p = req.params
-    return 0 if any(p.stop_strings) or p.stop_regexes or p.constraint or req.grammar is not None else 1
+    return 0 if _ended_by_its_text(req) else 1
 
 
 def _peeks_next_token(req: Req) -> bool:
