@@ -48,10 +48,7 @@ _RECORD_START = b'{"row": '  # how every record begins (the runner puts "row" fi
 def _not_ours(path: Path, lineno: int, line: bytes) -> str:
     """The error for ``line`` (line ``lineno`` of ``path``), which holds no result record, naming
     the field that is not as the job writes it where it is a JSON object (``_flaw``)."""
-    try:
-        value = json.loads(line)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        value = None
+    value = _loaded(line)
     why = f"{_flaw(value)}: " if isinstance(value, dict) else ""
     return (f"{path} line {lineno} is not a result record of this job ({why}it was changed by something else, "
             "or is another file); move the file away or fix that line, then run again")
@@ -208,7 +205,7 @@ class ResultStore:
             self._line_open = True
         else:  # checked after every other line: a file that is not ours is never cut
             # (no cut-off record is JSON: it lacks at least its closing brace; a whole one is a hand edit)
-            if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)) or _is_json(tail):
+            if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)) or _loaded(tail) is not _NOT_JSON:
                 raise StoreError(_not_ours(self.path, data[:end].count(b"\n") + 1, tail))
             # The tail after the last newline is a record a killed run did not finish writing.
             os.ftruncate(self._fd, end)
@@ -391,19 +388,19 @@ def _same_file(path: Path, held: os.stat_result) -> bool:
 
 def _record(line: bytes) -> Optional[dict]:
     """The result record on ``line``, or None if it holds none (``_flaw``)."""
+    record = _loaded(line)
+    return None if record is _NOT_JSON or _flaw(record) else record
+
+
+_NOT_JSON = object()  # (_loaded's answer for bytes that hold no JSON value; None is JSON's null)
+
+
+def _loaded(data: bytes) -> Any:
+    """The JSON value ``data`` holds, or ``_NOT_JSON``."""
     try:
-        record = json.loads(line)
+        return json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError):  # (also an integer of over 4300 digits)
-        return None
-    return None if _flaw(record) else record
-
-
-def _is_json(data: bytes) -> bool:
-    try:
-        json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return True
+        return _NOT_JSON
 
 
 def _flaw(record: Any) -> Optional[str]:
