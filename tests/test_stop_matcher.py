@@ -381,23 +381,37 @@ def _random_tail_pattern(rng: random.Random) -> str:
     return flags + head + "".join(rng.choice(ends) for _ in range(rng.randint(1, 2)))
 
 
+def _refused_or_unread(pattern: str) -> bool:
+    """Whether the regex package cannot read ``pattern`` or it matches the empty string, which
+    SamplingParams refuses: a random pattern so is left out."""
+    import regex
+
+    try:
+        return regex.search(pattern, "") is not None
+    except regex.error:
+        return True
+
+
+def _assert_streams_alike(pattern: str, shared, without, text: str, pieces: list[str], ended: bool) -> None:
+    """The matcher on ``shared`` (a ``StopRegexes``) stops and streams as on ``without`` (the same,
+    a search left out), over ``pieces`` and over ``text`` a character at a time."""
+    for split in (pieces, list(text)):
+        assert (stream(StopStringMatcher([], shared), split, ended)
+                == stream(StopStringMatcher([], without), split, ended)), (pattern, split, ended)
+
+
 def test_a_stop_regex_ending_in_assertions_stops_as_its_window_search_alone_says_for_random_patterns():
     """The search of a pattern's ending assertions alone (StopRegexes.tails) says "no match ends
     here" only where its window search (or its own search, for the form as written) says so too,
-    and the matcher stops and streams exactly as without it, whatever the tokens: random patterns ending in assertions, random texts split
-    at random, the output ending or not, against the matcher with those searches left out."""
-    import regex
-
+    and the matcher stops and streams exactly as without it, whatever the tokens: random patterns
+    ending in assertions, random texts split at random, the output ending or not, against the matcher with those searches left out."""
     from lmnb_engine.stop_matcher import StopRegexes
 
     rng = random.Random(33)
     checked = 0
     for _ in range(600):
         pattern = _random_tail_pattern(rng)
-        try:
-            if regex.search(pattern, "") is not None:
-                continue  # (refused by SamplingParams)
-        except regex.error:
+        if _refused_or_unread(pattern):
             continue
         shared = StopRegexes([pattern])
         tail, window, after = shared.tails[0], shared.windows[0], shared.assertion_reach[0]
@@ -412,9 +426,7 @@ def test_a_stop_regex_ending_in_assertions_stops_as_its_window_search_alone_says
         without = StopRegexes([pattern])
         without.tails = [None]
         for ended in (False, True):
-            for split in (pieces, list(text)):
-                assert (stream(StopStringMatcher([], shared), split, ended)
-                        == stream(StopStringMatcher([], without), split, ended)), (pattern, split, ended)
+            _assert_streams_alike(pattern, shared, without, text, pieces, ended)
     assert checked > 200  # (most random patterns get a tail search)
 
 
@@ -465,8 +477,6 @@ def test_a_stop_regex_of_alternatives_stops_as_its_window_search_says_for_random
     pattern's window does, and the earliest start of theirs is the pattern's leftmost match's; the
     matcher stops and streams exactly as without them, whatever the tokens and min_new_tokens:
     random alternatives, some ending in assertions, over random texts and floors."""
-    import regex
-
     from lmnb_engine.stop_matcher import StopRegexes
 
     rng = random.Random(34)
@@ -477,10 +487,7 @@ def test_a_stop_regex_of_alternatives_stops_as_its_window_search_says_for_random
                         for _ in range(rng.randint(2, 3))]
         pattern = rng.choice(["", "", "(?m)", "(?i)"]) + "|".join(re.sub(r"^(?:\(\?[mis]\))+", "", a)
                                                                   for a in alternatives)
-        try:
-            if regex.search(pattern, "") is not None:
-                continue  # (refused by SamplingParams)
-        except regex.error:
+        if _refused_or_unread(pattern):
             continue
         shared = StopRegexes([pattern])
         parts, window, after = shared.branches[0], shared.windows[0], shared.assertion_reach[0]
@@ -497,9 +504,7 @@ def test_a_stop_regex_of_alternatives_stops_as_its_window_search_says_for_random
         without = StopRegexes([pattern])
         without.branches = [None]
         for ended in (False, True):
-            for split in (pieces, list(text)):
-                assert (stream(StopStringMatcher([], shared), split, ended)
-                        == stream(StopStringMatcher([], without), split, ended)), (pattern, split, ended)
+            _assert_streams_alike(pattern, shared, without, text, pieces, ended)
             unchecked = rng.randint(0, len(pieces))
             assert (feed_unchecked(StopStringMatcher([], shared), pieces, unchecked, ended)
                     == feed_unchecked(StopStringMatcher([], without), pieces, unchecked, ended)), (pattern, pieces)
