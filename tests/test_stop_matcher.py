@@ -332,6 +332,21 @@ def test_a_stop_regex_reading_the_texts_end_open_from_every_start_of_a_long_run_
         assert all(t == "" for t in shown), pattern
 
 
+class Counted:
+    """A compiled regex of a stop regex's (its window, its partial form) whose searches are counted
+    (``searches``)."""
+
+    def __init__(self, rx):
+        self.rx, self.searches = rx, 0
+
+    def search(self, *args, **kwargs):
+        self.searches += 1
+        return self.rx.search(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.rx, name)
+
+
 def test_a_stop_regex_ending_in_assertions_open_over_a_long_run_is_not_window_searched_from_every_start():
     """\\w+\\b over a run of letters: whether a match near the text's end is final was told by one
     search of the pattern's window after each character, which read every start of the run to its
@@ -343,17 +358,6 @@ def test_a_stop_regex_ending_in_assertions_open_over_a_long_run_is_not_window_se
     to the run's end where none matched (x\\w*(?<=ING)\\b). The stop, once a non-letter comes, is
     where Python's re over the final text matches, nothing shown before."""
     from lmnb_engine import stop_matcher
-
-    class Counted:  # (the window, its searches counted)
-        def __init__(self, rx):
-            self.rx, self.searches = rx, 0
-
-        def search(self, *args, **kwargs):
-            self.searches += 1
-            return self.rx.search(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(self.rx, name)
 
     for pattern in [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)", r"a\w*(?!\w)", r"(?i)x\w*(?<=ING)\b"]:
         shared = stop_matcher.StopRegexes([pattern])
@@ -442,17 +446,6 @@ def test_a_stop_regex_of_alternatives_one_ending_in_assertions_is_not_window_sea
     nothing shown before."""
     from lmnb_engine import stop_matcher
 
-    class Counted:  # (a window, its searches counted)
-        def __init__(self, rx):
-            self.rx, self.searches = rx, 0
-
-        def search(self, *args, **kwargs):
-            self.searches += 1
-            return self.rx.search(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(self.rx, name)
-
     for pattern, end in [(r"\w+\b|x", "ing\n b"), (r"x|[a-z]+\b(?!-)", "ing-x")]:
         shared = stop_matcher.StopRegexes([pattern])
         counted = [Counted(shared.windows[0])]
@@ -520,17 +513,6 @@ def test_where_a_match_may_begin_at_the_floor_safe_len_reads_that_start_alone_no
     as before: nothing of the run, the stop (once a newline ends the run) where Python's re over
     the final text matches."""
     from lmnb_engine import stop_matcher
-
-    class Counted:  # (the partial pattern, its searches counted)
-        def __init__(self, rx):
-            self.rx, self.searches = rx, 0
-
-        def search(self, *args, **kwargs):
-            self.searches += 1
-            return self.rx.search(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(self.rx, name)
 
     for pattern in [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)"]:
         shared = stop_matcher.StopRegexes([pattern])
