@@ -831,6 +831,18 @@ def test_a_schema_patterns_octal_escape_or_reference_to_no_group_is_no_back_refe
     assert _NO_BACK_REFERENCES not in str(e.value) and "matches again the very text" not in str(e.value)
 
 
+def _schema_refusal(pattern: str, engine: bool):
+    """The refusal of a schema ``{"pattern": pattern}``, by gen()'s check or (``engine``) the
+    engine's, as its message; None where it is taken."""
+    from lmnb_engine.json_schema import loaded_schema
+
+    try:
+        loaded_schema({"pattern": pattern}, engine=engine)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def test_gen_and_the_engine_refuse_the_same_random_schema_patterns_in_the_same_words():
     """A property check over random patterns of ECMA's, Python's and neither's syntax: each pattern
     gen() refuses the engine refuses, in the same words, and each the engine refuses as a syntax
@@ -838,24 +850,15 @@ def test_gen_and_the_engine_refuse_the_same_random_schema_patterns_in_the_same_w
     re, with which jsonschema checks each output, has no \\p{L} or named groups)."""
     import random
 
-    from lmnb_engine.json_schema import loaded_schema
-
     tokens = ["a", "(", ")", "(?:", "(?=", "(?<!", "(?<n>", "|", "*", "+", "?", "{2}", "{,3}", "{", "}", "[", "]", "[^",
               "-", "^", "$", "\\", "\\d", "\\b", "\\1", "\\0", "\\01", "\\8", "\\k", "\\k<n>", "\\c", "\\cA", "\\x",
               "\\x41", "\\u{41}", "\\u{110000}", "\\p{L}", "\\pL", "\\%", "\\-", "\\]", "\\Z", "1", ","]
-
-    def refusal(pattern, engine):
-        try:
-            loaded_schema({"pattern": pattern}, engine=engine)
-        except ValueError as e:
-            return str(e)
-        return None
 
     rng = random.Random(0)
     refused_by_both = 0
     for _ in range(1500):
         pattern = "".join(rng.choice(tokens) for _ in range(rng.randint(1, 6)))
-        by_gen, by_engine = refusal(pattern, False), refusal(pattern, True)
+        by_gen, by_engine = _schema_refusal(pattern, False), _schema_refusal(pattern, True)
         if by_gen is not None:
             assert by_engine == by_gen, pattern
             refused_by_both += 1
@@ -888,7 +891,6 @@ def test_a_schema_patterns_offer_is_one_gen_and_the_engine_take():
     then "]", which Python's re, the engine's reader, refuses as a class left open)."""
     import random
 
-    from lmnb_engine.json_schema import loaded_schema
     from lmnb_engine.regex_parts import unicode_classes
 
     with pytest.raises(re.error, match="unterminated character set"):
@@ -897,21 +899,14 @@ def test_a_schema_patterns_offer_is_one_gen_and_the_engine_take():
               "^", "$", "\\", "\\b", "\\1", "\\0", "\\k", "\\k<n>", "\\c", "\\cA", "\\x41", "\\u{41}", "\\p{L}", "\\pL",
               "\\%", "\\-", "\\]", "\\Z", "\\e", "\\Q", "\\E", "1"]
 
-    def refusal(pattern, engine):
-        try:
-            loaded_schema({"pattern": pattern}, engine=engine)
-        except ValueError as e:
-            return str(e)
-        return None
-
     rng = random.Random(0)
     offers = 0
     for _ in range(1500):
         pattern = "".join(rng.choice(tokens) for _ in range(rng.randint(1, 6)))
         for engine in (False, True):
-            for offer in re.findall(r'write ("(?:[^"\\]|\\.)*")', refusal(pattern, engine) or ""):
+            for offer in re.findall(r'write ("(?:[^"\\]|\\.)*")', _schema_refusal(pattern, engine) or ""):
                 offer = json.loads(offer)
-                assert refusal(offer, engine and not unicode_classes(offer)) is None, (pattern, engine, offer)
+                assert _schema_refusal(offer, engine and not unicode_classes(offer)) is None, (pattern, engine, offer)
                 offers += 1
     assert offers > 300
 
