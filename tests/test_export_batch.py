@@ -3180,6 +3180,28 @@ def test_a_resume_with_other_settings_is_refused_before_the_set_up_cells_run(tmp
     assert out.read_bytes() == before
 
 
+# what a job's first run and its rerun with the same settings say of their one row
+_RAN_THEN_DONE = ("this run: 1 row ran (1 ok, 0 failed), 0 bad input, 0 already done",
+                  "this run: 0 rows ran (0 ok, 0 failed), 0 bad input, 1 already done")
+
+
+def _run_twice_changing_folder(tmp_path, monkeypatch, capsys) -> tuple[dict, list[str]]:
+    """Run, from ``tmp_path``, a job script whose set-up cell changes folder (``os.chdir("sub")``)
+    on ``sys.argv``, twice (the second a rerun), as ``__main__`` (so it reads its options and checks
+    --output as it is made), each on a scripted backend; the last run's namespace and each run's
+    stderr."""
+    source = 'import os\nfrom lmnb.batch import Job\njob = Job("", ["question"], options_first=True)\nos.chdir("sub")\n'
+    said = []
+    for _ in range(2):
+        monkeypatch.chdir(tmp_path)
+        ns = {"__name__": "__main__"}
+        exec(compile(source, "job.py", "exec"), ns)
+        assert os.getcwd() == str(tmp_path / "sub")
+        assert ns["job"].run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
+        said.append(capsys.readouterr().err)
+    return ns, said
+
+
 def test_the_command_lines_paths_are_read_from_the_folder_it_ran_in_after_a_set_up_cells_chdir(tmp_path, monkeypatch,
                                                                                                  capsys):
     """A set-up cell's os.chdir("sub") had the job read --input and write --output (relative
@@ -3192,18 +3214,11 @@ def test_the_command_lines_paths_are_read_from_the_folder_it_ran_in_after_a_set_
     write_rows(tmp_path / "sub" / "rows.jsonl", [{"question": "sub"}])  # (what the job read, before)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
-    source = 'import os\nfrom lmnb.batch import Job\njob = Job("", ["question"], options_first=True)\nos.chdir("sub")\n'
     monkeypatch.setattr(sys, "argv", ["job.py", "--input", "rows.jsonl", "--output", "out.jsonl", "--model", "ckpt",
                                       "--no-progress"])
-    for said in ("this run: 1 row ran (1 ok, 0 failed), 0 bad input, 0 already done",
-                 "this run: 0 rows ran (0 ok, 0 failed), 0 bad input, 1 already done"):  # (the rerun: same settings)
-        monkeypatch.chdir(tmp_path)
-        ns = {"__name__": "__main__"}  # (as __main__, the job reads its options and checks --output as it is made)
-        exec(compile(source, "job.py", "exec"), ns)
-        assert os.getcwd() == str(tmp_path / "sub")
-        assert ns["job"].run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
-        assert f"lmnb batch: {tmp_path / 'out.jsonl'}: 1 row (1 ok, 0 failed, 0 bad input)\n  {said}\n" in (
-            capsys.readouterr().err)
+    _, said = _run_twice_changing_folder(tmp_path, monkeypatch, capsys)
+    for err, run in zip(said, _RAN_THEN_DONE):
+        assert f"lmnb batch: {tmp_path / 'out.jsonl'}: 1 row (1 ok, 0 failed, 0 bad input)\n  {run}\n" in err
     assert not (tmp_path / "sub" / "out.jsonl").exists()
     [record] = read_results(tmp_path / "out.jsonl")
     assert record["variables"] == {"answer": "TOP"}
@@ -3221,17 +3236,11 @@ def test_a_relative_lmnb_model_is_read_from_the_folder_the_job_ran_in_after_a_se
         (folder / "ckpt").mkdir(parents=True)
         (folder / "ckpt" / "config.json").write_text("{}")
     monkeypatch.setenv("LMNB_MODEL", "ckpt")
-    source = 'import os\nfrom lmnb.batch import Job\njob = Job("", ["question"], options_first=True)\nos.chdir("sub")\n'
     monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(tmp_path / "rows.jsonl"), "--output",
                                       str(tmp_path / "out.jsonl"), "--no-progress"])
-    for said in ("this run: 1 row ran (1 ok, 0 failed), 0 bad input, 0 already done",
-                 "this run: 0 rows ran (0 ok, 0 failed), 0 bad input, 1 already done"):  # (the rerun: same settings)
-        monkeypatch.chdir(tmp_path)
-        ns = {"__name__": "__main__"}  # (as __main__, the job reads its options and checks --output as it is made)
-        exec(compile(source, "job.py", "exec"), ns)
-        assert os.getcwd() == str(tmp_path / "sub")
-        assert ns["job"].run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
-        assert said in capsys.readouterr().err
+    ns, said = _run_twice_changing_folder(tmp_path, monkeypatch, capsys)
+    for err, run in zip(said, _RAN_THEN_DONE):
+        assert run in err
     [record] = read_results(tmp_path / "out.jsonl")
     assert record["settings"]["--model"] == os.path.realpath(tmp_path / "ckpt")
     assert engine_model(ns["job"].args) == str(tmp_path / "ckpt")  # (what make_backend loads)
