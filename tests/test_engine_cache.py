@@ -451,6 +451,17 @@ def test_an_abort_where_the_pool_runs_out_beside_pins_offers_the_max_new_tokens_
         assert_idle_accounting(eng)
 
 
+def _pin_50_and_30(eng, rng) -> tuple[list[int], list[int], list]:
+    """Pin two prefixes of random ids (10 to 499, from ``rng``) of 50 and 30 tokens in ``eng`` (a
+    150-token pool: 70 slots left free); the prefixes and their pins."""
+    a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
+    return a, b, [eng.pin_prefix(a), eng.pin_prefix(b)]
+
+
+# how an arrival beside those pins that does not fit is refused, before its fix
+_REFUSED_BESIDE_50_AND_30 = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+
+
 def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_arrives(tiny_llama):
     """It was admitted and generated until the pool ran out, then aborted: the work was wasted.
     Pinned: 50 + 30 of a 150-token pool, 70 free. A request needs a slot for each token but its
@@ -460,10 +471,9 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_is_aborted_as_it_ar
 
     with engine(tiny_llama, max_total_tokens=150) as eng:
         rng = random.Random(2)
-        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
-        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        a, b, pins = _pin_50_and_30(eng, rng)
         fresh = [rng.randrange(10, 500) for _ in range(45)]
-        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        refusal = _REFUSED_BESIDE_50_AND_30
         for prompt, max_new, message in [  # (the refusal names the largest max_new_tokens that finishes)
             (fresh, 26, None),  # 45 + 26 - 1 = 70
             (fresh, 27, f"request needs 71 KV slots to finish {refusal}, or lower max_new_tokens to 26"),
@@ -505,8 +515,7 @@ def test_a_request_of_a_model_with_no_eos_ids_is_refused_beside_pins_as_one_that
     with engine(ck, max_total_tokens=150) as eng:
         assert eng.eos_token_ids == frozenset()
         rng = random.Random(2)
-        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
-        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        a, b, pins = _pin_50_and_30(eng, rng)
         prompt = [rng.randrange(10, 500) for _ in range(45)]
         r = eng.generate(prompt, SamplingParams(max_new_tokens=26))
         assert (r.finish_reason.type, len(r.token_ids)) == ("length", 26), r.finish_reason
@@ -557,10 +566,9 @@ def test_a_request_that_may_stop_sooner_is_refused_beside_pinned_prefixes_only_f
 
     with engine(tiny_llama, max_total_tokens=150) as eng:
         rng = random.Random(3)
-        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
-        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        a, b, pins = _pin_50_and_30(eng, rng)
         fresh = [rng.randrange(10, 500) for _ in range(71)]
-        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        refusal = _REFUSED_BESIDE_50_AND_30
         for prompt, params, message in [
             (fresh[:45], SamplingParams(max_new_tokens=60, regex="abc"), None),
             (fresh[:45], SamplingParams(max_new_tokens=60, stop_token_ids=[7], ignore_eos=True), None),
@@ -601,10 +609,9 @@ def test_a_request_that_min_new_tokens_keeps_from_stopping_is_refused_beside_pin
 
     with engine(tiny_llama, max_total_tokens=150) as eng:
         rng = random.Random(6)
-        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
-        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        a, b, pins = _pin_50_and_30(eng, rng)
         fresh = [rng.randrange(10, 500) for _ in range(71)]
-        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        refusal = _REFUSED_BESIDE_50_AND_30
         stops = dict(max_new_tokens=60, stop_token_ids=[7], stop=["x"])
         for prompt, params, message in [
             (fresh[:45], SamplingParams(min_new_tokens=26, **stops), None),  # 45 + 26 - 1 = 70
@@ -659,14 +666,13 @@ def test_a_request_only_a_stop_token_ends_is_refused_beside_pins_where_its_min_n
 
     with engine(tiny_llama, max_total_tokens=150) as eng:
         rng = random.Random(9)
-        a, b = ([rng.randrange(10, 500) for _ in range(k)] for k in (50, 30))
-        pins = [eng.pin_prefix(a), eng.pin_prefix(b)]
+        a, b, pins = _pin_50_and_30(eng, rng)
         prompt = [rng.randrange(10, 500) for _ in range(45)]
         ahead = hf.greedy_ignore_eos(prompt, 26)
         stop = ahead[25]
         assert stop not in ahead[:25]  # (the premise of the stop at token 26)
         ids = dict(max_new_tokens=60, temperature=0.0, ignore_eos=True, stop_token_ids=[stop])
-        refusal = "but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or raise max_total_tokens"
+        refusal = _REFUSED_BESIDE_50_AND_30
         r = eng.generate(prompt, SamplingParams(min_new_tokens=25, **ids))
         assert (r.finish_reason.type, r.finish_reason.matched, r.token_ids[:25]) == ("stop", stop, ahead[:25])
         r = eng.generate(prompt, SamplingParams(min_new_tokens=26, **ids))
