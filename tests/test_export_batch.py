@@ -970,6 +970,20 @@ def terminal_lines(text: str) -> list[str]:
     return lines
 
 
+def test_with_one_thread_the_output_has_the_inputs_order(tmp_path, monkeypatch):
+    """With two rows in flight per thread, the rows one wait found done were written in the order of
+    a set of futures: `--num-threads 1` wrote row 1 above row 0 at times (CI saw it). Here each wait
+    returns only once every row in flight is done, as on a busy machine."""
+    import concurrent.futures
+
+    import lmnb.batch.runner as runner
+
+    monkeypatch.setattr(runner, "wait", lambda futures, timeout, return_when: concurrent.futures.wait(futures))
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(40)])
+    assert run_job(tmp_path, "--input", rows, "--num-threads", 1) == 0
+    assert [r["row"] for r in read_results(tmp_path / "out.jsonl")] == list(range(40))
+
+
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_a_rows_printed_lines_are_on_lines_of_their_own_above_the_progress_bar(tmp_path, monkeypatch, threads):
     """On a terminal (stdout and stderr one tty), a row's print ran into the progress bar's line:

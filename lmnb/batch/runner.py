@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import signal
@@ -254,7 +255,7 @@ class RowRunner:
         pending = iter(todo)
         start = time.perf_counter()
         pool = ThreadPoolExecutor(self.args.num_threads, thread_name_prefix="lmnb-row")
-        inflight: set = set()
+        inflight: dict = {}  # each running row's future -> its place in the input
         shown = None if bar.disable else bar  # (one row at a time without it: its prints go out as they come)
         group = self.args.num_threads > 1
         streams = sys.stdout, sys.stderr = (RowOutput(sys.stdout, shown, group, live),
@@ -286,21 +287,24 @@ class RowRunner:
                 sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
 
-    def _run_pool(self, pool, pending, inflight: set, window: int, bar) -> None:
+    def _run_pool(self, pool, pending, inflight: dict, window: int, bar) -> None:
         """Keep ``window`` rows in flight and write each as it finishes, until all are done or a
-        signal or a closed pipe stops the job (``inflight`` then holds the rows still running)."""
+        signal or a closed pipe stops the job (``inflight`` then holds the rows still running).
+        The rows one wait finds done are written in input order: with one thread, the output's
+        order is the input's."""
         announced = False
+        places = itertools.count()
         while True:
             while self.signals == 0 and not self.pipe_closed and len(inflight) < window:
                 item = next(pending, None)
                 if item is None:
                     break
-                inflight.add(pool.submit(self.run_one, *item))
+                inflight[pool.submit(self.run_one, *item)] = next(places)
             if not inflight or self.signals > 1:
                 break
             done, _ = wait(inflight, timeout=0.25, return_when=FIRST_COMPLETED)
-            for future in done:
-                inflight.discard(future)
+            for future in sorted(done, key=inflight.get):
+                del inflight[future]
                 record = future.result()
                 if record is None:  # (its print met a closed stdout: not done, a rerun does it)
                     continue
@@ -315,7 +319,7 @@ class RowRunner:
                 announced = True
                 for future in list(inflight):  # rows queued but not started: a rerun does them
                     if future.cancel():
-                        inflight.discard(future)
+                        del inflight[future]
                 if inflight:  # (none: the rows all finished, or the rest were not started)
                     say(f"lmnb batch: stopping; finishing {_the_rows(len(inflight))} already running "
                         "(Ctrl-C again to stop now)")  # (sys.stderr, the rows' RowOutput: above the bar)
