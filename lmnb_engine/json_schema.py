@@ -757,9 +757,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     output is made to pass, reads a pattern with Python's ``re``, which has no such classes.
     ``ecma``: the error is found once its ECMA syntax is spelled as Python's (``_ecma_as_python``,
     which keeps positions), as ``_no_dialect_reads`` found it. The language's refusals come first,
-    in its words, for the engine too (``ecma`` False): an error of every dialect, then one of ECMA's
-    u flag (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does;
-    then a back-reference (``back_reference_problem``), a lookaround or a word boundary
+    in its words, for the engine too (``ecma`` False): PCRE's quoting, another dialect's code point
+    escape (``_code_point_problem``), an error of every dialect, then one of ECMA's u flag
+    (``u_flag_problem``), so the engine refuses each pattern ``gen()`` refuses as it does; then a
+    back-reference (``back_reference_problem``), a lookaround or a word boundary
     (``assertion_problem``), which no backend builds."""
     from lmnb_engine.regex_python_error import python_error  # (it imports this module)
     from lmnb_engine.regex_u_flag import other_back_reference
@@ -777,6 +778,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     quoting = _quoting_problem(pattern, where)  # (first: the u flag's words offered the quote's letters, "Qa.bE")
     if quoting:
         return quoting
+    # (before the u flag's words, which offered the escape's letters, "[U00010330-U0001034f]", other characters)
+    code_points = _code_point_problem(pattern, where)  # (before every: Annex B reads [\x{41}-\x{5A}] as a bad range)
+    if code_points:
+        return code_points
     escape = None if every else u_flag_problem(pattern, engine=not ecma)
     if escape:
         return f"{named} cannot be read as JSON Schema reads it: {escape}"
@@ -821,6 +826,35 @@ def _quoting_problem(pattern: str, where: str) -> Optional[str]:
     taken = _offer_taken(offer)
     return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} {QUOTING_WORDS.format(at=at)}"
             + (f": write {json_value(offer, SHOWN_CHARS)}" if taken else ""))
+
+
+def _code_point_problem(pattern: str, where: str) -> Optional[str]:
+    """The words for the schema ``pattern`` (at ``where``) holding another dialect's escape of a
+    code point (``regex_u_flag.foreign_code_points``: Python's ``\\U00010330``, PCRE's
+    ``\\x{10330}``), which ECMA 262 reads as other text without the u flag and refuses with it,
+    with the pattern each such escape respelled as ECMA and Python's ``re`` both read that code
+    point offered where ``gen()`` and the engine take it (``_offer_taken``; one with a ``\\p{...}``
+    class, ``gen()`` alone, and the words say so); else what the pattern so written is refused for
+    next (``(?=a)\\U00010330``: the lookahead); None where it has none. The u flag's words offered
+    the escape unescaped, ``U00010330``, which means those letters."""
+    from lmnb_engine.regex_u_flag import foreign_code_points
+
+    found = foreign_code_points(pattern)
+    if found is None:
+        return None
+    at, escape, written = found
+    if _offer_taken(written):
+        fix = f"write {json_value(written, SHOWN_CHARS)}, each such escape so" + (
+            _CLASSES_ELSEWHERE if unicode_classes(written) else "")
+    else:
+        # (the pattern so written is refused for more: its words, the "JSON schema at ...: " before them left out)
+        then = (_refused_pattern(where, written) or "").removeprefix(pattern_subject(where).removesuffix("the pattern"))
+        fix = "write each such escape so" + (f"; then {then}" if then else "")
+    return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} writes a code point as another dialect "
+            f"does, {escape} at position {at}, which ECMA 262 (JSON Schema's dialect) reads as other characters "
+            "without the u flag and refuses with it; ECMA's escape is \\u{...} or \\uXXXX, but Python's re, which "
+            "reads a schema's pattern here, has no \\u{...}: \\uXXXX up to U+FFFF and the character itself past it "
+            f"are read alike by both; {fix}")
 
 
 def _repeated_name_problem(pattern: str, where: str) -> Optional[str]:

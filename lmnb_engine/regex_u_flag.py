@@ -132,6 +132,42 @@ def pcre_quoting(pattern: str) -> Optional[tuple[int, str]]:
     return None if first is None else (first, pattern)
 
 
+# Another dialect's escape of a code point, which ECMA 262 reads as other text without the u flag (Annex B:
+# the letters, "\\x{41}" an x 41 times) and refuses with it: Python's \\UXXXXXXXX (group 1) and \\N{name}
+# (group 3), PCRE's (Perl's, Rust's) \\x{...} (group 2)
+_FOREIGN_CODE_POINT = re.compile(r"\\(?:U([0-9A-Fa-f]{8})|x\{([0-9A-Fa-f]{1,6})\}|N\{([^{}\\]+)\})")
+
+
+def foreign_code_points(pattern: str) -> Optional[tuple[int, str, str]]:
+    """(where the first is, it as written, ``pattern`` with each written as ECMA 262 with the u flag
+    and Python's ``re`` both read its code point) for a pattern holding another dialect's escape of
+    a code point (``_FOREIGN_CODE_POINT``: ``\\U00010330``, ``\\x{10330}``, ``\\N{GOTHIC LETTER
+    AHSA}``), in a class or out: ``\\uXXXX`` up to U+FFFF (a syntax character among them stays
+    one character), the character itself past it, as ``json_schema.as_ranges`` writes a block's
+    ends; None where there is none, or where one names no code point (past U+10FFFF, a name
+    ``unicodedata`` does not know), which the other checks word."""
+    import unicodedata
+
+    first, out, i, n = None, [], 0, len(pattern)
+    while i < n:
+        found = _FOREIGN_CODE_POINT.match(pattern, i) if pattern[i] == "\\" else None
+        if found is None:
+            out.append(pattern[i:i + 2] if pattern[i] == "\\" else pattern[i])
+            i += 2 if pattern[i] == "\\" else 1
+            continue
+        try:
+            code = int(found.group(1) or found.group(2), 16) if found.group(3) is None else ord(
+                unicodedata.lookup(found.group(3)))
+        except (KeyError, TypeError):  # (TypeError: a named sequence, two characters, which re refuses too)
+            return None
+        if code > 0x10FFFF:
+            return None
+        first = (i, found.group()) if first is None else first
+        out.append(f"\\u{code:04x}" if code <= 0xFFFF else chr(code))
+        i = found.end()
+    return None if first is None else (*first, "".join(out))
+
+
 def _code(c: str) -> str:
     """``c`` as an escape of its code point (``\\x20``, ``\\u2028``), read alike by ``re`` and ECMA."""
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"

@@ -640,6 +640,66 @@ def test_pcre_quoting_in_a_schema_pattern_is_refused_with_its_text_escaped(patte
     assert re.search(offer, pattern[:at].strip("^") + quoted)
 
 
+def _node_matches(pattern: str, texts: list[str]):
+    """Whether node's RegExp (ECMA 262 itself) with the u flag matches the whole of each of
+    ``texts`` with ``pattern``; None where node is not at hand."""
+    import shutil
+
+    if not shutil.which("node"):
+        return None
+    run = subprocess.run(["node", "-e", "const r = new RegExp('^(?:' + process.argv[1] + ')$', 'u'); "
+                          "console.log(JSON.stringify(JSON.parse(process.argv[2]).map(t => r.test(t))))",
+                          pattern, json.dumps(texts)], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("pattern, at, escape, offer, held, not_held", [
+    (r"[\U00010330-\U0001034f]", 1, r"\U00010330", "[\U00010330-\U0001034f]", "\U00010330\U0001034f",
+     "\U0001032f\U00010350U0"),
+    (r"a\U00010330+", 1, r"\U00010330", "a\U00010330+", ["a\U00010330", "a\U00010330\U00010330"], ["aU00010330", "a"]),
+    (r"[\x{41}-\x{5A}]", 1, r"\x{41}", r"[\u0041-\u005a]", "AZ", "@[x{"),
+    (r"\x{2e}", 0, r"\x{2e}", r"\u002e", ".", "ax"),
+    (r"\N{GOTHIC LETTER AHSA}", 0, r"\N{GOTHIC LETTER AHSA}", "\U00010330", "\U00010330", ["\U00010331", "N"]),
+])
+def test_a_schema_patterns_code_point_escape_of_another_dialect_is_offered_that_code_point(
+        pattern, at, escape, offer, held, not_held):
+    r"""[\U00010330-\U0001034f] (Python's escapes) was offered "[U00010330-U0001034f]", the escapes
+    unescaped, as ECMA reads them without the u flag: a class of the letter U and digits, not the
+    code points meant; PCRE's \x{41} was offered "x{41}" (an x 41 times), Python's \N{...} its
+    letters. Each is offered the pattern with the code point written as ECMA's u flag and Python's
+    re both read it (\uXXXX up to U+FFFF, the character itself past it), by gen(), a cell and the
+    engine alike: it matches the code points the escapes name (Python's re reads \U and \N as the
+    reference; unicodedata: U+10330 is GOTHIC LETTER AHSA), node's RegExp with the u flag too
+    (where at hand), and gen() and the engine take it."""
+    from lmnb_engine.constrained.schema import schema_to_regex
+
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern, ensure_ascii=False)} writes a code point as another "
+        f"dialect does, {escape} at position {at}, which ECMA 262 (JSON Schema's dialect) reads as other characters "
+        "without the u flag and refuses with it; ECMA's escape is \\u{...} or \\uXXXX, but Python's re, which reads "
+        "a schema's pattern here, has no \\u{...}: \\uXXXX up to U+FFFF and the character itself past it are read "
+        f"alike by both; write {json.dumps(offer, ensure_ascii=False)}, each such escape so"), message
+    texts = [*held, *not_held]
+    expected = [True] * len(held) + [False] * len(not_held)
+    if "\\x{" not in pattern:  # (Python's re reads \U and \N: the pattern's own reading)
+        assert [bool(re.fullmatch(pattern, t)) for t in texts] == expected
+    assert [bool(re.fullmatch(offer, t)) for t in texts] == expected
+    assert _node_matches(offer, texts) in (None, expected)
+    assert sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+    assert schema_to_regex({"type": "string", "pattern": offer})
+
+
+def test_a_schema_patterns_code_point_escape_is_offered_nothing_refused_next():
+    """(?=a)\U00010330 is offered no pattern ("(?=a)𐌰" holds the lookahead refused next): the words
+    say to write the escape so, and then what the pattern so written is refused for."""
+    message, in_engine = _refusals({"type": "string", "pattern": r"(?=a)\U00010330"})
+    assert message == in_engine
+    assert message.endswith('; write each such escape so; then the pattern "(?=a)\U00010330" uses a lookahead, which '
+                            "constrained decoding cannot support (patterns compile to a finite automaton): express the "
+                            "condition with character classes and alternatives"), message
+
+
 @pytest.mark.parametrize("pattern, at", [(r"^(a)?(?(1)b|c)$", 5), (r"(?(1)a|b)", 0), (r"(?P<n>x)?(?(n)y)", 9)])
 def test_a_conditional_group_in_a_schema_pattern_is_refused_at_gen(pattern, at):
     """A schema pattern's conditional group, Python's (?(1)b|c), passed gen() and a %%lm cell, and was
