@@ -625,8 +625,9 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
 
     Each pattern offered is one ``gen()`` and the engine take (``_offer_taken``; one with a
     ``\\p{...}`` class, ``gen()`` alone, and the words say so): for ``(?=a)\\Z``, whose ``(?=a)Z``
-    holds the lookahead refused next, they say to write each such character unescaped, and offer
-    no pattern."""
+    holds the lookahead refused next, they say to write each such character unescaped, offer no
+    pattern, and say what the pattern so written is refused for (``_refused_next``), so too for a
+    pattern written to mean what it means without the flag (``(?=a)a{,3}``)."""
     reading = _u_flag_reading(pattern)
     if reading is None:
         return None
@@ -639,9 +640,14 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
         classes = [what for p, what in meant if unicode_classes(p)]
         meant = [(p, what) for p, what in meant
                  if not (refs and "back-reference" in what) and not (engine and what in classes) and _offer_taken(p)]
-        if instead is not None and _offer_taken(instead):
+        taken = instead is not None and _offer_taken(instead)
+        # (where the fix holds what is refused next, (?=a)a\{,3\}, both are named, with the second's offer)
+        then = None if taken or instead is None or meant or refs or classes or error.fix else _refused_next(instead)
+        if taken:
             fix = (f"write {json_value(instead, SHOWN_CHARS)}, which means, with the flag too, what ECMA reads it as "
                    f"without it{_CLASSES_ELSEWHERE if unicode_classes(instead) else ''}")
+        elif then:
+            fix = f"written to mean, with the flag too, what ECMA reads it as without it, {then}"
         else:
             fix = (f"write {', or '.join(f'{json_value(p, SHOWN_CHARS)} for {what}' for p, what in meant)}" if meant
                    else "" if refs or classes else error.fix or "fix the pattern")
@@ -660,13 +666,30 @@ def u_flag_problem(pattern: str, engine: bool = False) -> Optional[str]:
                 f"asks patterns be read with (2020-12 core, section 6.4); {fix}")
     at, c = found
     code = " (ECMA's escape of a code point is \\u{...} or \\uXXXX, its u lowercase)" if c == "U" else ""
-    written = ("write each such character unescaped," if not _offer_taken(unescaped) else
+    taken = _offer_taken(unescaped)
+    written = ("write each such character unescaped," if not taken else
                f"write {json_value(unescaped, SHOWN_CHARS)}, each such character unescaped,"
                + (_CLASSES_ELSEWHERE if unicode_classes(unescaped) else ""))
+    # (the pattern so written holds what is refused next, (?=a)Z: both named, the second's offer with them)
+    then = None if taken else _refused_next(unescaped)
     return (f"it escapes {json_value(c, SHOWN_CHARS)} at position {at}, an identity escape ECMA 262 refuses with the u flag "
             "JSON Schema asks patterns be read with (2020-12 core, section 6.4): there a backslash stands before a "
             f'syntax character (^ $ \\ . * + ? ( ) [ ] {{ }} |), "/", "-" in a class, or an escape it defines; {written} '
-            f"as ECMA reads the escape without the flag{code}")
+            f"as ECMA reads the escape without the flag{code}" + (f"; so written, {then}" if then else ""))
+
+
+def _refused_next(offer: str) -> Optional[str]:
+    """Why the fix ``offer`` of a refused schema pattern, which ``_offer_taken`` does not take, is
+    refused, in the words of the check that weighed it (the engine's, or ``gen()``'s for one with a
+    ``\\p{...}`` class) after their "JSON schema at #/pattern: ", for a refusal to name both
+    problems and offer the second's fix (``(?=a)\\Z``: "the pattern "(?=a)Z" uses a lookahead
+    ..."); None where that check takes it (the engine would not build it: ``_engine_builds``).
+    They said "fix the pattern", or to unescape the character, of the first alone."""
+    try:
+        checked_schema({"type": "string", "pattern": offer}, not unicode_classes(offer))
+    except ValueError as e:
+        return str(e).removeprefix(pattern_subject("#/pattern").removesuffix("the pattern"))
+    return None
 
 
 def _u_flag_reading(pattern: str) -> Optional[tuple]:
@@ -847,8 +870,7 @@ def _code_point_problem(pattern: str, where: str) -> Optional[str]:
         fix = f"write {json_value(written, SHOWN_CHARS)}, each such escape so" + (
             _CLASSES_ELSEWHERE if unicode_classes(written) else "")
     else:
-        # (the pattern so written is refused for more: its words, the "JSON schema at ...: " before them left out)
-        then = (_refused_pattern(where, written) or "").removeprefix(pattern_subject(where).removesuffix("the pattern"))
+        then = _refused_next(written)  # (what the pattern so written is refused for)
         fix = "write each such escape so" + (f"; then {then}" if then else "")
     return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} writes a code point as another dialect "
             f"does, {escape} at position {at}, which ECMA 262 (JSON Schema's dialect) reads as other characters "

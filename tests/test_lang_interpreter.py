@@ -301,9 +301,6 @@ _AS_WITHOUT = ", which means, with the flag too, what ECMA reads it as without i
     (r"a\c", r"\c before no ASCII letter (a control escape is \cA to \cZ)", 1, r"a\\c"),
     (r"[\c1]", r"\c before no ASCII letter (a control escape is \cA to \cZ)", 1, r"[\\c1]"),
     ("a{,3}", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{,3\}"),  # (both lone braces escaped)
-    # ([] is the empty class: "[]\\]", offered before, matches nothing there, and Python's re, the engine's
-    # reader, refuses it as a class left open: test_a_schema_patterns_offer_is_one_gen_and_the_engine_take)
-    ("[]]", r"a lone ] (the flag reads it only escaped, \])", 2, None),
     ("(?<!a){2}", "a repeat {2} of a lookbehind", 6, None),  # (no repeat of a lookbehind without the flag either)
     ("x$?", "a repeat ? of the assertion $", 2, None),
     ("a?+", "a repeat of the repeat ? (Python's possessive a*+ is none of ECMA's)", 2, None),
@@ -931,16 +928,51 @@ def test_gen_and_the_engine_refuse_the_same_random_schema_patterns_in_the_same_w
 def test_a_schema_patterns_identity_escape_is_not_offered_a_pattern_refused_next(pattern, unescaped):
     """gen() and the engine offered "(?=a)Z" for the schema pattern (?=a)\\Z, its escape unescaped,
     which each then refused for the lookahead. They say to unescape the character and offer no
-    pattern; "aZ" is still offered for a\\Z, and taken."""
-    with pytest.raises(ValueError, match="uses a (lookahead|lookbehind), which constrained decoding cannot support"):
+    pattern, then what the pattern so written is refused for, in the words gen() refuses it with
+    (they named the escape alone); "aZ" is still offered for a\\Z, and taken."""
+    with pytest.raises(ValueError, match="uses a (lookahead|lookbehind), which constrained decoding cannot support"
+                       ) as next_refusal:
         sgl.gen("x", json_schema={"type": "string", "pattern": unescaped})  # (what was offered)
     message, in_engine = _refusals({"type": "string", "pattern": pattern})
     assert message == in_engine
     assert message.endswith("or an escape it defines; write each such character unescaped, as ECMA reads the escape "
-                            "without the flag"), message
+                            "without the flag; so written, "
+                            + str(next_refusal.value).removeprefix("JSON schema at #/pattern: ")), message
     said, _ = _refusals({"type": "string", "pattern": r"a\Z"})
     assert 'write "aZ", each such character unescaped' in said
     assert sgl.gen("x", json_schema={"type": "string", "pattern": "aZ"})
+
+
+@pytest.mark.parametrize("pattern, what, at, instead, offer", [
+    ("(?=a)a{,3}", r"a lone { (the flag reads it only escaped, \{)", 6, r"(?=a)a\{,3\}", None),
+    # ([] is ECMA's empty class: "[]\\]" matches nothing there, and Python's re, the engine's reader, refuses it
+    # as a class left open: test_a_schema_patterns_offer_is_one_gen_and_the_engine_take)
+    ("[]]", r"a lone ] (the flag reads it only escaped, \])", 2, r"[]\]", None),
+    ("a{,3}\\u{10330}", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{,3\}\u{10330}",
+     "a\\{,3\\}\U00010330"),
+])
+def test_a_schema_patterns_fix_refused_next_is_named_with_what_it_is_refused_for(pattern, what, at, instead, offer):
+    """(?=a)a{,3} was told of the lone { and "fix the pattern": its fix, (?=a)a\\{,3\\} (what ECMA
+    reads it as without the u flag), holds the lookahead refused next, and was dropped, the
+    lookahead unsaid. gen(), a cell and the engine name both: the first problem, then the
+    pattern so written with the engine's own refusal of it (it weighs each offer, gen()'s too);
+    where that refusal offers a pattern, it
+    fixes both (a{,3}\\u{10330}: the lone { escaped and the code point written as the character,
+    which gen() and the engine take, and which matches the text ECMA reads the pattern as matching
+    without the flag, "a{,3}" and U+10330, as node's RegExp does where at hand)."""
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    then = _schema_refusal(instead, True).removeprefix("JSON schema at #/pattern: ")  # (the engine's: it weighs offers)
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has "
+        f"{what} at position {at}, {_U_FLAG_ERROR}written to mean, with the flag too, what ECMA reads it as without "
+        f"it, {then}")
+    assert message.endswith(f"the pattern {json.dumps(offer, ensure_ascii=False)}") if offer else (
+        "write \"" not in message)
+    if offer:
+        assert sgl.gen("x", json_schema={"type": "string", "pattern": offer})
+        assert _schema_refusal(offer, True) is None
+        assert re.fullmatch(offer, "a{,3}\U00010330") and not re.fullmatch(offer, "a")
+        assert _node_matches(offer, ["a{,3}\U00010330", "a"]) in (None, [True, False])
 
 
 def test_a_schema_patterns_offer_is_one_gen_and_the_engine_take():
