@@ -82,6 +82,11 @@ Qaac Qaai""".split())  # (the last two: other short names of Coptic and Inherite
 # character has (V8 never read it), and scripts encoded after Unicode 17. A schema's pattern with one is refused
 # (ecma_problem), its characters offered as ranges where they are few.
 _SCRIPTS_UNREAD = ("Hrkt", "Katakana_Or_Hiragana", "Jurc", "Jurchen", "Pcun", "Proto_Cuneiform", "Seal")
+# Why \p{Script=Hrkt} holds nothing (the regex package's \p{Script=Hrkt} and \p{scx=Hrkt} hold no code point;
+# tc39/ecma262#3590: every ECMAScript engine refuses scx=Hrkt), for ecma_problem, which offers the two scripts
+_HRKT_WORDS = ("naming Katakana_Or_Hiragana (Hrkt, ISO 15924's code for Hiragana and Katakana together), a script "
+               "Unicode gives no character, as Script or as Script_Extensions (a mark both use, U+30FC ー, has the "
+               "extensions Hiragana and Katakana), and ")
 
 
 @functools.lru_cache(maxsize=256)
@@ -141,7 +146,10 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
     alone only of a general category or a binary property, a script only as ``Script=`` or
     ``Script_Extensions=`` (``sc=``, ``scx=``), each name case-sensitive, and no ``\\p{^...}``:
     ``\\p{Greek}``, ``\\p{IsGreek}`` (Perl's, Java's, .NET's) mean ``\\p{Script=Greek}``, ``\\p{lu}``
-    ``\\p{Lu}``, ``\\p{^L}`` ``\\P{L}``; a block (``\\p{InGreek}``) has no such class."""
+    ``\\p{Lu}``, ``\\p{^L}`` ``\\P{L}``; a block (``\\p{InGreek}``) has no such class. Hrkt, a script no
+    character has, which ECMA's engines refuse, means the two scripts it is ISO 15924's code for:
+    ``\\p{scx=Hrkt}``, ``[\\p{scx=Hiragana}\\p{scx=Katakana}]`` (none for ``\\P{...}``, whose ranges are
+    every character's)."""
     m = _CLASS.fullmatch(cls)
     if m is None:
         return None
@@ -154,9 +162,12 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
     if negated:
         why = f"negated as the regex package negates, which ECMA lacks (it negates with \\{flipped})"
     elif spelled is None and (unread := _script(name.partition("=")[2] if "=" in name else name, _SCRIPTS_UNREAD)):
-        why = (("naming Katakana_Or_Hiragana, a script no character has, " if unread in _SCRIPTS_UNREAD[:2] else
+        why = ((_HRKT_WORDS if unread in _SCRIPTS_UNREAD[:2] else
                 "naming a script newer than the Unicode 17 node's RegExp reads, ")
-               + "which node refuses, as a JSON Schema validator reading patterns with it does")
+               + "which node refuses (as a JSON Schema validator reading patterns with it does)")
+        if unread in _SCRIPTS_UNREAD[:2] and letter == "p":  # (the scripts Hrkt names, by the key written)
+            key = _folded(name.partition("=")[0].strip(), _SCRIPT_KEYS) if "=" in name else "Script"
+            meant = key and f"[\\p{{{key}=Hiragana}}\\p{{{key}=Katakana}}]"
     elif spelled is None:
         why = ("naming no property ECMA reads (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, "
                "or a script, \\p{Script=Greek}; no block)")
