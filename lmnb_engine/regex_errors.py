@@ -82,7 +82,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
         return ambiguous_class(pattern, w)
     except re.error as e:
         return (_quoting_problem(pattern) or named_reference_problem(pattern) or repeated_name_problem(pattern)
-                or named_group_problem(pattern, e) or invalid_regex(pattern, e))
+                or named_group_problem(pattern, e) or _braced_code_point_problem(pattern, e)
+                or invalid_regex(pattern, e))
     except RecursionError:
         return _too_deep(pattern)
     except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
@@ -245,6 +246,35 @@ def _quoting_problem(pattern: str) -> str | None:
     at, offer = found
     written = f": write {shown_regex(offer)}" if offer_taken(offer) else ""
     return f"regex {shown_regex(pattern)} {QUOTING_WORDS.format(at=at)}{written}"
+
+
+# A braced escape of a code point, PCRE's (Perl's, Rust's) \\x{41} or ECMA's (Rust's) \\u{41}, which Python's re
+# lacks (group 1: its hex digits)
+_BRACED_CODE_POINT = re.compile(r"\\[xu]\{([0-9A-Fa-f]{1,6})\}")
+
+
+def _braced_code_point_problem(pattern: str, error: re.error) -> str | None:
+    """Why ``pattern``, which Python's ``re`` refused with ``error``, is refused, where it holds a
+    braced escape of a code point (``_BRACED_CODE_POINT``, up to U+10FFFF): ``invalid_regex``'s
+    words, with the pattern each such escape written as ``re`` writes the code point (``\\x41``,
+    ``\\u3042``, ``\\U00010330``) offered where ``offer_taken``; None otherwise. ``re`` said only
+    "incomplete escape \\x", "fix the pattern"."""
+    out, i, found = [], 0, False
+    while i < len(pattern):
+        m = _BRACED_CODE_POINT.match(pattern, i) if pattern[i] == "\\" else None
+        if m and (code := int(m.group(1), 16)) <= 0x10FFFF:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+            i, found = m.end(), True
+        else:
+            step = 2 if pattern[i] == "\\" else 1
+            out.append(pattern[i:i + step])
+            i += step
+    offer = "".join(out)
+    if not found or not offer_taken(offer):
+        return None
+    return invalid_regex(pattern, error, f"write {shown_regex(offer)}, each braced escape of a code point (PCRE's "
+                                         "\\x{...}, ECMA's \\u{...}) as Python's re writes it (\\xHH, \\uHHHH, "
+                                         "\\UHHHHHHHH)")
 
 
 def _too_deep(pattern: str) -> str:

@@ -27,12 +27,12 @@ def shown_regex(pattern: str) -> str:
     return json_value(pattern, SHOWN_CHARS)
 
 
-def invalid_regex(pattern: str, error: re.error) -> str:
+def invalid_regex(pattern: str, error: re.error, fix: str = "fix the pattern") -> str:
     """The message for a ``regex`` constraint that Python's ``re`` refused with ``error`` (read with
     its Unicode classes held: ``classes_held``): the pattern (``shown_regex``), what is wrong and
-    where (``error_words``), and the fix."""
+    where (``error_words``), and the fix (``fix``: what to write, where more is known)."""
     return (f"regex {shown_regex(pattern)} cannot be compiled: it is not a valid regular expression "
-            f"({error_words(pattern, error)}); fix the pattern")
+            f"({error_words(pattern, error)}); {fix}")
 
 
 def error_words(pattern: str, error: re.error, place: Callable[[int], int] | None = None,

@@ -2140,6 +2140,27 @@ def test_a_pattern_only_rusts_regex_reads_is_refused_by_the_engine_as_by_gen(bac
     assert said.startswith(f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression ("), said
 
 
+@pytest.mark.parametrize("pattern, at, offer, held, not_held", [
+    (r"[\x{41}-\x{5A}]+", 1, r"[\x41-\x5a]+", ["A", "AZ", "Q"], ["a", "@", "["]),
+    (r"a\u{3042}b", 1, r"a\u3042b", ["a\u3042b"], ["ab", "au{3042}b"]),
+    (r"\u{10330}", 0, r"\U00010330", ["\U00010330"], ["\U00010331", "u"]),
+])
+def test_a_braced_code_point_escape_in_a_regex_is_offered_pythons_spelling(backend, pattern, at, offer, held, not_held):
+    # PCRE's \x{41} and ECMA's \u{41} (Rust's regex reads both) were told "incomplete escape \x", "fix the
+    # pattern": the pattern is offered with each written as Python's re writes that code point, by gen(), a
+    # cell and the engine alike; the offer matches the code points the escapes name (hex 41 is "A", 5A "Z",
+    # 3042 "あ"), and gen() takes it
+    said = _refused_alike(backend, pattern)
+    assert said == (f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression (incomplete "
+                    f"escape \\{pattern[at + 1]} at position {at}); write {json.dumps(offer)}, each braced escape of a "
+                    "code point (PCRE's \\x{...}, ECMA's \\u{...}) as Python's re writes it (\\xHH, \\uHHHH, "
+                    "\\UHHHHHHHH)")
+    assert [bool(re.fullmatch(offer, t)) for t in held + not_held] == [True] * len(held) + [False] * len(not_held)
+    import lmnb
+
+    assert lmnb.gen("x", regex=offer)
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):
