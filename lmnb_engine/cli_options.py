@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import weakref
 
 from lmnb_engine.suggest import close_match, did_you_mean
@@ -162,9 +163,44 @@ class SuggestingParser(argparse.ArgumentParser):
 
     def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+        self._words: list = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)  # (for error: the words left over)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
-        super().error(suggest_option(message, self))
+        """Exits 2 with ``message``, a misspelt option offered its closest. argparse reports a
+        missing required argument before the words it did not recognize, so a job's ``--inp
+        rows.jsonl`` was told only "the following arguments are required: --input": the words it
+        did not recognize come first, with their suggestions, and then the required arguments that
+        none of the suggestions names."""
+        unknown = self._unrecognized() if message.startswith(_REQUIRED) else []
+        if unknown:
+            words = "unrecognized arguments: " + " ".join(unknown)
+            said = suggest_option(words, self)
+            offered = set(re.findall(r"--[\w-]+", said[len(words):]))  # (the options its notes name)
+            missing = [name for name in message[len(_REQUIRED):].split(", ") if name not in offered]
+            message = said + (f"; {_REQUIRED}{', '.join(missing)}" if missing else "")
+        else:
+            message = suggest_option(message, self)
+        super().error(message)
+
+    def _unrecognized(self) -> list:
+        """The words of the last parse that no argument takes, found by parsing them again with no
+        argument required (that parse reached the required check, so it refuses nothing else)."""
+        required = [action for action in self._actions if action.required]
+        for action in required:
+            action.required = False
+        try:
+            return self.parse_known_args(self._words, argparse.Namespace())[1]
+        finally:
+            for action in required:
+                action.required = True
+
+
+# argparse's refusal of missing required arguments, before their names (", "-separated)
+_REQUIRED = "the following arguments are required: "
 
 
 def option_error(kind: type, problem: str, *fixes: tuple) -> BaseException:

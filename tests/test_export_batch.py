@@ -587,6 +587,46 @@ def test_a_misspelt_option_of_a_job_is_offered_the_closest_the_parameters_includ
            "--temperature, --limt → --limit?)")
 
 
+def test_a_misspelt_required_option_is_offered_its_option_not_only_said_missing(tmp_path, capsys):
+    """argparse says a required option is missing before the words it did not recognize, so a job's
+    --inp rows.jsonl (a prefix, which the job refuses) was told only "the following arguments are
+    required: --input", where lmnb run offers the option; the words come first now, with their
+    offers, and a required option that none of them names after them."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.batch.options import add_parameters, job_parser
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook('q = "x"', "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    done = subprocess.run([sys.executable, "job.py", "--inp", "rows.jsonl", "--output", "out.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2, "job.py: error: unrecognized arguments: --inp rows.jsonl (--inp begins --input and --input-format; write "
+           "the option in full)")
+    parser = job_parser()
+    parser.prog = "job.py"
+    add_parameters(parser, {"temperature": 0.5})
+    cases = {
+        ("--inpt=rows.jsonl", "--outpt", "o.jsonl"):
+            "unrecognized arguments: --inpt=rows.jsonl --outpt o.jsonl (did you mean: --inpt → --input, --outpt → "
+            "--output?)",
+        ("--output", "o.jsonl", "--temprature", "0.2"):  # (offered --temperature: --input is still missing)
+            "unrecognized arguments: --temprature 0.2 (did you mean: --temprature → --temperature?); the following "
+            "arguments are required: --input",
+        ("--output", "o.jsonl", "junk"): "unrecognized arguments: junk; the following arguments are required: --input",
+        ("--output", "o.jsonl"): "the following arguments are required: --input",
+    }
+    for argv, said in cases.items():
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(list(argv))
+        assert (exited.value.code, capsys.readouterr().err.splitlines()[-1]) == (2, f"job.py: error: {said}"), argv
+    # the parser's required options are as they were: a whole command line still parses
+    args = parser.parse_args(["--input", "rows.jsonl", "--output", "o.jsonl"])
+    assert (str(args.input), [a.dest for a in parser._actions if a.required]) == ("rows.jsonl", ["input", "output"])
+
+
 def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):
     """An exported job whose %%lm cell writes text before its gen, run on an OpenAI chat model
     (--openai m, no --completion), failed every row with the backend's refusal and ended with "fix
