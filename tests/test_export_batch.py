@@ -2200,6 +2200,10 @@ def test_a_results_line_json_cannot_hold_is_refused_with_its_line_number(tmp_pat
     ('"status": "ok", "settings": 0', 'its "settings" is 0, not an object'),
     ('"status": ["ok"]', 'its "status" is ["ok"], not "ok", "error" or "bad_input"'),
     ('"status": {"ok": 1}', 'its "status" is {"ok": 1}, not "ok", "error" or "bad_input"'),
+    ('"status": "ok", "input_hash": 5', 'its "input_hash" is 5, not a string'),
+    ('"status": "ok", "input_hash": null', 'its "input_hash" is null, not a string'),
+    ('"status": "bad_input"', 'it is a "bad_input" record with no "error"'),
+    ('"status": "bad_input", "error": ["x"]', 'its "error" is ["x"], not a string'),
 ])
 @pytest.mark.parametrize("last", [False, True])
 def test_a_results_line_whose_fields_are_not_the_jobs_types_is_refused_with_its_line_number(tmp_path, capsys,
@@ -2207,7 +2211,9 @@ def test_a_results_line_whose_fields_are_not_the_jobs_types_is_refused_with_its_
     """A hand-edited record whose "settings" is no object, or whose "status" is no string, stopped
     the job with a traceback (AttributeError: 'str' object has no attribute 'get'; TypeError:
     unhashable type), before the set-up cells ran too (the early settings check, which now leaves
-    the line to open's refusal). As the last line without its line break, it is refused and
+    the line to open's refusal). A bad_input record without its "error" was said as "lmnb batch:
+    rows.jsonl None" and counted bad input again, and an "input_hash" that is no string let a row
+    whose input changed count as done. As the last line without its line break, it is refused and
     left, not cut off as a record a killed run was writing (no cut-off record is JSON)."""
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
     out = tmp_path / "out.jsonl"

@@ -406,9 +406,11 @@ def _loaded(data: bytes) -> Any:
 def _flaw(record: Any) -> Optional[str]:
     """Why ``record`` (a line's JSON value) is no result record, or None where it is one: a JSON
     object whose fields that the job reads are of the types it writes them with ("row" an integer,
-    "status" a string, "settings" an object; the last two may be left out, and an unknown status
+    "status" a string, "settings" an object, "input_hash" a string, and a bad_input record's
+    "error" a string; "status", "settings" and "input_hash" may be left out, and an unknown status
     counts as an error). A hand edit that left another type there ("settings": "x") failed the
-    job with a traceback."""
+    job with a traceback; a bad_input record without its "error" was said as "None" and counted
+    bad input again, and an "input_hash" that is no string let the row's changed input through."""
     if not isinstance(record, dict):
         return "not a JSON object"
     row = record.get("row")
@@ -418,6 +420,11 @@ def _flaw(record: Any) -> Optional[str]:
         return f'its "status" is {_shown(record["status"])}, not "ok", "error" or "bad_input"'
     if record.get("settings") is not None and not isinstance(record["settings"], dict):
         return f'its "settings" is {_shown(record["settings"])}, not an object'
+    if not isinstance(record.get("input_hash", ""), str):
+        return f'its "input_hash" is {_shown(record["input_hash"])}, not a string'
+    if record.get("status") == BAD_INPUT and not isinstance(record.get("error"), str):
+        return (f'its "error" is {_shown(record["error"])}, not a string' if "error" in record else
+                'it is a "bad_input" record with no "error"')
     return None
 
 
