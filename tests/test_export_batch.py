@@ -868,6 +868,23 @@ def test_a_rerun_with_other_parameters_or_backend_is_refused_not_mixed_into_the_
     assert all(r["settings"]["parameter style"] == "long" and r["settings"]["--backend"] == "engine" for r in results)
 
 
+def test_a_setting_one_run_has_and_the_other_has_not_is_said_not_set_not_none(tmp_path, capsys):
+    """A parameter the notebook gained after the first run (its records have no such setting), or
+    lost since, was said as "parameter style: None there, 'terse' now", as if it had been None."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+
+    def job_with(**parameters) -> int:
+        job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                           "--no-progress", "--limit", "1"])
+        job.parameters(**parameters)
+        return job.run(run_row, programs=[echo], backend=ScriptedBackend(reply))
+
+    assert job_with(seed=3) == 0
+    assert job_with(style="terse") == 2
+    assert ("holds rows run with other settings (parameter seed: 3 there, not set now; parameter style: not set "
+            "there, 'terse' now); rerun with the same options") in capsys.readouterr().err
+
+
 def test_an_input_field_that_is_a_parameter_is_refused_before_any_row_runs(tmp_path, capsys):
     """The export of 01-quickstart makes `person` an option (--person), not a row field: rows
     {"person": "Corin"} all ran with the default "Arvel" and were written as ok, without a word."""

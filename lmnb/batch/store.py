@@ -258,7 +258,8 @@ class ResultStore:
         changed = sorted(k for k in {*old, *self.settings} - set(unknown) if old.get(k) != self.settings.get(k))
         if not changed:
             return
-        shown = "; ".join(f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now" for k in changed)
+        # (a setting a record has not, or this run has not, is said so: "None there" read as the value None)
+        shown = "; ".join(f"{k}: {_setting(old, k)} there, {_setting(self.settings, k)} now" for k in changed)
         raise StoreError(f"{self.path} holds rows run with other settings ({shown}); rerun with the same "
                          "options as the first run, or write to a new output file")
 
@@ -426,6 +427,15 @@ def _flaw(record: Any) -> Optional[str]:
         return (f'its "error" is {_shown(record["error"])}, not a string' if "error" in record else
                 'it is a "bad_input" record with no "error"')
     return None
+
+
+def _setting(settings: dict, key: str) -> str:
+    """The value of setting ``key`` in ``settings`` for the other-settings refusal: its repr, or
+    "not set" where ``settings`` has no such key (``--completion`` and ``--chat-template`` are
+    recorded only where given, and a parameter only where the notebook has it). (A key one side
+    has not counts as None in the comparison, so that records written before a setting was
+    recorded stay readable: "not set" is said only beside another value.)"""
+    return repr(settings[key]) if key in settings else "not set"
 
 
 def _shown(value: Any) -> str:
