@@ -27,7 +27,8 @@ from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as
 from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
-from lmnb_engine.params import SamplingParams, SamplingParamsError, does_not_fit, python_value
+from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, past_context,
+                                python_value)
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req, kv_to_finish
 from lmnb_engine.sampler import min_new_tokens_conflict
@@ -758,20 +759,23 @@ class Engine:
         n = len(ids)
         prompt = f"prompt of {n} token{'s' * (n != 1)}"
         # a prompt too long by itself is not fixed by fewer new tokens (a select's or a fork's
-        # prefill asks for none), so the message then names the prompt alone
+        # prefill asks for none), so the message then names the prompt, and max_new_tokens too
+        # only where it fits beside no prompt
         if n > self.context_len:
-            raise ValueError(f"{prompt} exceeds the model's context length of {self.context_len} "
-                             f"tokens{self._window_note()}; shorten the prompt")
+            raise ValueError(past_context(f"{prompt} exceeds the model's context length of {self.context_len} "
+                                          f"tokens{self._window_note()}", params.max_new_tokens, self.context_len))
         if n + params.max_new_tokens > self.context_len:
             # max_new_tokens the context's length or more fits beside no prompt: shortening it is no
             # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large");
-            # but a prompt that fills the context leaves room for none: "at most 0" would be no fix either
-            alone = params.max_new_tokens >= self.context_len and n < self.context_len
+            # but a prompt that fills the context leaves room for none: "at most 0" would be no fix either,
+            # and neither alone is one (it said "shorten the prompt or lower max_new_tokens")
+            no_prompt_fits = params.max_new_tokens >= self.context_len
+            alone = no_prompt_fits and n < self.context_len
             error = does_not_fit(ValueError(
                 f"{prompt} + max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; "
                 + (f"lower max_new_tokens to at most {self.context_len - n}" if alone else
-                   "shorten the prompt or lower max_new_tokens")
+                   both_fix(self.context_len) if no_prompt_fits else "shorten the prompt or lower max_new_tokens")
             ))
             if alone:
                 error.field = "max_new_tokens"  # (refused_field reads it; an attribute, kept by pickling)

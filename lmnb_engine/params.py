@@ -111,6 +111,26 @@ def does_not_fit(e: BaseException) -> BaseException:
     return e
 
 
+def past_context(said: str, max_new_tokens: Any, context_len: int, noun: str = "prompt",
+                 field: str = "max_new_tokens", template_tokens: int = 1) -> str:
+    """The refusal of a prompt longer than the context, ``said`` ("prompt of 600 tokens exceeds
+    the model's context length of 512 tokens"), with its fix: shorten the ``noun``; and, in the
+    same message, lower ``max_new_tokens`` (the request's ``field``) where it leaves no room for
+    the shortest prompt (``template_tokens`` long: one token, or a chat template's own tokens),
+    which the shortened prompt then met as a second refusal. A ``max_new_tokens`` that is no
+    positive integer is left to its own check."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens + template_tokens <= context_len:
+        return f"{said}; shorten the {noun}"
+    room = "any prompt" if template_tokens <= 1 else f"the {noun} (the chat template alone takes {template_tokens} tokens)"
+    return f"{said}, and {field}={max_new_tokens} leaves no room for {room}; {both_fix(context_len, noun, field)}"
+
+
+def both_fix(context_len: int, noun: str = "prompt", field: str = "max_new_tokens") -> str:
+    """The fix of a prompt and a ``max_new_tokens`` (the request's ``field``) that both must
+    shrink to fit ``context_len`` tokens together (neither alone is enough)."""
+    return f"shorten the {noun} and lower {field}, so that the prompt's tokens and {field} together fit {context_len}"
+
+
 def _is_numpy_scalar(v: Any) -> bool:
     return type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item")
 

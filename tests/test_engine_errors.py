@@ -97,8 +97,18 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
          r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt$"),
         ([5] * 10, GREEDY.copy(max_new_tokens=600), "context length"),
         ([5], GREEDY.copy(max_new_tokens=600), r"^prompt of 1 token \+ max_new_tokens=600 exceeds"),
-        # a max_new_tokens no prompt fits beside, but a prompt that fills the context: not "at most 0"
-        ([5] * 512, GREEDY.copy(max_new_tokens=512), r"length of 512 tokens; shorten the prompt or lower max_new_tokens$"),
+        # a max_new_tokens no prompt fits beside, but a prompt that fills the context: not "at most 0",
+        # and not "shorten the prompt or lower max_new_tokens" (either alone fits nothing): both
+        ([5] * 512, GREEDY.copy(max_new_tokens=512), r"length of 512 tokens; shorten the prompt and lower max_new_tokens, "
+                                                     r"so that the prompt's tokens and max_new_tokens together fit 512$"),
+        # a prompt past the context beside such a max_new_tokens: both at once (it named the prompt
+        # alone, and the shortened prompt met a second refusal)
+        ([5] * 600, GREEDY.copy(max_new_tokens=512),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens, and max_new_tokens=512 leaves no room "
+         r"for any prompt; shorten the prompt and lower max_new_tokens, so that the prompt's tokens and max_new_tokens "
+         r"together fit 512$"),
+        ([5] * 600, GREEDY.copy(max_new_tokens=511),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt$"),
         ([5] * 10, GREEDY.copy(temperature=-1.0), "temperature"),
         ([5] * 10, GREEDY.copy(top_p=0.0), "top_p"),
         ([5] * 10, GREEDY.copy(n=0), "SamplingParams.n"),

@@ -1038,11 +1038,42 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
     n = len(engines[1].encode("hi"))
     assert httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 10**6},
                       timeout=60).json()["error"]["message"].endswith(f"; lower max_tokens to at most {ctx_len - n}")
-    # one that fits alone, past the context with the prompt: the messages', as OpenAI's context_length_exceeded
-    r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": ctx_len - 1},
-                   timeout=60)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
-    assert r.json()["error"]["message"].endswith("; shorten the messages or lower max_tokens")
+    # one that fits beside shorter messages, past the context with these: the messages', as OpenAI's
+    # context_length_exceeded; but one that no messages fit beside, since the chat template's own tokens
+    # stay (its prompt for an empty message), is the field's: it was told to shorten the messages too
+    chat = len(engines[1].encode(engines[1].apply_chat_template(msgs), add_special_tokens=False))
+    template = len(engines[1].encode(engines[1].apply_chat_template([{"role": "user", "content": ""}]),
+                                     add_special_tokens=False))
+    assert 1 < template < chat
+    for max_tokens, param, fix in [
+            (ctx_len - template, "messages", "; shorten the messages or lower max_tokens"),
+            (ctx_len - template + 1, "max_tokens", f"; lower max_tokens to at most {ctx_len - chat} (the chat template "
+             f"alone takes {template} of the prompt's tokens, so no shorter messages make room for "
+             f"{ctx_len - template + 1})"),
+            (ctx_len - 1, "max_tokens", f"; lower max_tokens to at most {ctx_len - chat} (the chat template alone "
+             f"takes {template} of the prompt's tokens, so no shorter messages make room for {ctx_len - 1})")]:
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": max_tokens},
+                       timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert r.json()["error"]["message"] == (f"prompt of {chat} tokens + max_tokens={max_tokens} exceeds the model's "
+                                                f"context length of {ctx_len} tokens{fix}"), r.text
+    # messages past the context beside a max_tokens that leaves no room for them: both at once (it named the
+    # messages alone, and the shorter ones met a second refusal), counted, or (a text certainly too long) not
+    both = ("leaves no room for {}; shorten the {} and lower max_tokens, so that the prompt's tokens and max_tokens "
+            f"together fit {ctx_len}")
+    long, huge = "hi " * ctx_len, "x" * 50 * ctx_len
+    counted, uncounted = r"\d+ tokens", r"at least \d+ tokens \(\d+ characters, counted without encoding them\)"
+    for path, body, param, size, room in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}, "messages", counted,
+             f"the messages (the chat template alone takes {template} tokens)"),
+            ("/v1/completions", {"prompt": long}, "prompt", counted, "any prompt"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages", uncounted,
+             f"the messages (the chat template alone takes {template} tokens)"),
+            ("/v1/completions", {"prompt": huge}, "prompt", uncounted, "any prompt")]:
+        r = httpx.post(url + path, json={"model": "tiny", "max_tokens": ctx_len, **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert re.fullmatch(rf"prompt of {size} exceeds the model's context length of {ctx_len} tokens, and "
+                            rf"max_tokens={ctx_len} " + re.escape(both.format(room, param)), r.json()["error"]["message"]), r.text
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "min_tokens": 3})
     assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"
 

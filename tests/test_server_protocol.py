@@ -3187,6 +3187,44 @@ def test_a_chat_prompt_too_long_for_its_max_tokens_says_to_shorten_the_messages(
             "lower max_tokens"), r.text
 
 
+def test_a_chat_max_tokens_that_leaves_no_room_for_the_templates_tokens_is_told_to_be_lowered():
+    """A chat request whose max_tokens fits beside a one-token prompt but not beside its messages
+    was told to "shorten the messages or lower max_tokens", though no messages are short enough:
+    the template's own tokens (the stand-in's "[user]\\n[assistant]": 18, one token a character)
+    stay. It is told to lower max_tokens, to what fits beside its prompt; where its messages too
+    fill the context, both at once, where it was told only to shorten them, and then refused again."""
+    class Engine(RecordingEngine):
+        context_len = 40
+
+        def submit(self, prompt, params, rid=None):  # (the engine's refusal, for a max_tokens shorter messages fit)
+            raise ValueError(f"prompt of {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
+                             "model's context length of 40 tokens; shorten the prompt or lower max_new_tokens")
+
+    def refusal(content: str, **limit) -> tuple:
+        r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": content}],
+                                                **limit})
+        assert r.status_code == 400, r.text
+        return r.json()["error"]["param"], r.json()["error"]["message"]
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        # "[user]abcdef\n[assistant]": 24 tokens; 18 + 30 > 40
+        for name in ("max_tokens", "max_completion_tokens"):
+            assert refusal("abcdef", **{name: 30}) == (name, (
+                f"prompt of 24 tokens + {name}=30 exceeds the model's context length of 40 tokens; lower {name} to at "
+                "most 16 (the chat template alone takes 18 of the prompt's tokens, so no shorter messages make room "
+                "for 30)"))
+        # 18 + 22 fits 40: shorter messages do (the engine's refusal, in the request's names)
+        assert refusal("abcdef", max_tokens=22) == ("messages", (
+            "prompt of 24 tokens + max_tokens=22 exceeds the model's context length of 40 tokens; shorten the messages "
+            "or lower max_tokens"))
+        both = ("leaves no room for the messages (the chat template alone takes 18 tokens); shorten the messages and "
+                "lower max_tokens, so that the prompt's tokens and max_tokens together fit 40")
+        assert refusal("x" * 30, max_tokens=30) == ("messages", (
+            f"prompt of 48 tokens exceeds the model's context length of 40 tokens, and max_tokens=30 {both}"))
+        assert refusal("x" * 22, max_tokens=30) == ("messages", (  # (not "at most 0")
+            f"prompt of 40 tokens fills the model's context length of 40 tokens, and max_tokens=30 {both}"))
+
+
 @pytest.mark.parametrize("refusal, status, message", [
     (ValueError("a text-only model: it cannot take images"), 400, "the served model is text-only"),
     # a LLaVA model whose image processor this transformers builds only with torchvision: the

@@ -755,13 +755,16 @@ def check_rid(rid: str, param: str = "rid") -> None:
                            "out for an id the server picks", param=param)
 
 
-def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool = True,
+                  fix: Optional[Callable[[str], str]] = None) -> list[int]:
     """``engine.encode(text)``; a text certainly longer than the context is refused (a 400 naming
     ``param``) without encoding it: a 20 MB prompt took 20 s to encode, to be refused then. On a
-    worker thread: the first look at a vocabulary takes a moment."""
+    worker thread: the first look at a vocabulary takes a moment. ``fix``: the refusal's message
+    made of what it says of the text (``params.past_context``, naming the request's length field
+    too where that is also too large); default: "...; shorten the ``param``"."""
     too_long = text_too_long(text, engine.tokenizer, engine.context_len)
     if too_long:
-        raise RequestError(f"{too_long}; shorten the {param}", param=param)
+        raise RequestError(fix(too_long) if fix else f"{too_long}; shorten the {param}", param=param)
     return engine.encode(text, add_special_tokens)
 
 

@@ -22,6 +22,7 @@ rid aborts every choice.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 import uuid
@@ -74,7 +75,8 @@ from lmnb_engine.http_server.protocol import (
 )
 from lmnb_engine.json_schema import json_value
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
-from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
+from lmnb_engine.params import (DOES_NOT_FIT, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError,
+                                in_front_end_names, past_context)
 from lmnb_engine.token_text import token_bytes, token_text
 
 
@@ -729,9 +731,12 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         with ctx.holding_response(rid, rids):
             # token ids up front, so echoed logprobs can name the first prompt token too
             ids = []
+            fix = functools.partial(past_context, max_new_tokens=params.max_new_tokens, context_len=engine.context_len,
+                                    field="max_tokens")
             for k, x in enumerate(prompts):
                 try:
-                    ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
+                    ids.append(await ctx.run(encode_prompt, engine, x, "prompt", True, fix) if isinstance(x, str)
+                               else list(x))
                 except RequestError as e:  # (a prompt too long to encode, of a list: prompt[k])
                     raise entry_error(e, k, _per_prompt(req)) from None
             handles = await _submit(ctx, req, ids, [params] * len(ids), rid, rids, request)  # checks the ids
@@ -780,12 +785,13 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 said = str(e) if str(e).startswith(TEMPLATE_REJECTED) else f"{TEMPLATE_REJECTED}: {e}"
                 raise RequestError(said, param="messages") from None
             # add_special_tokens=False: the template wrote any BOS
-            ids = await ctx.run(encode_prompt, engine, text, "messages", False)
+            fix = functools.partial(_chat_past_context, engine, messages, extra, _max_name(req), max_tokens)
+            ids = await ctx.run(encode_prompt, engine, text, "messages", False, fix)
             mm = ctx.multimodal
             token = mm.image_token if mm is not None else None
-            extra = sum(1 for t in ids if t == mm.image_token_id) - len(images) if token else 0
-            if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
-                raise RequestError(f"the messages' text holds the image token {json_value(token)} {extra} time(s); it "
+            stray = sum(1 for t in ids if t == mm.image_token_id) - len(images) if token else 0
+            if stray:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
+                raise RequestError(f"the messages' text holds the image token {json_value(token)} {stray} time(s); it "
                                    "stands for an image, and images come as image_url content parts: remove it from the "
                                    "text",
                                    param="messages")
@@ -805,6 +811,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
                                        f"in {where}; shorten the messages", param="messages")
                 max_tokens = room - len(prompt)
+            elif 0 < max_tokens and len(prompt) + max_tokens > engine.context_len:
+                await ctx.run(_refuse_past_the_template, engine, messages, extra, len(prompt), _max_name(req), max_tokens)
             if req.top_logprobs and not req.logprobs:
                 raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
             params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
@@ -821,6 +829,52 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         } for r in results]
         return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
                 "choices": choices, "usage": _usage(results), **_served_tier(req)}
+
+
+def _template_tokens(engine: Any, messages: list, extra: dict) -> int:
+    """The tokens of the chat prompt for ``messages`` (plain, as the template takes them) with
+    every content empty: what the chat template takes around them alone, which no shortening of
+    their text goes below; 1 (as a plain prompt's shortest) where the template refuses them so."""
+    try:
+        text = engine.apply_chat_template([{**m, "content": ""} for m in messages], True, extra)
+    except ValueError:  # (TEMPLATE_REJECTED: the template's own checks)
+        return 1
+    return max(1, len(engine.encode(text, False)))
+
+
+def _chat_past_context(engine: Any, messages: list, extra: dict, name: str, max_tokens: Optional[int],
+                       said: str) -> str:
+    """``params.past_context`` for a chat prompt (what ``said`` says of it) past the context: the
+    request's ``name`` (``max_tokens`` or ``max_completion_tokens``) is to be lowered too where
+    it leaves no room for the chat template's own tokens (``_template_tokens``)."""
+    floor = _template_tokens(engine, messages, extra) if isinstance(max_tokens, int) else 1
+    return past_context(said, max_tokens, engine.context_len, "messages", name, floor)
+
+
+def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, name: str, max_tokens: int) -> None:
+    """Refuse a chat request whose ``n``-token prompt and ``max_tokens`` (past the context together)
+    leave no room for the chat template's own tokens, so that no shorter messages fit: the
+    engine's "shorten the messages or lower max_tokens" offered a fix that fits no messages.
+    Returns where shorter messages would fit, and where ``max_tokens`` is the context's length or
+    more beside a prompt that fits (the engine's refusal stands then: lower it to what fits).
+
+    Raises:
+        RequestError: naming ``name`` and the most that fits beside this prompt, or (a prompt
+            that fills the context itself) the messages and ``name`` both.
+    """
+    context = engine.context_len
+    if max_tokens >= context > n:
+        return
+    floor = _template_tokens(engine, messages, extra)
+    if max_tokens + floor <= context:
+        return
+    if n >= context:  # (at most 0 is no fix: the messages must shrink too)
+        said = f"prompt of {n} tokens {'exceeds' if n > context else 'fills'} the model's context length of {context} tokens"
+        raise RequestError(past_context(said, max_tokens, context, "messages", name, floor), param="messages")
+    raise RequestError(f"prompt of {n} tokens + {name}={max_tokens} exceeds the model's context length of {context} "
+                       f"tokens; lower {name} to at most {context - n} (the chat template alone takes {floor} of the "
+                       f"prompt's tokens, so no shorter messages make room for {max_tokens})",
+                       param=name, reason=DOES_NOT_FIT)
 
 
 def _served_tier(req: Any) -> dict:
