@@ -245,6 +245,10 @@ class SamplingParams:
             starts, which is where a match may still begin here) is refused: ``\\A`` is the output's start.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
+            Not for a constrained request (``regex``, ``json_schema``), by design: its grammar allows
+            EOS only where the text so far fully matches, and an EOS sampled there still ends the
+            output (finish reason ``stop``, ``matched`` the EOS id), as does a full match that
+            nothing can extend (``lmnb_engine.constrained``).
         skip_special_tokens: drop special tokens from the returned text.
         seed: per-request seed; the same seed and prompt give the same sample.
         n: number of samples sharing one prefill of the prompt (at most ``MAX_N``).

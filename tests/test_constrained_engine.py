@@ -422,6 +422,23 @@ def test_a_grammar_completed_by_a_jump_counts_the_output_then_not_its_unverified
     assert grammar_end_reason(req(1, 0, 0)).type == "stop"
 
 
+def test_ignore_eos_does_not_keep_a_constrained_output_going_past_an_eos_its_grammar_allows(engines):
+    """By design (``lmnb_engine.constrained``, ``SamplingParams.ignore_eos``' docstring): EOS is a
+    constrained output's end where its text fully matches, ignore_eos or not. "a( a)*" matches
+    after each "a", so a sample may end at any of them before max_new_tokens=20; with ignore_eos
+    it ends where it ends without, at the model's EOS, named in matched."""
+    on, _ = engines
+    eos = on.tokenizer.eos_token_id
+    early = 0
+    for seed in range(10):
+        params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=seed, regex="a( a)*")
+        kept_going, plain = (on.generate("the cat", params.copy(ignore_eos=ignore)) for ignore in (True, False))
+        assert (kept_going.token_ids, kept_going.finish_reason) == (plain.token_ids, plain.finish_reason)
+        assert re.fullmatch("a( a)*", kept_going.text) and kept_going.finish_reason.matched == eos, kept_going
+        early += len(kept_going.token_ids) < 20
+    assert early, "no sample ended before max_new_tokens: the test shows nothing"
+
+
 def test_a_complete_grammar_names_the_models_eos_in_matched(engines):
     """A regex / JSON schema that is complete (nothing but EOS can follow) ends without sampling
     EOS, and its finish reason's matched was None (the OpenAI routes' matched_stop null), where
