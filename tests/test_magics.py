@@ -817,27 +817,19 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
     import socket
     import subprocess
     import sys
-    import time
 
-    import httpx
+    from helpers_lang import served_url
 
-    with socket.socket() as sock, socket.socket() as other:  # (bound at once: two different ports)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        other.bind(("127.0.0.1", 0))
-        closed = other.getsockname()[1]  # a port nothing listens on
+    # --port 0: the system picks a free port, which the "serving" line names (a port found free by
+    # the test, closed and bound by the server later could be taken meanwhile)
     server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+                               "--port", "0", "--log-level", "warning"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(url + "/get_model_info", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert server.poll() is None and time.monotonic() < deadline, "lmnb serve did not come up"
-                time.sleep(0.5)
+        url = served_url(server)
+        with socket.socket() as other:  # (once the server holds its port: never the server's)
+            other.bind(("127.0.0.1", 0))
+            closed = other.getsockname()[1]  # a port nothing listens on
         expected = greedy(ip, "Q: where\nA:", 5)
         with separate_session(ip):
             # ("default": the name docs/cli.md gives lmnb serve's model, which GET /v1/models does not list)
