@@ -257,8 +257,10 @@ def test_generate_keeps_the_long_read_timeout(stalling_url, monkeypatch):
     """Only the model info is asked with the short limit: a gen slower than it is waited for."""
     from lmnb.backend import runtime_endpoint
 
-    monkeypatch.setattr(runtime_endpoint, "MODEL_INFO_TIMEOUT_S", 0.2)
     backend = lmnb.RuntimeEndpoint(stalling_url, timeout=1.0)
+    # (shortened once connected: the stub's answer to the model info, given 0.2 s, could come late
+    # on a loaded machine; the gen below reads the limit as it runs)
+    monkeypatch.setattr(runtime_endpoint, "MODEL_INFO_TIMEOUT_S", 0.2)
     t0 = time.monotonic()
     with pytest.raises(BackendError, match="sent nothing for 1 s \\(the read timeout\\)"):
         backend.generate(Prompt("Hi"), GenParams(max_new_tokens=4), "r1")
