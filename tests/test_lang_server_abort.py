@@ -81,24 +81,31 @@ def test_an_abort_stops_every_call_under_its_id(server, endpoint, monkeypatch): 
 
 class LateServer:
     """``/generate`` is received, then held until ``release``, then registered: an abort posted
-    before that is ignored (``honour_aborts``: one after it ends the request at once; else every
-    abort is ignored, as by a server that starts a stream before it registers its request)."""
+    before ``release`` is ignored, one posted after it waits for the registration (``honour_aborts``:
+    then ends the request at once; else every abort is ignored, as by a server that starts a stream
+    before it registers its request). ``release_at_first_abort``: the first abort's post (ignored)
+    sets ``release`` itself, so that no thread of the test has to be quick between the posts."""
 
-    def __init__(self, scripted, honour_aborts: bool):
+    def __init__(self, scripted, honour_aborts: bool, release_at_first_abort: bool = False):
         self.received, self.release, self.aborted = threading.Event(), threading.Event(), threading.Event()
-        self.registered, self.abort_posts, self.client_left = False, 0, threading.Event()
-        self.honour_aborts = honour_aborts
+        self.registered, self.abort_posts, self.client_left = threading.Event(), 0, threading.Event()
+        self.honour_aborts, self.release_at_first_abort = honour_aborts, release_at_first_abort
         scripted.answer = self.answer
 
     def answer(self, h, b):
         if h.path == "/abort_request":
             self.abort_posts += 1
-            if self.registered and self.honour_aborts:
+            if self.release.is_set():
+                self.registered.wait(10)  # (released: the request registers at once)
+            if self.registered.is_set() and self.honour_aborts:
                 self.aborted.set()
-            return send(h, 200, json.dumps({"success": self.registered}).encode())
+            send(h, 200, json.dumps({"success": self.registered.is_set()}).encode())
+            if self.release_at_first_abort:
+                self.release.set()
+            return
         self.received.set()
         self.release.wait(10)
-        self.registered = True
+        self.registered.set()
         if not b.get("stream"):
             reason = "abort" if self.aborted.wait(10) else "length"
             return send(h, 200, json.dumps({"text": "", "meta_info": {"finish_reason": {"type": reason}}}).encode())
@@ -123,13 +130,14 @@ def test_an_abort_that_overtakes_its_request_is_posted_again_until_the_request_i
     from lmnb.backend import runtime_endpoint
 
     monkeypatch.setattr(runtime_endpoint, "ABORT_REPEAT_S", 0.1)
-    late, got = LateServer(server, honour_aborts=True), []
+    # (the first post, which overtook the request, is ignored and lets the request go on: where the
+    # test let it go once it saw that post, a loaded machine could hold the test until the other
+    # four posts, 0.1 s apart, had all come and been ignored too)
+    late, got = LateServer(server, honour_aborts=True, release_at_first_abort=True), []
     worker = threading.Thread(target=lambda: got.extend(endpoint.generate(Prompt("Hi"), PARAMS, "r1")))
     worker.start()
     assert late.received.wait(10)
     endpoint.abort("r1")
-    _wait_for(lambda: late.abort_posts == 1)  # (it came before the request was registered: ignored)
-    late.release.set()
     worker.join(10)
     assert not worker.is_alive()
     assert got[0].meta_info["finish_reason"] == {"type": "abort"}  # the server's own abort
