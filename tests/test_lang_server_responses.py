@@ -817,8 +817,12 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     fix = "; check that the server is not stuck or overloaded, or change the limits with OpenAI\\(\\.\\.\\., timeout=SECONDS"
     with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s, in 2 tries{fix}"):
         backend.generate(CHAT, PARAMS, "r1")
+    backend.shutdown()
+    # (the stream's first chunk must come within the timeout: 1 s, where 0.3 s was tight for the stub
+    # on a loaded machine; answered 0.35 s late, the stream failed as one that never began)
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=1.0)
     with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no chunk \\(keep-alive comments and empty "
-                                           f"lines do not count\\) within the read timeout of 0.3 s{fix}"):
+                                           f"lines do not count\\) within the read timeout of 1.0 s{fix}"):
         list(backend.generate_stream(CHAT, PARAMS, "r2"))  # (a stream that began is not tried again)
     release.set()
     backend.shutdown()
