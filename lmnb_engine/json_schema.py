@@ -247,7 +247,8 @@ def _engine_checker(validator: type):
     """``validator``'s own format checker (jsonschema's default for its draft) with its ``regex``
     check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
     u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookaround or a word
-    boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does."""
+    boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does, and one
+    with ECMA's empty class ``[]``, which ``re`` lacks (``schema_empty_class``)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -257,10 +258,14 @@ def _engine_checker(validator: type):
     def regex_format(pattern: Any) -> bool:
         import warnings
 
+        from lmnb_engine.schema_empty_class import first_empty_class  # (it imports this module)
+
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
             python_reads = python_check(ecma_names_as_python(pattern) if isinstance(pattern, str) else pattern)
-        return python_reads and not (isinstance(pattern, str) and _no_backend_builds(pattern))
+        # (ECMA's empty class: re reads [][] as a class of "[" and "]", which ECMA reads as two that match nothing)
+        return python_reads and not (isinstance(pattern, str) and (
+            _no_backend_builds(pattern) or first_empty_class(pattern) is not None))
 
     checker.checks("regex", raises)(regex_format)
     return checker
@@ -467,28 +472,17 @@ def _ecma_syntax_fix(pattern: str) -> Optional[str]:
     written as what both read alike (``[\\s\\S]``), where ``re`` reads the result (ECMA's named
     groups as the engine reads them: ``ecma_names_as_python``; ``[\\s\\S]`` alone where the engine
     would refuse that pattern for more: ``_engine_builds``); else None (ECMA's empty class ``[]``
-    has no such spelling the engine builds: ``(?!)`` is a lookahead). The engine said only
-    "unterminated character set", "fix the pattern", of such a pattern, valid in JSON Schema."""
+    is named before: ``schema_empty_class``). The engine said only "unterminated character set",
+    "fix the pattern", of such a pattern, valid in JSON Schema."""
     from lmnb_engine.regex_python_error import python_error  # (it imports this module)
+    from lmnb_engine.schema_empty_class import ANY, ecma_classes  # (it imports this module)
 
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        if pattern.startswith("[^]", i):
-            out.append("[\\s\\S]")
-            i += 3
-        elif pattern[i] == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-        elif pattern[i] == "[":  # (a class to its first "]" not escaped: ECMA's "]" first closes it, as above)
-            j = i + 1 + pattern.startswith("[^", i)
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            out.append(pattern[i:j + 1])
-            i = j + 1
-        else:
-            out.append(pattern[i])
-            i += 1
-    python = "".join(out)
+    out, last = [], 0
+    for start, end in ecma_classes(pattern):
+        if pattern[start:end] == ANY:
+            out += [pattern[last:start], "[\\s\\S]"]
+            last = end
+    python = "".join(out) + pattern[last:]
     if python == pattern or python_error(ecma_names_as_python(python)) is not None:
         return None
     whole, names, python_only = _engine_builds(python), _ecma_named_groups(python), _python_only(python)
@@ -787,6 +781,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     (``assertion_problem``), which no backend builds."""
     from lmnb_engine.regex_python_error import python_error  # (it imports this module)
     from lmnb_engine.regex_u_flag import other_back_reference
+    from lmnb_engine.schema_empty_class import empty_class_problem  # (it imports this module)
 
     if not isinstance(pattern, str):
         return None
@@ -818,6 +813,10 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     repeated = None if ecma or every else _repeated_name_problem(pattern, where)
     if repeated:
         return repeated
+    # (ECMA's empty class, which re lacks: before re's reading, which refuses a[] as a class left open)
+    empty = None if ecma or every else empty_class_problem(pattern, where)
+    if empty:
+        return empty
     ecma = ecma or every
     # (the engine reads ECMA's named groups: ecma_names_as_python, which keeps each error's place)
     problem = (python_error(*_ecma_as_python(pattern), written=pattern) if ecma else

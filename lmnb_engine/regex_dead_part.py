@@ -43,21 +43,25 @@ class DeadPart(NamedTuple):
     without: Optional[str]
 
 
-def dead_part(pattern: str, start: int, end: int) -> DeadPart | None:
+def dead_part(pattern: str, start: int, end: int, written: Optional[str] = None) -> DeadPart | None:
     """The innermost part of ``pattern`` that the empty class at ``pattern[start:end]`` keeps from
     ever matching but the pattern can do without (the module docstring), or None where the whole
     pattern never matches for it. In a conditional, ``(?(1)...|...)``, whose branches are no
-    alternatives, it is the branch, offered without a rewrite."""
+    alternatives, it is the branch, offered without a rewrite. ``written``: the pattern as the user
+    wrote it, of ``pattern``'s length, whose text the words show and the rewrite is cut from, where
+    ``pattern`` is its spelling for Python's parser (ECMA's empty class ``[]`` as ``\\a``:
+    ``schema_empty_class``)."""
+    text = pattern if written is None else written
     groups, bars = _groups_and_bars(pattern)
     verbose = _VERBOSE.match(pattern) is not None
     while True:
         repeat = _REPEAT.match(pattern, _past_spaces(pattern, end) if verbose else end)
         if repeat and _low(repeat) == 0:
-            part = shown_regex(pattern[start:repeat.end()])
-            return _part(pattern, start, repeat.end(), f"the repeat {part} can only match nothing")
+            part = shown_regex(text[start:repeat.end()])
+            return _part(pattern, text, start, repeat.end(), f"the repeat {part} can only match nothing")
         around = max((g for g in groups if g[0] < start and end <= g[1]), default=None)  # (the innermost group)
         if around and pattern.startswith("(?(", around[0]):  # (a branch of it is taken or not by its condition)
-            conditional = shown_regex(pattern[around[0]:around[1] + 1])
+            conditional = shown_regex(text[around[0]:around[1] + 1])
             return DeadPart(start, end, f"the branch of the conditional {conditional} that holds it can never match",
                             None)
         # (where each of its alternatives starts, less one, and where the last ends; the pattern's own
@@ -68,19 +72,20 @@ def dead_part(pattern: str, start: int, end: int) -> DeadPart | None:
             k = next(k for k in range(len(splits) - 1) if splits[k] < start < splits[k + 1])
             lo, hi = splits[k] + 1, splits[k + 1]
             cut = (lo - 1, hi) if k > 0 else (lo, hi + 1)
-            return _part(pattern, *cut, f"the alternative {shown_regex(pattern[lo:hi])} can never match")
+            return _part(pattern, text, *cut, f"the alternative {shown_regex(text[lo:hi])} can never match")
         if around is None:
             return None
         start, end = around[0], around[1] + 1
         if pattern.startswith(("(?!", "(?<!"), start):
-            return _part(pattern, start, end, f"the lookaround {shown_regex(pattern[start:end])} always holds")
+            return _part(pattern, text, start, end, f"the lookaround {shown_regex(text[start:end])} always holds")
 
 
-def _part(pattern: str, start: int, end: int, what: str) -> DeadPart:
-    """``pattern[start:end]`` as a ``DeadPart`` described by ``what``, with the pattern without it
-    where that keeps every group reference's meaning and the pattern is not verbose."""
+def _part(pattern: str, text: str, start: int, end: int, what: str) -> DeadPart:
+    """``pattern[start:end]`` as a ``DeadPart`` described by ``what``, with ``text`` (the pattern as
+    written: ``dead_part``) without it where that keeps every group reference's meaning and the
+    pattern is not verbose."""
     unsure = (_GROUP_REFERENCE.search(pattern) and "(" in pattern[start:end]) or _VERBOSE.match(pattern)
-    return DeadPart(start, end, what, None if unsure else pattern[:start] + pattern[end:])
+    return DeadPart(start, end, what, None if unsure else text[:start] + text[end:])
 
 
 def _past_spaces(pattern: str, at: int) -> int:

@@ -2089,11 +2089,74 @@ def test_a_schema_patterns_python_spelling_is_not_offered_whole_where_the_engine
         schema_to_regex({"type": "string", "pattern": python})
 
 
-def test_a_schema_patterns_ecma_empty_class_is_refused_without_an_offer():
-    """ECMA's empty class [] has no spelling the engine builds ((?!) is a lookahead), so no pattern is offered."""
+_NEVER = "so the pattern can never match, and no string passes it"
+_EMPTY_CLASS_MEANT = 'write the class you meant ("]" in it escaped, \\])'
+
+
+def _empty_class_words(pattern: str, at: int, never: str, fix: str) -> str:
+    """The engine's words for the schema pattern ``pattern`` holding ECMA's empty class at ``at``."""
+    return (f"the pattern {json.dumps(pattern)} holds ECMA's empty class [] at position {at}, which matches no "
+            "character (Python's re, which reads a schema's pattern here, has no empty class: to it a \"]\" first "
+            f"in a class is a member): an empty class can never match, {never}; {fix}")
+
+
+# (the texts each pattern matches, searched for as JSON Schema does, worked out by hand from ECMA 262's reading:
+# [] matches no character)
+@pytest.mark.parametrize("pattern, at, never, offer, texts, matched", [
+    ("a[]", 1, _NEVER, None, ["a", "a]", "a[]", ""], []),
+    ("[]a", 0, _NEVER, None, ["a", "]a", ""], []),
+    (r"[]\]", 0, _NEVER, None, ["]", "[]]"], []),
+    ("[][]", 0, _NEVER, None, ["[", "]", "[]"], []),  # (re reads it as the class of "[" and "]": the engine built that)
+    ("[]|a[]", 0, _NEVER, None, ["a", ""], []),  # (each alternative holds one)
+    ("^[]$|^a$", 1, 'so the alternative "^[]$" can never match', "^a$", ["a", "", "b", "ab"], ["a"]),
+    ("(a[])?b", 2, 'so the repeat "(a[])?" can only match nothing', "b", ["b", "ab", "a", ""], ["b", "ab"]),
+    ("[]|a[]|b", 0, 'so the alternative "[]" can never match', "b", ["b", "ab", "a", ""], ["b", "ab"]),
+    ("(?<y>a)|x[]", 9, 'so the alternative "x[]" can never match', "(?<y>a)", ["a", "x", ""], ["a"]),
+])
+def test_a_schema_patterns_ecma_empty_class_is_named_with_what_it_keeps_from_matching(
+        pattern, at, never, offer, texts, matched):
+    """ECMA's empty class [] (valid in JSON Schema, which gen() takes) was refused by the engine as
+    "not a valid regular expression (unterminated character set ...)", "fix the pattern", Python's
+    reading, and [][], two empty classes, was built as the class of "[" and "]". The engine names
+    the class, what it keeps from matching and the pattern without that, which it builds and which
+    matches what the pattern does (by hand; node's RegExp with the u flag, ECMA 262 itself, where
+    at hand)."""
+    import shutil
+    import subprocess
+
+    import lmnb
+
+    assert lmnb.gen("x", json_schema={"type": "string", "pattern": pattern})  # (gen() leaves it to the backend)
     with pytest.raises(GrammarError) as e:
-        schema_to_regex({"type": "string", "pattern": r"^[]$|^a$"})
-    assert str(e.value).endswith("(unterminated character set at position 1); fix the pattern"), str(e.value)
+        schema_to_regex({"type": "string", "pattern": pattern})
+    fix = f"write {json.dumps(offer)} without it, or {_EMPTY_CLASS_MEANT}" if offer else _EMPTY_CLASS_MEANT
+    assert str(e.value) == "JSON schema at #/pattern: " + _empty_class_words(pattern, at, never, fix)
+    if offer:
+        assert [t for t in texts if re.search(offer.replace("(?<", "(?P<"), t)] == matched
+        assert schema_to_regex({"type": "string", "pattern": offer})  # (the engine builds the offer)
+    if shutil.which("node"):
+        run = subprocess.run(["node", "-e", "const r = new RegExp(process.argv[1], 'u'); "
+                              "console.log(JSON.stringify(JSON.parse(process.argv[2]).filter(t => r.test(t))))",
+                              pattern, json.dumps(texts)], capture_output=True, text=True, check=True)
+        assert json.loads(run.stdout) == matched
+
+
+def test_a_schema_patterns_lone_bracket_after_an_empty_class_names_the_class_in_its_fix():
+    """[]] has a lone "]" under ECMA's u flag; ECMA reads it without the flag as []\\] (the empty
+    class, then "]"), which the engine refused in Python's words, "unterminated character set at
+    position 0", "fix the pattern". The refusal, gen()'s and the engine's, names the empty class
+    of the pattern so written, which never matches, and says to escape a "]" meant in a class."""
+    import lmnb
+
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", json_schema={"type": "string", "pattern": "[]]"})
+    with pytest.raises(GrammarError) as in_engine:
+        schema_to_regex({"type": "string", "pattern": "[]]"})
+    assert str(at_gen.value) == str(in_engine.value)
+    assert str(in_engine.value).endswith(
+        "written to mean, with the flag too, what ECMA reads it as without it, "
+        + _empty_class_words(r"[]\]", 0, _NEVER, _EMPTY_CLASS_MEANT)), str(in_engine.value)
+    assert re.fullmatch(r"[\]]", "]")  # (the class of "]", escaped as the words say)
 
 
 def test_a_schema_patterns_lone_surrogate_pair_gets_its_python_spelling_from_the_engine():

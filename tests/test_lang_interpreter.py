@@ -989,8 +989,8 @@ def test_a_schema_patterns_identity_escape_is_not_offered_a_pattern_refused_next
 
 @pytest.mark.parametrize("pattern, what, at, instead, offer", [
     ("(?=a)a{,3}", r"a lone { (the flag reads it only escaped, \{)", 6, r"(?=a)a\{,3\}", None),
-    # ([] is ECMA's empty class: "[]\\]" matches nothing there, and Python's re, the engine's reader, refuses it
-    # as a class left open: test_a_schema_patterns_offer_is_one_gen_and_the_engine_take)
+    # ([] is ECMA's empty class: "[]\\]" matches nothing there, as the engine's refusal of it says:
+    # test_constrained_compile's test_a_schema_patterns_lone_bracket_after_an_empty_class_names_the_class_in_its_fix)
     ("[]]", r"a lone ] (the flag reads it only escaped, \])", 2, r"[]\]", None),
     ("a{,3}\\u{10330}", r"a lone { (the flag reads it only escaped, \{)", 1, r"a\{,3\}\u{10330}",
      "a\\{,3\\}\U00010330"),
