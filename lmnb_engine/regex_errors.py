@@ -257,24 +257,30 @@ def _braced_code_point_problem(pattern: str, error: re.error) -> str | None:
     """Why ``pattern``, which Python's ``re`` refused with ``error``, is refused, where it holds a
     braced escape of a code point (``_BRACED_CODE_POINT``, up to U+10FFFF): ``invalid_regex``'s
     words, with the pattern each such escape written as ``re`` writes the code point (``\\x41``,
-    ``\\u3042``, ``\\U00010330``) offered where ``offer_taken``; None otherwise. ``re`` said only
-    "incomplete escape \\x", "fix the pattern"."""
-    out, i, found = [], 0, False
+    ``\\u3042``, ``\\U00010330``) offered where ``offer_taken``, else what the pattern so written is
+    refused for (``pattern_problem``, ``unbuilt_feature``: ``(?=a)\\x{41}``'s lookahead, ``\\x{41}(``'s
+    "("); None where ``error`` is not at such an escape. ``re`` said only "incomplete escape \\x",
+    "fix the pattern"."""
+    out, i, found = [], 0, set()  # (found: where each escape respelled starts)
     while i < len(pattern):
         m = _BRACED_CODE_POINT.match(pattern, i) if pattern[i] == "\\" else None
         if m and (code := int(m.group(1), 16)) <= 0x10FFFF:
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
-            i, found = m.end(), True
+            found.add(i)
+            i = m.end()
         else:
             step = 2 if pattern[i] == "\\" else 1
             out.append(pattern[i:i + step])
             i += step
     offer = "".join(out)
-    if not found or not offer_taken(offer):
+    if error.pos not in found:  # (re's error is another's: \x{110000}, past Unicode, or [z-a] before the escape)
         return None
-    return invalid_regex(pattern, error, f"write {shown_regex(offer)}, each braced escape of a code point (PCRE's "
-                                         "\\x{...}, ECMA's \\u{...}) as Python's re writes it (\\xHH, \\uHHHH, "
-                                         "\\UHHHHHHHH)")
+    spelling = ("each braced escape of a code point (PCRE's \\x{...}, ECMA's \\u{...}) as Python's re writes it "
+                "(\\xHH, \\uHHHH, \\UHHHHHHHH)")
+    if offer_taken(offer):
+        return invalid_regex(pattern, error, f"write {shown_regex(offer)}, {spelling}")
+    # (the pattern so written is refused next, (?=a)\\x41 for its lookahead, \\x41( for its "(": both are named)
+    return invalid_regex(pattern, error, f"write {spelling}; then {pattern_problem(offer) or unbuilt_feature(offer)}")
 
 
 def _too_deep(pattern: str) -> str:

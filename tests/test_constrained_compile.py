@@ -2224,6 +2224,25 @@ def test_a_braced_code_point_escape_in_a_regex_is_offered_pythons_spelling(backe
     assert lmnb.gen("x", regex=offer)
 
 
+@pytest.mark.parametrize("pattern, at, written, escape, char", [
+    (r"(?=a)\x{41}", 5, r"(?=a)\x41", r"\x41", "A"),  # (a lookahead, which no backend builds)
+    (r"\x{41}(", 0, r"\x41(", r"\x41", "A"),  # (a group left open)
+    (r"[\u{3042}-\u{3093}]\1", 1, r"[\u3042-\u3093]\1", r"\u3042", "\u3042"),  # (a reference to no group)
+])
+def test_a_braced_code_point_escape_in_a_regex_refused_next_names_both_problems(backend, pattern, at, written,
+                                                                                 escape, char):
+    # (?=a)\x{41} and \x{41}( were told "incomplete escape \x", "fix the pattern", as the pattern with each
+    # escape written as Python's re writes it is refused next (for its lookahead, its "("), and was not
+    # offered: gen(), a cell and the engine say how to write each escape, then their own words for the
+    # pattern so written; the escape so written is the code point meant (hex 41 is "A", 3042 "あ")
+    said = _refused_alike(backend, pattern)
+    assert said == (f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression (incomplete "
+                    f"escape \\{pattern[at + 1]} at position {at}); write each braced escape of a code point (PCRE's "
+                    "\\x{...}, ECMA's \\u{...}) as Python's re writes it (\\xHH, \\uHHHH, \\UHHHHHHHH); then "
+                    + _refused_alike(backend, written))
+    assert escape in written and re.fullmatch(escape, char)
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):
