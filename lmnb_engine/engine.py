@@ -651,7 +651,10 @@ class Engine:
             raise ValueError(f"{TEMPLATE_REJECTED}: {e}") from None
 
     # --- requests ------------------------------------------------------------------------------
-    def _to_ids(self, prompt: Prompt) -> list[int]:
+    def _to_ids(self, prompt: Prompt, max_new_tokens: Any = None) -> list[int]:
+        """``prompt``'s token ids. A text certainly longer than the context is refused before it is
+        encoded (``ValueError``), naming ``max_new_tokens`` too where that fits beside no prompt
+        (``params.past_context``; None: a call that samples nothing), as ``_check`` does once counted."""
         if isinstance(prompt, MultimodalTokens):  # [issue 10] prepared already (``multimodal.prepare``)
             return prompt
         if is_multimodal_prompt(prompt):  # [issue 10] ids + radix keys + pixels (MultimodalTokens)
@@ -662,7 +665,7 @@ class Engine:
         if isinstance(prompt, str):
             too_long = text_too_long(prompt, self.tokenizer, self.context_len)
             if too_long:
-                raise ValueError(f"{too_long}{self._window_note()}; shorten the prompt")
+                raise ValueError(past_context(f"{too_long}{self._window_note()}", max_new_tokens, self.context_len))
             ids = self.encode(prompt)
             bos = getattr(self.tokenizer, "bos_token_id", None)
             if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
@@ -726,19 +729,25 @@ class Engine:
                 self._mm_processor = MultimodalProcessor(self.loaded)
             return self._mm_processor
 
-    def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[list[int]], bool]:
+    def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]], params: Any = None) -> tuple[list[list[int]], bool]:
         """(list of id lists, whether the caller passed a batch: ``is_prompt_batch``). A bad prompt
-        of a batch is named by its place ("prompt 2 of the batch: ...")."""
+        of a batch is named by its place ("prompt 2 of the batch: ..."). ``params``: ``generate``'s,
+        not yet checked, whose ``max_new_tokens`` a text too long to encode is refused beside."""
+        def max_new_tokens(i: int) -> Any:  # (None for what _check refuses as no SamplingParams)
+            p = SamplingParams() if params is None else params  # (None in a list is no default: refused)
+            p = p[i] if isinstance(p, (list, tuple)) and i < len(p) else p
+            return p.max_new_tokens if isinstance(p, SamplingParams) else None
+
         if not is_prompt_batch(prompt):
             if isinstance(prompt, (list, tuple)) and not prompt:
                 # no item tells a batch from a list of ids: SGLang refuses it as empty input_ids too
                 raise ValueError("empty prompt: an empty list is read as one prompt of no token ids; give at "
                                  "least one token id, or for a batch at least one prompt")
-            return [self._to_ids(prompt)], False
+            return [self._to_ids(prompt, max_new_tokens(0))], False
         ids = []
         for i, p in enumerate(prompt):
             try:
-                ids.append(self._to_ids(p))
+                ids.append(self._to_ids(p, max_new_tokens(i)))
             except (TypeError, ValueError) as e:
                 if type(e) not in (TypeError, ValueError):  # a subclass of its own (multimodal): as it is
                     raise
@@ -1034,7 +1043,7 @@ class Engine:
             raise ValueError(f"rid={rid!r} must hold a character other than whitespace (or be None for a random one)")
         if params is None:  # (not `params or ...`: an empty dict passed for the defaults, a fuller one was refused)
             params = SamplingParams()
-        ids = self._to_ids(prompt)
+        ids = self._to_ids(prompt, params.max_new_tokens if isinstance(params, SamplingParams) else None)
         self._check(ids, params)
         if self._compiling(params):
             return self._submit_when_compiled(ids, params, rid)
@@ -1096,7 +1105,7 @@ class Engine:
         """
         self._refuse_waiting_here("Engine.generate's result", "call generate on another thread, or submit() the "
                                   "prompt and take its events in a listener (subscribe)")
-        prompts, is_batch = self._split_batch(prompt)
+        prompts, is_batch = self._split_batch(prompt, params)
         each = self._params_per_prompt(params, len(prompts), is_batch)
         grammars = {}  # by params object: one compile wait for a batch that shares its params
         for i, (ids, p) in enumerate(zip(prompts, each)):

@@ -186,8 +186,25 @@ def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it
     monkeypatch.setattr(engine, "encode", lambda *a, **k: pytest.fail("encoded a text that cannot fit"))
     with pytest.raises(ValueError) as e:
         engine.generate(text, GREEDY)
-    assert str(e.value) == (f"prompt of at least 513 tokens ({len(text)} characters, counted without encoding them) "
-                            "exceeds the model's context length of 512 tokens; shorten the prompt")
+    said = (f"prompt of at least 513 tokens ({len(text)} characters, counted without encoding them) exceeds the "
+            "model's context length of 512 tokens")
+    assert str(e.value) == f"{said}; shorten the prompt"
+    # beside a max_new_tokens that leaves no room for any prompt (512 + 1 > 512): both at once, as a
+    # counted prompt is told (test_bad_requests_raise_and_the_engine_stays_usable); it named the prompt alone, and
+    # the shortened prompt met a second refusal
+    both = (f"{said}, and max_new_tokens=512 leaves no room for any prompt; shorten the prompt and lower "
+            "max_new_tokens, so that the prompt's tokens and max_new_tokens together fit 512")
+    for call in (lambda: engine.generate(text, GREEDY.copy(max_new_tokens=512)),
+                 lambda: engine.submit(text, GREEDY.copy(max_new_tokens=512))):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == both
+    with pytest.raises(ValueError) as e:  # a batch's params, one per prompt: the prompt's own
+        engine.generate([[5, 6], text], [GREEDY.copy(max_new_tokens=512), GREEDY.copy(max_new_tokens=512)])
+    assert str(e.value) == f"prompt 1 of the batch: {both}"
+    with pytest.raises(ValueError) as e:
+        engine.generate([[5, 6], text], [GREEDY.copy(max_new_tokens=512), GREEDY.copy(max_new_tokens=511)])
+    assert str(e.value) == f"prompt 1 of the batch: {said}; shorten the prompt"
     monkeypatch.undo()
     assert engine.generate("the cat", GREEDY).token_ids  # still serving
 

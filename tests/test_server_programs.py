@@ -1078,6 +1078,28 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
     assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"
 
 
+def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt_fits_beside(backends, engines):
+    """/generate with a text certainly past the context (refused before it is encoded) beside a
+    max_new_tokens the context's length: it was told "...; shorten the prompt" alone, and the
+    shortened prompt met a second refusal; now both at once, as a counted prompt is told, whether
+    the engine refuses it (Engine._to_ids) or the server does (logprobs from the first token)."""
+    import httpx
+
+    url, ctx_len = backends[2], engines[1].context_len
+    huge = "x" * 50 * ctx_len
+    for extra, noun in (({}, "prompt"), ({"return_logprob": True, "logprob_start_len": 0}, "text")):
+        for max_new_tokens, fix in (
+                (ctx_len, f", and max_new_tokens={ctx_len} leaves no room for any prompt; shorten the {noun} and lower "
+                          f"max_new_tokens, so that the prompt's tokens and max_new_tokens together fit {ctx_len}"),
+                (ctx_len - 1, f"; shorten the {noun}")):
+            r = httpx.post(url + "/generate", json={"text": huge, "sampling_params": {"max_new_tokens": max_new_tokens},
+                                                    **extra}, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
+            assert re.fullmatch(rf"prompt of at least \d+ tokens \({len(huge)} characters, counted without encoding "
+                                rf"them\) exceeds the model's context length of {ctx_len} tokens" + re.escape(fix),
+                                r.json()["error"]["message"]), r.text
+
+
 def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):
     """Through RuntimeEndpoint the server's words reached the program: "lower max_new_tokens", a
     name the program's gen(max_tokens=...) does not have (SGLang's server parameter)."""

@@ -65,7 +65,7 @@ from lmnb_engine.http_server.protocol import (
 )
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
-from lmnb_engine.params import MAX_N, SamplingParams, SamplingParamsError
+from lmnb_engine.params import MAX_N, SamplingParams, SamplingParamsError, past_context
 from lmnb_engine.suggest import close_match
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
@@ -1043,7 +1043,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         with ctx.holding(rids) if response is None else ctx.holding_response(response, rids):
             # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
             # that needs it is tokenized here (off the event loop) and submitted as its ids.
-            prompts = [await _encoded(ctx, x, k, body, batch) if isinstance(x, str) and p.logprob_start_len == 0
+            prompts = [await _encoded(ctx, x, k, body, batch, p) if isinstance(x, str) and p.logprob_start_len == 0
                        else x for k, (x, p) in enumerate(zip(prompts, params))]
             firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
             if any(opts["images"]):
@@ -1078,11 +1078,14 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     return app
 
 
-async def _encoded(ctx: ServerContext, text: str, k: int, body: dict, batch: bool) -> list[int]:
+async def _encoded(ctx: ServerContext, text: str, k: int, body: dict, batch: bool, params: SamplingParams) -> list[int]:
     """``encode_prompt`` of /generate's prompt ``k``, off the event loop; a prompt of a batch too
-    long to encode is named by its entry (``text[1]``)."""
+    long to encode is named by its entry (``text[1]``), and its ``params.max_new_tokens`` too where
+    that fits beside no prompt, as ``Engine._to_ids`` refuses a text of the other prompts."""
+    fix = functools.partial(past_context, max_new_tokens=params.max_new_tokens, context_len=ctx.engine.context_len,
+                            noun="text")
     try:
-        return await ctx.run(encode_prompt, ctx.engine, text, "text")
+        return await ctx.run(encode_prompt, ctx.engine, text, "text", True, fix)
     except RequestError as e:
         raise _entry_error(body, k, batch, e) from None
 
