@@ -255,7 +255,7 @@ _BRACED_CODE_POINT = re.compile(r"\\[xu]\{([0-9A-Fa-f]{1,6})\}")
 
 def _braced_code_point_problem(pattern: str, error: re.error) -> str | None:
     """Why ``pattern``, which Python's ``re`` refused with ``error``, is refused, where it holds a
-    braced escape of a code point (``_BRACED_CODE_POINT``, up to U+10FFFF): ``invalid_regex``'s
+    braced escape of a code point (``_BRACED_CODE_POINT``, up to U+10FFFF, no surrogate): ``invalid_regex``'s
     words, with the pattern each such escape written as ``re`` writes the code point (``\\x41``,
     ``\\u3042``, ``\\U00010330``) offered where ``offer_taken``, else what the pattern so written is
     refused for (``pattern_problem``, ``unbuilt_feature``: ``(?=a)\\x{41}``'s lookahead, ``\\x{41}(``'s
@@ -264,7 +264,9 @@ def _braced_code_point_problem(pattern: str, error: re.error) -> str | None:
     out, i, found = [], 0, set()  # (found: where each escape respelled starts)
     while i < len(pattern):
         m = _BRACED_CODE_POINT.match(pattern, i) if pattern[i] == "\\" else None
-        if m and (code := int(m.group(1), 16)) <= 0x10FFFF:
+        # (a surrogate is no offer: no UTF-8 output holds one, the engine refuses one outside a class, and
+        # PCRE and Rust refuse \\x{D800} themselves)
+        if m and (code := int(m.group(1), 16)) <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF:
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
             found.add(i)
             i = m.end()

@@ -145,7 +145,8 @@ def foreign_code_points(pattern: str) -> Optional[tuple[int, str, str]]:
     AHSA}``), in a class or out: ``\\uXXXX`` up to U+FFFF (a syntax character among them stays
     one character), the character itself past it, as ``json_schema.as_ranges`` writes a block's
     ends; None where there is none, or where one names no code point (past U+10FFFF, a name
-    ``unicodedata`` does not know), which the other checks word."""
+    ``unicodedata`` does not know) or a surrogate (``\\U0000D800``, which no UTF-8 output holds and
+    the engine refuses outside a class), which the other checks word."""
     import unicodedata
 
     first, out, i, n = None, [], 0, len(pattern)
@@ -160,7 +161,7 @@ def foreign_code_points(pattern: str) -> Optional[tuple[int, str, str]]:
                 unicodedata.lookup(found.group(3)))
         except (KeyError, TypeError):  # (TypeError: a named sequence, two characters, which re refuses too)
             return None
-        if code > 0x10FFFF:
+        if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:  # (a surrogate: no output holds one, the engine refuses it)
             return None
         first = (i, found.group()) if first is None else first
         out.append(f"\\u{code:04x}" if code <= 0xFFFF else chr(code))

@@ -2243,6 +2243,23 @@ def test_a_braced_code_point_escape_in_a_regex_refused_next_names_both_problems(
     assert escape in written and re.fullmatch(escape, char)
 
 
+@pytest.mark.parametrize("pattern, surrogate, code", [(r"\x{d800}", r"\ud800", "D800"),
+                                                     (r"a\u{DFFF}b", r"a\udfffb", "DFFF")])
+def test_a_braced_escape_of_a_surrogate_is_offered_no_surrogate_the_engine_refuses(backend, pattern, surrogate, code):
+    # \x{d800} was offered "\ud800", which the engine then refused (no UTF-8 output holds a surrogate; PCRE
+    # and Rust's regex refuse \x{D800} themselves); a schema's \x{D800} and Python's \U0000D800 were offered it too
+    from lmnb_engine.json_schema import checked_schema
+
+    with pytest.raises(GrammarError, match=f"has the surrogate U\\+{code} outside a class"):
+        backend.compile(regex=surrogate)
+    said = _refused_alike(backend, pattern)
+    assert said.endswith("; fix the pattern") and surrogate not in said, said
+    for escape in (r"\x{D800}", r"\U0000D800"):
+        with pytest.raises(ValueError) as e:
+            checked_schema({"type": "string", "pattern": f"a{escape}"})
+        assert "ud800" not in str(e.value).lower() and "writes a code point as another dialect does" not in str(e.value)
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):
