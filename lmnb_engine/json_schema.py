@@ -248,7 +248,8 @@ def _engine_checker(validator: type):
     check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
     u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookaround or a word
     boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does, and one
-    with ECMA's empty class ``[]``, which ``re`` lacks (``schema_empty_class``)."""
+    with ECMA's empty class ``[]``, which ``re`` lacks, or another class that matches no JSON string
+    character (``schema_empty_class``)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -263,7 +264,8 @@ def _engine_checker(validator: type):
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
             python_reads = python_check(ecma_names_as_python(pattern) if isinstance(pattern, str) else pattern)
-        # (ECMA's empty class: re reads [][] as a class of "[" and "]", which ECMA reads as two that match nothing)
+        # (ECMA's empty class: re reads [][] as a class of "[" and "]", which ECMA reads as two that match nothing;
+        # any other empty class, [^\s\S], which the build met only as a part no character matches)
         return python_reads and not (isinstance(pattern, str) and (
             _no_backend_builds(pattern) or first_empty_class(pattern) is not None))
 

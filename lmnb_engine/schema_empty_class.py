@@ -1,4 +1,5 @@
-"""ECMA 262's empty class ``[]`` in a JSON schema's ``pattern``: found and named for the engine.
+"""ECMA 262's empty class ``[]``, and any class that matches no JSON string character, in a JSON
+schema's ``pattern``: found and named for the engine.
 
 In ECMA 262, JSON Schema's dialect, ``[]`` is a class that matches no character, so the part of a
 pattern that holds it never matches (``a[]`` matches no string; ``^[]$|^a$`` what ``^a$`` does).
@@ -7,12 +8,16 @@ output, has no empty class: to it a "]" first in a class is a member, so it refu
 class left open, and reads ``[][]``, two empty classes to ECMA, as the class of "[" and "]". The
 engine refuses such a pattern naming the class, what it keeps from matching (``regex_dead_part``,
 as for a ``regex``'s empty class: ``regex_empty_class``) and the fix, the pattern without that
-part where the engine takes it. ``gen()`` and a ``%%lm`` cell leave the pattern, valid JSON
-Schema, to the backend, as they do ECMA's class of any character ``[^]``.
+part where the engine takes it. So it does for any other class that matches no character the
+engine writes in a JSON string (``[^\\s\\S]``; ``[^\\D0-9]``, its ``\\d`` being ASCII, as ECMA's is),
+which its build met only as a part "no JSON string character can match", offering nothing, where
+a ``regex``'s is named so (``regex_empty_class``). ``gen()`` and a ``%%lm`` cell leave the
+pattern, valid JSON Schema, to the backend, as they do ECMA's class of any character ``[^]``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Iterator, Optional
 
 from lmnb_engine.regex_dead_part import dead_part
@@ -41,38 +46,63 @@ def ecma_classes(pattern: str) -> Iterator[tuple[int, int]]:
 
 def empty_class_problem(pattern: str, where: str) -> Optional[str]:
     """The engine's words for the schema ``pattern`` (at ``where``, e.g. ``#/properties/a/pattern``)
-    holding ECMA's empty class (the module docstring), or None where it holds none: the first one
-    and where it starts, what it keeps from ever matching (an alternative, a part repeated zero
-    times, or the whole pattern, as where each alternative holds one: ``[]|a[]``) and the fix, the
-    pattern without that part (each such part out) where the engine takes it
+    holding ECMA's empty class (the module docstring) or another class that matches no JSON string
+    character as the engine writes classes (``first_empty_class``), or None where it holds none: the
+    first one and where it starts, what it keeps from ever matching (an alternative, a part repeated
+    zero times, or the whole pattern, as where each alternative holds one: ``[]|a[]``) and the fix,
+    the pattern without that part (each such part out) where the engine takes it
     (``json_schema._offer_taken``), else what the engine refuses that pattern for
     (``json_schema._refused_next``)."""
+    from lmnb_engine.constrained.json_string import NO_CHARACTER_WORDS  # (torch-free; it imports json_schema)
     from lmnb_engine.json_schema import SHOWN_CHARS, _offer_taken, _refused_next, json_value, pattern_subject
 
-    start = first_empty_class(pattern)
-    if start is None:
+    found = first_empty_class(pattern)
+    if found is None:
         return None
-    dead = dead_part(_as_python_atoms(pattern), start, start + 2, written=pattern)
+    start, end = found
+    dead = dead_part(_as_python_atoms(pattern), start, end, written=pattern)
     offer = dead and dead.without
     while offer is not None and (more := first_empty_class(offer)) is not None:  # (each out: "[]|a[]|b" is "b")
-        more_dead = dead_part(_as_python_atoms(offer), more, more + 2, written=offer)
+        more_dead = dead_part(_as_python_atoms(offer), *more, written=offer)
         dead, offer = (dead, more_dead.without) if more_dead else (None, None)  # (none: what is left never matches)
-    meant = 'write the class you meant ("]" in it escaped, \\])'
+    ecma = pattern[start:end] == EMPTY
+    meant = 'write the class you meant ("]" in it escaped, \\])' if ecma else "write the class you meant"
     if offer is not None and _offer_taken(offer):
         fix = f"write {json_value(offer, SHOWN_CHARS)} without it, or {meant}"
     else:
         fix = f"remove it, or {meant}" if dead else meant
         then = _refused_next(offer) if offer is not None else None
         fix += f"; without it, {then}" if then else ""
-    never = f"so {dead.what}" if dead else "so the pattern can never match, and no string passes it"
-    return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} holds ECMA's empty class [] at position "
-            f"{start}, which matches no character (Python's re, which reads a schema's pattern here, has no empty "
-            f'class: to it a "]" first in a class is a member): an empty class can never match, {never}; {fix}')
+    # (the engine's reading of another class is no validator's: [\x80-\x9f] passes "\x85")
+    never = (f"so {dead.what}" if dead else "so the pattern can never match, and no string passes it" if ecma
+             else "so the pattern can never match here")
+    if ecma:
+        holds = (f"ECMA's empty class [] at position {start}, which matches no character (Python's re, which reads a "
+                 'schema\'s pattern here, has no empty class: to it a "]" first in a class is a member): an empty '
+                 "class can never match")
+    else:  # (the engine's reading: [\x80-\x9f], [^\S\x00-\x7f] match characters to ECMA and re)
+        holds = (f"the class {pattern[start:end]} at position {start}, which matches no character the engine writes in "
+                 f"a JSON string ({NO_CHARACTER_WORDS}): such a class can never match here")
+    return f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} holds {holds}, {never}; {fix}"
 
 
-def first_empty_class(pattern: str) -> Optional[int]:
-    """Where ``pattern``'s first ECMA empty class starts, or None."""
-    return next((start for start, end in ecma_classes(pattern) if pattern[start:end] == EMPTY), None)
+def first_empty_class(pattern: str) -> Optional[tuple[int, int]]:
+    """(start, end) of ``pattern``'s first class that matches no character the engine writes in a
+    JSON string, or None: ECMA's empty class, or another class (``[^\\s\\S]``, ``[^\\D0-9]``:
+    ``json_string.class_matches_nothing``), read with its ECMA code point escapes as ECMA reads
+    them (``[\\uD83D\\uDE00]``, two surrogates to ``re``, is the class of one character:
+    ``json_schema.code_point_fix`` names it)."""
+    from lmnb_engine.constrained.json_string import class_matches_nothing  # (it imports json_schema)
+    from lmnb_engine.json_schema import _code_points_as_python  # (it imports this module)
+
+    for start, end in ecma_classes(pattern):
+        cls = pattern[start:end]
+        try:
+            if cls == EMPTY or (cls != ANY and class_matches_nothing(_code_points_as_python(cls))):
+                return start, end
+        except (re.error, ValueError):  # (a class re reads otherwise, or not at all: re's words follow)
+            continue
+    return None
 
 
 def _as_python_atoms(pattern: str) -> str:

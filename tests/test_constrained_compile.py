@@ -2159,6 +2159,69 @@ def test_a_schema_patterns_lone_bracket_after_an_empty_class_names_the_class_in_
     assert re.fullmatch(r"[\]]", "]")  # (the class of "]", escaped as the words say)
 
 
+_JSON_EMPTY_CLASS = ("which matches no character the engine writes in a JSON string (constrained strings use ASCII for "
+                     "\\d, \\w, \\s and their negations, write no U+0080-U+009F for a class or \".\", and UTF-8 text "
+                     "holds no surrogates U+D800-U+DFFF): such a class can never match here")
+
+
+# (the texts each pattern matches, searched for as JSON Schema does, worked out by hand from ECMA 262's reading:
+# each class at `at` matches no character of them, ECMA's \D being every character but 0-9)
+@pytest.mark.parametrize("pattern, at, end, never, offer, texts, matched", [
+    (r"(a[^\s\S])?b", 2, 9, r'so the repeat "(a[^\\s\\S])?" can only match nothing', "b", ["b", "ab", "a", ""],
+     ["b", "ab"]),
+    (r"[^\d\D]|b", 0, 7, r'so the alternative "[^\\d\\D]" can never match', "b", ["b", "1", "x", ""], ["b"]),
+    (r"^a$|^[^\w\W]$", 5, 12, r'so the alternative "^[^\\w\\W]$" can never match', "^a$", ["a", "_", "", "ab"],
+     ["a"]),
+    (r"a[^\s\S]", 1, 8, "so the pattern can never match here", None, ["a", "a ", "ab", ""], []),
+    (r"[^\D0-9]|c", 0, 8, r'so the alternative "[^\\D0-9]" can never match', "c", ["c", "\u0663", "1", ""], ["c"]),
+    (r"[\ud800]x|y", 0, 8, r'so the alternative "[\\ud800]x" can never match', "y", ["y", "x", ""], ["y"]),
+])
+def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_is(
+        pattern, at, end, never, offer, texts, matched):
+    """A schema pattern's class that matches no JSON string character ([^\\s\\S], [^\\D0-9] with the
+    engine's ASCII \\d, a lone surrogate) was taken by the engine's schema check, then its build
+    failed: "has a part no JSON string character can match here ...; widen it", offering nothing,
+    where a regex= with the class is offered the pattern without the part it kills. The engine now
+    names the class, that part and that pattern (the one a regex= is offered, where Python's re
+    reads the class as empty too), which it builds and which matches what the pattern does (by
+    hand; node's RegExp with the u flag, ECMA 262 itself, where at hand); gen() leaves the pattern,
+    valid JSON Schema, to the backend, as it does ECMA's []."""
+    import shutil
+    import subprocess
+
+    import lmnb
+    from lmnb_engine.json_schema import loaded_schema
+    from lmnb_engine.regex_empty_class import empty_class_problem
+
+    assert lmnb.gen("x", json_schema={"type": "string", "pattern": pattern})
+    with pytest.raises(ValueError) as checked:
+        loaded_schema({"type": "string", "pattern": pattern}, engine=True)
+    with pytest.raises(GrammarError) as built:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    fix = f"write {json.dumps(offer)} without it, or write the class you meant" if offer else "write the class you meant"
+    assert str(checked.value) == str(built.value) == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} holds the class {pattern[at:end]} at position "
+        f"{at}, {_JSON_EMPTY_CLASS}, {never}; {fix}")
+    if offer:
+        assert [t for t in texts if re.search(offer, t)] == matched
+        assert schema_to_regex({"type": "string", "pattern": offer})
+        if "D0-9" not in pattern:  # (re's \D leaves out other scripts' digits: [^\D0-9] holds them)
+            assert f"write {json.dumps(offer)} without it" in empty_class_problem(pattern)
+    if shutil.which("node"):
+        run = subprocess.run(["node", "-e", "const r = new RegExp(process.argv[1], 'u'); "
+                              "console.log(JSON.stringify(JSON.parse(process.argv[2]).filter(t => r.test(t))))",
+                              pattern, json.dumps(texts)], capture_output=True, text=True, check=True)
+        assert json.loads(run.stdout) == matched
+
+
+def test_a_schema_patterns_surrogate_pair_in_a_class_is_no_empty_class():
+    """ECMA reads the pair \\uD83D\\uDE00 in a class as one character, which re reads as two
+    surrogates: the engine keeps offering the character itself, not naming an empty class."""
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": r"[\uD83D\uDE00]"})
+    assert "holds the class" not in str(e.value) and str(e.value).endswith('the pattern "[😀]"'), str(e.value)
+
+
 def test_a_schema_patterns_lone_surrogate_pair_gets_its_python_spelling_from_the_engine():
     """Outside a class, Python's re reads ECMA's surrogate pair \\uD83D\\uDE00 (one code point under
     the u flag) as two surrogates, which no JSON string holds: the engine said to widen the pattern;

@@ -39,6 +39,9 @@ _CATEGORY = {_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_NOT_DIGIT: r"\D", _c.CATEGORY
              _c.CATEGORY_NOT_WORD: r"\W", _c.CATEGORY_SPACE: r"\s", _c.CATEGORY_NOT_SPACE: r"\S"}
 _FIRST_PLAIN = 0xA0  # code points from here on are written as themselves (0x7F-0x9F: not generated)
 _MARKER = ord(START_MARKER)  # it and U+10FFFF are never generated (noncharacters; grammar.compile_grammar)
+# Why a part matches no JSON string character here (a class's characters as ``_class`` writes them)
+NO_CHARACTER_WORDS = ("constrained strings use ASCII for \\d, \\w, \\s and their negations, write no U+0080-U+009F "
+                      "for a class or \".\", and UTF-8 text holds no surrogates U+D800-U+DFFF")
 
 
 def _needs_escape(ch: str) -> bool:
@@ -117,6 +120,22 @@ def _class(op, av) -> str:
                    != negated for flags in (0, re.ASCII))
 
     return _char_set(member, bool(categories), ranges, negated)
+
+
+def class_matches_nothing(cls: str) -> bool:
+    """Whether the character class ``cls`` (``[...]`` or ``[^...]``, as Python's ``re`` reads it)
+    matches no character this module writes for it in a JSON string: ``\\d``, ``\\w``, ``\\s``
+    and their negations narrowed to ASCII, no U+0080-U+009F, surrogate or marker (``[^\\s\\S]``,
+    ``[^\\D0-9]``, ``[\\ud800]``, ``[\\x80-\\x9f]``; ``schema_empty_class`` names such a class). Raises ``re.error`` where ``re`` reads
+    no class."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (op, av), = _p.parse(cls)
+    try:
+        _class(op, av)
+    except GrammarError:
+        return True
+    return False
 
 
 def _emit(parsed) -> str:
@@ -293,6 +312,4 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     except GrammarError:
         # (a surrogate pair, one code point to ECMA, reads as two surrogates: code_point_fix spells it)
         raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} has a part no JSON string character "
-                           "can match here (constrained strings use ASCII for \\d, \\w, \\s and their "
-                           "negations, and UTF-8 text holds no surrogates U+D800-U+DFFF); "
-                           f"{code_point_fix(pattern) or 'widen it'}") from None
+                           f"can match here ({NO_CHARACTER_WORDS}); {code_point_fix(pattern) or 'widen it'}") from None
