@@ -2141,6 +2141,20 @@ def test_a_schema_patterns_ecma_empty_class_is_named_with_what_it_keeps_from_mat
         assert json.loads(run.stdout) == matched
 
 
+def test_a_pattern_properties_key_with_an_empty_class_is_said_to_match_no_key():
+    """A patternProperties key is matched against an object's keys, not a string value: of a key
+    pattern that ECMA's empty class keeps from ever matching the engine said "no string passes it";
+    it says no key matches it, as JSON Schema applies the key's subschema to no property (a value
+    pattern keeps its words)."""
+    with pytest.raises(GrammarError) as key:
+        schema_to_regex({"type": "object", "patternProperties": {"a[]": {"type": "integer"}}})
+    assert str(key.value) == "JSON schema at #/patternProperties: " + _empty_class_words(
+        "a[]", 1, "so the pattern can never match, and no key matches it", _EMPTY_CLASS_MEANT)
+    with pytest.raises(GrammarError) as value:
+        schema_to_regex({"type": "object", "properties": {"patternProperties": {"type": "string", "pattern": "a[]"}}})
+    assert str(value.value).endswith(f"{_NEVER}; {_EMPTY_CLASS_MEANT}"), str(value.value)
+
+
 def test_a_schema_patterns_lone_bracket_after_an_empty_class_names_the_class_in_its_fix():
     """[]] has a lone "]" under ECMA's u flag; ECMA reads it without the flag as []\\] (the empty
     class, then "]"), which the engine refused in Python's words, "unterminated character set at
