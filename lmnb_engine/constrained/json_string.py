@@ -37,7 +37,9 @@ _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", 
                   "\t": "\\\\t"}  # the regex text of each JSON escape
 _CATEGORY = {_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_NOT_DIGIT: r"\D", _c.CATEGORY_WORD: r"\w",
              _c.CATEGORY_NOT_WORD: r"\W", _c.CATEGORY_SPACE: r"\s", _c.CATEGORY_NOT_SPACE: r"\S"}
-_FIRST_PLAIN = 0xA0  # code points from here on are written as themselves (0x7F-0x9F: not generated)
+# code points from here on are written as themselves (U+0080-U+009F, the C1 controls, are not
+# generated; U+007F is ASCII, written with the rest)
+_FIRST_PLAIN = 0xA0
 _MARKER = ord(START_MARKER)  # it and U+10FFFF are never generated (noncharacters; grammar.compile_grammar)
 # Why a part matches no JSON string character here (a class's characters as ``_class`` writes them)
 NO_CHARACTER_WORDS = ("constrained strings use ASCII for \\d, \\w, \\s and their negations, write no U+0080-U+009F "
