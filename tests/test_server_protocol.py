@@ -1244,6 +1244,21 @@ def test_an_unknown_route_is_a_404_naming_the_path_the_closest_route_and_all_rou
     assert r.json()["error"]["message"] == f"the server has no route /{'a' * 79}…; its routes: {routes}"
 
 
+def test_the_model_cards_created_is_the_same_in_every_answer(served, monkeypatch):
+    """It was each answer's own second: /v1/models/ and /v1/models read across a second's turn
+    disagreed (CI saw 1796594775 beside 1796594776). Here each reading of the clock is a second on."""
+    import itertools
+    import types
+
+    import lmnb_engine.http_server.openai_api as openai_api
+
+    seconds = itertools.count(2_000_000_000)
+    monkeypatch.setattr(openai_api, "time", types.SimpleNamespace(time=lambda: float(next(seconds))))
+    _, url = served
+    cards = [httpx.get(url + path).json() for path in ("/v1/models", "/v1/models/rec", "/v1/models")]
+    assert cards[0]["data"] == [cards[1]] == cards[2]["data"] and cards[1]["created"] < 2_000_000_000
+
+
 def test_a_path_with_a_trailing_slash_is_served_as_the_route_without_it(served):
     # POST /generate/ was a 307 redirect with an empty body, which httpx and the openai client do
     # not follow (curl without -L showed nothing), and GET /v1/models/ asked for the model ""

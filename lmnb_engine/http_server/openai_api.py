@@ -690,8 +690,12 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             raise RequestError(f"model {json_value(model, 40)} is not served here; use {json_value(ctx.model_name)}",
                                404, "model")
 
+    # "created" is when the model came to be served here, the same in every answer (it was each
+    # answer's own second, so /v1/models and /v1/models/{id} read a second apart disagreed)
+    served_since = int(time.time())
+
     def model_card() -> dict:
-        return {"id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "lmnb",
+        return {"id": ctx.model_name, "object": "model", "created": served_since, "owned_by": "lmnb",
                 "max_model_len": engine.context_len}
 
     @app.get("/v1/models")
