@@ -101,6 +101,11 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         # and not "shorten the prompt or lower max_new_tokens" (either alone fits nothing): both
         ([5] * 512, GREEDY.copy(max_new_tokens=512), r"length of 512 tokens; shorten the prompt and lower max_new_tokens, "
                                                      r"so that the prompt's tokens and max_new_tokens together fit 512$"),
+        # a prompt that fills the context beside a max_new_tokens a shorter prompt fits: lowering it
+        # fits only at 0 new tokens, no fix; shortening by it is (it said "shorten the prompt or lower")
+        ([5] * 512, GREEDY.copy(max_new_tokens=3), r"^prompt of 512 tokens \+ max_new_tokens=3 exceeds the model's "
+                                                   r"context length of 512 tokens; shorten the prompt by at least 3 tokens$"),
+        ([5] * 512, GREEDY.copy(max_new_tokens=1), r"length of 512 tokens; shorten the prompt by at least 1 token$"),
         # a prompt past the context beside such a max_new_tokens: both at once (it named the prompt
         # alone, and the shortened prompt met a second refusal)
         ([5] * 600, GREEDY.copy(max_new_tokens=512),
@@ -122,6 +127,15 @@ def test_bad_requests_raise_and_the_engine_stays_usable(engine, hf, prompt, para
     p = engine.encode("the cat")
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
     assert_idle_accounting(engine)
+
+
+def test_a_prompt_that_fills_the_context_is_told_how_much_to_shorten_and_that_fits(engine):
+    """A prompt of the context's length beside max_new_tokens=3 was told "shorten the prompt or
+    lower max_new_tokens", where only 0 new tokens fit; the shortening it is told now fits."""
+    with pytest.raises(ValueError, match=r"shorten the prompt by at least 3 tokens$"):
+        engine.generate([5] * engine.context_len, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    out = engine.generate([5] * (engine.context_len - 3), SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert len(out.token_ids) == 3
 
 
 def test_more_samples_than_lmnb_serve_takes_are_refused_in_process_too(engine):

@@ -1078,6 +1078,32 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
     assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"
 
 
+def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(backends, engines):
+    """A prompt (the messages' prompt) of the context's length beside a max_tokens a shorter prompt
+    fits was told to "shorten the prompt (messages) or lower max_tokens", and only 0 fits beside
+    it: now to shorten it by max_tokens' tokens, in the request's own words."""
+    import httpx
+
+    url, engine = backends[2], engines[1]
+    ctx_len = engine.context_len
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5] * ctx_len, "max_tokens": 3}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        f"prompt of {ctx_len} tokens + max_tokens=3 exceeds the model's context length of {ctx_len} tokens; shorten "
+        "the prompt by at least 3 tokens"), r.text
+
+    def chat_len(content: str) -> int:
+        text = engine.apply_chat_template([{"role": "user", "content": content}])
+        return len(engine.encode(text, add_special_tokens=False))
+
+    content = next(c for k in range(ctx_len) if chat_len(c := "hi " * k) == ctx_len)  # (messages that fill it)
+    for name in ("max_tokens", "max_completion_tokens"):
+        r = httpx.post(url + "/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": content}], name: 3}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            f"prompt of {ctx_len} tokens + {name}=3 exceeds the model's context length of {ctx_len} tokens; shorten "
+            "the messages by at least 3 tokens"), r.text
+
+
 def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt_fits_beside(backends, engines):
     """/generate with a text certainly past the context (refused before it is encoded) beside a
     max_new_tokens the context's length: it was told "...; shorten the prompt" alone, and the
