@@ -249,8 +249,8 @@ def _quoting_problem(pattern: str) -> str | None:
 
 
 # A braced escape of a code point, PCRE's (Perl's, Rust's) \\x{41} or ECMA's (Rust's) \\u{41}, which Python's re
-# lacks (group 1: its hex digits)
-_BRACED_CODE_POINT = re.compile(r"\\[xu]\{([0-9A-Fa-f]{1,6})\}")
+# lacks (group 1: its hex digits, any number: all three take leading zeros, \\x{00000041}; the value is checked)
+_BRACED_CODE_POINT = re.compile(r"\\[xu]\{([0-9A-Fa-f]+)\}")
 
 
 def _braced_code_point_problem(pattern: str, error: re.error) -> str | None:

@@ -134,8 +134,9 @@ def pcre_quoting(pattern: str) -> Optional[tuple[int, str]]:
 
 # Another dialect's escape of a code point, which ECMA 262 reads as other text without the u flag (Annex B:
 # the letters, "\\x{41}" an x 41 times) and refuses with it: Python's \\UXXXXXXXX (group 1) and \\N{name}
-# (group 3), PCRE's (Perl's, Rust's) \\x{...} (group 2)
-_FOREIGN_CODE_POINT = re.compile(r"\\(?:U([0-9A-Fa-f]{8})|x\{([0-9A-Fa-f]{1,6})\}|N\{([^{}\\]+)\})")
+# (group 3), PCRE's (Perl's, Rust's) \\x{...} (group 2: any number of hex digits, as PCRE takes leading zeros,
+# \\x{00000041}; the value is checked)
+_FOREIGN_CODE_POINT = re.compile(r"\\(?:U([0-9A-Fa-f]{8})|x\{([0-9A-Fa-f]+)\}|N\{([^{}\\]+)\})")
 
 
 def foreign_code_points(pattern: str) -> Optional[tuple[int, str, str]]:

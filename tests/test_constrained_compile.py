@@ -2284,6 +2284,8 @@ def test_a_pattern_only_rusts_regex_reads_is_refused_by_the_engine_as_by_gen(bac
     (r"[\x{41}-\x{5A}]+", 1, r"[\x41-\x5a]+", ["A", "AZ", "Q"], ["a", "@", "["]),
     (r"a\u{3042}b", 1, r"a\u3042b", ["a\u3042b"], ["ab", "au{3042}b"]),
     (r"\u{10330}", 0, r"\U00010330", ["\U00010330"], ["\U00010331", "u"]),
+    # (leading zeros past 6 digits, which PCRE, Rust's regex and ECMA take: it was told "fix the pattern")
+    (r"\x{00000041}\u{0000000000003042}", 0, r"\x41\u3042", ["A\u3042"], ["x" * 41, "A", "Au{3042}"]),
 ])
 def test_a_braced_code_point_escape_in_a_regex_is_offered_pythons_spelling(backend, pattern, at, offer, held, not_held):
     # PCRE's \x{41} and ECMA's \u{41} (Rust's regex reads both) were told "incomplete escape \x", "fix the
@@ -2321,7 +2323,8 @@ def test_a_braced_code_point_escape_in_a_regex_refused_next_names_both_problems(
 
 
 @pytest.mark.parametrize("pattern, surrogate, code", [(r"\x{d800}", r"\ud800", "D800"),
-                                                     (r"a\u{DFFF}b", r"a\udfffb", "DFFF")])
+                                                     (r"a\u{DFFF}b", r"a\udfffb", "DFFF"),
+                                                     (r"\x{0000d800}", r"\ud800", "D800")])
 def test_a_braced_escape_of_a_surrogate_is_offered_no_surrogate_the_engine_refuses(backend, pattern, surrogate, code):
     # \x{d800} was offered "\ud800", which the engine then refused (no UTF-8 output holds a surrogate; PCRE
     # and Rust's regex refuse \x{D800} themselves); a schema's \x{D800} and Python's \U0000D800 were offered it too

@@ -656,6 +656,8 @@ def _node_matches(pattern: str, texts: list[str]):
     (r"a\U00010330+", 1, r"\U00010330", "a\U00010330+", ["a\U00010330", "a\U00010330\U00010330"], ["aU00010330", "a"]),
     (r"[\x{41}-\x{5A}]", 1, r"\x{41}", r"[\u0041-\u005a]", "AZ", "@[x{"),
     (r"\x{2e}", 0, r"\x{2e}", r"\u002e", ".", "ax"),
+    # (leading zeros past 6 digits, which PCRE takes: it was offered "x{00000041}", an x 41 times)
+    (r"\x{00000041}", 0, r"\x{00000041}", r"\u0041", "A", ["x" * 41, "x"]),
     (r"\N{GOTHIC LETTER AHSA}", 0, r"\N{GOTHIC LETTER AHSA}", "\U00010330", "\U00010330", ["\U00010331", "N"]),
 ])
 def test_a_schema_patterns_code_point_escape_of_another_dialect_is_offered_that_code_point(
