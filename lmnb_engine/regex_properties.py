@@ -83,7 +83,7 @@ Qaac Qaai""".split())  # (the last two: other short names of Coptic and Inherite
 # (ecma_problem), its characters offered as ranges where they are few.
 _SCRIPTS_UNREAD = ("Hrkt", "Katakana_Or_Hiragana", "Jurc", "Jurchen", "Pcun", "Proto_Cuneiform", "Seal")
 # Why \p{Script=Hrkt} holds nothing (the regex package's \p{Script=Hrkt} and \p{scx=Hrkt} hold no code point;
-# tc39/ecma262#3590: every ECMAScript engine refuses scx=Hrkt), for ecma_problem, which offers the two scripts
+# tc39/ecma262#3590: every ECMAScript engine refuses scx=Hrkt), for hrkt_class, which offers the two scripts
 _HRKT_WORDS = ("naming Katakana_Or_Hiragana (Hrkt, ISO 15924's code for Hiragana and Katakana together), a script "
                "Unicode gives no character, as Script or as Script_Extensions (a mark both use, U+30FC ー, has the "
                "extensions Hiragana and Katakana), and ")
@@ -162,12 +162,10 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
     if negated:
         why = f"negated as the regex package negates, which ECMA lacks (it negates with \\{flipped})"
     elif spelled is None and (unread := _script(name.partition("=")[2] if "=" in name else name, _SCRIPTS_UNREAD)):
-        why = ((_HRKT_WORDS if unread in _SCRIPTS_UNREAD[:2] else
-                "naming a script newer than the Unicode 17 node's RegExp reads, ")
+        hrkt = hrkt_class(cls) if unread in _SCRIPTS_UNREAD[:2] else None
+        why = ((hrkt[0] if hrkt else "naming a script newer than the Unicode 17 node's RegExp reads, ")
                + "which node refuses (as a JSON Schema validator reading patterns with it does)")
-        if unread in _SCRIPTS_UNREAD[:2] and letter == "p":  # (the scripts Hrkt names, by the key written)
-            key = _folded(name.partition("=")[0].strip(), _SCRIPT_KEYS) if "=" in name else "Script"
-            meant = key and f"[\\p{{{key}=Hiragana}}\\p{{{key}=Katakana}}]"
+        meant = hrkt and hrkt[1]
     elif spelled is None:
         why = ("naming no property ECMA reads (ECMA's: a general category, \\p{L}, a binary property, \\p{Alphabetic}, "
                "or a script, \\p{Script=Greek}; no block)")
@@ -183,6 +181,23 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
                + ("its names are case-sensitive, and " if cased else "")
                + "no spaces or hyphens in its names: words join with _)")
     return why, meant
+
+
+def hrkt_class(cls: str) -> Optional[tuple[str, Optional[str]]]:
+    """(why it holds no character, words that follow "a class \\p{...}" and end ", and "; the class of
+    the two scripts it is ISO 15924's code for, by the key written, ``[\\p{Script=Hiragana}\\p{Script=Katakana}]``,
+    or None for ``\\P{...}``, whose ranges are every character's) for the class ``cls`` naming Hrkt
+    (Katakana_Or_Hiragana) alone or as a Script or Script_Extensions value, not negated with "^";
+    None for any other class. Shared by a schema's check (``ecma_problem``) and a ``regex=``'s
+    (``regex_unicode_classes``), whose automaton library does not read it either."""
+    m = _CLASS.fullmatch(cls)
+    if m is None or cls.startswith("{^", 2):
+        return None
+    key, equals, value = m.group(2).partition("=")
+    key = _folded(key.strip(), _SCRIPT_KEYS) if equals else "Script"
+    if key is None or _script(value if equals else m.group(2), _SCRIPTS_UNREAD[:2]) is None:
+        return None
+    return _HRKT_WORDS, (f"[\\p{{{key}=Hiragana}}\\p{{{key}=Katakana}}]" if m.group(1) == "p" else None)
 
 
 def _ecma_reads(name: str) -> bool:

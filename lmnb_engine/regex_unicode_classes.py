@@ -32,7 +32,7 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     grammar backends do, so the language's early check leaves them to the backend. Each class is
     asked of that library itself (``automaton_reads``): one it cannot build (a Unicode block, the
     ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix (``_unbuilt_class_fix``)."""
-    from lmnb_engine.regex_properties import unknown_property
+    from lmnb_engine.regex_properties import hrkt_class, unknown_property
 
     unknown = [m for m in unicode_classes(pattern) if unknown_property(m.group(2))]
     if unknown:  # (each named and offered its closest: the offer of the first alone was refused for the next)
@@ -43,8 +43,12 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     for m in unicode_classes(pattern):
         cls = m.group(2)
         if not automaton_reads(cls):
-            return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
-                    f"regex) does not read; {_unbuilt_class_fix(pattern, m.start(2), cls)}")
+            # (Hrkt: why it holds no character, in the words a schema's pattern is told, and the two scripts)
+            hrkt = hrkt_class(cls)
+            why, fix = ((hrkt[0], _respelled(pattern, m.start(2), cls, hrkt[1], ", the two scripts it names"))
+                        if hrkt and hrkt[1] else ("", _unbuilt_class_fix(pattern, m.start(2), cls)))
+            return (f"regex {shown_regex(pattern)} uses the class {cls}, {why}which the engine's automaton library "
+                    f"(Rust's regex) does not read; {fix}")
     return None
 
 
@@ -90,11 +94,18 @@ def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
         return "write \\p{LC} for the cased letters"
     ranges = as_ranges(cls)
     if ranges:
-        respelled = pattern[:at] + (ranges[1:-1] if in_a_class(pattern, at) else ranges) + pattern[at + len(cls):]
-        if _taken(respelled):
-            return f"write {shown_regex(respelled)}, its characters as code-point ranges"
-        return f"write {cls} as {ranges}, its characters as code-point ranges"
+        return _respelled(pattern, at, cls, ranges, ", its characters as code-point ranges")
     return _PROPERTY_KINDS
+
+
+def _respelled(pattern: str, at: int, cls: str, by: str, what: str) -> str:
+    """The fix "write ..." of ``pattern`` with the class ``cls`` at ``at`` written as the bracketed
+    class ``by`` (inside a class without its brackets), ``what`` it is said to be: the whole pattern
+    so written where ``gen()`` then takes it, else ``cls`` as ``by``."""
+    respelled = pattern[:at] + (by[1:-1] if in_a_class(pattern, at) else by) + pattern[at + len(cls):]
+    if _taken(respelled):
+        return f"write {shown_regex(respelled)}{what}"
+    return f"write {cls} as {by}{what}"
 
 
 def class_range_problem(pattern: str) -> str | None:

@@ -1380,6 +1380,28 @@ def test_a_unicode_block_is_offered_as_its_code_point_ranges_not_a_script(backen
     assert {c for i, c in enumerate(alphabet) if i in allowed} == {c for c in alphabet if meant.fullmatch(c)}
 
 
+@pytest.mark.parametrize("pattern, cls, fix", [
+    (r"\p{Script=Hrkt}", r"\p{Script=Hrkt}", r"[\p{Script=Hiragana}\p{Script=Katakana}]"),
+    (r"\p{scx=Katakana_Or_Hiragana}+", r"\p{scx=Katakana_Or_Hiragana}", r"[\p{scx=Hiragana}\p{scx=Katakana}]+"),
+    (r"[\p{Hrkt}a]", r"\p{Hrkt}", r"[\p{Script=Hiragana}\p{Script=Katakana}a]"),
+])
+def test_hrkt_in_a_regex_is_told_why_and_offered_hiragana_and_katakana(backend, pattern, cls, fix):
+    # \p{Script=Hrkt} was told "use a general category, a script or a binary property ...", with no word of
+    # why, where a schema's pattern is told (2736c62): Hrkt is ISO 15924's code for Hiragana and Katakana
+    # together, which Unicode gives no character (the regex package's Script and Script_Extensions classes
+    # of it hold none); a regex= now gets the same words and the two scripts, which the engine builds
+    from lmnb_engine.regex_properties import _HRKT_WORDS
+
+    every = "".join(map(chr, range(0x3000, 0x3100))) + "a"
+    assert regex_module.search(cls, every) is None
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses the class {cls}, {_HRKT_WORDS}which the engine's automaton library (Rust's "
+        f"regex) does not read; write {json.dumps(fix)}, the two scripts it names")
+    backend.compile(regex=fix)
+    # (U+3042 あ is Hiragana, U+30A2 ア Katakana, U+4E00 一 Han)
+    assert [bool(regex_module.fullmatch(fix, c)) for c in "\u3042\u30a2\u4e00"] == [True, True, False]
+
+
 # Rust's regex's POSIX classes, from its documentation (ASCII), each the characters of the alphabet below
 _RUST_POSIX = {"alpha": "azAZfF", "digit": "09", "alnum": "09azAZfF", "upper": "AZF", "lower": "azf", "xdigit": "09afAF",
                "space": "\t\n\x0b\x0c\r ", "punct": "!/:@[`{~_-", "word": "09azAZfF_", "blank": "\t ",
