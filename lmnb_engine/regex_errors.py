@@ -28,7 +28,7 @@ from typing import Any
 
 from lmnb_engine.regex_ambiguous_class import ambiguous_class
 from lmnb_engine.regex_edges import empty_pattern_problem, without_edge_anchors
-from lmnb_engine.regex_parts import classes_held
+from lmnb_engine.regex_parts import classes_held, pattern_parts
 from lmnb_engine.regex_python_error import invalid_regex, shown_regex
 from lmnb_engine.regex_references import (back_reference_problem, named_group_problem, named_reference_problem,
                                           repeated_name_problem)
@@ -93,7 +93,31 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
-    return problem or no_backend_problem(parsed, pattern)
+    return problem or no_backend_problem(parsed, pattern) or surrogate_problem(pattern)
+
+
+def surrogate_problem(pattern: str) -> str | None:
+    """The engine's refusal (``surrogate_words``) of ``pattern``, one Python's ``re`` reads, for its
+    first surrogate outside a class and a comment, as a character or a ``\\u`` or ``\\U`` escape
+    (no other escape reaches U+D800), or None: ``re`` takes ``\\ud800``, so gen() took it and the
+    engine refused it at compile."""
+    for part in pattern_parts(pattern):
+        if part.kind == "escape" and pattern[part.start + 1] in "uU":
+            codes = [int(pattern[part.start + 2:part.end], 16)]
+        elif part.kind == "":
+            codes = [ord(c) for c in pattern[part.start:part.end]]
+        else:  # (a class leaves surrogates out; a comment, a group's parenthesis and other escapes hold none)
+            continue
+        code = next((c for c in codes if 0xD800 <= c <= 0xDFFF), None)
+        if code is not None:
+            return surrogate_words(pattern, code)
+    return None
+
+
+def surrogate_words(pattern: str, code: int) -> str:
+    """Why ``pattern`` is refused for the surrogate ``code`` outside a class (gen()'s and the engine's words)."""
+    return (f"regex {shown_regex(pattern)} has the surrogate U+{code:04X} outside a class, which no UTF-8 text holds, "
+            "so no output can hold it; remove it (in a class, surrogates are left out)")
 
 
 def no_backend_problem(parsed, pattern: str, subject: str = "regex") -> str | None:

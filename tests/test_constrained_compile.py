@@ -2362,6 +2362,23 @@ def test_a_braced_escape_of_a_surrogate_is_offered_no_surrogate_the_engine_refus
         assert "ud800" not in str(e.value).lower() and "writes a code point as another dialect does" not in str(e.value)
 
 
+@pytest.mark.parametrize("pattern, code", [(r"\ud800", "D800"), (r"a\U0000dfff?", "DFFF"), ("^x\udc00$", "DC00"),
+                                           (r"(?x) \ud83d\ude00  # a pair is two surrogates to re", "D83D")])
+def test_a_surrogate_outside_a_class_is_refused_by_gen_as_the_engine_refuses_it(backend, pattern, code):
+    # gen(regex=r"\ud800") was taken (Python's re reads it) and the engine refused it at compile: gen(), a
+    # cell and the engine now refuse it alike, in the engine's words; one in a class or a comment is no such
+    # surrogate (a class leaves them out)
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} has the surrogate U+{code} outside a class, which no UTF-8 text holds, so no "
+        "output can hold it; remove it (in a class, surrogates are left out)")
+    import lmnb
+    from lmnb_engine.regex_errors import pattern_problem
+
+    for taken in (r"[^\ud800]", r"(?#\ud800)a", "(?x)a # \ud800", r"\\ud800"):  # (the last: a backslash, "ud800")
+        assert pattern_problem(taken) is None and lmnb.gen("x", regex=taken)
+        backend.compile(regex=taken)
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):

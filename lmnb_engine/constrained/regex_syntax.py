@@ -48,6 +48,7 @@ from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.regex_ambiguous_class import ambiguous_class
 from lmnb_engine.regex_parts import SCOPED_FLAGS, UNICODE_CLASS_AT, classes_held
+from lmnb_engine.regex_errors import surrogate_words
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_unicode_classes import class_range_problem, unbuilt_class_problem
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
@@ -255,8 +256,7 @@ def _is_surrogate(code: int) -> bool:
 
 def _refuse_surrogate(pattern: str, code: int | None) -> None:
     if code is not None and _is_surrogate(code):
-        raise GrammarError(f"regex {shown_regex(pattern)} has the surrogate U+{code:04X} outside a class, which no UTF-8 text "
-                           "holds, so no output can hold it; remove it (in a class, surrogates are left out)")
+        raise GrammarError(surrogate_words(pattern, code))
 
 
 def _refuse_unsupported(pattern: str, parsed) -> None:
