@@ -2115,6 +2115,16 @@ _NEVER = "so the pattern can never match, and no string passes it"
 _EMPTY_CLASS_MEANT = 'write the class you meant ("]" in it escaped, \\])'
 
 
+def _ecma_u_matches(pattern: str, texts: list) -> list:
+    """Those of ``texts`` that node's RegExp with ECMA's u flag finds ``pattern`` in."""
+    import subprocess
+
+    run = subprocess.run(["node", "-e", "const r = new RegExp(process.argv[1], 'u'); "
+                          "console.log(JSON.stringify(JSON.parse(process.argv[2]).filter(t => r.test(t))))",
+                          pattern, json.dumps(texts)], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout)
+
+
 def _empty_class_words(pattern: str, at: int, never: str, fix: str) -> str:
     """The engine's words for the schema pattern ``pattern`` holding ECMA's empty class at ``at``."""
     return (f"the pattern {json.dumps(pattern)} holds ECMA's empty class [] at position {at}, which matches no "
@@ -2144,7 +2154,6 @@ def test_a_schema_patterns_ecma_empty_class_is_named_with_what_it_keeps_from_mat
     matches what the pattern does (by hand; node's RegExp with the u flag, ECMA 262 itself, where
     at hand)."""
     import shutil
-    import subprocess
 
     import lmnb
 
@@ -2157,10 +2166,7 @@ def test_a_schema_patterns_ecma_empty_class_is_named_with_what_it_keeps_from_mat
         assert [t for t in texts if re.search(offer.replace("(?<", "(?P<"), t)] == matched
         assert schema_to_regex({"type": "string", "pattern": offer})  # (the engine builds the offer)
     if shutil.which("node"):
-        run = subprocess.run(["node", "-e", "const r = new RegExp(process.argv[1], 'u'); "
-                              "console.log(JSON.stringify(JSON.parse(process.argv[2]).filter(t => r.test(t))))",
-                              pattern, json.dumps(texts)], capture_output=True, text=True, check=True)
-        assert json.loads(run.stdout) == matched
+        assert _ecma_u_matches(pattern, texts) == matched
 
 
 def test_a_pattern_properties_key_with_an_empty_class_is_said_to_match_no_key():
@@ -2223,7 +2229,6 @@ def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_
     hand; node's RegExp with the u flag, ECMA 262 itself, where at hand); gen() leaves the pattern,
     valid JSON Schema, to the backend, as it does ECMA's []."""
     import shutil
-    import subprocess
 
     import lmnb
     from lmnb_engine.json_schema import loaded_schema
@@ -2244,10 +2249,7 @@ def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_
         if "D0-9" not in pattern:  # (re's \D leaves out other scripts' digits: [^\D0-9] holds them)
             assert f"write {json.dumps(offer)} without it" in empty_class_problem(pattern)
     if shutil.which("node"):
-        run = subprocess.run(["node", "-e", "const r = new RegExp(process.argv[1], 'u'); "
-                              "console.log(JSON.stringify(JSON.parse(process.argv[2]).filter(t => r.test(t))))",
-                              pattern, json.dumps(texts)], capture_output=True, text=True, check=True)
-        assert json.loads(run.stdout) == matched
+        assert _ecma_u_matches(pattern, texts) == matched
 
 
 def test_a_schema_patterns_surrogate_pair_in_a_class_is_no_empty_class():
