@@ -798,13 +798,23 @@ class StreamExecutor:
                 value: Any = None) -> None:
         if not text and not tokens:
             return
+        with self._cv:
+            self._add_text(text)
+        self._emit_text(text, source, name, tokens, value)
+
+    def _add_text(self, text: str) -> None:
+        """(Lock held.) Append ``text`` to the state's text and wake its readers."""
         if text:
-            with self._cv:
-                self.text_ += text
-                self._version += 1
-                self._cv.notify_all()
-        self._emit("text", text=text, source=source, name=name, meta_info={"tokens": tokens} if tokens else None,
-                   value=value)
+            self.text_ += text
+            self._version += 1
+            self._cv.notify_all()
+
+    def _emit_text(self, text: str, source: str, name: Optional[str] = None, tokens: Optional[list] = None,
+                   value: Any = None) -> None:
+        """Tell the listeners of text (and the ``tokens`` behind it) added by ``_add_text``."""
+        if text or tokens:
+            self._emit("text", text=text, source=source, name=name, meta_info={"tokens": tokens} if tokens else None,
+                       value=value)
 
     # -- abort
 
@@ -1164,17 +1174,22 @@ class StreamExecutor:
                 tokens = meta.pop(DELTA_TOKENS, None) if isinstance(meta, dict) else None
                 with self._cv:
                     error = self.error_
-                    if error is None and name is not None:
-                        if delta:  # (a write begins with text: an empty first event begins none)
-                            self._log_delta(name, delta, first=not text)
-                        self.variables[name] = text + delta
-                        self.meta_info[name] = meta
+                    if error is None:
+                        if name is not None:
+                            if delta:  # (a write begins with text: an empty first event begins none)
+                                self._log_delta(name, delta, first=not text)
+                            self.variables[name] = text + delta
+                            self.meta_info[name] = meta
+                        # under the same lock as the check: an abort's partial_text holds this delta
+                        # or the delta is dropped. Added after it, the text had a delta the abort's
+                        # partial_text lacked, and the cell's token count (its text event) counted it.
+                        self._add_text(delta)
                 if error is not None:  # aborted: this delta came after it and is dropped
                     self._record_stopped(shown, meta)
                     raise error
                 shown = meta
                 text += delta
-                self._append(delta, "gen", name, tokens)
+                self._emit_text(delta, "gen", name, tokens)
             return None
 
         self._call(run)

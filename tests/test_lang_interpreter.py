@@ -2486,6 +2486,70 @@ def test_an_abort_while_a_fork_makes_its_branches_stops_them(monkeypatch):
     assert "generate" not in be.kinds()
 
 
+class _LockWithAHook:
+    """An RLock that, once ``ready()`` is true on a release that frees it, runs ``hook`` on another
+    thread and waits for it before the releasing thread goes on: the hook comes right then, with
+    the lock free, as a thread waiting for the lock may."""
+
+    def __init__(self, ready, hook):
+        self._lock, self._ready, self._hook, self.fired = threading.RLock(), ready, hook, False
+
+    def acquire(self, *args, **kwargs):
+        return self._lock.acquire(*args, **kwargs)
+
+    __enter__ = acquire
+
+    def release(self):
+        self._lock.release()
+        if not self.fired and not self._lock._is_owned() and self._ready():
+            self.fired = True
+            hook = threading.Thread(target=self._hook)
+            hook.start()
+            hook.join()
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def _is_owned(self):
+        return self._lock._is_owned()
+
+    def _release_save(self):
+        return self._lock._release_save()
+
+    def _acquire_restore(self, saved):
+        self._lock._acquire_restore(saved)
+
+
+def test_an_abort_right_after_a_streamed_delta_is_checked_leaves_it_in_the_partial_text_as_told():
+    """An abort (a cell's Ctrl-C, on another thread) that came after a streamed gen's delta was
+    checked against the state's error, but before the delta was added to the text, made an error
+    whose partial_text lacked the delta, and the delta was then added and told to the listeners
+    all the same: an interrupted cell's summary counted its tokens, of a text without them. The
+    abort is made to come at the first release of the state's lock once the gen's variable has text."""
+    be = ScriptedBackend(lambda p, params: "abcdef")
+    told = []
+
+    def listen(ev):
+        if ev.kind == "state":  # (made on the thread that runs the program, before its worker starts)
+            ex = ev.value
+            ex._cv = threading.Condition(_LockWithAHook(lambda: ex.variables.get("a"), ex.abort))
+        elif ev.kind == "text" and ev.source == "gen":  # (a view shows this text and counts its tokens)
+            told.append(ev.text)
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a", max_tokens=10)
+
+    with sgl.observe(listen):
+        st = prog.run(backend=be, stream=True)
+    error = st.error()
+    st.stream_executor.wait_body()
+    assert type(error) is sgl.ProgramAborted
+    # the first delta, "a", was checked before the abort: it is in the partial text and was told,
+    # once; the later ones came after the abort and are dropped
+    assert told == ["a"] and error.partial_text == "Q:a"
+
+
 @pytest.mark.parametrize("how", ["fork(1)", "fork(2)", "copy()"])
 def test_forking_a_joined_branch_is_refused_alike_whatever_the_size(how):
     """fork(2) of a joined branch was refused (its prefix prefill is submitted to the branch), but
