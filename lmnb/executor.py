@@ -796,10 +796,21 @@ class StreamExecutor:
 
     def _append(self, text: str, source: str, name: Optional[str] = None, tokens: Optional[list] = None,
                 value: Any = None) -> None:
+        """Add ``text`` to the state's text and tell the listeners, unless the state failed or
+        was aborted before it: then the text is dropped, as a streamed delta after an abort is,
+        so an abort's partial_text is the text the state and its listeners got.
+
+        Raises:
+            ProgramError: the state's error (``ProgramAborted`` once aborted), when it has one.
+        """
         if not text and not tokens:
             return
-        with self._cv:
-            self._add_text(text)
+        with self._cv:  # (the check and the add under one lock: an abort lands before both or after both)
+            error = self.error_
+            if error is None:
+                self._add_text(text)
+        if error is not None:
+            raise error
         self._emit_text(text, source, name, tokens, value)
 
     def _add_text(self, text: str) -> None:
@@ -965,8 +976,9 @@ class StreamExecutor:
                     "(num_api_spec_tokens) of a chat model, whose text is written only at the role's end, after it; "
                     "put images in a user message"
                 )
-            self.images_.append(expr)
+            # (its placeholder first: where an abort drops it, the image is not kept either)
             self._append(self.chat_template.image_token, type(expr).__name__.lower(), value=expr)
+            self.images_.append(expr)
         else:
             raise TypeError(f"unknown primitive {expr!r}")
 
@@ -1155,7 +1167,12 @@ class StreamExecutor:
             return
         comps: list[Completion] = self._call(self.backend.generate, self._prompt(), params)
         self._check_finish([c.meta_info for c in comps])
-        self._append(comps[0].text, "gen", expr.name)
+        try:
+            self._append(comps[0].text, "gen", expr.name)
+        except ProgramError:  # aborted once the requests returned: their text is dropped, but they were made
+            for c in comps:
+                self._record_stopped({}, c.meta_info)
+            raise
         values = self._parsed_all(expr, parse, [(c.text, c.meta_info) for c in comps])
         if len(comps) == 1:
             self._finish_var(expr.name, values[0], comps[0].meta_info, _constraint(params), comps[0].text)
@@ -1217,10 +1234,12 @@ class StreamExecutor:
         self.backend.note_role(self.chat_template)  # (a guessed template warns at the first role)
         last = self.messages_[-1]["role"] if self.messages_ else None
         begin, implicit = self.chat_template.role_begin(role, len(self.messages_), not self.text_, last)
+        # (as a fill: text the API speculation did not write voids it.) The role begins once its text
+        # is added: where an abort drops the text, the role does not begin either.
+        self._execute_fill(begin, "role")
         if implicit is not None:
             self.messages_.append(implicit)
         self.cur_role = role
-        self._execute_fill(begin, "role")  # (as a fill: text the API speculation did not write voids it)
         self.cur_role_begin_pos = len(self.text_)
 
     def _execute_role_end(self, role: str) -> None:
@@ -1233,15 +1252,15 @@ class StreamExecutor:
         if self._spec_terms or self._spec_chat_active():
             speculative.spec_role_end(self)
         content = self.text_[self.cur_role_begin_pos:]
-        self.cur_role = None
         _, suffix = self.chat_template.get_prefix_and_suffix(role)
-        self._execute_fill(suffix, "role")
+        self._execute_fill(suffix, "role")  # (first: where an abort drops its text, the role stays open)
+        self.cur_role = None
         self.messages_.append({"role": role, "content": content.lstrip()})
 
     def _execute_join(self, j: _JoinApply) -> None:
-        self.images_ += j.images  # [issue 10] the joined text's image placeholders need their images
-        if j.text:
+        if j.text:  # (first: where an abort drops the text, its images and messages are not kept either)
             self._execute_fill(j.text, "join")
+        self.images_ += j.images  # [issue 10] the joined text's image placeholders need their images
         self.messages_.extend(j.messages)
         for name, value in j.variables.items():
             self._finish_var(name, value, j.meta_info.get(name), gathered=True)

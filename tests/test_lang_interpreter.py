@@ -2550,6 +2550,43 @@ def test_an_abort_right_after_a_streamed_delta_is_checked_leaves_it_in_the_parti
     assert told == ["a"] and error.partial_text == "Q:a"
 
 
+@pytest.mark.parametrize("what", ["fill", "gen", "select"])
+def test_an_abort_right_before_text_is_appended_drops_it_as_a_streamed_delta_is(what):
+    """An abort (a cell's Ctrl-C, on another thread) that came after a fill was taken from the
+    queue, or after a whole gen's or a select's request returned, but before its text was added,
+    made an error whose partial_text lacked the text, which was then added to the state's text and
+    told to the listeners all the same. The text is now dropped, as a streamed delta after an abort
+    is: partial_text, the state's text and the text told are alike. The abort is made to come at
+    the first release of the state's lock once the fill is taken, or the request was made."""
+    be = ScriptedBackend(lambda p, params: "abc", choice_scores=lambda p, c: ([0.0 if c == "x" else -1.0], None))
+    told = []
+
+    def ready(ex):
+        if what == "fill":  # the drainer took the fill off the queue (nothing was written yet)
+            return ex._draining and not ex._queue and not ex.text_
+        return {"gen": "generate", "select": "score"}[what] in be.kinds()
+
+    def listen(ev):
+        if ev.kind == "state":  # (made on the thread that runs the program, before its worker starts)
+            ex = ev.value
+            ex._cv = threading.Condition(_LockWithAHook(lambda: ready(ex), ex.abort))
+        elif ev.kind == "text":
+            told.append(ev.text)
+
+    @sgl.function
+    def prog(s):
+        if what == "fill":
+            s += "Q:"
+        else:
+            s += sgl.gen("a", max_tokens=10) if what == "gen" else sgl.select("a", choices=["x", "y"])
+
+    with sgl.observe(listen):
+        st = prog.run(backend=be)  # (not streamed: a streamed gen's deltas are the test above's)
+    error = st.error()
+    assert type(error) is sgl.ProgramAborted
+    assert told == [] and error.partial_text == "" and st.stream_executor.text_ == ""
+
+
 @pytest.mark.parametrize("how", ["fork(1)", "fork(2)", "copy()"])
 def test_forking_a_joined_branch_is_refused_alike_whatever_the_size(how):
     """fork(2) of a joined branch was refused (its prefix prefill is submitted to the branch), but
