@@ -434,6 +434,11 @@ def test_each_back_reference_to_a_python_named_group_is_refused_alike_without_an
     assert in_engine == message
 
 
+# The in-process engine's refusal of a \p{...} class in a schema pattern, after "the in-process engine "
+_ENGINE_TAKES_NO_P_CLASS = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, "
+                            "which reads a pattern with Python's re, which has none): write the characters as a class")
+
+
 @pytest.mark.parametrize("pattern, offer", [
     (r"^\p{Lettr}+$", r"^\p{Letter}+$"), (r"[\p{Alphabtic}\d]", r"[\p{Alphabetic}\d]"), (r"\P{gc=Lettr}", r"\P{gc=Letter}"),
     (r"\p{Uppercase_Leter}", r"\p{Uppercase_Letter}"), (r"x\p{xyzzy}", None), (r"\p{Script=Greak}", r"\p{Script=Greek}"),
@@ -462,8 +467,7 @@ def test_a_schema_patterns_property_class_of_no_known_name_is_refused_at_gen_wit
                            "script, \\p{Script=Greek})" + tail + "fix the pattern") == in_engine
         return
     meant = re.search(r"\\[pP]\{[^}]*\}", offer).group()
-    engine_takes = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which reads "
-                    "a pattern with Python's re, which has none): write the characters as a class")
+    engine_takes = _ENGINE_TAKES_NO_P_CLASS
     # (gen() runs before the backend is known: the offer is for one that reads \\p{...}, and the engine's
     # refusal of it, with what it takes, is said: gen() offered the pattern alone, which the engine refused next)
     assert message == head + tail + (f"write {json.dumps(offer)} for the class {meant}, where the backend reads \\p{{...}} "
@@ -513,8 +517,7 @@ def test_a_schema_patterns_property_class_ecma_does_not_read_is_refused_at_gen_w
     head = (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has "
             f"a class {cls} {why} at position {pattern.index(cls)}, a syntax error of ECMA 262 with the u flag JSON "
             "Schema asks patterns be read with (2020-12 core, section 6.4); ")
-    engine_takes = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which reads "
-                    "a pattern with Python's re, which has none): write the characters as a class")
+    engine_takes = _ENGINE_TAKES_NO_P_CLASS
     assert message == head + (f"write {json.dumps(offer)} for the class {meant}, where the backend reads \\p{{...}} "
                               f"in a schema (an OpenAI-compatible API may); the in-process engine {engine_takes}")
     assert in_engine == head + f"ECMA's closest is the class {meant}, but this engine {engine_takes}"
@@ -780,8 +783,7 @@ def test_a_schema_patterns_hrkt_class_is_refused_saying_it_holds_nothing_and_off
             "script Unicode gives no character, as Script or as Script_Extensions (a mark both use, U+30FC ー, has the "
             "extensions Hiragana and Katakana), and which node refuses (as a JSON Schema validator reading patterns "
             f"with it does) at position {pattern.index(cls)}, {_U_FLAG_ERROR}")
-    engine_takes = ("takes no \\p{...} class in a schema (its outputs are made to pass jsonschema's check, which reads "
-                    "a pattern with Python's re, which has none): write the characters as a class")
+    engine_takes = _ENGINE_TAKES_NO_P_CLASS
     assert message == head + (f"write {json.dumps(offer)} for the class [{shown}], where the backend reads \\p{{...}} "
                               f"in a schema (an OpenAI-compatible API may); the in-process engine {engine_takes}")
     assert in_engine == head + f"ECMA's closest is the class [{shown}], but this engine {engine_takes}"
