@@ -386,6 +386,37 @@ def test_a_job_run_in_process_whose_set_up_fails_leaves_sys_excepthook_as_it_was
     assert sys.excepthook is before
 
 
+@pytest.mark.parametrize("tool, script", [(["-m", "cProfile"], ["job.py"]),
+                                          (["-m", "coverage", "run", "--data-file", "cov.data"], ["job.py"]),
+                                          (["-m", "cProfile"], ["-m", "pkg.job"])],
+                         ids=["cProfile", "coverage", "cProfile -m"])
+def test_a_set_up_error_under_a_tool_that_runs_the_job_as_the_program_is_still_one_message(tmp_path, tool, script):
+    """Run under a profiler or coverage (``python -m cProfile job.py``, ``coverage run job.py``, or
+    ``-m pkg.job``), whose frames are above the script's, a set-up error ended in Python's traceback
+    and exit 1: the job took the tool for another program running it in its process (as
+    ``runpy.run_path`` does), where the tool hands the error on to ``sys.excepthook`` as Python does."""
+    import subprocess
+
+    from helpers_export import notebook
+    from lmnb.export import export_notebook
+
+    if tool[1] == "coverage":
+        pytest.importorskip("coverage")
+    source, _ = export_notebook(notebook('n = 1 / 0\nq = "x"', "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "job.py").write_text(source)
+    lineno = source.splitlines().index("n = 1 / 0") + 1
+    write_rows(tmp_path / "rows.jsonl", [{"q": "x"}])
+    done = subprocess.run([sys.executable, *tool, *script, "--input", "rows.jsonl", "--output", "out.jsonl",
+                           "--no-progress", "--backend", "http://127.0.0.1:9"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (
+        2, f"lmnb batch: the notebook's set-up failed in cell 1, before any row ran (job.py line {lineno}: n = 1 / 0): "
+           "ZeroDivisionError: division by zero; fix the notebook and export it again\n")
+
+
 @pytest.mark.parametrize("options", [["--help"], ["--input", "rows.jsonl", "--output", "out.jsonl", "--limt", "3"]])
 def test_the_command_line_is_read_before_the_set_up_cells_run(tmp_path, options):
     """Without a parameters cell, the job read its options only when its rows started, so --help

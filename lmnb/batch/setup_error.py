@@ -53,7 +53,32 @@ def install(script: str, per_row: bool = True) -> Callable[[], None]:
 
 def is_program(frame: FrameType) -> bool:
     """Whether ``frame`` (the script's module level) is the program's own: no frame above it but
-    runpy's for ``python -m``; not a script that another program runs in its process."""
+    runpy's for ``python -m``, or the script is named on the process's own command line
+    (``sys.orig_argv``): a tool that runs it as the program, ``coverage run job.py`` or ``python -m
+    cProfile job.py`` (``-m pkg.job`` too), which hands its uncaught error to ``sys.excepthook``.
+    Not a script that another program runs in its process (``runpy.run_path``, IPython's ``%run``),
+    which gets the error itself."""
+    return _only_runpy_above(frame) or _named_on_command_line(frame)
+
+
+def _named_on_command_line(frame: FrameType) -> bool:
+    """Whether an argument of ``sys.orig_argv`` (past the interpreter's name) is the file of
+    ``frame``'s code, or follows a ``-m`` and is its module's name."""
+    module = getattr(frame.f_globals.get("__spec__"), "name", None)
+    arguments = sys.orig_argv[1:]
+    for before, argument in zip(["", *arguments], arguments):
+        if module is not None and (before, argument) == ("-m", module):
+            return True
+        try:
+            if os.path.samefile(argument, frame.f_code.co_filename):
+                return True
+        except (OSError, ValueError):  # (an option, or a name no file has)
+            continue
+    return False
+
+
+def _only_runpy_above(frame: FrameType) -> bool:
+    """Whether no frame above ``frame`` is another's but runpy's (``python -m``)."""
     above = frame.f_back
     while above is not None:
         if above.f_globals.get("__name__") != "runpy":
