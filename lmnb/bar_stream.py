@@ -38,13 +38,40 @@ def progress_bar(total: int, live: bool, on_closed: Optional[Callable[[], None]]
     if sys.stderr is None:  # (stderr closed, `2>&-`, or none, pythonw: Python's is None, whose write raised AttributeError)
         return tqdm(total=total, **{**options, "disable": True})
     if live:
-        return tqdm(total=total, file=BarStream(sys.stderr, on_closed), **options)
+        # (the size read here, not by tqdm, which takes a terminal's unknown size for a negative one)
+        dynamic = options.pop("dynamic_ncols", False)
+        ncols, nrows = screen_shape(sys.stderr)
+        bar = tqdm(total=total, file=BarStream(sys.stderr, on_closed),
+                   **{"ncols": ncols, "nrows": nrows, **options})
+        if dynamic:  # (tqdm reads the size at each frame through this attribute, its own reader where set)
+            bar.dynamic_ncols = screen_shape
+        return bar
     # (miniters=1: no line between items, which tqdm's monitor thread draws where it sets miniters)
     log: dict = {"miniters": 1, "ascii": True}
     # (tqdm's own setting wins; read here, as tqdm reads it only as it is imported, before a
     # notebook's %env or a set-up cell could set it)
     log["mininterval"] = float(os.environ.get("TQDM_MININTERVAL", LOG_INTERVAL))
     return tqdm(total=total, file=BarStream(sys.stderr, on_closed, lines=True), **log, **options)
+
+
+def screen_shape(stream: Any) -> tuple[Optional[int], Optional[int]]:
+    """The width and height (ncols, nrows) of a bar drawn in place on ``stream``, as tqdm reads
+    them, its terminal's columns and lines less one, but for a size of 0, which a terminal gives
+    where it does not know it (``stty rows 0``, a pty no one sized): that is ``$COLUMNS`` or
+    ``$LINES`` where set, else 80 columns or 24 lines, as ``shutil.get_terminal_size`` and rich
+    take it. tqdm took 0 lines for -1 and drew no bar at all, and 0 columns cut the bar's end.
+    (None, None) where ``stream`` is no terminal: tqdm's defaults."""
+    try:
+        columns, lines = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError):  # (no fileno, a closed stream, no terminal)
+        return None, None
+    return (columns or _environment_size("COLUMNS", 80)) - 1, (lines or _environment_size("LINES", 24)) - 1
+
+
+def _environment_size(name: str, default: int) -> int:
+    """The positive number ``$name`` holds, else ``default``."""
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 class BarStream:

@@ -1187,9 +1187,13 @@ def test_a_progress_bar_into_a_log_file_drawn_at_each_row_writes_its_last_line_o
     assert bars[-1].endswith("]") and ("errors=1" in bars[-1]) == (failing is not None), bars
 
 
-def test_a_progress_bar_on_a_terminal_is_drawn_in_place(tmp_path):
+@pytest.mark.parametrize("lines, columns", [(24, 80), (0, 80), (0, 0)], ids=["24x80", "0 lines", "0x0"])
+def test_a_progress_bar_on_a_terminal_is_drawn_in_place(tmp_path, lines, columns):
     """A job's stderr a terminal (a pty here) still gets tqdm's bar drawn in place, frame over
-    frame after a carriage return, and ends on the row count."""
+    frame after a carriage return, and ends on the row count. A terminal that gives its size as 0
+    (does not know it: ``stty rows 0``, a new pty) got no bar at all (tqdm took 0 lines for -1):
+    its size is taken for 80 columns and 24 lines, as shutil.get_terminal_size and rich take it,
+    so the bar is as wide as on an 80-column terminal, 79 characters (tqdm leaves the last one)."""
     import fcntl
     import pty
     import struct
@@ -1207,9 +1211,10 @@ raise SystemExit(Job("tty", ["question"]).run(lambda question: None, backend=Scr
 """, encoding="utf-8")
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
     leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # (a new pty's is 0 by 0)
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))  # (a new pty's is 0 by 0)
+    environment = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen([sys.executable, str(script), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")],
-                            stdout=subprocess.DEVNULL, stderr=follower)
+                            stdout=subprocess.DEVNULL, stderr=follower, env=environment)
     os.close(follower)  # (so that the reads below end, with EIO, once the job's end closed the terminal)
     shown = b""
     try:
@@ -1226,6 +1231,29 @@ raise SystemExit(Job("tty", ["question"]).run(lambda question: None, backend=Scr
         assert proc.wait(timeout=120) == 0, shown
     text = shown.decode("utf-8", "replace")
     assert "\rout.jsonl:   0%|" in text and "\rout.jsonl: 100%|" in text and "| 3/3 [" in text, text
+    frames = [frame for frame in text.split("\r") if frame.startswith("out.jsonl:")]
+    assert {len(frame) for frame in frames} == {79}, frames
+
+
+@pytest.mark.parametrize("environment, shape", [({}, (79, 23)), ({"COLUMNS": "50", "LINES": "0"}, (49, 23)),
+                                                ({"COLUMNS": "x", "LINES": "30"}, (79, 29))])
+def test_a_terminal_of_unknown_size_is_taken_for_columns_and_lines_else_80_by_24(monkeypatch, environment, shape):
+    """A pty sized 0 by 0 (a size it does not know) gives the bar $COLUMNS and $LINES where they
+    hold a positive number, else 80 and 24, as shutil.get_terminal_size takes them; tqdm's width
+    and height are one less."""
+    import pty
+
+    from lmnb.bar_stream import screen_shape
+
+    for name in ("COLUMNS", "LINES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    leader, follower = pty.openpty()
+    with open(follower, "w") as tty:
+        assert os.get_terminal_size(tty.fileno()) == (0, 0)
+        assert screen_shape(tty) == shape
+    os.close(leader)
 
 
 def test_the_bar_is_drawn_in_place_on_a_terminal_and_as_lines_into_a_file_or_a_pipe(tmp_path):
