@@ -3015,6 +3015,22 @@ def test_bad_input_records_do_not_pin_the_settings_of_a_rerun(tmp_path, capsys):
     assert "--model: None there, '/wrong' now" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["open", "before the set-up"])
+def test_a_record_whose_settings_are_empty_is_read_as_one_without_settings(tmp_path, capsys, early):
+    """A record with ``"settings": {}`` (another writer's, or a hand edit that emptied them), which
+    records no setting, was refused as run with other settings ("--backend: not set there, 'engine'
+    now"), where one without "settings" (written before settings were) is taken: both are rows
+    done, and the rerun runs only the row not in the file."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"row": 0, "status": "ok"}\n{"row": 1, "status": "ok", "settings": {}}\n')
+    if early:
+        ResultStore(out, None, {"--backend": "engine", "--model": None}).check_before_setup()  # (raises nothing)
+    assert run_job(tmp_path, "--input", rows) == 0, capsys.readouterr().err
+    assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]
+    assert by_row(read_results(out))[2]["settings"]["--backend"] == "engine"
+
+
 def test_a_malformed_csv_record_is_one_bad_row_over_all_its_lines_then_reading_goes_on_after_it(tmp_path):
     """A strict reader went on at the line after its error, inside the record: the rest of a quoted
     value ran as a row of its own (q='line"'), and a closing quote alone on its line opened a quote

@@ -89,7 +89,8 @@ class ResultStore:
     written with different keying is refused, since its keys would not match. ``settings``: what
     this run's results depend on (notebook parameters, backend, model; JSON values); each record
     carries them, and a file whose rows were run with other settings is refused, so one file never
-    mixes results of two configurations (records from before settings were written are taken).
+    mixes results of two configurations (records from before settings were written are taken, as
+    are records whose "settings" is empty, ``{}``, which records none).
     ``script``: the fingerprint of the script's code (``Job``'s ``code_fingerprint``), written into
     each record; ``other_script`` counts the records of done rows written by other code.
     """
@@ -252,8 +253,10 @@ class ResultStore:
     def _check_settings(self, record: dict, unknown: Collection[str] = ()) -> None:
         old = record.get("settings")
         # (a bad_input row never ran, so no setting made its record: a job whose --backend could
-        # not start had written its bad rows, and the rerun with the right URL was refused)
-        if self.settings is None or old is None or old == self.settings or record.get("status") == BAD_INPUT:
+        # not start had written its bad rows, and the rerun with the right URL was refused; an
+        # empty "settings" records none, as a record without it, which another writer or a hand
+        # edit leaves: it was refused as run with "--backend: not set there")
+        if self.settings is None or not old or old == self.settings or record.get("status") == BAD_INPUT:
             return
         changed = sorted(k for k in {*old, *self.settings} - set(unknown) if old.get(k) != self.settings.get(k))
         if not changed:
