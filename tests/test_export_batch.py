@@ -3337,12 +3337,13 @@ _RAN_THEN_DONE = ("this run: 1 row ran (1 ok, 0 failed), 0 bad input, 0 already 
                   "this run: 0 rows ran (0 ok, 0 failed), 0 bad input, 1 already done")
 
 
-def _run_twice_changing_folder(tmp_path, monkeypatch, capsys) -> tuple[dict, list[str]]:
+def _run_twice_changing_folder(tmp_path, monkeypatch, capsys, model=None) -> tuple[dict, list[str]]:
     """Run, from ``tmp_path``, a job script whose set-up cell changes folder (``os.chdir("sub")``)
     on ``sys.argv``, twice (the second a rerun), as ``__main__`` (so it reads its options and checks
     --output as it is made), each on a scripted backend; the last run's namespace and each run's
-    stderr."""
-    source = 'import os\nfrom lmnb.batch import Job\njob = Job("", ["question"], options_first=True)\nos.chdir("sub")\n'
+    stderr. ``model``: the notebook's ``%lm load`` model (``Job``'s ``model``)."""
+    source = ('import os\nfrom lmnb.batch import Job\n'
+              f'job = Job("", ["question"], model={model!r}, options_first=True)\nos.chdir("sub")\n')
     said = []
     for _ in range(2):
         monkeypatch.chdir(tmp_path)
@@ -3396,6 +3397,28 @@ def test_a_relative_lmnb_model_is_read_from_the_folder_the_job_ran_in_after_a_se
     [record] = read_results(tmp_path / "out.jsonl")
     assert record["settings"]["--model"] == os.path.realpath(tmp_path / "ckpt")
     assert engine_model(ns["job"].args) == str(tmp_path / "ckpt")  # (what make_backend loads)
+
+
+def test_the_notebooks_relative_lm_load_is_read_from_the_folder_the_job_ran_in_after_a_set_up_cells_chdir(
+        tmp_path, monkeypatch, capsys):
+    """As --model: a notebook's %lm load ./ckpt (the job's default --model), with a set-up cell's
+    os.chdir("sub"), was checked before the set-up cells in the folder the command ran in, and
+    loaded after them from sub/, so that the job could not start wherever the checkpoint was (one
+    place or the other: "no checkpoint directory at './ckpt'")."""
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path / "rows.jsonl", [{"question": "top"}])
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    monkeypatch.delenv("LMNB_MODEL", raising=False)
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "rows.jsonl", "--output", "out.jsonl", "--no-progress"])
+    ns, said = _run_twice_changing_folder(tmp_path, monkeypatch, capsys, model="./ckpt")
+    for err, run in zip(said, _RAN_THEN_DONE):
+        assert run in err
+    job = ns["job"]
+    loaded = engine_model(job.args, job.default_model)  # (what make_backend loads, here in sub/)
+    assert os.path.realpath(loaded) == os.path.realpath(tmp_path / "ckpt"), loaded
+    assert read_results(tmp_path / "out.jsonl")[0]["settings"]["--model"] is None  # (the notebook's own, as before)
 
 
 def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path, capsys):

@@ -643,9 +643,11 @@ class Job:
         """Where a set-up cell changed the folder (``os.chdir``), read the paths of the command line
         from the folder it ran in, as the user gave them and as the check of ``--output`` before the
         set-up cells did (``_check_resume``): ``--input``, ``--output`` and a ``--model`` directory
-        there (with no model named, ``$LMNB_MODEL``'s, in this process's environment) become
-        absolute paths. The job read the rows and wrote the results in the new folder, where the
-        check had read another file. A model that is no path there (a hub id) stays as it is."""
+        there (else the notebook's ``%lm load`` one, the default ``--model``, which the check of
+        the model before the set-up cells read there too, ``_check_backend``; with no model named,
+        ``$LMNB_MODEL``'s, in this process's environment) become absolute paths. The job read the
+        rows and wrote the results in the new folder, where the check had read another file. A
+        model that is no path there (a hub id) stays as it is."""
         start, args = self._start_folder, self.args
         if start is None or _current_folder() in (start, None):
             return
@@ -653,6 +655,8 @@ class Job:
             args.input, args.output = Path(start, args.input), Path(start, args.output)
         if args.model and os.path.exists(os.path.join(start, args.model)):
             args.model = os.path.join(start, args.model)
+        if not args.model and self.default_model and os.path.exists(os.path.join(start, self.default_model)):
+            self.default_model = os.path.join(start, self.default_model)
         env_model = os.environ.get(MODEL_ENV)
         if not (args.model or self.default_model) and env_model and os.path.exists(os.path.join(start, env_model)):
             # (the engine, and the records' settings, read it after the set-up cells, as they read --model)
