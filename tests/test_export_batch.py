@@ -400,8 +400,6 @@ def test_a_set_up_error_under_a_tool_that_runs_the_job_as_the_program_is_still_o
     from helpers_export import notebook
     from lmnb.export import export_notebook
 
-    if tool[1] == "coverage":
-        pytest.importorskip("coverage")
     source, _ = export_notebook(notebook('n = 1 / 0\nq = "x"', "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
     (tmp_path / "job.py").write_text(source)
     (tmp_path / "pkg").mkdir()
