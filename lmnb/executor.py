@@ -813,6 +813,21 @@ class StreamExecutor:
             raise error
         self._emit_text(text, source, name, tokens, value)
 
+    def _append_made(self, text: str, source: str, name: Optional[str], metas: list) -> None:
+        """``_append`` the text of requests already made (``metas``: the meta_info of those no
+        ``var`` event has reported yet); where an abort drops the text, they were made all the
+        same: they are reported as stopped (``_record_stopped``), as a streamed gen's are.
+
+        Raises:
+            ProgramError: as ``_append``.
+        """
+        try:
+            self._append(text, source, name)
+        except ProgramError:
+            for meta in metas:
+                self._record_stopped({}, meta)
+            raise
+
     def _add_text(self, text: str) -> None:
         """(Lock held.) Append ``text`` to the state's text and wake its readers."""
         if text:
@@ -1157,7 +1172,8 @@ class StreamExecutor:
             unconstrained = params.regex is None and params.json_schema is None and not params.min_new_tokens
             if not self.backend.is_chat_model and (params.n or 1) == 1 and unconstrained:
                 text, meta = speculative.spec_gen(self, params, expr)
-                self._append(text, "gen", expr.name)
+                # (a gen served from an earlier call's leftover made none: that call was reported)
+                self._append_made(text, "gen", expr.name, [meta] if "speculative_call" in meta else [])
                 [value] = self._parsed_all(expr, parse, [(text, meta)])
                 self._finish_var(expr.name, value, meta, text=text)
                 return
@@ -1167,12 +1183,7 @@ class StreamExecutor:
             return
         comps: list[Completion] = self._call(self.backend.generate, self._prompt(), params)
         self._check_finish([c.meta_info for c in comps])
-        try:
-            self._append(comps[0].text, "gen", expr.name)
-        except ProgramError:  # aborted once the requests returned: their text is dropped, but they were made
-            for c in comps:
-                self._record_stopped({}, c.meta_info)
-            raise
+        self._append_made(comps[0].text, "gen", expr.name, [c.meta_info for c in comps])
         values = self._parsed_all(expr, parse, [(c.text, c.meta_info) for c in comps])
         if len(comps) == 1:
             self._finish_var(expr.name, values[0], comps[0].meta_info, _constraint(params), comps[0].text)

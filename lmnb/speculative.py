@@ -311,15 +311,16 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             )
     vi = iter(values or [])
     call = dict(meta, speculative=True)  # (the first gen's: usage counts the call once, as for completion models)
+    unreported = [meta] if gens else []  # the call, until the first gen's variable reports it
     for term in terms:
         if term[0] == "text":
-            ex._append(term[1], "fill")
+            ex._append_made(term[1], "fill", None, unreported)
         else:
             _, expr, _, parse = term
             text = next(vi)
-            ex._append(text, "gen", expr.name)
+            ex._append_made(text, "gen", expr.name, unreported)
             ex._finish_var(expr.name, ex._parsed(expr, text, parse), call, text=text)
-            call = {"speculative": True}
+            call, unreported = {"speculative": True}, []
 
 
 def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) -> Optional[list[str]]:

@@ -2589,6 +2589,72 @@ def test_an_abort_right_before_text_is_appended_drops_it_as_a_streamed_delta_is(
     assert told == [] and error.partial_text == "" and st.stream_executor.text_ == ""
 
 
+class _Counted(ScriptedBackend):
+    """Reports each call's prompt (5 tokens) and completion (7), as the engine and the servers do,
+    and keeps its request ids in ``rids``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rids = []
+
+    def generate(self, prompt, params, rid):
+        [c] = super().generate(prompt, params, rid)
+        c.meta_info.update(prompt_tokens=5, completion_tokens=7)
+        self.rids.append(rid)
+        return [c]
+
+
+@pytest.mark.parametrize("model, where", [
+    ("plain", "call"),  # (no speculation: the report the speculated ones are held to)
+    ("completion", "call"), ("chat", "call"), ("chat", "first gen"),
+])
+def test_an_abort_right_before_an_api_speculated_terms_text_is_appended_still_reports_its_call(model, where):
+    """An abort (a cell's Ctrl-C, on another thread) that came after an API-speculated call
+    returned, but before the text of the term it answers was added, dropped that text (e37e715)
+    and never reported the call: a whole gen's dropped requests are reported as stopped (an
+    unnamed gen's ``var`` event with their prompt counts and an abort finish reason), so the
+    cell's summary and the batch records counted them, but a speculative call's prompt was lost.
+    Where the first gen had reported the call already (a chat role's later fill is dropped), it is
+    not reported twice. The abort is made to come at the first release of the state's lock once
+    the call returned, or the first gen's variable is set."""
+    chat = model == "chat"
+    be = _Counted(lambda p, params: "Carol\nAge: 41" if chat else " Carol\nAge: 41\n",
+                  chat_template=CHATML if chat else None, is_chat_model=chat)
+    events = []
+
+    def ready(ex):
+        return "name" in ex.variables if where == "first gen" else "generate" in be.kinds()
+
+    def listen(ev):
+        if ev.kind == "state":  # (made on the thread that runs the program, before its worker starts)
+            ex = ev.value
+            ex._cv = threading.Condition(_LockWithAHook(lambda: ready(ex), ex.abort))
+        events.append(ev)
+
+    @sgl.function(num_api_spec_tokens=None if model == "plain" else 16)
+    def prog(s):
+        if chat:
+            s += sgl.assistant(sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", stop="\n"))
+        else:
+            s += "Name:" + sgl.gen("name", stop="\n") + "\nAge:" + sgl.gen("age", stop="\n")
+
+    with sgl.observe(listen):
+        st = prog.run(backend=be)
+    error = st.error()
+    assert type(error) is sgl.ProgramAborted
+    [rid] = be.rids
+    reported = [(e.name, e.meta_info) for e in events if e.kind == "var"]
+    if where == "first gen":  # the first gen's variable told of the call; the fill after it is dropped
+        assert reported == [("name", {"id": rid, "finish_reason": {"type": "stop"}, "cached_tokens": 0,
+                                      "prompt_tokens": 5, "completion_tokens": 7, "speculative": True})]
+        assert error.partial_text == "<|im_start|>assistant\nCarol"
+    else:
+        stopped = {"type": "abort", "message": "the program state was aborted"}
+        assert reported == [(None, {"id": rid, "prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": 0,
+                                    "finish_reason": stopped})]
+        assert error.partial_text == ("<|im_start|>assistant\n" if chat else "Name:")
+
+
 @pytest.mark.parametrize("how", ["fork(1)", "fork(2)", "copy()"])
 def test_forking_a_joined_branch_is_refused_alike_whatever_the_size(how):
     """fork(2) of a joined branch was refused (its prefix prefill is submitted to the branch), but
