@@ -319,7 +319,9 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             _, expr, _, parse = term
             text = next(vi)
             ex._append_made(text, "gen", expr.name, unreported)
-            ex._finish_var(expr.name, ex._parsed(expr, text, parse), call, text=text)
+            # (the first gen's refused value still reports the call, as a refused gen's own requests are)
+            value = ex._parsed_all(expr, parse, [(text, call)])[0] if unreported else ex._parsed(expr, text, parse)
+            ex._finish_var(expr.name, value, call, text=text)
             call, unreported = {"speculative": True}, []
 
 

@@ -2655,6 +2655,27 @@ def test_an_abort_right_before_an_api_speculated_terms_text_is_appended_still_re
         assert error.partial_text == ("<|im_start|>assistant\n" if chat else "Name:")
 
 
+def test_a_speculated_chat_gens_refused_value_still_reports_the_call():
+    """A chat model's API-speculated call whose first gen's value was refused (a dtype that does
+    not parse) was never reported: the cell's summary and batch records lost its prompt and tokens,
+    where a gen's own refused request reaches them (f45d351). It is now reported as an unnamed
+    gen's ``var`` event with the call's meta_info, before the gen fails."""
+    be = _Counted(lambda p, params: "Carol\n", chat_template=CHATML, is_chat_model=True)
+    events = []
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.assistant(sgl.gen("n", stop="\n", dtype=int))
+
+    with sgl.observe(events.append):
+        st = prog.run(backend=be)
+    assert "gen 'n' with dtype=int produced 'Carol'" in str(st.error())
+    [rid] = be.rids
+    assert [(e.name, e.meta_info) for e in events if e.kind == "var"] == [
+        (None, {"id": rid, "finish_reason": {"type": "stop"}, "cached_tokens": 0, "prompt_tokens": 5,
+                "completion_tokens": 7, "speculative": True})]
+
+
 @pytest.mark.parametrize("how", ["fork(1)", "fork(2)", "copy()"])
 def test_forking_a_joined_branch_is_refused_alike_whatever_the_size(how):
     """fork(2) of a joined branch was refused (its prefix prefill is submitted to the branch), but
