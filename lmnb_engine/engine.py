@@ -777,17 +777,23 @@ class Engine:
             # max_new_tokens the context's length or more fits beside no prompt: shortening it is no
             # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large");
             # but a prompt that fills the context leaves room for none: "at most 0" would be no fix either,
-            # and neither alone is one (it said "shorten the prompt or lower max_new_tokens"); beside a
-            # max_new_tokens that fits a shorter prompt, only shortening is (it said "or lower" too)
-            no_prompt_fits = params.max_new_tokens >= self.context_len
-            alone = no_prompt_fits and n < self.context_len
-            fix = (f"lower max_new_tokens to at most {self.context_len - n}" if alone else
+            # and neither alone is one (it said "shorten the prompt or lower max_new_tokens"). Else each fix
+            # comes with its number (it gave none): a prompt that fills the context is shortened by
+            # max_new_tokens' tokens, or by fewer beside a lower max_new_tokens (it said the first alone, as
+            # if no lower one helped); one that leaves some room by what it lacks, or max_new_tokens lowered
+            # to that room
+            m, room = params.max_new_tokens, self.context_len - n
+            no_prompt_fits = m >= self.context_len
+            alone = no_prompt_fits and room > 0
+            over = m - room
+            shorten = f"shorten the prompt by at least {over} token{'s' * (over != 1)}"
+            fix = (f"lower max_new_tokens to at most {room}" if alone else
                    both_fix(self.context_len) if no_prompt_fits else
-                   f"shorten the prompt by at least {params.max_new_tokens} token{'s' * (params.max_new_tokens != 1)}"
-                   if n == self.context_len else
-                   "shorten the prompt or lower max_new_tokens")
+                   f"{shorten} or lower max_new_tokens to at most {room}" if room > 0 else
+                   f"{shorten}, or lower max_new_tokens to N and shorten the prompt by at least N tokens" if m > 1 else
+                   shorten)
             error = does_not_fit(ValueError(
-                f"{prompt} + max_new_tokens={params.max_new_tokens} exceeds the model's "
+                f"{prompt} + max_new_tokens={m} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; {fix}"))
             if alone:
                 error.field = "max_new_tokens"  # (refused_field reads it; an attribute, kept by pickling)

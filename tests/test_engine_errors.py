@@ -90,7 +90,13 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ([5] * 10, GREEDY.copy(extra={"whitespace": " "}), r"extra=.* whose only key is 'whitespace_pattern'"),
         ([5] * 10, GREEDY.copy(json_schema={"type": "object"}, extra={"whitespace_pattern": "(["}),
          r'whitespace_pattern "\(\[" is not a valid regular expression \(unterminated character set'),
-        ([5] * 500, GREEDY.copy(max_new_tokens=20), "context length of 512"),
+        # either fix alone, each with its number (it said "shorten the prompt or lower max_new_tokens"):
+        # 500 + 20 - 512 = 8 tokens too many, 512 - 500 = 12 new tokens fit
+        ([5] * 500, GREEDY.copy(max_new_tokens=20), r"^prompt of 500 tokens \+ max_new_tokens=20 exceeds the model's "
+                                                    r"context length of 512 tokens; shorten the prompt by at least 8 "
+                                                    r"tokens or lower max_new_tokens to at most 12$"),
+        ([5] * 511, GREEDY.copy(max_new_tokens=2), r"length of 512 tokens; shorten the prompt by at least 1 token or "
+                                                   r"lower max_new_tokens to at most 1$"),
         # a prompt too long alone (a select's or fork's prefill asks for no new tokens): the fix is
         # not "lower max_new_tokens=0"
         ([5] * 600, GREEDY.copy(max_new_tokens=0),
@@ -102,9 +108,12 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ([5] * 512, GREEDY.copy(max_new_tokens=512), r"length of 512 tokens; shorten the prompt and lower max_new_tokens, "
                                                      r"so that the prompt's tokens and max_new_tokens together fit 512$"),
         # a prompt that fills the context beside a max_new_tokens a shorter prompt fits: lowering it
-        # fits only at 0 new tokens, no fix; shortening by it is (it said "shorten the prompt or lower")
+        # alone fits only at 0 new tokens, no fix; shortening by it is (it said "shorten the prompt or
+        # lower"), or by fewer beside a lower one (it said the first alone, as if no lower one helped)
         ([5] * 512, GREEDY.copy(max_new_tokens=3), r"^prompt of 512 tokens \+ max_new_tokens=3 exceeds the model's "
-                                                   r"context length of 512 tokens; shorten the prompt by at least 3 tokens$"),
+                                                   r"context length of 512 tokens; shorten the prompt by at least 3 "
+                                                   r"tokens, or lower max_new_tokens to N and shorten the prompt by at "
+                                                   r"least N tokens$"),
         ([5] * 512, GREEDY.copy(max_new_tokens=1), r"length of 512 tokens; shorten the prompt by at least 1 token$"),
         # a prompt past the context beside such a max_new_tokens: both at once (it named the prompt
         # alone, and the shortened prompt met a second refusal)
@@ -131,11 +140,29 @@ def test_bad_requests_raise_and_the_engine_stays_usable(engine, hf, prompt, para
 
 def test_a_prompt_that_fills_the_context_is_told_how_much_to_shorten_and_that_fits(engine):
     """A prompt of the context's length beside max_new_tokens=3 was told "shorten the prompt or
-    lower max_new_tokens", where only 0 new tokens fit; the shortening it is told now fits."""
-    with pytest.raises(ValueError, match=r"shorten the prompt by at least 3 tokens$"):
+    lower max_new_tokens", where only 0 new tokens fit; the shortening it is told now fits, and so
+    does the lower max_new_tokens beside the prompt shortened by as many tokens."""
+    with pytest.raises(ValueError, match=r"shorten the prompt by at least 3 tokens, or lower max_new_tokens to N "
+                                         r"and shorten the prompt by at least N tokens$"):
         engine.generate([5] * engine.context_len, SamplingParams(max_new_tokens=3, ignore_eos=True))
-    out = engine.generate([5] * (engine.context_len - 3), SamplingParams(max_new_tokens=3, ignore_eos=True))
-    assert len(out.token_ids) == 3
+    for cut in (3, 2):
+        out = engine.generate([5] * (engine.context_len - cut), SamplingParams(max_new_tokens=cut, ignore_eos=True))
+        assert len(out.token_ids) == cut
+
+
+def test_a_prompt_that_leaves_some_room_is_told_both_fixes_and_each_fits(engine):
+    """A prompt of 500 tokens beside max_new_tokens=20 (context 512) was told "shorten the prompt or
+    lower max_new_tokens", with no sizes; it is told each fix's number (8 = 500 + 20 - 512 tokens
+    to cut, 12 = 512 - 500 new tokens that fit), and each fits where one token less does not."""
+    with pytest.raises(ValueError) as e:
+        engine.generate([5] * 500, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    assert str(e.value) == ("prompt of 500 tokens + max_new_tokens=20 exceeds the model's context length of 512 "
+                            "tokens; shorten the prompt by at least 8 tokens or lower max_new_tokens to at most 12")
+    assert len(engine.generate([5] * 492, SamplingParams(max_new_tokens=20, ignore_eos=True)).token_ids) == 20
+    assert len(engine.generate([5] * 500, SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids) == 12
+    for prompt, new in ((493, 20), (500, 13)):
+        with pytest.raises(ValueError, match="exceeds the model's context length"):
+            engine.generate([5] * prompt, SamplingParams(max_new_tokens=new, ignore_eos=True))
 
 
 def test_more_samples_than_lmnb_serve_takes_are_refused_in_process_too(engine):

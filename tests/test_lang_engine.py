@@ -590,8 +590,9 @@ def test_an_engine_refusal_names_gens_max_tokens_not_the_engines_max_new_tokens(
     assert str(err) == (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens={limit} exceeds the model's "
                         f"context length of {limit} tokens; lower max_tokens to at most {limit - n}")
     err = prog.run(max_tokens=limit - 1, backend=backend).error()
-    assert str(err) == (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens={limit - 1} exceeds the "
-                        f"model's context length of {limit} tokens; shorten the prompt or lower max_tokens")
+    assert n == 2 and str(err) == (  # (2 + 511 - 512 = 1 token too many)
+        f"Gen('x') failed: ValueError: prompt of 2 tokens + max_tokens={limit - 1} exceeds the model's context length "
+        f"of {limit} tokens; shorten the prompt by at least 1 token or lower max_tokens to at most {limit - 2}")
     # (the max_tokens the run's: gen() itself refuses a min_tokens above its own max_tokens)
     err = prog.run(max_new_tokens=2, min_tokens=3, backend=backend).error()
     assert str(err) == "Gen('x') failed: ValueError: min_tokens=3 is invalid: must not exceed max_tokens=2"
@@ -605,13 +606,14 @@ def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf,
     prompt = "x " * ((limit - 100) // 2)  # (two tokens each)
     n = len(hf[0].encode(prompt))
     assert n + 128 > limit >= n  # the prompt fits; the prompt and 128 new tokens do not
+    assert (n, limit) == (412, 512)  # (412 + 128 - 512 = 28 tokens too many; 512 - 412 = 100 fit)
 
     @sgl.function
     def prog(s):
         s += prompt + sgl.gen("x")
 
-    refusal = (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=128 exceeds the model's context "
-               f"length of {limit} tokens; shorten the prompt or lower max_tokens")
+    refusal = ("Gen('x') failed: ValueError: prompt of 412 tokens + max_tokens=128 exceeds the model's context "
+               "length of 512 tokens; shorten the prompt by at least 28 tokens or lower max_tokens to at most 100")
     for stream in (False, True):
         err = prog.run(backend=backend, stream=stream).error()
         assert str(err) == (f"{refusal} (the gen has no max_tokens of its own and took lmnb's default of 128: give it "
@@ -624,6 +626,29 @@ def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf,
     assert err.__cause__.reason == "does_not_fit"  # (kept by the rewording, for front ends that read it)
 
 
+def test_a_prompt_that_fills_the_context_beside_the_default_max_tokens_is_told_both_ways_to_fit(backend, hf,
+                                                                                                  tiny_engine):
+    """A gen without max_tokens after a prompt that fills the context was told "shorten the prompt
+    by at least 128 tokens (the gen ... took lmnb's default of 128 ...)", which read as if a lower
+    max_tokens did not help, where each token less of it is one less to cut: it is told both ways,
+    and the second fits (16 new tokens beside the prompt 16 tokens shorter)."""
+    limit = tiny_engine.context_len
+    assert len(hf[0].encode("x " * 256)) == limit == 512  # (two tokens each)
+
+    @sgl.function
+    def prog(s, cut=0, **kw):
+        s += "x " * (256 - cut // 2) + sgl.gen("x", **kw)
+
+    for stream in (False, True):
+        assert str(prog.run(backend=backend, stream=stream).error()) == (
+            "Gen('x') failed: ValueError: prompt of 512 tokens + max_tokens=128 exceeds the model's context length of "
+            "512 tokens; shorten the prompt by at least 128 tokens, or lower max_tokens to N and shorten the prompt by "
+            "at least N tokens (the gen has no max_tokens of its own and took lmnb's default of 128: give it its own "
+            "max_tokens=N, or set run(max_new_tokens=N))")
+    st = prog.run(cut=16, max_tokens=16, ignore_eos=True, backend=backend)
+    assert st.error() is None and st.get_meta_info("x")["completion_tokens"] == 16
+
+
 def test_a_speculative_call_refused_for_num_api_spec_tokens_is_not_blamed_on_the_default(backend, hf, tiny_engine):
     """Under API speculative execution a gen without max_tokens asks for max(its 128,
     num_api_spec_tokens) tokens: refused for num_api_spec_tokens=200, the error said the gen
@@ -633,6 +658,7 @@ def test_a_speculative_call_refused_for_num_api_spec_tokens_is_not_blamed_on_the
     prompt = "x " * ((limit - 150) // 2)  # (two tokens each)
     n = len(hf[0].encode(prompt))
     assert n + 200 > limit >= n + 128  # the prompt and 128 new tokens fit; with 200 they do not
+    assert (n, limit) == (362, 512)  # (362 + 200 - 512 = 50 tokens too many; 512 - 362 = 150 fit)
 
     @sgl.function(num_api_spec_tokens=200)
     def prog(s):
@@ -642,16 +668,16 @@ def test_a_speculative_call_refused_for_num_api_spec_tokens_is_not_blamed_on_the
     spec = "(API speculative execution asked for num_api_spec_tokens=200 tokens, more than the gen's max_tokens={}: " \
            "lower @function(num_api_spec_tokens=N))"
     assert str(prog.run(backend=backend).error()) == (
-        f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=200 exceeds the model's context length of "
-        f"{limit} tokens; shorten the prompt or lower max_tokens {spec.format(128)}")
+        "Gen('x') failed: ValueError: prompt of 362 tokens + max_tokens=200 exceeds the model's context length of "
+        f"512 tokens; shorten the prompt by at least 50 tokens or lower max_tokens to at most 150 {spec.format(128)}")
 
     @sgl.function(num_api_spec_tokens=200)
     def own(s):  # a gen's own max_tokens under it: the call asks for 200 all the same
         s += prompt + sgl.gen("x", max_tokens=5)
 
     assert str(own.run(backend=backend).error()) == (
-        f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=200 exceeds the model's context length of "
-        f"{limit} tokens; shorten the prompt or lower max_tokens {spec.format(5)}")
+        "Gen('x') failed: ValueError: prompt of 362 tokens + max_tokens=200 exceeds the model's context length of "
+        f"512 tokens; shorten the prompt by at least 50 tokens or lower max_tokens to at most 150 {spec.format(5)}")
 
 
 def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_reports_it(backend, hf, tiny_engine):

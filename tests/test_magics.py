@@ -132,7 +132,8 @@ def _refused_for_max_tokens(ip, options: str, limit: int):
     failed, out = run(ip, f"%%lm --static {options}\n" + text + "{gen w}")
     assert not failed.success
     return (f"prompt of {n} tokens + max_tokens={limit} exceeds the model's context length of {context_len} tokens; "
-            "shorten the prompt or lower max_tokens"), out
+            f"shorten the prompt by at least {n + limit - context_len} tokens or lower max_tokens to at most "
+            f"{context_len - n}"), out
 
 
 def _view_text(out) -> str:

@@ -1046,7 +1046,9 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
                                      add_special_tokens=False))
     assert 1 < template < chat
     for max_tokens, param, fix in [
-            (ctx_len - template, "messages", "; shorten the messages or lower max_tokens"),
+            # (chat + ctx_len - template - ctx_len tokens too many, ctx_len - chat new ones fit)
+            (ctx_len - template, "messages", f"; shorten the messages by at least {chat - template} token"
+             f"{'s' * (chat - template != 1)} or lower max_tokens to at most {ctx_len - chat}"),
             (ctx_len - template + 1, "max_tokens", f"; lower max_tokens to at most {ctx_len - chat} (the chat template "
              f"alone takes {template} of the prompt's tokens, so no shorter messages make room for "
              f"{ctx_len - template + 1})"),
@@ -1081,7 +1083,8 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
 def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(backends, engines):
     """A prompt (the messages' prompt) of the context's length beside a max_tokens a shorter prompt
     fits was told to "shorten the prompt (messages) or lower max_tokens", and only 0 fits beside
-    it: now to shorten it by max_tokens' tokens, in the request's own words."""
+    it: now to shorten it by max_tokens' tokens, or by fewer beside a lower max_tokens, in the
+    request's own words."""
     import httpx
 
     url, engine = backends[2], engines[1]
@@ -1089,7 +1092,7 @@ def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(ba
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5] * ctx_len, "max_tokens": 3}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == (
         f"prompt of {ctx_len} tokens + max_tokens=3 exceeds the model's context length of {ctx_len} tokens; shorten "
-        "the prompt by at least 3 tokens"), r.text
+        "the prompt by at least 3 tokens, or lower max_tokens to N and shorten the prompt by at least N tokens"), r.text
 
     def chat_len(content: str) -> int:
         text = engine.apply_chat_template([{"role": "user", "content": content}])
@@ -1101,7 +1104,7 @@ def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(ba
             "model": "tiny", "messages": [{"role": "user", "content": content}], name: 3}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["message"] == (
             f"prompt of {ctx_len} tokens + {name}=3 exceeds the model's context length of {ctx_len} tokens; shorten "
-            "the messages by at least 3 tokens"), r.text
+            f"the messages by at least 3 tokens, or lower {name} to N and shorten the messages by at least N tokens"), r.text
 
 
 def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt_fits_beside(backends, engines):
@@ -1151,6 +1154,7 @@ def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(back
     prompt = "x " * ((ctx_len - 100) // 2)
     n = len(engines[1].encode(prompt))
     assert n + 128 > ctx_len > n  # the prompt fits; the prompt and 128 new tokens do not
+    assert (n, ctx_len) == (412, 512)  # (412 + 128 - 512 = 28 tokens too many; 512 - 412 = 100 fit)
 
     @sgl.function
     def prog(s):
@@ -1160,13 +1164,13 @@ def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(back
         err = prog.run(backend=remote, stream=stream).error()
         assert isinstance(err.__cause__, BackendError)
         assert str(err).endswith(
-            f"prompt of {n} tokens + max_tokens=128 exceeds the model's context length of {ctx_len} tokens; shorten the "
-            "prompt or lower max_tokens (the gen has no max_tokens of its own and took lmnb's default of 128: give it "
-            "its own max_tokens=N, or set run(max_new_tokens=N))")
+            "prompt of 412 tokens + max_tokens=128 exceeds the model's context length of 512 tokens; shorten the prompt "
+            "by at least 28 tokens or lower max_tokens to at most 100 (the gen has no max_tokens of its own and took "
+            "lmnb's default of 128: give it its own max_tokens=N, or set run(max_new_tokens=N))")
     # run(max_new_tokens=128) given: the same number, which the user set (it was read as lmnb's default)
     assert str(prog.run(backend=remote, max_new_tokens=128).error()).endswith(
-        "lower max_tokens (the gen has no max_tokens of its own and took run(max_new_tokens=128): give it its own "
-        "max_tokens=N, or lower that)")
+        "lower max_tokens to at most 100 (the gen has no max_tokens of its own and took run(max_new_tokens=128): give "
+        "it its own max_tokens=N, or lower that)")
 
 
 def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
@@ -1177,6 +1181,7 @@ def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
     prompt = "x " * ((ctx_len - 20) // 2)
     n = len(engines[1].encode(prompt))
     assert n + 30 > ctx_len > n
+    assert (n, ctx_len) == (492, 512)  # (492 + 30 - 512 = 10 tokens too many; 512 - 492 = 20 fit)
 
     @sgl.function
     def prog(s):
@@ -1184,15 +1189,15 @@ def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
 
     for backend in (local, remote):
         assert str(prog.run(backend=backend, max_new_tokens=30).error()).endswith(
-            f"prompt of {n} tokens + max_tokens=30 exceeds the model's context length of {ctx_len} tokens; shorten the "
-            "prompt or lower max_tokens (the gen has no max_tokens of its own and took run(max_new_tokens=30): give "
-            "it its own max_tokens=N, or lower that)")
+            "prompt of 492 tokens + max_tokens=30 exceeds the model's context length of 512 tokens; shorten the prompt "
+            "by at least 10 tokens or lower max_tokens to at most 20 (the gen has no max_tokens of its own and took "
+            "run(max_new_tokens=30): give it its own max_tokens=N, or lower that)")
     # lmnb.OpenAI on lmnb serve's /v1 routes reads the same reason in their error
     completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
     assert str(prog.run(backend=completion, max_new_tokens=30).error()).endswith(
-        f"+ max_tokens=30 exceeds the model's context length of {ctx_len} tokens; shorten the prompt or lower max_tokens "
-        "(the gen has no max_tokens of its own and took run(max_new_tokens=30): give it its own max_tokens=N, or "
-        "lower that)")
+        "+ max_tokens=30 exceeds the model's context length of 512 tokens; shorten the prompt by at least 10 tokens "
+        "or lower max_tokens to at most 20 (the gen has no max_tokens of its own and took run(max_new_tokens=30): "
+        "give it its own max_tokens=N, or lower that)")
 
 
 def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):

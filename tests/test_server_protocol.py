@@ -3212,8 +3212,10 @@ def test_a_chat_max_tokens_that_leaves_no_room_for_the_templates_tokens_is_told_
         context_len = 40
 
         def submit(self, prompt, params, rid=None):  # (the engine's refusal, for a max_tokens shorter messages fit)
-            raise ValueError(f"prompt of {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
-                             "model's context length of 40 tokens; shorten the prompt or lower max_new_tokens")
+            n, m = len(prompt), params.max_new_tokens
+            raise ValueError(f"prompt of {n} tokens + max_new_tokens={m} exceeds the model's context length of 40 "
+                             f"tokens; shorten the prompt by at least {n + m - 40} tokens or lower max_new_tokens to "
+                             f"at most {40 - n}")
 
     def refusal(content: str, **limit) -> tuple:
         r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": content}],
@@ -3228,10 +3230,11 @@ def test_a_chat_max_tokens_that_leaves_no_room_for_the_templates_tokens_is_told_
                 f"prompt of 24 tokens + {name}=30 exceeds the model's context length of 40 tokens; lower {name} to at "
                 "most 16 (the chat template alone takes 18 of the prompt's tokens, so no shorter messages make room "
                 "for 30)"))
-        # 18 + 22 fits 40: shorter messages do (the engine's refusal, in the request's names)
+        # 18 + 22 fits 40: shorter messages do (the engine's refusal, in the request's names: 24 + 22 - 40 = 6
+        # tokens too many, 40 - 24 = 16 fit)
         assert refusal("abcdef", max_tokens=22) == ("messages", (
             "prompt of 24 tokens + max_tokens=22 exceeds the model's context length of 40 tokens; shorten the messages "
-            "or lower max_tokens"))
+            "by at least 6 tokens or lower max_tokens to at most 16"))
         both = ("leaves no room for the messages (the chat template alone takes 18 tokens); shorten the messages and "
                 "lower max_tokens, so that the prompt's tokens and max_tokens together fit 40")
         assert refusal("x" * 30, max_tokens=30) == ("messages", (
