@@ -1111,22 +1111,48 @@ def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt
     """/generate with a text certainly past the context (refused before it is encoded) beside a
     max_new_tokens the context's length: it was told "...; shorten the prompt" alone, and the
     shortened prompt met a second refusal; now both at once, as a counted prompt is told, whether
-    the engine refuses it (Engine._to_ids) or the server does (logprobs from the first token)."""
+    the engine refuses it (Engine._to_ids) or the server does (logprobs from the first token),
+    naming the field sent, text, either way (the engine's refusal said "the prompt")."""
     import httpx
 
     url, ctx_len = backends[2], engines[1].context_len
     huge = "x" * 50 * ctx_len
-    for extra, noun in (({}, "prompt"), ({"return_logprob": True, "logprob_start_len": 0}, "text")):
+    for extra in ({}, {"return_logprob": True, "logprob_start_len": 0}):
         for max_new_tokens, fix in (
-                (ctx_len, f", and max_new_tokens={ctx_len} leaves no room for any prompt; shorten the {noun} and lower "
+                (ctx_len, f", and max_new_tokens={ctx_len} leaves no room for any prompt; shorten the text and lower "
                           f"max_new_tokens, so that the prompt's tokens and max_new_tokens together fit {ctx_len}"),
-                (ctx_len - 1, f"; shorten the {noun}")):
+                (ctx_len - 1, "; shorten the text")):
             r = httpx.post(url + "/generate", json={"text": huge, "sampling_params": {"max_new_tokens": max_new_tokens},
                                                     **extra}, timeout=60)
             assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
             assert re.fullmatch(rf"prompt of at least \d+ tokens \({len(huge)} characters, counted without encoding "
                                 rf"them\) exceeds the model's context length of {ctx_len} tokens" + re.escape(fix),
                                 r.json()["error"]["message"]), r.text
+
+
+def test_generate_names_the_prompt_field_sent_in_the_engines_refusals(backends, engines):
+    """/generate's refusal of a prompt too long said "shorten the text" where the server encoded
+    the text (logprobs from its first token) and "shorten the prompt" where the engine did, of
+    the same field, text; each now names the field sent, text or input_ids, with each fix's
+    number (512 - 500 = 12 new tokens fit; 500 + 20 - 512 = 8 tokens too many)."""
+    import httpx
+
+    url, engine = backends[2], engines[1]
+    assert engine.context_len == 512
+    text = "x " * 250  # (two tokens each: 500)
+    assert len(engine.encode(text)) == 500 and len(engine.encode(text * 2)) == 1000
+    fits = "prompt of 500 tokens + max_new_tokens=20 exceeds the model's context length of 512 tokens; shorten the {} " \
+           "by at least 8 tokens or lower max_new_tokens to at most 12"
+    for prompt, field in (({"text": text}, "text"), ({"input_ids": engine.encode(text)}, "input_ids")):
+        r = httpx.post(url + "/generate", json={**prompt, "sampling_params": {"max_new_tokens": 20}}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert r.json()["error"]["message"] == fits.format(field), r.text
+    for extra in ({}, {"return_logprob": True, "logprob_start_len": 0}):  # (the engine's count, the server's)
+        r = httpx.post(url + "/generate", json={"text": text * 2, "sampling_params": {"max_new_tokens": 20}, **extra},
+                       timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
+        assert r.json()["error"]["message"] == ("prompt of 1000 tokens exceeds the model's context length of 512 "
+                                                "tokens; shorten the text"), r.text
 
 
 def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):

@@ -11,6 +11,7 @@ interpreter side (``lmnb.choices``) so every backend feeds the same method the s
 from __future__ import annotations
 
 import collections
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -104,10 +105,12 @@ class BackendCannotRun(ValueError, NotImplementedError):
 def in_gen_names(message: str) -> str:
     """An engine's or server's error ``message`` about a gen's request in ``gen()``'s names: the
     sampling parameters ``max_new_tokens`` and ``min_new_tokens`` (SGLang's, the engine's) are
-    ``gen(max_tokens=..., min_tokens=...)`` in a program."""
+    ``gen(max_tokens=..., min_tokens=...)`` in a program, and the prompt that lmnb serve's
+    /generate tells to shorten by its field (``text``, ``input_ids``) is the program's prompt, as
+    the in-process engine calls it."""
     from lmnb_engine.params import in_front_end_names  # torch-free
 
-    return in_front_end_names(message, GEN_NAMES)
+    return re.sub(r"\bshorten the (text|input_ids)\b", "shorten the prompt", in_front_end_names(message, GEN_NAMES))
 
 
 class BaseBackend:

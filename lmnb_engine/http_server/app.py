@@ -602,7 +602,7 @@ def _refusal(body: dict, params: list, rids: list, batch: bool,
              response: Optional[str]) -> Callable[[Exception, int], RequestError]:
     """``ServerContext.submit``'s ``refused`` for /generate: the engine's refusal of prompt ``k``
     naming its field as the client sent it (``refused_field``; the prompt, ``text`` or
-    ``input_ids``, where it names none), with the entry of a batch's prompt (``_entry_error``),
+    ``input_ids``, where it names none, and its fix "shorten the text" then), with the entry of a batch's prompt (``_entry_error``),
     and its value as JSON (``wire_message``); of a batch named by one rid, ``response``, a rid in
     use says how that rid expands (``rid_clash``)."""
     def refused(e: Exception, k: int) -> RequestError:
@@ -615,7 +615,10 @@ def _refusal(body: dict, params: list, rids: list, batch: bool,
             error = sampling_params_error(e, d)
         else:
             param = (_prompt_field(body) if field is None else field if field == "rid" else sampling_field(d, field))
-            error = RequestError(wire_message(client_message(e), refused_value(e, field, rids[k])), param=param,
+            message = client_message(e)
+            if field is None:  # the prompt is the field the client sent, as where the server refuses the text
+                message = message.replace("shorten the prompt", f"shorten the {param}")
+            error = RequestError(wire_message(message, refused_value(e, field, rids[k])), param=param,
                                  reason=getattr(e, "reason", None))
         return _entry_error(body, k, batch, error)
 
