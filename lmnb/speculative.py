@@ -303,6 +303,8 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             values, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None)
             if values is not None:
                 break
+            # (its reply is dropped, but the call was made: views and batch records count it, as a refused gen's)
+            ex._emit("var", meta_info=meta)
         if values is None:
             raise ValueError(
                 f"API speculative execution: after {SPEC_MAX_TRIES} calls the reply {reply[:200]!r} "

@@ -2676,6 +2676,34 @@ def test_a_speculated_chat_gens_refused_value_still_reports_the_call():
                 "completion_tokens": 7, "speculative": True})]
 
 
+@pytest.mark.parametrize("replies", [["I refuse.", "Name: Carol"], ["I refuse."] * 3])
+def test_a_speculated_chat_call_whose_reply_is_dropped_is_still_reported(replies):
+    """A chat model's API-speculated call whose reply did not follow the assistant role's pattern
+    was called again (up to 3 times), and only the call that answered was reported, by the first
+    gen's variable: the cell's summary and batch records lost the prompt and tokens of the others
+    (all three where none answered). Each dropped one is now reported as an unnamed gen's ``var``
+    event with its meta_info, as a refused gen's request is."""
+    answers = iter(replies)
+    be = _Counted(lambda p, params: next(answers), chat_template=CHATML, is_chat_model=True)
+    events = []
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n"))
+
+    with sgl.observe(events.append):
+        st = prog.run(backend=be)
+    call = {"finish_reason": {"type": "stop"}, "cached_tokens": 0, "prompt_tokens": 5, "completion_tokens": 7}
+    reported = [(e.name, e.meta_info) for e in events if e.kind == "var"]
+    assert len(be.rids) == len(replies)
+    if len(replies) == 2:  # the first reply dropped, the second answered
+        assert reported == [(None, {"id": be.rids[0], **call}), ("name", {"id": be.rids[1], **call, "speculative": True})]
+        assert st["name"] == "Carol"
+    else:
+        assert reported == [(None, {"id": rid, **call}) for rid in be.rids]
+        assert "after 3 calls" in str(st.error())
+
+
 @pytest.mark.parametrize("how", ["fork(1)", "fork(2)", "copy()"])
 def test_forking_a_joined_branch_is_refused_alike_whatever_the_size(how):
     """fork(2) of a joined branch was refused (its prefix prefill is submitted to the branch), but
