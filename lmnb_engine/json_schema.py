@@ -85,6 +85,10 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
+        if engine and _key_left_to_keyword(e):
+            from lmnb_engine.constrained.schema import unsupported_keyword  # (the engine's own words)
+
+            raise ValueError(unsupported_keyword("patternProperties", where.removesuffix("/patternProperties"))) from None
         refused = _refused_pattern(where, e.instance, ecma=not engine) if "is not a 'regex'" in e.message else None
         if refused:
             raise ValueError(refused) from None
@@ -95,6 +99,15 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
     if problem:
         raise ValueError(problem)
     return schema
+
+
+def _key_left_to_keyword(error: Any) -> bool:
+    """Whether the meta-schema's ``error`` refuses a ``patternProperties`` key that the language's
+    check takes (``_syntax_checker``): the engine, which does not enforce that keyword, refuses
+    the keyword for it, as it would next (its words for the key offered ``ab`` for ``a[]{0}b``, and
+    the schema so written was refused for the keyword); removing the keyword is a fix wherever it stands."""
+    return (error.validator == "format" and list(error.path)[-1:] == ["patternProperties"]
+            and _syntax_checker().conforms(error.instance, "regex"))
 
 
 _MISSING = object()  # (``child``: no such step)

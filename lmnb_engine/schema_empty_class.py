@@ -52,8 +52,7 @@ def empty_class_problem(pattern: str, where: str) -> Optional[str]:
     zero times, or the whole pattern, as where each alternative holds one: ``[]|a[]``) and the fix,
     the pattern without that part (each such part out) where the engine takes it
     (``json_schema._offer_taken``), else what the engine refuses that pattern for
-    (``json_schema._refused_next``). Of a ``patternProperties`` key (``where`` ends there) that
-    never matches it says that no key matches it."""
+    (``json_schema._refused_next``)."""
     from lmnb_engine.constrained.json_string import NO_CHARACTER_WORDS  # (torch-free; it imports json_schema)
     from lmnb_engine.json_schema import SHOWN_CHARS, _offer_taken, _refused_next, json_value, pattern_subject
 
@@ -75,8 +74,7 @@ def empty_class_problem(pattern: str, where: str) -> Optional[str]:
         then = _refused_next(offer) if offer is not None else None
         fix += f"; without it, {then}" if then else ""
     # (the engine's reading of another class is no validator's: [\x80-\x9f] passes "\x85")
-    passes = "no key matches it" if where.endswith("/patternProperties") else "no string passes it"  # (a key's)
-    never = (f"so {dead.what}" if dead else f"so the pattern can never match, and {passes}" if ecma
+    never = (f"so {dead.what}" if dead else "so the pattern can never match, and no string passes it" if ecma
              else "so the pattern can never match here")
     if ecma:
         holds = (f"ECMA's empty class [] at position {start}, which matches no character (Python's re, which reads a "

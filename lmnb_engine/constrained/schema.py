@@ -343,6 +343,15 @@ def _with_implied_type(node: dict, where: str) -> dict:
     return dict(node, type=implied[0]) if implied else node
 
 
+def unsupported_keyword(key: str, where: str) -> str:
+    """The engine's refusal of the keyword ``key`` at ``where`` (``#/properties/a``), which it does
+    not enforce; ``json_schema.checked_schema`` says it too for a ``patternProperties`` key it
+    would refuse otherwise."""
+    return (f"JSON schema keyword {json_value(key, SHOWN_CHARS)} at {where} is not supported by constrained decoding "
+            f"(it cannot be enforced while decoding); remove it. Supported keywords: "
+            f"{', '.join(sorted(_ENFORCED | set(_BOUNDS)))}")
+
+
 def _without_moot_keywords(node: dict) -> dict:
     """``node`` without the keywords its ``type`` makes moot: each constrains only values of one
     type (JSON Schema ignores it for the others), and outlines-core writes an object or an array
@@ -531,11 +540,7 @@ class _Rewriter:
             if key not in _ENFORCED and key not in _ANNOTATIONS and key not in _BOUNDS:
                 if key == "uniqueItems":  # (enforced over listed item values: _unique_items)
                     continue
-                raise GrammarError(
-                    f"JSON schema keyword {json_value(key, SHOWN_CHARS)} at {where} is not supported by constrained decoding "
-                    f"(it cannot be enforced while decoding); remove it. Supported keywords: "
-                    f"{', '.join(sorted(_ENFORCED | set(_BOUNDS)))}"
-                )
+                raise GrammarError(unsupported_keyword(key, where))
         if "format" in node and node["format"] not in _FORMAT_PATTERN:
             raise GrammarError(
                 f"JSON schema format {json_value(node['format'], SHOWN_CHARS)} at {where} is not supported; supported formats: "
