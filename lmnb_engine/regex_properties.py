@@ -15,6 +15,7 @@ import functools
 import re
 from typing import Optional
 
+from lmnb_engine.json_schema import as_ranges, code_point_runs, without_surrogates
 from lmnb_engine.regex_automaton import automaton_reads
 from lmnb_engine.suggest import close_match
 
@@ -161,7 +162,8 @@ def ecma_problem(cls: str) -> Optional[tuple[str, Optional[str]]]:
     meant = spelled and f"\\{flipped if negated else letter}{{{spelled}}}"
     if negated:
         why = f"negated as the regex package negates, which ECMA lacks (it negates with \\{flipped})"
-    elif spelled is None and (unread := _script(name.partition("=")[2] if "=" in name else name, _SCRIPTS_UNREAD)):
+    elif spelled is None and (unread := _script(name.partition("=")[2] if "=" in name else _bare(name),
+                                                _SCRIPTS_UNREAD)):
         hrkt = hrkt_class(cls) if unread in _SCRIPTS_UNREAD[:2] else None
         why = ((hrkt[0] if hrkt else "naming a script newer than the Unicode 17 node's RegExp reads, ")
                + "which node refuses (as a JSON Schema validator reading patterns with it does)")
@@ -187,17 +189,39 @@ def hrkt_class(cls: str) -> Optional[tuple[str, Optional[str]]]:
     """(why it holds no character, words that follow "a class \\p{...}" and end ", and "; the class of
     the two scripts it is ISO 15924's code for, by the key written, ``[\\p{Script=Hiragana}\\p{Script=Katakana}]``,
     or None for ``\\P{...}``, whose ranges are every character's) for the class ``cls`` naming Hrkt
-    (Katakana_Or_Hiragana) alone or as a Script or Script_Extensions value, not negated with "^";
-    None for any other class. Shared by a schema's check (``ecma_problem``) and a ``regex=``'s
-    (``regex_unicode_classes``), whose automaton library does not read it either."""
+    (Katakana_Or_Hiragana) alone (``\\p{IsHrkt}`` too) or as a Script or Script_Extensions value, not
+    negated with "^"; None for any other class. Shared by a schema's check (``ecma_problem``) and a
+    ``regex=``'s (``regex_unicode_classes``), whose automaton library does not read it either. In a
+    negated class the two scripts are no offer (``[^\\p{Hrkt}]`` is every character, as ``\\P{Hrkt}``
+    is): ``negated_hrkt_ranges``."""
     m = _CLASS.fullmatch(cls)
     if m is None or cls.startswith("{^", 2):
         return None
     key, equals, value = m.group(2).partition("=")
     key = _folded(key.strip(), _SCRIPT_KEYS) if equals else "Script"
-    if key is None or _script(value if equals else m.group(2), _SCRIPTS_UNREAD[:2]) is None:
+    if key is None or _script(value if equals else _bare(m.group(2)), _SCRIPTS_UNREAD[:2]) is None:
         return None
     return _HRKT_WORDS, (f"[\\p{{{key}=Hiragana}}\\p{{{key}=Katakana}}]" if m.group(1) == "p" else None)
+
+
+# What a negated class is told that negated_hrkt_ranges finds matches no character ([^\P{Hrkt}]), by a schema's
+# check and a regex='s alike
+NEGATED_HRKT_NOTHING = ("Hrkt holding no character, \\P{{Hrkt}} is every character and the class {negated} matches "
+                        "none: write the class you meant")
+
+
+def negated_hrkt_ranges(negated: str, ecma: bool = False) -> Optional[str]:
+    """The negated class ``negated`` (``[^\\p{Hrkt}a]``), which holds a class naming Hrkt
+    (``hrkt_class``), as code-point ranges (``json_schema.as_ranges``; ``ecma`` as there), read as
+    ``\\P{Hrkt}`` is offered: as the regex package reads it, Hrkt holding no character, so
+    ``[^\\p{Hrkt}]`` is every character (``[\\u0000-\\ud7ff\\ue000-\\U0010ffff]``, ``\\P{Hrkt}``'s
+    offer); "" where it so matches no character (``[^\\P{Hrkt}]``: ``NEGATED_HRKT_NOTHING``); None
+    where it has no such spelling (the package does not read it, or more than ``MAX_SPELLED_RANGES``
+    ranges)."""
+    runs = code_point_runs(negated)
+    if runs is None:
+        return None
+    return as_ranges(negated, ecma) if without_surrogates(runs) else ""
 
 
 def _ecma_reads(name: str) -> bool:
@@ -217,9 +241,14 @@ def _ecma_spelling(name: str) -> Optional[str]:
         key = _folded(key.strip(), (*_VALUED, *_SCRIPT_KEYS))
         value = key and (_folded(value.strip(), _VALUED[key]) if key in _VALUED else _script(value.strip()))
         return value and f"{key}={value}"
-    bare = name[2:] if name[:2].lower() == "is" else name
+    bare = _bare(name)
     found = _folded(name, ECMA_PROPERTY_NAMES) or _folded(bare, ECMA_PROPERTY_NAMES)
     return found or ((script := _script(bare)) and f"Script={script}")
+
+
+def _bare(name: str) -> str:
+    """``name`` (of ``\\p{name}``, no "=") without the prefix Is of Perl, Java and .NET (``IsGreek``)."""
+    return name[2:] if name[:2].lower() == "is" else name
 
 
 def _folded(word: str, names: tuple[str, ...]) -> Optional[str]:

@@ -249,8 +249,10 @@ def _unknown_property(pattern: str, i: int) -> Optional[tuple[int, UFlagError]]:
     """The error of the property class at ``pattern[i]`` (``\\p{...}``) where its name is one no
     regex dialect knows (``regex_properties.unknown_property``) or one ECMA does not read
     (``regex_properties.ecma_problem``: ``\\p{Greek}``, ``\\p{lu}``), with the pattern with each
-    such class respelled offered (``_property_offer``), and where the class ends; None for any other."""
-    from lmnb_engine.regex_properties import closest_property, ecma_problem, unknown_property
+    such class respelled offered (``_property_offer``), and where the class ends; None for any other.
+    Of a negated class that Hrkt so read keeps from matching any character (``[^\\P{Hrkt}]``) it says so."""
+    from lmnb_engine.regex_properties import (NEGATED_HRKT_NOTHING, closest_property, ecma_problem, hrkt_class,
+                                              negated_hrkt_ranges, unknown_property)
 
     end = _PROPERTY.match(pattern, i + 1).end()
     cls = pattern[i:end]
@@ -263,7 +265,11 @@ def _unknown_property(pattern: str, i: int) -> Optional[tuple[int, UFlagError]]:
     else:
         return None
     offer = _property_offer(pattern)
-    return end, UFlagError(i, f"a class {cls} {what}", None, (offer,) if offer else ())
+    around = _negated_class_around(pattern, i) if hrkt_class(cls) else None
+    # (read as \P{Hrkt} is offered, every character, [^\P{Hrkt}] is none: said, with no offer)
+    nothing = around and negated_hrkt_ranges(pattern[around[0]:around[1]], ecma=True) == ""
+    fix = NEGATED_HRKT_NOTHING.format(negated=pattern[around[0]:around[1]]) if nothing else None
+    return end, UFlagError(i, f"a class {cls} {what}", None, (offer,) if offer else (), fix)
 
 
 def _property_offer(pattern: str) -> Optional[tuple[str, str]]:
@@ -272,15 +278,26 @@ def _property_offer(pattern: str) -> Optional[tuple[str, str]]:
     ECMA spells it (``ecma_problem``: ``\\p{Greek}``, ``\\p{Script=Greek}``), else as its characters'
     code-point ranges where they are few (``json_schema.as_ranges``: a block), what the pattern so
     written holds: "the class \\p{Letter}", "the classes \\p{Letter} and \\p{Number}"); None where one
-    of them has no such spelling. Each is offered, so that the pattern offered is read."""
+    of them has no such spelling. Each is offered, so that the pattern offered is read. A negated
+    class holding Hrkt is respelled whole, as \\P{Hrkt} is (``regex_properties.negated_hrkt_ranges``:
+    ``[^\\p{Hrkt}]`` every character, where the two scripts would leave out kana), and none where it
+    so matches no character (``[^\\P{Hrkt}]``)."""
     from lmnb_engine.json_schema import as_ranges
-    from lmnb_engine.regex_properties import closest_property, ecma_problem, unknown_property
+    from lmnb_engine.regex_properties import (closest_property, ecma_problem, hrkt_class, negated_hrkt_ranges,
+                                              unknown_property)
 
     fixes: list[tuple[int, int, str, bool]] = []  # (start, end, the spelling, in a class) of each class respelled
     for start, end, in_class in _property_classes(pattern):
         cls = pattern[start:end]
         problem = None if unknown_property(cls) else ecma_problem(cls)
-        if not unknown_property(cls) and problem is None:
+        if (not unknown_property(cls) and problem is None) or (fixes and fixes[-1][0] < start < fixes[-1][1]):
+            continue  # (ECMA reads it, or it stands in a class respelled whole)
+        around = _negated_class_around(pattern, start) if in_class and hrkt_class(cls) else None
+        if around:  # (Hrkt in a negated class: the class read as \P{Hrkt} is, Hrkt holding no character)
+            fix = negated_hrkt_ranges(pattern[around[0]:around[1]], ecma=True)
+            if not fix:
+                return None
+            fixes = [f for f in fixes if not around[0] < f[0] < around[1]] + [(*around, fix, False)]
             continue
         fix = closest_property(cls) if problem is None else problem[1] or as_ranges(cls, ecma=True)
         if fix is None:
@@ -291,6 +308,15 @@ def _property_offer(pattern: str) -> Optional[tuple[str, str]]:
     shown = list(dict.fromkeys(fix for _, _, fix, _ in fixes))
     return pattern, (f"the class {shown[0]}" if len(shown) == 1 else
                      f"the classes {', '.join(shown[:-1])} and {shown[-1]}")
+
+
+def _negated_class_around(pattern: str, at: int) -> Optional[tuple[int, int]]:
+    """(start, end) of the negated class ``[^...]`` of ``pattern`` that ``pattern[at]`` stands in, as
+    ECMA delimits it (``schema_empty_class.ecma_classes``), or None."""
+    from lmnb_engine.schema_empty_class import ecma_classes
+
+    return next(((start, end) for start, end in ecma_classes(pattern)
+                 if start < at < end and pattern.startswith("[^", start)), None)
 
 
 def _property_classes(pattern: str) -> Iterator[tuple[int, int, bool]]:

@@ -14,7 +14,7 @@ import re
 
 from lmnb_engine.json_schema import as_ranges
 from lmnb_engine.regex_automaton import automaton_reads
-from lmnb_engine.regex_parts import UNICODE_CLASS_AT, class_items, in_a_class, unicode_classes
+from lmnb_engine.regex_parts import UNICODE_CLASS_AT, class_items, in_a_class, pattern_parts, unicode_classes
 from lmnb_engine.regex_python_error import shown_regex
 
 
@@ -43,13 +43,43 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     for m in unicode_classes(pattern):
         cls = m.group(2)
         if not automaton_reads(cls):
-            # (Hrkt: why it holds no character, in the words a schema's pattern is told, and the two scripts)
+            # (Hrkt, \P{Hrkt} too: why it holds no character, in the words a schema's pattern is told, and the two
+            # scripts; in a negated class, the class read as \P{Hrkt} is: [^\p{Hrkt}] is every character)
             hrkt = hrkt_class(cls)
-            why, fix = ((hrkt[0], _respelled(pattern, m.start(2), cls, hrkt[1], ", the two scripts it names"))
-                        if hrkt and hrkt[1] else ("", _unbuilt_class_fix(pattern, m.start(2), cls)))
+            around = _negated_class_around(pattern, m.start(2)) if hrkt else None
+            if around:
+                fix = _negated_hrkt_fix(pattern, *around)
+            elif hrkt and hrkt[1]:
+                fix = _respelled(pattern, m.start(2), cls, hrkt[1], ", the two scripts it names")
+            else:
+                fix = _unbuilt_class_fix(pattern, m.start(2), cls)
+            why = hrkt[0] if hrkt else ""
             return (f"regex {shown_regex(pattern)} uses the class {cls}, {why}which the engine's automaton library "
                     f"(Rust's regex) does not read; {fix}")
     return None
+
+
+def _negated_class_around(pattern: str, at: int) -> tuple[int, int] | None:
+    """(start, end) of the negated class ``[^...]`` of ``pattern`` whose item starts at ``at``, as
+    Python's parser delimits it (``pattern_parts``), or None."""
+    return next(((part.start, part.end) for part in pattern_parts(pattern) if part.kind == "class"
+                 and pattern.startswith("[^", part.start) and any(start == at for start, _ in part.items)), None)
+
+
+def _negated_hrkt_fix(pattern: str, start: int, end: int) -> str:
+    """How to write ``pattern`` for its negated class ``pattern[start:end]``, which holds a class
+    naming Hrkt: the class as code-point ranges, read as ``\\P{Hrkt}`` is
+    (``regex_properties.negated_hrkt_ranges``), where it has such a spelling; that it so matches no
+    character (``[^\\P{Hrkt}]``), where it does not; else the kinds of class the library reads."""
+    from lmnb_engine.regex_properties import NEGATED_HRKT_NOTHING, negated_hrkt_ranges
+
+    negated = pattern[start:end]
+    ranges = negated_hrkt_ranges(negated)
+    if ranges == "":
+        return NEGATED_HRKT_NOTHING.format(negated=negated)
+    if ranges:
+        return _respelled(pattern, start, negated, ranges, ", its characters as code-point ranges")
+    return _PROPERTY_KINDS
 
 
 _PROPERTY_KINDS = ("use a general category, a script or a binary property the automaton library reads (\\p{L}, \\p{Greek}, \\p{Alphabetic}), "

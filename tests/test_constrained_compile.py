@@ -1402,6 +1402,41 @@ def test_hrkt_in_a_regex_is_told_why_and_offered_hiragana_and_katakana(backend, 
     assert [bool(regex_module.fullmatch(fix, c)) for c in "\u3042\u30a2\u4e00"] == [True, True, False]
 
 
+_EVERY = r"[\u0000-\ud7ff\ue000-\U0010ffff]"  # (every character: surrogates are none)
+
+
+@pytest.mark.parametrize("pattern, cls, offer", [
+    (r"\p{IsHrkt}", r"\p{IsHrkt}", r"[\p{Script=Hiragana}\p{Script=Katakana}]"),
+    (r"\P{Hrkt}", r"\P{Hrkt}", _EVERY),
+    (r"[^\p{Hrkt}]", r"\p{Hrkt}", _EVERY),
+    (r"[^\p{Hrkt}a]", r"\p{Hrkt}", r"[\u0000-\u0060\u0062-\ud7ff\ue000-\U0010ffff]"),  # (all but "a", U+0061)
+    (r"[^\P{Hrkt}]", r"\P{Hrkt}", None),
+])
+def test_hrkt_in_a_negated_regex_class_is_read_as_its_negation_is(backend, pattern, cls, offer):
+    # \P{Hrkt} was offered every character (the regex package's reading: Hrkt holds none), but [^\p{Hrkt}] the two
+    # scripts' negation, which leaves out kana, and [^\P{Hrkt}] told to write \P{Hrkt} as a class inside it, which is
+    # then refused as empty; \P{Hrkt} had no word of why, \p{IsHrkt} the generic words. Each now has Hrkt's words, a
+    # negated class the ranges of what it matches so read (the reference: the regex package, on each range's ends
+    # and the characters beside them), or, for one that matches nothing, that
+    from lmnb_engine.regex_properties import _HRKT_WORDS
+
+    what = "the two scripts it names" if "Script" in (offer or "") else "its characters as code-point ranges"
+    fix = (f"write {json.dumps(offer)}, {what}" if offer else
+           r"Hrkt holding no character, \P{Hrkt} is every character and the class [^\P{Hrkt}] matches none: write the "
+           "class you meant")
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses the class {cls}, {_HRKT_WORDS}which the engine's automaton library (Rust's "
+        f"regex) does not read; {fix}")
+    if offer is None:
+        assert regex_module.search(pattern, "".join(map(chr, range(0x110000)))) is None
+        return
+    backend.compile(regex=offer)
+    if "Script" not in offer:
+        ends = "\x00`ab\u3041\u3042\u30a2\ud7ff\ue000\U0010ffff"
+        assert [bool(regex_module.fullmatch(offer, c)) for c in ends] == [
+            bool(regex_module.fullmatch(pattern, c)) for c in ends]
+
+
 # Rust's regex's POSIX classes, from its documentation (ASCII), each the characters of the alphabet below
 _RUST_POSIX = {"alpha": "azAZfF", "digit": "09", "alnum": "09azAZfF", "upper": "AZF", "lower": "azf", "xdigit": "09afAF",
                "space": "\t\n\x0b\x0c\r ", "punct": "!/:@[`{~_-", "word": "09azAZfF_", "blank": "\t ",

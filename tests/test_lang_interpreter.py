@@ -756,6 +756,7 @@ def test_a_schema_patterns_script_node_does_not_read_is_refused_and_every_script
 @pytest.mark.parametrize("pattern, offer", [
     (r"^\p{Script=Hrkt}+$", r"^[\p{Script=Hiragana}\p{Script=Katakana}]+$"),
     (r"[a\p{scx=Katakana_Or_Hiragana}]", r"[a\p{scx=Hiragana}\p{scx=Katakana}]"),
+    (r"^\p{IsHrkt}+$", r"^[\p{Script=Hiragana}\p{Script=Katakana}]+$"),  # (Perl's prefix: was told no property's)
 ])
 def test_a_schema_patterns_hrkt_class_is_refused_saying_it_holds_nothing_and_offered_hiragana_and_katakana(
         pattern, offer):
@@ -792,6 +793,46 @@ def test_a_schema_patterns_hrkt_class_is_refused_saying_it_holds_nothing_and_off
     expected = [True, True, True, False]
     assert [bool(regex.fullmatch(offer, t)) for t in texts] == expected
     assert _node_matches(offer, texts) in (None, expected)
+
+
+_EVERY_ECMA = "[\\u0000-\\ud7ff\\ue000-\U0010ffff]"  # (every character, as ECMA and re read it: U+10FFFF itself)
+
+
+@pytest.mark.parametrize("pattern, cls, offer", [
+    (r"\P{Hrkt}", r"\P{Hrkt}", _EVERY_ECMA),
+    (r"^[^\p{Hrkt}]+$", r"\p{Hrkt}", f"^{_EVERY_ECMA}+$"),
+    (r"[^\p{Hrkt}a]", r"\p{Hrkt}", "[\\u0000-\\u0060\\u0062-\\ud7ff\\ue000-\U0010ffff]"),  # (all but "a", U+0061)
+    (r"[^\P{Hrkt}]", r"\P{Hrkt}", None),
+])
+def test_a_schema_patterns_hrkt_in_a_negated_class_is_read_as_its_negation_is(pattern, cls, offer):
+    """\\P{Hrkt} is offered every character (Hrkt, the words say, is a script Unicode gives no
+    character), but [^\\p{Hrkt}] was offered [^\\p{Script=Hiragana}\\p{Script=Katakana}], which leaves
+    out kana, and [^\\P{Hrkt}] the ranges of every character inside [^...], a class of surrogates
+    alone. A negated class is now read as \\P{Hrkt} is: offered as the ranges of what it so matches
+    (the reference: node reads each offer with the u flag as the regex package reads the pattern,
+    Hrkt holding no character), or told that it matches none; gen() and the engine alike."""
+    import regex
+
+    from lmnb_engine.constrained.schema import schema_to_regex
+    from lmnb_engine.regex_properties import _HRKT_WORDS
+
+    message, in_engine = _refusals({"type": "string", "pattern": pattern})
+    fix = (f"write {json.dumps(offer, ensure_ascii=False)} for the class {offer.strip('^+$')}" if offer else
+           r"Hrkt holding no character, \P{Hrkt} is every character and the class [^\P{Hrkt}] matches none: write "
+           "the class you meant")
+    assert message == in_engine == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be read as JSON Schema reads it: it has a "
+        f"class {cls} {_HRKT_WORDS}which node refuses (as a JSON Schema validator reading patterns with it does) at "
+        f"position {pattern.index(cls)}, {_U_FLAG_ERROR}{fix}")
+    texts = ["\x00", "`", "a", "b", "\u3042", "\u30a2", "\ud7ff", "\ue000", "\U0010ffff"]
+    matched = [bool(regex.fullmatch(pattern, t)) for t in texts]
+    if offer is None:
+        assert matched == [False] * len(texts)
+        return
+    assert sgl.gen("x", json_schema={"type": "string", "pattern": offer}) and schema_to_regex(
+        {"type": "string", "pattern": offer})
+    assert [bool(regex.fullmatch(offer, t)) for t in texts] == matched
+    assert _node_matches(offer, texts) in (None, matched)
 
 
 @pytest.mark.parametrize("pattern", [r"[(?P<n>a)]\k<n>", r"[x(?P<n>a)]+\k<n>"])
