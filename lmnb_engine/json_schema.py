@@ -261,8 +261,8 @@ def _engine_checker(validator: type):
     check, a compile by Python's ``re``, refusing too a pattern with a syntax error under ECMA's
     u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookaround or a word
     boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does, and one
-    with ECMA's empty class ``[]``, which ``re`` lacks, or another class that matches no JSON string
-    character (``schema_empty_class``)."""
+    with ECMA's empty class ``[]``, which ``re`` lacks, another class that matches no JSON string
+    character or a lone surrogate outside a class (``schema_empty_class``)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -272,7 +272,7 @@ def _engine_checker(validator: type):
     def regex_format(pattern: Any) -> bool:
         import warnings
 
-        from lmnb_engine.schema_empty_class import first_empty_class  # (it imports this module)
+        from lmnb_engine.schema_empty_class import first_matching_nothing  # (it imports this module)
 
         with warnings.catch_warnings():  # (re's "possible nested set" of "[[": ECMA reads a "[" in a class)
             warnings.simplefilter("ignore", FutureWarning)
@@ -280,7 +280,7 @@ def _engine_checker(validator: type):
         # (ECMA's empty class: re reads [][] as a class of "[" and "]", which ECMA reads as two that match nothing;
         # any other empty class, [^\s\S], which the build met only as a part no character matches)
         return python_reads and not (isinstance(pattern, str) and (
-            _no_backend_builds(pattern) or first_empty_class(pattern) is not None))
+            _no_backend_builds(pattern) or first_matching_nothing(pattern) is not None))
 
     checker.checks("regex", raises)(regex_format)
     return checker

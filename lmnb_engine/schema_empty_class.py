@@ -11,8 +11,11 @@ as for a ``regex``'s empty class: ``regex_empty_class``) and the fix, the patter
 part where the engine takes it. So it does for any other class that matches no character the
 engine writes in a JSON string (``[^\\s\\S]``; ``[^\\D0-9]``, its ``\\d`` being ASCII, as ECMA's is),
 which its build met only as a part "no JSON string character can match", offering nothing, where
-a ``regex``'s is named so (``regex_empty_class``). ``gen()`` and a ``%%lm`` cell leave the
-pattern, valid JSON Schema, to the backend, as they do ECMA's class of any character ``[^]``.
+a ``regex``'s is named so (``regex_empty_class``), and for a lone surrogate outside a class
+(``\\uD800``, ``\\u{D800}``, not half of a pair ``\\uD83D\\uDE00``), which no JSON text written as
+UTF-8 holds: ``\\uD800|a`` was built as ``a`` without a word, ``a\\uD800?`` told "widen it" with no
+fix. ``gen()`` and a ``%%lm`` cell leave the pattern, valid JSON Schema, to the backend, as they do
+ECMA's class of any character ``[^]``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Iterator, Optional
 from lmnb_engine.regex_dead_part import dead_part
 
 EMPTY, ANY = "[]", "[^]"  # ECMA's empty class and its class of any character, which Python's re lacks
+_SURROGATE_ESCAPE = re.compile(r"\\u[Dd][89A-Fa-f][0-9A-Fa-f]{2}")  # (ECMA's \u is lowercase; a pair's half too)
 
 
 def ecma_classes(pattern: str) -> Iterator[tuple[int, int]]:
@@ -46,27 +50,29 @@ def ecma_classes(pattern: str) -> Iterator[tuple[int, int]]:
 
 def empty_class_problem(pattern: str, where: str) -> Optional[str]:
     """The engine's words for the schema ``pattern`` (at ``where``, e.g. ``#/properties/a/pattern``)
-    holding ECMA's empty class (the module docstring) or another class that matches no JSON string
-    character as the engine writes classes (``first_empty_class``), or None where it holds none: the
-    first one and where it starts, what it keeps from ever matching (an alternative, a part repeated
-    zero times, or the whole pattern, as where each alternative holds one: ``[]|a[]``) and the fix,
-    the pattern without that part (each such part out) where the engine takes it
+    holding ECMA's empty class (the module docstring), another class that matches no JSON string
+    character as the engine writes classes (``first_empty_class``) or a lone surrogate outside a
+    class (``lone_surrogates``), or None where it holds none: the first one and where it starts,
+    what it keeps from ever matching (an alternative, a part repeated zero times, or the whole
+    pattern, as where each alternative holds one: ``[]|a[]``) and the fix, the pattern without that
+    part (each such part out) where the engine takes it
     (``json_schema._offer_taken``), else what the engine refuses that pattern for
     (``json_schema._refused_next``)."""
     from lmnb_engine.constrained.json_string import NO_CHARACTER_WORDS  # (torch-free; it imports json_schema)
     from lmnb_engine.json_schema import SHOWN_CHARS, _offer_taken, _refused_next, json_value, pattern_subject
 
-    found = first_empty_class(pattern)
+    found = first_matching_nothing(pattern)
     if found is None:
         return None
     start, end = found
     dead = dead_part(_as_python_atoms(pattern), start, end, written=pattern)
     offer = dead and dead.without
-    while offer is not None and (more := first_empty_class(offer)) is not None:  # (each out: "[]|a[]|b" is "b")
+    while offer is not None and (more := first_matching_nothing(offer)) is not None:  # (each out: "[]|a[]|b" is "b")
         more_dead = dead_part(_as_python_atoms(offer), *more, written=offer)
         dead, offer = (dead, more_dead.without) if more_dead else (None, None)  # (none: what is left never matches)
-    ecma = pattern[start:end] == EMPTY
-    meant = 'write the class you meant ("]" in it escaped, \\])' if ecma else "write the class you meant"
+    ecma, cls = pattern[start:end] == EMPTY, pattern.startswith("[", start)
+    meant = ('write the class you meant ("]" in it escaped, \\])' if ecma else "write the class you meant" if cls
+             else "write the character you meant (one past U+FFFF as itself, or as its whole pair: \\uD83D\\uDE00)")
     if offer is not None and _offer_taken(offer):
         fix = f"write {json_value(offer, SHOWN_CHARS)} without it, or {meant}"
     else:
@@ -80,10 +86,44 @@ def empty_class_problem(pattern: str, where: str) -> Optional[str]:
         holds = (f"ECMA's empty class [] at position {start}, which matches no character (Python's re, which reads a "
                  'schema\'s pattern here, has no empty class: to it a "]" first in a class is a member): an empty '
                  "class can never match")
-    else:  # (the engine's reading: [\x80-\x9f], [^\S\x00-\x7f] match characters to ECMA and re)
+    elif cls:  # (the engine's reading: [\x80-\x9f], [^\S\x00-\x7f] match characters to ECMA and re)
         holds = (f"the class {pattern[start:end]} at position {start}, which matches no character the engine writes in "
                  f"a JSON string ({NO_CHARACTER_WORDS}): such a class can never match here")
+    else:  # (a validator passes the string "\ud800", a JSON escape: no text the engine writes holds one)
+        code = ord(pattern[start]) if end == start + 1 else int(pattern[start + 2:end].strip("{}"), 16)
+        holds = (f"the lone surrogate U+{code:04X} at position {start}, half of a UTF-16 pair and no character, which "
+                 "no JSON text written as UTF-8 holds: it can never match here")
     return f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} holds {holds}, {never}; {fix}"
+
+
+def first_matching_nothing(pattern: str) -> Optional[tuple[int, int]]:
+    """(start, end) of the first part of ``pattern`` that matches no character the engine writes in
+    a JSON string, or None: a class (``first_empty_class``) or a lone surrogate outside one
+    (``lone_surrogates``)."""
+    return min(filter(None, (first_empty_class(pattern), next(lone_surrogates(pattern), None))), default=None)
+
+
+def lone_surrogates(pattern: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each surrogate of ``pattern`` outside a class (``ecma_classes``), as the
+    character itself, an escape ``\\uD800`` or the u flag's ``\\u{D800}``, but for a pair of escapes,
+    ``\\uD83D\\uDE00``, one code point to ECMA (``json_schema._code_point_escape``)."""
+    from lmnb_engine.json_schema import _code_point_escape  # (it imports this module)
+
+    classes = dict(ecma_classes(pattern))
+    i, n = 0, len(pattern)
+    while i < n:
+        start = i
+        if i in classes:
+            i = classes[i]
+        elif pattern[i] == "\\":
+            escape, lone = _code_point_escape(pattern, i), _SURROGATE_ESCAPE.match(pattern, i)
+            i = escape[1] if escape else lone.end() if lone else i + 2
+            if (lone and not escape) or (escape and 0xD800 <= int(escape[0][2:], 16) <= 0xDFFF):
+                yield start, i
+        else:
+            i += 1
+            if "\ud800" <= pattern[start] <= "\udfff":
+                yield start, i
 
 
 def first_empty_class(pattern: str) -> Optional[tuple[int, int]]:
@@ -106,12 +146,14 @@ def first_empty_class(pattern: str) -> Optional[tuple[int, int]]:
 
 
 def _as_python_atoms(pattern: str) -> str:
-    """``pattern`` with each ``EMPTY`` and ``ANY`` class written as text of its length that Python's
-    parser reads as one atom (``\\a``, ``[a]``), so that ``dead_part`` finds its groups and
-    alternatives at their places in ``pattern``."""
+    """``pattern`` with each ``EMPTY`` and ``ANY`` class, and each lone surrogate ``\\u{D800}``
+    (``lone_surrogates``), written as text of its length that Python's parser reads as one atom
+    (``\\a``, ``[a]``, ``[aaaaaa]``), so that ``dead_part`` finds its groups and alternatives at
+    their places in ``pattern``."""
+    spans = [(start, end) for start, end in ecma_classes(pattern) if pattern[start:end] in (EMPTY, ANY)]
+    spans += [(start, end) for start, end in lone_surrogates(pattern) if pattern.startswith("\\u{", start)]
     out, last = [], 0
-    for start, end in ecma_classes(pattern):
-        if pattern[start:end] in (EMPTY, ANY):
-            out += [pattern[last:start], "\\a" if end - start == 2 else "[a]"]
-            last = end
+    for start, end in sorted(spans):
+        out += [pattern[last:start], "\\a" if end - start == 2 else "[" + "a" * (end - start - 2) + "]"]
+        last = end
     return "".join(out) + pattern[last:]
