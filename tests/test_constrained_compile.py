@@ -2266,11 +2266,15 @@ _JSON_EMPTY_CLASS = ("which matches no character the engine writes in a JSON str
     (r"a[^\s\S]", 1, 8, "so the pattern can never match here", None, ["a", "a ", "ab", ""], []),
     (r"[^\D0-9]|c", 0, 8, r'so the alternative "[^\\D0-9]" can never match', "c", ["c", "\u0663", "1", ""], ["c"]),
     (r"[\ud800]x|y", 0, 8, r'so the alternative "[\\ud800]x" can never match', "y", ["y", "x", ""], ["y"]),
+    # (every character but the surrogates left out, U+10FFFF as itself: the engine built it, a class of none)
+    ("[^\\u0000-\\ud7ff\\ue000-\U0010ffff]x|y", 0, 24,
+     'so the alternative "[^\\\\u0000-\\\\ud7ff\\\\ue000-\U0010ffff]x" can never match', "y", ["y", "x", "ax", ""], ["y"]),
 ])
 def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_is(
         pattern, at, end, never, offer, texts, matched):
     """A schema pattern's class that matches no JSON string character ([^\\s\\S], [^\\D0-9] with the
-    engine's ASCII \\d, a lone surrogate) was taken by the engine's schema check, then its build
+    engine's ASCII \\d, a lone surrogate; a negated one of every character but surrogates, which the
+    engine built as a class of none) was taken by the engine's schema check, then its build
     failed: "has a part no JSON string character can match here ...; widen it", offering nothing,
     where a regex= with the class is offered the pattern without the part it kills. The engine now
     names the class, that part and that pattern (the one a regex= is offered, where Python's re
@@ -2290,8 +2294,8 @@ def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_
         schema_to_regex({"type": "string", "pattern": pattern})
     fix = f"write {json.dumps(offer)} without it, or write the class you meant" if offer else "write the class you meant"
     assert str(checked.value) == str(built.value) == (
-        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} holds the class {pattern[at:end]} at position "
-        f"{at}, {_JSON_EMPTY_CLASS}, {never}; {fix}")
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern, ensure_ascii=False)} holds the class "
+        f"{pattern[at:end]} at position {at}, {_JSON_EMPTY_CLASS}, {never}; {fix}")
     if offer:
         assert [t for t in texts if re.search(offer, t)] == matched
         assert schema_to_regex({"type": "string", "pattern": offer})

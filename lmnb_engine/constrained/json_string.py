@@ -77,6 +77,18 @@ def _scalar_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def _every_scalar(ranges: list[tuple[int, int]]) -> bool:
+    """Whether ``ranges`` (``_scalar_ranges``'s) hold every code point from ``_FIRST_PLAIN`` on that
+    ``_scalar_ranges`` keeps."""
+    reach = _FIRST_PLAIN  # (the first code point not yet held)
+    for lo, hi in sorted(ranges):
+        if lo > reach:
+            return False
+        reach = max(reach, hi + 1)
+        reach = 0xE000 if reach == 0xD800 else reach
+    return reach >= _MARKER
+
+
 def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negated: bool) -> str:
     """The regex of one character of a set: ``member(ch)`` says (Python's answer) for ASCII;
     above it, ``non_ascii`` ranges (allowed, or with ``negated`` excluded), none if ``ascii_only``."""
@@ -89,9 +101,11 @@ def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negate
     if plain:
         parts.append("[" + "".join(_in_class(c) for c in plain) + "]")
     if not ascii_only:
-        if negated:
-            kept = "".join(f"{_in_class(chr(a))}-{_in_class(chr(b))}" for a, b in _scalar_ranges(non_ascii))
-            parts.append(f"[^\\x00-\\x9f{kept}{_in_class(chr(_MARKER))}-{_in_class(chr(_MARKER + 1))}]")
+        if negated:  # (none where the ranges hold every character: [^\u0000-\ud7ff\ue000-\U0010ffff])
+            excluded = _scalar_ranges(non_ascii)
+            kept = "".join(f"{_in_class(chr(a))}-{_in_class(chr(b))}" for a, b in excluded)
+            parts += [] if _every_scalar(excluded) else [
+                f"[^\\x00-\\x9f{kept}{_in_class(chr(_MARKER))}-{_in_class(chr(_MARKER + 1))}]"]
         else:
             parts += [f"[{_in_class(chr(a))}-{_in_class(chr(b))}]" for a, b in _scalar_ranges(non_ascii)]
     parts += [_json_char(c) for c in escaped]
@@ -128,7 +142,8 @@ def class_matches_nothing(cls: str) -> bool:
     """Whether the character class ``cls`` (``[...]`` or ``[^...]``, as Python's ``re`` reads it)
     matches no character this module writes for it in a JSON string: ``\\d``, ``\\w``, ``\\s``
     and their negations narrowed to ASCII, no U+0080-U+009F, surrogate or marker (``[^\\s\\S]``,
-    ``[^\\D0-9]``, ``[\\ud800]``, ``[\\x80-\\x9f]``; ``schema_empty_class`` names such a class). Raises ``re.error`` where ``re`` reads
+    ``[^\\D0-9]``, ``[\\ud800]``, ``[\\x80-\\x9f]``, ``[^\\u0000-\\ud7ff\\ue000-\\U0010ffff]``;
+    ``schema_empty_class`` names such a class). Raises ``re.error`` where ``re`` reads
     no class."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
