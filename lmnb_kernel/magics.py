@@ -617,12 +617,9 @@ def _describe(error: BaseException, filename: str, template=None) -> str:
 
 
 def _lmnb_name_hint(error: BaseException, template) -> str:
-    """For a ``--python`` body's NameError of a name lmnb exports (``gen``, ``select``, ``image``,
-    ``user``, ...): where it is, as SGLang programs write it unqualified (after ``from sglang import
-    *``), which the body's namespace, the kernel's, does not hold; else ""."""
-    import lmnb
+    """"; " and ``lmnb_name_fix``'s words for a ``--python`` body's NameError of a name lmnb exports
+    (``gen``, ``select``, ``image``, ``user``, ...); else ""."""
+    from lmnb.template.python_cell import lmnb_name_fix
 
-    name = getattr(error, "name", None)
-    if template is not None or type(error) is not NameError or name not in lmnb.__all__:
-        return ""
-    return f"; in a --python cell, write lmnb.{name} (or run `from lmnb import {name}` in a cell above)"
+    fix = lmnb_name_fix(error.name) if template is None and type(error) is NameError and error.name else ""
+    return f"; {fix}" if fix else ""

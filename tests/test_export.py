@@ -4226,6 +4226,66 @@ def test_a_row_field_spelt_like_a_set_variable_is_noted_as_a_typo():
     assert p.inputs == ("person",) and p.notes == []  # (a field the notebook sets to an example is no typo)
 
 
+def test_a_called_name_no_cell_sets_is_refused_as_a_row_field_with_the_cells_hint():
+    """{gen("a", max_tokens=3)} (lmnb's Python call, where the cell writes {gen a max_tokens=3}) fails
+    the notebook's cell with "name 'gen' is not defined" and a hint; the export said "row fields: q, gen",
+    and every row of the job was bad_input ("missing field 'gen'"): a row's value, JSON, cannot be called."""
+    from lmnb.template.errors import TemplateRuntimeError
+
+    cell = 'Q: {q}\nA: {gen("a", max_tokens=3)}'
+    with pytest.raises(TemplateRuntimeError) as run:  # (the notebook's words: Template.bind, as the kernel runs it)
+        parse(cell, first_line=2).bind({"q": "hi"})
+    hint = ("a hole holds Python, where gen(...) calls a variable gen; the cell language writes it "
+            "{gen a max_tokens=3}: write that, or define gen in a Python cell first")
+    assert run.value.hint == hint
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "hi"', f"%%lm\n{cell}"))
+    assert str(e.value) == ("cell 2 (%%lm): line 3, col 5: name 'gen' is not defined, and it cannot be a row field: the "
+                            "cell calls it, and a row's values are JSON data; did you mean {gen a max_tokens=3}?\n"
+                            '    A: {gen("a", max_tokens=3)}\n'
+                            "        ^\n"
+                            f"  hint: {hint}")
+    # a function no cell defines; at its call, not its first use ({f!r}, which a row could give)
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "hi"', "%%lm\n{q} {f!r}\n{f(q)}{gen a}"))
+    assert str(e.value).startswith("cell 2 (%%lm): line 3, col 2: name 'f' is not defined, and it cannot be a row "
+                                   "field: the cell calls it, and a row's values are JSON data\n")
+    assert str(e.value).endswith("hint: define f in a Python cell first, or write {{ }} for literal braces")
+    # --inputs naming it: the name may be the cell's, so the fix is to leave it out
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "hi"', f"%%lm\n{cell}"), inputs=["q", "gen"])
+    assert str(e.value) == ("--inputs gen: %%lm cell 2 calls gen (line 3, col 5), and a row field is JSON data, which "
+                            "cannot be called; leave gen out of --inputs")
+    # a --python body: the kernel's hint for it (lmnb_kernel.magics._describe)
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "hi"', '%%lm --python\ns += "Q: " + q\ns += gen("a", max_tokens=3)'))
+    assert str(e.value) == ("cell 2 (%%lm), line 3: name 'gen' is not defined, and it cannot be a row field: the cell "
+                            "calls it, and a row's values are JSON data; in a --python cell, write lmnb.gen (or run "
+                            "`from lmnb import gen` in a cell above)")
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "hi"', "%%lm --python\ns += 'Q: ' + q\nif q:\n    s += f(q)"))
+    assert str(e.value).endswith("line 4: name 'f' is not defined, and it cannot be a row field: the cell calls it, and "
+                                 "a row's values are JSON data; define f in a Python cell first")
+
+
+@pytest.mark.parametrize("setup, cell, fields", [
+    ('q = "hi"', '{d["k"]} {obj.attr} {q.upper()}', ("d", "obj", "q")),  # (JSON can give d, and obj a dict or text)
+    ('q = "hi"\nfs = [str]', "{fork g in fs}{g(q)}{join}", ("q",)),  # (a fork target)
+    ('q = "hi"', "{(lambda f: f(q))(str)}", ("q",)),  # (a lambda's parameter)
+    ('q = "hi"\nfrom math import *', "{sqrt(len(q))}", ("q",)),  # (the star import may set it)
+    ('q = "hi"\nf = str.upper', "{f(q)}", ("q",)),
+])
+def test_a_name_a_hole_calls_or_reads_into_is_refused_only_where_a_row_field_would_be_called(setup, cell, fields):
+    _, p = export_notebook(notebook(setup, f"%%lm\n{cell}{{gen a max_tokens=1}}"))
+    assert p.inputs == fields
+
+
+def test_a_function_an_earlier_cell_defines_is_still_called_by_a_hole(tmp_path, monkeypatch):
+    prompts, _, p, _ = _job_and_notebook(tmp_path, monkeypatch, "def f(x):\n    return x.lower() + '!'", ["r = 1"],
+                                         last="{f(q)}")
+    assert p.inputs == ("q",) and prompts == ["B", "b!", "C", "c!"]
+
+
 @pytest.mark.parametrize("cell, field, tag", [("a {Join} b", "Join", "{join}"), ("{SYSTEM}x", "SYSTEM", "{system}"),
                                              ("{fork 2}x{Join}{join}", "Join", "{join}")])
 def test_a_row_field_that_is_a_tag_in_another_case_is_noted_with_the_tag(cell, field, tag):

@@ -801,6 +801,52 @@ def test_a_lone_tag_in_another_case_is_told_the_tag(cell, col, tag):
                                    f"or define {name} in a Python cell first")
 
 
+# (lmnb's call, the construct offered, and the call that construct makes: the call as lmnb reads it, by hand)
+@pytest.mark.parametrize("call, construct, same", [
+    ('gen("a", max_tokens=3)', "{gen a max_tokens=3}", 'gen("a", max_tokens=3)'),
+    ('gen("a", 3, stop="\\n")', '{gen a max_tokens=3 stop="\\n"}', 'gen("a", max_tokens=3, stop="\\n")'),
+    ('gen(name="a")', "{gen a}", 'gen("a")'),
+    ("gen(temperature=0)", "{gen temperature=0}", "gen(temperature=0)"),
+    ('select("v", choices=["y", "n"])', '{select v choices=["y", "n"]}', 'select("v", choices=["y", "n"])'),
+    ('gen_int("n", max_tokens=2)', "{gen n dtype=int max_tokens=2}", 'gen("n", dtype=int, max_tokens=2)'),
+    ("image(p)", "{image p}", "image(p)"),
+    ("video(p, num_frames=8)", "{video p frames=8}", "video(p, 8)"),
+])
+def test_a_python_call_of_an_lmnb_construct_in_a_hole_is_told_the_construct(call, construct, same):
+    """{gen("a", max_tokens=3)} (lmnb's Python call, as SGLang programs write it) reads a variable gen, and
+    was told only "define gen in a Python cell first, or write {{ }} for literal braces"."""
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse(f"Q: {{q}}\nA: {{{call}}}").bind({"q": "hi", "p": "cat.png"})
+    name = call.split("(")[0]
+    assert str(e.value).startswith(f"line 2, col 5: name {name!r} is not defined; did you mean {construct}?\n")
+    assert e.value.hint == (f"a hole holds Python, where {name}(...) calls a variable {name}; the cell language "
+                            f"writes it {construct}: write that, or define {name} in a Python cell first")
+    assert parse(construct).to_python("f").splitlines()[2:] == [f"    s += lmnb.{same}"]
+
+
+@pytest.mark.parametrize("call, outline", [
+    ("gen(x)", "{gen ...}"),  # (the cell names a result with a bare word, not a variable's value)
+    ('gen("a", max_token=3)', "{gen ...}"),  # (no such option: the cell's check names the close one)
+    ('gen_string("s", 4)', "{gen NAME dtype=str}"),  # (gen_string's later positions are SGLang's, not gen's)
+    ("gen(*args)", "{gen ...}"),
+    ('user("hi")', "{user}...{/user}"),
+    ("join()", "{join}"),
+])
+def test_a_python_call_of_a_construct_word_with_no_spelling_in_the_cell_is_told_its_outline(call, outline):
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse(f"{{{call}}}").bind({"x": "a", "args": ()})
+    assert f"; did you mean {outline}?\n" in str(e.value) and f"writes it {outline}: write that" in e.value.hint
+
+
+def test_a_call_of_another_name_is_offered_no_construct():
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{f(q)}").bind({"q": 1})
+    assert e.value.hint == "define f in a Python cell first, or write {{ }} for literal braces"
+    assert "did you mean" not in str(e.value)
+    # a name gen bound in the hole is no variable the cell reads
+    assert parse("{[gen(1) for gen in fs]}").bind({"fs": []}) == {"fs": []}
+
+
 @pytest.mark.parametrize("cell", ["{Join + 1}", "{join_}", "{Joins}"])
 def test_a_name_that_is_no_bare_tag_in_another_case_is_offered_no_tag(cell):
     with pytest.raises(TemplateRuntimeError) as e:

@@ -212,6 +212,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
     p.parameter_defaults = {n: defaults[n] for n in parameters}
     p.inputs, from_star = _fields(p, examples, given, parameters)
+    _refuse_called_fields(p, given is not None)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
     # (the script names the type: `types={'x': ellipsis}` for `x = ...` was a NameError)
     p.types = {n: type(defaults[n]) for n in p.inputs if type(defaults.get(n)) in TYPED_DEFAULTS}
@@ -503,6 +504,44 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
             notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close!r}, "
                          f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
     return notes
+
+
+def _refuse_called_fields(p: Plan, given: bool) -> None:
+    """Refuse a row field that a ``%%lm`` cell calls (``{gen("a", max_tokens=3)}``, ``{f(q)}`` where
+    no cell defines f; ``s += gen("a")`` in a ``--python`` body): a row's value is JSON data, which
+    cannot be called, so every row failed (with "missing field 'gen'"), where the notebook's cell
+    fails with a NameError and its hint (``Template.unbound``, ``lmnb_name_fix``); the export said
+    only "row fields: q, gen". ``given``: the fields are ``--inputs``'s.
+
+    Raises:
+        ExportError: at the first call of the first such field: cell, line (column), and the fix.
+    """
+    import ast
+
+    from lmnb.template.calls import calls_of
+    from lmnb.template.python_cell import lmnb_name_fix
+
+    for c in p.lm_cells:
+        for n in p.inputs:
+            problem = (f"name {n!r} is not defined, and it cannot be a row field: the cell calls it, and a row's "
+                       "values are JSON data")
+            error = None
+            if c.template is not None:
+                error = c.template.unbound(n, problem=problem, at_call=True) if calls_of(c.template.body, n) else None
+                where = error and f"line {error.line}, col {error.col}"
+            else:  # (a --python body: a call of the global the body reads; the tree's lines are the cell's)
+                found = [x.lineno for x in ast.walk(c.python.tree) if isinstance(x, ast.Call)
+                         and isinstance(x.func, ast.Name) and x.func.id == n] if n in c.reads else []
+                where = found and f"line {min(found)}"
+            if not where:
+                continue
+            if given:  # (a name --inputs gives: the cell may define it too, so "define it" is no fix)
+                raise ExportError(f"--inputs {n}: %%lm cell {c.index} calls {n} ({where}), and a row field is JSON "
+                                  f"data, which cannot be called; leave {n} out of --inputs")
+            if error is not None:
+                raise ExportError(f"cell {c.index} (%%lm): {error}")
+            raise ExportError(f"cell {c.index} (%%lm), {where}: {problem}; "
+                              f"{lmnb_name_fix(n) or f'define {n} in a Python cell first'}")
 
 
 def _tag_meant_by(p: Plan, name: str) -> Optional[tuple]:

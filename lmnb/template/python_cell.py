@@ -68,6 +68,18 @@ class PythonCell:
         return f"@lmnb.function\ndef {name}({', '.join(['s', *parameters])}):\n" + "\n".join(lines) + "\n"
 
 
+def lmnb_name_fix(name: str) -> str:
+    """The fix for a ``--python`` body's undefined ``name`` that lmnb exports (``gen``, ``select``,
+    ``image``, ``user``, ...), which SGLang programs write unqualified (after ``from sglang import
+    *``) and the body's namespace, the kernel's, does not hold: "in a --python cell, write
+    lmnb.gen (...)"; "" for another name."""
+    import lmnb
+
+    if name not in lmnb.__all__:
+        return ""
+    return f"in a --python cell, write lmnb.{name} (or run `from lmnb import {name}` in a cell above)"
+
+
 def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>", indent: str = "") -> PythonCell:
     """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column
     (``indent``: the indentation taken off each line of an indented cell, which columns count)."""

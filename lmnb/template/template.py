@@ -117,27 +117,44 @@ class Template:
         out = {}
         for name in self.arguments:
             if name not in namespace:
-                offset = self.argument_offsets.get(name, 0)
-                hint = f"define {name} in a Python cell first"
-                if name in _JSON_CONSTANTS:  # JSON's spelling, in a hole that is Python
-                    hint = (f"a hole holds Python, where JSON's {name} is {_JSON_CONSTANTS[name]}: write "
-                            f"{_JSON_CONSTANTS[name]}, or {hint}")
-                # only a name that opens a hole ({name}) may be text meant literally
-                if self.source[offset - 1:offset] == "{":
-                    hint += ", or write {{ }} for literal braces"
-                media = _media_source_at(self.body, offset)
-                path_hint = None if media is None else bare_media_path(
-                    media.kind, media.source.source, media.frames.source if media.frames is not None else "N")
-                if path_hint is not None:  # ({image cat.png}: Python reads the variable cat)
-                    hint = f"{path_hint}; or {hint}"
-                tag = _tag_meant(name, self.source, offset)
-                if tag is not None:  # ({Join} alone, which unbalances no block, so the parser took it as a name)
-                    hint = f"{{{name}}} is read as a Python variable, not the tag: write {tag} (lowercase), or {hint}"
-                meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace)
-                raise TemplateRuntimeError(f"name {name!r} is not defined{meant}",
-                                           self.source, offset, self.first_line, indent=self.indent, hint=hint)
+                raise self.unbound(name, namespace)
             out[params[name]] = namespace[name]
         return out
+
+    def unbound(self, name: str, namespace: Optional[Mapping[str, Any]] = None, problem: Optional[str] = None,
+                at_call: bool = False) -> TemplateRuntimeError:
+        """The error of the kernel variable ``name`` that ``namespace`` lacks, at its first use (``at_call``:
+        at its first call, ``{f(q)}``), with the fix: define it, or the construct meant (``{Join}``: ``{join}``,
+        ``{gen("a")}``: ``{gen a}``, ``{image cat.png}``: the path in quotes). ``problem``: what the message
+        says instead of "name 'x' is not defined" (the export's words); a "did you mean" follows it."""
+        from lmnb.template.calls import calls_of, construct_for_call
+
+        calls = calls_of(self.body, name)
+        offset = calls[0][0] if at_call and calls else self.argument_offsets.get(name, 0)
+        hint = f"define {name} in a Python cell first"
+        if name in _JSON_CONSTANTS:  # JSON's spelling, in a hole that is Python
+            hint = (f"a hole holds Python, where JSON's {name} is {_JSON_CONSTANTS[name]}: write "
+                    f"{_JSON_CONSTANTS[name]}, or {hint}")
+        at_offset = {at: (call, source) for at, call, source in calls}
+        construct = construct_for_call(*at_offset[offset]) if offset in at_offset else None
+        # only a name that opens a hole ({name}) may be text meant literally; not one it calls ({gen(...)})
+        if self.source[offset - 1:offset] == "{" and construct is None:
+            hint += ", or write {{ }} for literal braces"
+        media = _media_source_at(self.body, offset)
+        path_hint = None if media is None else bare_media_path(
+            media.kind, media.source.source, media.frames.source if media.frames is not None else "N")
+        if path_hint is not None:  # ({image cat.png}: Python reads the variable cat)
+            hint = f"{path_hint}; or {hint}"
+        tag = _tag_meant(name, self.source, offset)
+        if tag is not None:  # ({Join} alone, which unbalances no block, so the parser took it as a name)
+            hint = f"{{{name}}} is read as a Python variable, not the tag: write {tag} (lowercase), or {hint}"
+        if construct is not None:  # (lmnb's Python call, {gen("a")}, where the cell has a construct)
+            hint = (f"a hole holds Python, where {name}(...) calls a variable {name}; the cell language writes it "
+                    f"{construct}: write that, or {hint}")
+            tag = construct
+        meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace or {})
+        return TemplateRuntimeError(f"{problem or f'name {name!r} is not defined'}{meant}",
+                                    self.source, offset, self.first_line, indent=self.indent, hint=hint)
 
     def program(self, name: str = "cell"):
         """The cell as an ``lmnb.function`` whose parameters are ``self.parameters`` values.
