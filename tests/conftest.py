@@ -12,6 +12,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _stop_regex_search_budget(monkeypatch):
+    # A stop-regex search may run REGEX_TIMEOUT_S (50 ms) of wall-clock time before its pattern is
+    # given up and its request aborted: on a loaded CI machine a pause of the process (its CPU quota
+    # spent) within a search of microseconds could give up a plain pattern by chance. Tests run the
+    # in-process engine with a budget no pause reaches; those about the budget set their own, small
+    # enough for the backtracking they search (test_stop_matcher's `searches` checks what each
+    # search is given).
+    from lmnb_engine import stop_matcher
+
+    monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 5.0)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint_factory(tmp_path_factory):
     """``factory(arch="llama", **overrides) -> Path``; identical arguments reuse one directory."""

@@ -13,15 +13,34 @@ import pytest
 from lmnb_engine.stop_matcher import StopStringMatcher
 
 
-@pytest.fixture(autouse=True)
-def _search_budget(request, monkeypatch):
-    # A stop-regex search may run REGEX_TIMEOUT_S (50 ms) of wall-clock time before its pattern is
-    # given up: on a loaded machine a random brute-force check here could see a plain pattern given
-    # up by chance, not for its backtracking. Tests about that budget (marked regex_budget) keep it.
-    if request.node.get_closest_marker("regex_budget") is None:
-        from lmnb_engine import stop_matcher
+@pytest.fixture
+def searches(monkeypatch) -> list[tuple[str, str, tuple, float]]:
+    """The stop searches of the patterns compiled while the test runs, as they are made: (the
+    method, the pattern, the arguments after the text, the ``timeout`` given, in seconds). Only
+    the calls given a timeout: those the search budget covers (not the automaton's one-character
+    class checks)."""
+    import regex
 
-        monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 5.0)
+    made, compile_ = [], regex.compile
+
+    class Recorded:
+        def __init__(self, rx):
+            self._rx = rx
+
+        def __getattr__(self, attr):
+            found = getattr(self._rx, attr)
+            if not callable(found):
+                return found
+
+            def call(text, *args, **kwargs):
+                if "timeout" in kwargs:
+                    made.append((attr, self._rx.pattern, args, kwargs["timeout"]))
+                return found(text, *args, **kwargs)
+
+            return call
+
+    monkeypatch.setattr(regex, "compile", lambda *a, **k: Recorded(compile_(*a, **k)))
+    return made
 
 
 def stream(m: StopStringMatcher, pieces: list[str], ended: bool = False) -> tuple[str, tuple | None, list[str]]:
@@ -1115,11 +1134,13 @@ def test_stop_regexes_beyond_their_bound_are_refused_with_their_count():
     assert stop_regex_problem("|".join(f"x{i}" for i in range(100))) is None
 
 
-@pytest.mark.regex_budget
-def test_a_linear_stop_regex_over_a_long_output_is_never_given_up():
+def test_a_linear_stop_regex_over_a_long_output_is_never_given_up(searches):
     # a per-sample budget summed the searches: '\\{[^{}]*\\}\\s*\\n\\nDONE', searched again from the open
     # brace on every token, was aborted as "catastrophic backtracking" after 3400 tokens (found by a
-    # review helper); each search is timed alone now
+    # review helper); each search is timed alone now: given the whole budget, what the ones before took
+    # not taken off it
+    from lmnb_engine import stop_matcher
+
     m, text = StopStringMatcher([], [r"\{[^{}]*\}\s*\n\nDONE"]), "{"
     for _ in range(5000):
         checked = len(text)
@@ -1127,6 +1148,7 @@ def test_a_linear_stop_regex_over_a_long_output_is_never_given_up():
         assert m.find(text, checked) is None and m.safe_len(text) == 0
     assert m.problem is None
     assert m.find(text + "}\n\nDONE", len(text)) == (0, text + "}\n\nDONE")
+    assert len(searches) > 5000 and {timeout for *_, timeout in searches} == {stop_matcher.REGEX_TIMEOUT_S}
 
 
 def test_a_regex_given_up_by_one_sample_leaves_the_others_searching_the_rest(monkeypatch):
@@ -1667,7 +1689,6 @@ def test_a_stop_regexs_automaton_is_given_up_where_its_transitions_keep_missing_
     assert m._runs[0] is not None
 
 
-@pytest.mark.regex_budget
 def test_a_stop_regex_the_automaton_reads_is_not_given_up_for_backtracking():
     # r"(x|x)+y" on 40 x's backtracks ~2**40 steps: its search was given up past REGEX_TIMEOUT_S
     # and the request aborted, though the pattern is a plain one ("x+y"); read by the automaton it
@@ -1856,8 +1877,7 @@ def test_a_searched_stop_regex_is_not_searched_while_it_has_no_match_without_its
     # "$(?<=x)a*[bc]" on "xa\n" at "\n", which no later text makes a match)
 
 
-@pytest.mark.regex_budget
-def test_past_a_whole_match_in_text_not_checked_an_automaton_says_where_a_stop_may_begin():
+def test_past_a_whole_match_in_text_not_checked_an_automaton_says_where_a_stop_may_begin(searches):
     # "x" * 200 + "z" within min_new_tokens: r"x[^z]*w|z" matches "z" (let through), and safe_len
     # searched from its floor, then tried every start before "z" with a partial fullmatch, each
     # reading to the "z": 200 fullmatches over ~100 characters each, on every later token too
@@ -1883,11 +1903,14 @@ def test_past_a_whole_match_in_text_not_checked_an_automaton_says_where_a_stop_m
         assert m.safe_len(text) == (text.index("xa") if "xa" in text else len(text))
     assert calls == []
     # 8000 of them: the searches took seconds, past REGEX_TIMEOUT_S, and the request was aborted
-    # as if the (linear) pattern backtracked catastrophically
+    # as if the (linear) pattern backtracked catastrophically: a search of the x's tried every start
+    # in them (quadratic), where the automaton read them once. None searches them now
     m, text = StopStringMatcher([], [r"x[^z]*w|z"]), "x" * 8000 + "z"
+    searches.clear()
     assert m.safe_len(text) == len(text)
     assert m.find(text + " ab", len(text)) is None and m.safe_len(text + " ab") == len(text) + 3
     assert m.problem is None
+    assert searches and all(args[0] >= 8000 for _, _, args, _ in searches), searches
 
 
 def test_a_floor_past_a_whole_match_does_not_hide_it_from_a_find_after_a_rollback():
