@@ -23,6 +23,11 @@ from lmnb.ir import GenParams
 from helpers_lang import send, serve_http
 
 PARAMS = GenParams(max_new_tokens=4)
+# The read timeout of a backend whose stub server answers (or streams a chunk) before it stalls: the
+# stub answers at once, but on a loaded machine its thread was seen answering 0.35 s late, so a short
+# timeout failed the answer that should come, not the stall. Where the stub stalls it sends no chunk
+# until the client leaves (or an Event the test sets as it ends), so this timeout certainly fires there.
+PATIENT_S = 5.0
 
 
 class Scripted:
@@ -810,7 +815,7 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
             h.end_headers()
             h.wfile.write(b"data: " + json.dumps(_chunk("He")).encode() + b"\n\n")
             h.wfile.flush()
-        release.wait(10)
+        release.wait(60)
 
     server.answer = stall
     backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=0.3)
@@ -818,11 +823,11 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s, in 2 tries{fix}"):
         backend.generate(CHAT, PARAMS, "r1")
     backend.shutdown()
-    # (the stream's first chunk must come within the timeout: 1 s, where 0.3 s was tight for the stub
-    # on a loaded machine; answered 0.35 s late, the stream failed as one that never began)
-    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=1.0)
+    # (the stream's first chunk must come within the timeout: where it was 0.3 s, the stub on a loaded
+    # machine answered 0.35 s late, and the stream failed as one that never began)
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=PATIENT_S)
     with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no chunk \\(keep-alive comments and empty "
-                                           f"lines do not count\\) within the read timeout of 1.0 s{fix}"):
+                                           f"lines do not count\\) within the read timeout of {PATIENT_S} s{fix}"):
         list(backend.generate_stream(CHAT, PARAMS, "r2"))  # (a stream that began is not tried again)
     release.set()
     backend.shutdown()
@@ -969,9 +974,8 @@ def test_a_body_longer_than_the_limit_fails_as_soon_as_that_much_has_come(server
 def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(server, filler):
     """Any byte reset httpx's read timeout and the openai client drops comments, so a stalled
     stream sending a keep-alive every few seconds never failed; the timeout now counts from the
-    last chunk, and the server sees its client leave. A consumer slow between chunks does not
-    count against the server."""
-    outcome = {}
+    last chunk, and the server sees its client leave."""
+    outcome, told = {}, threading.Event()
 
     def stalled(h, b):
         h.send_response(200)
@@ -981,39 +985,42 @@ def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(
         h.close_connection = True
         try:
             h.wfile.write(b"data: " + json.dumps(_chunk("He")).encode() + b"\n\n")
-            for _ in range(100):  # 5 s of filler, 20 a second
+            for _ in range(400):  # 20 s of filler, 20 a second
                 h.wfile.flush()
                 time.sleep(0.05)
                 h.wfile.write(filler)
             outcome["server"] = "wrote all the filler"
         except OSError:
             outcome["server"] = "saw its client leave"
+        told.set()
 
     server.answer = stalled
-    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=0.5)
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=PATIENT_S)
     got, t0 = [], time.monotonic()
     with pytest.raises(BackendError) as e:
         for delta, _ in backend.generate_stream(CHAT, PARAMS, "r1"):
             got.append(delta)
-    assert 0.5 <= time.monotonic() - t0 < 2.5 and got == ["He"]
+    assert time.monotonic() - t0 > PATIENT_S and got == ["He"]
     assert str(e.value) == (
         f"{server.url}/v1/ stream: no chunk (keep-alive comments and empty lines do not count) within the read "
-        "timeout of 0.5 s; check that the server is not stuck or overloaded, or change the limits with "
+        f"timeout of {PATIENT_S} s; check that the server is not stuck or overloaded, or change the limits with "
         "OpenAI(..., timeout=SECONDS, max_retries=N)")
-    for _ in range(500):  # (the server notices at its next writes)
-        if outcome:
-            break
-        time.sleep(0.01)
+    told.wait(60)  # (the server notices at its next writes)
     assert outcome == {"server": "saw its client leave"}
+    backend.shutdown()
 
-    def slow_but_alive(h, b):  # chunks keep coming, keep-alives between them, past the timeout all told
+
+def test_an_openai_stream_whose_chunks_keep_coming_runs_past_the_timeout_all_told(server):
+    """Chunks that keep coming, keep-alives (comments, empty lines) between them, run past the
+    timeout all told; a consumer slow between chunks does not count against the server."""
+    def slow_but_alive(h, b):
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.send_header("Connection", "close")
         h.end_headers()
         h.close_connection = True
-        for piece in "abcdefgh":
-            for _ in range(2):
+        for piece in pieces:
+            for filler in (b": keep-alive\n\n", b"\n"):
                 time.sleep(0.1)
                 h.wfile.write(filler)
                 h.wfile.flush()
@@ -1021,16 +1028,18 @@ def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(
             h.wfile.flush()
         h.wfile.write(b"data: " + json.dumps(_chunk(None, "stop")).encode() + b"\n\ndata: [DONE]\n\n")
 
+    # (0.2 s between chunks, a timeout of PATIENT_S: 0.5 s left a loaded machine 0.3 s to spare; 5.2 s
+    # of chunks in all)
+    pieces = "abcdefghijklmnopqrstuvwxyz"
     server.answer = slow_but_alive
-    backend.shutdown()
-    # (a timeout 7 times the 0.2 s between chunks: 0.5 s left a loaded machine 0.3 s to spare)
-    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=1.5)
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=PATIENT_S)
     t0, text = time.monotonic(), ""
-    for delta, _ in backend.generate_stream(CHAT, PARAMS, "r2"):
-        if not text:
-            time.sleep(1.6)  # (the consumer holds the first chunk longer than the timeout)
+    for delta, _ in backend.generate_stream(CHAT, PARAMS, "r1"):
         text += delta
-    assert text == "abcdefgh" and time.monotonic() - t0 > 1.6
+        if delta == pieces[-1]:
+            assert time.monotonic() - t0 > PATIENT_S  # (the server's chunks took longer than the timeout, all told)
+            time.sleep(PATIENT_S + 0.1)  # (the consumer holds the last chunk longer than the timeout)
+    assert text == pieces
     backend.shutdown()
 
 
