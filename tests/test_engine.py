@@ -25,6 +25,22 @@ def engine(tiny_llama):
         yield eng
 
 
+@pytest.fixture(scope="module")
+def long_context_engine(tiny_llama, tmp_path_factory):
+    """An engine on ``tiny_llama``'s weights declaring 16384 positions (its config: 512), with a KV
+    pool for one request of 16000 new tokens beside a short one: a request that cannot end before a
+    test aborts it, however slow the machine (~70 s of decoding where 400 tokens took 1.7 s)."""
+    import json
+    import shutil
+
+    path = tmp_path_factory.mktemp("long-context") / "llama"
+    shutil.copytree(tiny_llama, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16384}))
+    with Engine(str(path), max_total_tokens=17000) as eng:
+        yield eng
+
+
 def prompts(engine) -> list[list[int]]:
     texts = ["the cat is red", "hello world, what is the capital", "json key value true false 42", "東京 café ok"]
     return [engine.encode(t) for t in texts]
@@ -301,12 +317,14 @@ def test_events_that_come_while_a_listener_replays_are_delivered_after_the_repla
 
 
 @pytest.mark.timeout(180)
-def test_a_listener_that_waits_for_another_request_while_it_replays_does_not_freeze_the_engine(engine):
+def test_a_listener_that_waits_for_another_request_while_it_replays_does_not_freeze_the_engine(long_context_engine):
     # the replay held the handle's lock, so the scheduler, delivering the running request's next
-    # event, waited for that lock, and the other request the listener waited for never ran
+    # event, waited for that lock, and the other request the listener waited for never ran. The
+    # long request must still run at its abort below (300 tokens left 1.5-2.4 s on a loaded machine)
     import threading
 
-    long = engine.submit("the cat", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
+    engine = long_context_engine
+    long = engine.submit("the cat", SamplingParams(max_new_tokens=16000, temperature=0.0, ignore_eos=True))
     next(long.events(timeout=60))
     other = engine.submit("a dog", SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True))
     heard, waited = [], []

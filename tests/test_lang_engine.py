@@ -443,10 +443,21 @@ def test_api_speculative_execution_with_ignore_eos_or_min_tokens_gives_the_same_
     assert own(spec, "b") == own(plain, "b") and "prompt_tokens" in spec.get_meta_info("b")  # a call of its own
 
 
-def test_abort_reaches_fork_branches(backend):
+def test_abort_reaches_fork_branches(backend, monkeypatch):
     import threading
 
-    forked, holder = threading.Event(), []
+    forked, holder, aborted = threading.Event(), [], threading.Event()
+    streams = backend.generate_stream
+
+    def held_after_the_first_text(prompt, params, rid):
+        # each branch's gen reads no more of its stream until the abort is sent: it cannot end first
+        # (its 400 tokens took 1.5-2.4 s more than the wait for both branches on a loaded machine)
+        for delta, meta in streams(prompt, params, rid):
+            yield delta, meta
+            if delta:
+                aborted.wait(60)
+
+    monkeypatch.setattr(backend, "generate_stream", held_after_the_first_text)
 
     @sgl.function
     def prog(s):
@@ -457,12 +468,15 @@ def test_abort_reaches_fork_branches(backend):
         forked.set()
 
     st = prog.run(backend=backend, stream=True)
-    assert forked.wait(30)
-    deadline = time.monotonic() + 30
-    while any(f.stream_executor.text_ == "Many words:" for f in holder[0]):  # until both branches streamed
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    st.abort()
+    try:
+        assert forked.wait(30)
+        deadline = time.monotonic() + 60
+        while any(f.stream_executor.text_ == "Many words:" for f in holder[0]):  # until both branches streamed
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        st.abort()
+    finally:
+        aborted.set()
     for f in holder[0]:
         with pytest.raises(sgl.ProgramAborted):
             f["w"]
