@@ -4,6 +4,8 @@
 //   config: {base, token, notebook, untrusted, artifacts, cells: {fork, cont, stop, tree}}
 //   (cell indices in `notebook`; `untrusted` is a notebook with saved static outputs only).
 // Prints one JSON object (the observations) as the last stdout line; the pytest side asserts.
+// Writes "lab_driver step: NAME" to stderr as it begins each step (the pytest side names the step
+// it was in where the driver runs past its time), and an error says its step too.
 // Recipe: research notes jupyter.md §4.5 (JupyterLab's window.jupyterapp, execution state).
 
 const fs = require("fs");
@@ -13,6 +15,12 @@ const { chromium } = require("playwright-core");
 const cfg = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
 const shot = (name) => path.join(cfg.artifacts, name);
 const out = { errors: [], console_errors: [] };
+let current = "";
+
+function step(name) {
+  current = name;
+  console.error(`lab_driver step: ${name}`);
+}
 
 async function openNotebook(page, name) {
   await page.goto(`${cfg.base}/lab/tree/${name}?token=${cfg.token}&reset`);
@@ -43,6 +51,7 @@ async function bg(locator) {
 }
 
 (async () => {
+  step("launching chromium");
   const browser = await chromium.launch({
     executablePath: cfg.chromium || "/usr/bin/chromium",
     headless: true,
@@ -51,10 +60,12 @@ async function bg(locator) {
   try {
     const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
     page.on("console", (m) => { if (m.type() === "error") out.console_errors.push(m.text()); });
+    step("opening the notebook");
     await openNotebook(page, cfg.notebook);
     await waitKernelIdle(page);
 
     // 1. a fork cell keeping state s: its output ends as the static view with lanes and the join
+    step("1. the fork cell");
     await startCell(page, cfg.cells.fork);
     const fork = cellOutput(page, cfg.cells.fork);
     await fork.locator(".lmnb-run.lmnb-done").waitFor({ timeout: 90000 });
@@ -65,6 +76,7 @@ async function bg(locator) {
     await fork.locator(".lmnb-run").first().screenshot({ path: shot("fork-static.png") });
 
     // 2. a cell continuing state s: the cached span is shaded differently from the computed one
+    step("2. the cell continuing state s");
     await waitKernelIdle(page);
     await startCell(page, cfg.cells.cont);
     const cont = cellOutput(page, cfg.cells.cont);
@@ -76,6 +88,7 @@ async function bg(locator) {
     await cont.locator(".lmnb-run").first().screenshot({ path: shot("continue-state.png") });
 
     // 3. the radix tree
+    step("3. the radix tree cell");
     await waitKernelIdle(page);
     await startCell(page, cfg.cells.tree);
     const tree = cellOutput(page, cfg.cells.tree);
@@ -83,6 +96,7 @@ async function bg(locator) {
     out.tree_nodes = await tree.locator(".lmnb-node").count();
 
     // 4. live fork lanes streaming at once, then the Stop button (comms over subshells, Lab >= 4.4)
+    step("4. the live fork lanes and the Stop button");
     await waitKernelIdle(page);
     await startCell(page, cfg.cells.stop);
     const stop = cellOutput(page, cfg.cells.stop);
@@ -101,6 +115,7 @@ async function bg(locator) {
     await stop.locator(".lmnb-run").first().screenshot({ path: shot("stop.png") });
 
     // 5. %lm flush: the tree shown by cell 3 is refreshed in place, evicted nodes faded
+    step("5. %lm flush");
     await waitKernelIdle(page);
     await startCell(page, cfg.cells.flush);
     await tree.locator(".lmnb-node.lmnb-evicted").first().waitFor({ timeout: 60000 });
@@ -110,6 +125,7 @@ async function bg(locator) {
     await tree.locator(".lmnb-tree").first().screenshot({ path: shot("tree.png") });
 
     // 6. a cell that ends within milliseconds: its widget is replaced before the frontend built it
+    step("6. the cell that ends at once");
     await waitKernelIdle(page);
     await startCell(page, cfg.cells.fast);
     await cellOutput(page, cfg.cells.fast).locator(".lmnb-run.lmnb-done").waitFor({ timeout: 60000 });
@@ -119,7 +135,8 @@ async function bg(locator) {
     out.widget_errors = await page.getByText("Error displaying widget").count();
     await page.screenshot({ path: shot("lab.png"), fullPage: true });
 
-    // 5. a saved notebook opened untrusted: JupyterLab sanitizes the static HTML; the view survives
+    // 7. a saved notebook opened untrusted: JupyterLab sanitizes the static HTML; the view survives
+    step("7. the untrusted saved notebook");
     const page2 = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
     await openNotebook(page2, cfg.untrusted);
     const run = page2.locator(".jp-OutputArea-output .lmnb-run").first();
@@ -130,7 +147,7 @@ async function bg(locator) {
       window.jupyterapp.shell.currentWidget.content.model.cells.get(0).trusted);
     await page2.screenshot({ path: shot("untrusted.png"), fullPage: true });
   } catch (e) {
-    out.errors.push(String(e && e.stack ? e.stack : e));
+    out.errors.push(`in step ${current}: ${String(e && e.stack ? e.stack : e)}`);
   } finally {
     await browser.close();
   }

@@ -49,6 +49,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# JupyterLab binds the port it is given (a free one a moment before): another process may take it
+# in between, and the server then exits saying so; it is started again on another port, this often.
+LAUNCHES = 3
+
+
+def _start_lab(env: dict, token: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """JupyterLab (``env``: its dirs and config) serving /api/status with ``token`` on a free port:
+    (its process, its base URL). Fails the test, with the log's end, where it exits for another
+    reason than its port being taken, ``LAUNCHES`` times over that, or does not answer in 90 s."""
+    taken = []
+    for _ in range(LAUNCHES):
+        port = _free_port()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", f"--ServerApp.port={port}"], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                return proc, base
+            except OSError:  # (not listening yet, or another server there: not ours until ours answers)
+                time.sleep(0.3)
+        text = log_path.read_text(errors="replace")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pytest.fail("JupyterLab did not answer within 90 s:\n" + text[-3000:])
+        if f"port {port} is already in use" not in text.lower():
+            pytest.fail("JupyterLab did not start:\n" + text[-3000:])
+        taken.append(port)
+    pytest.fail(f"JupyterLab found its port taken at each of {LAUNCHES} launches ({taken}):\n" + text[-3000:])
+
+
 def _untrusted_notebook(path: Path) -> None:
     """A notebook as nbclient would save it: static outputs only, no signature (so untrusted)."""
     from lmnb_kernel.widgets import RunView, Tally
@@ -84,10 +117,9 @@ def lab(tmp_path, tiny_checkpoint_factory):
     root, cfg = tmp_path / "root", tmp_path / "cfg"
     (cfg / "labconfig").mkdir(parents=True)
     root.mkdir()
-    port, token = _free_port(), secrets.token_hex(16)
+    token = secrets.token_hex(16)
     (cfg / "jupyter_server_config.py").write_text(f"""
 c.ServerApp.ip = "127.0.0.1"
-c.ServerApp.port = {port}
 c.ServerApp.port_retries = 0
 c.ServerApp.open_browser = False
 c.ServerApp.allow_root = True
@@ -105,19 +137,8 @@ c.LabApp.workspaces_dir = {str(tmp_path / 'ws')!r}
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "IPYTHONDIR": str(tmp_path / "ipython"),
            "JUPYTER_PLATFORM_DIRS": "1", "OMP_NUM_THREADS": "1",
            "JUPYTER_PATH": str(tmp_path / "jp" / "share" / "jupyter"), "LMNB_MODEL": str(ckpt)}
-    log = open(tmp_path / "lab.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "jupyterlab"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _start_lab(env, token, tmp_path / "lab.log")
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-                time.sleep(0.3)
         yield base, token, root
     finally:
         proc.terminate()
@@ -125,7 +146,10 @@ c.LabApp.workspaces_dir = {str(tmp_path / 'ws')!r}
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
+
+
+DRIVER_TIMEOUT_S = 170
+STEP = "lab_driver step: "  # (lab_driver.js writes one such line to stderr as it begins each step)
 
 
 def test_lanes_cached_span_stop_and_tree_in_jupyterlab(lab, tmp_path):
@@ -139,8 +163,15 @@ def test_lanes_cached_span_stop_and_tree_in_jupyterlab(lab, tmp_path):
     config = {"base": base, "token": token, "notebook": "demo.ipynb", "untrusted": "saved.ipynb",
               "artifacts": str(ARTIFACTS), "chromium": CHROMIUM, "cells": {k: i for i, k in enumerate(CELLS)}}
     (tmp_path / "driver.json").write_text(json.dumps(config))
-    proc = subprocess.run(["node", str(HERE / "lab_driver.js"), str(tmp_path / "driver.json")],
-                          capture_output=True, text=True, timeout=170, cwd=HERE)
+    try:
+        proc = subprocess.run(["node", str(HERE / "lab_driver.js"), str(tmp_path / "driver.json")],
+                              capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S, cwd=HERE)
+    except subprocess.TimeoutExpired as e:  # (its output so far: bytes, text=True or not)
+        said = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        steps = [line for line in said.splitlines() if line.startswith(STEP)]
+        pytest.fail(f"lab_driver.js ran past {DRIVER_TIMEOUT_S} s, "
+                    f"{'in ' + steps[-1][len(STEP):] if steps else 'before its first step'}:\n{said[-3000:]}\n"
+                    + (tmp_path / "lab.log").read_text(errors="replace")[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["errors"] == [], seen["errors"][0] + "\n" + (tmp_path / "lab.log").read_text()[-3000:]
