@@ -268,21 +268,23 @@ def test_rows_that_could_not_reach_the_backend_are_not_blamed_on_the_input(tmp_p
     source, _ = export_notebook(notebook('question = "Why?"', "%%lm --temperature 0\nQ: {question}\nA:{gen answer "
                                          "max_tokens=4}"), "nb.ipynb", "job.py")
     (tmp_path / "job.py").write_text(source)
-    with socket.socket() as sock:  # a port nothing listens on
+    # a port nothing listens on, held by this socket (bound, never listening) so that no other process
+    # takes it meanwhile
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         gone = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}])
-    command = [tmp_path / "job.py", "--input", rows, "--output", tmp_path / "out.jsonl", "--backend", gone, "--openai",
-               "m", "--completion", "--api-key", "k", "--no-progress"]
-    code, err, _ = run_script(*command, model="unused")
-    assert code == 1
-    assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["error", "error"]
-    assert err.endswith(f"  2 rows failed because the backend could not be reached ({gone}/: APIConnectionError: "
-                        "Connection error.); once it answers, run the same command again with --retry-errors to "
-                        "rerun the failed rows (rows already done are kept)\n"), err
-    assert "fix the input" not in err
-    code, err, _ = run_script(*command, "--retry-errors", model="unused")  # (as it says: the same options take it)
-    assert code == 1 and "this run: 2 rows ran (0 ok, 2 failed), 0 bad input, 0 already done" in err, err
+        rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}])
+        command = [tmp_path / "job.py", "--input", rows, "--output", tmp_path / "out.jsonl", "--backend", gone, "--openai",
+                   "m", "--completion", "--api-key", "k", "--no-progress"]
+        code, err, _ = run_script(*command, model="unused")
+        assert code == 1
+        assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["error", "error"]
+        assert err.endswith(f"  2 rows failed because the backend could not be reached ({gone}/: APIConnectionError: "
+                            "Connection error.); once it answers, run the same command again with --retry-errors to "
+                            "rerun the failed rows (rows already done are kept)\n"), err
+        assert "fix the input" not in err
+        code, err, _ = run_script(*command, "--retry-errors", model="unused")  # (as it says: the same options take it)
+        assert code == 1 and "this run: 2 rows ran (0 ok, 2 failed), 0 bad input, 0 already done" in err, err
 
 
 def test_a_run_whose_rows_all_failed_shows_no_speed(tmp_path, capsys):

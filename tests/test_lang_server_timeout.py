@@ -104,16 +104,18 @@ def test_a_generate_or_a_stream_that_stalls_ends_with_the_same_error(stalling_ur
 def test_a_server_that_went_away_is_named_with_the_fix(stalling_url):
     # a stopped `lmnb serve` failed the next cell with only "ConnectError: [Errno 111] Connection refused"
     backend = lmnb.RuntimeEndpoint(stalling_url)
-    with socket.socket() as sock:  # a port nothing listens on
+    # a port nothing listens on, held by this socket (bound, never listening) so that no other process
+    # takes it meanwhile
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         gone = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    backend.base_url = backend.client.base_url = gone  # (as if the server had stopped)
-    # a BackendUnreachable: a batch job's summary then blames the server, not the rows' input
-    with pytest.raises(BackendUnreachable, match="^POST " + gone + "/generate stream: nothing answers at ") as e:
-        list(backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r1"))
-    assert "is the server running, and are the host and port right?" in str(e.value)
-    with pytest.raises(BackendUnreachable, match="^GET " + gone + "/get_model_info: nothing answers at "):
-        lmnb.RuntimeEndpoint(gone)
+        backend.base_url = backend.client.base_url = gone  # (as if the server had stopped)
+        # a BackendUnreachable: a batch job's summary then blames the server, not the rows' input
+        with pytest.raises(BackendUnreachable, match="^POST " + gone + "/generate stream: nothing answers at ") as e:
+            list(backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r1"))
+        assert "is the server running, and are the host and port right?" in str(e.value)
+        with pytest.raises(BackendUnreachable, match="^GET " + gone + "/get_model_info: nothing answers at "):
+            lmnb.RuntimeEndpoint(gone)
     backend.shutdown()
 
 

@@ -828,11 +828,12 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = served_url(server)
-        with socket.socket() as other:  # (once the server holds its port: never the server's)
-            other.bind(("127.0.0.1", 0))
-            closed = other.getsockname()[1]  # a port nothing listens on
         expected = greedy(ip, "Q: where\nA:", 5)
-        with separate_session(ip):
+        with socket.socket() as other, separate_session(ip):
+            # a port nothing listens on, held by this socket (bound, never listening) so that no other
+            # process takes it meanwhile; bound once the server holds its port: never the server's
+            other.bind(("127.0.0.1", 0))
+            closed = other.getsockname()[1]
             # ("default": the name docs/cli.md gives lmnb serve's model, which GET /v1/models does not list)
             for connect in (f"%lm connect {url}", f"%lm connect {url}/v1 --openai {tiny_llama} --completion",
                             f"%lm connect {url}/v1 --openai default --completion"):
