@@ -5,6 +5,7 @@ events have come already."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
@@ -19,6 +20,11 @@ from helpers_lang import serve_http
 
 @pytest.fixture
 def fast_url():
+    """A server whose stream sends its first event, then the rest once the consumer holds that one
+    (``held``, set by the test): the rest comes while the consumer holds the stream, read after it
+    as bytes of their own, where the backend checks the time since the last event."""
+    held = threading.Event()
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -40,21 +46,26 @@ def fast_url():
                 event = {"text": text, "meta_info": {"finish_reason": fin}}
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 self.wfile.flush()
+                held.wait(60)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
     with serve_http(Handler) as url:
-        yield url
+        yield url, held
 
 
 def test_slow_consumer_does_not_time_out_a_healthy_stream(fast_url):
-    # (the server's answers must come within the timeout: 0.3 s was tight for a loaded machine)
-    backend = lmnb.RuntimeEndpoint(fast_url, timeout=1.0)
+    # (the server's answers must come within the timeout: 0.3 s was tight for a loaded machine, 1 s
+    # left 0.7 s more; 5 s leaves any plausible pause)
+    url, held = fast_url
+    backend = lmnb.RuntimeEndpoint(url, timeout=5.0)
     try:
         out = []
         for delta, _ in backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=8), "r1"):
             out.append(delta)
-            time.sleep(1.2)  # the consumer, not the server, holds the stream
+            if len(out) == 1:
+                held.set()
+                time.sleep(5.1)  # the consumer, not the server, holds the stream, longer than the timeout
         assert "".join(out) == "Hello!"
     finally:
         backend.shutdown()
