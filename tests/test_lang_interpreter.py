@@ -1294,7 +1294,7 @@ def test_reading_a_variable_waits_for_it():
     release = threading.Event()
 
     def reply(p, params):
-        release.wait(5)
+        release.wait(60)  # (set by the test: a wait that ended first would let the read end too soon)
         return "late"
 
     be = ScriptedBackend(reply)
@@ -1310,7 +1310,7 @@ def test_reading_a_variable_waits_for_it():
     t.join(0.2)
     assert t.is_alive() and not got  # blocked while the gen runs
     release.set()
-    t.join(5)
+    t.join(60)
     assert got == ["late"]
 
 
@@ -1673,7 +1673,7 @@ def test_error_of_a_streamed_state_waits_for_the_body_as_sync_does():
     @sgl.function
     def prog(s):
         s += "Q: " + sgl.gen("a")
-        release.wait(5)
+        release.wait(60)  # (set by the test's timer: a wait that ended first would raise before it)
         raise RuntimeError("late failure")
 
     st = prog.run(backend=be, stream=True)
