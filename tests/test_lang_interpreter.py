@@ -40,6 +40,20 @@ def _interrupt_main_when(ready, timeout=30.0):
     thread.start()
     return thread
 
+
+def _main_thread_waits_in_lmnb() -> bool:
+    """Whether the main thread is blocked in a wait of the threading module (a Condition's or an
+    Event's) called from lmnb: where a read of a streamed state waits for its gen (not, say, in the
+    wait of Thread.start)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and not (frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__):
+        frame = frame.f_back
+    lmnb_dir = os.path.dirname(sgl.__file__) + os.sep
+    while frame is not None and not frame.f_code.co_filename.startswith(lmnb_dir):
+        frame = frame.f_back
+    return frame is not None
+
+
 CHATML = get_chat_template("chatml")
 
 
@@ -1697,12 +1711,13 @@ def test_ctrl_c_while_reading_a_streamed_state_aborts_its_requests(read):
     deadline = time.monotonic() + 30
     while not be.calls and time.monotonic() < deadline:  # (the gen is in flight: there is a request to abort)
         time.sleep(0.01)
-    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     # Python's own SIGINT handler, whatever one the process holds: once in a full CI run the
     # signal was swallowed (not reproduced since, with a per-test check of the handler)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        timer.start()
+        # (once this thread waits in the read: sent 0.3 s after the start, a loaded machine's pause
+        # before the read made the Ctrl-C land outside it, and the gen ran on its 60 s)
+        timer = _interrupt_main_when(_main_thread_waits_in_lmnb)
         with pytest.raises(KeyboardInterrupt):
             if read == "text_iter":
                 list(st.text_iter())
