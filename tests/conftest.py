@@ -47,6 +47,21 @@ def tiny_llama(tiny_checkpoint_factory):
     return tiny_checkpoint_factory("llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_long(tiny_llama, tmp_path_factory):
+    """``tiny_llama``'s files, its config declaring 16384 positions (512 there): a request of
+    thousands of new tokens that a test aborts cannot end first, however slow the machine (16000
+    tokens take over a minute to decode, where 400 took 1.7 s on a loaded machine)."""
+    import json
+    import shutil
+
+    path = tmp_path_factory.mktemp("long-context") / "llama"
+    shutil.copytree(tiny_llama, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16384}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_llama):
     """An in-process ``lmnb_engine.Engine`` on ``tiny_llama`` (8192 KV tokens), one per test module."""

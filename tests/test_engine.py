@@ -26,18 +26,9 @@ def engine(tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def long_context_engine(tiny_llama, tmp_path_factory):
-    """An engine on ``tiny_llama``'s weights declaring 16384 positions (its config: 512), with a KV
-    pool for one request of 16000 new tokens beside a short one: a request that cannot end before a
-    test aborts it, however slow the machine (~70 s of decoding where 400 tokens took 1.7 s)."""
-    import json
-    import shutil
-
-    path = tmp_path_factory.mktemp("long-context") / "llama"
-    shutil.copytree(tiny_llama, path)
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16384}))
-    with Engine(str(path), max_total_tokens=17000) as eng:
+def long_context_engine(tiny_llama_long):
+    """An engine on ``tiny_llama_long``, its KV pool one request of 16000 new tokens beside a short one."""
+    with Engine(str(tiny_llama_long), max_total_tokens=17000) as eng:
         yield eng
 
 

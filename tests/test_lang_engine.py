@@ -489,14 +489,16 @@ def test_abort_reaches_fork_branches(backend, monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_aborting_a_state_whose_request_release_fails_still_aborts_every_branch(tiny_llama, monkeypatch):
+def test_aborting_a_state_whose_request_release_fails_still_aborts_every_branch(tiny_llama_long, monkeypatch):
     """The engine raising from abort (a request whose release failed) raised out of s.abort(): the
     state's other fork branches were never aborted, and the ProgramAborted listed none of them."""
     from lmnb_engine import Engine
 
     from tests.helpers_engine import assert_idle_accounting
 
-    with Engine(str(tiny_llama), max_total_tokens=1024) as eng:
+    # (every branch must still run at the abort: with 400 tokens a branch could end before the
+    # last one began on a loaded machine, and the wait for 3 running requests below never ended)
+    with Engine(str(tiny_llama_long), max_total_tokens=3 * 16100) as eng:
         release = eng.scheduler._release
         calls = []
 
@@ -510,7 +512,7 @@ def test_aborting_a_state_whose_request_release_fails_still_aborts_every_branch(
         def prog(s):
             s += "Q:"
             forks = s.fork(3)
-            forks += sgl.gen("x", max_tokens=400, ignore_eos=True)
+            forks += sgl.gen("x", max_tokens=16000, ignore_eos=True)
             forks.join()
 
         st = prog.run(backend=sgl.Engine(engine=eng), stream=True, temperature=0)
