@@ -278,6 +278,19 @@ def derived_seed(seed: int, path: tuple) -> int:
     return random.Random(f"{seed}:{path}").randrange(2**62)
 
 
+def _select_requests(meta: dict) -> list[dict]:
+    """The requests a select's decision ``meta`` (``choices._meta``'s keys) tells of, as a gen's
+    meta_info: the prompt's own prefill (``prompt_prefill``), where the backend made one, then one
+    scoring request per choice of ``prefix_len`` + its scored tokens (``cached_tokens`` of them
+    from the cache), the prompt tokens a decided select's ``var`` event is counted by."""
+    prefill = meta.get("prompt_prefill")
+    requests = [dict(prefill)] if isinstance(prefill, dict) else []
+    for prefix, scored, cached in zip(meta.get("prefix_len", []), meta.get("input_token_logprobs", []),
+                                      meta.get("cached_tokens", [])):
+        requests.append({"prompt_tokens": int(prefix) + len(scored), "cached_tokens": int(cached or 0)})
+    return requests
+
+
 def _constraint(params: GenParams) -> Optional[dict]:
     """The output constraint of a resolved gen (a dtype's regex included), for ``var`` events."""
     if params.regex is None and params.json_schema is None:
@@ -1235,7 +1248,7 @@ class StreamExecutor:
         # seed_path, as a gen's seed: a second fork's branch k samples anew, not as the first fork's did
         rng = None if seed is None else random.Random(f"{seed}:{self.seed_path}:{len(self.text_)}:{expr.choices}")
         decision = method.decide(expr.choices, scored, expr.temperature, rng)
-        self._append(decision.decision, "select", expr.name)
+        self._append_made(decision.decision, "select", expr.name, _select_requests(decision.meta_info))
         self._finish_var(expr.name, decision.decision, decision.meta_info)
 
     def _execute_role_begin(self, role: str) -> None:

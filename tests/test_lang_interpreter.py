@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -2643,6 +2644,62 @@ def test_an_abort_right_before_text_is_appended_drops_it_as_a_streamed_delta_is(
     error = st.error()
     assert type(error) is sgl.ProgramAborted
     assert told == [] and error.partial_text == "" and st.stream_executor.text_ == ""
+
+
+class _PrefilledScores(ScriptedBackend):
+    """Scores each choice after a prefill of the prompt alone (4 tokens, 1 cached), as the in-process
+    engine does, with 2 cached tokens for choice 0's scoring request and 1 for the others'."""
+
+    def score_choices(self, prompt, choices, unconditional, rid):
+        prefill = {"id": "pre", "prompt_tokens": 4, "cached_tokens": 1, "completion_tokens": 0,
+                   "finish_reason": {"type": "length"}}
+        return [dataclasses.replace(c, cached_tokens=2 if i == 0 else 1, prompt_meta=prefill)
+                for i, c in enumerate(super().score_choices(prompt, choices, unconditional, rid))]
+
+
+def test_a_select_whose_text_an_abort_drops_still_reports_its_requests_as_stopped():
+    """A select whose text an abort dropped (e37e715: it came after the choices were scored, before
+    the chosen one was added) reported none of its requests, where a dropped gen's are reported as
+    stopped (unnamed ``var`` events with their prompt counts and an abort finish reason), so the
+    cell's summary and the batch records lost its prompt tokens. Each is now reported so: the
+    prompt's prefill (4 tokens, 1 cached) and one scoring request per choice, the prompt "Q:" (2
+    tokens here, a character each) and the choice's scored tokens: 2 + 1 = 3 for "x", 2 + 2 = 4
+    for "yz", and a row's record counts them as the decided select's (4 + 3 + 4 = 11 prompt
+    tokens, 1 + 2 + 1 = 4 cached). The abort is made to come at the first release of the state's
+    lock once the choices were scored."""
+    from lmnb.batch.record import RowRecorder
+
+    be = _PrefilledScores(lambda p, params: "", choice_scores=lambda p, c: ([0.0] * len(c), None))
+
+    def run(abort):
+        events, record = [], RowRecorder()
+
+        def listen(ev):
+            if ev.kind == "state" and abort:
+                ex = ev.value
+                ex._cv = threading.Condition(_LockWithAHook(lambda: "score" in be.kinds(), ex.abort))
+            events.append(ev)
+            record(ev)
+
+        @sgl.function
+        def prog(s):
+            s += "Q:" + sgl.select("a", choices=["x", "yz"])
+
+        be.calls.clear()
+        with sgl.observe(listen):
+            st = prog.run(backend=be)
+        return st, [(e.name, e.meta_info) for e in events if e.kind == "var"], record.tokens
+
+    st, reported, tokens = run(abort=True)
+    assert type(st.error()) is sgl.ProgramAborted and st.error().partial_text == "Q:"
+    stopped = {"completion_tokens": 0, "finish_reason": {"type": "abort", "message": "the program state was aborted"}}
+    assert reported == [(None, {"id": "pre", "prompt_tokens": 4, "cached_tokens": 1, **stopped}),
+                        (None, {"prompt_tokens": 3, "cached_tokens": 2, **stopped}),
+                        (None, {"prompt_tokens": 4, "cached_tokens": 1, **stopped})]
+    assert tokens == {"prompt": 11, "cached": 4, "completion": 0}
+    st, reported, tokens = run(abort=False)  # (the decided select, counted by its own var event)
+    assert st["a"] == "x" and [name for name, _ in reported] == ["a"]
+    assert tokens == {"prompt": 11, "cached": 4, "completion": 0}
 
 
 class _Counted(ScriptedBackend):
