@@ -28,7 +28,7 @@ from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
 from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, past_context,
-                                python_value)
+                                python_value, shorten_fix)
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req, kv_to_finish
 from lmnb_engine.sampler import min_new_tokens_conflict
@@ -772,7 +772,8 @@ class Engine:
         # only where it fits beside no prompt
         if n > self.context_len:
             raise ValueError(past_context(f"{prompt} exceeds the model's context length of {self.context_len} "
-                                          f"tokens{self._window_note()}", params.max_new_tokens, self.context_len))
+                                          f"tokens{self._window_note()}", params.max_new_tokens, self.context_len,
+                                          prompt_len=n))
         if n + params.max_new_tokens > self.context_len:
             # max_new_tokens the context's length or more fits beside no prompt: shortening it is no
             # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large");
@@ -790,8 +791,7 @@ class Engine:
             fix = (f"lower max_new_tokens to at most {room}" if alone else
                    both_fix(self.context_len) if no_prompt_fits else
                    f"{shorten} or lower max_new_tokens to at most {room}" if room > 0 else
-                   f"{shorten}, or lower max_new_tokens to N and shorten the prompt by at least N tokens" if m > 1 else
-                   shorten)
+                   shorten_fix(0, m))
             error = does_not_fit(ValueError(
                 f"{prompt} + max_new_tokens={m} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; {fix}"))
@@ -800,15 +800,27 @@ class Engine:
             raise error
         # (option_error: max_total_tokens is the engine's option, which each front end names its own way,
         # or not at all: a server's client cannot size its KV pool; max_new_tokens is the request's field)
-        pool = self.runner.max_total_tokens
-        if n > pool:
-            raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens",
-                               ("raise {}", "max_total_tokens", None), ("shorten the prompt",))
-        # (the slots it holds once finished, as the scheduler counts them: 80 + 21 new tokens fit 100)
-        if kv_to_finish(n, params.max_new_tokens) > pool:
-            raise does_not_fit(option_error(
-                ValueError, f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV pool of {pool} "
-                "tokens", ("raise {}", "max_total_tokens", None), ("lower max_new_tokens",)))
+        # The fixes come with their numbers, as the context's (they gave none): the pool the request
+        # needs, and what fits it. It holds the slots of the request once finished, as the scheduler
+        # counts them, a slot per token but the last sampled (80 + 21 new tokens fit 100), so a
+        # pool of P tokens holds a prompt and its new tokens as a context of P + 1 would (one new
+        # token, or none, costs none), and a prompt of P + 1 or more is refused as one past it is.
+        pool, m = self.runner.max_total_tokens, params.max_new_tokens
+        slots = kv_to_finish(n, m)
+        if slots > pool:
+            grow = (f"raise {{}} to at least {slots}", "max_total_tokens", None)
+            room = pool + 1 - n
+            if room < 1:  # the prompt alone does not fit: shortening it is a fix, fewer new tokens only a help
+                fix = shorten_fix(n - pool - 1, max(m, 1), alone=m <= pool)
+                raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens", grow, (fix,))
+            # (m <= pool: the prompt shortened by what it lacks keeps a token at least)
+            fix = (f"shorten the prompt by at least {slots - pool} token{'s' * (slots - pool != 1)} or " * (m <= pool)
+                   + f"lower max_new_tokens to at most {room}")
+            error = does_not_fit(option_error(
+                ValueError, f"{prompt} + max_new_tokens={m} does not fit the KV pool of {pool} tokens", grow, (fix,)))
+            if m > pool:
+                error.field = "max_new_tokens"  # (lowering it is the request's one fix, as for the context)
+            raise error
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
 

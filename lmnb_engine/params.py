@@ -112,17 +112,35 @@ def does_not_fit(e: BaseException) -> BaseException:
 
 
 def past_context(said: str, max_new_tokens: Any, context_len: int, noun: str = "prompt",
-                 field: str = "max_new_tokens", template_tokens: int = 1) -> str:
+                 field: str = "max_new_tokens", template_tokens: int = 1, prompt_len: Optional[int] = None) -> str:
     """The refusal of a prompt longer than the context, ``said`` ("prompt of 600 tokens exceeds
-    the model's context length of 512 tokens"), with its fix: shorten the ``noun``; and, in the
+    the model's context length of 512 tokens"), with its fix: shorten the ``noun``, by how much
+    where it was counted (``prompt_len`` tokens: ``shorten_fix``, so that it fits beside its
+    ``max_new_tokens``, which the shortened prompt else met as a second refusal); and, in the
     same message, lower ``max_new_tokens`` (the request's ``field``) where it leaves no room for
-    the shortest prompt (``template_tokens`` long: one token, or a chat template's own tokens),
-    which the shortened prompt then met as a second refusal. A ``max_new_tokens`` that is no
-    positive integer is left to its own check."""
+    the shortest prompt (``template_tokens`` long: one token, or a chat template's own tokens).
+    A ``max_new_tokens`` that is no positive integer is left to its own check."""
     if not isinstance(max_new_tokens, int) or max_new_tokens + template_tokens <= context_len:
-        return f"{said}; shorten the {noun}"
+        if prompt_len is None or not isinstance(max_new_tokens, int):
+            return f"{said}; shorten the {noun}"
+        return f"{said}; {shorten_fix(prompt_len - context_len, max_new_tokens, noun, field)}"
     room = "any prompt" if template_tokens <= 1 else f"the {noun} (the chat template alone takes {template_tokens} tokens)"
     return f"{said}, and {field}={max_new_tokens} leaves no room for {room}; {both_fix(context_len, noun, field)}"
+
+
+def shorten_fix(excess: int, max_new_tokens: int, noun: str = "prompt", field: str = "max_new_tokens",
+                alone: bool = True) -> str:
+    """The fix of a prompt (the request's ``noun``) ``excess`` tokens longer than the most that
+    leaves room for no new token (0: one that fills the context), beside ``max_new_tokens`` (the
+    request's ``field``): shorten it by ``excess + max_new_tokens`` tokens, or (where
+    ``max_new_tokens`` is more than 1) lower ``max_new_tokens`` to N and shorten it by
+    ``excess + N``: "shorten the prompt by at least 108 tokens, or lower max_new_tokens to N and
+    shorten the prompt by at least 88 + N tokens". ``alone`` False: the first leaves no prompt (a
+    ``max_new_tokens`` that fits beside none), so only the second is said."""
+    over = excess + max_new_tokens
+    shorten = f"shorten the {noun} by at least {over} token{'s' * (over != 1)}"
+    by = f"lower {field} to N and shorten the {noun} by at least {f'{excess} + N' if excess else 'N'} tokens"
+    return by if not alone else shorten if max_new_tokens <= 1 else f"{shorten}, or {by}"
 
 
 def both_fix(context_len: int, noun: str = "prompt", field: str = "max_new_tokens") -> str:

@@ -98,9 +98,17 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ([5] * 511, GREEDY.copy(max_new_tokens=2), r"length of 512 tokens; shorten the prompt by at least 1 token or "
                                                    r"lower max_new_tokens to at most 1$"),
         # a prompt too long alone (a select's or fork's prefill asks for no new tokens): the fix is
-        # not "lower max_new_tokens=0"
+        # not "lower max_new_tokens=0", and it comes with its number (it said "shorten the prompt"):
+        # 600 - 512 = 88 tokens too many
         ([5] * 600, GREEDY.copy(max_new_tokens=0),
-         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt$"),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 88 "
+         r"tokens$"),
+        # beside new tokens, so that the shortened prompt fits beside them too (it met a second
+        # refusal): 600 + 20 - 512 = 108 tokens, or 88 + N beside N new ones; 88 + 1 beside one
+        ([5] * 600, GREEDY.copy(max_new_tokens=20),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 108 "
+         r"tokens, or lower max_new_tokens to N and shorten the prompt by at least 88 \+ N tokens$"),
+        ([5] * 600, GREEDY.copy(max_new_tokens=1), r"length of 512 tokens; shorten the prompt by at least 89 tokens$"),
         ([5] * 10, GREEDY.copy(max_new_tokens=600), "context length"),
         ([5], GREEDY.copy(max_new_tokens=600), r"^prompt of 1 token \+ max_new_tokens=600 exceeds"),
         # a max_new_tokens no prompt fits beside, but a prompt that fills the context: not "at most 0",
@@ -121,8 +129,9 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
          r"^prompt of 600 tokens exceeds the model's context length of 512 tokens, and max_new_tokens=512 leaves no room "
          r"for any prompt; shorten the prompt and lower max_new_tokens, so that the prompt's tokens and max_new_tokens "
          r"together fit 512$"),
-        ([5] * 600, GREEDY.copy(max_new_tokens=511),
-         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt$"),
+        ([5] * 600, GREEDY.copy(max_new_tokens=511),  # (600 + 511 - 512 = 599: a prompt of 1 token is left)
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 599 "
+         r"tokens, or lower max_new_tokens to N and shorten the prompt by at least 88 \+ N tokens$"),
         ([5] * 10, GREEDY.copy(temperature=-1.0), "temperature"),
         ([5] * 10, GREEDY.copy(top_p=0.0), "top_p"),
         ([5] * 10, GREEDY.copy(n=0), "SamplingParams.n"),
@@ -148,6 +157,23 @@ def test_a_prompt_that_fills_the_context_is_told_how_much_to_shorten_and_that_fi
     for cut in (3, 2):
         out = engine.generate([5] * (engine.context_len - cut), SamplingParams(max_new_tokens=cut, ignore_eos=True))
         assert len(out.token_ids) == cut
+
+
+def test_a_prompt_past_the_context_is_told_how_much_to_shorten_and_each_fix_fits(engine):
+    """A prompt of 600 tokens (context 512) beside max_new_tokens=20 was told "shorten the prompt"
+    with no size, and a prompt shortened to fit alone met a second refusal for its max_new_tokens:
+    it is told to cut 108 = 600 + 20 - 512 tokens, or 88 + N beside N new tokens (88 = 600 - 512),
+    and each fits where one token less cut does not (N = 5: a prompt of 600 - 93 = 507 tokens)."""
+    with pytest.raises(ValueError) as e:
+        engine.generate([5] * 600, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    assert str(e.value) == ("prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt "
+                            "by at least 108 tokens, or lower max_new_tokens to N and shorten the prompt by at least "
+                            "88 + N tokens")
+    assert len(engine.generate([5] * 492, SamplingParams(max_new_tokens=20, ignore_eos=True)).token_ids) == 20
+    assert len(engine.generate([5] * 507, SamplingParams(max_new_tokens=5, ignore_eos=True)).token_ids) == 5
+    for prompt, new in ((493, 20), (508, 5)):
+        with pytest.raises(ValueError, match="exceeds the model's context length"):
+            engine.generate([5] * prompt, SamplingParams(max_new_tokens=new, ignore_eos=True))
 
 
 def test_a_prompt_that_leaves_some_room_is_told_both_fixes_and_each_fits(engine):
@@ -286,12 +312,15 @@ def test_a_request_too_large_for_the_kv_pool_names_the_engine_arguments_that_fix
     with Engine(str(tiny_llama), max_total_tokens=32) as eng:
         with pytest.raises(ValueError) as e:
             eng.generate([5] * 40, GREEDY.copy(max_new_tokens=1))
-        assert str(e.value) == ("prompt of 40 tokens does not fit the KV pool of 32 tokens; raise max_total_tokens, or "
-                                "shorten the prompt")
+        # (each fix with its number: 40 slots, 8 = 40 - 32 too many)
+        assert str(e.value) == ("prompt of 40 tokens does not fit the KV pool of 32 tokens; raise max_total_tokens to "
+                                "at least 40, or shorten the prompt by at least 8 tokens")
         with pytest.raises(ValueError) as e:
             eng.generate([5] * 10, GREEDY.copy(max_new_tokens=30))
+        # (10 + 29 = 39 slots, the last new token takes none: 7 too many; 32 - 10 + 1 = 23 new tokens fit)
         assert str(e.value) == ("prompt of 10 tokens + max_new_tokens=30 does not fit the KV pool of 32 tokens; raise "
-                                "max_total_tokens, or lower max_new_tokens")
+                                "max_total_tokens to at least 39, or shorten the prompt by at least 7 tokens or lower "
+                                "max_new_tokens to at most 23")
 
         @lmnb.function
         def prog(s):
@@ -299,7 +328,8 @@ def test_a_request_too_large_for_the_kv_pool_names_the_engine_arguments_that_fix
 
         assert str(prog.run(backend=lmnb.Engine(engine=eng)).error()) == (
             "Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; "
-            "raise max_total_tokens, or lower max_tokens")
+            "raise max_total_tokens to at least 39, or shorten the prompt by at least 7 tokens or lower max_tokens to "
+            "at most 23")
 
         @lmnb.function
         def default(s):
@@ -308,7 +338,8 @@ def test_a_request_too_large_for_the_kv_pool_names_the_engine_arguments_that_fix
         # a gen without max_tokens: the 30 is the run's, which the message says, as for the context length
         assert str(default.run(backend=lmnb.Engine(engine=eng), max_new_tokens=30).error()) == (
             "Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; "
-            "raise max_total_tokens, or lower max_tokens (the gen has no max_tokens of its own and took "
+            "raise max_total_tokens to at least 39, or shorten the prompt by at least 7 tokens or lower max_tokens to "
+            "at most 23 (the gen has no max_tokens of its own and took "
             "run(max_new_tokens=30): give it its own max_tokens=N, or lower that)")
 
 
@@ -330,12 +361,63 @@ def test_a_request_that_fills_the_kv_pool_exactly_is_accepted_and_finishes(tiny_
         with pytest.raises(ValueError) as e:
             eng.generate(prompt, GREEDY.copy(max_new_tokens=22))  # 80 + 21 = 101 slots
         assert str(e.value) == ("prompt of 80 tokens + max_new_tokens=22 does not fit the KV pool of 100 tokens; raise "
-                                "max_total_tokens, or lower max_new_tokens")
+                                "max_total_tokens to at least 101, or shorten the prompt by at least 1 token or lower "
+                                "max_new_tokens to at most 21")
         with pytest.raises(ValueError) as e:
             eng.generate(long_prompt + [3], GREEDY.copy(max_new_tokens=1))
-        assert str(e.value) == ("prompt of 101 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens, "
-                                "or shorten the prompt")
+        assert str(e.value) == ("prompt of 101 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens to "
+                                "at least 101, or shorten the prompt by at least 1 token")
         assert_idle_accounting(eng)
+
+def test_a_request_too_large_for_the_kv_pool_is_told_each_fixs_number_and_each_fits(tiny_llama):
+    """The pool's refusals gave no numbers ("raise max_total_tokens, or lower max_new_tokens"), as
+    the context's did before: each fix has its number now, worked out as the pool counts slots, one
+    per token but the last sampled. A pool of 100 and 80 prompt tokens + 30 new need 80 + 29 = 109
+    slots: 9 too many, and 100 - 80 + 1 = 21 new tokens fit; each fix fits where one token less
+    does not. A prompt of 120 needs 120 + 29 = 149: 49 too many, or 19 + N beside N new tokens
+    (120 - 100 - 1 = 19: 100 tokens beside one new one fit). Beside 200 new tokens, which fit beside
+    no prompt, shortening is no fix, and lowering them is the request's one (its ``field``, which
+    lmnb serve's error names), or with a prompt too long itself the two together."""
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=100) as eng:
+        def refused(n, m):
+            with pytest.raises(ValueError) as e:
+                eng.generate([5] * n, SamplingParams(max_new_tokens=m, ignore_eos=True))
+            return e.value
+
+        def fits(n, m):
+            return len(eng.generate([5] * n, SamplingParams(max_new_tokens=m, ignore_eos=True)).token_ids) == m
+
+        e = refused(80, 30)
+        assert str(e) == ("prompt of 80 tokens + max_new_tokens=30 does not fit the KV pool of 100 tokens; raise "
+                          "max_total_tokens to at least 109, or shorten the prompt by at least 9 tokens or lower "
+                          "max_new_tokens to at most 21")
+        assert e.reason == "does_not_fit" and getattr(e, "field", None) is None
+        assert fits(71, 30) and fits(80, 21)
+        for n, m in ((72, 30), (80, 22)):
+            refused(n, m)
+        e = refused(120, 30)
+        assert str(e) == ("prompt of 120 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens to at "
+                          "least 149, or shorten the prompt by at least 49 tokens, or lower max_new_tokens to N and "
+                          "shorten the prompt by at least 19 + N tokens")
+        assert getattr(e, "reason", None) is None  # (the prompt does not fit alone: as one past the context)
+        assert fits(71, 30) and fits(100, 1) and fits(95, 6)
+        for n, m in ((101, 1), (96, 6)):
+            refused(n, m)
+        e = refused(40, 200)
+        assert str(e) == ("prompt of 40 tokens + max_new_tokens=200 does not fit the KV pool of 100 tokens; raise "
+                          "max_total_tokens to at least 239, or lower max_new_tokens to at most 61")
+        assert (e.reason, e.field) == ("does_not_fit", "max_new_tokens")
+        assert fits(40, 61)
+        refused(40, 62)
+        assert str(refused(120, 200)) == (
+            "prompt of 120 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens to at least 319, or "
+            "lower max_new_tokens to N and shorten the prompt by at least 19 + N tokens")
+        assert_idle_accounting(eng)
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=109) as eng:  # the pool it is told to take
+        assert len(eng.generate([5] * 80, SamplingParams(max_new_tokens=30, ignore_eos=True)).token_ids) == 30
+        with pytest.raises(ValueError, match="raise max_total_tokens to at least 110"):
+            eng.generate([5] * 80, SamplingParams(max_new_tokens=31, ignore_eos=True))
+
 
 def test_a_load_error_survives_pickling_with_its_fixes(tiny_llama):
     """(A tensor-parallel worker's error crosses a process boundary.)"""

@@ -708,9 +708,12 @@ def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_re
         s += q + sgl.gen("a", max_tokens=2)
 
     states = prog.run_batch([{"q": "a"}, {"q": "b"}], backend=backend)
+    # (by how much, beside the gen's 2 new tokens: 1200 + 2 - 512 = 690, or 1200 - 512 = 688 + N beside N)
+    assert (n, tiny_engine.context_len) == (1200, 512)
     assert [str(st.error()) for st in states] == [
-        f"Gen('a') failed: ValueError: prompt of {n} tokens exceeds the model's context length of "
-        f"{tiny_engine.context_len} tokens; shorten the prompt"] * 2
+        "Gen('a') failed: ValueError: prompt of 1200 tokens exceeds the model's context length of 512 tokens; shorten "
+        "the prompt by at least 690 tokens, or lower max_tokens to N and shorten the prompt by at least 688 + N "
+        "tokens"] * 2
 
 
 def test_cache_of_a_prefix_too_long_for_the_model_says_prefix(backend, hf, tiny_engine):
@@ -726,8 +729,10 @@ def test_cache_of_a_prefix_too_long_for_the_model_says_prefix(backend, hf, tiny_
 
     with pytest.raises(ValueError) as e:
         prog.cache(backend=backend)
-    assert str(e.value) == (f"cache() could not prefill the program's constant prefix: prefix of {n} tokens exceeds "
-                            f"the model's context length of {tiny_engine.context_len} tokens; shorten the prefix")
+    # (a prefill samples no token: by 1200 - 512 = 688 tokens)
+    assert (n, tiny_engine.context_len) == (1200, 512)
+    assert str(e.value) == ("cache() could not prefill the program's constant prefix: prefix of 1200 tokens exceeds "
+                            "the model's context length of 512 tokens; shorten the prefix by at least 688 tokens")
 
 
 def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):
@@ -1274,9 +1279,10 @@ def test_a_select_choice_that_overflows_the_context_is_named_not_the_prompt(back
         s += prompt + sgl.select("c", choices=["a", long])
 
     err = str(prog.run(backend=backend).error())
-    assert (f"select choice {long[:30]!r}... makes the prompt {len(encode(prompt + long))} tokens "
-            f"({len(encode(prompt))} without it), more than the model's context length of {limit} tokens; shorten "
-            "the prompt or the choice") in err
+    # (by how much: what the prompt and the choice hold past the context, 590 - 512 = 78 tokens)
+    assert (len(encode(prompt)), len(encode(prompt + long)), limit) == (510, 590, 512)
+    assert (f"select choice {long[:30]!r}... makes the prompt 590 tokens (510 without it), more than the model's "
+            "context length of 512 tokens; shorten the prompt or the choice, by at least 78 tokens between them") in err
 
 
 def test_a_kv_pool_too_small_for_a_default_gen_is_refused_and_its_engine_shut_down(tiny_llama):

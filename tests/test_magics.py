@@ -492,12 +492,17 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
 
     assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 160")[0].success
     try:
-        assert ("prompt of 170 tokens does not fit the KV pool of 160 tokens; raise %lm load's --max-total-tokens, or "
-                "shorten the prompt\n") in cell_failure("%%lm\n" + "w" * 170 + "{gen x max_tokens=4}")
+        # (each fix with its number: 170 + 3 = 173 slots, 13 too many, or 9 + N beside N new tokens (170 - 161);
+        # 10 + 159 = 169, 9 too many, and 160 - 10 + 1 = 151 new tokens fit)
+        assert ("prompt of 170 tokens does not fit the KV pool of 160 tokens; raise %lm load's --max-total-tokens to at "
+                "least 173, or shorten the prompt by at least 13 tokens, or lower max_tokens to N and shorten the prompt "
+                "by at least 9 + N tokens\n") in cell_failure("%%lm\n" + "w" * 170 + "{gen x max_tokens=4}")
         assert ("prompt of 10 tokens + max_tokens=160 does not fit the KV pool of 160 tokens; raise %lm load's "
-                "--max-total-tokens, or lower max_tokens\n") in cell_failure("%%lm\n" + "w" * 10 + "{gen x max_tokens=160}")
+                "--max-total-tokens to at least 169, or shorten the prompt by at least 9 tokens or lower max_tokens to at "
+                "most 151\n") in cell_failure("%%lm\n" + "w" * 10 + "{gen x max_tokens=160}")
         assert ("makes the prompt 170 tokens (10 without it), more than the KV pool of 160 tokens; shorten the prompt or "
-                "the choice, or raise %lm load's --max-total-tokens\n") in cell_failure(
+                "the choice, by at least 10 tokens between them, or raise %lm load's --max-total-tokens to at least 170\n"
+                ) in cell_failure(
                     "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 160 + "']}")
         # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise; as the
         # request arrives where its prompt does not fit, 11 slots with 10 not pinned)
@@ -531,7 +536,8 @@ def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
     try:
         assert run(ip, "%%lm --state too_big\n" + "w" * 170)[0].success
         assert ("could not pin state 'too_big': prompt of 170 tokens does not fit the KV pool of 160 tokens; raise %lm "
-                "load's --max-total-tokens, or shorten the prompt\n") in pin_failure("too_big")
+                "load's --max-total-tokens to at least 170, or shorten the prompt by at least 10 tokens\n"
+                ) in pin_failure("too_big")
         # (150 pinned leave 10 slots, fewer than the 20 tokens of the next state's prefill)
         assert run(ip, "%%lm --state pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pinned")[0].success
         assert run(ip, "%%lm --state kept_out\n" + "v" * 20)[0].success

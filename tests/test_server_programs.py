@@ -1107,6 +1107,33 @@ def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(ba
             f"the messages by at least 3 tokens, or lower {name} to N and shorten the messages by at least N tokens"), r.text
 
 
+def test_a_prompt_past_the_context_is_told_by_how_much_to_shorten_it_in_each_routes_words(backends, engines):
+    """A counted prompt past the context was told "shorten the prompt" (the messages) with no size,
+    and one shortened to fit alone met a second refusal for its max_tokens: it is told by how much
+    beside its max_tokens, or beside a lower one, as the engine API is (test_engine_errors). A
+    prompt of 600 ids beside max_tokens=20: 600 + 20 - 512 = 108 tokens, or 88 + N (600 - 512);
+    messages whose prompt is 8 tokens past the context beside max_completion_tokens=5: 13, or 8 + N."""
+    import httpx
+
+    url, engine = backends[2], engines[1]
+    assert engine.context_len == 512
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5] * 600, "max_tokens": 20}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 108 "
+        "tokens, or lower max_tokens to N and shorten the prompt by at least 88 + N tokens"), r.text
+
+    def chat_len(content: str) -> int:
+        text = engine.apply_chat_template([{"role": "user", "content": content}])
+        return len(engine.encode(text, add_special_tokens=False))
+
+    content = next(c for k in range(600) if chat_len(c := "hi " * k) == 520)  # (8 tokens past the context)
+    r = httpx.post(url + "/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": content}], "max_completion_tokens": 5}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "prompt of 520 tokens exceeds the model's context length of 512 tokens; shorten the messages by at least 13 "
+        "tokens, or lower max_completion_tokens to N and shorten the messages by at least 8 + N tokens"), r.text
+
+
 def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt_fits_beside(backends, engines):
     """/generate with a text certainly past the context (refused before it is encoded) beside a
     max_new_tokens the context's length: it was told "...; shorten the prompt" alone, and the
@@ -1151,8 +1178,11 @@ def test_generate_names_the_prompt_field_sent_in_the_engines_refusals(backends, 
         r = httpx.post(url + "/generate", json={"text": text * 2, "sampling_params": {"max_new_tokens": 20}, **extra},
                        timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
+        # (by how much: 1000 + 20 - 512 = 508 tokens, or 1000 - 512 = 488 + N beside N new ones)
         assert r.json()["error"]["message"] == ("prompt of 1000 tokens exceeds the model's context length of 512 "
-                                                "tokens; shorten the text"), r.text
+                                                "tokens; shorten the text by at least 508 tokens, or lower "
+                                                "max_new_tokens to N and shorten the text by at least 488 + N "
+                                                "tokens"), r.text
 
 
 def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):

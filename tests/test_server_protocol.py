@@ -3055,16 +3055,26 @@ def test_a_request_too_large_for_the_kv_pool_says_the_servers_cache_is_too_small
 
     with Engine(str(tiny_llama), device="cpu", max_total_tokens=32) as engine, \
             live_server(engine, served_model_name="x") as url:
+        # each fix with its number, as the engine's (test_engine_errors): 40 - 32 = 8 tokens too many; 10 + 29
+        # = 39 slots (the last new token takes none), 7 too many, and 32 - 10 + 1 = 23 new tokens fit
         r = _post(url, "/generate", {"text": "w" * 40, "sampling_params": {"max_new_tokens": 1}})
         assert r.status_code == 400 and r.json()["error"]["message"] == (
-            "prompt of 40 tokens does not fit the server's KV cache of 32 tokens; shorten the prompt"), r.text
+            "prompt of 40 tokens does not fit the server's KV cache of 32 tokens; shorten the text by at least 8 "
+            "tokens"), r.text
         r = _post(url, "/generate", {"text": "w" * 10, "sampling_params": {"max_new_tokens": 30}})
         assert r.status_code == 400 and r.json()["error"]["message"] == (
-            "prompt of 10 tokens + max_new_tokens=30 does not fit the server's KV cache of 32 tokens; lower "
-            "max_new_tokens"), r.text
+            "prompt of 10 tokens + max_new_tokens=30 does not fit the server's KV cache of 32 tokens; shorten the "
+            "text by at least 7 tokens or lower max_new_tokens to at most 23"), r.text
         r = _post(url, "/v1/completions", {"model": "x", "prompt": "w" * 10, "max_tokens": 30})
         assert r.status_code == 400 and r.json()["error"]["message"] == (
-            "prompt of 10 tokens + max_tokens=30 does not fit the server's KV cache of 32 tokens; lower max_tokens"), r.text
+            "prompt of 10 tokens + max_tokens=30 does not fit the server's KV cache of 32 tokens; shorten the prompt "
+            "by at least 7 tokens or lower max_tokens to at most 23"), r.text
+        # 40 new tokens fit beside no prompt (5 + 39 = 44 slots): lowering them is the one fix, and the field's
+        r = _post(url, "/generate", {"text": "w" * 5, "sampling_params": {"max_new_tokens": 40}})
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "prompt of 5 tokens + max_new_tokens=40 does not fit the server's KV cache of 32 tokens; lower "
+                       "max_new_tokens to at most 28", "type": "invalid_request_error",
+            "param": "sampling_params.max_new_tokens", "code": 400, "reason": "does_not_fit"}, r.text
 
 
 def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_that_reason(tiny_llama):

@@ -544,16 +544,20 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
     def _check_choice_lengths(self, choices: Sequence[str], ids: list, prompt_len: int) -> None:
         """Raise ``ValueError`` naming the choice whose prompt + choice tokens do not fit the
-        context or the KV pool: the engine's own message blamed the prompt, which fits alone."""
+        context or the KV pool: the engine's own message blamed the prompt, which fits alone. The
+        fixes come with their numbers, as the engine's (a scoring request samples no token)."""
         info = self.engine.model_info()
         for c, c_ids in zip(choices, ids):
+            n = len(c_ids)
             for what, limit, fixes in (("the model's context length", info["context_len"], ()),
-                                       ("the KV pool", info["max_total_tokens"], (("raise {}", "max_total_tokens", None),))):
-                if len(c_ids) > limit:
+                                       ("the KV pool", info["max_total_tokens"],
+                                        ((f"raise {{}} to at least {n}", "max_total_tokens", None),))):
+                if n > limit:
                     shown = repr(c) if len(c) <= 40 else repr(c[:30]) + "..."
-                    e = option_error(ValueError, f"select choice {shown} makes the prompt {len(c_ids)} tokens "
+                    e = option_error(ValueError, f"select choice {shown} makes the prompt {n} tokens "
                                      f"({prompt_len} without it), more than {what} of {limit} tokens",
-                                     ("shorten the prompt or the choice",), *fixes)
+                                     (f"shorten the prompt or the choice, by at least {n - limit} "
+                                      f"token{'s' * (n - limit != 1)} between them",), *fixes)
                     raise ValueError(self._worded(e))
 
     def abort(self, rid: str) -> None:
