@@ -1520,9 +1520,9 @@ def test_a_json_schemas_error_reads_alike_in_process_and_over_http(schema, messa
      'the JSON schema keyword "not" is not supported'),
     ({"text": "a", "sampling_params": {"stop_token_ids": [500]}}, "sampling_params.stop_token_ids",
      "stop_token_ids [500] are outside the vocabulary [0, 100)"),
-    # the prompt of a batch that is too long: its entry
+    # the prompt of a batch that is too long: its entry, and its field in the fix (bce1fc0)
     ({"text": ["a", "abcdefgh"]}, "text[1]",
-     "text[1]: prompt of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+     "text[1]: prompt of 8 tokens exceeds the model's context length of 5 tokens; shorten the text"),
     ({"input_ids": [[97], [97] * 9]}, "input_ids[1]", "input_ids[1]: prompt of 9 tokens exceeds"),
     ({"text": "abcdefgh"}, "text", "prompt of 8 tokens exceeds"),
     ({"text": ["a", "b"], "rid": ["x", "busy"]}, "rid[1]", 'rid[1]="busy" is already in use by a running request'),
