@@ -372,6 +372,14 @@ def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
         raise TypeError(f"Engine(mem_fraction={mem_fraction!r}): mem_fraction must be a number in (0, 1]")
 
 
+def _lower_max_new_tokens(most: int, params: SamplingParams) -> str:
+    """The fix "lower max_new_tokens to at most ``most``" of a request that does not fit, and
+    its ``min_new_tokens`` too where that is more (a max_new_tokens below it is refused), as the
+    scheduler's abort says it (``Scheduler._fewer_new_tokens``)."""
+    both = " and min_new_tokens" if params.min_new_tokens > most else ""
+    return f"lower max_new_tokens{both} to at most {most}"
+
+
 class Engine:
     """An inference engine with RadixAttention, continuous batching and exact outputs.
 
@@ -784,13 +792,14 @@ class Engine:
             # if no lower one helped); one that leaves some room by what it lacks, or max_new_tokens lowered
             # to that room
             m, room = params.max_new_tokens, self.context_len - n
+            lower = _lower_max_new_tokens(room, params)
             no_prompt_fits = m >= self.context_len
             alone = no_prompt_fits and room > 0
             over = m - room
             shorten = f"shorten the prompt by at least {over} token{'s' * (over != 1)}"
-            fix = (f"lower max_new_tokens to at most {room}" if alone else
+            fix = (lower if alone else
                    both_fix(self.context_len) if no_prompt_fits else
-                   f"{shorten} or lower max_new_tokens to at most {room}" if room > 0 else
+                   f"{shorten} or {lower}" if room > 0 else
                    shorten_fix(0, m))
             error = does_not_fit(ValueError(
                 f"{prompt} + max_new_tokens={m} exceeds the model's "
@@ -815,7 +824,7 @@ class Engine:
                 raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens", grow, (fix,))
             # (m <= pool: the prompt shortened by what it lacks keeps a token at least)
             fix = (f"shorten the prompt by at least {slots - pool} token{'s' * (slots - pool != 1)} or " * (m <= pool)
-                   + f"lower max_new_tokens to at most {room}")
+                   + _lower_max_new_tokens(room, params))
             error = does_not_fit(option_error(
                 ValueError, f"{prompt} + max_new_tokens={m} does not fit the KV pool of {pool} tokens", grow, (fix,)))
             if m > pool:

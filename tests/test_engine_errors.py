@@ -419,6 +419,43 @@ def test_a_request_too_large_for_the_kv_pool_is_told_each_fixs_number_and_each_f
             eng.generate([5] * 80, SamplingParams(max_new_tokens=31, ignore_eos=True))
 
 
+def test_a_lower_max_new_tokens_below_min_new_tokens_is_told_to_lower_both(engine, tiny_llama):
+    """A request told to "lower max_new_tokens to at most 12" (500 + 20 - 512 tokens past the
+    context; 80 + 29 slots of a pool of 100: 21) whose min_new_tokens is more was refused again for
+    doing so (min_new_tokens=15 must not exceed max_new_tokens=12): it is told to lower both, as the
+    scheduler's abort of a request pins keep out says it, and that fits; a min_new_tokens that is
+    not more is left out. A gen is told its own names, max_tokens and min_tokens."""
+    import lmnb
+
+    def refusal(eng, n, m, least):
+        with pytest.raises(ValueError) as e:
+            eng.generate([5] * n, SamplingParams(max_new_tokens=m, min_new_tokens=least))
+        return str(e.value)
+
+    assert refusal(engine, 500, 20, 15) == (
+        "prompt of 500 tokens + max_new_tokens=20 exceeds the model's context length of 512 tokens; shorten the prompt "
+        "by at least 8 tokens or lower max_new_tokens and min_new_tokens to at most 12")
+    assert refusal(engine, 500, 20, 12).endswith("; shorten the prompt by at least 8 tokens or lower max_new_tokens to "
+                                                 "at most 12")
+    assert refusal(engine, 10, 600, 550).endswith("; lower max_new_tokens and min_new_tokens to at most 502")
+    assert len(engine.generate([5] * 500, SamplingParams(max_new_tokens=12, min_new_tokens=12)).token_ids) == 12
+
+    @lmnb.function
+    def prog(s):
+        s += "w" * 10 + lmnb.gen("x", max_tokens=600, min_tokens=550)
+
+    assert str(prog.run(backend=lmnb.Engine(engine=engine)).error()) == (
+        "Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens=600 exceeds the model's context length of 512 "
+        "tokens; lower max_tokens and min_tokens to at most 502")
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=100) as eng:
+        assert refusal(eng, 80, 30, 25) == (
+            "prompt of 80 tokens + max_new_tokens=30 does not fit the KV pool of 100 tokens; raise max_total_tokens to "
+            "at least 109, or shorten the prompt by at least 9 tokens or lower max_new_tokens and min_new_tokens to at "
+            "most 21")
+        assert refusal(eng, 80, 30, 21).endswith("or lower max_new_tokens to at most 21")
+        assert len(eng.generate([5] * 80, SamplingParams(max_new_tokens=21, min_new_tokens=21)).token_ids) == 21
+
+
 def test_a_load_error_survives_pickling_with_its_fixes(tiny_llama):
     """(A tensor-parallel worker's error crosses a process boundary.)"""
     import pickle
