@@ -5394,3 +5394,41 @@ def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, mo
     _, p = export_notebook(nb, folder=tmp_path)
     assert reads.count("helpers.py") == 1
     assert [n.split(":")[0] for n in p.notes if "helpers.py" in n] == ["cell 1", "cell 2", "cell 4"]
+
+
+@pytest.mark.parametrize("setup, hole, called, construct", [
+    ('import lmnb\nq = "hi"', 'lmnb.gen("a", max_tokens=3)', "lmnb.gen(...)", "{gen a max_tokens=3}"),
+    ('q = "hi"', 'lmnb.gen("a", max_tokens=3)', "lmnb.gen(...)", "{gen a max_tokens=3}"),  # (the kernel sets lmnb)
+    ('from lmnb import gen\nq = "hi"', 'gen("a", max_tokens=3)', "gen(...)", "{gen a max_tokens=3}"),
+    ('import lmnb as L\nq = "hi"', '"x" + L.select("v", choices=["y", "n"])', "L.select(...)",
+     None),  # (added to text: no construct is the whole hole)
+    ('from lmnb import *\nq = "hi"', "image(q)", "image(...)", "{image q}"),
+    ('from lmnb import user as u\nq = "hi"', "u(q)", "u(...)", "{user}...{/user}"),
+    ('import lmnb\nq = "hi"\ng = lmnb.gen("a") + "!"', "g", "lmnb.gen(...) (cell 1)", None),  # (set by a cell)
+])
+def test_a_hole_calling_an_lmnb_primitive_is_refused_by_the_export(setup, hole, called, construct):
+    """{lmnb.gen("a", max_tokens=3)} was exported quietly, and the job's f-string sent the text
+    "Gen('a')" in every row, generating nothing: the export now refuses it as the notebook's cell does."""
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook(setup, f"%%lm\nQ: {{q}}\nA: {{{hole}}}"))
+    meant = f"; did you mean {construct}?" if construct else ""
+    fix = construct or "the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...)"
+    assert str(e.value) == (f"cell 2 (%%lm): line 3, col 4: {{{hole}}} is {called}, an lmnb primitive, not text: "
+                            f"a hole's value becomes prompt text (its repr), and the primitive would not run{meant}\n"
+                            f"    A: {{{hole}}}\n"
+                            "       ^\n"
+                            f"  hint: write {fix} in place of the hole, or add it in a %%lm --python cell: s += {hole}")
+
+
+@pytest.mark.parametrize("setup, hole", [
+    ('import lmnb\nq = "hi"', "lmnb.__version__"),  # (no call)
+    ('from lmnb import gen\ngen = str.upper\nq = "hi"', "gen(q)"),  # (bound again after the import)
+    ('import lmnb\nq = "hi"', "len(str(lmnb.gen))"),  # (the hole's value is a number)
+    ('import lmnb\nlmnb = None\nimport json as lmnb\nq = "hi"', 'lmnb.dumps("a")'),
+    ('q = "hi"', "{fork lmnb in [str]}{lmnb.upper(q)}{join}"),  # (a fork target)
+    ('import lmnb\ng = lmnb.gen("a")\ng = "text"\nq = "hi"', "g"),  # (set again)
+])
+def test_a_hole_reading_lmnb_without_a_primitive_value_is_exported(setup, hole):
+    cell = hole if hole.startswith("{fork") else f"{{{hole}}}"
+    _, p = export_notebook(notebook(setup, f"%%lm\nQ: {{q}}\nA: {cell}{{gen a max_tokens=1}}"))
+    assert "q" in p.inputs

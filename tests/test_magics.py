@@ -299,6 +299,17 @@ def test_python_mode_runs_a_program_body_with_state_s(ip):
     assert again.success, out.stdout
 
 
+def test_a_hole_whose_value_is_lmnb_gen_is_refused_not_sent_as_text(ip):
+    """{lmnb.gen("a", max_tokens=3)} (SGLang's s += "A:" + sgl.gen("a") in a hole) ran as done, with the
+    prompt "Q: hi\nA: Gen('a')", 0 generated tokens and no variable a."""
+    ip.user_ns["q"] = "hi"
+    bad, out = run(ip, '%%lm --static\nQ: {q}\nA: {lmnb.gen("a", max_tokens=3)}')
+    assert type(bad.error_in_exec).__name__ == "CellError" and "a" not in ip.user_ns
+    assert str(bad.error_in_exec).startswith(
+        "line 3, col 4: {lmnb.gen(\"a\", max_tokens=3)} is an lmnb primitive, Gen('a'), not text: a hole's value "
+        "becomes prompt text (its repr), and the primitive would not run; did you mean {gen a max_tokens=3}?\n")
+
+
 def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_the_state(ip):
     """gen("my answer") in a --python body put a kernel variable 'my answer' in the namespace,
     which no code can read, without a word. A literal name is refused at it before anything runs;

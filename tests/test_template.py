@@ -1618,3 +1618,86 @@ def test_a_literal_json_schema_of_another_type_is_refused_in_gens_words(schema):
     assert (e.value.message, e.value.offset) == (str(python.value), cell.index("=") + 1)
     assert str(python.value) == ("json_schema must be a JSON string, a dict, a bool or a pydantic model class, not "
                                  f"{type(schema).__name__}")
+
+
+# ------------------------------------------------------------------------------ lmnb's objects as a hole's value
+@pytest.mark.parametrize("cell, kernel, col, shown, construct, source", [
+    ('Q: {q}\nA: {lmnb.gen("a", max_tokens=3)}', {"lmnb": lmnb}, 4, "Gen('a')", "{gen a max_tokens=3}",
+     'lmnb.gen("a", max_tokens=3)'),
+    ('Q: {q}\nA: {gen("a", max_tokens=3)!r}', {"gen": lmnb.gen}, 4, "Gen('a')", "{gen a max_tokens=3}",
+     'gen("a", max_tokens=3)'),  # (from lmnb import gen; a conversion makes it no more text)
+    ('Q: {q}\n{user}A: {L.select("v", choices=["y", "n"])}{/user}', {"L": lmnb}, 10,
+     "Select('v', choices=['y', 'n'])", '{select v choices=["y", "n"]}', 'L.select("v", choices=["y", "n"])'),
+    ('Q: {q}\n{fork 2}{lmnb.user_begin()}{join}', {"lmnb": lmnb}, 9, "RoleBegin('user')", "{user}...{/user}",
+     "lmnb.user_begin()"),
+])
+def test_a_hole_whose_value_is_an_lmnb_primitive_is_refused_with_the_construct(cell, kernel, col, shown, construct,
+                                                                               source):
+    """{lmnb.gen("a", max_tokens=3)} (SGLang's s += "A:" + sgl.gen("a") written into a hole) put the text
+    "Gen('a')" into the prompt, and the cell finished with no gen and no variable a."""
+    t = parse(cell, first_line=2)
+    log = []
+    with pytest.raises(TemplateRuntimeError) as e:
+        t.program().func(Rec(log), **t.bind({"q": "hi", **kernel}))
+    assert not any("Gen(" in str(entry) or "Select(" in str(entry) or "RoleBegin(" in str(entry) for entry in log)
+    assert (e.value.line, e.value.col) == (cell.count("\n") + 2, col)
+    assert e.value.message == (f"{{{source}}} is an lmnb primitive, {shown}, not text: a hole's value becomes prompt "
+                               f"text (its repr), and the primitive would not run; did you mean {construct}?")
+    assert e.value.hint == f"write {construct} in place of the hole, or add it in a %%lm --python cell: s += {source}"
+
+
+def test_the_construct_offered_for_a_primitive_hole_makes_the_call_the_hole_wrote():
+    @lmnb.function
+    def reference(s):
+        s += lmnb.gen("a", max_tokens=3, stop="\n")
+        s += lmnb.select("v", choices=["y", "n"])
+
+    offered = []
+    for hole in ('{lmnb.gen("a", 3, stop="\\n")}', '{lmnb.select("v", choices=["y", "n"])}'):
+        with pytest.raises(TemplateRuntimeError) as e:
+            record(parse(hole).program().func, lmnb_=lmnb)
+        offered.append(e.value.message.split("did you mean ")[1].rstrip("?"))
+    assert offered == ['{gen a max_tokens=3 stop="\\n"}', '{select v choices=["y", "n"]}']
+    assert record(parse("".join(offered)).program().func) == record(reference.func)
+
+
+def test_a_primitive_held_in_a_variable_or_added_to_text_is_refused_without_a_construct():
+    for cell, kernel, shown in [("{g}", {"g": lmnb.gen("a")}, "Gen('a')"),
+                                ('{"A: " + gen("a")}', {"gen": lmnb.gen}, "ExprList([ConstantText('A: '), Gen('a')])"),
+                                ('{image("cat.png"):>5}', {"image": lmnb.image}, "Image('cat.png')")]:
+        t = parse(cell)
+        with pytest.raises(TemplateRuntimeError) as e:
+            record(t.program().func, **t.bind(kernel))
+        source = cell[1:cell.rindex(":>5") if ":>5" in cell else -1]
+        if cell.startswith("{image"):
+            assert e.value.message.endswith("did you mean {image \"cat.png\"}?")
+            continue
+        assert e.value.message == (f"{{{source}}} is an lmnb primitive, {shown}, not text: a hole's value becomes "
+                                   "prompt text (its repr), and the primitive would not run")
+        assert e.value.hint == ("write the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...) in "
+                                f"place of the hole, or add it in a %%lm --python cell: s += {source}")
+
+
+def test_a_program_its_state_or_a_forks_branches_in_a_hole_are_refused_and_other_values_are_their_str():
+    from helpers_lang import ScriptedBackend
+
+    @lmnb.function
+    def other(s):
+        s += "x"
+
+    state = other.run(backend=ScriptedBackend(lambda p, params: "y"))
+    group = lmnb.ProgramStateGroup([state], state)
+    for value, message, hint in [
+            (state, "{v} is an lmnb ProgramState (a program's state), not text",
+             "write {v.text()} for its text, or {v['NAME']} for a variable it captured"),
+            (group, "{v} is a fork's branches (an lmnb ProgramStateGroup), not text",
+             "write {v[0].text()} for a branch's text"),
+            (other, "{v} is the lmnb program 'other' itself, not text",
+             "write {v(...).text()} for the text of a run of it, or call its body on this state in a %%lm --python "
+             "cell: v.func(s, ...)")]:
+        with pytest.raises(TemplateRuntimeError) as e:
+            record(parse("Q: {v}").program().func, v=value)
+        assert (e.value.message, e.value.hint, e.value.col) == (message, hint, 4)
+    # None, a list, bytes: their str, as an f-string makes it (docs/CELL_LANGUAGE.md, Holes), in both faces
+    one, two = faces("{n} {xs} {b}", n=None, xs=[1, "a"], b=b"x")
+    assert one == two == [((), "add", ("text", "None [1, 'a'] b'x'"))]

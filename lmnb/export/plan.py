@@ -35,6 +35,7 @@ from lmnb.export.notes_objects import _carried_over, _made_objects
 from lmnb.export.notes_reloads import _reload_notes
 from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped, _number_words, _verb
 from lmnb.export.parameters import read_parameters
+from lmnb.export.primitive_holes import refuse_primitive_holes
 from lmnb.export.star_builtins import _builtins_set_by
 from lmnb.export.syntax import _bound_before_read, _cell_binds, _own_nodes, _run_reads, _statements, _tests_unset
 from lmnb.template.template import python_name
@@ -213,6 +214,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     p.parameter_defaults = {n: defaults[n] for n in parameters}
     p.inputs, from_star = _fields(p, examples, given, parameters)
     _refuse_called_fields(p, given is not None)
+    refuse_primitive_holes(cells, p.lm_cells)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
     # (the script names the type: `types={'x': ellipsis}` for `x = ...` was a NameError)
     p.types = {n: type(defaults[n]) for n in p.inputs if type(defaults.get(n)) in TYPED_DEFAULTS}

@@ -13,6 +13,7 @@ from typing import Any
 from lmnb.choices import choice_list
 from lmnb.ir import CHECKED_ALONE, check_text, param_problem
 from lmnb.template.errors import TemplateRuntimeError
+from lmnb.template.hole_values import refused_value
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names
 from lmnb.template.options import (
     SAMPLING_FIELDS, braces_hint, branch_choices, check_literal, first_refused, fork_count, fork_items,
@@ -159,6 +160,10 @@ class _Run:
 
     def interp(self, node: Interp, s, local) -> str:
         value = self.value(node.expr, s, local)
+        refused = refused_value(value, node.expr)
+        if refused:  # (its str is a repr, "Gen('a')", which the prompt held while nothing ran)
+            raise TemplateRuntimeError(refused[0], self.t.source, node.offset, self.t.first_line,
+                                       indent=self.t.indent, hint=refused[1])
         try:
             text = node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
