@@ -262,7 +262,8 @@ def _engine_checker(validator: type):
     u flag (``u_flag_problem``), a back-reference (``back_reference_problem``), a lookaround or a word
     boundary (``assertion_problem``), as the language's check (``_syntax_checker``) does, and one
     with ECMA's empty class ``[]``, which ``re`` lacks, another class that matches no JSON string
-    character or a lone surrogate outside a class (``schema_empty_class``)."""
+    character or a lone surrogate outside a class (``schema_empty_class``), or a surrogate pair
+    ``\\uD83D\\uDE00``, which ``re`` reads as two surrogates (``_surrogate_pair_problem``)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -280,7 +281,8 @@ def _engine_checker(validator: type):
         # (ECMA's empty class: re reads [][] as a class of "[" and "]", which ECMA reads as two that match nothing;
         # any other empty class, [^\s\S], which the build met only as a part no character matches)
         return python_reads and not (isinstance(pattern, str) and (
-            _no_backend_builds(pattern) or first_matching_nothing(pattern) is not None))
+            _no_backend_builds(pattern) or first_matching_nothing(pattern) is not None
+            or _surrogate_pair(pattern) is not None))
 
     checker.checks("regex", raises)(regex_format)
     return checker
@@ -423,6 +425,35 @@ def _code_points_as_python(pattern: str) -> str:
             text, i = (pattern[i:i + 2] if pattern[i] == "\\" else pattern[i]), i + 1 + (pattern[i] == "\\")
         out.append(text)
     return "".join(out)
+
+
+def _surrogate_pair(pattern: str) -> Optional[tuple[int, str, int]]:
+    """(where it starts, it as written, its code point) of the first surrogate pair escape
+    ``\\uD83D\\uDE00`` in ``pattern`` (in a class or out; ``_code_point_escape``) where Python's
+    ``re`` reads the pattern with each such escape as ECMA reads it (``code_point_fix``); else None."""
+    i = 0
+    while i < len(pattern):
+        if _ECMA_SURROGATE_PAIR.match(pattern, i) and (escape := _code_point_escape(pattern, i)):
+            return (i, pattern[i:escape[1]], int(escape[0][2:], 16)) if code_point_fix(pattern) else None
+        i += 2 if pattern[i] == "\\" else 1
+    return None
+
+
+def _surrogate_pair_problem(pattern: str, where: str) -> Optional[str]:
+    """The engine's words for the schema ``pattern`` (at ``where``) holding a surrogate pair escape
+    (``_surrogate_pair``), one character to ECMA 262 with the u flag and two surrogates to Python's
+    ``re``, which reads it here and which no JSON text written as UTF-8 holds (the build said "has a
+    part no JSON string character can match here", as if the pattern could not match, and
+    ``[a\\uD83D\\uDE00]`` was built as ``[a]``), with its fix (``code_point_fix``); None where it
+    holds none."""
+    found = _surrogate_pair(pattern)
+    if found is None:
+        return None
+    at, text, code = found
+    return (f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} holds the surrogate pair {text} at position "
+            f"{at}, one character, U+{code:04X}, to ECMA 262 with the u flag JSON Schema asks patterns be read with, "
+            "but to this engine two lone surrogates, which no JSON text written as UTF-8 holds; "
+            f"{code_point_fix(pattern)}")
 
 
 def code_point_fix(pattern: str) -> Optional[str]:
@@ -841,6 +872,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
         fix = None if ecma else code_point_fix(pattern) or _ecma_syntax_fix(pattern)
         return (f"{named} cannot be compiled: it is not a valid regular expression ({problem}); "
                 f"{fix or 'fix the pattern'}{_u_flag_note(pattern) if ecma else ''}")
+    pair = None if ecma else _surrogate_pair_problem(pattern, where)
+    if pair:
+        return pair
     if not unicode_classes(pattern):
         return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
     return (f"{named} uses a \\p{{...}} class, which this engine cannot take in a schema: its outputs are made "

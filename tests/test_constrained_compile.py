@@ -2371,6 +2371,39 @@ def test_a_schema_patterns_lone_surrogate_pair_gets_its_python_spelling_from_the
     assert re.fullmatch(regex, '"a\U0001F600\U0001F600"') and not re.fullmatch(regex, '"a"')
 
 
+# (what each offer matches worked out by hand: the pair is U+1F600 to ECMA with the u flag)
+@pytest.mark.parametrize("pattern, at, offer, texts, matched", [
+    (r"\uD83D\uDE00|a", 0, "\U0001F600|a", ["\U0001F600", "a", "b"], ["\U0001F600", "a"]),
+    (r"[a\uD83D\uDE00]", 2, "[a\U0001F600]", ["\U0001F600", "a", "b"], ["\U0001F600", "a"]),  # (was built as [a])
+])
+def test_a_schema_patterns_surrogate_pair_is_named_as_a_pair_by_the_engine(pattern, at, offer, texts, matched):
+    """ECMA reads the surrogate pair \\uD83D\\uDE00 as one character, U+1F600, with the u flag;
+    Python's re, which the engine reads a schema's pattern with, as two surrogates. The engine's
+    build opened with "has a part no JSON string character can match here", as if the pattern
+    could not match, before its offer, and built [a\\uD83D\\uDE00] as [a] without a word; its
+    schema check now names the pair and gives the pattern with the character itself, which it
+    builds and which matches what ECMA reads the pattern to match (by hand; node's RegExp too)."""
+    import shutil
+
+    from lmnb_engine.json_schema import loaded_schema
+
+    with pytest.raises(ValueError) as checked:
+        loaded_schema({"type": "string", "pattern": pattern}, engine=True)
+    with pytest.raises(GrammarError) as built:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(checked.value) == str(built.value) == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} holds the surrogate pair \\uD83D\\uDE00 at "
+        f"position {at}, one character, U+1F600, to ECMA 262 with the u flag JSON Schema asks patterns be read with, "
+        "but to this engine two lone surrogates, which no JSON text written as UTF-8 holds; Python's re, which reads "
+        "a schema's pattern here (jsonschema checks each output with it), has no ECMA code point escape (\\u{...}, "
+        "or a surrogate pair \\uD83D\\uDE00): write each as the character itself, or as \\uXXXX up to U+FFFF, which "
+        f"both read alike, the pattern {json.dumps(offer, ensure_ascii=False)}")
+    regex = schema_to_regex({"type": "string", "pattern": offer})
+    assert [t for t in texts if re.fullmatch(regex, json.dumps(t, ensure_ascii=False))] == matched
+    if shutil.which("node"):
+        assert _ecma_u_matches(pattern, texts) == matched
+
+
 def test_a_schema_pattern_with_a_capital_u_escape_is_no_surrogate_pair_to_the_engine():
     """ECMA 262's \\u escape is a lowercase u (its hex digits are of either case): \\UD83D\\UDE00 is
     no surrogate pair (with the u flag JSON Schema asks for, \\U is an error; without it, the

@@ -29,7 +29,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.json_schema import code_point_fix, ecma_names_as_python, pattern_subject
+from lmnb_engine.json_schema import ecma_names_as_python, pattern_subject
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
@@ -326,7 +326,6 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
                            f"multiplied), above the limit of {MAX_REPEAT_COUNT}; {fix}")
     try:
         return '"' + _emit(parsed) + '"'
-    except GrammarError:
-        # (a surrogate pair, one code point to ECMA, reads as two surrogates: code_point_fix spells it)
+    except GrammarError:  # (a surrogate pair, two surrogates to re, the schema check refuses: json_schema)
         raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} has a part no JSON string character "
-                           f"can match here ({NO_CHARACTER_WORDS}); {code_point_fix(pattern) or 'widen it'}") from None
+                           f"can match here ({NO_CHARACTER_WORDS}); widen it") from None
