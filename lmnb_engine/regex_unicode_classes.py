@@ -25,6 +25,17 @@ def _taken(offer: str) -> bool:
     return offer_taken(offer)
 
 
+def _then(offer: str) -> str:
+    """"; then " and what ``offer``, the pattern with its class respelled, which ``_taken`` refused,
+    is refused for next (``regex_errors.pattern_problem``, else ``unbuilt_feature``: the lookahead of
+    ``(?=a)\\p{sc=Hrkt}``, named only after its class was respelled), so that the user hears of both
+    at once; "" where neither names one."""
+    from lmnb_engine.regex_errors import pattern_problem, unbuilt_feature
+
+    then = pattern_problem(offer) or unbuilt_feature(offer)
+    return f"; then {then}" if then else ""
+
+
 def unbuilt_class_problem(pattern: str) -> str | None:
     """Why ``pattern`` is refused for a Unicode property class the engine's automaton library does
     not build, or None. Python's ``re`` lacks these classes (``\\p{L}``, ``\\P{Lu}``,
@@ -90,8 +101,9 @@ def _unknown_class_fix(pattern: str, unknown: list[re.Match]) -> str:
     """How to write ``pattern`` for its classes ``unknown`` (``unicode_classes`` matches), whose names
     no regex dialect knows (``\\p{Lettr}``): the class of ECMA's property closest to each
     (``regex_properties.closest_property``, ``\\p{Letter}``), which the automaton library reads, with
-    the whole pattern so written where ``gen()`` then takes it and each has one; for those with
-    none, the kinds of class that library reads."""
+    the whole pattern so written where ``gen()`` then takes it and each has one (else each class and
+    what that pattern is refused for next: ``_then``); for those with none, the kinds of class that
+    library reads."""
     from lmnb_engine.regex_properties import closest_property
 
     classes = list(dict.fromkeys(m.group(2) for m in unknown))
@@ -107,7 +119,7 @@ def _unknown_class_fix(pattern: str, unknown: list[re.Match]) -> str:
     for m in reversed(unknown):
         respelled = respelled[:m.start(2)] + meant[m.group(2)] + respelled[m.end(2):]
     return f"did you mean {offers}? " + (f"write {shown_regex(respelled)}" if _taken(respelled)
-                                         else f"write {', '.join(meant.values())}")
+                                         else f"write {', '.join(meant.values())}{_then(respelled)}")
 
 
 def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
@@ -131,11 +143,12 @@ def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
 def _respelled(pattern: str, at: int, cls: str, by: str, what: str) -> str:
     """The fix "write ..." of ``pattern`` with the class ``cls`` at ``at`` written as the bracketed
     class ``by`` (inside a class without its brackets), ``what`` it is said to be: the whole pattern
-    so written where ``gen()`` then takes it, else ``cls`` as ``by``."""
+    so written where ``gen()`` then takes it, else ``cls`` as ``by`` and what that pattern is refused
+    for next (``_then``)."""
     respelled = pattern[:at] + (by[1:-1] if in_a_class(pattern, at) else by) + pattern[at + len(cls):]
     if _taken(respelled):
         return f"write {shown_regex(respelled)}{what}"
-    return f"write {cls} as {by}{what}"
+    return f"write {cls} as {by}{what}{_then(respelled)}"
 
 
 def class_range_problem(pattern: str) -> str | None:

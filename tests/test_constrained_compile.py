@@ -1402,6 +1402,29 @@ def test_hrkt_in_a_regex_is_told_why_and_offered_hiragana_and_katakana(backend, 
     assert [bool(regex_module.fullmatch(fix, c)) for c in "\u3042\u30a2\u4e00"] == [True, True, False]
 
 
+_LOOKAHEAD = ("uses a lookahead, which constrained decoding cannot support (patterns compile to a finite automaton): "
+              "express the condition with character classes and alternatives")
+
+
+@pytest.mark.parametrize("pattern, cls, why, fix, then", [
+    (r"(?=a)\p{sc=Hrkt}", r"\p{sc=Hrkt}", "hrkt", r"write \p{sc=Hrkt} as [\p{sc=Hiragana}\p{sc=Katakana}], the two scripts "
+     "it names", r"(?=a)[\p{sc=Hiragana}\p{sc=Katakana}]"),
+    (r"(?=a)\p{InGreek}", r"\p{InGreek}", "", r"write \p{InGreek} as [\u0370-\u03ff], its characters as code-point "
+     "ranges", r"(?=a)[\u0370-\u03ff]"),
+])
+def test_a_regex_class_the_engine_cannot_build_beside_a_lookahead_names_both(backend, pattern, cls, why, fix, then):
+    # regex=r"(?=a)\p{sc=Hrkt}" was told only of its class, and to write it as the two scripts, where the pattern
+    # so written is then refused for its lookahead (as (?=a)b is): the words now name that too, so the user learns
+    # of both at once
+    from lmnb_engine.regex_properties import _HRKT_WORDS
+
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses the class {cls}, {_HRKT_WORDS if why else ''}which the engine's automaton "
+        f"library (Rust's regex) does not read; {fix}; then regex {json.dumps(then)} {_LOOKAHEAD}")
+    assert _refused_alike(backend, then) == f"regex {json.dumps(then)} {_LOOKAHEAD}"
+    assert _refused_alike(backend, "(?=a)b") == f'regex "(?=a)b" {_LOOKAHEAD}'
+
+
 _EVERY = r"[\u0000-\ud7ff\ue000-\U0010ffff]"  # (every character: surrogates are none)
 
 
