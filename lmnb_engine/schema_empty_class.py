@@ -51,8 +51,9 @@ def ecma_classes(pattern: str) -> Iterator[tuple[int, int]]:
 def empty_class_problem(pattern: str, where: str) -> Optional[str]:
     """The engine's words for the schema ``pattern`` (at ``where``, e.g. ``#/properties/a/pattern``)
     holding ECMA's empty class (the module docstring), another class that matches no JSON string
-    character as the engine writes classes (``first_empty_class``) or a lone surrogate outside a
-    class (``lone_surrogates``), or None where it holds none: the first one and where it starts,
+    character as the engine writes classes (``empty_classes``) or a lone surrogate outside a
+    class (``lone_surrogates``), not in a part repeated at most zero times
+    (``first_matching_nothing``), or None where it holds none: the first one and where it starts,
     what it keeps from ever matching (an alternative, a part repeated zero times, or the whole
     pattern, as where each alternative holds one: ``[]|a[]``) and the fix, the pattern without that
     part (each such part out) where the engine takes it
@@ -98,9 +99,21 @@ def empty_class_problem(pattern: str, where: str) -> Optional[str]:
 
 def first_matching_nothing(pattern: str) -> Optional[tuple[int, int]]:
     """(start, end) of the first part of ``pattern`` that matches no character the engine writes in
-    a JSON string, or None: a class (``first_empty_class``) or a lone surrogate outside one
-    (``lone_surrogates``)."""
-    return min(filter(None, (first_empty_class(pattern), next(lone_surrogates(pattern), None))), default=None)
+    a JSON string, or None: a class (``empty_classes``) or a lone surrogate outside one
+    (``lone_surrogates``), but for one in a part repeated at most zero times (``x[^\\s\\S]{0}``,
+    which matches what ``x`` does, as a ``regex`` takes it: ``regex_empty_class``), ECMA's empty
+    class ``[]`` aside, which Python's ``re`` cannot read there either (``a[]{0}b``)."""
+    from lmnb_engine.json_schema import ecma_names_as_python  # (it imports this module)
+    from lmnb_engine.regex_empty_class import _read
+
+    python = _as_python_atoms(ecma_names_as_python(pattern))  # (each part at its place)
+    for start, end in sorted([*empty_classes(pattern), *lone_surrogates(pattern)]):
+        try:
+            if pattern[start:end] == EMPTY or _read(python, start, end):
+                return start, end
+        except (re.error, RecursionError, OverflowError):  # (one re cannot read, \u{41}: taken as read)
+            return start, end
+    return None
 
 
 def lone_surrogates(pattern: str) -> Iterator[tuple[int, int]]:
@@ -126,9 +139,9 @@ def lone_surrogates(pattern: str) -> Iterator[tuple[int, int]]:
                 yield start, i
 
 
-def first_empty_class(pattern: str) -> Optional[tuple[int, int]]:
-    """(start, end) of ``pattern``'s first class that matches no character the engine writes in a
-    JSON string, or None: ECMA's empty class, or another class (``[^\\s\\S]``, ``[^\\D0-9]``:
+def empty_classes(pattern: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each class of ``pattern`` that matches no character the engine writes in a
+    JSON string: ECMA's empty class, or another class (``[^\\s\\S]``, ``[^\\D0-9]``:
     ``json_string.class_matches_nothing``), read with its ECMA code point escapes as ECMA reads
     them (``[\\uD83D\\uDE00]``, two surrogates to ``re``, is the class of one character:
     ``json_schema.code_point_fix`` names it)."""
@@ -139,10 +152,9 @@ def first_empty_class(pattern: str) -> Optional[tuple[int, int]]:
         cls = pattern[start:end]
         try:
             if cls == EMPTY or (cls != ANY and class_matches_nothing(_code_points_as_python(cls))):
-                return start, end
+                yield start, end
         except (re.error, ValueError):  # (a class re reads otherwise, or not at all: re's words follow)
             continue
-    return None
 
 
 def _as_python_atoms(pattern: str) -> str:

@@ -2328,6 +2328,25 @@ def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_
         assert _ecma_u_matches(pattern, texts) == matched
 
 
+# (a part repeated {0} matches only the empty string, whatever it holds: each pattern matches what `same` does)
+@pytest.mark.parametrize("pattern, same", [
+    (r"x[^\s\S]{0}", "x"),
+    (r"x([^\s\S]a){0}y", "xy"),
+    (r"x\uD800{0}", "x"),  # (a lone surrogate)
+    (r"(?<n>x)[^\D0-9]{0,0}", "(x)"),  # (ECMA's named group, the engine's ASCII \d)
+])
+def test_a_schema_patterns_class_of_no_character_repeated_zero_times_is_taken_as_a_regexs_is(pattern, same):
+    """A regex= takes x[^\\s\\S]{0}; the engine's schema check named the class and offered "x",
+    its build having written the class even repeated zero times. Both now take the pattern as it
+    is (ECMA's [] aside, which Python's re cannot read: a[]{0}b is still offered "ab"), built as
+    the pattern without that part is."""
+    from lmnb_engine.json_schema import loaded_schema
+
+    assert loaded_schema({"type": "string", "pattern": pattern}, engine=True)
+    assert schema_to_regex({"type": "string", "pattern": pattern}) == schema_to_regex(
+        {"type": "string", "pattern": same})
+
+
 # (the texts each pattern matches, searched for as JSON Schema does, by hand: a lone surrogate matches no character
 # of them, and none of UTF-8 text)
 @pytest.mark.parametrize("pattern, at, code, never, offer, texts, matched", [

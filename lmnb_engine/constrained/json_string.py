@@ -166,6 +166,8 @@ def _emit(parsed) -> str:
             out.append("(?:" + _emit(av[-1]) + ")")
         elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
             lo, hi, sub = av
+            if hi == 0:  # (it matches nothing, whatever it repeats: x[^\s\S]{0} is x, as in a regex=)
+                continue
             out.append(f"(?:{_emit(sub)}){{{lo},{'' if hi is _c.MAXREPEAT else hi}}}")
         else:  # (check_parsed refused the rest: anchors inside, lookarounds, backreferences ...)
             raise GrammarError(f"unsupported regex construct {op}")
