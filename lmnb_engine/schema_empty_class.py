@@ -53,53 +53,86 @@ def empty_class_problem(pattern: str, where: str) -> Optional[str]:
     holding ECMA's empty class (the module docstring), another class that matches no JSON string
     character as the engine writes classes (``empty_classes``) or a lone surrogate outside a
     class (``lone_surrogates``), not in a part repeated at most zero times
-    (``first_matching_nothing``), or None where it holds none: the first one and where it starts,
-    what it keeps from ever matching (an alternative, a part repeated zero times, or the whole
-    pattern, as where each alternative holds one: ``[]|a[]``) and the fix, the pattern without that
-    part (each such part out) where the engine takes it
-    (``json_schema._offer_taken``), else what the engine refuses that pattern for
-    (``json_schema._refused_next``)."""
-    from lmnb_engine.constrained.json_string import NO_CHARACTER_WORDS  # (torch-free; it imports json_schema)
+    (``matching_nothing``), or None where it holds none: the first one and where it starts, with
+    the first of each other of these kinds it holds (``[]|[^\\s\\S]a``: both), what they keep
+    from ever matching (an alternative, a part repeated zero times, or the whole pattern, as where
+    each alternative holds one: ``[]|a[]``) and the fix, the pattern without that part (each such
+    part out) where the engine takes it (``json_schema._offer_taken``), else what the engine
+    refuses that pattern for (``json_schema._refused_next``)."""
     from lmnb_engine.json_schema import SHOWN_CHARS, _offer_taken, _refused_next, json_value, pattern_subject
 
-    found = first_matching_nothing(pattern)
-    if found is None:
+    found = list(matching_nothing(pattern))
+    if not found:
         return None
-    start, end = found
+    start, end = found[0]
+    kinds = {_kind(pattern, start, end): (start, end)}
+    for span in found:  # (the first of each other kind, whose words and fix differ: named too)
+        kinds.setdefault(_kind(pattern, *span), span)
     dead = dead_part(_as_python_atoms(pattern), start, end, written=pattern)
-    offer = dead and dead.without
-    while offer is not None and (more := first_matching_nothing(offer)) is not None:  # (each out: "[]|a[]|b" is "b")
+    offer, whats = dead and dead.without, [dead.what] if dead else []
+    while offer is not None and (more := next(matching_nothing(offer), None)) is not None:  # ("[]|a[]|b" is "b")
         more_dead = dead_part(_as_python_atoms(offer), *more, written=offer)
+        whats += [more_dead.what] if more_dead and _kind(offer, *more) != _kind(pattern, start, end) else []
         dead, offer = (dead, more_dead.without) if more_dead else (None, None)  # (none: what is left never matches)
-    ecma, cls = pattern[start:end] == EMPTY, pattern.startswith("[", start)
-    meant = ('write the class you meant ("]" in it escaped, \\])' if ecma else "write the class you meant" if cls
-             else "write the character you meant (one past U+FFFF as itself, or as its whole pair: \\uD83D\\uDE00)")
+    it = "them" if len(kinds) > 1 else "it"
+    meant = "write " + " and ".join(_meant(kind, pattern[a:b], len(kinds) > 1) for kind, (a, b) in kinds.items())
     if offer is not None and _offer_taken(offer):
-        fix = f"write {json_value(offer, SHOWN_CHARS)} without it, or {meant}"
+        fix = f"write {json_value(offer, SHOWN_CHARS)} without {it}, or {meant}"
     else:
-        fix = f"remove it, or {meant}" if dead else meant
+        fix = f"remove {it}, or {meant}" if dead else meant
         then = _refused_next(offer) if offer is not None else None
-        fix += f"; without it, {then}" if then else ""
+        fix += f"; without {it}, {then}" if then else ""
     # (the engine's reading of another class is no validator's: [\x80-\x9f] passes "\x85")
-    never = (f"so {dead.what}" if dead else "so the pattern can never match, and no string passes it" if ecma
-             else "so the pattern can never match here")
-    if ecma:
-        holds = (f"ECMA's empty class [] at position {start}, which matches no character (Python's re, which reads a "
-                 'schema\'s pattern here, has no empty class: to it a "]" first in a class is a member): an empty '
-                 "class can never match")
-    elif cls:  # (the engine's reading: [\x80-\x9f], [^\S\x00-\x7f] match characters to ECMA and re)
-        holds = (f"the class {pattern[start:end]} at position {start}, which matches no character the engine writes in "
-                 f"a JSON string ({NO_CHARACTER_WORDS}): such a class can never match here")
-    else:  # (a validator passes the string "\ud800", a JSON escape: no text the engine writes holds one)
-        code = ord(pattern[start]) if end == start + 1 else int(pattern[start + 2:end].strip("{}"), 16)
-        holds = (f"the lone surrogate U+{code:04X} at position {start}, half of a UTF-16 pair and no character, which "
-                 "no JSON text written as UTF-8 holds: it can never match here")
+    never = (f"so {', and '.join(whats)}" if dead else "so the pattern can never match, and no string passes it"
+             if list(kinds) == [EMPTY] else "so the pattern can never match here")
+    holds = ", and ".join(_holds(pattern, a, b) for a, b in kinds.values())
     return f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)} holds {holds}, {never}; {fix}"
 
 
+def _meant(kind: str, part: str, several: bool) -> str:
+    """How to fix ``part``, a part of ``kind`` (``_kind``) that matches nothing, after "write", the
+    part named where the pattern holds ``several`` kinds."""
+    if kind == EMPTY:
+        return f"the class you meant{' for []' if several else ''} (\"]\" in it escaped, \\])"
+    if kind == "class":
+        return f"the class you meant for {part}" if several else "the class you meant"
+    return (f"the character you meant{' for ' + part if several else ''} (one past U+FFFF as itself, or as its "
+            "whole pair: \\uD83D\\uDE00)")
+
+
+def _kind(pattern: str, start: int, end: int) -> str:
+    """The kind of the part of ``pattern`` at ``start``-``end`` that matches nothing
+    (``matching_nothing``): ECMA's empty class (``EMPTY``), another class, or a lone surrogate."""
+    return EMPTY if pattern[start:end] == EMPTY else "class" if pattern.startswith("[", start) else "surrogate"
+
+
+def _holds(pattern: str, start: int, end: int) -> str:
+    """What the part of ``pattern`` at ``start``-``end`` that matches nothing is, in words
+    (``empty_class_problem``'s)."""
+    from lmnb_engine.constrained.json_string import NO_CHARACTER_WORDS  # (torch-free; it imports json_schema)
+
+    kind = _kind(pattern, start, end)
+    if kind == EMPTY:
+        return (f"ECMA's empty class [] at position {start}, which matches no character (Python's re, which reads a "
+                'schema\'s pattern here, has no empty class: to it a "]" first in a class is a member): an empty '
+                "class can never match")
+    if kind == "class":  # (the engine's reading: [\x80-\x9f], [^\S\x00-\x7f] match characters to ECMA and re)
+        return (f"the class {pattern[start:end]} at position {start}, which matches no character the engine writes in "
+                f"a JSON string ({NO_CHARACTER_WORDS}): such a class can never match here")
+    # (a validator passes the string "\ud800", a JSON escape: no text the engine writes holds one)
+    code = ord(pattern[start]) if end == start + 1 else int(pattern[start + 2:end].strip("{}"), 16)
+    return (f"the lone surrogate U+{code:04X} at position {start}, half of a UTF-16 pair and no character, which no "
+            "JSON text written as UTF-8 holds: it can never match here")
+
+
 def first_matching_nothing(pattern: str) -> Optional[tuple[int, int]]:
-    """(start, end) of the first part of ``pattern`` that matches no character the engine writes in
-    a JSON string, or None: a class (``empty_classes``) or a lone surrogate outside one
+    """(start, end) of the first part of ``pattern`` that ``matching_nothing`` finds, or None."""
+    return next(matching_nothing(pattern), None)
+
+
+def matching_nothing(pattern: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each part of ``pattern`` that matches no character the engine writes in a
+    JSON string, in order: a class (``empty_classes``) or a lone surrogate outside one
     (``lone_surrogates``), but for one in a part repeated at most zero times (``x[^\\s\\S]{0}``,
     which matches what ``x`` does, as a ``regex`` takes it: ``regex_empty_class``), ECMA's empty
     class ``[]`` aside, which Python's ``re`` cannot read there either (``a[]{0}b``)."""
@@ -109,11 +142,11 @@ def first_matching_nothing(pattern: str) -> Optional[tuple[int, int]]:
     python = _as_python_atoms(ecma_names_as_python(pattern))  # (each part at its place)
     for start, end in sorted([*empty_classes(pattern), *lone_surrogates(pattern)]):
         try:
-            if pattern[start:end] == EMPTY or _read(python, start, end):
-                return start, end
+            read = pattern[start:end] == EMPTY or _read(python, start, end)
         except (re.error, RecursionError, OverflowError):  # (one re cannot read, \u{41}: taken as read)
-            return start, end
-    return None
+            read = True
+        if read:
+            yield start, end
 
 
 def lone_surrogates(pattern: str) -> Iterator[tuple[int, int]]:

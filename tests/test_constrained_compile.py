@@ -2328,6 +2328,54 @@ def test_a_schema_patterns_class_that_matches_no_character_is_named_as_a_regexs_
         assert _ecma_u_matches(pattern, texts) == matched
 
 
+_ECMA_EMPTY = ("ECMA's empty class [] at position {at}, which matches no character (Python's re, which reads a schema's "
+               'pattern here, has no empty class: to it a "]" first in a class is a member): an empty class can never '
+               "match")
+
+
+# (what each offer matches worked out by hand: each alternative the words name matches nothing)
+@pytest.mark.parametrize("pattern, holds, never, fix, texts, matched", [
+    (r"[]|[^\s\S]a", [_ECMA_EMPTY.format(at=0), "the class [^\\s\\S] at position 3, " + _JSON_EMPTY_CLASS],
+     "so the pattern can never match here", 'write the class you meant for [] ("]" in it escaped, \\]) and the class '
+     "you meant for [^\\s\\S]", None, None),
+    (r"[]|a[^\s\S]|b", [_ECMA_EMPTY.format(at=0), "the class [^\\s\\S] at position 4, " + _JSON_EMPTY_CLASS],
+     'so the alternative "[]" can never match, and the alternative "a[^\\\\s\\\\S]" can never match',
+     'write "b" without them, or write the class you meant for [] ("]" in it escaped, \\]) and the class you meant '
+     "for [^\\s\\S]", ["b", "a", "ab", ""], ["b", "ab"]),
+    (r"[^\s\S]|[]", ["the class [^\\s\\S] at position 0, " + _JSON_EMPTY_CLASS, _ECMA_EMPTY.format(at=8)],
+     "so the pattern can never match here", "write the class you meant for [^\\s\\S] and the class you meant for [] "
+     '("]" in it escaped, \\])', None, None),
+    (r"[]|\uD800|b", [_ECMA_EMPTY.format(at=0), "the lone surrogate U+D800 at position 3, half of a UTF-16 pair and no "
+                     "character, which no JSON text written as UTF-8 holds: it can never match here"],
+     'so the alternative "[]" can never match, and the alternative "\\\\uD800" can never match',
+     'write "b" without them, or write the class you meant for [] ("]" in it escaped, \\]) and the character you '
+     "meant for \\uD800 (one past U+FFFF as itself, or as its whole pair: \\uD83D\\uDE00)", ["b", "a", ""], ["b"]),
+])
+def test_a_schema_patterns_empty_class_beside_another_kind_that_matches_nothing_names_both(pattern, holds, never, fix,
+                                                                                           texts, matched):
+    """A schema pattern mixing ECMA's [] with another class that matches no JSON string character
+    (or a lone surrogate) was worded after the first one found only: []|[^\\s\\S]a named [] and
+    said "no string passes it", though the other is the engine's reading, and "write the class you
+    meant" of [] alone. Each kind's first part is now named, with what each keeps from matching
+    and its fix; the offer, the pattern without them, is built and matches what the pattern does
+    (by hand; node's RegExp with the u flag where at hand)."""
+    import shutil
+
+    from lmnb_engine.json_schema import loaded_schema
+
+    with pytest.raises(ValueError) as checked:
+        loaded_schema({"type": "string", "pattern": pattern}, engine=True)
+    with pytest.raises(GrammarError) as built:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(checked.value) == str(built.value) == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} holds {', and '.join(holds)}, {never}; {fix}")
+    if texts is not None:
+        assert [t for t in texts if re.search("b", t)] == matched
+        assert schema_to_regex({"type": "string", "pattern": "b"})
+        if shutil.which("node"):
+            assert _ecma_u_matches(pattern, texts) == matched
+
+
 # (a part repeated {0} matches only the empty string, whatever it holds: each pattern matches what `same` does)
 @pytest.mark.parametrize("pattern, same", [
     (r"x[^\s\S]{0}", "x"),
