@@ -145,9 +145,10 @@ def foreign_code_points(pattern: str) -> Optional[tuple[int, str, str]]:
     a code point (``_FOREIGN_CODE_POINT``: ``\\U00010330``, ``\\x{10330}``, ``\\N{GOTHIC LETTER
     AHSA}``), in a class or out: ``\\uXXXX`` up to U+FFFF (a syntax character among them stays
     one character), the character itself past it, as ``json_schema.as_ranges`` writes a block's
-    ends; None where there is none, or where one names no code point (past U+10FFFF, a name
+    ends; None where there is none but those that name no code point (past U+10FFFF, a name
     ``unicodedata`` does not know) or a surrogate (``\\U0000D800``, which no UTF-8 output holds and
-    the engine refuses outside a class), which the other checks word."""
+    the engine refuses outside a class), which the other checks word, and which are kept as written
+    beside the others (``a\\x{DBFF}\\x{41}`` is ``a\\x{DBFF}\\u0041``)."""
     import unicodedata
 
     first, out, i, n = None, [], 0, len(pattern)
@@ -161,9 +162,13 @@ def foreign_code_points(pattern: str) -> Optional[tuple[int, str, str]]:
             code = int(found.group(1) or found.group(2), 16) if found.group(3) is None else ord(
                 unicodedata.lookup(found.group(3)))
         except (KeyError, TypeError):  # (TypeError: a named sequence, two characters, which re refuses too)
-            return None
-        if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:  # (a surrogate: no output holds one, the engine refuses it)
-            return None
+            code = -1
+        # (a surrogate: no output holds one, the engine refuses it; it is kept as written, for the u flag's words,
+        # the others respelled: a\x{DBFF}\x{41} was offered ax\{DBFF\}x{41}, its \x{41} an x 41 times)
+        if not 0 <= code <= 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+            out.append(found.group())
+            i = found.end()
+            continue
         first = (i, found.group()) if first is None else first
         out.append(f"\\u{code:04x}" if code <= 0xFFFF else chr(code))
         i = found.end()

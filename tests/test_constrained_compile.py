@@ -2583,6 +2583,45 @@ def test_a_braced_escape_of_a_surrogate_is_offered_no_surrogate_the_engine_refus
         assert "ud800" not in str(e.value).lower() and "writes a code point as another dialect does" not in str(e.value)
 
 
+@pytest.mark.parametrize("pattern, at, then_at, written, offer", [
+    (r"a\x{DBFF}\x{41}", 9, 1, r"a\x{DBFF}\u0041", r"ax\{DBFF\}\u0041"),
+    (r"a\x{41}\x{DBFF}", 1, 7, r"a\u0041\x{DBFF}", r"a\u0041x\{DBFF\}"),
+])
+def test_a_schema_patterns_braced_surrogate_beside_another_braced_code_point_keeps_each_ones_reading(
+        pattern, at, then_at, written, offer):
+    # a\x{41} alone is offered a\u0041 (PCRE's code point) and a\x{DBFF} alone ax\{DBFF\} (ECMA's reading without the
+    # u flag: no character is a surrogate); side by side, both were read as ECMA does without the flag, offered
+    # ax\{DBFF\}x{41}, its \x{41} an x 41 times. Each is now read as it is alone (gen(), the engine's check and
+    # build alike), the offer matching, by hand and by node's RegExp with the u flag, "ax{DBFF}A" alone
+    import shutil
+
+    import lmnb
+    from lmnb_engine.json_schema import loaded_schema
+
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", json_schema=schema)
+    with pytest.raises(ValueError) as checked:
+        loaded_schema(schema, engine=True)
+    with pytest.raises(GrammarError) as built:
+        schema_to_regex(schema)
+    assert str(at_gen.value) == str(checked.value) == str(built.value) == (
+        f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} writes a code point as another dialect does, "
+        f"\\x{{41}} at position {at}, which ECMA 262 (JSON Schema's dialect) reads as other characters without the u "
+        "flag and refuses with it; ECMA's escape is \\u{...} or \\uXXXX, but Python's re, which reads a schema's "
+        "pattern here, has no \\u{...}: \\uXXXX up to U+FFFF and the character itself past it are read alike by "
+        f"both; write each such escape so; then the pattern {json.dumps(written)} cannot be read as JSON Schema reads "
+        f"it: it has \\x without its two hex digits at position {then_at}, a syntax error of ECMA 262 with the u flag "
+        "JSON Schema asks patterns be read with (2020-12 core, section 6.4); write "
+        f"{json.dumps(offer)}, which means, with the flag too, what ECMA reads it as without it")
+    texts = ["ax{DBFF}A", "aAx{DBFF}", "ax{DBFF}" + "x" * 41, "a"]
+    meant = texts[:1] if pattern.index("DBFF") < pattern.index("41") else texts[1:2]
+    regex = schema_to_regex({"type": "string", "pattern": offer})
+    assert [t for t in texts if re.fullmatch(regex, json.dumps(t))] == meant
+    if shutil.which("node"):
+        assert _ecma_u_matches(offer, texts) == meant
+
+
 @pytest.mark.parametrize("pattern, code", [(r"\ud800", "D800"), (r"a\U0000dfff?", "DFFF"), ("^x\udc00$", "DC00"),
                                            (r"(?x) \ud83d\ude00  # a pair is two surrogates to re", "D83D")])
 def test_a_surrogate_outside_a_class_is_refused_by_gen_as_the_engine_refuses_it(backend, pattern, code):
