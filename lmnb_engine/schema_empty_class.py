@@ -96,8 +96,8 @@ def _meant(kind: str, part: str, several: bool) -> str:
         return f"the class you meant{' for []' if several else ''} (\"]\" in it escaped, \\])"
     if kind == "class":
         return f"the class you meant for {part}" if several else "the class you meant"
-    return (f"the character you meant{' for ' + part if several else ''} (one past U+FFFF as itself, or as its "
-            "whole pair: \\uD83D\\uDE00)")
+    # Only the character itself: this engine refuses a surrogate pair's escapes and \u{...} alike.
+    return f"the character you meant{' for ' + part if several else ''} (one past U+FFFF as the character itself)"
 
 
 def _kind(pattern: str, start: int, end: int) -> str:

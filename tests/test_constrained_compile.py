@@ -2349,7 +2349,7 @@ _ECMA_EMPTY = ("ECMA's empty class [] at position {at}, which matches no charact
                      "character, which no JSON text written as UTF-8 holds: it can never match here"],
      'so the alternative "[]" can never match, and the alternative "\\\\uD800" can never match',
      'write "b" without them, or write the class you meant for [] ("]" in it escaped, \\]) and the character you '
-     "meant for \\uD800 (one past U+FFFF as itself, or as its whole pair: \\uD83D\\uDE00)", ["b", "a", ""], ["b"]),
+     "meant for \\uD800 (one past U+FFFF as the character itself)", ["b", "a", ""], ["b"]),
 ])
 def test_a_schema_patterns_empty_class_beside_another_kind_that_matches_nothing_names_both(pattern, holds, never, fix,
                                                                                            texts, matched):
@@ -2425,12 +2425,16 @@ def test_a_schema_patterns_lone_surrogate_is_named_as_a_class_of_none_is(pattern
         loaded_schema({"type": "string", "pattern": pattern}, engine=True)
     with pytest.raises(GrammarError) as built:
         schema_to_regex({"type": "string", "pattern": pattern})
-    meant = r"write the character you meant (one past U+FFFF as itself, or as its whole pair: \uD83D\uDE00)"
+    meant = r"write the character you meant (one past U+FFFF as the character itself)"
     fix = f"write {json.dumps(offer)} without it, or {meant}" if offer else meant
     assert str(checked.value) == str(built.value) == (
         f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} holds the lone surrogate U+{code} at position "
         f"{at}, half of a UTF-16 pair and no character, which no JSON text written as UTF-8 holds: it can never match "
         f"here, {never}; {fix}")
+    # the advice holds: the character itself builds, its pair of escapes is refused
+    assert schema_to_regex({"type": "string", "pattern": "\U0001F600"})
+    with pytest.raises(GrammarError):
+        schema_to_regex({"type": "string", "pattern": r"\uD83D\uDE00"})
     if offer:
         assert [t for t in texts if re.search(offer, t)] == matched
         assert schema_to_regex({"type": "string", "pattern": offer})
