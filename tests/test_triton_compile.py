@@ -71,3 +71,32 @@ def test_silu_divides_and_exponentiates_as_torch_does_on_a_gpu():
     ops = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "div.rn.f32" in ops and not [op for op in ops if op.startswith(("div.full", "div.approx"))], ops
     assert any(op.startswith("fma.rm") for op in ops), ops  # expf's range reduction
+
+
+PTXAS_CACHE = """
+import json, os, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from lmnb_engine.testing import triton_compile as tc
+target = GPUTarget("cuda", 90, 32)
+[launch] = [l for _, _, l in tc.record_launches(90, shapes=tc.SHAPES[:1], dtypes=(torch.bfloat16,))
+            if l.kernel.__name__ == "_silu_and_mul_kernel"]
+src, options = tc._specialize(launch, target)
+ptx = triton.compile(src, target=target, options=options.__dict__).asm["ptx"]
+os.environ["TRITON_CACHE_DIR"] = sys.argv[1]  # an empty cache for the ptxas answers
+runs, run = [], tc.subprocess.run
+tc.subprocess.run = lambda cmd, **kw: runs.append(cmd[0]) or run(cmd, **kw)
+first, again, edited = tc._ptxas_usage(ptx, 90), tc._ptxas_usage(ptx, 90), tc._ptxas_usage(ptx + "// edited", 90)
+print(json.dumps([len(runs), first, again, edited]))
+"""
+
+
+def test_ptxas_usage_is_run_once_per_ptx_and_then_read_from_the_cache(tmp_path):
+    """A check whose compiles Triton has cached spent nearly all its time in ``ptxas -v`` (0.25 s a
+    launch): its answer is cached too, under the PTX it was given. The same PTX again is answered
+    from the cache as ptxas answered it; an edited one is run through ptxas again."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", PTXAS_CACHE, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs, first, again, edited = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs == 2 and again == first == edited and first[0] > 0

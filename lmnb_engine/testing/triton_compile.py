@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 from concurrent.futures import ProcessPoolExecutor
 import re
@@ -170,22 +171,38 @@ def _specialize(launch: Launch, target) -> tuple:
 
 
 def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:
-    """(registers per thread, spill bytes stored + loaded) from ``ptxas -v`` for ``arch``."""
-    from triton.backends.nvidia.compiler import get_ptxas
+    """(registers per thread, spill bytes stored + loaded) from ``ptxas -v`` for ``arch``.
+
+    The answer is kept in Triton's cache (``$TRITON_CACHE_DIR``) under a hash of what decides it:
+    the ptxas (its path and version), its arguments and the PTX. Where ``triton.compile`` finds
+    its launches cached, these ptxas runs (about 0.25 s each, 576 of them) were nearly all of a
+    check's time."""
+    from triton.backends.nvidia.compiler import get_ptxas, get_ptxas_version
+    from triton.runtime.cache import get_cache_manager
 
     tool = get_ptxas(arch)
     gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    args = ["-v", f"--gpu-name={gpu}"]
+    # (ptxas --version whole, build included, as Triton keys its own cache: tool.version is "12.8")
+    key = hashlib.sha256(json.dumps([tool.path, get_ptxas_version(arch), args, ptx]).encode()).hexdigest()
+    cache = get_cache_manager(key)
+    cached = cache.get_file("ptxas_usage.json")
+    if cached is not None:
+        with open(cached) as f:
+            registers, spills = json.load(f)
+        return registers, spills
     with tempfile.TemporaryDirectory() as tmp:
         src = f"{tmp}/k.ptx"
         with open(src, "w") as f:
             f.write(ptx)
-        res = subprocess.run([tool.path, "-v", f"--gpu-name={gpu}", src, "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True)
+        res = subprocess.run([tool.path, *args, src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"ptxas {tool.version} for {gpu} failed: {res.stderr.strip()[-500:]}")
     regs = re.search(r"Used (\d+) registers", res.stderr)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", res.stderr)]
-    return (int(regs.group(1)) if regs else 0), sum(spills)
+    registers = int(regs.group(1)) if regs else 0
+    cache.put(json.dumps([registers, sum(spills)]), "ptxas_usage.json", binary=False)
+    return registers, sum(spills)
 
 
 def compile_launch(launch: Launch, arch: int, dtype: str) -> CompileReport:
