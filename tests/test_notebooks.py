@@ -585,15 +585,26 @@ def test_lmnb_version_prints_the_installed_version_without_loading_torch():
     assert out.stdout == f"lmnb {version('lmnb')}\nFalse 0\n", out.stderr
 
 
-def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str, sig=signal.SIGINT):
+# ``python -m lmnb_kernel run`` with CtrlC.GRACE_S set to argv[1] seconds (the rest: lmnb run's arguments)
+RUN_WITH_GRACE = """
+import sys
+from lmnb_kernel.cli import main
+from lmnb_kernel.run import CtrlC
+CtrlC.GRACE_S = float(sys.argv.pop(1))
+sys.exit(main())
+"""
+
+
+def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str, sig=signal.SIGINT, grace_s=None):
     """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs (or ``sig``) once the cell ``cell``
-    is running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook,
-    stdout)."""
+    is running (it touches the file ``{marker}`` first), with ``CtrlC.GRACE_S`` set to ``grace_s``
+    if given. Returns (exit status, stderr, saved notebook, stdout)."""
 
     marker = tmp_path / "started"
     src = _notebook(tmp_path / "nb.ipynb", "print('first')", cell.format(marker=str(marker)), "print('never')")
     out = tmp_path / "out.ipynb"
-    proc = subprocess.Popen([sys.executable, "-m", "lmnb_kernel", "run", str(src), "-o", str(out), *options],
+    command = ["-m", "lmnb_kernel"] if grace_s is None else ["-c", RUN_WITH_GRACE, str(grace_s)]
+    proc = subprocess.Popen([sys.executable, *command, "run", str(src), "-o", str(out), *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -630,7 +641,8 @@ def test_ctrl_c_interrupts_the_running_cell_keeps_its_output_and_ends_the_run_wi
     (2, "lmnb run: interrupted (Ctrl-C twice) while cell 2 ran; the kernel was shut down"),
     # one Ctrl-C: shut down after the grace period (an interrupt that landed outside the cell's
     # code lost its reply, and the run waited until --timeout, 30 minutes by default)
-    (1, "lmnb run: interrupted (Ctrl-C); cell 2 did not stop within 30 s, so the kernel was shut down"),
+    # (a grace of 5 s, not its 30, where this run waits it out: the message says the grace in effect)
+    (1, "lmnb run: interrupted (Ctrl-C); cell 2 did not stop within 5 s, so the kernel was shut down"),
 ])
 def test_a_kernel_whose_cell_does_not_stop_is_shut_down(tmp_path, signals, message):
     from lmnb_kernel.run import CtrlC
@@ -638,7 +650,7 @@ def test_a_kernel_whose_cell_does_not_stop_is_shut_down(tmp_path, signals, messa
     assert CtrlC.GRACE_S == 30.0
     cell = ("import pathlib, time\npathlib.Path({marker!r}).touch()\n"
             "for _ in range(600):\n    try:\n        time.sleep(0.2)\n    except KeyboardInterrupt:\n        pass")
-    status, err, done, _ = _run_and_interrupt(tmp_path, cell, signals)
+    status, err, done, _ = _run_and_interrupt(tmp_path, cell, signals, grace_s=5)
     assert status == 130, err
     assert message in err
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
