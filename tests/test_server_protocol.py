@@ -844,13 +844,6 @@ def test_a_client_gone_before_its_stream_starts_aborts_every_prompt(path, body, 
         assert h.aborted.is_set(), f"prompt {i} kept running after its client left"
 
 
-class _Silent(_UntilAborted):
-    """A request handle that sends nothing until it is aborted (a long prefill, a long queue)."""
-
-    def subscribe(self, listener):
-        pass
-
-
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("path, body", [
     ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}}),
@@ -867,8 +860,8 @@ def test_waiting_requests_are_not_bounded_by_the_server_threads(monkeypatch, pat
     class Engine(RecordingEngine):
         def submit(self, prompt, params, rid=None):
             handle = super().submit(prompt, params, rid)
-            if len(handles) < 2:  # the first two wait (as many as the threads)
-                handle = _Silent(handle)
+            if len(handles) < 2:  # the first two wait (as many as the threads), sending nothing until aborted
+                handle = _UntilAborted(handle)
             handles.append(handle)
             return handle
 
