@@ -8,6 +8,7 @@ where the notebook's mistake is, and the saved notebook keeps the whole tracebac
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -18,6 +19,9 @@ FIRST_LINE_CHARS = 80
 # A frame or error message longer than this (ValueError("x" * 10**6)) keeps its head and tail: the
 # report is read in a terminal, and the saved notebook has it whole.
 PART_HEAD_CHARS, PART_TAIL_CHARS = 1500, 500
+# As Python's own traceback does (traceback._RECURSIVE_CUTOFF): a frame repeated more often than
+# this (a runaway recursion: some 1,000 frames) is shown this many times, then counted.
+REPEATED_FRAMES_SHOWN = 3
 
 
 def with_note(name: str, note: str) -> str:
@@ -51,13 +55,27 @@ def describe_failure(cell, name: str, ename: str, evalue: str) -> str:
     # frames are labelled by In [N], the execution count, which is not the cell's number
     run_as = with_note(name, f"In [{cell['execution_count']}]") if cell.get("execution_count") is not None else name
     head = f"{run_as} raised {ename}; the cell begins: {_first_line(cell.get('source', ''))}"
-    parts = [head, *frames]
+    parts = [head, *_collapse_repeats(frames)]
     if not (frames and frames[-1].splitlines()[-1].startswith(f"{ename}:")):  # a SyntaxError's frame has it
         parts.append(f"{ename}: {evalue}")
     if left_out:
         parts.append(f"({left_out} frame{'s' * (left_out > 1)} in library code left out; the saved notebook "
                      "has the whole traceback)")
     return "\n\n".join(_elide(part) for part in parts)
+
+
+def _collapse_repeats(frames: list[str]) -> list[str]:
+    """``frames`` with each run of one frame longer than ``REPEATED_FRAMES_SHOWN`` cut to that many
+    and a line counting the rest, as Python prints a recursion: "[Previous frame repeated 970 more
+    times]"."""
+    out: list[str] = []
+    for frame, run in itertools.groupby(frames):
+        count = len(list(run))
+        out += [frame] * min(count, REPEATED_FRAMES_SHOWN)
+        if count > REPEATED_FRAMES_SHOWN:
+            more = count - REPEATED_FRAMES_SHOWN
+            out.append(f"[Previous frame repeated {more} more time{'s' * (more > 1)}]")
+    return out
 
 
 def _elide(text: str) -> str:

@@ -450,6 +450,48 @@ def test_a_huge_error_message_is_reported_by_its_head_and_tail():
                              "Cell In[1], line 1\n----> 1 raise ValueError(m)\n\n")
 
 
+def test_a_runaway_recursion_is_reported_with_its_repeated_frame_counted(tmp_path, capsys):
+    """f(n) calling f(n+1) printed the same 4-line frame some 970 times (3,900 lines); Python's own
+    traceback shows a repeated frame 3 times and counts the rest."""
+    from lmnb_kernel.run import run
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("def f(n):\n    return f(n+1)\nf(0)")]
+    nbformat.write(nb, tmp_path / "rec.ipynb")
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(tmp_path / "rec.ipynb"), output=str(out), parameter=[], timeout=60,
+                              allow_errors=False)
+    assert run(args) == 3
+    err = capsys.readouterr().err
+    saved = nbformat.read(out, as_version=4).cells[0].outputs[0].traceback  # kept whole
+    repeats = sum("\x1b[32m, line 2\x1b[39m, in \x1b[36mf" in entry for entry in saved)
+    assert repeats > 900
+    frame = "Cell In[1], line 2, in f(n)\n      1 def f(n):\n----> 2     return f(n+1)"
+    assert err[err.index("lmnb run: cell 1"):] == (
+        "lmnb run: cell 1 (In [1]) raised RecursionError; the cell begins: def f(n):\n\n"
+        "Cell In[1], line 3\n      1 def f(n):\n      2     return f(n+1)\n----> 3 f(0)\n\n"
+        + f"{frame}\n\n" * 3 + f"[Previous frame repeated {repeats - 3} more times]\n\n"
+        "RecursionError: maximum recursion depth exceeded\n"
+        f"(outputs so far are saved in {out})\n")
+
+
+@pytest.mark.parametrize("times, shown", [
+    (3, ["A", "A", "A"]),  # as Python: three are shown whole
+    (4, ["A", "A", "A", "[Previous frame repeated 1 more time]"]),
+    (7, ["A", "A", "A", "[Previous frame repeated 4 more times]"]),
+])
+def test_only_a_run_of_one_frame_is_counted(times, shown):
+    from lmnb_kernel.cell_failure import describe_failure
+
+    a, b = "Cell In[1], line 2, in f(n)\n----> 2     return g(n)", "Cell In[1], line 4, in g(n)\n----> 4     return f(n+1)"
+    cell = nbformat.v4.new_code_cell("f(0)", execution_count=2)
+    cell.outputs = [nbformat.v4.new_output("error", ename="E", evalue="x", traceback=[
+        "Cell In[2], line 1\n----> 1 f(0)", *[a] * times, b, a, b, a, "E: x"])]
+    report = describe_failure(cell, "cell 2", "E", "x").split("\n\n")
+    named = {"A": a}
+    assert report[2:] == [named.get(part, part) for part in shown] + [b, a, b, a, "E: x"]
+
+
 @pytest.mark.parametrize("tagged", [True, False])
 def test_after_p_the_report_numbers_cells_as_the_source_and_the_saved_notebook_do(tmp_path, capsys, tagged):
     # the injected parameters cell shifted every later number by one; the report then gave the source
