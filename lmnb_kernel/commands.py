@@ -43,7 +43,7 @@ def _show_loaded(session: Session, config: EngineConfig, dropped: list[str]) -> 
 def connect(args, session: Session) -> None:
     """``%lm connect URL``: run cells on a server (SGLang native protocol, or OpenAI-compatible)."""
     import lmnb
-    from lmnb.backend.base import BackendAuthError
+    from lmnb.backend.base import BackendAuthError, without_key_fix
 
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
@@ -71,7 +71,7 @@ def connect(args, session: Session) -> None:
                      f"; the server refused the key in ${API_KEY_ENV}: check it" if os.environ.get(API_KEY_ENV) else
                      f"; the server asks for an API key: %lm connect URL --api-key KEY, or set ${API_KEY_ENV} in "
                      "the kernel's environment")
-        raise CellError(f"could not connect to {args.url}: {e}{hint}") from e
+        raise CellError(f"could not connect to {args.url}: {without_key_fix(e)}{hint}") from e
     if args.openai:
         what += _served_models_note(backend, args, v1)
     dropped = sorted(session.states)  # they ran on the old backend, as %lm load says

@@ -1213,3 +1213,42 @@ def test_the_guessed_template_warning_of_a_lm_cell_points_at_the_cell(server):
         get_session().close()
         shell.extension_manager.unload_extension("lmnb_kernel")
         lmnb.api._default_backend = default_backend
+
+
+@pytest.mark.parametrize("key, env, refusal", [
+    (None, "sekrit", None),  # the key lmnb serve reads, as %lm connect and an exported job read it
+    ("sekrit", "wrong", None),  # api_key= wins
+    (None, "", "; the server asks for an API key: lmnb.RuntimeEndpoint(URL, api_key=KEY), or set $LMNB_API_KEY"),
+    (None, "wrong", "; the server refused the key in $LMNB_API_KEY: check it"),
+    ("wrong", "sekrit", "; the server refused the api_key given: check it"),
+])
+def test_the_key_comes_from_lmnb_api_key_and_a_refusal_says_how_to_give_it(monkeypatch, key, env, refusal):
+    """RuntimeEndpoint(url) sent no key where $LMNB_API_KEY held it (lmnb serve reads it "as the
+    clients read it"), and a 401 said only the server's words, "send Authorization: Bearer <key>"."""
+    from lmnb.backend.base import BackendAuthError
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):  # lmnb serve --api-key sekrit
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            if seen[-1] == "Bearer sekrit":
+                send(self, 200, json.dumps({"model_path": "stub"}).encode())
+            else:
+                send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)"}}')
+
+    monkeypatch.setenv("LMNB_API_KEY", env)
+    with serve_http(Handler) as url:
+        if refusal is None:
+            lmnb.RuntimeEndpoint(url, api_key=key).shutdown()
+        else:
+            with pytest.raises(BackendAuthError) as e:
+                lmnb.RuntimeEndpoint(url, api_key=key)
+            assert str(e.value) == (f"GET {url}/get_model_info: HTTP 401: missing or wrong API key (send "
+                                    f"Authorization: Bearer <key>){refusal}")
+    assert seen == [None if key is None and not env else f"Bearer {key or env}"]

@@ -85,7 +85,17 @@ def reworded(e: Exception, message: str) -> Exception:
 
 class BackendAuthError(BackendError):
     """The server refused a call for its API key (HTTP 401): none was given, or the wrong one.
-    Front ends add how to give one (``%lm connect URL --api-key KEY``, a job's ``--api-key``)."""
+    ``key_fix``: the end of the message that says how the Python API gives the key
+    (``RuntimeEndpoint``'s ``api_key=``), "" where it says none; front ends say their own instead
+    (``%lm connect URL --api-key KEY``, a job's ``--api-key``): ``without_key_fix``."""
+
+    key_fix = ""
+
+
+def without_key_fix(e: BaseException) -> str:
+    """The message of ``e`` without a ``BackendAuthError``'s ``key_fix``, for a front end that says
+    how to give the key in its own words."""
+    return str(e).removesuffix(getattr(e, "key_fix", ""))
 
 
 class BackendUnreachable(BackendError):

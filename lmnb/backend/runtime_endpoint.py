@@ -32,6 +32,7 @@ from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
+from lmnb_engine import API_KEY_ENV  # (the package alone: no torch)
 
 UNCONDITIONAL_CONTEXT = "Answer:"  # same context as the in-process backend
 # Prompt tokens returned before the prompt's end when scoring choices. The server recomputes every
@@ -136,7 +137,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     Args:
         base_url: e.g. ``http://127.0.0.1:30000``.
-        api_key: sent as ``Authorization: Bearer <api_key>``.
+        api_key: sent as ``Authorization: Bearer <api_key>``; default ``$LMNB_API_KEY`` (the key
+            ``lmnb serve`` reads too; empty counts as unset), else none.
         verify: TLS verification (httpx's ``verify``; default on).
         chat_template_name: a registered template instead of the server's (``lmnb serve`` reports
             the model's Jinja template in ``/get_model_info``; an SGLang server does not, and then
@@ -154,7 +156,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     Raises:
         BackendError: the server cannot be reached, does not answer ``/get_model_info`` within
             ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails;
-            ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401 (``api_key``).
+            ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401, its message
+            ending with how to give the key (``api_key=``, ``$LMNB_API_KEY``): its ``key_fix``.
         ValueError: a ``timeout`` that is not a positive number of seconds, or a ``base_url`` that
             is no http(s) URL (``TypeError`` where it is no string).
     """
@@ -171,6 +174,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         _check_url(base_url)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        key_from = "the api_key given" if api_key else f"the key in ${API_KEY_ENV}"
+        api_key = api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client_kwargs = dict(
             base_url=self.base_url,
@@ -197,10 +202,16 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 raise BackendError(f"GET {self.base_url}/get_model_info returned {_shown(self.model_info)}, not "
                                    f"SGLang's model info (an object with a 'model_path' string); is {self.base_url} an "
                                    "SGLang or lmnb server?")
-        except BaseException:
+        except BaseException as e:
             # (no endpoint comes back to shut down: the connection it opened was left to the garbage
             # collector, "ResourceWarning: unclosed <socket.socket ...>")
             self.shutdown()
+            if isinstance(e, BackendAuthError):  # (the server's words are for an HTTP client: "send Authorization")
+                fix = (f"; the server refused {key_from}: check it" if api_key else
+                       f"; the server asks for an API key: lmnb.RuntimeEndpoint(URL, api_key=KEY), or set ${API_KEY_ENV}")
+                auth = BackendAuthError(f"{e}{fix}", e.reason)
+                auth.key_fix = fix
+                raise auth from None
             raise
         self._template_name = chat_template_name
         self._template: Optional[ChatTemplate] = None

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from lmnb.backend.base import BackendAuthError
+from lmnb.backend.base import BackendAuthError, without_key_fix
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.batch.messages import say
@@ -213,7 +213,7 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
     """The line that says why the backend ``args`` name did not start (``e``), with the job's
     option to give when a server refused it for its API key."""
     text = (f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: "
-            f"{in_option_syntax(e, vars(args))}")
+            f"{without_key_fix(e) if isinstance(e, BackendAuthError) else in_option_syntax(e, vars(args))}")
     if isinstance(e, BackendAuthError):
         given = _key_source(args)
         text += (f"; the server refused {given}" if given else "; the server asks for an API key: pass --api-key KEY"
