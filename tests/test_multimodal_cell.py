@@ -199,3 +199,21 @@ def test_an_image_file_that_is_missing_is_reported_at_its_own_hole(ip):
         assert not result.success and type(result.error_in_exec).__name__ == "CellError"
         assert str(result.error_in_exec).startswith(
             f"{where} Image('no-such-photo.png') failed: ImageInputError: no image file at 'no-such-photo.png'")
+
+
+def test_an_image_file_pillow_cannot_read_is_reported_at_its_own_hole(ip, tmp_path):
+    """Junk bytes, or a 4000x10 PNG the size limits refuse, were reported at the gen after the image
+    ("line 7: Gen('answer') failed: ImageInputError: ..."), where a missing file is reported at
+    its hole."""
+    junk, wide = tmp_path / "notimg.png", tmp_path / "wide.png"
+    junk.write_bytes(b"junk bytes, not a PNG")
+    Image.new("RGB", (4000, 10)).save(wide)
+    for path, words in [(junk, "is not a readable image (its bytes are in no image format Pillow knows); use PNG, "
+                               "JPEG, GIF, WebP or BMP"),
+                        (wide, "is 4000x10 pixels: its sides differ more than 200 to 1, the limit (the image "
+                               "processor would scale the short side up into gigabytes); crop it into parts")]:
+        with capture_output():
+            result = ip.run_cell(CELL.replace("{image photo}", f'{{image "{path}"}}'))
+        assert not result.success and type(result.error_in_exec).__name__ == "CellError"
+        assert str(result.error_in_exec).startswith(
+            f"line 3, col 1: Image({str(path)!r:.60}) failed: ImageInputError: {str(path)!r} {words}\n")

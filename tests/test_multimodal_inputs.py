@@ -272,3 +272,25 @@ def test_sixteen_bit_grayscale_is_scaled_to_eight_bits_not_clipped_to_white(tmp_
     for source in (path, Image.open(path), Image.fromarray(values.astype(np.int32))):
         assert np.asarray(load_image(source).image).tolist() == expected
     assert load_image(path).hash == pixel_hash(Image.fromarray(np.array(expected, dtype=np.uint8)))
+
+
+def test_the_check_where_an_image_is_added_refuses_what_its_header_refuses_as_load_image_does(tmp_path):
+    """check_image_source (where image() adds an input) let through bytes in no image format and an
+    image over the size limits, which failed only at the next gen's request."""
+    from lmnb_engine.multimodal.image_io import check_image_source
+
+    wide = io.BytesIO()
+    Image.new("RGB", (4000, 10)).save(wide, format="PNG")
+    for name, data in [("junk.png", b"junk bytes, not a PNG"), ("wide.png", wide.getvalue())]:
+        (tmp_path / name).write_bytes(data)
+        for source in (str(tmp_path / name), data, "data:image/png;base64," + base64.b64encode(data).decode()):
+            with pytest.raises(ImageInputError) as loaded:
+                load_image(source)
+            with pytest.raises(ImageInputError) as checked:
+                check_image_source(source)
+            assert str(checked.value) == str(loaded.value)
+    assert "4000x10 pixels: its sides differ more than 200 to 1" in str(loaded.value)
+    good = tmp_path / "good.png"
+    good.write_bytes(png_bytes(random_image(4)))
+    for source in (str(good), good.read_bytes()):
+        check_image_source(source)

@@ -82,8 +82,8 @@ def frames(media: Any) -> list:
 def check_source(media: Any) -> None:
     """Raise where the program adds an ``image()``/``video()`` input that no request could send
     (a path with no file, a source of another type, a video that does not decode), so that the
-    error names that input, not the next gen. An image is checked without decoding it
-    (``check_image_source``); a video's frames are sampled here, once (``frames`` keeps them for
+    error names that input, not the next gen. An image is checked from its header, its pixels not
+    decoded (``check_image_source``); a video's frames are sampled here, once (``frames`` keeps them for
     the requests that send them).
 
     Raises:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import os
@@ -17,7 +18,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -106,26 +107,45 @@ def load_image(
     return _decode(_image_file(source, max_bytes).read_bytes(), max_bytes, max_pixels, repr(source))
 
 
-def check_image_source(source: Any, max_bytes: int = DEFAULT_MAX_BYTES, allow_remote: bool | None = None) -> None:
-    """Raise what ``load_image(source)`` raises before it decodes anything: a source of another
+def check_image_source(
+    source: Any,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    allow_remote: bool | None = None,
+) -> None:
+    """Raise what ``load_image(source)`` raises before it decodes the pixels: a source of another
     type, a path with no file or one over ``max_bytes``, a data URL not of the form
-    ``data:image/<type>;base64,<data>``, a remote URL while fetching is off. Cheap (nothing is
-    decoded or fetched), so a front end checks an input where the program adds it, not only where
-    a later request sends it.
+    ``data:image/<type>;base64,<data>``, bytes in no format Pillow knows or whose header gives a
+    size over ``max_pixels`` or ``MAX_ASPECT_RATIO``, a remote URL while fetching is off. Cheap
+    (only the image's header is read; nothing is fetched), so a front end checks an input where
+    the program adds it, not only where a later request sends it.
 
     Raises:
         ImageInputError (a ValueError): as ``load_image`` words it.
     """
-    if isinstance(source, (Image.Image, bytes, bytearray, memoryview)):
+    if isinstance(source, Image.Image):
+        return
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        _check_header(io.BytesIO(source), max_pixels, "the image data")
         return
     source = _source_string(source)
     if is_data_url(source):
-        _data_url_bytes(source, max_bytes)
+        _check_header(io.BytesIO(_data_url_bytes(source, max_bytes)), max_pixels, "the data URL")
     elif is_http_url(source):
         if not _remote_allowed(allow_remote):
             raise _remote_refused(source)
     else:
-        _image_file(source, max_bytes)
+        with _image_file(source, max_bytes).open("rb") as f:
+            _check_header(f, max_pixels, repr(source))
+
+
+def _check_header(fp: Any, max_pixels: int, what: str) -> None:
+    """Refuse the image in the binary file ``fp`` as ``load_image`` does, from its header alone.
+
+    Raises:
+        ImageInputError: see ``_opened``."""
+    with _readable(what, max_pixels):
+        _opened(fp, max_pixels, what)
 
 
 def _source_string(source: Any) -> str:
@@ -285,10 +305,25 @@ def _check_pixels(image: Image.Image, max_pixels: int, what: str) -> None:
 def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedImage:
     if len(data) > max_bytes:
         raise ImageInputError(f"{what} is {len(data)} bytes, over the limit of {max_bytes}; shrink it")
-    try:
-        image = Image.open(io.BytesIO(data))
-        _check_pixels(image, max_pixels, what)  # from the header, before decoding the pixels
+    with _readable(what, max_pixels):
+        image = _opened(io.BytesIO(data), max_pixels, what)
         image.load()
+    return _finish(image, what)
+
+
+def _opened(fp: Any, max_pixels: int, what: str) -> Image.Image:
+    """``Image.open(fp)``, its size checked from the header (``_check_pixels``), its pixels not
+    decoded yet; Pillow's errors are raised as they come, for ``_readable`` to word."""
+    image = Image.open(fp)
+    _check_pixels(image, max_pixels, what)
+    return image
+
+
+@contextlib.contextmanager
+def _readable(what: str, max_pixels: int) -> Iterator[None]:
+    """Raise Pillow's errors of opening or decoding the image ``what`` as ``ImageInputError``s."""
+    try:
+        yield
     except ImageInputError:
         raise
     except Image.DecompressionBombError as e:  # Pillow's own limit, met in Image.open before ours
@@ -299,7 +334,6 @@ def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedIm
         detail = ("its bytes are in no image format Pillow knows" if isinstance(e, UnidentifiedImageError)
                   else f"{type(e).__name__}: {e}")
         raise ImageInputError(f"{what} is not a readable image ({detail}); use PNG, JPEG, GIF, WebP or BMP") from None
-    return _finish(image, what)
 
 
 def _finish(image: Image.Image, what: str) -> LoadedImage:
