@@ -478,7 +478,7 @@ def as_expr(x: Any) -> Expr:
         raise TypeError(f"cannot add the program {x.__name__!r} itself to an lmnb program; to run its body on this "
                         f"state, call {x.__name__}.func(s, ...)")
     raise TypeError(
-        f"cannot add a {type(x).__name__} to an lmnb program; add a str (e.g. str(value)) or a "
+        f"cannot add a value of type {type(x).__name__} to an lmnb program; add a str (e.g. str(value)) or a "
         "primitive such as gen(...)"
     )
 

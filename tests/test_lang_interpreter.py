@@ -4107,7 +4107,7 @@ def test_bad_arguments_fail_early_with_names():
     for primitive in (sgl.gen, lambda name: sgl.select(name, choices=["a"])):  # (5 was taken as a name)
         with pytest.raises(TypeError, match="name must be a string .* got 5"):
             primitive(5)
-    with pytest.raises(TypeError, match="cannot add a int"):
+    with pytest.raises(TypeError, match="cannot add a value of type int to"):
         sgl.gen("x") + 5
 
 
@@ -4167,7 +4167,9 @@ def test_adding_none_is_a_type_error_as_adding_an_int_is():
     # s += None was a ValueError ("cannot add None to a program state"), s += 5 a TypeError
     none = re.escape("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
                      "primitive such as gen(...)")
-    number = re.escape("cannot add a int to an lmnb program; add a str (e.g. str(value)) or a primitive such as gen(...)")
+    # (it said "a int": "a" before any type name)
+    number = re.escape("cannot add a value of type int to an lmnb program; add a str (e.g. str(value)) or a "
+                       "primitive such as gen(...)")
 
     def helper():  # (it forgot to return its primitive)
         "Q: " + sgl.gen("x")
