@@ -872,6 +872,62 @@ def test_an_openai_connect_timeout_is_named_unreachable_not_a_read_timeout(monke
     backend.shutdown()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind, said", [
+    ("ConnectError", "nothing answers there (ConnectError: [Errno 111] Connection refused; 2 tries); is the server "
+                     "running, and are the host and port right?"),
+    # a connection the server took, then dropped: something answers there
+    ("RemoteProtocolError", "APIConnectionError: Connection error. (RemoteProtocolError: [Errno 111] Connection "
+                            "refused; 2 tries)"),
+])
+def test_an_openai_connection_that_fails_says_nothing_answers_and_why(monkeypatch, stream, kind, said):
+    """lmnb.OpenAI at a port nothing listens on said only "APIConnectionError: Connection error.",
+    where RuntimeEndpoint says "nothing answers at ...; is the server running" and why."""
+    import importlib
+
+    from lmnb.backend.base import BackendUnreachable
+
+    for name in ("httpx", "httpx2"):  # (as in the connect-timeout test above: the same on both transports)
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+
+        def refuse(self, request, *, module=module):
+            raise getattr(module, kind)("[Errno 111] Connection refused", request=request)
+
+        async def refuse_async(self, request, *, module=module):
+            raise getattr(module, kind)("[Errno 111] Connection refused", request=request)
+
+        monkeypatch.setattr(module.HTTPTransport, "handle_request", refuse)
+        monkeypatch.setattr(module.AsyncHTTPTransport, "handle_async_request", refuse_async)
+    url = "http://127.0.0.1:9/v1"  # (never reached: the transports fail first)
+    backend = lmnb.OpenAI("m", base_url=url, max_retries=1)
+    with pytest.raises(BackendUnreachable) as e:
+        if stream:
+            list(backend.generate_stream(CHAT, PARAMS, "r1"))
+        else:
+            backend.generate(CHAT, PARAMS, "r1")
+    assert str(e.value) == f"{url}/: {said}"
+    backend.shutdown()
+
+
+def test_an_openai_backend_at_a_port_nothing_listens_on_says_so():
+    import socket
+
+    from lmnb.backend.base import BackendUnreachable
+
+    with socket.socket() as sock:  # a port nothing listens on (bound, never listening: no one else takes it)
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        backend = lmnb.OpenAI("m", base_url=gone, max_retries=0)
+        for call in (lambda: backend.generate(CHAT, PARAMS, "r1"),
+                     lambda: list(backend.generate_stream(CHAT, PARAMS, "r2"))):
+            with pytest.raises(BackendUnreachable, match=re.escape(f"{gone}/: nothing answers there (ConnectError: ")):
+                call()
+    backend.shutdown()
+
+
 def test_an_openai_stream_aborted_while_it_starts_is_closed_at_once(server, chat):
     """An abort() between the request and its first chunk found no stream to close (the stream was
     registered once the request returned): the stream then ran to its end."""

@@ -359,7 +359,7 @@ class OpenAI(BaseBackend):
                 raise self._connect_timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
             raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
         except self._openai.APIConnectionError as e:  # (not a timeout: caught above) refused, unknown host, ...
-            raise BackendUnreachable(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
+            raise self._connection_error(str(self.client.base_url), e, self.client.max_retries + 1) from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (the client's json.loads of the body)
@@ -446,6 +446,18 @@ class OpenAI(BaseBackend):
                                   f"{f', in {tries} tries' if tries > 1 else ''}; is the server running at that URL, "
                                   "and are the host and port right (a firewall that drops the connection looks the "
                                   "same)?")
+
+    def _connection_error(self, where: str, e: BaseException, tries: int) -> BackendUnreachable:
+        """The error for a call whose connection failed, ``e`` (an ``openai.APIConnectionError``), in
+        ``tries`` tries: the client's own words, "Connection error.", said neither that nothing
+        answers at the URL nor why (its cause: httpx's ``ConnectError``, "Connection refused" or an
+        unknown host), as ``RuntimeEndpoint``'s does."""
+        cause = e.__cause__
+        said = f" ({type(cause).__name__}: {cause}{f'; {tries} tries' if tries > 1 else ''})" if cause else ""
+        if not _caused_by(e, "ConnectError"):  # (a connection the server took, then dropped)
+            return BackendUnreachable(f"{where}: {type(e).__name__}: {e}{said}")
+        return BackendUnreachable(f"{where}: nothing answers there{said}; is the server running, and are the host "
+                                  "and port right?")
 
     def _count_usage(self, usage: Any) -> None:
         prompt, completion = (getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens"))
@@ -737,7 +749,12 @@ def connect_timed_out(error: BaseException) -> bool:
     """Whether ``error``, an ``openai.APITimeoutError``, is a connect timeout (a host that never
     answered) rather than a server that took the connection and did not answer in time: its cause
     is httpx's ``ConnectTimeout``, or httpx2's, which newer openai clients send requests with."""
-    kinds = tuple(m.ConnectTimeout for m in map(sys.modules.get, ("httpx", "httpx2")) if m is not None)
+    return _caused_by(error, "ConnectTimeout")
+
+
+def _caused_by(error: BaseException, kind: str) -> bool:
+    """Whether the cause of ``error`` (an openai error) is httpx's (or httpx2's) exception ``kind``."""
+    kinds = tuple(getattr(m, kind) for m in map(sys.modules.get, ("httpx", "httpx2")) if m is not None)
     return isinstance(error.__cause__, kinds)
 
 
