@@ -3452,6 +3452,33 @@ def test_a_jobs_chat_template_option_formats_a_served_base_models_roles(tmp_path
                 assert warned == []
 
 
+def test_a_ctrl_c_before_the_rows_start_removes_the_results_file_it_made_and_keeps_one_there_before(
+        tmp_path, capsys, monkeypatch):
+    """A Ctrl-C while the backend started ("interrupted before the rows started") left the empty
+    --output the job had made, which reads as a run of no rows, where a backend that fails to
+    start removes it; a results file there before (a resume) is left byte for byte."""
+    from lmnb.batch import runner as runner_module
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner_module, "make_backend", interrupted)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(2)])
+    out = tmp_path / "out.jsonl"
+    argv = ["--input", str(rows), "--output", str(out), "--no-progress"]
+    assert Job("t", ["question"], argv=argv).run(run_row) == 130
+    assert capsys.readouterr().err == "lmnb batch: interrupted before the rows started\n"
+    assert not out.exists()
+    write_rows(rows, [{"question": "q0"}])  # a run of the first row, then a resume with a second
+    assert run_job(tmp_path, "--input", rows) == 0
+    before = out.read_bytes()
+    write_rows(rows, [{"question": f"q{i}"} for i in range(2)])
+    capsys.readouterr()
+    assert Job("t", ["question"], argv=argv).run(run_row) == 130
+    assert capsys.readouterr().err == "lmnb batch: interrupted before the rows started\n"
+    assert out.read_bytes() == before and [r["row"] for r in read_results(out)] == [0]
+
+
 def test_a_results_file_made_through_a_users_link_is_removed_and_the_link_kept(tmp_path):
     """--output out.jsonl, a link the user made to real.jsonl, which is not there yet: a job whose
     backend cannot start removed the link (the user's) and left the empty real.jsonl it made; now

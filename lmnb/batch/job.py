@@ -634,6 +634,7 @@ class Job:
         except (StoreError, OSError) as e:
             return fatal(str(e))
         except KeyboardInterrupt:
+            store.drop_if_unwritten()  # (as a backend that fails to start: an empty file reads as a run of no rows)
             say("lmnb batch: interrupted before the rows started")
             return EXIT_INTERRUPTED
         finally:
