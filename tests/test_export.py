@@ -2753,6 +2753,46 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     assert not (tmp_path / "QA.IPYNB").exists()
 
 
+def test_nbconvert_takes_the_row_fields_as_its_command_line_spells_them_and_names_that_spelling(tmp_path):
+    """`jupyter nbconvert --to lmnb` had no working way to name the row fields: nbconvert hands a lone
+    --LMScriptExporter.inputs=person to the exporter as a string, which traitlets' List read as no
+    fields ('["person"]' as one field named ["person"]), its --inputs person went nowhere, and the
+    warning "no row fields ...; name the fields with --inputs" named that option. Each spelling now
+    gives the script lmnb export writes with those fields, and the notes and errors say
+    --LMScriptExporter.inputs."""
+    nb_path = tmp_path / "chat.ipynb"
+    nbformat.write(CHAT, nb_path)
+
+    def nbconvert(*args, path=nb_path):
+        return subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", *args, str(path)],
+                              capture_output=True, text=True, timeout=120)
+
+    def script(inputs):
+        return export_notebook(CHAT, "chat.ipynb", "chat.py", inputs)[0]
+
+    assert script(["person"]) != script(None)  # (the default fields are topic and person)
+    for args, fields in [(["--LMScriptExporter.inputs=person"], ["person"]),
+                         (["--LMScriptExporter.inputs", "person"], ["person"]),
+                         (['--LMScriptExporter.inputs=["person"]'], ["person"]),
+                         (["--LMScriptExporter.inputs=person, topic"], ["person", "topic"]),
+                         (["--LMScriptExporter.inputs=person", "--LMScriptExporter.inputs=topic"], ["person", "topic"])]:
+        out = nbconvert(*args)
+        assert out.returncode == 0, (args, out.stderr)
+        assert out.stdout == script(fields), args
+    out = nbconvert("--inputs", "person")
+    assert out.returncode == 1 and out.stdout == ""
+    assert ("Error while converting '" + str(nb_path) + "': --inputs is lmnb export's option, which nbconvert does not "
+            "hand to the exporter; write --LMScriptExporter.inputs=person\n") in out.stderr
+    out = nbconvert("--LMScriptExporter.inputs=person,nope")
+    assert out.returncode == 1
+    assert "': --LMScriptExporter.inputs nope: the cells that run per row never read it" in out.stderr
+    nbformat.write(notebook("n = 3", "%%lm\nSay hi:{gen a max_tokens=2}"), tmp_path / "same.ipynb")
+    out = nbconvert(path=tmp_path / "same.ipynb")
+    assert out.returncode == 0, out.stderr
+    assert ("WARNING | no row fields: every input row runs the same programs; name the fields with "
+            "--LMScriptExporter.inputs (e.g. a parameter or a variable the %%lm cells read)\n") in out.stderr
+
+
 def test_nbconvert_reports_a_notebook_it_cannot_export_as_its_own_conversion_error(tmp_path):
     """The ExportError escaped nbconvert: the process ended on a traceback through nbconvert and
     every frame of the export (and the chained SyntaxError) before the message. It is now said in

@@ -7,11 +7,13 @@ subclass with ``file_extension`` and ``from_notebook_node``.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -30,18 +32,54 @@ class NotebookExportError(ExportError, ConversionException):
     nbconvert and ends the process with the whole traceback, through our internals."""
 
 
+class _FieldNames(List):
+    """The row fields' trait: a list of names. nbconvert's command line hands an entry point's exporter
+    a lone ``--LMScriptExporter.inputs=...`` as a string (the app parses before it loads the exporter,
+    so it does not know the trait is a list), which traitlets' List reads only as a Python literal, and
+    then not at all (its check of the items needs an instance): ``=person`` reached the exporter as no
+    fields, ``='["person"]'`` as one field named ``["person"]``. A string is read here as ``lmnb export
+    --inputs`` reads one, names split at commas (``person,place``), or as a list literal; one option
+    given again (``--LMScriptExporter.inputs=a --LMScriptExporter.inputs=b``) is traitlets' list."""
+
+    def from_string(self, s: str):
+        if s == "None":
+            return None
+        if s.lstrip().startswith(("[", "(")):
+            try:
+                value = ast.literal_eval(s)
+            except (ValueError, SyntaxError):
+                value = None
+            # (anything else is one field, which the export refuses as no variable name, naming it)
+            ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+            return list(value) if ok else [s.strip()]
+        return [n.strip() for n in s.split(",") if n.strip()]
+
+
+# lmnb export's option in the plan's words, which nbconvert's command line spells as the trait
+_INPUTS_OPTION = re.compile(r"(?<![\w.-])--inputs\b")
+_INPUTS_SPELLING = "--LMScriptExporter.inputs"
+
+
+def _nbconvert_words(text: str) -> str:
+    """``text`` (an export note or error) with lmnb export's ``--inputs`` spelt as nbconvert takes it."""
+    return _INPUTS_OPTION.sub(_INPUTS_SPELLING, text)
+
+
 class LMScriptExporter(Exporter):
     """Export a notebook with ``%%lm`` cells as a resumable batch script (``lmnb.export``).
 
-    Config: ``LMScriptExporter.inputs`` (list of field names) overrides the row fields.
+    Config: ``LMScriptExporter.inputs`` (list of field names) overrides the row fields; on nbconvert's
+    command line ``--LMScriptExporter.inputs=person,place`` (``_FieldNames``). The notes and errors
+    name it so where lmnb export's say ``--inputs``.
     Raises ``NotebookExportError`` (an ``lmnb.export.ExportError``) for notebooks that cannot
-    be exported.
+    be exported, and for nbconvert's ``--inputs``, which nbconvert does not hand on.
     """
 
     export_from_notebook = "lmnb batch script"
     output_mimetype = "text/x-python"
-    inputs = List(Unicode(), default_value=None, allow_none=True,
-                  help="the fields each input row gives (default: the notebook's example inputs)").tag(config=True)
+    inputs = _FieldNames(Unicode(), default_value=None, allow_none=True,
+                         help="the fields each input row gives, e.g. person,place (default: the notebook's "
+                              "example inputs)").tag(config=True)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -83,7 +121,7 @@ class LMScriptExporter(Exporter):
             self._ready_to_write(out, script)
         # (the copy's unknown cells are raw cells, which the export leaves out without a note)
         for note in plan.notes + unknown_cell_notes(nb.cells):
-            self.log.warning("%s", note)
+            self.log.warning("%s", _nbconvert_words(note))
         resources["output_extension"] = ".py"
         return source, resources
 
@@ -110,6 +148,14 @@ class LMScriptExporter(Exporter):
     def _export(self, nb, resources: dict):
         """``export_notebook`` of ``nb``, named after ``resources`` as nbconvert names the files:
         (script text, ``Plan``, the script's name without .py). Raises ``NotebookExportError``."""
+        given = self.config.get("inputs")
+        if self.inputs is None and given is not None:
+            # `jupyter nbconvert --inputs person`: a top-level key of the app's config, which nbconvert
+            # warns "Unrecognized alias" of and no exporter reads; a job without the fields asked for
+            # would run every row alike
+            names = given if isinstance(given, str) else ",".join(map(str, given))
+            raise NotebookExportError(f"--inputs is lmnb export's option, which nbconvert does not hand to the "
+                                      f"exporter; write {_INPUTS_SPELLING}={names}")
         name = (resources.get("metadata") or {}).get("name") or "notebook"
         # nbconvert's app names the output file after unique_key: the notebook's name, or --output's
         script = os.path.basename(resources.get("unique_key") or "") or name
@@ -118,7 +164,7 @@ class LMScriptExporter(Exporter):
             source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs,
                                            None if folder is None else Path(folder))
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
-            raise NotebookExportError(str(e)) from None
+            raise NotebookExportError(_nbconvert_words(str(e))) from None
         return source, plan, script
 
 
