@@ -1,12 +1,57 @@
 """Where a command's output file goes: the folders it needs, made, and why it cannot be written,
-named with the path at fault. Shared by ``lmnb export -o``, ``lmnb run -o`` and the batch job's
-``--output`` (``lmnb.batch.store``), each adding its own fix."""
+named with the path at fault; and the lock that keeps two runs from writing one file. Shared by
+``lmnb export -o``, ``lmnb run -o`` and the batch job's ``--output`` (``lmnb.batch.store``), each
+adding its own fix."""
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 from typing import Optional
+
+try:  # POSIX; elsewhere runs are not protected against each other
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+
+class OutputInUse(Exception):
+    """Another run holds the lock on an output file (``lock_output``); the message names the file
+    and the fix."""
+
+
+def lock_output(path: Path) -> int:
+    """Open ``path`` for appending (made where it is not there, its content kept) and take an
+    exclusive ``flock`` on it, held until the returned descriptor is closed; the descriptor is not
+    inherited by a child process (a kernel), which would hold the lock past this run. A run that
+    renames a new file over ``path`` (the batch job's --retry-errors) drops its lock on the old
+    one: a lock taken on that old file, opened just before, guards a file no one reads, so the file
+    at ``path`` is opened again.
+
+    Raises:
+        OutputInUse: another run holds the lock (the first writer wins; the second, which would
+            overwrite or interleave with it, is told to wait).
+        OSError: ``path`` cannot be opened.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        if fcntl is None:
+            return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise OutputInUse(f"another run is writing {path}; wait for it to finish (or stop it) before "
+                              "running again") from None
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        opened = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+            return fd
+        os.close(fd)
 
 
 def file_in_the_way(path: Path) -> Optional[Path]:

@@ -141,12 +141,8 @@ def run(args) -> int:
     """Execute, save, print the summary. Returns an exit status (``EXIT_STATUSES``); the executed
     notebook is saved in every case but 2. A cell that raised is reported by
     ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
-    from jupyter_core.utils import run_sync
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
     from lmnb.export import folder_given, notebook_path_problem, read_notebook, unnamed_output
-    from lmnb.output_paths import make_folders, why_unwritable
-    from lmnb_kernel.run_client import Client
+    from lmnb.output_paths import OutputInUse, lock_output, make_folders, why_unwritable
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
     parameters = [(unicodedata.normalize("NFKC", name), name, text) for name, text in args.parameter]
@@ -207,16 +203,41 @@ def run(args) -> int:
             print(f"lmnb run: -p {typed} {shown!r}: {e}", file=sys.stderr)
             return 2
     # (the folders are made after every check: a refused run left them behind, empty)
+    lock, made_file = None, False
     try:  # before the run: a path that cannot be written would lose it at the end
         if not to_stdout:
             made = make_folders(out)
             if made is not None:
                 print(f"lmnb run: created the folder {made} (it did not exist) for {out}", file=sys.stderr)
-            _try_writing(out)
+            # held to the end: a second run writing the same file, which one of the two would lose,
+            # is refused before its kernel starts, as a batch job's second writer is. (Its open is the
+            # test that the path can be written: os.access says yes to root on a read-only file
+            # system, or under /proc.)
+            made_file = not out.exists()
+            lock = lock_output(out)
+    except OutputInUse as e:
+        print(f"lmnb run: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"lmnb run: cannot write {out}: {why_unwritable(out, e)}; give -o a path in a folder you can write "
               f"to (e.g. -o {default.name})", file=sys.stderr)
         return 2
+    try:
+        return _execute(args, nb, src, out, values)
+    finally:
+        if lock is not None:
+            _unlock(lock, out, made_file)
+
+
+def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
+    """``run``'s run of ``nb`` (read from ``src``) with the parameters ``values`` injected, once its
+    checks passed and the output ``out`` (None: stdout) is locked. Returns the exit status."""
+    from jupyter_core.utils import run_sync
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    from lmnb_kernel.run_client import Client
+
+    to_stdout = out is None
     # (in the notebook's own numbering: before a parameters cell is injected; said as the exports say it)
     for note in unknown_cell_notes(nb.cells, done="not run, kept as it is in the executed notebook"):
         print(f"lmnb run: {src}: {note}", file=sys.stderr)
@@ -360,18 +381,17 @@ def unfinished_view(cell) -> str | None:
     return None
 
 
-def _try_writing(out: Path) -> None:
-    """Open ``out`` for appending (and remove it again if that made it), so that a path this
-    process cannot write is found before the run, not when its work is saved. ``os.access`` is
-    not that test: it says yes to root on a read-only file system, or under /proc.
-
-    Raises:
-        OSError: it cannot be written."""
-    existed = out.exists()
-    with open(out, "a", encoding="utf-8"):
-        pass
-    if not existed:
-        out.unlink()
+def _unlock(lock: int, out: Path, made: bool) -> None:
+    """Release the lock ``lock`` (``lock_output``'s descriptor) on ``out``; where the run ``made``
+    the file and wrote nothing to it (stopped before its kernel started), remove it, as a run
+    refused before it leaves none: only the file the lock holds (a link's target, not the link)."""
+    try:
+        held = os.fstat(lock)
+        target = out.resolve()
+        if made and held.st_size == 0 and target.exists() and os.path.samestat(os.stat(target), held):
+            os.unlink(target)
+    finally:
+        os.close(lock)
 
 
 def _kernel_language(nb) -> str | None:

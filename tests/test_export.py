@@ -3168,6 +3168,58 @@ def test_lmnb_run_does_not_replace_a_file_that_is_not_a_notebook(tmp_path, capsy
             run(argparse.Namespace(**{**vars(args), "output": output}))
 
 
+def test_lmnb_run_refuses_a_second_run_writing_the_same_output_before_its_kernel_starts(tmp_path, capsys, monkeypatch):
+    """Two `lmnb run nb.ipynb -o same.ipynb` at once both ran, and the last to save replaced the
+    other's notebook (with other -p values, one run's work was lost); the second is now refused
+    before its kernel starts, as a batch job's second writer is, while the first holds its output
+    (with -o -, stdout, there is no file to hold). A run stopped before its kernel started leaves
+    no output file it made, and one there before as it was."""
+    import argparse
+    import os
+
+    from lmnb.output_paths import OutputInUse, lock_output
+    from lmnb_kernel.run import run
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    started = []
+
+    def kernel_starts():  # (the first run's kernel: a second run meanwhile is refused)
+        with pytest.raises(OutputInUse):
+            os.close(lock_output(tmp_path / "same.ipynb"))
+        started.append(True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lmnb_kernel.run.kernel_manager", kernel_starts)
+    args = argparse.Namespace(notebook="qa.ipynb", output="same.ipynb", parameter=[], timeout=60, allow_errors=False)
+    with pytest.raises(KeyboardInterrupt):
+        run(args)
+    assert started and not (tmp_path / "same.ipynb").exists()  # (no kernel ran: nothing saved, nothing left)
+    nbformat.write(QA, tmp_path / "same.ipynb")
+    before = (tmp_path / "same.ipynb").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        run(args)
+    assert (tmp_path / "same.ipynb").read_bytes() == before
+
+    def no_kernel():
+        started.append(False)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lmnb_kernel.run.kernel_manager", no_kernel)
+    capsys.readouterr()
+    first = lock_output(tmp_path / "same.ipynb")  # another run is writing it
+    try:
+        assert run(args) == 2
+        assert capsys.readouterr().err == ("lmnb run: another run is writing same.ipynb; wait for it to finish (or "
+                                           "stop it) before running again\n")
+        assert (tmp_path / "same.ipynb").read_bytes() == before and started == [True, True]
+        with pytest.raises(KeyboardInterrupt):  # -o -: no file, no lock, so the kernel starts
+            run(argparse.Namespace(**{**vars(args), "output": "-"}))
+        assert started == [True, True, False]
+    finally:
+        os.close(first)
+
+
 def test_an_empty_output_name_is_refused_not_read_as_the_default(tmp_path, capsys, monkeypatch):
     # -o "$OUT" with OUT unset wrote the default file without a word
     import argparse
@@ -3301,6 +3353,8 @@ def test_an_output_that_cannot_be_written_is_named_with_the_problem_and_the_fix(
         else:
             monkeypatch.setattr("builtins.open", refuse)
             monkeypatch.setattr(pathlib.Path, "write_text", lambda self, *a, **k: refuse(self))
+            # (lmnb run's lock on its output opens it so)
+            monkeypatch.setattr(os, "open", lambda path, *a, real=os.open, **k: refuse(path, *a, real=real, **k))
         if command == "export":
             status, example = main(["export", str(nb_path), "-o", str(target)]), "qa.py"
         else:

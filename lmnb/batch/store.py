@@ -31,12 +31,7 @@ import re
 from pathlib import Path
 from typing import Any, Collection, Optional
 
-from lmnb.output_paths import make_folders, why_unwritable
-
-try:  # POSIX; elsewhere runs are not protected against each other
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
+from lmnb.output_paths import OutputInUse, lock_output, make_folders, why_unwritable
 
 # Statuses of a record: the row ran, its program failed, or the input record itself is unusable.
 OK, ERROR, BAD_INPUT = "ok", "error", "bad_input"
@@ -164,26 +159,10 @@ class ResultStore:
             self.forget(list(self.failed))
 
     def _locked_fd(self) -> int:
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            if fcntl is None:
-                return fd
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise StoreError(f"another run is writing {self.path}; wait for it to finish "
-                                 "(or stop it) before running again") from None
-            # A --retry-errors run renames a new file over the path and then drops its lock on the
-            # old one: a lock taken on that old file, opened just before, guards a file no one reads.
-            try:
-                now = os.stat(self.path)
-            except FileNotFoundError:
-                now = None
-            opened = os.fstat(fd)
-            if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
-                return fd
-            os.close(fd)
+        try:
+            return lock_output(self.path)
+        except OutputInUse as e:
+            raise StoreError(str(e)) from None
 
     def _load(self) -> list[tuple[bytes, dict]]:
         with open(self.path, "rb") as f:
