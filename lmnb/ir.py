@@ -378,7 +378,7 @@ class RunDefaults(GenParams):
         n = _python_value(self.max_new_tokens)
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             error = ValueError if isinstance(n, int) and not isinstance(n, bool) else TypeError
-            raise error(f"{self.max_tokens_option.format(repr(n))} is invalid: must be an integer >= 0")
+            raise error(f"{self.max_tokens_option.format(_shown(n))} is invalid: must be an integer >= 0")
         super().__post_init__()
 
     def max_tokens_note(self) -> str:
@@ -387,7 +387,7 @@ class RunDefaults(GenParams):
         in the front end's words."""
         n = self.max_new_tokens
         if self.max_tokens_given:
-            option = self.max_tokens_option.format(n)
+            option = self.max_tokens_option.format(_shown(n))
             return f"the gen has no max_tokens of its own and took {option}: give it its own max_tokens=N, or lower that"
         return (f"the gen has no max_tokens of its own and took lmnb's default of {n}: give it its own max_tokens=N, "
                 f"or set {self.max_tokens_option.format('N')}")

@@ -28,7 +28,7 @@ from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
 from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, past_context,
-                                python_value, shorten_fix)
+                                python_value, shorten_fix, shown_number)
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req, kv_to_finish
 from lmnb_engine.sampler import min_new_tokens_conflict
@@ -796,13 +796,13 @@ class Engine:
             no_prompt_fits = m >= self.context_len
             alone = no_prompt_fits and room > 0
             over = m - room
-            shorten = f"shorten the prompt by at least {over} token{'s' * (over != 1)}"
+            shorten = f"shorten the prompt by at least {shown_number(over)} token{'s' * (over != 1)}"
             fix = (lower if alone else
                    both_fix(self.context_len) if no_prompt_fits else
                    f"{shorten} or {lower}" if room > 0 else
                    shorten_fix(0, m))
             error = does_not_fit(ValueError(
-                f"{prompt} + max_new_tokens={m} exceeds the model's "
+                f"{prompt} + max_new_tokens={shown_number(m)} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; {fix}"))
             if alone:
                 error.field = "max_new_tokens"  # (refused_field reads it; an attribute, kept by pickling)

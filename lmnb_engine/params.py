@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, Optional
 
@@ -76,13 +77,48 @@ def shown_number(value: Any) -> str:
         size = abs(value)
         exponent = math.floor(math.log10(size))  # (log10 reads an int of any size, but may round across a power of 10)
         exponent += (size >= 10 ** (exponent + 1)) - (size < 10**exponent)
-        mantissa, _, shift = f"{size / 10 ** (exponent - 15) / 1e15:.3e}".partition("e")  # ("9.9999" rounds to 1.000e+01)
-        sign = "-" if value < 0 else ""
-        return f"{sign}{mantissa}e+{exponent + int(shift)} (an integer of {exponent + 1} digits)"
+        return _scientific(value < 0, size // 10 ** (exponent - 16), exponent)
     try:
         return repr(value)
     except ValueError:  # (int_max_str_digits: an int too long inside a container)
         return f"a {type(value).__name__} holding an integer too long to write"
+
+
+def shown_integer_text(text: str) -> str:
+    """The decimal integer written ``text`` (a sign, digits, ``_`` between them: a JSON, Python
+    or command-line literal) as ``shown_number`` shows its value, worked out from the text alone:
+    Python refuses to read one of over 4300 digits (``int()``, ``json.loads``, a literal in code:
+    ``int_max_str_digits``), and such a literal is what this names (``1.000e+5000 (an integer of
+    5001 digits)``)."""
+    written = text.strip()
+    digits = written.lstrip("+-").replace("_", "").lstrip("0") or "0"
+    if len(digits) <= SHOWN_CHARS:
+        return shown_number(int(written))
+    return _scientific(written.startswith("-"), int(digits[:17]), len(digits) - 1)
+
+
+def _scientific(negative: bool, leading: int, exponent: int) -> str:
+    """An integer of ``exponent + 1`` digits whose first 17 are ``leading``, to 4 digits in
+    scientific form with its digit count (the first 17 alone, so that an int and its text agree)."""
+    mantissa, _, shift = f"{leading / 10**16:.3e}".partition("e")  # ("9.9999" rounds to 1.000e+01)
+    return f"{'-' * negative}{mantissa}e+{exponent + int(shift)} (an integer of {exponent + 1} digits)"
+
+
+# a decimal integer, as int() reads one
+_DECIMAL = re.compile(r"\s*[-+]?\d+(_\d+)*\s*")
+
+
+def too_many_digits(text: str) -> bool:
+    """Whether ``text`` is a decimal integer (as ``shown_integer_text`` reads one) that Python
+    refuses to read for its length alone (``sys.get_int_max_str_digits()``; 0 is no limit)."""
+    limit = sys.get_int_max_str_digits()
+    return bool(_DECIMAL.fullmatch(text)) and 0 < limit < sum(c.isdigit() for c in text)
+
+
+def past_digit_limit(reader: str = "Python") -> str:
+    """What is wrong with a ``too_many_digits`` integer, for a message to put after it; ``reader``
+    is who cannot read it (``lmnb serve``, to its client)."""
+    return f"more digits than {reader} reads as an integer (at most {sys.get_int_max_str_digits()})"
 
 
 class SamplingParamsError(ValueError):
@@ -125,7 +161,8 @@ def past_context(said: str, max_new_tokens: Any, context_len: int, noun: str = "
             return f"{said}; shorten the {noun}"
         return f"{said}; {shorten_fix(prompt_len - context_len, max_new_tokens, noun, field)}"
     room = "any prompt" if template_tokens <= 1 else f"the {noun} (the chat template alone takes {template_tokens} tokens)"
-    return f"{said}, and {field}={max_new_tokens} leaves no room for {room}; {both_fix(context_len, noun, field)}"
+    return (f"{said}, and {field}={shown_number(max_new_tokens)} leaves no room for {room}; "
+            f"{both_fix(context_len, noun, field)}")
 
 
 def shorten_fix(excess: int, max_new_tokens: int, noun: str = "prompt", field: str = "max_new_tokens",

@@ -191,6 +191,51 @@ def test_a_prompt_that_leaves_some_room_is_told_both_fixes_and_each_fits(engine)
             engine.generate([5] * prompt, SamplingParams(max_new_tokens=new, ignore_eos=True))
 
 
+def test_a_max_new_tokens_of_thousands_of_digits_is_refused_with_its_size_not_a_valueerror_of_python(engine):
+    """max_new_tokens=10**5000, which validate takes (an int >= 0), failed in the engine's own refusal
+    with Python's "Exceeds the limit (4300 digits) for integer string conversion" (Engine.generate,
+    and a gen's max_tokens or run()'s max_new_tokens on lmnb.Engine), and 10**100 was written with
+    all 101 digits; both are shown as validate shows a huge number, with the fix. Worked out by hand:
+    10**5000 is 1 and 5000 zeros, 5001 digits; 25 * 10**99 is 2.5e100, 101 digits; 2 (or 10) tokens
+    of the 512 leave 510 (502)."""
+    import lmnb
+    from lmnb_engine.tokenizer import max_token_bytes
+
+    for m, shown in ((10**5000, "1.000e+5000 (an integer of 5001 digits)"),
+                     (25 * 10**99, "2.500e+100 (an integer of 101 digits)")):
+        with pytest.raises(ValueError) as e:
+            engine.generate([5, 6], SamplingParams(max_new_tokens=m))
+        assert str(e.value) == (f"prompt of 2 tokens + max_new_tokens={shown} exceeds the model's context length of "
+                                "512 tokens; lower max_new_tokens to at most 510")
+        text = "a" * (512 * max_token_bytes(engine.tokenizer) + 1)  # (refused uncounted, beside both fixes)
+        with pytest.raises(ValueError) as e:
+            engine.generate(text, SamplingParams(max_new_tokens=m))
+        assert str(e.value) == (f"prompt of at least 513 tokens ({len(text)} characters, counted without encoding "
+                                f"them) exceeds the model's context length of 512 tokens, and max_new_tokens={shown} "
+                                "leaves no room for any prompt; shorten the prompt and lower max_new_tokens, so that "
+                                "the prompt's tokens and max_new_tokens together fit 512")
+
+        @lmnb.function
+        def prog(s, n):
+            s += "w" * 10 + lmnb.gen("x", max_tokens=n)
+
+        @lmnb.function
+        def default(s):
+            s += "w" * 10 + lmnb.gen("x")
+
+        said = (f"Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens={shown} exceeds the model's context "
+                "length of 512 tokens; lower max_tokens to at most 502")
+        assert str(prog.run(n=m, backend=lmnb.Engine(engine=engine)).error()) == said
+        assert str(default.run(backend=lmnb.Engine(engine=engine), max_new_tokens=m).error()) == (
+            f"{said} (the gen has no max_tokens of its own and took run(max_new_tokens={shown}): give it its own "
+            "max_tokens=N, or lower that)")
+    with pytest.raises(ValueError) as e:
+        default.run(backend=lmnb.Engine(engine=engine), max_new_tokens=-(10**5000))
+    assert str(e.value) == ("run(max_new_tokens=-1.000e+5000 (an integer of 5001 digits)) is invalid: must be an "
+                            "integer >= 0")
+    assert_idle_accounting(engine)
+
+
 def test_more_samples_than_lmnb_serve_takes_are_refused_in_process_too(engine):
     """n had no upper bound in process (lmnb serve refused above 128): n=10**6 queued a million
     requests and grew to 4.3 GB. submit, stream and generate refuse what the server refuses, at

@@ -4416,6 +4416,37 @@ def test_a_number_option_of_over_4300_digits_is_named_in_scientific_form():
         sgl.gen("x", top_p=10**80 - 1)
 
 
+def test_an_integer_too_long_for_python_to_read_in_a_cell_is_named_with_its_size():
+    """In a %%lm cell, {gen q max_tokens=<5001 digits>} was refused in Python's words ("Exceeds the
+    limit (4300 digits) for integer string conversion ... Consider hexadecimal for huge integer
+    literals"), and --max-tokens <5001 digits> was told "must be an integer >= 0", which it is, with
+    its 5001 digits echoed (so were --seed's and --temperature's); each now names the number in
+    scientific form with its digit count, and a hole's caret is at it. By hand: "12" and 4999 fives
+    is 1.2555...e5000, 1.256e+5000 to 4 digits, of 5001 digits. 4300 digits, Python's limit, still read."""
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb.template.cell_options import CellLineError, parse_cell_line
+
+    big, shown = "12" + "5" * 4999, "1.256e+5000 (an integer of 5001 digits)"
+    said = f"invalid Python expression: {shown} has more digits than Python reads as an integer (at most 4300); "
+    for hole, col in ((f"{{gen q max_tokens={big}}}", 22), (f"{{gen q max_tokens=-{big}}}", 23),
+                      (f"{{gen q temperature=min(1, {big})}}", 30)):
+        with pytest.raises(TemplateSyntaxError) as e:
+            parse(f"Q: {hole}")
+        assert (e.value.message, e.value.line, e.value.col) == (f"{said}write a smaller number", 1, col)
+    assert parse(f"Q: {{gen q max_tokens={'9' * 4300}}}").program()  # (refused by the engine, by its size)
+    for option, words in (("--max-tokens", f"got {shown}, more digits than Python reads as an integer (at most "
+                                           "4300); give at most the model's context length"),
+                          ("--seed", f"must be an integer that fits in 64 bits, got {shown}"),
+                          ("--temperature", f"must be a finite number >= 0 (0 is greedy), got {shown}")):
+        with pytest.raises(CellLineError) as e:
+            parse_cell_line(f"{option} {big}")
+        assert str(e.value).endswith(f"argument {option}: {words}")
+    assert parse_cell_line("--max-tokens " + "9" * 4300).max_tokens == 10**4300 - 1
+    with pytest.raises(CellLineError) as e:  # (a shorter text is shown as it was written)
+        parse_cell_line("--max-tokens -1")
+    assert str(e.value).endswith("argument --max-tokens: must be an integer >= 0, got '-1'")
+
+
 @pytest.mark.parametrize("call", [lambda d: sgl.select("x", choices=d), lambda d: sgl.gen("x", choices=d)])
 def test_select_refuses_choices_in_a_dict_naming_its_keys_and_its_values(call):
     """A dict's keys were taken as the choices without a word, while {fork x in d} refuses a dict;

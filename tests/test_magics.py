@@ -582,6 +582,14 @@ def test_help_options_show_the_help(ip):
         ("%%lm --seed 99999999999999999999\nx", "argument --seed: must be an integer that fits in 64 bits, got "
                                                 "'99999999999999999999'"),
         ("%%lm --seed 1.5\nx", "argument --seed: must be an integer that fits in 64 bits, got '1.5'"),
+        # Python's words for an integer it will not read ("Exceeds the limit (4300 digits) ... Consider
+        # hexadecimal"), and "must be an integer >= 0" of one with all its 5001 digits echoed: "12" and
+        # 4999 fives is 1.256e+5000 to 4 digits (by hand)
+        ("%%lm --max-tokens 12" + "5" * 4999 + "\nx", "argument --max-tokens: got 1.256e+5000 (an integer of 5001 "
+         "digits), more digits than Python reads as an integer (at most 4300); give at most the model's context length"),
+        ("%%lm\nQ: {gen q max_tokens=12" + "5" * 4999 + "}", "line 2, col 22: invalid Python expression: 1.256e+5000 "
+         "(an integer of 5001 digits) has more digits than Python reads as an integer (at most 4300); write a smaller "
+         "number"),
         ("%%lm --temperature warm\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
         ("%%lm --out 1x\nx", "--out '1x' is not a valid name: --out takes a Python variable name"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
-from lmnb_engine.params import TEMPERATURE_RULE
+from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
 from lmnb_engine.suggest import close_match
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
@@ -31,12 +31,16 @@ def _temperature(text: str) -> float:
     except ValueError:
         value = -1.0  # (argparse would name this function in its message)
     if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{TEMPERATURE_RULE}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{TEMPERATURE_RULE}, got {_given(text)}")
     return value
 
 
 def _token_count(text: str) -> int:
-    """argparse ``type=`` of ``--max-tokens``: an integer >= 0."""
+    """argparse ``type=`` of ``--max-tokens``: an integer >= 0 (of at most the digits Python reads:
+    one longer was told it is no integer >= 0)."""
+    if too_many_digits(text):
+        raise argparse.ArgumentTypeError(f"got {_given(text)}, {past_digit_limit()}; give at most the model's context "
+                                         "length")
     try:
         value = int(text)
     except ValueError:
@@ -54,8 +58,14 @@ def _seed(text: str) -> int:
     except ValueError:
         value = 2**63  # (argparse would name this function in its message)
     if not -(2**63) <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be an integer that fits in 64 bits, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be an integer that fits in 64 bits, got {_given(text)}")
     return value
+
+
+def _given(text: str) -> str:
+    """An option's ``text`` as its refusal shows it: quoted, but an integer of more digits than
+    Python reads (thousands: each was echoed whole) as ``shown_integer_text`` writes it."""
+    return shown_integer_text(text) if too_many_digits(text) else repr(text)
 
 
 def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -623,6 +623,13 @@ class _Parser:
         except (MemoryError, RecursionError):
             raise self.error(TOO_DEEP, at, hint=TOO_DEEP_HINT) from None
         except SyntaxError as e:
+            long_int = _too_long_integer(source)
+            if long_int is not None:  # (Python's words: "Exceeds the limit (4300 digits) for integer string conversion")
+                from lmnb_engine.params import past_digit_limit, shown_integer_text  # torch-free
+
+                start, literal = long_int
+                raise self.error(f"invalid Python expression: {shown_integer_text(literal)} has {past_digit_limit()}; "
+                                 "write a smaller number", at + start) from None
             comment = _comment_at(source)
             if comment is not None:  # "#" swallows the closing ")" of the wrapper: say what is wrong
                 raise self.error(_COMMENT_IN_HOLE, at + comment) from None
@@ -856,6 +863,20 @@ def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
             stack += [(child, bound) for child in ast.iter_child_nodes(node)]
     names.sort(key=lambda n: (n.lineno, n.col_offset))
     return [(n.id, n) for n in names]
+
+
+def _too_long_integer(source: str) -> tuple[int, str] | None:
+    """The offset in ``source`` and the text of its first decimal integer literal that Python
+    refuses to read for its length (``params.too_many_digits``), or None."""
+    from lmnb_engine.params import too_many_digits  # torch-free; only for a hole Python refused
+
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.NUMBER and too_many_digits(token.string):
+                return offset_of(source, *token.start), token.string
+    except (tokenize.TokenError, SyntaxError):  # (text it cannot split, after the literals it could)
+        pass
+    return None
 
 
 def _syntax_offset(source: str, err: SyntaxError) -> int:
