@@ -352,6 +352,34 @@ def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):
     assert httpx.get(url + "/health").status_code == 200
 
 
+_LONG = "12" + "5" * 4999  # 1.2555...e5000: 1.256e+5000 to 4 digits, of 5001 digits (by hand)
+
+
+@pytest.mark.parametrize("path, body, place", [
+    ("/v1/completions", '{"model": "rec", "prompt": "a", "max_tokens": %s}' % _LONG, "max_tokens"),
+    ("/generate", '{"text": "a", "sampling_params": {"seed": %s}}' % _LONG, "sampling_params.seed"),
+    ("/v1/chat/completions", '{"model": "rec", "messages": [{"role": "user", "content": "a"}], "seed": %s}' % _LONG,
+     "seed"),
+    ("/v1/completions", '{"model": "rec", "prompt": [5, -%s], "max_tokens": 1}' % _LONG, "prompt[1]"),
+    ("/abort_request", '{"rid": %s}' % _LONG, "rid"),
+])
+def test_an_integer_of_more_digits_than_python_reads_is_a_400_naming_its_place(served, path, body, place):
+    """A body holding an integer literal of over 4300 digits was a 500, "internal error: ValueError:
+    Exceeds the limit (4300 digits) for integer string conversion" (json.loads' own), on every
+    route; it is a 400 naming the field and the number as every message shows a huge one."""
+    _, url = served
+    r = _post(url, path, body)
+    sign = "-" if place == "prompt[1]" else ""
+    assert (r.status_code, r.json()["error"]["message"], r.json()["error"]["param"]) == (
+        400, f"{place}={sign}1.256e+5000 (an integer of 5001 digits) has more digits than lmnb serve reads as an "
+             "integer (at most 4300); send a smaller number", place)
+    # 4300 digits, Python's limit, are read, and refused by the field's own check
+    r = _post(url, "/generate", '{"text": "a", "sampling_params": {"seed": %s}}' % _LONG[:4300])
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "sampling_params.seed=1.256e+4299 (an integer of 4300 digits) is invalid: must be null or an integer that fits "
+        "in 64 bits (-2**63 <= seed < 2**63)")
+
+
 @pytest.mark.parametrize("refusal", [
     ValueError("the chat template rejected the messages: System role not supported"),  # Engine's own words
     RuntimeError("System role not supported"),  # another engine's error from inside its template
