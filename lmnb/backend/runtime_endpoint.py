@@ -32,7 +32,6 @@ from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
-from lmnb_engine import API_KEY_ENV  # (the package alone: no torch)
 
 UNCONDITIONAL_CONTEXT = "Answer:"  # same context as the in-process backend
 # Prompt tokens returned before the prompt's end when scoring choices. The server recomputes every
@@ -167,6 +166,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
                  chat_template_name: Optional[str] = None, timeout: Optional[float] = READ_TIMEOUT_S):
         import httpx
+
+        # (here, not at the top: touching lmnb.RuntimeEndpoint loads no lmnb_engine module)
+        from lmnb_engine import API_KEY_ENV  # (the package alone: no torch)
 
         if timeout is not None and not timeout > 0:  # (not >: NaN too) httpx would fail every request
             raise ValueError(f"RuntimeEndpoint timeout={timeout!r}: give a positive number of seconds, or None "
