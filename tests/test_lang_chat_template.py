@@ -9,6 +9,7 @@ import pytest
 
 import lmnb as sgl
 from helpers_lang import ScriptedBackend
+from helpers_multimodal import png_bytes, random_image
 from lmnb.chat_template import from_jinja, get_chat_template_by_model_path
 from lmnb_engine.testing.tiny_checkpoint import CHAT_TEMPLATE as TINY
 
@@ -349,7 +350,7 @@ def test_llava_templates_put_the_image_where_sglang_does(name, text):
 
     @sgl.function
     def ask(s):
-        s += sgl.user(sgl.image(b"pixels") + "What is it?")
+        s += sgl.user(sgl.image(png_bytes(random_image(0))) + "What is it?")
         s += sgl.assistant_begin()
         s += sgl.gen("x", max_tokens=1)
 

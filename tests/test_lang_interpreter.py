@@ -24,6 +24,7 @@ from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
 
 from helpers_lang import ScriptedBackend
+from helpers_multimodal import png_bytes, random_image
 
 
 def _interrupt_main_when(ready, timeout=30.0):
@@ -3326,7 +3327,7 @@ def test_an_image_inside_a_speculated_chat_assistant_role_is_refused_not_put_bef
     @sgl.function(num_api_spec_tokens=16)
     def prog(s):
         s += sgl.user("q")
-        s += sgl.assistant("Look:" + sgl.image(b"pixels") + sgl.gen("x", stop="\n"))
+        s += sgl.assistant("Look:" + sgl.image(png_bytes(random_image(0))) + sgl.gen("x", stop="\n"))
 
     with pytest.raises(sgl.ProgramError, match=r"image\(\) inside an assistant role under API speculative "
                                                "execution .* put images in a user message"):
