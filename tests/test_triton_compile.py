@@ -74,7 +74,7 @@ def test_silu_divides_and_exponentiates_as_torch_does_on_a_gpu():
 
 
 PTXAS_CACHE = """
-import json, os, sys, torch, triton
+import dataclasses, json, os, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from lmnb_engine.testing import triton_compile as tc
 target = GPUTarget("cuda", 90, 32)
@@ -85,18 +85,58 @@ ptx = triton.compile(src, target=target, options=options.__dict__).asm["ptx"]
 os.environ["TRITON_CACHE_DIR"] = sys.argv[1]  # an empty cache for the ptxas answers
 runs, run = [], tc.subprocess.run
 tc.subprocess.run = lambda cmd, **kw: runs.append(cmd[0]) or run(cmd, **kw)
-first, again, edited = tc._ptxas_usage(ptx, 90), tc._ptxas_usage(ptx, 90), tc._ptxas_usage(ptx + "// edited", 90)
+first, again = tc._ptxas_usage(ptx, 90, options), tc._ptxas_usage(ptx, 90, options)
+edited = tc._ptxas_usage(ptx + "// edited", 90, options)
+tc._ptxas_usage(ptx, 90, dataclasses.replace(options, enable_fp_fusion=not options.enable_fp_fusion))  # --fmad
 print(json.dumps([len(runs), first, again, edited]))
 """
 
 
 def test_ptxas_usage_is_run_once_per_ptx_and_then_read_from_the_cache(tmp_path):
     """A check whose compiles Triton has cached spent nearly all its time in ``ptxas -v`` (0.25 s a
-    launch): its answer is cached too, under the PTX it was given. The same PTX again is answered
-    from the cache as ptxas answered it; an edited one is run through ptxas again."""
+    launch): its answer is cached too, under the PTX and ptxas arguments it was given. The same PTX
+    again is answered from the cache as ptxas answered it; an edited one, or the same one under
+    other compile options (Triton's ptxas arguments then differ), is run through ptxas again."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", PTXAS_CACHE, str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs, first, again, edited = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert runs == 2 and again == first == edited and first[0] > 0
+    assert runs == 3 and again == first == edited and first[0] > 0
+
+
+PTXAS_AS_TRITON = """
+import json, re, subprocess, torch, triton
+from triton.backends.compiler import GPUTarget
+from lmnb_engine.testing import triton_compile as tc
+target = GPUTarget("cuda", 90, 32)
+launch = next(l for _, _, l in tc.record_launches(90, shapes=tc.SHAPES[:1], dtypes=(torch.bfloat16,))
+              if l.kernel.__name__ == "_decode_split_kernel")
+runs, run = [], subprocess.run
+def record(cmd, **kw):
+    res = run(cmd, **kw)
+    if "-o" in cmd:  # a ptxas compile: Triton's writes its log to a file, the checker's captures it
+        log = res.stderr if kw.get("capture_output") else open(kw["stderr"].name).read()
+        runs.append([cmd[1:-3], int(re.search(r"Used (\\d+) registers", log).group(1))])
+    return res
+subprocess.run = record
+src, options = tc._specialize(launch, target)
+ptx = triton.compile(src, target=target, options=options.__dict__).asm["ptx"]  # an empty cache: ptxas runs
+print(json.dumps([runs, tc._ptxas_usage(ptx, 90, options)]))
+"""
+
+
+def test_ptxas_runs_with_the_arguments_triton_compiles_with(tmp_path):
+    """ptxas allocates registers differently under the arguments Triton gives it (-lineinfo,
+    --regAllocOptLevel=2, ...) than under ``-v`` alone: Llama-2-7B's bf16 split decode on sm_90
+    took 78 registers compiled by Triton and was reported at 72. The checker's ptxas run has
+    Triton's own arguments for the launch (taken from Triton's compile of it, with an empty cache
+    so that Triton runs ptxas) and reports the registers Triton's ptxas run printed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", PTXAS_AS_TRITON], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs, (registers, spills) = json.loads(proc.stdout.strip().splitlines()[-1])
+    [(triton_args, triton_registers), (checker_args, _)] = runs
+    assert checker_args == triton_args and "-v" in triton_args
+    assert registers == triton_registers and spills == 0

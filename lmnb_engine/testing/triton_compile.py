@@ -6,7 +6,8 @@ memory. This module asks the real kernel wrappers for the launches they would ma
 given architecture (``triton_support.device_arch`` answers that architecture; the launch is
 recorded instead of run), then compiles each distinct launch with ``triton.compile`` for that
 target, exactly as Triton's JIT would specialize it, and reads the register count and spills
-from ``ptxas -v`` and the shared memory from the compiled metadata.
+from ptxas run as Triton runs it (its arguments, ``-v`` among them) and the shared memory from
+the compiled metadata.
 
     python -m lmnb_engine.testing.triton_compile [--arch 80,86,89,90] [--jobs 2] [--json]
 
@@ -15,8 +16,9 @@ A launch passes when it compiles, fits the architecture's shared memory and, for
 bytes are reported but allowed.
 
 Run it in a process where ``TRITON_INTERPRET`` is unset (interpreted kernels cannot be compiled).
-It uses Triton's launch internals (``create_function_from_signature``, ``JITFunction._pack_args``;
-written against triton 3.9) and fails with ``RuntimeError`` naming the version if they change.
+It uses Triton's launch internals (``create_function_from_signature``, ``JITFunction._pack_args``)
+and the command line of its NVIDIA backend's ``make_cubin`` (written against triton 3.9), and fails
+with ``RuntimeError`` naming the version if they change.
 """
 
 from __future__ import annotations
@@ -170,21 +172,59 @@ def _specialize(launch: Launch, target) -> tuple:
     return ASTSource(fn, signature, constexprs, attrs), options
 
 
-def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:
-    """(registers per thread, spill bytes stored + loaded) from ``ptxas -v`` for ``arch``.
+class _Captured(Exception):
+    """Raised in place of running ptxas once Triton's ``make_cubin`` has built its command."""
+
+
+def _ptxas_command(ptx: str, arch: int, options) -> tuple[str, list[str]]:
+    """(ptxas path, arguments) that Triton's own ``make_cubin`` runs for this PTX, ``arch`` and the
+    compile ``options`` (a ``CUDAOptions``), its source and output files left out.
+
+    ptxas allocates registers differently under the arguments Triton adds (``-lineinfo`` and
+    ``--regAllocOptLevel=2`` in triton 3.9, and more under its knobs and options: 78 registers
+    for Llama-2-7B's bf16 split decode on sm_90 where ``-v`` alone gives 72), so they are taken
+    from Triton's code rather than copied: ``make_cubin`` is called with ``subprocess.run``
+    answering by raising, in a temporary directory that takes the files it writes. Raises
+    ``RuntimeError`` naming the Triton version if no command of the form
+    ``[ptxas, *args, source, "-o", output]`` comes out."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    run = subprocess.run
+    commands = []
+
+    def capture(cmd, **kwargs):
+        if len(cmd) < 4 or cmd[-2] != "-o":  # not the compile (ptxas --version, say)
+            return run(cmd, **kwargs)
+        commands.append(list(cmd))
+        raise _Captured
+
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(tempfile, "tempdir", tmp), \
+            mock.patch.object(subprocess, "run", capture), contextlib.suppress(_Captured):
+        backend.make_cubin(ptx, {}, options, arch)
+    if len(commands) != 1:
+        raise RuntimeError(f"triton {triton.__version__}'s make_cubin ran {len(commands)} commands of the form "
+                           "[ptxas, *args, source, '-o', output], not the one this checker was written for (3.9)")
+    [cmd] = commands
+    return cmd[0], cmd[1:-3]
+
+
+def _ptxas_usage(ptx: str, arch: int, options) -> tuple[int, int]:
+    """(registers per thread, spill bytes stored + loaded) from ptxas for ``arch``, run with the
+    arguments Triton runs it with for ``options`` (``_ptxas_command``; they include ``-v``).
 
     The answer is kept in Triton's cache (``$TRITON_CACHE_DIR``) under a hash of what decides it:
     the ptxas (its path and version), its arguments and the PTX. Where ``triton.compile`` finds
     its launches cached, these ptxas runs (about 0.25 s each, 576 of them) were nearly all of a
-    check's time."""
-    from triton.backends.nvidia.compiler import get_ptxas, get_ptxas_version
+    check's time. Raises ``RuntimeError`` with ptxas's message if it fails."""
+    from triton.backends.nvidia.compiler import get_ptxas_version
     from triton.runtime.cache import get_cache_manager
 
-    tool = get_ptxas(arch)
-    gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
-    args = ["-v", f"--gpu-name={gpu}"]
+    tool, args = _ptxas_command(ptx, arch, options)
     # (ptxas --version whole, build included, as Triton keys its own cache: tool.version is "12.8")
-    key = hashlib.sha256(json.dumps([tool.path, get_ptxas_version(arch), args, ptx]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([tool, get_ptxas_version(arch), args, ptx]).encode()).hexdigest()
     cache = get_cache_manager(key)
     cached = cache.get_file("ptxas_usage.json")
     if cached is not None:
@@ -195,12 +235,14 @@ def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:
         src = f"{tmp}/k.ptx"
         with open(src, "w") as f:
             f.write(ptx)
-        res = subprocess.run([tool.path, *args, src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
+        res = subprocess.run([tool, *args, src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
     if res.returncode:
-        raise RuntimeError(f"ptxas {tool.version} for {gpu} failed: {res.stderr.strip()[-500:]}")
+        raise RuntimeError(f"ptxas {' '.join(args)} failed: {res.stderr.strip()[-500:]}")
     regs = re.search(r"Used (\d+) registers", res.stderr)
+    if regs is None:  # Triton's arguments without -v: nothing to read
+        raise RuntimeError(f"ptxas {' '.join(args)} printed no register count; its output: {res.stderr[-500:]!r}")
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", res.stderr)]
-    registers = int(regs.group(1)) if regs else 0
+    registers = int(regs.group(1))
     cache.put(json.dumps([registers, sum(spills)]), "ptxas_usage.json", binary=False)
     return registers, sum(spills)
 
@@ -214,7 +256,7 @@ def compile_launch(launch: Launch, arch: int, dtype: str) -> CompileReport:
     target = GPUTarget("cuda", arch, 32)
     src, options = _specialize(launch, target)
     compiled = triton.compile(src, target=target, options=options.__dict__)
-    registers, spills = _ptxas_usage(compiled.asm["ptx"], arch)
+    registers, spills = _ptxas_usage(compiled.asm["ptx"], arch, options)
     consts = {k: v for k, v in launch.kwargs.items() if k.isupper()}
     config = ", ".join(f"{k}={v}" for k, v in consts.items())
     config += f", warps={options.num_warps}, stages={options.num_stages}"
