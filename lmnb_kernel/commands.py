@@ -57,6 +57,7 @@ def connect(args, session: Session) -> None:
         if args.openai:
             backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
                                   is_chat_model=False if args.completion else None, **timeout)
+            backend.key_fix = f"; {_openai_key_advice(args)}"  # (a cell's HTTP 401 says this, not the Python API)
             what = f"OpenAI-compatible server {args.url} (model {args.openai})"
             backend.on_guessed_template = _say_guessed_template
         else:  # (the key may come from the environment: one in the notebook is saved with it)
@@ -88,6 +89,20 @@ def _say_guessed_template(what: str) -> None:
           "is a chat model, so the server applies its template", file=sys.stderr)
 
 
+def _openai_key_advice(args) -> str:
+    """How ``%lm connect URL --openai MODEL`` (``args``) gives the API key a server refused (HTTP
+    401), or that the key sent was refused: at connect and in a cell's error."""
+    from lmnb.backend.openai import KEY_ENV
+
+    # (the openai client reads $OPENAI_API_KEY; the SGLang protocol's $LMNB_API_KEY is not sent here)
+    if args.api_key:
+        return "the server refused the --api-key given: check it"
+    if os.environ.get(KEY_ENV):
+        return f"the server refused the key in ${KEY_ENV}: check it"
+    return (f"the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY, or set ${KEY_ENV} in the "
+            f"kernel's environment (with --openai, ${API_KEY_ENV} is not read)")
+
+
 def _served_models_note(backend, args, v1: bool) -> str:
     """Check the OpenAI server at connect time (``GET /models``), so a wrong URL or model name is
     named now rather than by the first cell. Returns a note for the "connected" line.
@@ -108,13 +123,8 @@ def _served_models_note(backend, args, v1: bool) -> str:
             not isinstance(e, openai.APITimeoutError) or connect_timed_out(e))
         if isinstance(e, openai.AuthenticationError):  # 401: every cell would fail alike (a 403 may be a
             # key allowed to generate but not to list models, as OpenAI's restricted project keys are)
-            # (the openai client reads $OPENAI_API_KEY; the SGLang protocol's $LMNB_API_KEY is not sent here)
-            advice = ("the server refused the --api-key given: check it" if args.api_key else
-                      "the server refused the key in $OPENAI_API_KEY: check it" if os.environ.get("OPENAI_API_KEY")
-                      else "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY, or set "
-                      f"$OPENAI_API_KEY in the kernel's environment (with --openai, ${API_KEY_ENV} is not read)")
             raise CellError(f"could not connect to {args.url}: GET /models: HTTP {e.status_code} ({e}); "
-                            f"{advice}") from e
+                            f"{_openai_key_advice(args)}") from e
         if v1 and not unreachable:
             return f"; could not list its models ({type(e).__name__})"
         if unreachable:

@@ -2778,6 +2778,46 @@ def test_an_openai_server_that_refuses_the_key_stops_the_job_before_any_row(tmp_
     assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
 
 
+@pytest.mark.parametrize("key, env, advice", [
+    ([], None, "; the server asks for an API key: pass --api-key KEY or set $OPENAI_API_KEY"),
+    ([], "wrong", "; the server refused the key in $OPENAI_API_KEY"),
+    (["--api-key", "wrong"], None, "; the server refused the --api-key given")])
+def test_a_rows_gen_refused_for_the_key_says_the_jobs_option_once(tmp_path, capsys, monkeypatch, key, env, advice):
+    """--openai against a server that lists its models without the key (a proxy) but refuses gens
+    without it (HTTP 401): each row's error was a plain BackendError in the server's words for an
+    HTTP client; it names the job's --api-key (not lmnb.OpenAI's api_key=), once."""
+    import http.server as hs
+
+    from helpers_lang import send
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            send(self, 200, b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
+                            b'"code": 401}}')
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    if env:
+        monkeypatch.setenv("OPENAI_API_KEY", env)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    with serve_http(Handler) as base:
+        url = f"{base}/v1"
+        job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                          "--backend", url, "--openai", "m", "--completion", "--no-progress", *key])
+        assert job.run(run_row, programs=[echo]) == 1
+    [record] = read_results(tmp_path / "out.jsonl")
+    assert record["error"].startswith(f"ProgramError: Gen('answer') failed: BackendAuthError: {url}/: HTTP 401: "
+                                      f"missing or wrong API key (send Authorization: Bearer <key>){advice} ("), record
+
+
 @pytest.mark.parametrize("argv, sent", [([], "Bearer from-env"), (["--api-key", "given"], "Bearer given")])
 def test_the_key_of_an_sglang_protocol_server_may_come_from_lmnb_api_key(tmp_path, capsys, monkeypatch, argv, sent):
     """--api-key was the only way to give the key (it shows in ps and the shell's history), where the

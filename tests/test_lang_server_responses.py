@@ -1308,3 +1308,51 @@ def test_the_key_comes_from_lmnb_api_key_and_a_refusal_says_how_to_give_it(monke
             assert str(e.value) == (f"GET {url}/get_model_info: HTTP 401: missing or wrong API key (send "
                                     f"Authorization: Bearer <key>){refusal}")
     assert seen == [None if key is None and not env else f"Bearer {key or env}"]
+
+
+@pytest.mark.parametrize("key, env, refusal", [
+    ("sekrit", "wrong", None),  # api_key= wins
+    (None, "sekrit", None),  # the openai client's variable
+    (None, "", "; the server asks for an API key: lmnb.OpenAI(..., api_key=KEY), or set $OPENAI_API_KEY"),
+    (None, "wrong", "; the server refused the key in $OPENAI_API_KEY: check it"),
+    ("wrong", "sekrit", "; the server refused the api_key given: check it"),
+])
+@pytest.mark.parametrize("chat, stream", [(False, False), (True, False), (True, True)])
+def test_an_openai_server_that_refuses_the_key_says_how_to_give_it(server, monkeypatch, key, env, refusal, chat,
+                                                                   stream):
+    """lmnb.OpenAI against ``lmnb serve --api-key sekrit`` without the key failed the gen with a plain
+    BackendError in the server's words for an HTTP client, "send Authorization: Bearer <key>", where
+    RuntimeEndpoint's BackendAuthError says how to give the key."""
+    from lmnb.backend.base import BackendAuthError
+
+    seen = []
+
+    def answer(h, body):  # lmnb serve's check_api_key
+        seen.append(h.headers.get("Authorization"))
+        if seen[-1] != "Bearer sekrit":
+            send(h, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
+                         b'"code": 401}}')
+        elif stream:
+            events(h, [{"id": "x", "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}])
+        else:
+            out = {"message": {"role": "assistant", "content": "ok"}} if chat else {"text": "ok"}
+            send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, **out, "finish_reason": "stop"}]}).encode())
+
+    server.answer = answer
+    monkeypatch.setenv("OPENAI_API_KEY", env)
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", api_key=key, is_chat_model=chat, max_retries=0, timeout=5)
+    prompt = Prompt("Hi", messages=[{"role": "user", "content": "Hi"}], role="assistant") if chat else Prompt("Hi")
+    try:
+        run = (lambda: list(backend.generate_stream(prompt, PARAMS, "r"))) if stream else (
+            lambda: backend.generate(prompt, PARAMS, "r"))
+        if refusal is None:
+            run()
+        else:
+            with pytest.raises(BackendAuthError) as e:
+                run()
+            assert str(e.value) == (f"{server.url}/v1/: HTTP 401: missing or wrong API key (send Authorization: "
+                                    f"Bearer <key>){refusal}")
+            assert e.value.key_fix == refusal
+    finally:
+        backend.shutdown()
+    assert seen == [f"Bearer {key or env or 'EMPTY'}"]

@@ -190,6 +190,41 @@ def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, env,
     session.close()
 
 
+@pytest.mark.parametrize("key, env, advice", [
+    (None, {}, "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY, or set $OPENAI_API_KEY "
+               "in the kernel's environment (with --openai, $LMNB_API_KEY is not read)"),
+    (None, {"OPENAI_API_KEY": "old"}, "the server refused the key in $OPENAI_API_KEY: check it"),
+    ("wrong", {}, "the server refused the --api-key given: check it"),
+])
+def test_a_cells_gen_refused_for_the_key_says_how_connect_gives_it(key, env, advice, server,  # noqa: F811
+                                                                  monkeypatch):
+    """A server that lists its models without the key (a proxy) but refuses gens without it (HTTP
+    401): a connected cell's gen failed with a plain BackendError in the server's words for an HTTP
+    client; it says %lm connect's options, not lmnb.OpenAI's api_key=, and once."""
+    for name in ("OPENAI_API_KEY", "LMNB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    server.model_info = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    server.answer = lambda h, b: send(h, 401, b'{"error": {"message": "missing or wrong API key (send '
+                                              b'Authorization: Bearer <key>)", "code": 401}}')
+    url = f"{server.url}/v1"
+    session = Session()
+    try:
+        commands.connect(types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True, timeout=5),
+                         session)
+        error = str(_gen.run(backend=session.backend()).error())
+    finally:
+        session.close()
+    assert error == (f"Gen('a') failed: BackendAuthError: {url}/: HTTP 401: missing or wrong API key (send "
+                     f"Authorization: Bearer <key>); {advice}")
+
+
+@lmnb.function
+def _gen(s):
+    s += "Hi" + lmnb.gen("a", max_tokens=2)
+
+
 _CHAT_TEMPLATE_GUESS = ("no chat template is known for the model name 'my-model', so the program's roles go out in "
                         "the generic 'default' format ('USER:...\\nASSISTANT:'), which the model may not be "
                         "trained on")

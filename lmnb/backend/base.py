@@ -86,8 +86,9 @@ def reworded(e: Exception, message: str) -> Exception:
 class BackendAuthError(BackendError):
     """The server refused a call for its API key (HTTP 401): none was given, or the wrong one.
     ``key_fix``: the end of the message that says how the Python API gives the key
-    (``RuntimeEndpoint``'s ``api_key=``), "" where it says none; front ends say their own instead
-    (``%lm connect URL --api-key KEY``, a job's ``--api-key``): ``without_key_fix``."""
+    (``RuntimeEndpoint``'s and ``OpenAI``'s ``api_key=``), "" where it says none; front ends say
+    their own instead (``%lm connect URL --api-key KEY``, a job's ``--api-key``): ``without_key_fix``,
+    or, for ``OpenAI``, whose requests meet the 401 at the gen, the backend's ``key_fix`` set to theirs."""
 
     key_fix = ""
 

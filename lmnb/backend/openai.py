@@ -28,14 +28,15 @@ import weakref
 from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
-    MAX_BATCH_PROMPTS, AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion,
-    GuessedTemplate, Prompt, aborted_reason, check_utf8, tell_guessed_template,
+    MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
+    Completion, GuessedTemplate, Prompt, aborted_reason, check_utf8, tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
 
+KEY_ENV = "OPENAI_API_KEY"  # (where the openai client, and so lmnb.OpenAI, reads its key)
 # Completion-only models of the official API (SGLang's INSTRUCT_MODEL_NAMES, extended).
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 # What a call that abort() stopped returns (not None: a server may answer null).
@@ -102,6 +103,11 @@ class OpenAI(BaseBackend):
     process, which gets clients of its own; an ``http_client`` given stays shared with the parent,
     so give each process its own.
 
+    A request the server refuses for its API key (HTTP 401) raises ``BackendAuthError``, its
+    message ending with ``key_fix``: how to give the key (``api_key=``, ``$OPENAI_API_KEY``), or
+    that the key sent was refused. A front end that made the backend sets its own words there
+    (``%lm connect``'s ``--api-key``, a job's).
+
     Raises:
         ImportError: the ``openai`` package is missing (``pip install openai``).
         ValueError: the client refused its arguments, e.g. the official API (no ``base_url``)
@@ -121,7 +127,11 @@ class OpenAI(BaseBackend):
 
         self._openai = openai
         self._httpx = httpx
-        api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
+        key_from = "the api_key given" if api_key else f"the key in ${KEY_ENV}" if os.environ.get(KEY_ENV) else None
+        api_key = api_key or os.environ.get(KEY_ENV) or ("EMPTY" if base_url else None)
+        # (the server's words are for an HTTP client: "send Authorization: Bearer <key>")
+        self.key_fix = (f"; the server refused {key_from}: check it" if key_from else
+                        f"; the server asks for an API key: lmnb.OpenAI(..., api_key=KEY), or set ${KEY_ENV}")
         self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
         self._clients: Optional[tuple] = None  # (the openai client, its async twin or None)
         # The clients a backend dropped without shutdown() leaves open: its finalizer closes them
@@ -329,7 +339,8 @@ class OpenAI(BaseBackend):
         ``_ABORTED`` once ``abort(rid)`` stopped it.
 
         Raises:
-            BackendError: the server refused the request, did not answer, or sent no JSON.
+            BackendError: the server refused the request, did not answer, or sent no JSON;
+                ``BackendAuthError`` for its API key (HTTP 401), the message ending with ``key_fix``.
         """
         try:
             if rid is not None and self._async_client is not None:
@@ -353,6 +364,10 @@ class OpenAI(BaseBackend):
                 message += (f"; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
                             f"base_url={root + '/v1'!r}")
             reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
+            if e.status_code == 401:
+                auth = BackendAuthError(f"{self.client.base_url}: HTTP 401: {message}{self.key_fix}", reason)
+                auth.key_fix = self.key_fix
+                raise auth from None
             raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason) from None
         except self._openai.APITimeoutError as e:
             if connect_timed_out(e):  # (a firewalled host that never answers: no server was reached)

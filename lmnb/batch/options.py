@@ -214,11 +214,15 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
     option to give when a server refused it for its API key."""
     text = (f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: "
             f"{without_key_fix(e) if isinstance(e, BackendAuthError) else in_option_syntax(e, vars(args))}")
-    if isinstance(e, BackendAuthError):
-        given = _key_source(args)
-        text += (f"; the server refused {given}" if given else "; the server asks for an API key: pass --api-key KEY"
-                 + f" or set ${_key_env(args)}")
-    return text
+    return text + (key_advice(args) if isinstance(e, BackendAuthError) else "")
+
+
+def key_advice(args: argparse.Namespace) -> str:
+    """The end of a message of a server's refusal of the job's API key (HTTP 401): the option that
+    gives it, or where the key refused came from."""
+    given = _key_source(args)
+    return (f"; the server refused {given}" if given else
+            f"; the server asks for an API key: pass --api-key KEY or set ${_key_env(args)}")
 
 
 def _key_env(args: argparse.Namespace) -> str:
@@ -269,6 +273,7 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
         template = {"chat_template": lmnb.get_chat_template(args.chat_template)} if args.chat_template else {}
         backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
                               is_chat_model=False if args.completion else None, **timeout, **template)
+        backend.key_fix = key_advice(args)  # (a row's HTTP 401 names the job's --api-key, not the Python API)
         if url != "engine":
             _check_served_model(backend, args.openai, url)
         backend.on_guessed_template = _say_guessed_template
