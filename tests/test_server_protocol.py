@@ -961,11 +961,43 @@ def test_a_chat_request_without_max_tokens_gets_what_a_kv_pool_smaller_than_the_
         prompt = "[user]hi\n[assistant]"  # (the stand-in's template; one token per character)
         reply = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200, reply.text
-        assert engine.received[-1].max_new_tokens == 100 - len(prompt)
+        assert engine.received[-1].max_new_tokens == 100 + 1 - len(prompt)  # (the last new token takes no slot)
         too_long = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 100}]})
         assert too_long.status_code == 400 and too_long.json()["error"]["message"] == (
             "the chat prompt is 118 tokens, which leaves no room for a reply in the server's KV cache of 100 tokens; "
             "shorten the messages")
+
+
+def test_a_chat_request_without_max_tokens_fills_exactly_what_the_kv_pool_holds(tiny_llama):
+    """The default of a chat request without max_tokens where the KV pool is smaller than the
+    context was the pool less the prompt, one token short of what fits (a request holds a slot per
+    token but the last it samples: 10 + 23 fit a pool of 32), and a prompt of exactly the pool was
+    refused as leaving no room for a reply, where one new token fits beside it."""
+    from lmnb_engine import Engine
+
+    def chat(content: str, **extra) -> httpx.Response:
+        return _post(url, "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": content}],
+                                                   "ignore_eos": True, **extra}, timeout=60)
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=32) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        assert engine.context_len > 32  # (the pool, not the context, bounds the reply)
+        r = chat("w" * 5)
+        assert r.status_code == 200, r.text
+        n = r.json()["usage"]["prompt_tokens"]
+        assert n == 10 and r.json()["usage"]["completion_tokens"] == 32 + 1 - n  # 10 + 22 slots
+        over = chat("w" * 5, max_tokens=32 + 2 - n)  # one more: the engine refuses it
+        assert over.status_code == 400 and over.json()["error"]["message"] == (
+            "prompt of 10 tokens + max_tokens=24 does not fit the server's KV cache of 32 tokens; shorten the messages "
+            "by at least 1 token or lower max_tokens to at most 23"), over.text
+        # the template takes n - 5 tokens, and each "w" one: a prompt of the pool's 32 tokens gets one
+        r = chat("w" * (5 + 32 - n))
+        assert r.status_code == 200, r.text
+        assert (r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) == (32, 1)
+        r = chat("w" * (5 + 33 - n))
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "the chat prompt is 33 tokens, which leaves no room for a reply in the server's KV cache of 32 tokens; "
+            "shorten the messages"), r.text
 
 
 def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message():

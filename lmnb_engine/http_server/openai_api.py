@@ -808,13 +808,17 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             if max_tokens is None:
                 # what the context leaves, or a smaller KV pool (SGLang's max_req_len clamps so): a pool
                 # smaller than the context refused every request without max_tokens, naming one no one set
-                room, where = engine.context_len, f"the model's context length of {engine.context_len} tokens"
-                if ctx.kv_pool_tokens is not None and ctx.kv_pool_tokens < room:
-                    room, where = ctx.kv_pool_tokens, f"the server's KV cache of {ctx.kv_pool_tokens} tokens"
-                if len(prompt) >= room:  # else the engine's message names a max_new_tokens no one set
+                room = engine.context_len - len(prompt)
+                where = f"the model's context length of {engine.context_len} tokens"
+                pool = ctx.kv_pool_tokens
+                # (the pool holds a slot per token but the last sampled, as the engine counts them,
+                # request.kv_to_finish: P + 1 - n new tokens fit a pool of P, one more than P - n)
+                if pool is not None and pool + 1 - len(prompt) < room:
+                    room, where = pool + 1 - len(prompt), f"the server's KV cache of {pool} tokens"
+                if room < 1:  # else the engine's message names a max_new_tokens no one set
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
                                        f"in {where}; shorten the messages", param="messages")
-                max_tokens = room - len(prompt)
+                max_tokens = room
             elif 0 < max_tokens and len(prompt) + max_tokens > engine.context_len:
                 await ctx.run(_refuse_past_the_template, engine, messages, extra, len(prompt), _max_name(req), max_tokens)
             if req.top_logprobs and not req.logprobs:
