@@ -3306,6 +3306,33 @@ def test_a_chat_max_tokens_that_leaves_no_room_for_the_templates_tokens_is_told_
             f"prompt of 40 tokens fills the model's context length of 40 tokens, and max_tokens=30 {both}"))
 
 
+def test_a_chat_max_tokens_told_to_be_lowered_past_the_template_lowers_a_min_tokens_above_it_too(tiny_llama):
+    """The chat route's own "lower max_tokens to at most 12" (the template's tokens leave no shorter
+    messages room) did not name a min_tokens above 12, as the engine's refusals do since they were
+    told to: a request that followed it, 12 with min_tokens=15, was refused again ("min_tokens=15 is
+    invalid: must not exceed max_tokens=12"). A min_tokens that is not more is left out."""
+    from lmnb_engine import Engine
+
+    def chat(**limits) -> httpx.Response:  # "w" * 495 and the tiny checkpoint's template: 500 tokens
+        return _post(url, "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": "w" * 495}],
+                                                   "ignore_eos": True, **limits}, timeout=120)
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=1024) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        assert engine.context_len == 512
+        # the template's 5 tokens + 510 > 512, so no shorter messages fit; 512 - 500 = 12 new tokens do
+        for name, low, both in (("max_tokens", 15, " and min_tokens"), ("max_completion_tokens", 13, " and min_tokens"),
+                                ("max_tokens", 12, ""), ("max_tokens", 0, "")):
+            r = chat(**{name: 510, "min_tokens": low})
+            assert r.status_code == 400 and r.json()["error"]["message"] == (
+                f"prompt of 500 tokens + {name}=510 exceeds the model's context length of 512 tokens; lower "
+                f"{name}{both} to at most 12 (the chat template alone takes 5 of the prompt's tokens, so no shorter messages make "
+                "room for 510)"), r.text
+        r = chat(max_tokens=12, min_tokens=12)  # the advice followed
+        assert r.status_code == 200, r.text
+        assert (r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"]) == (500, 12)
+
+
 @pytest.mark.parametrize("refusal, status, message", [
     (ValueError("a text-only model: it cannot take images"), 400, "the served model is text-only"),
     # a LLaVA model whose image processor this transformers builds only with torchvision: the

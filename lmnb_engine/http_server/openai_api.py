@@ -820,7 +820,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                                        f"in {where}; shorten the messages", param="messages")
                 max_tokens = room
             elif 0 < max_tokens and len(prompt) + max_tokens > engine.context_len:
-                await ctx.run(_refuse_past_the_template, engine, messages, extra, len(prompt), _max_name(req), max_tokens)
+                await ctx.run(_refuse_past_the_template, engine, messages, extra, len(prompt), _max_name(req),
+                              max_tokens, req.min_tokens)
             if req.top_logprobs and not req.logprobs:
                 raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
             params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
@@ -859,7 +860,8 @@ def _chat_past_context(engine: Any, messages: list, extra: dict, name: str, max_
     return past_context(said, max_tokens, engine.context_len, "messages", name, floor)
 
 
-def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, name: str, max_tokens: int) -> None:
+def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, name: str, max_tokens: int,
+                              min_tokens: int) -> None:
     """Refuse a chat request whose ``n``-token prompt and ``max_tokens`` (past the context together)
     leave no room for the chat template's own tokens, so that no shorter messages fit: the
     engine's "shorten the messages or lower max_tokens" offered a fix that fits no messages.
@@ -867,8 +869,9 @@ def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, 
     more beside a prompt that fits (the engine's refusal stands then: lower it to what fits).
 
     Raises:
-        RequestError: naming ``name`` and the most that fits beside this prompt, or (a prompt
-            that fills the context itself) the messages and ``name`` both.
+        RequestError: naming ``name`` and the most that fits beside this prompt (and ``min_tokens``
+            where it is more: a ``max_tokens`` below it is refused), or (a prompt that fills the
+            context itself) the messages and ``name`` both.
     """
     context = engine.context_len
     if max_tokens >= context > n:
@@ -879,9 +882,10 @@ def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, 
     if n >= context:  # (at most 0 is no fix: the messages must shrink too)
         said = f"prompt of {n} tokens {'exceeds' if n > context else 'fills'} the model's context length of {context} tokens"
         raise RequestError(past_context(said, max_tokens, context, "messages", name, floor), param="messages")
+    both = " and min_tokens" if min_tokens > context - n else ""  # (as the engine's _lower_max_new_tokens)
     raise RequestError(f"prompt of {n} tokens + {name}={max_tokens} exceeds the model's context length of {context} "
-                       f"tokens; lower {name} to at most {context - n} (the chat template alone takes {floor} of the "
-                       f"prompt's tokens, so no shorter messages make room for {max_tokens})",
+                       f"tokens; lower {name}{both} to at most {context - n} (the chat template alone takes {floor} "
+                       f"of the prompt's tokens, so no shorter messages make room for {max_tokens})",
                        param=name, reason=DOES_NOT_FIT)
 
 
