@@ -1000,6 +1000,34 @@ def test_a_chat_request_without_max_tokens_fills_exactly_what_the_kv_pool_holds(
             "shorten the messages"), r.text
 
 
+def test_a_chat_min_tokens_above_what_the_default_max_tokens_leaves_is_named_with_its_fixes(tiny_llama):
+    """A chat request without max_tokens whose min_tokens is more than fits beside its prompt was
+    refused in words naming a max_tokens no one set, "min_tokens=24 is invalid: must not exceed
+    max_tokens=23"; it is told what fits and how to make room, shortening the messages only where
+    the chat template's own tokens (5 here) leave room for it."""
+    from lmnb_engine import Engine
+
+    def chat(content: str, **extra) -> httpx.Response:
+        return _post(url, "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": content}],
+                                                   "ignore_eos": True, **extra}, timeout=60)
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=32) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        # "w" * 5: 10 tokens, 5 of them the template's; 32 + 1 - 10 = 23 new tokens fit
+        said = "the chat prompt is 10 tokens, which leaves room for 23 new tokens in the server's KV cache of 32 tokens"
+        for low, fix in ((24, "lower min_tokens to at most 23, or shorten the messages by at least 1 token"),
+                         (28, "lower min_tokens to at most 23, or shorten the messages by at least 5 tokens"),
+                         (29, "lower min_tokens to at most 23")):  # (shorter by 6: 4 tokens, less than the template's)
+            r = chat("w" * 5, min_tokens=low)
+            assert r.status_code == 400 and r.json()["error"]["message"] == (
+                f"{said}, fewer than min_tokens={low}; {fix}"), r.text
+            assert r.json()["error"]["param"] == "min_tokens"
+        for content, low in (("w" * 5, 23), ("w" * 4, 24), ("", 28)):  # each fix followed: served, min_tokens long
+            r = chat(content, min_tokens=low)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 33 - r.json()["usage"][
+                "prompt_tokens"] >= low, r.text
+
+
 def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message():
     """An in-stream error reached programs as the error object's repr ({'message': ..., 'type': ...})."""
 

@@ -818,6 +818,15 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 if room < 1:  # else the engine's message names a max_new_tokens no one set
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
                                        f"in {where}; shorten the messages", param="messages")
+                if req.min_tokens > room:  # (the engine's "must not exceed max_tokens=N" names one no one set)
+                    over = req.min_tokens - room  # (messages shorter by that leave room for min_tokens,
+                    # where the chat template's own tokens stay within what is left)
+                    shorten = len(prompt) - over >= await ctx.run(_template_tokens, engine, messages, extra)
+                    raise RequestError(
+                        f"the chat prompt is {len(prompt)} tokens, which leaves room for {room} new "
+                        f"token{'s' * (room != 1)} in {where}, fewer than min_tokens={req.min_tokens}; lower min_tokens "
+                        f"to at most {room}" + f", or shorten the messages by at least {over} token{'s' * (over != 1)}" * shorten,
+                        param="min_tokens")
                 max_tokens = room
             elif 0 < max_tokens and len(prompt) + max_tokens > engine.context_len:
                 await ctx.run(_refuse_past_the_template, engine, messages, extra, len(prompt), _max_name(req),
