@@ -430,6 +430,21 @@ class Expr:
     def __radd__(self, other: Any) -> "ExprList":
         return ExprList([as_expr(other), self])
 
+    def __format__(self, spec: str) -> str:
+        """Refuse to become text in an f-string or ``format()``: ``s += f"A: {gen('a')}"`` added the
+        text "A: Gen('a')" and ran no gen. ``str()``, ``repr()`` and ``f"{x!r}"`` still show the repr.
+
+        Raises:
+            TypeError: naming the primitive and how to add it to the state.
+        """
+        shown = repr(self)
+        shown = shown if len(shown) <= 120 else f"{shown[:100]} ... {shown[-15:]}"  # ("A: " + a long text)
+        what = "holds lmnb primitives" if isinstance(self, ExprList) else "is an lmnb primitive"
+        raise TypeError(
+            f"{shown} {what}: in an f-string or format() it becomes its repr as text and never runs; "
+            'add it to the state instead: s += "A: " + lmnb.gen(...) (or s += "A: ", then s += lmnb.gen(...)), '
+            'not s += f"A: {lmnb.gen(...)}"; for the repr itself (debugging), write {x!r} or repr(x)')
+
 
 def check_text(text: str, what: str) -> None:
     """Refuse ``text`` (``what`` names it) holding a lone UTF-16 surrogate (a file read with

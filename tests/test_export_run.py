@@ -208,6 +208,26 @@ def test_a_python_cell_reading_a_variable_named_like_its_cell_option_runs_in_the
     assert result["variables"] == {"c4": want}
 
 
+def test_a_hole_whose_value_a_function_makes_a_primitive_fails_the_row_not_sent_as_text(tiny_llama, tmp_path):
+    # the export refuses {lmnb.gen(...)} where it can read it; a function's result it cannot, and the
+    # job's f-string sent "Q: hi\nA: Gen('a')" in every row, status ok, with no variable a
+    nb = notebook('import lmnb\nq = "hi"\ndef make_gen():\n    return lmnb.gen("a", max_tokens=3)',
+                  "%%lm --temperature 0\nQ: {q}\nA: {make_gen()}")
+    script, plan = export(tmp_path, nb)
+    assert plan.inputs == ("q",)
+    write_rows(tmp_path / "rows.jsonl", [{"q": "one"}])
+    code, err, _ = run_script(script, "--input", tmp_path / "rows.jsonl", "--output", tmp_path / "out.jsonl",
+                              "--no-progress", model=tiny_llama)
+    [result] = read_results(tmp_path / "out.jsonl")
+    assert code == 1 and result["status"] == "error", err
+    assert result["error"].startswith(
+        "TypeError: Gen('a') is an lmnb primitive: in an f-string or format() it becomes its repr as text and never "
+        'runs; add it to the state instead: s += "A: " + lmnb.gen(...) (or s += "A: ", then s += lmnb.gen(...)), '
+        'not s += f"A: {lmnb.gen(...)}"; for the repr itself (debugging), write {x!r} or repr(x) (job.py line ')
+    assert result["error"].endswith(", notebook cell 2)") and result["variables"] == {}
+    assert result["tokens"]["completion"] == 0
+
+
 def test_script_against_lmnb_serve_gives_the_same_results(runner, tiny_llama, tmp_path):
     """The same scripts on a server: SGLang's native protocol, and the OpenAI-compatible API."""
     server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),

@@ -5943,3 +5943,47 @@ def test_a_job_records_the_finish_reasons_of_a_gen_with_n_samples_in_fork_branch
     assert st["x"] == [["stop", "length"], ["stop", "length"]] and st["y"] == ["stop", "length"]
     # each reason stands where its text stands in the variable
     assert recorder.finish_reasons() == {"x": st["x"], "y": st["y"], "z": "stop"}
+
+
+def _made_by_a_helper():
+    return sgl.select("v", choices=["y", "n"])  # (a primitive a user's function returns)
+
+
+@pytest.mark.parametrize("body, shown", [
+    (lambda s: f"A: {sgl.gen('a', max_tokens=3)}", "Gen('a')"),
+    (lambda s: "A: {}".format(sgl.gen("a", max_tokens=3)), "Gen('a')"),
+    (lambda s: format(sgl.gen("a"), ""), "Gen('a')"),
+    (lambda s: f"{sgl.gen('a'):>10}", "Gen('a')"),  # (a spec: object's own error named no primitive)
+    (lambda s: f"Pick: {_made_by_a_helper()}", "Select('v', choices=['y', 'n'])"),
+    (lambda s: f"{sgl.user_begin()}hi", "RoleBegin('user')"),
+    (lambda s: f"{'A: ' + sgl.gen('a')}", "ExprList([ConstantText('A: '), Gen('a')])"),
+], ids=["f-string", "str.format", "format", "format-spec", "a-helpers-select", "user_begin", "text-plus-gen"])
+def test_a_primitive_formatted_into_a_string_is_refused_not_added_as_its_repr(body, shown):
+    """s += f"A: {gen('a')}" added the text "A: Gen('a')", ran no gen, and s["a"] was a KeyError."""
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: hi\n"
+        s += body(s)
+
+    with pytest.raises(TypeError) as e:
+        prog.run(backend=be)
+    what = "holds lmnb primitives" if shown.startswith("ExprList") else "is an lmnb primitive"
+    assert str(e.value) == (
+        f"{shown} {what}: in an f-string or format() it becomes its repr as text and never runs; add it to the "
+        'state instead: s += "A: " + lmnb.gen(...) (or s += "A: ", then s += lmnb.gen(...)), not '
+        's += f"A: {lmnb.gen(...)}"; for the repr itself (debugging), write {x!r} or repr(x)')
+    assert be.calls == []
+
+
+def test_a_primitive_still_shows_its_repr_for_debugging_and_a_long_one_is_cut_in_the_refusal():
+    g = sgl.gen("a")
+    # str(), repr(), !r and %-formatting: what a user debugging a program looks at (not caught)
+    assert [str(g), repr(g), f"{g!r}", "%s" % g, "A: " + str(g)] == ["Gen('a')"] * 4 + ["A: Gen('a')"]
+    long = "x" * 200 + sgl.gen("a")
+    with pytest.raises(TypeError) as e:
+        f"{long}"
+    # its repr's first 100 characters and last 15
+    assert str(e.value).startswith(
+        "ExprList([ConstantText('" + "x" * 76 + " ... x'), Gen('a')]) holds lmnb primitives: ")

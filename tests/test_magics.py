@@ -310,6 +310,20 @@ def test_a_hole_whose_value_is_lmnb_gen_is_refused_not_sent_as_text(ip):
         "becomes prompt text (its repr), and the primitive would not run; did you mean {gen a max_tokens=3}?\n")
 
 
+def test_a_python_cell_formatting_a_primitive_into_an_f_string_is_refused_not_sent_as_text(ip):
+    """s += f"A: {lmnb.gen('a', max_tokens=3)}" in a --python cell ran as done, with the prompt
+    "A: Gen('a')", no gen and no variable a; so did a primitive a user's function returned."""
+    ip.user_ns["make_gen"] = lambda: lmnb.gen("a", max_tokens=3)
+    for line in ("s += f\"A: {lmnb.gen('a', max_tokens=3)}\"", 's += f"A: {make_gen()}"'):
+        bad, out = run(ip, f"%%lm --python --static\ns += 'Q: hi\\n'\n{line}")
+        assert not bad.success and "a" not in ip.user_ns
+        assert out.stdout.rpartition("CellError\x1b[0m: ")[2].strip() == (
+            "line 3: TypeError: Gen('a') is an lmnb primitive: in an f-string or format() it becomes its repr as "
+            'text and never runs; add it to the state instead: s += "A: " + lmnb.gen(...) (or s += "A: ", then '
+            's += lmnb.gen(...)), not s += f"A: {lmnb.gen(...)}"; for the repr itself (debugging), write {x!r} or '
+            "repr(x)")
+
+
 def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_the_state(ip):
     """gen("my answer") in a --python body put a kernel variable 'my answer' in the namespace,
     which no code can read, without a word. A literal name is refused at it before anything runs;
