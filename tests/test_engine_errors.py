@@ -16,6 +16,11 @@ from lmnb_engine.forward_batch import ForwardMode
 from tests.helpers_engine import HFReference, assert_idle_accounting, nan_embedding, unused_token
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+# A request that a test aborts (or shuts down) while it runs, on an engine of tiny_llama_long: it cannot
+# end first, however long the test's thread is held up (16000 tokens take over a minute to decode;
+# the 300-450 of before took under 2 s on a loaded machine, and then the abort found nothing to end).
+LONG = SamplingParams(max_new_tokens=16000, temperature=0.0, ignore_eos=True)
+LONG_KV = 16100  # KV slots for one request of LONG and its prompt
 # the abort of a request the engine had accepted when it shut down
 SHUT_DOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 
@@ -41,6 +46,13 @@ def failing_at_call(fn, k: int, message: str):
 @pytest.fixture()
 def engine(tiny_llama):
     with Engine(str(tiny_llama), max_total_tokens=1024) as eng:
+        yield eng
+
+
+@pytest.fixture()
+def long_engine(tiny_llama_long):
+    """An engine on ``tiny_llama_long`` whose KV pool holds two requests of ``LONG`` beside short ones."""
+    with Engine(str(tiny_llama_long), max_total_tokens=2 * LONG_KV + 1024) as eng:
         yield eng
 
 
@@ -892,15 +904,16 @@ def test_a_lone_surrogate_is_refused_by_name_wherever_the_engine_takes_text(engi
     assert engine.generate("the cat", GREEDY).token_ids  # still serving
 
 
-def test_abort_mid_decode_frees_everything(engine, hf):
-    h = engine.submit("the dog", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+def test_abort_mid_decode_frees_everything(long_engine, hf):
+    engine = long_engine
+    h = engine.submit("the dog", LONG)
     events = h.events(timeout=60)
     for _ in range(3):
         next(events)
     assert h.abort()
     r = h.result(timeout=60)
     assert r.finish_reason.type == "abort" and "abort" in r.finish_reason.message
-    assert 3 <= len(r.token_ids) < 400
+    assert 3 <= len(r.token_ids) < 16000
     assert not h.abort()  # already finished
     assert_idle_accounting(engine)
     p = engine.encode("the dog")
@@ -908,10 +921,11 @@ def test_abort_mid_decode_frees_everything(engine, hf):
     assert_idle_accounting(engine)
 
 
-def test_an_abort_given_no_rid_string_raises_and_names_the_fix(engine):
+def test_an_abort_given_no_rid_string_raises_and_names_the_fix(long_engine):
     """abort(handle), a handle passed for its rid, returned False (no such rid) and the request ran on
     to its end; abort(["x"]) raised "unhashable type: 'list'" from the scheduler thread."""
-    h = engine.submit("the dog", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    engine = long_engine
+    h = engine.submit("the dog", LONG)
     with pytest.raises(TypeError, match=r"^abort takes a request's rid, a string; got RequestHandle; call "
                                         r"handle.abort\(\), or abort\(handle.rid\)$"):
         engine.abort(h)
@@ -923,19 +937,22 @@ def test_an_abort_given_no_rid_string_raises_and_names_the_fix(engine):
     assert_idle_accounting(engine)
 
 
-def test_closing_a_stream_early_aborts_the_request(engine):
-    stream = engine.stream("a bird", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
+def test_closing_a_stream_early_aborts_the_request(long_engine):
+    # (a request that ended before the close would leave the engine idle without any abort)
+    engine = long_engine
+    stream = engine.stream("a bird", LONG)
     next(stream)
     stream.close()
     assert_idle_accounting(engine)
 
 
-def test_a_stream_interrupted_while_it_waits_ends_its_request_as_interrupted(engine):
+def test_a_stream_interrupted_while_it_waits_ends_its_request_as_interrupted(long_engine):
     """Ctrl-C in a ``for ev in engine.stream(...)`` loop ended the request with "aborted by
     Engine.abort", which the caller never called; it ends as generate's interrupted wait does."""
     from lmnb_engine.outputs import ABORT_INTERRUPTED
 
-    stream = engine.stream("a bird", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
+    engine = long_engine
+    stream = engine.stream("a bird", LONG)
     next(stream)
     handle = stream._handle
 
@@ -951,10 +968,10 @@ def test_a_stream_interrupted_while_it_waits_ends_its_request_as_interrupted(eng
     assert_idle_accounting(engine)
 
 
-def test_closing_or_dropping_a_stream_before_its_first_event_aborts_the_request(engine):
+def test_closing_or_dropping_a_stream_before_its_first_event_aborts_the_request(long_engine):
     # a generator's clean-up runs only once it has started: a stream closed or dropped before
     # the first next() left its request running to max_new_tokens
-    params = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+    engine, params = long_engine, LONG
     engine.stream("a bird", params).close()
     assert_idle_accounting(engine)
     stream = engine.stream("a fish", params)
@@ -988,9 +1005,9 @@ def test_a_stream_collected_on_the_scheduler_thread_mid_step_aborts_it_after_the
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
 
 
-def test_abort_of_a_waiting_request(tiny_llama):
-    with Engine(str(tiny_llama), max_total_tokens=1024, max_running_requests=1) as eng:
-        first = eng.submit("one", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
+def test_abort_of_a_waiting_request(tiny_llama_long):
+    with Engine(str(tiny_llama_long), max_total_tokens=LONG_KV + 1024, max_running_requests=1) as eng:
+        first = eng.submit("one", LONG)  # (runs on: the second waits)
         second = eng.submit("two", GREEDY)
         assert second.abort()
         assert second.result(timeout=60).finish_reason.type == "abort"
@@ -1021,12 +1038,12 @@ class _ScanCountingList(list):
         return list(self) + other
 
 
-def test_aborting_waiting_samples_scans_the_waiting_queue_at_most_once(tiny_llama):
+def test_aborting_waiting_samples_scans_the_waiting_queue_at_most_once(tiny_llama_long):
     # an abort scanned the waiting queue once to find the rid's samples and twice more per sample
     # (``in``, ``remove``): a server aborting each prompt of a disconnected client's batch of 5000
     # prompts at n=128 spent most of an hour on the scheduler thread, every other request waiting
-    with Engine(str(tiny_llama), max_total_tokens=1024, max_running_requests=1) as eng:
-        first = eng.submit("one", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
+    with Engine(str(tiny_llama_long), max_total_tokens=LONG_KV + 1024, max_running_requests=1) as eng:
+        first = eng.submit("one", LONG)  # (runs on: the others wait)
         many = eng.submit("two", SamplingParams(max_new_tokens=8, n=40))
         other = eng.submit("three", GREEDY)
         scheduler = eng.scheduler
@@ -1350,9 +1367,9 @@ def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tin
     assert r.finish_reason.type == "abort" and r.finish_reason.message == SHUT_DOWN
 
 
-def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
-    eng = Engine(str(tiny_llama), max_total_tokens=1024)
-    h = eng.submit("long", SamplingParams(max_new_tokens=450, temperature=0.0, ignore_eos=True))
+def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama_long):
+    eng = Engine(str(tiny_llama_long), max_total_tokens=LONG_KV)
+    h = eng.submit("long", LONG)
     next(h.events(timeout=60))
     eng.shutdown()
     assert h.result(timeout=10).finish_reason.type == "abort"
@@ -1386,13 +1403,13 @@ def _watch_inbox(sched, *kinds: str) -> dict:
 
 
 def _shutdown_queued_behind_a_held_loop(eng, command: str):
-    """Start a long request on ``eng``, hold the scheduler loop between two of its steps, and queue
+    """Start a long request (``LONG``) on ``eng`` (of ``tiny_llama_long``), hold the scheduler loop between two of its steps, and queue
     the engine's shutdown (on a thread of its own) behind the hold. Returns ``(running, gate,
     queued, stopper)``: the request's handle, the event that lets the loop go on, events set when
     the loop's inbox gets a ``"stop"`` (already set) or a ``command`` (e.g. ``"call"``, ``"add"``),
     and the shutdown's thread."""
     sched = eng.scheduler
-    running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    running = eng.submit("the cat", LONG)
     next(running.events(timeout=60))
     gate, held = threading.Event(), threading.Event()
     sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
@@ -1405,13 +1422,13 @@ def _shutdown_queued_behind_a_held_loop(eng, command: str):
 
 
 @pytest.mark.timeout(180)
-def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama):
+def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama_long):
     """RequestHandle.abort() asked while the engine shut down (the server's response that ended
     aborts its other requests as the server stops) raised the shutdown's RuntimeError, which
     `lmnb serve` logged as "Exception in ASGI application": the abort was queued behind the stop,
     which ended the request itself and failed the queued abort. The shutdown aborts the request, so
     the handle's abort returns False (nothing left for it to abort), as after the shutdown."""
-    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    eng = Engine(str(tiny_llama_long), max_total_tokens=LONG_KV + 1024)
     running, gate, queued, stopper = _shutdown_queued_behind_a_held_loop(eng, "call")
     outcome = []
 
@@ -1433,12 +1450,12 @@ def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama):
 
 
 @pytest.mark.timeout(180)
-def test_a_generate_accepted_just_before_the_shutdown_is_aborted_naming_the_shutdown(tiny_llama):
+def test_a_generate_accepted_just_before_the_shutdown_is_aborted_naming_the_shutdown(tiny_llama_long):
     """A generate queued behind another thread's stop (accepted: the stop not yet handled) ended
     with the bare message "engine shut down", where a later call raised "the engine is shut down;
     create a new Engine". It ends as the running request does, with an abort whose message says
     the engine shut down before the request finished; a call after the shutdown raises."""
-    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    eng = Engine(str(tiny_llama_long), max_total_tokens=LONG_KV + 1024)
     running, gate, queued, stopper = _shutdown_queued_behind_a_held_loop(eng, "add")
     late = []
     caller = threading.Thread(target=lambda: late.append(eng.generate("a dog", GREEDY)), daemon=True)
@@ -1513,6 +1530,10 @@ def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny
     aborted), and a constrained generate started a grammar compiler for the dead engine (its
     thread outlived it) and raised the refusal to wait on the scheduler thread."""
     eng = Engine(str(tiny_llama), max_total_tokens=512)
+    gate = threading.Event()
+    # the loop waits until subscribe: an event that came before would be replayed to the listener on
+    # this thread, whose shutdown then stops the engine here and which then waits out go_on
+    eng.scheduler.call(lambda: gate.wait(120))
     h = eng.submit("the cat", SamplingParams(max_new_tokens=100, temperature=0.0, ignore_eos=True))
     raised, stopped, go_on = [], threading.Event(), threading.Event()
 
@@ -1530,6 +1551,7 @@ def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny
         go_on.wait(120)  # the step goes on
 
     h.subscribe(listener)
+    gate.set()
     assert stopped.wait(60)
     # a shutdown from another thread now (the listener's, spent) waits for the loop to end as well
     other = threading.Thread(target=eng.shutdown, daemon=True)
@@ -1725,13 +1747,14 @@ def test_a_submit_aborted_as_its_compile_ends_returns_the_ended_handle_not_the_c
 
 
 @pytest.mark.parametrize("call", ["submit", "generate"])
-def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_idle(engine, monkeypatch, call):
+def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_idle(long_engine, monkeypatch, call):
     """A KeyboardInterrupt that came after the scheduler's post had queued the request, but before
     submit returned its handle (or generate began to wait), unregistered the handle: the request ran
     on to its end with no one able to read it or abort it by its handle, and its rid was free for a
     second request while it ran."""
     from lmnb_engine.outputs import ABORT_INTERRUPTED
 
+    engine = long_engine  # (the request runs while the interrupt's abort is posted: it must not end first)
     real_submit, queued = engine.scheduler.submit, []
 
     def submit_then_interrupted(reqs):  # (Ctrl-C lands just after the requests went in)
@@ -1740,7 +1763,7 @@ def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_i
         raise KeyboardInterrupt
 
     monkeypatch.setattr(engine.scheduler, "submit", submit_then_interrupted)
-    params = SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True)
+    params = LONG
     with pytest.raises(KeyboardInterrupt):
         if call == "submit":
             engine.submit("the cat", params, rid="ctrl-c")
@@ -1751,7 +1774,7 @@ def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_i
     assert handle.done  # ended before the interrupt left the call
     r = handle.result()
     assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
-    assert len(r.token_ids) < 200
+    assert len(r.token_ids) < 16000
     assert_idle_accounting(engine)
     assert len(engine.submit("the cat", GREEDY, rid=handle.rid).result(timeout=60).token_ids) == 8  # its rid is free
 
@@ -2042,10 +2065,11 @@ def test_a_finished_request_whose_clean_up_fails_is_answered_and_the_memory_rebu
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
 
 
-def test_an_abort_whose_clean_up_fails_still_ends_the_handle(engine, monkeypatch):
+def test_an_abort_whose_clean_up_fails_still_ends_the_handle(long_engine, monkeypatch):
     """Engine.abort raised the release's error, but the request, already marked finished and out
     of the running list, was never answered: its handle waited forever, even after shutdown."""
-    h = engine.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    engine = long_engine
+    h = engine.submit("the cat", LONG)
     next(h.events(timeout=60))
     monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
     with pytest.raises(RuntimeError, match="simulated leak"):
@@ -2054,10 +2078,11 @@ def test_an_abort_whose_clean_up_fails_still_ends_the_handle(engine, monkeypatch
     assert r.finish_reason.type == "abort" and "simulated leak" in r.finish_reason.message
 
 
-def test_an_abort_whose_clean_up_fails_for_one_sample_still_aborts_the_others(engine, monkeypatch):
+def test_an_abort_whose_clean_up_fails_for_one_sample_still_aborts_the_others(long_engine, monkeypatch):
     """The abort stopped at the first sample whose release raised: the request's other sample ran
     on until the memory rebuild failed it with "KV memory was reset", not with the abort asked for."""
-    h = engine.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.8, ignore_eos=True, n=2))
+    engine = long_engine
+    h = engine.submit("the cat", LONG.copy(temperature=0.8, n=2))
     next(h.events(timeout=60))
     monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
     with pytest.raises(RuntimeError, match="simulated leak"):
@@ -2068,11 +2093,11 @@ def test_an_abort_whose_clean_up_fails_for_one_sample_still_aborts_the_others(en
     assert_idle_accounting(engine)
 
 
-def test_an_abort_whose_clean_up_fails_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
+def test_an_abort_whose_clean_up_fails_rebuilds_the_kv_memory_and_the_engine_goes_on(long_engine, hf, monkeypatch):
     """The aborted request's KV, neither returned nor held by anyone, leaked: idle, free +
     evictable + protected fell short of the pool by its tokens (the prompt and those generated). It is
     rebuilt as after a failed step: the other running request fails with the reset, the pools start empty."""
-    params = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+    engine, params = long_engine, LONG
     h, other = engine.submit("the cat", params), engine.submit("a dog", params)
     next(h.events(timeout=60))
     next(other.events(timeout=60))
@@ -2088,12 +2113,11 @@ def test_an_abort_whose_clean_up_fails_rebuilds_the_kv_memory_and_the_engine_goe
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
 
 
-def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama, monkeypatch):
+def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama_long, monkeypatch):
     """A request's release raising while shutdown aborted everyone lost the stop command: shutdown
     waited forever, the loop ran on, and that request was never answered."""
-    eng = Engine(str(tiny_llama), max_total_tokens=1024)
-    hs = [eng.submit(f"the cat {i}", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
-          for i in range(3)]
+    eng = Engine(str(tiny_llama_long), max_total_tokens=2 * LONG_KV + 1024)  # (two run, the third waits)
+    hs = [eng.submit(f"the cat {i}", LONG) for i in range(3)]
     next(hs[0].events(timeout=60))
     monkeypatch.setattr(eng.scheduler, "_release", failing_at_call(eng.scheduler._release, 1, "simulated leak"))
     stopper = threading.Thread(target=eng.shutdown, daemon=True)
@@ -2106,10 +2130,10 @@ def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama, monkey
 
 
 @pytest.mark.timeout(120)
-def test_an_abort_whose_clean_up_fails_and_no_new_pools_can_be_made_stops_the_engine(engine, monkeypatch):
+def test_an_abort_whose_clean_up_fails_and_no_new_pools_can_be_made_stops_the_engine(long_engine, monkeypatch):
     """The rebuild after a failed abort is the failed step's: tried once more, then the engine
     stops, answering everyone, rather than running on over pools it could not make."""
-    params = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+    engine, params = long_engine, LONG
     h, other = engine.submit("the cat", params), engine.submit("a dog", params)
     next(h.events(timeout=60))
     next(other.events(timeout=60))
