@@ -27,6 +27,15 @@ from lmnb.template import parse
 from lmnb.template.cell_options import CellLineError, option_parser, parse_cell_line
 
 
+def nbconvert_script(nb, notebook_name: str, script_name: str, inputs=None) -> str:
+    """The script `jupyter nbconvert --to lmnb` writes: lmnb export's, but for the command the job's
+    messages give to export the notebook again, spelt for nbconvert."""
+    import shlex
+
+    reexport = f"jupyter nbconvert --to lmnb {shlex.quote(notebook_name)} --LMScriptExporter.inputs=NAMES"
+    return export_notebook(nb, notebook_name, script_name, inputs, reexport=reexport)[0]
+
+
 def options(parser) -> dict:
     """Each option of ``parser`` (but --help) with what defines it: dest, action, type, metavar, help."""
     return {o: (a.dest, type(a).__name__, a.type, a.metavar, a.help)
@@ -2179,7 +2188,7 @@ def test_nbconvert_reads_a_notebook_with_a_byte_order_mark_and_names_one_not_in_
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(bom)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == export_notebook(QA, "bom.ipynb", "bom.py")[0]
+    assert out.stdout == nbconvert_script(QA, "bom.ipynb", "bom.py")
     with open(bom, "rb") as f:  # a binary stream, as a caller of the exporter may pass
         assert LMScriptExporter().from_file(f, {"metadata": {"name": "bom"}, "unique_key": "bom"})[0] == out.stdout
     latin = tmp_path / "latin.ipynb"
@@ -2359,13 +2368,12 @@ def test_a_cell_of_an_unknown_type_is_left_out_by_nbconvert_as_by_lmnb_export_an
     data["cells"].append({"cell_type": "weird", "metadata": {}, "source": "print('never run')"})
     path = tmp_path / "qa.ipynb"
     path.write_text(json.dumps(data))
-    expected = export_notebook(QA, "qa.ipynb", "qa.py")[0]
     assert main(["export", str(path)]) == 0
-    assert (tmp_path / "qa.py").read_text() == expected
+    assert (tmp_path / "qa.py").read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == expected
+    assert out.stdout == nbconvert_script(QA, "qa.ipynb", "qa.py")
     assert "Traceback" not in out.stderr and "invalid" not in out.stderr.lower()
 
     small = json.loads(nbformat.writes(notebook("print(6 * 7)")))
@@ -2436,7 +2444,7 @@ def test_nbconvert_exports_notebooks_that_fail_nbformats_schema_as_lmnb_export_d
     notebook's without the defect. One nbconvert run converts them all (--stdout: the scripts one
     after another, in the order given), where a run each took 6 s of its 7."""
     paths = [_with_defect(tmp_path / str(i) / "qa.ipynb", defect) for i, (defect, _) in enumerate(SCHEMA_DEFECTS)]
-    expected = [export_notebook(same_as, "qa.ipynb", "qa.py")[0] for _, same_as in SCHEMA_DEFECTS]
+    expected = [nbconvert_script(same_as, "qa.ipynb", "qa.py") for _, same_as in SCHEMA_DEFECTS]
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", *map(str, paths)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -2684,7 +2692,7 @@ def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
     run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "qa.py").read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
+    assert (tmp_path / "qa.py").read_text() == nbconvert_script(QA, "qa.ipynb", "qa.py")
 
 
 def test_nbconvert_says_in_a_line_why_it_cannot_write_the_script_and_makes_a_missing_folder(tmp_path):
@@ -2712,7 +2720,7 @@ def test_nbconvert_says_in_a_line_why_it_cannot_write_the_script_and_makes_a_mis
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "created the folder jobs/new (it did not exist) for jobs/new/qa.py" in run.stderr
-    assert (tmp_path / "jobs" / "new" / "qa.py").read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
+    assert (tmp_path / "jobs" / "new" / "qa.py").read_text() == nbconvert_script(QA, "qa.ipynb", "qa.py")
 
 
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
@@ -2726,12 +2734,12 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == expected
+    assert out.stdout == nbconvert_script(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py")
     # --output names the script, so its usage lines say the name it was written under
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--output", "jobs/renamed", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    renamed = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "renamed.py")[0]
+    renamed = nbconvert_script(nbformat.read(nb_path, as_version=4), "qa.ipynb", "renamed.py")
     assert (tmp_path / "jobs" / "renamed.py").read_text() == renamed and "python renamed.py --input" in renamed
     (tmp_path / "broken.ipynb").write_text("{not json")
     assert main(["export", str(tmp_path / "broken.ipynb")]) == 2
@@ -2768,7 +2776,7 @@ def test_nbconvert_takes_the_row_fields_as_its_command_line_spells_them_and_name
                               capture_output=True, text=True, timeout=120)
 
     def script(inputs):
-        return export_notebook(CHAT, "chat.ipynb", "chat.py", inputs)[0]
+        return nbconvert_script(CHAT, "chat.ipynb", "chat.py", inputs)
 
     assert script(["person"]) != script(None)  # (the default fields are topic and person)
     for args, fields in [(["--LMScriptExporter.inputs=person"], ["person"]),
@@ -2791,6 +2799,48 @@ def test_nbconvert_takes_the_row_fields_as_its_command_line_spells_them_and_name
     assert out.returncode == 0, out.stderr
     assert ("WARNING | no row fields: every input row runs the same programs; name the fields with "
             "--LMScriptExporter.inputs (e.g. a parameter or a variable the %%lm cells read)\n") in out.stderr
+
+
+def test_a_job_says_to_export_again_with_the_command_of_the_tool_that_exported_it(tmp_path, monkeypatch, capsys):
+    """A job exported by `jupyter nbconvert --to lmnb` said to "export the notebook again with --inputs
+    NAMES" (rows with fields it reads none of) or "with --inputs person" (rows that give a parameter):
+    lmnb export's option, which nbconvert refuses. The export writes the command of the tool that
+    made it into the job (quoted for a shell), which the job's messages give; the command given runs."""
+    import shlex
+
+    from helpers_export import write_rows
+    from helpers_lang import ScriptedBackend
+    from lmnb_kernel.cli import main
+
+    nb = notebook(("parameters", 'person = "Arvel"'), "%%lm --temperature 0\nHi {person}{gen a max_tokens=1}")
+    nbformat.write(nb, tmp_path / "my chat.ipynb")
+    monkeypatch.chdir(tmp_path)
+    nbconvert = [sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout"]
+    out = subprocess.run([*nbconvert, "my chat.ipynb"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    exports = [(out.stdout, "jupyter nbconvert --to lmnb 'my chat.ipynb' --LMScriptExporter.inputs="),
+               (export_notebook(nb, "my chat.ipynb", "my chat.py")[0], "lmnb export 'my chat.ipynb' --inputs ")]
+    for source, command in exports:
+        _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"x": 1}]), 0)
+        assert capsys.readouterr().err.startswith(
+            "lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read none), so "
+            "every row runs the same programs and the field 'x' is not used; to read them, export the notebook again "
+            f"with {command}NAMES\n")
+        rows = write_rows(tmp_path / "rows.jsonl", [{"person": "Corin"}])
+        ns = _load_job(source, monkeypatch, rows, tmp_path / "out.jsonl")
+        assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 2
+        assert capsys.readouterr().err == (
+            "lmnb batch: the input rows have the field 'person' (--person 'Arvel'), but it is the notebook's "
+            "parameter, set once for the whole job by its option, not read from each row; to read it from the rows, "
+            f"export again with {command}person; to use the option, leave the field out of the input\n")
+    # the commands said export the notebook with person a row field
+    out = subprocess.run([*nbconvert, *shlex.split(exports[0][1] + "person")[4:]], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == nbconvert_script(nb, "my chat.ipynb", "my chat.py", ["person"])
+    assert main(["export", *shlex.split(exports[1][1] + "person")[2:]]) == 0
+    assert (tmp_path / "my chat.py").read_text() == export_notebook(nb, "my chat.ipynb", "my chat.py", ["person"])[0]
+    assert "inputs=['person']" in out.stdout
 
 
 def test_nbconvert_reports_a_notebook_it_cannot_export_as_its_own_conversion_error(tmp_path):
@@ -2906,7 +2956,7 @@ def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, not
         from lmnb.batch import Job
         from lmnb.batch.options import make_backend
 
-        assert "completion=True, timeout=30.0, options_first=True)" in source
+        assert "completion=True, timeout=30.0, options_first=True,\n" in source
         job = Job("j", ["q"], backend=backend.url, openai_model="m", completion=True, timeout=30.0,
                   argv=["--input", "in.jsonl", "--output", "out.jsonl"])
         args = job._parser().parse_args(job.argv)
@@ -3486,7 +3536,8 @@ def test_row_fields_whose_example_is_text_must_be_text_in_the_job(tmp_path, monk
     # topic: read and never set, so its type is unknown; style is a parameter, not a row field
     assert (p.inputs, p.texts) == (("question", "topic"), ("question",))
     assert ("job = lmnb.batch.Job(__doc__, inputs=['question', 'topic'], texts=['question'], parameters={'style': "
-            "'terse', 'n': 2}, options_first=True)") in source
+            "'terse', 'n': 2}, options_first=True,\n"
+            "                     reexport='lmnb export notebook.ipynb --inputs NAMES')\n") in source
     assert "Text, as the notebook's examples are (a JSON string, not a number or a list): question." in source
     assert "also on a rerun that\nleaves it so" in source  # the exit status, in --help
     assert export_notebook(nb, inputs=["question", "n"])[1].texts == ("question",)  # n's example is a number

@@ -597,7 +597,7 @@ def test_a_parameter_default_that_no_literal_writes_back_is_read_where_the_cell_
 
     source, _ = export_notebook(notebook(("parameters", "big = 1e999\nys = [1, 2]\nm = max(ys)"), 'q = "x"',
                                          "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
-    assert ("parameters={'big': None, 'ys': [1, 2], 'm': None}, computed=['big', 'm'], options_first=True)"
+    assert ("parameters={'big': None, 'ys': [1, 2], 'm': None}, computed=['big', 'm'], options_first=True,\n"
             in source)
     compile(source, "job.py", "exec")
 

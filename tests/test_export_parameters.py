@@ -333,7 +333,7 @@ def test_lmnb_run_reads_a_rebound_parameters_value_like_the_value_the_cell_sets(
     from lmnb.export import export_notebook
 
     source, _ = export_notebook(nb, "nb.ipynb", "job.py")
-    assert "parameters={'label': None, 'count': None}, computed=['label', 'count'], options_first=True)" in source
+    assert "parameters={'label': None, 'count': None}, computed=['label', 'count'], options_first=True,\n" in source
 
 
 def test_a_percent_sign_in_the_notebooks_texts_shows_in_the_jobs_help(tmp_path):
@@ -384,7 +384,7 @@ def test_bytes_and_complex_defaults_read_their_own_type_in_the_job_and_in_lmnb_r
         parse_value("xyz", b"z")
     source, _ = export_notebook(notebook(("parameters", "data = b'z'\nz = 1j"), 'q = "x"',
                                          "%%lm\n{q}{gen a max_tokens=1}"), "nb.ipynb", "job.py")
-    assert "parameters={'data': b'z', 'z': 1j}, options_first=True)" in source
+    assert "parameters={'data': b'z', 'z': 1j}, options_first=True,\n" in source
     (tmp_path / "job.py").write_text(source)
     for option, said in (["--data", "xyz"], "argument --data: expected a Python bytes literal, e.g. b'abc' (in quotes "
                                             "for the shell: \"b'abc'\"), got 'xyz'"), \

@@ -303,6 +303,11 @@ class Job:
         backend: default ``--backend`` (a notebook's ``%lm connect URL``); None = ``engine``.
         openai_model: default ``--openai`` (``%lm connect URL --openai MODEL``).
         completion: default ``--completion`` (``%lm connect ... --completion``).
+        reexport: how to export the notebook again with other row fields, which the messages that
+            say to do so give, with the fields they mean in place of its last ``NAMES``: the command
+            of the tool that exported it (``lmnb export nb.ipynb --inputs NAMES``, ``jupyter
+            nbconvert --to lmnb nb.ipynb --LMScriptExporter.inputs=NAMES``); default lmnb export's
+            option alone.
         timeout: default ``--timeout`` in seconds (``%lm connect ... --timeout S``).
         argv: command-line arguments (default ``sys.argv[1:]``).
         per_row: False for a notebook without ``%%lm`` cells: no input rows, only the backend and
@@ -335,7 +340,7 @@ class Job:
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, texts: Sequence[str] = (),
                  types: Optional[dict] = None,
                  model: Optional[str] = None, backend: Optional[str] = None, openai_model: Optional[str] = None,
-                 completion: bool = False, timeout: Optional[float] = None,
+                 completion: bool = False, timeout: Optional[float] = None, reexport: str = "--inputs NAMES",
                  argv: Optional[Sequence[str]] = None, per_row: bool = True, parameters: Optional[dict] = None,
                  computed: Sequence[str] = (), options_first: bool = False):
         self.description = description
@@ -348,6 +353,7 @@ class Job:
         self.default_openai = openai_model
         self.default_completion = completion
         self.default_timeout = timeout
+        self.reexport = reexport
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args: Optional[argparse.Namespace] = None
         self.parameter_values: dict = {}
@@ -608,7 +614,7 @@ class Job:
             fields = f"the fields {shown} are" if len(unread_fields) > 1 else f"the field {shown} is"
             say(f"lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read "
                 f"none), so every row runs the same programs and {fields} not used; to read them, export "
-                "the notebook again with --inputs NAMES")
+                f"the notebook again with {self._reexport('NAMES')}")
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             say(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run")
         unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
@@ -676,11 +682,17 @@ class Job:
         options = parameter_options(fields, self.per_row)
         listed = ", ".join(f"{n!r} ({options[n]} {self.parameter_values[n]!r})" for n in fields)
         plural = len(fields) > 1
+        reexport = self._reexport(",".join(self.inputs + fields))
         return (f"the input rows have the field{'s' * plural} {listed}, but {'they are' if plural else 'it is'} "
                 f"the notebook's parameter{'s' * plural}, set once for the whole job by "
                 f"{'their options' if plural else 'its option'}, not read from each row; to read "
-                f"{'them' if plural else 'it'} from the rows, export again with --inputs {','.join(self.inputs + fields)}; "
+                f"{'them' if plural else 'it'} from the rows, export again with {reexport}; "
                 f"to use the option, leave the field{'s' * plural} out of the input")
+
+    def _reexport(self, names: str) -> str:
+        """``reexport`` with the row fields ``names`` (``"a,b"``) in place of its last NAMES."""
+        head, found, tail = self.reexport.rpartition("NAMES")
+        return head + names + tail if found else self.reexport
 
 
 def _current_folder() -> Optional[str]:

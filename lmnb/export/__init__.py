@@ -292,11 +292,14 @@ def plan_notebook(nb, inputs: Optional[Sequence[str]] = None, folder: Optional[P
 
 
 def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",
-                    inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None) -> tuple[str, Plan]:
+                    inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None,
+                    reexport: Optional[str] = None) -> tuple[str, Plan]:
     """The batch script for ``nb`` and its plan (``plan.notes`` lists what was dropped).
 
     ``inputs``: the row fields (default: the notebook's example inputs, see ``lmnb.export.plan``).
     ``folder``: the notebook's, where the modules of the user's that it imports are (None: not known).
+    ``reexport``: the command that exports the notebook again with the row fields NAMES, which the
+    job's messages give (``reexport_command``; default: ``lmnb export``'s).
 
     Raises:
         ExportError: a cell that cannot be read (``cells.cell_read_problem``) or does not parse, no
@@ -304,7 +307,9 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
     """
     p = plan_notebook(nb, inputs, folder)
     # A lone surrogate (a broken character) becomes its escape: in a string literal it reads back the same.
-    source = write_script(p, notebook_name, script_name).encode("utf-8", "backslashreplace").decode("utf-8")
+    if reexport is None:
+        reexport = reexport_command("lmnb export", notebook_name, "--inputs ")
+    source = write_script(p, notebook_name, script_name, reexport).encode("utf-8", "backslashreplace").decode("utf-8")
     try:  # what compiles cell by cell can still fail as one script (e.g. nesting too deep)
         compile(source, script_name, "exec")
     except (SyntaxError, RecursionError, ValueError, MemoryError) as e:
@@ -312,6 +317,17 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
         raise ExportError(f"the exported script does not compile{where}: {type(e).__name__}: {e}; split the "
                           "longest cells, or simplify expressions in their {...} holes") from None
     return source, p
+
+
+def reexport_command(export: str, notebook_name: str, inputs_option: str) -> str:
+    """The command that exports the notebook ``notebook_name`` again with the row fields NAMES
+    (``Job(reexport=...)``, whose messages give it with the fields they mean): ``export``, the tool's
+    command (``lmnb export``, ``jupyter nbconvert --to lmnb``), the notebook, then ``inputs_option``,
+    the tool's spelling of ``--inputs`` up to the names (``"--inputs "``, ``"--LMScriptExporter.inputs="``).
+    The name is quoted for a shell, and one that begins with "-" is written ``./-nb.ipynb``, which no
+    tool takes for an option."""
+    name = f"./{notebook_name}" if notebook_name.startswith("-") else notebook_name
+    return f"{export} {shlex.quote(name)} {inputs_option}NAMES"
 
 
 def unnamed_output(out: Optional[str], default: Path) -> Optional[str]:

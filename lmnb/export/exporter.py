@@ -21,7 +21,7 @@ from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text
+from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text, reexport_command
 from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
 from lmnb.output_paths import make_folders, why_unwritable
 
@@ -58,6 +58,13 @@ class _FieldNames(List):
 # lmnb export's option in the plan's words, which nbconvert's command line spells as the trait
 _INPUTS_OPTION = re.compile(r"(?<![\w.-])--inputs\b")
 _INPUTS_SPELLING = "--LMScriptExporter.inputs"
+
+
+def nbconvert_reexport(notebook_name: str) -> str:
+    """The command that exports ``notebook_name`` again with the row fields NAMES, spelt for
+    nbconvert: the job's messages give it (lmnb export's ``--inputs`` named nbconvert's users an
+    option it does not take)."""
+    return reexport_command("jupyter nbconvert --to lmnb", notebook_name, f"{_INPUTS_SPELLING}=")
 
 
 def _nbconvert_words(text: str) -> str:
@@ -162,7 +169,8 @@ class LMScriptExporter(Exporter):
         try:
             folder = (resources.get("metadata") or {}).get("path")  # (from a file: its folder, "" for the current one)
             source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs,
-                                           None if folder is None else Path(folder))
+                                           None if folder is None else Path(folder),
+                                           nbconvert_reexport(f"{name}.ipynb"))
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(_nbconvert_words(str(e))) from None
         return source, plan, script

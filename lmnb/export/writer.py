@@ -26,10 +26,11 @@ RUN_LINE = ("python {script} --input rows.jsonl --output results.jsonl [--backen
             "{pad} [--num-threads N] [--limit N] [--id-field F]")
 
 
-def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: str = "job.py") -> str:
-    """The script's source text (see the module docstring)."""
+def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",
+                 reexport: str = "--inputs NAMES") -> str:
+    """The script's source text (see the module docstring). ``reexport``: the job's (``lmnb.batch.Job``)."""
     names = _Names(p)
-    w = _Writer(p, names)
+    w = _Writer(p, names, reexport)
     if not p.row:
         return _join(_with_imports(p, w.run_once(notebook_name, script_name)))
     parts = [w.docstring(notebook_name, script_name), "", w.job_line()]  # (imports: once the code is written)
@@ -107,8 +108,8 @@ class _Names:
 
 
 class _Writer:
-    def __init__(self, p: Plan, names: _Names):
-        self.p, self.names = p, names
+    def __init__(self, p: Plan, names: _Names, reexport: str):
+        self.p, self.names, self.reexport = p, names, reexport
         # row field → (cell, line) of the notebook's first example of it ((0, 0): none, the row gives it from the start)
         self.field_at = {n: min(((c.index, first) for c in p.cells if isinstance(c, Code)
                                  for first, _ in c.string_assignments.get(n, [])), default=(0, 0)) for n in p.inputs}
@@ -177,8 +178,10 @@ class _Writer:
         texts = f", texts={list(self.p.texts)!r}" if self.p.texts else ""
         if self.p.types:  # (the type's name: the builtin, as the job line comes before the notebook's code)
             texts += ", types={" + ", ".join(f"{n!r}: {t.__name__}" for n, t in self.p.types.items()) + "}"
-        return (f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()}"
-                f"{self.parameter_kwargs()}, options_first=True)")
+        start = f"{self.names.job} = lmnb.batch.Job("
+        # (the command on a line of its own: on the settings' line it ran past 150 characters)
+        return (f"{start}__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()}"
+                f"{self.parameter_kwargs()}, options_first=True,\n{' ' * len(start)}reexport={self.reexport!r})")
 
     def parameter_kwargs(self) -> str:
         """The job's ``parameters=`` (each parameter's default as the parameters cell's literal
