@@ -17,8 +17,11 @@ except ImportError:  # pragma: no cover - Windows
 
 
 class OutputInUse(Exception):
-    """Another run holds the lock on an output file (``lock_output``); the message names the file
-    and the fix."""
+    """Another run holds the lock on the output file ``path`` (``lock_output``); the message names
+    the file and the fix."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"another run is writing {path}; wait for it to finish (or stop it) before running again")
 
 
 def lock_output(path: Path) -> int:
@@ -42,8 +45,7 @@ def lock_output(path: Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise OutputInUse(f"another run is writing {path}; wait for it to finish (or stop it) before "
-                              "running again") from None
+            raise OutputInUse(path) from None
         try:
             now = os.stat(path)
         except FileNotFoundError:
@@ -52,6 +54,25 @@ def lock_output(path: Path) -> int:
         if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
             return fd
         os.close(fd)
+
+
+def held_by_another(path: Path) -> bool:
+    """Whether another run holds ``lock_output``'s lock on ``path`` now, looked at without taking
+    it (a shared lock, tried and let go); False where ``path`` cannot be opened for reading, and
+    where there are no locks (not POSIX)."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # (which lets go of the shared lock)
+    return False
 
 
 def file_in_the_way(path: Path) -> Optional[Path]:

@@ -142,7 +142,7 @@ def run(args) -> int:
     notebook is saved in every case but 2. A cell that raised is reported by
     ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
     from lmnb.export import folder_given, notebook_path_problem, read_notebook, unnamed_output
-    from lmnb.output_paths import OutputInUse, lock_output, make_folders, why_unwritable
+    from lmnb.output_paths import OutputInUse, held_by_another, lock_output, make_folders, why_unwritable
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
     parameters = [(unicodedata.normalize("NFKC", name), name, text) for name, text in args.parameter]
@@ -189,6 +189,11 @@ def run(args) -> int:
         return 2
     # (-o job.py, a slip for lmnb export; an .ipynb is replaced, even one a failed save left cut short)
     if out is not None and out.is_file() and out.suffix.lower() != ".ipynb" and not _is_notebook(out):
+        # (an empty one that another run holds is the file that run made as it took its lock, which it
+        # writes its notebook to at its end: that run is what is in the way)
+        if out.stat().st_size == 0 and held_by_another(out):
+            print(f"lmnb run: {OutputInUse(out)}", file=sys.stderr)
+            return 2
         print(f"lmnb run: {out} exists and is not a notebook, which the executed notebook would replace; name "
               f"a .ipynb file with -o (e.g. -o {default}), or move {out} away first",
               file=sys.stderr)

@@ -3270,6 +3270,50 @@ def test_lmnb_run_refuses_a_second_run_writing_the_same_output_before_its_kernel
         os.close(first)
 
 
+def test_a_second_run_writing_a_file_that_is_no_notebook_is_told_another_run_writes_it(tmp_path, capsys, monkeypatch):
+    """A second `lmnb run nb.ipynb -o x.txt` while a first one ran was refused with "x.txt exists and
+    is not a notebook": the first had made x.txt, empty, as it took its lock. It is now told that
+    another run is writing the file, as for -o x.ipynb, and its kernel does not start; the first run
+    is unharmed (stopped before its kernel started, it removes the file it made). A file that is
+    no notebook is still refused as such where no run holds it, or where it is not empty (a batch
+    job's results, whose job holds them)."""
+    import argparse
+    import os
+
+    from lmnb.output_paths import lock_output
+    from lmnb_kernel.run import run
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    args = argparse.Namespace(notebook="qa.ipynb", output="x.txt", parameter=[], timeout=60, allow_errors=False)
+    started, second = [], []
+
+    def kernel_starts():  # (the first run's kernel: the second run is started meanwhile)
+        started.append(True)
+        if len(started) == 1:
+            second.append(run(args))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lmnb_kernel.run.kernel_manager", kernel_starts)
+    with pytest.raises(KeyboardInterrupt):
+        run(args)
+    assert second == [2] and started == [True]  # (the second run's kernel did not start)
+    assert capsys.readouterr().err == ("lmnb run: another run is writing x.txt; wait for it to finish (or stop it) "
+                                       "before running again\n")
+    assert not (tmp_path / "x.txt").exists()
+    not_a_notebook = ("lmnb run: x.txt exists and is not a notebook, which the executed notebook would replace; name "
+                      "a .ipynb file with -o (e.g. -o qa.out.ipynb), or move x.txt away first\n")
+    (tmp_path / "x.txt").write_text("")  # no run holds it
+    assert run(args) == 2 and capsys.readouterr().err == not_a_notebook
+    (tmp_path / "x.txt").write_text('{"row": 0}\n')
+    held = lock_output(tmp_path / "x.txt")
+    try:
+        assert run(args) == 2 and capsys.readouterr().err == not_a_notebook
+    finally:
+        os.close(held)
+    assert (tmp_path / "x.txt").read_text() == '{"row": 0}\n' and started == [True]
+
+
 def test_an_empty_output_name_is_refused_not_read_as_the_default(tmp_path, capsys, monkeypatch):
     # -o "$OUT" with OUT unset wrote the default file without a word
     import argparse
