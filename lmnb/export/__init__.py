@@ -436,8 +436,6 @@ def export(args: argparse.Namespace) -> int:
         print(f"lmnb export: cannot write {out}: {why_unwritable(out, e)}; give -o a path in a folder you can "
               f"write to (e.g. -o {default.name})", file=sys.stderr)
         return 2
-    import shlex
-
     # the command is copied into a shell: a path with a space stays one word, and one that begins
     # with "-" (-o ./-) is not read by python as an option (python - reads the script from stdin)
     script = shlex.quote(f"./{out}" if str(out).startswith("-") else str(out))
