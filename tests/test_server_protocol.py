@@ -273,7 +273,8 @@ def _post(url, path, body, **kw):
         ("/abort_request", ["a"], 400, 'the body must be a JSON object of the request\'s fields ({"field": value, ...}), '
                                        'not ["a"]'),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
-         "leaves no room for a reply in the model's context length of 4096"),  # not "max_new_tokens=0"
+         "leaves no room for a reply in the model's context length of 4096 tokens; shorten the messages by at least 23 "
+         "tokens"),  # not "max_new_tokens=0"; (4100 + the template's 18) + 1 - 23 = 4096
         ("/generate", {"text": "a", "stream": "no"}, 400, 'stream must be true or false, not "no"'),  # bool("no")
         ("/generate", {"text": "a", "return_logprob": "yes"}, 400, 'return_logprob="yes" is invalid'),
         ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, 400, "fits in 64 bits"),
@@ -950,11 +951,15 @@ def test_a_chat_request_without_max_tokens_gets_what_a_kv_pool_smaller_than_the_
     """A chat request without max_tokens gets what the context leaves, as in vLLM; where the KV
     pool is smaller than the context (a long-context model on a small GPU), that was more than the
     pool holds, and every such request was a 400 naming a max_tokens no one set. SGLang clamps it
-    to the pool (max_req_len); lmnb now does too."""
+    to the pool (max_req_len); lmnb now does too. A prompt past the pool is refused with how much
+    shorter the messages must be (118 - 18 = 100 tokens leave room for one new token), where it said
+    only "shorten the messages"; on a pool smaller than the chat template alone, none fit."""
 
     class SmallPool(RecordingEngine):
+        pool = 100
+
         def model_info(self):
-            return {**super().model_info(), "max_total_tokens": 100}
+            return {**super().model_info(), "max_total_tokens": self.pool}
 
     engine = SmallPool()
     with live_server(engine, served_model_name="rec") as url:
@@ -965,7 +970,17 @@ def test_a_chat_request_without_max_tokens_gets_what_a_kv_pool_smaller_than_the_
         too_long = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 100}]})
         assert too_long.status_code == 400 and too_long.json()["error"]["message"] == (
             "the chat prompt is 118 tokens, which leaves no room for a reply in the server's KV cache of 100 tokens; "
-            "shorten the messages")
+            "shorten the messages by at least 18 tokens")
+        fits = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * (100 - 18)}]})
+        assert fits.status_code == 200, fits.text
+        assert engine.received[-1].max_new_tokens == 1
+    engine = SmallPool()
+    engine.pool = 10  # (the template is "[user]\n[assistant]", 18 tokens without the messages' text)
+    with live_server(engine, served_model_name="rec") as url:
+        reply = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+        assert reply.status_code == 400 and reply.json()["error"]["message"] == (
+            "the chat prompt is 19 tokens, which leaves no room for a reply in the server's KV cache of 10 tokens; "
+            "no messages fit: the chat template alone takes 18 tokens")
 
 
 def test_a_chat_request_without_max_tokens_fills_exactly_what_the_kv_pool_holds(tiny_llama):
@@ -997,7 +1012,7 @@ def test_a_chat_request_without_max_tokens_fills_exactly_what_the_kv_pool_holds(
         r = chat("w" * (5 + 33 - n))
         assert r.status_code == 400 and r.json()["error"]["message"] == (
             "the chat prompt is 33 tokens, which leaves no room for a reply in the server's KV cache of 32 tokens; "
-            "shorten the messages"), r.text
+            "shorten the messages by at least 1 token"), r.text
 
 
 def test_a_chat_min_tokens_above_what_the_default_max_tokens_leaves_is_named_with_its_fixes(tiny_llama):

@@ -76,7 +76,7 @@ from lmnb_engine.http_server.protocol import (
 from lmnb_engine.json_schema import json_value
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import (DOES_NOT_FIT, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError,
-                                in_front_end_names, past_context)
+                                in_front_end_names, past_context, shorten_fix)
 from lmnb_engine.token_text import token_bytes, token_text
 
 
@@ -816,8 +816,12 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 if pool is not None and pool + 1 - len(prompt) < room:
                     room, where = pool + 1 - len(prompt), f"the server's KV cache of {pool} tokens"
                 if room < 1:  # else the engine's message names a max_new_tokens no one set
+                    # (1 - room tokens fewer leave room for one new token, where the template's own fit)
+                    floor = await ctx.run(_template_tokens, engine, messages, extra)
+                    fix = (shorten_fix(-room, 1, "messages") if len(prompt) - (1 - room) >= floor else
+                           f"no messages fit: the chat template alone takes {floor} tokens")
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
-                                       f"in {where}; shorten the messages", param="messages")
+                                       f"in {where}; {fix}", param="messages")
                 if req.min_tokens > room:  # (the engine's "must not exceed max_tokens=N" names one no one set)
                     over = req.min_tokens - room  # (messages shorter by that leave room for min_tokens,
                     # where the chat template's own tokens stay within what is left)
