@@ -2778,14 +2778,21 @@ def test_an_openai_server_that_refuses_the_key_stops_the_job_before_any_row(tmp_
     assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
 
 
-@pytest.mark.parametrize("key, env, advice", [
-    ([], None, "; the server asks for an API key: pass --api-key KEY or set $OPENAI_API_KEY"),
-    ([], "wrong", "; the server refused the key in $OPENAI_API_KEY"),
-    (["--api-key", "wrong"], None, "; the server refused the --api-key given")])
-def test_a_rows_gen_refused_for_the_key_says_the_jobs_option_once(tmp_path, capsys, monkeypatch, key, env, advice):
+@pytest.mark.parametrize("key, env, advice, summary", [
+    ([], None, "; the server asks for an API key: pass --api-key KEY or set $OPENAI_API_KEY",
+     "the server asks for an API key ({words}); pass --api-key KEY or set $OPENAI_API_KEY"),
+    ([], "wrong", "; the server refused the key in $OPENAI_API_KEY",
+     "the server refused the key in $OPENAI_API_KEY ({words}); check it and set the right one in $OPENAI_API_KEY "
+     "(or pass --api-key KEY)"),
+    (["--api-key", "wrong"], None, "; the server refused the --api-key given",
+     "the server refused the --api-key given ({words}); check it and pass the right one with --api-key KEY")])
+def test_a_rows_gen_refused_for_the_key_says_the_jobs_option_once(tmp_path, capsys, monkeypatch, key, env, advice,
+                                                                   summary):
     """--openai against a server that lists its models without the key (a proxy) but refuses gens
     without it (HTTP 401): each row's error was a plain BackendError in the server's words for an
-    HTTP client; it names the job's --api-key (not lmnb.OpenAI's api_key=), once."""
+    HTTP client; it names the job's --api-key (not lmnb.OpenAI's api_key=), once. The summary said
+    "fix the input and run again", which no input fixes; it says how to give the key and resume,
+    as it does for a backend that could not be reached."""
     import http.server as hs
 
     from helpers_lang import send
@@ -2814,8 +2821,11 @@ def test_a_rows_gen_refused_for_the_key_says_the_jobs_option_once(tmp_path, caps
                                           "--backend", url, "--openai", "m", "--completion", "--no-progress", *key])
         assert job.run(run_row, programs=[echo]) == 1
     [record] = read_results(tmp_path / "out.jsonl")
-    assert record["error"].startswith(f"ProgramError: Gen('answer') failed: BackendAuthError: {url}/: HTTP 401: "
-                                      f"missing or wrong API key (send Authorization: Bearer <key>){advice} ("), record
+    words = f"{url}/: HTTP 401: missing or wrong API key (send Authorization: Bearer <key>)"
+    assert record["error"].startswith(f"ProgramError: Gen('answer') failed: BackendAuthError: {words}{advice} ("), record
+    assert capsys.readouterr().err.endswith(
+        f"  1 row failed because {summary.format(words=words)}, then run the same command again with --retry-errors "
+        "to rerun the failed rows (rows already done are kept)\n")
 
 
 @pytest.mark.parametrize("argv, sent", [([], "Bearer from-env"), (["--api-key", "given"], "Bearer given")])

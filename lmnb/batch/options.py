@@ -225,6 +225,17 @@ def key_advice(args: argparse.Namespace) -> str:
             f"; the server asks for an API key: pass --api-key KEY or set ${_key_env(args)}")
 
 
+def key_refusal_fix(args: argparse.Namespace) -> tuple[str, str]:
+    """For a job's summary of rows the server refused for the API key (HTTP 401): why (the key was
+    missing, or which key it refused) and what to do, each a clause."""
+    given, env = _key_source(args), _key_env(args)
+    if given is None:
+        return "the server asks for an API key", f"pass --api-key KEY or set ${env}"
+    if getattr(args, "api_key", None):
+        return f"the server refused {given}", "check it and pass the right one with --api-key KEY"
+    return f"the server refused {given}", f"check it and set the right one in ${env} (or pass --api-key KEY)"
+
+
 def _key_env(args: argparse.Namespace) -> str:
     """The environment variable a job's API key defaults from: the openai client's with ``--openai``."""
     return OPENAI_KEY_ENV if getattr(args, "openai", None) else API_KEY_ENV

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from lmnb.bar_stream import is_live, progress_bar
 from lmnb.batch.inputs import InputRow, input_format
 from lmnb.batch.messages import say
-from lmnb.batch.options import UnreadableValue, make_backend, parameter_type, start_failure
+from lmnb.batch.options import UnreadableValue, key_refusal_fix, make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
 from lmnb_engine.json_schema import json_value
@@ -48,6 +48,9 @@ class RowRunner:
         # the backend's words for each row this run that failed with no connection to it (pool threads
         # append: list.append is atomic), so the summary blames the backend, not the input
         self.unreachable: list[str] = []
+        # the same for rows whose call the server refused for the API key (BackendAuthError, HTTP 401),
+        # without the key advice each row's error ends with (the summary gives it once)
+        self.key_refused: list[str] = []
         # the same for rows whose program this backend cannot run (BackendCannotRun), whatever their input
         self.cannot_run: list[str] = []
         # and the errors of rows whose code read a name nothing set (a NameError): the notebook's
@@ -358,12 +361,13 @@ class RowRunner:
             return None
         except Exception as e:  # noqa: BLE001 - a failing row is written with its error
             error = f"{type(e).__name__}: {e}{_where(e, self.run_row)}"
-            from lmnb.backend.base import BackendCannotRun, BackendUnreachable
+            from lmnb.backend.base import BackendAuthError, BackendCannotRun, BackendUnreachable, without_key_fix
 
-            for kind, failed in ((BackendUnreachable, self.unreachable), (BackendCannotRun, self.cannot_run)):
+            for kind, failed in ((BackendUnreachable, self.unreachable), (BackendCannotRun, self.cannot_run),
+                                 (BackendAuthError, self.key_refused)):
                 cause = _in_chain(e, kind)
                 if cause is not None:
-                    failed.append(str(cause))
+                    failed.append(without_key_fix(cause))
             if isinstance(e, NameError):
                 self.undefined.append(error)
         record = {
@@ -402,11 +406,17 @@ class RowRunner:
                          "the same command again to do the remaining rows")
         elif self.signals and self.left:
             lines.append("  stopped early: run the same command again to do the remaining rows")
-        elif self.unreachable or self.cannot_run or self.undefined:  # not the input's fault: "fix the input" would mislead
+        elif self.unreachable or self.key_refused or self.cannot_run or self.undefined:
+            # not the input's fault: "fix the input" would mislead
             if self.unreachable:
                 lines.append(f"  {_rows(len(self.unreachable))} failed because the backend could not be reached "
                              f"({self.unreachable[0]}); once it answers, run the same command again with "
                              "--retry-errors to rerun the failed rows (rows already done are kept)")
+            if self.key_refused:
+                why, fix = key_refusal_fix(self.args)
+                lines.append(f"  {_rows(len(self.key_refused))} failed because {why} ({self.key_refused[0]}); "
+                             f"{fix}, then run the same command again with --retry-errors to rerun the failed rows "
+                             "(rows already done are kept)")
             if self.cannot_run:
                 lines.append(f"  {_rows(len(self.cannot_run))} failed because the program cannot run on this "
                              f"backend, whatever the input ({self.cannot_run[0]}); change the notebook as that says "
@@ -419,7 +429,8 @@ class RowRunner:
                              "cell above the one that reads it (lmnb export notes a cell that reads one only a later "
                              "cell sets) and export it again; then run with --retry-errors to rerun the failed "
                              "rows (rows already done are kept)")
-            if len(self.unreachable) + len(self.cannot_run) + len(self.undefined) < c[ERROR] or c[BAD_INPUT]:
+            failed = len(self.unreachable) + len(self.key_refused) + len(self.cannot_run) + len(self.undefined)
+            if failed < c[ERROR] or c[BAD_INPUT]:
                 lines.append('  other rows with "status": "error" or "bad_input" say why in "error"')
         elif c[ERROR] or c[BAD_INPUT]:
             kinds = " or ".join(f'"{k}"' for k, n in (("error", c[ERROR]), ("bad_input", c[BAD_INPUT])) if n)
