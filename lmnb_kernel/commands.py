@@ -63,15 +63,13 @@ def connect(args, session: Session) -> None:
         else:  # (the key may come from the environment: one in the notebook is saved with it)
             backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                                            **timeout)
+            backend.key_fix = f"; {_key_advice(args)}"  # (a cell's HTTP 401 says this, not the Python API)
             backend.on_guessed_template = say_no_chat_template
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""
         if isinstance(e, BackendAuthError):
-            hint += ("; the server refused the --api-key given: check it" if args.api_key else
-                     f"; the server refused the key in ${API_KEY_ENV}: check it" if os.environ.get(API_KEY_ENV) else
-                     f"; the server asks for an API key: %lm connect URL --api-key KEY, or set ${API_KEY_ENV} in "
-                     "the kernel's environment")
+            hint += f"; {_key_advice(args)}"
         raise CellError(f"could not connect to {args.url}: {without_key_fix(e)}{hint}") from e
     if args.openai:
         what += _served_models_note(backend, args, v1)
@@ -87,6 +85,16 @@ def _say_guessed_template(what: str) -> None:
     print(f"lmnb: warning: {what}. Connect to the server's root URL without --openai (%lm connect URL, for an "
           "lmnb serve or SGLang server), which uses the model's own template, or leave out --completion if it "
           "is a chat model, so the server applies its template", file=sys.stderr)
+
+
+def _key_advice(args) -> str:
+    """How ``%lm connect URL`` (``args``, no ``--openai``) gives the API key a server refused (HTTP
+    401), or that the key sent was refused: at connect and in a cell's error."""
+    if args.api_key:
+        return "the server refused the --api-key given: check it"
+    if os.environ.get(API_KEY_ENV):
+        return f"the server refused the key in ${API_KEY_ENV}: check it"
+    return f"the server asks for an API key: %lm connect URL --api-key KEY, or set ${API_KEY_ENV} in the kernel's environment"
 
 
 def _openai_key_advice(args) -> str:

@@ -2859,6 +2859,48 @@ def test_the_key_of_an_sglang_protocol_server_may_come_from_lmnb_api_key(tmp_pat
     assert f"missing or wrong API key; the server refused {refused}\n" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key, advice, summary", [
+    ([], "; the server asks for an API key: pass --api-key KEY or set $LMNB_API_KEY",
+     "the server asks for an API key ({words}); pass --api-key KEY or set $LMNB_API_KEY"),
+    (["--api-key", "old"], "; the server refused the --api-key given",
+     "the server refused the --api-key given ({words}); check it and pass the right one with --api-key KEY")])
+def test_a_rows_gen_refused_for_the_key_after_an_sglang_server_connected_says_the_jobs_option(
+        tmp_path, capsys, monkeypatch, key, advice, summary):
+    """An SGLang-protocol server that takes the model-info request but refuses the gens for the key
+    (restarted with another key, or a proxy guarding /generate alone): each row's error was the
+    server's bare words; it names the job's --api-key (not lmnb.RuntimeEndpoint's api_key=), once,
+    and the summary says how to give it and resume."""
+    import http.server as hs
+
+    from helpers_lang import send, serve_http
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            send(self, 200, b'{"model_path": "m"}')
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            send(self, 401, b'{"error": {"message": "missing or wrong API key", "code": 401}}')
+
+    monkeypatch.delenv("LMNB_API_KEY", raising=False)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    with serve_http(Handler) as url:
+        job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                          "--backend", url, "--chat-template", "chatml", "--no-progress", *key])
+        assert job.run(run_row, programs=[echo]) == 1
+    [record] = read_results(tmp_path / "out.jsonl")
+    words = f"POST {url}/generate: HTTP 401: missing or wrong API key"
+    assert record["error"].startswith(f"ProgramError: Gen('answer') failed: BackendAuthError: {words}{advice} ("), record
+    assert capsys.readouterr().err.endswith(
+        f"  1 row failed because {summary.format(words=words)}, then run the same command again with --retry-errors "
+        "to rerun the failed rows (rows already done are kept)\n")
+
+
 def test_a_text_field_given_another_json_value_is_bad_input_and_the_good_rows_run(tmp_path, capsys):
     """A row field whose notebook example is text, given as 7 or [1, 2]: the job ran the row on
     it (a prompt of "7", or an AttributeError from code written for text) as though it were fine."""

@@ -1150,20 +1150,34 @@ def test_an_html_error_page_is_shown_as_its_text_not_its_markup():
     assert "takes the server's root URL" not in message
 
 
-def test_a_401_on_generate_is_an_auth_error_streamed_or_not(server, endpoint):
+@pytest.mark.parametrize("key, env, fix", [
+    (None, None, "; the server asks for an API key: lmnb.RuntimeEndpoint(URL, api_key=KEY), or set $LMNB_API_KEY"),
+    (None, "old", "; the server refused the key in $LMNB_API_KEY: check it"),
+    ("old", None, "; the server refused the api_key given: check it")])
+def test_a_401_on_generate_is_an_auth_error_streamed_or_not(server, monkeypatch, key, env, fix):
     """A key refused by /generate (revoked after the connect, or a proxy guarding that route
-    only) came out as a plain BackendError: BackendAuthError is the 401 of every call."""
+    only) came out as a plain BackendError: BackendAuthError is the 401 of every call. It said the
+    server's bare words, where the same refusal at connect says how to give the key; a gen's says
+    it too, as its key_fix (which front ends replace with their own words)."""
     from lmnb.backend.base import BackendAuthError
 
+    monkeypatch.delenv("LMNB_API_KEY", raising=False)
+    if env:
+        monkeypatch.setenv("LMNB_API_KEY", env)
+    endpoint = lmnb.RuntimeEndpoint(server.url, api_key=key, timeout=5)  # (its model info needs no key here)
     server.answer = lambda handler, body: send(handler, 401, b'{"detail": "Invalid token"}')
-    with pytest.raises(BackendAuthError, match=r"^POST .*/generate: HTTP 401: Invalid token$"):
-        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
-    with pytest.raises(BackendAuthError, match=r"^POST .*/generate: HTTP 401: Invalid token$"):
-        _stream(endpoint)
-    server.answer = lambda handler, body: send(handler, 403, b'{"detail": "Forbidden"}')
-    with pytest.raises(BackendError) as e:  # (another refusal is no auth error)
-        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
-    assert type(e.value) is BackendError
+    try:
+        for call in (lambda: endpoint.generate(Prompt("Hi"), PARAMS, "r1"), lambda: _stream(endpoint)):
+            with pytest.raises(BackendAuthError) as e:
+                call()
+            assert str(e.value) == f"POST {server.url}/generate: HTTP 401: Invalid token{fix}"
+            assert e.value.key_fix == fix
+        server.answer = lambda handler, body: send(handler, 403, b'{"detail": "Forbidden"}')
+        with pytest.raises(BackendError) as e:  # (another refusal is no auth error)
+            endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+        assert type(e.value) is BackendError and str(e.value) == f"POST {server.url}/generate: HTTP 403: Forbidden"
+    finally:
+        endpoint.shutdown()
 
 
 def _completion_ok(handler, body):

@@ -220,6 +220,33 @@ def test_a_cells_gen_refused_for_the_key_says_how_connect_gives_it(key, env, adv
                      f"Authorization: Bearer <key>); {advice}")
 
 
+@pytest.mark.parametrize("key, env, advice", [
+    (None, {}, "the server asks for an API key: %lm connect URL --api-key KEY, or set $LMNB_API_KEY in the kernel's "
+               "environment"),
+    (None, {"LMNB_API_KEY": "old"}, "the server refused the key in $LMNB_API_KEY: check it"),
+    ("old", {}, "the server refused the --api-key given: check it"),
+])
+def test_a_cells_gen_refused_for_the_key_after_connect_says_how_connect_gives_it(key, env, advice,
+                                                                                 server, monkeypatch):  # noqa: F811
+    """An SGLang-protocol server that refuses the key only after the connect (restarted with
+    another key, or a proxy guarding /generate alone): a connected cell's gen failed with the
+    server's bare words, where a refusal at connect says how to give the key; it says %lm connect's
+    options too, not lmnb.RuntimeEndpoint's api_key=, and once."""
+    for name in ("OPENAI_API_KEY", "LMNB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    server.answer = lambda h, b: send(h, 401, b'{"detail": "Invalid token"}')
+    session = Session()
+    try:
+        commands.connect(types.SimpleNamespace(url=server.url, api_key=key, openai=None, completion=False, timeout=5),
+                         session)
+        error = str(_gen.run(backend=session.backend()).error())
+    finally:
+        session.close()
+    assert error == f"Gen('a') failed: BackendAuthError: POST {server.url}/generate: HTTP 401: Invalid token; {advice}"
+
+
 @lmnb.function
 def _gen(s):
     s += "Hi" + lmnb.gen("a", max_tokens=2)

@@ -157,6 +157,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails;
             ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401, its message
             ending with how to give the key (``api_key=``, ``$LMNB_API_KEY``): its ``key_fix``.
+
+    A gen the server refuses for its API key (HTTP 401: the server restarted with another key,
+    or a proxy guards /generate only) raises the same ``BackendAuthError``, ending with
+    ``key_fix``; a front end that made the endpoint sets its own words there (``%lm connect``'s
+    ``--api-key``, a job's).
         ValueError: a ``timeout`` that is not a positive number of seconds, or a ``base_url`` that
             is no http(s) URL (``TypeError`` where it is no string).
     """
@@ -179,6 +184,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         key_from = "the api_key given" if api_key else f"the key in ${API_KEY_ENV}"
         api_key = api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # (the server's words are for an HTTP client: "send Authorization")
+        self.key_fix = (f"; the server refused {key_from}: check it" if api_key else
+                        f"; the server asks for an API key: lmnb.RuntimeEndpoint(URL, api_key=KEY), or set ${API_KEY_ENV}")
         self._client_kwargs = dict(
             base_url=self.base_url,
             headers=headers,
@@ -204,16 +212,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 raise BackendError(f"GET {self.base_url}/get_model_info returned {_shown(self.model_info)}, not "
                                    f"SGLang's model info (an object with a 'model_path' string); is {self.base_url} an "
                                    "SGLang or lmnb server?")
-        except BaseException as e:
+        except BaseException:
             # (no endpoint comes back to shut down: the connection it opened was left to the garbage
             # collector, "ResourceWarning: unclosed <socket.socket ...>")
             self.shutdown()
-            if isinstance(e, BackendAuthError):  # (the server's words are for an HTTP client: "send Authorization")
-                fix = (f"; the server refused {key_from}: check it" if api_key else
-                       f"; the server asks for an API key: lmnb.RuntimeEndpoint(URL, api_key=KEY), or set ${API_KEY_ENV}")
-                auth = BackendAuthError(f"{e}{fix}", e.reason)
-                auth.key_fix = fix
-                raise auth from None
             raise
         self._template_name = chat_template_name
         self._template: Optional[ChatTemplate] = None
@@ -305,7 +307,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             raise self._failure(what, e, quick) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
-            raise _http_failure(what, r.status_code, _error_text(content), hint, _error_reason(content))
+            raise _http_failure(what, r.status_code, _error_text(content), hint, _error_reason(content), self.key_fix)
         _refuse_redirect(r, what)
         if not reply:
             return None
@@ -450,7 +452,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             try:
                 res = self._request("POST", "/generate", data, call=call)
             except BackendError as e:  # (the server names SGLang's sampling parameters)
-                raise type(e)(in_gen_names(str(e)), e.reason) from None  # (a BackendAuthError stays one)
+                renamed = type(e)(in_gen_names(str(e)), e.reason)  # (a BackendAuthError stays one)
+                if isinstance(e, BackendAuthError):
+                    renamed.key_fix = e.key_fix
+                raise renamed from None
         results = [self._result(it, f"POST {self.base_url}/generate") for it in (res if isinstance(res, list) else [res])]
         if len(results) != (params.n or 1):  # (the executor reads one sample per asked one)
             raise BackendError(f"POST {self.base_url}/generate returned {len(results)} results for n={params.n or 1}")
@@ -484,7 +489,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     content = _read_body(r, f"POST {self.base_url}/generate")
                     raise _http_failure(f"POST {self.base_url}/generate", r.status_code,
                                         in_gen_names(_error_text(content)), _busy() if r.status_code == 503 else "",
-                                        _error_reason(content))
+                                        _error_reason(content), self.key_fix)
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 incremental = self._incremental_output()
@@ -849,11 +854,16 @@ def _read_body(r: Any, what: str) -> bytes:
     return b"".join(parts)
 
 
-def _http_failure(what: str, status: int, words: str, hint: str = "", reason: Optional[str] = None) -> BackendError:
+def _http_failure(what: str, status: int, words: str, hint: str = "", reason: Optional[str] = None,
+                  key_fix: str = "") -> BackendError:
     """The error of the call ``what`` that the server answered with HTTP ``status`` (>= 400) and
     ``words`` and ``reason`` (the error's, ``_error_reason``): a ``BackendAuthError`` for 401 (its
-    API key), else a ``BackendError``."""
-    return (BackendAuthError if status == 401 else BackendError)(f"{what}: HTTP {status}: {words}{hint}", reason)
+    API key), its message ending with ``key_fix`` (how to give the key), else a ``BackendError``."""
+    if status != 401:
+        return BackendError(f"{what}: HTTP {status}: {words}{hint}", reason)
+    auth = BackendAuthError(f"{what}: HTTP {status}: {words}{hint}{key_fix}", reason)
+    auth.key_fix = key_fix
+    return auth
 
 
 def _error_reason(content: bytes) -> Optional[str]:

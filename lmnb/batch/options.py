@@ -291,6 +291,7 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
         return backend
     backend = lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                                    chat_template_name=args.chat_template, **timeout)
+    backend.key_fix = key_advice(args)  # (a row's HTTP 401 names the job's --api-key, not the Python API)
     backend.on_guessed_template = _say_no_chat_template
     return backend
 
