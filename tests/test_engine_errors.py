@@ -1123,29 +1123,42 @@ def test_a_failure_binding_a_request_to_its_table_row_gives_back_the_row_and_the
     assert_idle_accounting(engine)
 
 
+@pytest.mark.timeout(180)
 def test_a_failed_prefill_does_not_fail_the_requests_decoding_beside_it(engine, hf, monkeypatch):
-    # a step's failure aborted every request running when the step began, though a step that
-    # admits requests runs their prefill alone: a decoding request died of another one's prefill
+    """A step's failure aborted every request running when the step began, though a step that
+    admits requests runs their prefill alone: a decoding request died of another one's prefill.
+    ``b`` is submitted by ``a``'s listener at ``a``'s second event (the scheduler thread, the loop
+    held until the listener is on), so ``b``'s prefill fails while ``a`` decodes, however slow
+    this thread is (``a`` of 300 tokens could end before a ``b`` submitted from here came)."""
     real_forward = engine.runner.forward
-    armed = {"on": False}
+    params = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+    heard = {"events": 0, "tokens": 0}  # a's, as its listener heard them
+    b = []
+    failed_at = []  # a's tokens, and whether a was done, when b's prefill failed
 
     def failing_prefill(batch):
-        if armed["on"] and batch.mode is ForwardMode.EXTEND:
-            armed["on"] = False
+        if b and not failed_at and batch.mode is ForwardMode.EXTEND:  # (b's: a decodes by then)
+            failed_at.append((heard["tokens"], a.done))
             raise RuntimeError("simulated prefill failure")
         return real_forward(batch)
 
+    def listener(ev):
+        heard["events"] += 1
+        heard["tokens"] += len(ev.token_ids)
+        if heard["events"] == 2:
+            b.append(engine.submit("a prompt about birds", params))
+
     monkeypatch.setattr(engine.runner, "forward", failing_prefill)
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: a's first event comes after subscribe
     a_ids = engine.encode("the cat sat on the mat")
-    params = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
     a = engine.submit(a_ids, params)
-    events = a.events(timeout=60)
-    next(events)
-    next(events)  # a decodes
-    armed["on"] = True
-    b = engine.submit("a prompt about birds", params).result(timeout=60)
-    assert b.finish_reason.type == "abort" and "simulated prefill failure" in b.finish_reason.message
+    a.subscribe(listener)
+    gate.set()
     ra = a.result(timeout=60)
+    rb = b[0].result(timeout=60)
+    assert rb.finish_reason.type == "abort" and "simulated prefill failure" in rb.finish_reason.message
+    assert len(failed_at) == 1 and 0 < failed_at[0][0] < 300 and failed_at[0][1] is False, failed_at  # mid-decode
     assert ra.finish_reason.type == "length" and ra.token_ids == hf.greedy_ignore_eos(a_ids, 300)
     assert_idle_accounting(engine)
 
