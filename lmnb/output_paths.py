@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +31,9 @@ def lock_output(path: Path) -> int:
     inherited by a child process (a kernel), which would hold the lock past this run. A run that
     renames a new file over ``path`` (the batch job's --retry-errors) drops its lock on the old
     one: a lock taken on that old file, opened just before, guards a file no one reads, so the file
-    at ``path`` is opened again.
+    at ``path`` is opened again. A path that is no regular file (``/dev/null``, a FIFO,
+    ``/dev/stdout``) is not locked: a lock on a device is one lock for every process that opens
+    it, so two runs writing their output to ``/dev/null`` would be refused each other's.
 
     Raises:
         OutputInUse: another run holds the lock (the first writer wins; the second, which would
@@ -39,7 +42,7 @@ def lock_output(path: Path) -> int:
     """
     while True:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        if fcntl is None:
+        if fcntl is None or not stat.S_ISREG(os.fstat(fd).st_mode):
             return fd
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -824,6 +824,19 @@ def test_a_second_run_on_the_same_output_is_refused_while_one_is_writing(tmp_pat
     assert json.loads((tmp_path / "out.jsonl").read_text()) == {"row": 0, "status": "ok"}
 
 
+def test_two_runs_writing_to_a_device_are_not_refused_as_writing_one_file():
+    """A lock on /dev/null is one lock for every process that opens it: two `lmnb run -o /dev/null`
+    (or jobs with --output /dev/null) at once, run for their exit status, had the second refused
+    with "another run is writing /dev/null"; no run takes a lock on a file that is no regular file."""
+    from lmnb.output_paths import lock_output
+
+    first = lock_output(Path(os.devnull))
+    try:
+        os.close(lock_output(Path(os.devnull)))
+    finally:
+        os.close(first)
+
+
 def test_parameters_are_options_typed_like_their_defaults():
     job = Job("", ["q"], argv=["--input", "x.jsonl", "--output", "y.jsonl", "--max-len", "3", "--greedy", "false",
                                "--labels", "['a', 'b']", "--param-limit", "7"])
