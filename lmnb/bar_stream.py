@@ -59,11 +59,14 @@ def screen_shape(stream: Any) -> tuple[Optional[int], Optional[int]]:
     them, its terminal's columns and lines less one, but for a size of 0, which a terminal gives
     where it does not know it (``stty rows 0``, a pty no one sized): that is ``$COLUMNS`` or
     ``$LINES`` where set, else 80 columns or 24 lines, as ``shutil.get_terminal_size`` and rich
-    take it. tqdm took 0 lines for -1 and drew no bar at all, and 0 columns cut the bar's end.
-    (None, None) where ``stream`` is no terminal: tqdm's defaults."""
+    take it. tqdm took 0 lines for -1 and drew no bar at all, and 0 columns cut the bar's end. A
+    stream drawn in place that is no terminal, a Jupyter kernel's, takes that size too: its
+    ``fileno()`` is the terminal the server was started from (tqdm's reader took that width, 200
+    columns, say, for the notebook's). (None, None) where ``stream`` has no size to read (no
+    fileno, closed): tqdm's defaults."""
     try:
-        columns, lines = os.get_terminal_size(stream.fileno())
-    except (AttributeError, ValueError, OSError):  # (no fileno, a closed stream, no terminal)
+        columns, lines = os.get_terminal_size(stream.fileno()) if stream.isatty() else (0, 0)
+    except (AttributeError, ValueError, OSError):  # (no fileno or isatty, a closed stream, no terminal)
         return None, None
     return (columns or _environment_size("COLUMNS", 80)) - 1, (lines or _environment_size("LINES", 24)) - 1
 

@@ -1272,6 +1272,40 @@ def test_a_terminal_of_unknown_size_is_taken_for_columns_and_lines_else_80_by_24
     os.close(leader)
 
 
+def test_a_bar_in_a_kernel_takes_no_size_from_the_servers_terminal(monkeypatch):
+    """A Jupyter kernel's stderr (ipykernel's OutStream: drawn in place, isatty() False) has a
+    fileno() that is the terminal the server was started from: run_batch's bar, and a job's sized
+    to its terminal, took that terminal's width (199 columns here) for the notebook's. They take
+    $COLUMNS and $LINES, else 80 by 24, as for a terminal that does not know its size; a bar on a
+    real terminal still takes that terminal's."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from lmnb.bar_stream import progress_bar
+
+    for name in ("COLUMNS", "LINES"):
+        monkeypatch.delenv(name, raising=False)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+
+    class KernelStream(io.StringIO):  # (as OutStream: no terminal, but the server's terminal's fileno)
+        def fileno(self):
+            return follower
+
+    try:
+        for stream, shape in ((KernelStream(), (79, 23)), (open(follower, "w", closefd=False), (199, 49))):
+            monkeypatch.setattr(sys, "stderr", stream)
+            for dynamic in (False, True):
+                bar = progress_bar(3, True, dynamic_ncols=dynamic)
+                assert (bar.ncols, bar.nrows) == shape, (stream, dynamic)
+                bar.close()
+    finally:
+        os.close(follower)
+        os.close(leader)
+
+
 def test_the_bar_is_drawn_in_place_on_a_terminal_and_as_lines_into_a_file_or_a_pipe(tmp_path):
     """The decision between the bar drawn in place and its lines (bar_stream.is_live): a terminal
     draws in place; a file, a pipe, a stream without isatty and a closed one get lines. (A
