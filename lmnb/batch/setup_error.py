@@ -57,7 +57,9 @@ def is_program(frame: FrameType) -> bool:
     (``sys.orig_argv``): a tool that runs it as the program, ``coverage run job.py`` or ``python -m
     cProfile job.py`` (``-m pkg.job`` too), which hands its uncaught error to ``sys.excepthook``.
     Not a script that another program runs in its process (``runpy.run_path``, IPython's ``%run``),
-    which gets the error itself."""
+    which gets the error itself. (Such a program that also names the script on its command line,
+    ``python -m pdb job.py``, ``ipython job.py``, is taken for a tool: the hook only words an
+    uncaught set-up error, and the job takes it off again when it is done.)"""
     return _only_runpy_above(frame) or _named_on_command_line(frame)
 
 
