@@ -153,7 +153,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     request id was aborted before it began sends nothing (``abort``).
 
     A gen the server refuses for its API key (HTTP 401: the server restarted with another key,
-    or a proxy guards /generate only) raises the same ``BackendAuthError``, ending with
+    or a proxy guards /generate only) raises a ``BackendAuthError`` too, ending with
     ``key_fix``; a front end that made the endpoint sets its own words there (``%lm connect``'s
     ``--api-key``, a job's).
 
@@ -162,7 +162,6 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails;
             ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401, its message
             ending with how to give the key (``api_key=``, ``$LMNB_API_KEY``): its ``key_fix``.
-
         ValueError: a ``timeout`` that is not a positive number of seconds, or a ``base_url`` that
             is no http(s) URL (``TypeError`` where it is no string).
     """
