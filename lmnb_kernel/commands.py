@@ -6,7 +6,6 @@ Each function takes the parsed arguments and the ``Session`` and displays a smal
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 from IPython.display import display
@@ -60,9 +59,8 @@ def connect(args, session: Session) -> None:
             backend.key_fix = f"; {_openai_key_advice(args)}"  # (a cell's HTTP 401 says this, not the Python API)
             what = f"OpenAI-compatible server {args.url} (model {args.openai})"
             backend.on_guessed_template = _say_guessed_template
-        else:  # (the key may come from the environment: one in the notebook is saved with it)
-            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-                                           **timeout)
+        else:  # (without --api-key it reads $LMNB_API_KEY: a key in the notebook is saved with it)
+            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key, **timeout)
             backend.key_fix = f"; {_key_advice(args)}"  # (a cell's HTTP 401 says this, not the Python API)
             backend.on_guessed_template = say_no_chat_template
             what = f"SGLang-protocol server {args.url}"
@@ -90,25 +88,22 @@ def _say_guessed_template(what: str) -> None:
 def _key_advice(args) -> str:
     """How ``%lm connect URL`` (``args``, no ``--openai``) gives the API key a server refused (HTTP
     401), or that the key sent was refused: at connect and in a cell's error."""
-    if args.api_key:
-        return "the server refused the --api-key given: check it"
-    if os.environ.get(API_KEY_ENV):
-        return f"the server refused the key in ${API_KEY_ENV}: check it"
-    return f"the server asks for an API key: %lm connect URL --api-key KEY, or set ${API_KEY_ENV} in the kernel's environment"
+    from lmnb.backend.base import key_advice
+
+    return key_advice("the --api-key given" if args.api_key else None, API_KEY_ENV,
+                      f"%lm connect URL --api-key KEY, or set ${API_KEY_ENV} in the kernel's environment")
 
 
 def _openai_key_advice(args) -> str:
     """How ``%lm connect URL --openai MODEL`` (``args``) gives the API key a server refused (HTTP
     401), or that the key sent was refused: at connect and in a cell's error."""
+    from lmnb.backend.base import key_advice
     from lmnb.backend.openai import KEY_ENV
 
     # (the openai client reads $OPENAI_API_KEY; the SGLang protocol's $LMNB_API_KEY is not sent here)
-    if args.api_key:
-        return "the server refused the --api-key given: check it"
-    if os.environ.get(KEY_ENV):
-        return f"the server refused the key in ${KEY_ENV}: check it"
-    return (f"the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY, or set ${KEY_ENV} in the "
-            f"kernel's environment (with --openai, ${API_KEY_ENV} is not read)")
+    return key_advice("the --api-key given" if args.api_key else None, KEY_ENV,
+                      f"%lm connect URL --openai MODEL --api-key KEY, or set ${KEY_ENV} in the kernel's environment "
+                      f"(with --openai, ${API_KEY_ENV} is not read)")
 
 
 def _served_models_note(backend, args, v1: bool) -> str:

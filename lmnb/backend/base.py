@@ -11,6 +11,7 @@ interpreter side (``lmnb.choices``) so every backend feeds the same method the s
 from __future__ import annotations
 
 import collections
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -97,6 +98,31 @@ def without_key_fix(e: BaseException) -> str:
     """The message of ``e`` without a ``BackendAuthError``'s ``key_fix``, for a front end that says
     how to give the key in its own words."""
     return str(e).removesuffix(getattr(e, "key_fix", ""))
+
+
+def key_refusal(given: Optional[str], env: str, how: str) -> tuple[str, Optional[str]]:
+    """Why a server refused a call for its API key (HTTP 401), and how to give one, for the message
+    of a front end (the Python API, ``%lm connect``, a job), each of which gives the key its own way.
+
+    Args:
+        given: how the caller gave the key ("the api_key given", "the --api-key given"); None where
+            it gave none, so that the one in ``$env``, if set, was sent.
+        env: the environment variable the key defaults from (``LMNB_API_KEY``, ``OPENAI_API_KEY``).
+        how: how to give a key, for a server that got none ("pass --api-key KEY or set $LMNB_API_KEY").
+
+    Returns:
+        ("the server refused GIVEN" or "... the key in $ENV", None) where a key was sent, else
+        ("the server asks for an API key", how).
+    """
+    sent = given or (f"the key in ${env}" if os.environ.get(env) else None)
+    return (f"the server refused {sent}", None) if sent else ("the server asks for an API key", how)
+
+
+def key_advice(given: Optional[str], env: str, how: str) -> str:
+    """``key_refusal``'s why and fix as one clause: "the server refused the key in $ENV: check it",
+    or "the server asks for an API key: HOW"."""
+    why, fix = key_refusal(given, env, how)
+    return f"{why}: {fix or 'check it'}"
 
 
 class BackendUnreachable(BackendError):

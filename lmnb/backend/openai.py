@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
-    Completion, GuessedTemplate, Prompt, aborted_reason, check_utf8, tell_guessed_template,
+    Completion, GuessedTemplate, Prompt, aborted_reason, check_utf8, key_advice, tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
@@ -127,11 +127,10 @@ class OpenAI(BaseBackend):
 
         self._openai = openai
         self._httpx = httpx
-        key_from = "the api_key given" if api_key else f"the key in ${KEY_ENV}" if os.environ.get(KEY_ENV) else None
-        api_key = api_key or os.environ.get(KEY_ENV) or ("EMPTY" if base_url else None)
         # (the server's words are for an HTTP client: "send Authorization: Bearer <key>")
-        self.key_fix = (f"; the server refused {key_from}: check it" if key_from else
-                        f"; the server asks for an API key: lmnb.OpenAI(..., api_key=KEY), or set ${KEY_ENV}")
+        self.key_fix = "; " + key_advice("the api_key given" if api_key else None, KEY_ENV,
+                                         f"lmnb.OpenAI(..., api_key=KEY), or set ${KEY_ENV}")
+        api_key = api_key or os.environ.get(KEY_ENV) or ("EMPTY" if base_url else None)
         self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
         self._clients: Optional[tuple] = None  # (the openai client, its async twin or None)
         # The clients a backend dropped without shutdown() leaves open: its finalizer closes them
@@ -143,7 +142,7 @@ class OpenAI(BaseBackend):
             self._open_clients()
         except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
             fix = "" if api_key else (" Give the API key: api_key= (an exported job's --api-key KEY, "
-                                      "%lm connect --api-key KEY) or $OPENAI_API_KEY.")
+                                      f"%lm connect --api-key KEY) or ${KEY_ENV}.")
             raise ValueError(f"the openai client did not start: {e}{fix}") from None
         self.model_name = model_name
         self.is_chat_model = model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
     BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
+    key_advice,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -181,12 +182,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         _check_url(base_url)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        key_from = "the api_key given" if api_key else f"the key in ${API_KEY_ENV}"
+        # (the server's words are for an HTTP client: "send Authorization")
+        self.key_fix = "; " + key_advice("the api_key given" if api_key else None, API_KEY_ENV,
+                                         f"lmnb.RuntimeEndpoint(URL, api_key=KEY), or set ${API_KEY_ENV}")
         api_key = api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # (the server's words are for an HTTP client: "send Authorization")
-        self.key_fix = (f"; the server refused {key_from}: check it" if api_key else
-                        f"; the server asks for an API key: lmnb.RuntimeEndpoint(URL, api_key=KEY), or set ${API_KEY_ENV}")
         self._client_kwargs = dict(
             base_url=self.base_url,
             headers=headers,

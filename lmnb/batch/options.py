@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from lmnb.backend.base import BackendAuthError, without_key_fix
+from lmnb.backend.base import BackendAuthError, key_refusal, without_key_fix
+from lmnb.backend.openai import KEY_ENV as OPENAI_KEY_ENV  # (its top level: no openai, no torch)
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.batch.messages import say
@@ -23,8 +23,6 @@ from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 from lmnb_engine.cli_options import (Once, OnceFlag, SuggestingParser, in_option_syntax, pool_tokens,
                                     take_negative_numbers)
-
-OPENAI_KEY_ENV = "OPENAI_API_KEY"  # (where the openai client, and so lmnb.OpenAI, reads its key)
 
 DEFAULT_THREADS = 16
 
@@ -220,20 +218,19 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
 def key_advice(args: argparse.Namespace) -> str:
     """The end of a message of a server's refusal of the job's API key (HTTP 401): the option that
     gives it, or where the key refused came from."""
-    given = _key_source(args)
-    return (f"; the server refused {given}" if given else
-            f"; the server asks for an API key: pass --api-key KEY or set ${_key_env(args)}")
+    why, fix = _key_refusal(args)
+    return f"; {why}" + (f": {fix}" if fix else "")
 
 
 def key_refusal_fix(args: argparse.Namespace) -> tuple[str, str]:
     """For a job's summary of rows the server refused for the API key (HTTP 401): why (the key was
     missing, or which key it refused) and what to do, each a clause."""
-    given, env = _key_source(args), _key_env(args)
-    if given is None:
-        return "the server asks for an API key", f"pass --api-key KEY or set ${env}"
+    why, fix = _key_refusal(args)
+    if fix:
+        return why, fix
     if getattr(args, "api_key", None):
-        return f"the server refused {given}", "check it and pass the right one with --api-key KEY"
-    return f"the server refused {given}", f"check it and set the right one in ${env} (or pass --api-key KEY)"
+        return why, "check it and pass the right one with --api-key KEY"
+    return why, f"check it and set the right one in ${_key_env(args)} (or pass --api-key KEY)"
 
 
 def _key_env(args: argparse.Namespace) -> str:
@@ -241,11 +238,11 @@ def _key_env(args: argparse.Namespace) -> str:
     return OPENAI_KEY_ENV if getattr(args, "openai", None) else API_KEY_ENV
 
 
-def _key_source(args: argparse.Namespace) -> Optional[str]:
-    """Where the API key sent to the server came from, for messages; None: none was sent."""
-    if getattr(args, "api_key", None):
-        return "the --api-key given"
-    return f"the key in ${_key_env(args)}" if os.environ.get(_key_env(args)) else None
+def _key_refusal(args: argparse.Namespace) -> tuple[str, Optional[str]]:
+    """``key_refusal`` for the job's key: why the server refused it, and how to give one where none was sent."""
+    env = _key_env(args)
+    return key_refusal("the --api-key given" if getattr(args, "api_key", None) else None, env,
+                       f"pass --api-key KEY or set ${env}")
 
 
 def backend_label(args: argparse.Namespace, default_model: Optional[str] = None) -> str:
@@ -289,8 +286,7 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
             _check_served_model(backend, args.openai, url)
         backend.on_guessed_template = _say_guessed_template
         return backend
-    backend = lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-                                   chat_template_name=args.chat_template, **timeout)
+    backend = lmnb.RuntimeEndpoint(url, api_key=args.api_key, chat_template_name=args.chat_template, **timeout)
     backend.key_fix = key_advice(args)  # (a row's HTTP 401 names the job's --api-key, not the Python API)
     backend.on_guessed_template = _say_no_chat_template
     return backend
