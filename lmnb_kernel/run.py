@@ -142,7 +142,7 @@ def run(args) -> int:
     notebook is saved in every case but 2. A cell that raised is reported by
     ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
     from lmnb.export import folder_given, notebook_path_problem, read_notebook, unnamed_output
-    from lmnb.output_paths import OutputInUse, held_by_another, lock_output, make_folders, why_unwritable
+    from lmnb.output_paths import OutputInUse, lock_output, make_folders, why_unwritable
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
     parameters = [(unicodedata.normalize("NFKC", name), name, text) for name, text in args.parameter]
@@ -188,12 +188,11 @@ def run(args) -> int:
         print(f"lmnb run: {folder}", file=sys.stderr)
         return 2
     # (-o job.py, a slip for lmnb export; an .ipynb is replaced, even one a failed save left cut short)
-    if out is not None and out.is_file() and out.suffix.lower() != ".ipynb" and not _is_notebook(out):
-        # (an empty one that another run holds is the file that run made as it took its lock, which it
-        # writes its notebook to at its end: that run is what is in the way)
-        if out.stat().st_size == 0 and held_by_another(out):
-            print(f"lmnb run: {OutputInUse(out)}", file=sys.stderr)
-            return 2
+    in_the_way = None if out is None or out.suffix.lower() == ".ipynb" else _no_notebook_at(out)
+    if in_the_way == "held":
+        print(f"lmnb run: {OutputInUse(out)}", file=sys.stderr)
+        return 2
+    if in_the_way == "file":
         print(f"lmnb run: {out} exists and is not a notebook, which the executed notebook would replace; name "
               f"a .ipynb file with -o (e.g. -o {default}), or move {out} away first",
               file=sys.stderr)
@@ -407,6 +406,25 @@ def _kernel_language(nb) -> str | None:
     language = (spec.get("language") if isinstance(spec, dict) else None) or \
         (info.get("name") if isinstance(info, dict) else None)
     return language if isinstance(language, str) and language else None
+
+
+def _no_notebook_at(out: Path) -> str | None:
+    """What stands at the output ``out`` (not an .ipynb) that the executed notebook must not replace:
+    "held", an empty file that another run holds (the file that run made as it took its lock on it,
+    which it writes its notebook to at its end: that run is in the way); "file", a file that is no
+    notebook; None for no file, or a notebook. A file gone while it is looked at is no file: the
+    run that made it, empty, stopped before its kernel started and removed it (that was a
+    FileNotFoundError traceback)."""
+    from lmnb.output_paths import held_by_another
+
+    try:
+        if not out.is_file() or _is_notebook(out):
+            return None
+        if out.stat().st_size == 0 and held_by_another(out):
+            return "held"
+        return "file" if out.exists() else None  # (held_by_another says no for a file gone meanwhile)
+    except FileNotFoundError:
+        return None
 
 
 def _is_notebook(path: Path) -> bool:

@@ -3314,6 +3314,48 @@ def test_a_second_run_writing_a_file_that_is_no_notebook_is_told_another_run_wri
     assert (tmp_path / "x.txt").read_text() == '{"row": 0}\n' and started == [True]
 
 
+@pytest.mark.parametrize("looked_at", ["lmnb_kernel.run._is_notebook", "lmnb.output_paths.held_by_another"])
+def test_a_run_whose_output_the_other_run_removes_as_it_looks_runs_as_with_no_file(tmp_path, capsys, monkeypatch,
+                                                                                     looked_at):
+    """A second `lmnb run nb.ipynb -o x.txt` found x.txt, the empty file of a first run that held it,
+    and the first run, stopped before its kernel started, removed it while the second looked at it:
+    between is_file() and the stat() of its size, a FileNotFoundError traceback; between the size and
+    the look for the first run's lock, "x.txt exists and is not a notebook". A file gone is no file:
+    the second run goes on (its kernel starts) and says nothing of it."""
+    import argparse
+    import importlib
+    import os
+
+    import lmnb_kernel.run as run_module
+    from lmnb.output_paths import lock_output
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    first = lock_output(tmp_path / "x.txt")  # the first run's file, empty, and its lock on it
+    looks = []
+    module, name = looked_at.rsplit(".", 1)
+    original = getattr(importlib.import_module(module), name)
+
+    def first_run_stops(path):  # (as its _unlock does: lets go of the lock and removes the file it made)
+        looks.append(path)
+        os.close(first)
+        (tmp_path / "x.txt").unlink()
+        return original(path)
+
+    def kernel_starts():
+        looks.append("kernel")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(looked_at, first_run_stops)
+    monkeypatch.setattr(run_module, "kernel_manager", kernel_starts)
+    args = argparse.Namespace(notebook="qa.ipynb", output="x.txt", parameter=[], timeout=60, allow_errors=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.run(args)
+    assert looks == [Path("x.txt"), "kernel"]
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "x.txt").exists()  # (the second run's own file, removed as its kernel did not start)
+
+
 def test_an_empty_output_name_is_refused_not_read_as_the_default(tmp_path, capsys, monkeypatch):
     # -o "$OUT" with OUT unset wrote the default file without a word
     import argparse
