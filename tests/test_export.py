@@ -27,12 +27,13 @@ from lmnb.template import parse
 from lmnb.template.cell_options import CellLineError, option_parser, parse_cell_line
 
 
-def nbconvert_script(nb, notebook_name: str, script_name: str, inputs=None) -> str:
+def nbconvert_script(nb, notebook_name: str, script_name: str, inputs=None, output: str = "") -> str:
     """The script `jupyter nbconvert --to lmnb` writes: lmnb export's, but for the command the job's
-    messages give to export the notebook again, spelt for nbconvert."""
+    messages give to export the notebook again, spelt for nbconvert (``output``: its --output option
+    and a space, where the script is not the notebook's default)."""
     import shlex
 
-    reexport = f"jupyter nbconvert --to lmnb {shlex.quote(notebook_name)} --LMScriptExporter.inputs=NAMES"
+    reexport = f"jupyter nbconvert --to lmnb {shlex.quote(notebook_name)} {output}--LMScriptExporter.inputs=NAMES"
     return export_notebook(nb, notebook_name, script_name, inputs, reexport=reexport)[0]
 
 
@@ -2115,7 +2116,8 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
     bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     assert read_notebook(bom) == read_notebook(plain)
     assert main(["export", str(bom), "-o", str(tmp_path / "qa.py")]) == 0
-    assert (tmp_path / "qa.py").read_text() == export_notebook(QA, "bom.ipynb", "qa.py")[0]
+    assert (tmp_path / "qa.py").read_text() == export_notebook(
+        QA, "bom.ipynb", "qa.py", reexport="lmnb export bom.ipynb -o qa.py --inputs NAMES")[0]
     latin = tmp_path / "latin.ipynb"
     latin.write_bytes(plain.read_bytes().replace(b"Q: ", "Q\u00e9: ".encode("latin-1"), 1))
     capsys.readouterr()
@@ -2664,7 +2666,8 @@ def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"lmnb export: {mine} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), "
         f"so it is left as it is; give another -o, e.g. -o {tmp_path / 'qa_job.py'}, or move it away first\n")
-    expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "job.py")[0]
+    expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "job.py",
+                               reexport="lmnb export qa.ipynb -o job.py --inputs NAMES")[0]
     job = tmp_path / "job.py"
     job.write_text(expected + "# an edit of an earlier export\n")
     assert main(["export", str(nb_path), "-o", str(job)]) == 0  # an earlier export is replaced
@@ -2720,7 +2723,8 @@ def test_nbconvert_says_in_a_line_why_it_cannot_write_the_script_and_makes_a_mis
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "created the folder jobs/new (it did not exist) for jobs/new/qa.py" in run.stderr
-    assert (tmp_path / "jobs" / "new" / "qa.py").read_text() == nbconvert_script(QA, "qa.ipynb", "qa.py")
+    assert (tmp_path / "jobs" / "new" / "qa.py").read_text() == nbconvert_script(QA, "qa.ipynb", "qa.py",
+                                                                                output="--output=jobs/new/qa.py ")
 
 
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
@@ -2729,7 +2733,8 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     nb_path = tmp_path / "qa.ipynb"
     nbformat.write(QA, nb_path)
     assert main(["export", str(nb_path), "-o", str(tmp_path / "jobs" / "qa.py")]) == 0  # the folder is made
-    expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py")[0]
+    expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py",
+                               reexport="lmnb export qa.ipynb -o jobs/qa.py --inputs NAMES")[0]
     assert (tmp_path / "jobs" / "qa.py").read_text() == expected
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
@@ -2739,7 +2744,8 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--output", "jobs/renamed", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    renamed = nbconvert_script(nbformat.read(nb_path, as_version=4), "qa.ipynb", "renamed.py")
+    renamed = nbconvert_script(nbformat.read(nb_path, as_version=4), "qa.ipynb", "renamed.py",
+                               output="--output=jobs/renamed.py ")
     assert (tmp_path / "jobs" / "renamed.py").read_text() == renamed and "python renamed.py --input" in renamed
     (tmp_path / "broken.ipynb").write_text("{not json")
     assert main(["export", str(tmp_path / "broken.ipynb")]) == 2
@@ -2841,6 +2847,55 @@ def test_a_job_says_to_export_again_with_the_command_of_the_tool_that_exported_i
     assert main(["export", *shlex.split(exports[1][1] + "person")[2:]]) == 0
     assert (tmp_path / "my chat.py").read_text() == export_notebook(nb, "my chat.ipynb", "my chat.py", ["person"])[0]
     assert "inputs=['person']" in out.stdout
+
+
+def test_the_export_command_a_job_gives_rewrites_that_job_where_it_was_written(tmp_path, monkeypatch, capsys):
+    """A job written elsewhere than beside its notebook (`lmnb export nb.ipynb -o jobs/x.py`, or
+    nbconvert's --output-dir / --output) told its user to export again with a command that named the
+    notebook alone, which wrote nb.py beside the notebook and left the job as it was. The command now
+    names the job's file as its tool takes it, relative to the notebook's folder, where the command
+    runs (it names the notebook so), quoted for a shell; run there, it rewrites the job itself."""
+    import re
+    import shlex
+
+    from helpers_export import write_rows
+    from helpers_lang import ScriptedBackend
+    from lmnb_kernel.cli import main
+
+    nb = notebook(("parameters", 'person = "Arvel"'), "%%lm --temperature 0\nHi {person}{gen a max_tokens=1}")
+    (tmp_path / "nbs").mkdir()
+    nbformat.write(nb, tmp_path / "nbs" / "my chat.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "nbs/my chat.ipynb", "-o", "jobs/x y.py"]) == 0
+    run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "nbs/my chat.ipynb", "--output-dir",
+                          "jobs", "--output=-z"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    jobs = [(tmp_path / "jobs" / "x y.py", "lmnb export 'my chat.ipynb' -o '../jobs/x y.py' --inputs person"),
+            (tmp_path / "jobs" / "-z.py",
+             "jupyter nbconvert --to lmnb 'my chat.ipynb' --output=../jobs/-z.py --LMScriptExporter.inputs=person")]
+    rows = write_rows(tmp_path / "rows.jsonl", [{"person": "Corin"}])
+    for job, command in jobs:
+        ns = _load_job(job.read_text(), monkeypatch, rows, tmp_path / "out.jsonl")
+        capsys.readouterr()
+        assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 2
+        said = re.search("export again with (.*); to use the option", capsys.readouterr().err)
+        assert said and said[1] == command
+        monkeypatch.chdir(tmp_path / "nbs")  # (the notebook's folder)
+        words = shlex.split(said[1])
+        if words[0] == "lmnb":
+            assert main(words[1:]) == 0
+        else:
+            run = subprocess.run([sys.executable, "-m", "nbconvert", *words[2:]], capture_output=True, text=True,
+                                 timeout=120)
+            assert run.returncode == 0, run.stderr
+        monkeypatch.chdir(tmp_path)
+        assert "inputs=['person']" in job.read_text()  # this job, rewritten with the field
+        assert sorted(p.name for p in (tmp_path / "nbs").iterdir()) == ["my chat.ipynb"]  # and no nb.py
+    assert (tmp_path / "jobs" / "x y.py").read_text() == export_notebook(
+        nb, "my chat.ipynb", "x y.py", ["person"], reexport="lmnb export 'my chat.ipynb' -o '../jobs/x y.py' --inputs NAMES")[0]
+    # the notebook's own default (nb.py beside it), however -o spells it, is left out, as before
+    assert main(["export", "nbs/my chat.ipynb", "-o", "nbs/../nbs/my chat.py"]) == 0
+    assert "reexport=\"lmnb export 'my chat.ipynb' --inputs NAMES\")" in (tmp_path / "nbs" / "my chat.py").read_text()
 
 
 def test_nbconvert_reports_a_notebook_it_cannot_export_as_its_own_conversion_error(tmp_path):
@@ -3142,7 +3197,8 @@ def test_export_output_dot_slash_dash_is_a_file_named_dash(tmp_path, capsys, mon
     nbformat.write(QA, tmp_path / "qa.ipynb")
     assert main(["export", "qa.ipynb", "-o", "./-"]) == 0
     out, err = capsys.readouterr()
-    assert out == "" and (tmp_path / "-").read_text(encoding="utf-8") == export_notebook(QA, "qa.ipynb", "-")[0]
+    assert out == "" and (tmp_path / "-").read_text(encoding="utf-8") == export_notebook(
+        QA, "qa.ipynb", "-", reexport="lmnb export qa.ipynb -o ./- --inputs NAMES")[0]
     assert shlex.split(err.splitlines()[-1]) == ["python", "./-", "--input", "rows.jsonl", "--output", "results.jsonl"]
     assert main(["export", "qa.ipynb", "-o", "-"]) == 0
     assert capsys.readouterr().out == export_notebook(QA, "qa.ipynb", "job.py")[0]

@@ -319,15 +319,33 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
     return source, p
 
 
-def reexport_command(export: str, notebook_name: str, inputs_option: str) -> str:
+def reexport_command(export: str, notebook_name: str, inputs_option: str, output: str = "") -> str:
     """The command that exports the notebook ``notebook_name`` again with the row fields NAMES
-    (``Job(reexport=...)``, whose messages give it with the fields they mean): ``export``, the tool's
-    command (``lmnb export``, ``jupyter nbconvert --to lmnb``), the notebook, then ``inputs_option``,
-    the tool's spelling of ``--inputs`` up to the names (``"--inputs "``, ``"--LMScriptExporter.inputs="``).
-    The name is quoted for a shell, and one that begins with "-" is written ``./-nb.ipynb``, which no
-    tool takes for an option."""
+    (``Job(reexport=...)``, whose messages give it with the fields they mean), run in the notebook's
+    folder: ``export``, the tool's command (``lmnb export``, ``jupyter nbconvert --to lmnb``), the
+    notebook, ``output``, the tool's option that names the job's file, quoted for a shell (``-o
+    jobs/x.py``; "" for the notebook's default, ``nb.py`` beside it, or a file not known), then
+    ``inputs_option``, the tool's spelling of ``--inputs`` up to the names (``"--inputs "``,
+    ``"--LMScriptExporter.inputs="``). The name is quoted for a shell, and one that begins with "-"
+    is written ``./-nb.ipynb``, which no tool takes for an option."""
     name = f"./{notebook_name}" if notebook_name.startswith("-") else notebook_name
-    return f"{export} {shlex.quote(name)} {inputs_option}NAMES"
+    return " ".join(part for part in (export, shlex.quote(name), output, f"{inputs_option}NAMES") if part)
+
+
+def reexport_output(notebook: Path, out: Path) -> Optional[str]:
+    """``out``, the file a job was written to, as the re-export command (``reexport_command``, run
+    in the folder of the notebook ``notebook``) names it: relative to that folder (``jobs/x.py``,
+    ``../jobs/x.py``; its full path where there is none, on another drive), or None where it is the
+    notebook's default, ``nb.py`` beside it, which the command leaves out. One that begins with "-"
+    is written ``./-x.py``, which no tool takes for an option."""
+    folder, out = notebook.parent.resolve(), out.resolve()  # (a folder's symlinks: where "../" really goes)
+    if out == folder / f"{notebook.stem}.py":
+        return None
+    try:
+        written = os.path.relpath(out, folder)
+    except ValueError:  # pragma: no cover - Windows: on another drive than the notebook
+        written = str(out)
+    return f"./{written}" if written.startswith("-") else written
 
 
 def unnamed_output(out: Optional[str], default: Path) -> Optional[str]:
@@ -412,8 +430,10 @@ def export(args: argparse.Namespace) -> int:
         print(f"lmnb export: {folder}", file=sys.stderr)
         return 2
     script_name = "job.py" if to_stdout else out.name
+    written = None if to_stdout else reexport_output(path, out)  # (stdout: the file is not known)
+    reexport = reexport_command("lmnb export", path.name, "--inputs ", f"-o {shlex.quote(written)}" if written else "")
     try:
-        source, p = export_notebook(nb, path.name, script_name, inputs, path.parent)
+        source, p = export_notebook(nb, path.name, script_name, inputs, path.parent, reexport)
     except ExportError as e:
         print(f"lmnb export: {path}: {e}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +22,8 @@ from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text, reexport_command
+from lmnb.export import (ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text, reexport_command,
+                         reexport_output)
 from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
 from lmnb.output_paths import make_folders, why_unwritable
 
@@ -60,11 +62,14 @@ _INPUTS_OPTION = re.compile(r"(?<![\w.-])--inputs\b")
 _INPUTS_SPELLING = "--LMScriptExporter.inputs"
 
 
-def nbconvert_reexport(notebook_name: str) -> str:
+def nbconvert_reexport(notebook_name: str, output: Optional[str] = None) -> str:
     """The command that exports ``notebook_name`` again with the row fields NAMES, spelt for
     nbconvert: the job's messages give it (lmnb export's ``--inputs`` named nbconvert's users an
-    option it does not take)."""
-    return reexport_command("jupyter nbconvert --to lmnb", notebook_name, f"{_INPUTS_SPELLING}=")
+    option it does not take). ``output``: the job's file as ``reexport_output`` names it (None: the
+    default, or not known), given as ``--output``, which nbconvert reads relative to the notebook's
+    folder (its ``.py`` is dropped, and its braces read as a pattern's: doubled)."""
+    option = "" if output is None else "--output=" + shlex.quote(output.replace("{", "{{").replace("}", "}}"))
+    return reexport_command("jupyter nbconvert --to lmnb", notebook_name, f"{_INPUTS_SPELLING}=", option)
 
 
 def _nbconvert_words(text: str) -> str:
@@ -117,8 +122,7 @@ class LMScriptExporter(Exporter):
             # lists them with the cells it cannot export, as lmnb export does, and raises.
             self._export(nb, resources or {})
         nb_copy, resources = super().from_notebook_node(_schema_valid_copy(nb), resources, **kw)
-        source, plan, script = self._export(nb_copy, resources)
-        out = app_output_path(resources, script)
+        source, plan, script, out = self._export(nb_copy, resources)
         if out is not None and not_an_export(out):  # (lmnb export refuses it too)
             raise NotebookExportError(
                 f"{out} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), so it "
@@ -154,7 +158,8 @@ class LMScriptExporter(Exporter):
 
     def _export(self, nb, resources: dict):
         """``export_notebook`` of ``nb``, named after ``resources`` as nbconvert names the files:
-        (script text, ``Plan``, the script's name without .py). Raises ``NotebookExportError``."""
+        (script text, ``Plan``, the script's name without .py, the file the app writes it to or None,
+        as ``app_output_path``). Raises ``NotebookExportError``."""
         given = self.config.get("inputs")
         if self.inputs is None and given is not None:
             # `jupyter nbconvert --inputs person`: a top-level key of the app's config, which nbconvert
@@ -166,14 +171,16 @@ class LMScriptExporter(Exporter):
         name = (resources.get("metadata") or {}).get("name") or "notebook"
         # nbconvert's app names the output file after unique_key: the notebook's name, or --output's
         script = os.path.basename(resources.get("unique_key") or "") or name
+        folder = (resources.get("metadata") or {}).get("path")  # (from a file: its folder, "" for the current one)
+        out = app_output_path(resources, script)
+        written = None if out is None else reexport_output(Path(folder or "") / f"{name}.ipynb", out)
         try:
-            folder = (resources.get("metadata") or {}).get("path")  # (from a file: its folder, "" for the current one)
             source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs,
                                            None if folder is None else Path(folder),
-                                           nbconvert_reexport(f"{name}.ipynb"))
+                                           nbconvert_reexport(f"{name}.ipynb", written))
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(_nbconvert_words(str(e))) from None
-        return source, plan, script
+        return source, plan, script, out
 
 
 @contextlib.contextmanager
