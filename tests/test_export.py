@@ -34,7 +34,8 @@ def nbconvert_script(nb, notebook_name: str, script_name: str, inputs=None, outp
     import shlex
 
     reexport = f"jupyter nbconvert --to lmnb {shlex.quote(notebook_name)} {output}--LMScriptExporter.inputs=NAMES"
-    return export_notebook(nb, notebook_name, script_name, inputs, reexport=reexport)[0]
+    return export_notebook(nb, notebook_name, script_name, inputs, reexport=reexport,
+                           exported_by="jupyter nbconvert --to lmnb")[0]
 
 
 def options(parser) -> dict:
@@ -2696,6 +2697,37 @@ def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "qa.py").read_text() == nbconvert_script(QA, "qa.ipynb", "qa.py")
+
+
+def test_a_script_names_the_tool_that_exported_it_and_either_tools_replaces_it(tmp_path, capsys):
+    """A script exported by `jupyter nbconvert --to lmnb` said "Batch job exported by `lmnb export`
+    from ..." (its --help too). Its docstring now names the tool that exported it; either tool
+    still takes the other's script, and an older one with lmnb export's words, for an earlier
+    export, which it replaces (a file of the user's is still left as it is)."""
+    from lmnb.export import not_an_export
+    from lmnb_kernel.cli import main
+
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    nbformat.write(notebook("x = 6 * 7"), tmp_path / "plain.ipynb")
+    job = tmp_path / "qa.py"
+    job.write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0] + "# an older export\n")
+    assert '"""Batch job exported by `lmnb export` from qa.ipynb: its %%lm programs' in job.read_text()
+    run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "qa.ipynb"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert job.read_text() == nbconvert_script(QA, "qa.ipynb", "qa.py")
+    assert ('"""Batch job exported by `jupyter nbconvert --to lmnb` from qa.ipynb: its %%lm programs, run once per '
+            "input row.\n") in job.read_text()
+    assert main(["export", str(tmp_path / "qa.ipynb")]) == 0  # lmnb export replaces nbconvert's script
+    assert job.read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
+    run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", "plain.ipynb"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert '"""Script exported by `jupyter nbconvert --to lmnb` from plain.ipynb. The notebook has no' in run.stdout
+    assert '"""Script exported by `lmnb export` from plain.ipynb.' in export_notebook(notebook("x = 1"), "plain.ipynb")[0]
+    (tmp_path / "plain.py").write_text(run.stdout)
+    (tmp_path / "mine.py").write_text('"""Batch job exported by `my tool` from qa.ipynb."""\n')
+    assert [not_an_export(tmp_path / name) for name in ("qa.py", "plain.py", "mine.py")] == [False, False, True]
 
 
 def test_nbconvert_says_in_a_line_why_it_cannot_write_the_script_and_makes_a_missing_folder(tmp_path):

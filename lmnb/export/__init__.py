@@ -24,6 +24,10 @@ from lmnb.export.writer import write_script
 from lmnb.output_paths import make_folders, why_unwritable
 from lmnb_engine.cli_options import Once
 
+# the commands of the tools that export a notebook, which a script's docstring names (older scripts: lmnb export's)
+LMNB_EXPORT, NBCONVERT = "lmnb export", "jupyter nbconvert --to lmnb"
+EXPORTERS = (LMNB_EXPORT, NBCONVERT)
+
 __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
            "read_notebook"]
 
@@ -293,13 +297,14 @@ def plan_notebook(nb, inputs: Optional[Sequence[str]] = None, folder: Optional[P
 
 def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",
                     inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None,
-                    reexport: Optional[str] = None) -> tuple[str, Plan]:
+                    reexport: Optional[str] = None, exported_by: str = LMNB_EXPORT) -> tuple[str, Plan]:
     """The batch script for ``nb`` and its plan (``plan.notes`` lists what was dropped).
 
     ``inputs``: the row fields (default: the notebook's example inputs, see ``lmnb.export.plan``).
     ``folder``: the notebook's, where the modules of the user's that it imports are (None: not known).
     ``reexport``: the command that exports the notebook again with the row fields NAMES, which the
     job's messages give (``reexport_command``; default: ``lmnb export``'s).
+    ``exported_by``: the tool's command, which the script's docstring names (``EXPORTERS``).
 
     Raises:
         ExportError: a cell that cannot be read (``cells.cell_read_problem``) or does not parse, no
@@ -308,8 +313,9 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
     p = plan_notebook(nb, inputs, folder)
     # A lone surrogate (a broken character) becomes its escape: in a string literal it reads back the same.
     if reexport is None:
-        reexport = reexport_command("lmnb export", notebook_name, "--inputs ")
-    source = write_script(p, notebook_name, script_name, reexport).encode("utf-8", "backslashreplace").decode("utf-8")
+        reexport = reexport_command(LMNB_EXPORT, notebook_name, "--inputs ")
+    source = write_script(p, notebook_name, script_name, reexport, exported_by)
+    source = source.encode("utf-8", "backslashreplace").decode("utf-8")
     try:  # what compiles cell by cell can still fail as one script (e.g. nesting too deep)
         compile(source, script_name, "exec")
     except (SyntaxError, RecursionError, ValueError, MemoryError) as e:
@@ -373,10 +379,10 @@ def folder_given(out: str, example: str) -> Optional[str]:
 
 
 def not_an_export(path: Path) -> bool:
-    """Whether ``path`` is an existing file that ``lmnb export`` did not write: ``lmnb export
-    nb.ipynb`` replaced any ``nb.py`` without a word (a jupytext pairing's script, the user's own
-    code). An earlier export (its docstring says so in its first lines) is replaced, as a re-export
-    should be."""
+    """Whether ``path`` is an existing file that no export wrote: ``lmnb export nb.ipynb`` replaced
+    any ``nb.py`` without a word (a jupytext pairing's script, the user's own code). An earlier
+    export, by either tool (its docstring says "exported by `TOOL` from" in its first lines), is
+    replaced, as a re-export should be."""
     if not path.is_file():
         return False
     try:
@@ -384,7 +390,7 @@ def not_an_export(path: Path) -> bool:
             head = f.read(512).decode("utf-8", "replace")
     except OSError:
         return False  # (the write reports it)
-    return "exported by `lmnb export` from " not in head
+    return not any(f"exported by `{tool}` from " in head for tool in EXPORTERS)
 
 
 def export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -431,7 +437,7 @@ def export(args: argparse.Namespace) -> int:
         return 2
     script_name = "job.py" if to_stdout else out.name
     written = None if to_stdout else reexport_output(path, out)  # (stdout: the file is not known)
-    reexport = reexport_command("lmnb export", path.name, "--inputs ", f"-o {shlex.quote(written)}" if written else "")
+    reexport = reexport_command(LMNB_EXPORT, path.name, "--inputs ", f"-o {shlex.quote(written)}" if written else "")
     try:
         source, p = export_notebook(nb, path.name, script_name, inputs, path.parent, reexport)
     except ExportError as e:

@@ -22,8 +22,8 @@ from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import (ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text, reexport_command,
-                         reexport_output)
+from lmnb.export import (NBCONVERT, ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text,
+                         reexport_command, reexport_output)
 from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
 from lmnb.output_paths import make_folders, why_unwritable
 
@@ -69,7 +69,7 @@ def nbconvert_reexport(notebook_name: str, output: Optional[str] = None) -> str:
     default, or not known), given as ``--output``, which nbconvert reads relative to the notebook's
     folder (its ``.py`` is dropped, and its braces read as a pattern's: doubled)."""
     option = "" if output is None else "--output=" + shlex.quote(output.replace("{", "{{").replace("}", "}}"))
-    return reexport_command("jupyter nbconvert --to lmnb", notebook_name, f"{_INPUTS_SPELLING}=", option)
+    return reexport_command(NBCONVERT, notebook_name, f"{_INPUTS_SPELLING}=", option)
 
 
 def _nbconvert_words(text: str) -> str:
@@ -177,7 +177,7 @@ class LMScriptExporter(Exporter):
         try:
             source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs,
                                            None if folder is None else Path(folder),
-                                           nbconvert_reexport(f"{name}.ipynb", written))
+                                           nbconvert_reexport(f"{name}.ipynb", written), NBCONVERT)
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(_nbconvert_words(str(e))) from None
         return source, plan, script, out

@@ -27,10 +27,11 @@ RUN_LINE = ("python {script} --input rows.jsonl --output results.jsonl [--backen
 
 
 def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",
-                 reexport: str = "--inputs NAMES") -> str:
-    """The script's source text (see the module docstring). ``reexport``: the job's (``lmnb.batch.Job``)."""
+                 reexport: str = "--inputs NAMES", exported_by: str = "lmnb export") -> str:
+    """The script's source text (see the module docstring). ``reexport``: the job's (``lmnb.batch.Job``);
+    ``exported_by``: the command of the tool that exports it, which its docstring names."""
     names = _Names(p)
-    w = _Writer(p, names, reexport)
+    w = _Writer(p, names, reexport, exported_by)
     if not p.row:
         return _join(_with_imports(p, w.run_once(notebook_name, script_name)))
     parts = [w.docstring(notebook_name, script_name), "", w.job_line()]  # (imports: once the code is written)
@@ -108,8 +109,8 @@ class _Names:
 
 
 class _Writer:
-    def __init__(self, p: Plan, names: _Names, reexport: str):
-        self.p, self.names, self.reexport = p, names, reexport
+    def __init__(self, p: Plan, names: _Names, reexport: str, exported_by: str):
+        self.p, self.names, self.reexport, self.exported_by = p, names, reexport, exported_by
         # row field → (cell, line) of the notebook's first example of it ((0, 0): none, the row gives it from the start)
         self.field_at = {n: min(((c.index, first) for c in p.cells if isinstance(c, Code)
                                  for first, _ in c.string_assignments.get(n, [])), default=(0, 0)) for n in p.inputs}
@@ -121,7 +122,7 @@ class _Writer:
         row = [c.index for c in p.row if isinstance(c, (Code, LMCell))]
         fields = ", ".join(p.inputs) or "none (every row runs the same program)"
         lines = [
-            f"Batch job exported by `lmnb export` from {notebook_name}: its %%lm programs, run once per input row.",
+            f"Batch job exported by `{self.exported_by}` from {notebook_name}: its %%lm programs, run once per input row.",
             "",
             "    " + RUN_LINE.format(script=script_name, pad=" " * len(f"python {script_name}")).replace("\n", "\n    "),
             "",
@@ -155,7 +156,7 @@ class _Writer:
     def run_once(self, notebook_name: str, script_name: str) -> list:
         """The parts of a script for a notebook without ``%%lm`` cells: its cells, run once."""
         n = self.names
-        doc = (f'"""Script exported by `lmnb export` from {notebook_name}. The notebook has no %%lm cell, so\n'
+        doc = (f'"""Script exported by `{self.exported_by}` from {notebook_name}. The notebook has no %%lm cell, so\n'
                "there is no program to run per input row: this runs the notebook's cells once, in order, on\n"
                "the backend the options choose.\n\n"
                f"    python {script_name} [--backend engine|URL] [--model PATH]"
