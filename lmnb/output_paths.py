@@ -59,6 +59,22 @@ def lock_output(path: Path) -> int:
         os.close(fd)
 
 
+def remove_if_unwritten(fd: int, path: Path) -> None:
+    """Remove the file at ``path`` where it is the one ``fd`` (``lock_output``'s descriptor) holds
+    and nothing was written to it: a run that made its output and stopped before writing leaves no
+    empty file behind. Call before closing ``fd`` (its lock keeps another run from taking the file
+    meanwhile), and only where this run made the file. Where ``path`` is a link to a file not there
+    before, the file made at its end goes and the link stays."""
+    held = os.fstat(fd)
+    made = path.resolve()  # (lock_output made the link's target, not the link)
+    try:
+        same = os.path.samestat(os.stat(made), held)
+    except OSError:  # (gone already)
+        return
+    if same and held.st_size == 0 and stat.S_ISREG(held.st_mode):
+        os.unlink(made)
+
+
 def held_by_another(path: Path) -> bool:
     """Whether another run holds ``lock_output``'s lock on ``path`` now, looked at without taking
     it (a shared lock, tried and let go); False where ``path`` cannot be opened for reading, and

@@ -389,11 +389,11 @@ def _unlock(lock: int, out: Path, made: bool) -> None:
     """Release the lock ``lock`` (``lock_output``'s descriptor) on ``out``; where the run ``made``
     the file and wrote nothing to it (stopped before its kernel started), remove it, as a run
     refused before it leaves none: only the file the lock holds (a link's target, not the link)."""
+    from lmnb.output_paths import remove_if_unwritten
+
     try:
-        held = os.fstat(lock)
-        target = out.resolve()
-        if made and held.st_size == 0 and target.exists() and os.path.samestat(os.stat(target), held):
-            os.unlink(target)
+        if made:
+            remove_if_unwritten(lock, out)
     finally:
         os.close(lock)
 

@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any, Collection, Optional
 
-from lmnb.output_paths import OutputInUse, lock_output, make_folders, why_unwritable
+from lmnb.output_paths import OutputInUse, lock_output, make_folders, remove_if_unwritten, why_unwritable
 
 # Statuses of a record: the row ran, its program failed, or the input record itself is unusable.
 OK, ERROR, BAD_INPUT = "ok", "error", "bad_input"
@@ -346,27 +346,14 @@ class ResultStore:
         Call before ``close`` (the lock keeps another run from taking the file meanwhile). Where
         ``path`` is a link the user made to a file not there yet, the file made at its end goes
         and the link stays: only the file this store holds open is removed."""
-        if not (self._made_file and self._fd is not None):
-            return
-        held = os.fstat(self._fd)
-        made = self.path.resolve()  # (open() made the link's target, not the link)
-        if held.st_size == 0 and _same_file(made, held):
-            os.unlink(made)
+        if self._made_file and self._fd is not None:
+            remove_if_unwritten(self._fd, self.path)
 
     def close(self) -> None:
         """Release the lock (the data is already with the operating system)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _same_file(path: Path, held: os.stat_result) -> bool:
-    """Whether ``path`` names the file whose ``os.fstat`` is ``held``."""
-    try:
-        now = os.stat(path)
-    except OSError:
-        return False
-    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _record(line: bytes) -> Optional[dict]:
