@@ -38,6 +38,22 @@ class LMNBKernel(IPythonKernel):
         make_session_surrogate_safe(self.session)  # (the session of stdout/stderr too; for good, past an unload)
         self.shell.extension_manager.load_extension("lmnb_kernel")
 
+    def do_complete(self, code, cursor_pos):
+        """IPython's completion, but in a ``%lm`` line or a ``%%lm`` cell the magics' own names
+        (``lmnb_kernel.complete``)."""
+        from lmnb_kernel.complete import lm_completions
+
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        ours = lm_completions(code, cursor_pos, lambda: super(LMNBKernel, self).do_complete(code, cursor_pos))
+        return ours if ours is not None else super().do_complete(code, cursor_pos)
+
+    def do_is_complete(self, code):
+        """IPython's answer, but a ``%%lm`` cell with a hole or block still open is incomplete and
+        one the cell parser refuses is invalid (``lmnb_kernel.complete``)."""
+        from lmnb_kernel.complete import lm_is_complete
+
+        return lm_is_complete(code) or super().do_is_complete(code)
+
     async def do_shutdown(self, restart):
         """Close the session (engine and server connections) before the kernel exits."""
         from lmnb_kernel.session import get_session

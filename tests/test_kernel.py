@@ -268,6 +268,77 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     assert reply["content"]["status"] == "ok"
 
 
+def _reply(kc, request: str, **content) -> dict:
+    """The content of the kernel's reply to a complete_request / is_complete_request."""
+    msg_id = getattr(kc, request)(**content)
+    while True:
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
+
+
+# (code with the cursor at its end, the replaced text, the matches): the names worked out by hand
+# from the magics' parsers (docs/language.md's constructs, lmnb.gen's keyword options). IPython
+# offered magic names (%%latex) for "%lm l", Python builtins for "--d", "--st" and in text.
+_COMPLETIONS = [
+    ("%lm l", "l", ["load"]),
+    ("%lm fl", "fl", ["flush"]),
+    ("%lm ", "", ["load", "connect", "stats", "tree", "states", "reset", "flush", "pin", "unpin", "help"]),
+    ("%lm load --d", "--d", ["--device", "--dtype"]),
+    ("%lm load --max", "--max", ["--max-total-tokens"]),
+    ("%lm connect --ti", "--ti", ["--timeout"]),
+    ("%lm help st", "st", ["stats", "states"]),
+    ("x = 1\n%lm un", "un", ["unpin"]),
+    ("%%lm --st", "--st", ["--state", "--static"]),
+    ("%%lm --state chat --a", "--a", ["--append"]),
+    ("%%lm\nhi {sel", "sel", ["select"]),
+    ("%%lm\nhi {jo", "jo", ["join"]),
+    ("%%lm\nhi {fo", "fo", ["fork", "format"]),  # the keyword first, then Python's names (a builtin)
+    ("%%lm\n{user}hi{/u", "/u", ["/user"]),
+    ("%%lm\n{gen x max_to", "max_to", ["max_tokens="]),
+    ("%%lm\n{gen x json_sch", "json_sch", ["json_schema="]),
+    ("%%lm\n{gen x max_tokens=4 st", "st", ["stop=", "stop_token_ids=", "stop_regex="]),
+    ("%%lm\n{select pick temp", "temp", ["temperature="]),
+    ("%%lm\n{gen x} and then", "", []),  # prompt text: nothing to complete
+    ("%%time\n%%lm --q", "--q", ["--quiet"]),
+]
+
+
+@pytest.mark.parametrize("code, word, matches", _COMPLETIONS, ids=[c for c, _, _ in _COMPLETIONS])
+def test_completion_in_lm_lines_and_cells_offers_the_magics_own_names(kernel, code, word, matches):
+    content = _reply(kernel[1], "complete", code=code, cursor_pos=len(code))
+    assert content == {"matches": matches, "cursor_start": len(code) - len(word), "cursor_end": len(code),
+                       "metadata": {}, "status": "ok"}
+
+
+def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipythons(kernel):
+    kc = kernel[1]
+    execute(kc, "person_s35 = 'Arvel'")
+    hole = _reply(kc, "complete", code="%%lm\nhi {person_s", cursor_pos=17)
+    assert (hole["matches"], hole["cursor_start"], hole["cursor_end"]) == (["person_s35"], 9, 17)
+    in_string = _reply(kc, "complete", code='%%lm\n{gen x stop="a st', cursor_pos=22)  # a value, not an option
+    assert "stop=" not in in_string["matches"]
+    body = _reply(kc, "complete", code="%%lm --python\ns += person_s", cursor_pos=27)  # Python: IPython's
+    assert (body["matches"], body["cursor_start"]) == (["person_s35"], 19)
+    python = _reply(kc, "complete", code="person_s", cursor_pos=8)
+    assert (python["matches"], python["cursor_start"]) == (["person_s35"], 0)
+
+
+@pytest.mark.parametrize("code, status", [
+    ("%%lm\nhi", "incomplete"),  # IPython's: a cell magic ends at a blank line
+    ("%%lm\nhi\n\n", "complete"),
+    ("%%lm\n{gen x\n\n", "incomplete"),  # a hole still open: a blank line does not end it
+    ("%%lm\n{user}hi\n\n", "incomplete"),  # a block still open
+    ("%%lm\n{fork 2}{gen x}\n\n", "incomplete"),
+    ("%%lm\n{user}hi{/user}\n\n", "complete"),
+    ("%%lm\nhi } there\n\n", "invalid"),  # the parser refuses a lone '}'
+    ("%%lm\n{gen x nosuch=1}\n\n", "invalid"),
+    ("%%lm --python\n{gen x\n\n", "complete"),  # a Python body: IPython's (a blank line ends it)
+])
+def test_is_complete_of_an_lm_cell_waits_for_open_holes_and_blocks(kernel, code, status):
+    assert _reply(kernel[1], "is_complete", code=code)["status"] == status
+
+
 def test_restart_frees_the_engine_and_exits_cleanly():
     km, kc = start_kernel()
     try:

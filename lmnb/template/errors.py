@@ -116,5 +116,10 @@ class TemplateSyntaxError(TemplateError, ValueError):
     """The cell does not follow the grammar (docs/CELL_LANGUAGE.md); raised by ``parse``."""
 
 
+class UnclosedError(TemplateSyntaxError):
+    """A hole ``{...`` or a block (``{user}``, ``{fork ...}``) that the cell never closes: the cell
+    may only be unfinished (the kernel's is_complete tells a console to read another line)."""
+
+
 class TemplateRuntimeError(TemplateError, RuntimeError):
     """An expression in a hole failed while the program ran (the cause is chained as ``__cause__``)."""

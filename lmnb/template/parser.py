@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from lmnb.ir import OUTPUT_OPTIONS, did_you_mean, output_clash, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
-    LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
+    LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, UnclosedError, node_offset, offset_of,
+    surrogate_problem,
 )
 from lmnb.template.nodes import (
     Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
@@ -110,8 +111,9 @@ class _Parser:
         self.hole_spans: list[tuple[int, int]] = []  # (start, end) of each hole, set by run()
 
     # -- errors ---------------------------------------------------------------------------------
-    def error(self, message: str, offset: int, hint: str | None = None) -> TemplateSyntaxError:
-        return TemplateSyntaxError(message, self.src, offset, self.first_line, hint, self.indent)
+    def error(self, message: str, offset: int, hint: str | None = None,
+              kind: type[TemplateSyntaxError] = TemplateSyntaxError) -> TemplateSyntaxError:
+        return kind(message, self.src, offset, self.first_line, hint, self.indent)
 
     def capitalised_tag(self, tag: str, after: int, before: int) -> str | None:
         """A hint naming the first hole between offsets ``after`` and ``before`` that is ``tag``
@@ -160,7 +162,7 @@ class _Parser:
             hint = f"add {close} where the block ends"
             if b.kind == "role":  # most often a Python variable named user or system, meant as text
                 hint += f"; to insert a variable named {b.role} as text, write {{({b.role})}}"
-            raise self.error(f"{opener} is never closed", b.offset,
+            raise self.error(f"{opener} is never closed", b.offset, kind=UnclosedError,
                              hint=self.capitalised_tag(close[1:-1], b.offset, len(self.src)) or hint)
         return dict(
             source=self.src,

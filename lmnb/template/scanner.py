@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmnb.template.errors import TemplateSyntaxError, line_col
+from lmnb.template.errors import TemplateSyntaxError, UnclosedError, line_col
 
 _OPEN = "([{"
 _CLOSE = {")": "(", "]": "[", "}": "{"}
@@ -86,7 +86,7 @@ def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> 
                     source, j, first_line, indent=indent,
                 )
         j += 1
-    raise TemplateSyntaxError(
+    raise UnclosedError(
         "'{' opens a hole that is never closed", source, start, first_line, indent=indent,
         hint="close the hole with '}', or write '{{' for a literal '{'",
     )
