@@ -1618,3 +1618,21 @@ def test_a_setting_given_to_the_sessions_backend_stand_in_is_the_backends():
     stand_in.chat_template = template
     assert held.chat_template is template and stand_in.chat_template is template
     assert "chat_template" not in vars(stand_in)
+
+
+@pytest.mark.parametrize("option, env, live, rate", [
+    ("--static", None, False, 5.0), ("", "static", False, 5.0), ("--static", "static", False, 5.0),
+    ("", None, True, 20.0), ("", "headless", False, 1.0), ("--static", "headless", False, 1.0)])
+def test_a_static_view_updates_at_most_5_times_a_second(ip, monkeypatch, option, env, live, rate):
+    # --static drew at the live widget's 20/s though each static update resends the whole view: a
+    # {fork 8} cell of 450 tokens sent 140 updates, 31 MB, where RunView documents 5/s
+    magics = ip.magics_manager.registry["LMMagics"]
+    make_view, views = magics.make_view, []
+    monkeypatch.setattr(magics, "make_view", lambda args, count: views.append(make_view(args, count)) or views[-1])
+    if env is None:
+        monkeypatch.delenv("LMNB_VIEW", raising=False)
+    else:
+        monkeypatch.setenv("LMNB_VIEW", env)
+    with capture_output():
+        magics.run_program(f"{option} --temperature 0", "Q:{gen rated max_tokens=1}\n")
+    assert [(v.live, v.max_hz) for v in views] == [(live, rate)]
