@@ -12,7 +12,7 @@ from IPython.display import display
 
 from lmnb_engine import API_KEY_ENV
 from lmnb_kernel.errors import CellError
-from lmnb_kernel.session import EngineConfig, Session, say_no_chat_template
+from lmnb_kernel.session import NOT_STARTED, EngineConfig, Session, say_no_chat_template
 from lmnb_kernel.tables import percent, table
 
 
@@ -194,7 +194,8 @@ def reset(args, session: Session) -> None:
 
 def flush(args, session: Session) -> None:
     """``%lm flush``: evict every unpinned prefix from the radix cache: the in-process engine's, or
-    the server's (``POST /flush_cache``) when connected to an SGLang-protocol server.
+    the server's (``POST /flush_cache``) when connected to an SGLang-protocol server. Before any
+    engine has started it only says so (nothing is cached), and starts none.
 
     Raises:
         CellError: requests are running; the server refused or failed the flush; the session is
@@ -202,10 +203,17 @@ def flush(args, session: Session) -> None:
     """
     if session.remote is not None:
         return _flush_server(session)
+    if not session.started:  # a note, not an error: a Run All that begins with %lm flush goes on
+        return say(f"nothing cached yet: {NOT_STARTED}")
     if not session.engine("%lm flush").flush_cache():
         raise CellError("%lm flush: requests are still running; try again when they are done")
     msg = "radix cache flushed (pinned prefixes stay); the engine's hit-rate counters start again"
     display({"text/plain": msg, "text/html": f"<div>{msg}</div>"}, raw=True)
+
+
+def say(msg: str) -> None:
+    """Display one line of text (also as escaped HTML)."""
+    display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
 
 
 def _flush_server(session: Session) -> None:

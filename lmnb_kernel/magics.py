@@ -38,7 +38,7 @@ from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
-from lmnb_kernel.session import NO_TREE_ROUTE, get_session
+from lmnb_kernel.session import NO_TREE_ROUTE, NOT_STARTED, get_session
 from lmnb_kernel.tables import cell_summary
 
 # The engine's words for a prompt that fits the context but not with its new tokens (a gen's
@@ -268,6 +268,8 @@ class LMMagics(Magics):
         """Display the radix tree view (``%lm tree``)."""
         from lmnb_kernel.widgets import TreeView, kv_bytes_per_token
 
+        if not self.session.started:
+            return commands.say(f"no radix tree yet: {NOT_STARTED}")
         engine = self.session.engine("%lm tree", NO_TREE_ROUTE)
         self.tree_view = TreeView(kv_bytes_per_token=kv_bytes_per_token(engine.model_info()))
         self.tree_view.show(engine.tree_snapshot(), **self.tree_labels(engine))

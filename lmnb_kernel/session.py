@@ -132,6 +132,8 @@ class Totals:
 # session speaks to it).
 NO_PIN_ROUTE = "{api}, which %lm connect speaks, has no route to pin a prefix in the server's cache"
 NO_TREE_ROUTE = "{api}, which %lm connect speaks, has no route to read the server's radix tree"
+# (%lm flush and %lm tree before the first cell: a note, so a Run All that begins with them goes on)
+NOT_STARTED = "no engine has been started (it starts with the first %%lm cell, or %lm load MODEL)"
 
 
 class Session:

@@ -1636,3 +1636,15 @@ def test_a_static_view_updates_at_most_5_times_a_second(ip, monkeypatch, option,
     with capture_output():
         magics.run_program(f"{option} --temperature 0", "Q:{gen rated max_tokens=1}\n")
     assert [(v.live, v.max_hz) for v in views] == [(live, rate)]
+
+
+def test_flush_and_tree_before_any_engine_are_notes_not_errors(ip):
+    # they raised a CellError (reply status "error"): a Run All beginning with %lm flush stopped there
+    magics = ip.magics_manager.registry["LMMagics"]
+    with separate_session(ip) as session, capture_output() as out:
+        magics.run_command("flush")
+        magics.run_command("tree")
+        assert not session.started  # neither loads a model to say so
+    assert [o.data["text/plain"] for o in out.outputs] == [
+        "nothing cached yet: no engine has been started (it starts with the first %%lm cell, or %lm load MODEL)",
+        "no radix tree yet: no engine has been started (it starts with the first %%lm cell, or %lm load MODEL)"]
