@@ -19,7 +19,12 @@ DISPLAY_NAME = "lmnb (Python 3)"
 
 
 def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> dict:
-    """The kernel.json contents (``interrupt_mode: signal``: Ctrl-C reaches the cell as SIGINT)."""
+    """The kernel.json contents (``interrupt_mode: signal``: Ctrl-C reaches the cell as SIGINT).
+    ``kernel_protocol_version`` is the one the kernel's ``kernel_info_reply`` gives, ipykernel's
+    (7.4 says 5.3, though its own kernelspec claims 5.5: a frontend reads subshell support from
+    ``supported_features``, not from the version)."""
+    from ipykernel._version import kernel_protocol_version
+
     return {
         "argv": [python or sys.executable, "-m", "lmnb_kernel", "-f", "{connection_file}"],
         "display_name": display_name,
@@ -27,7 +32,7 @@ def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> 
         "interrupt_mode": "signal",
         "env": {"TOKENIZERS_PARALLELISM": "false"},
         "metadata": {"debugger": True, "lmnb": {"spec_version": 1}},
-        "kernel_protocol_version": "5.5",
+        "kernel_protocol_version": kernel_protocol_version,
     }
 
 

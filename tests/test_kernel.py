@@ -406,4 +406,11 @@ class LMNBKernelConformance(jupyter_kernel_test.KernelTests):
         reply = self.kc.kernel_info(reply=True, timeout=30)
         assert reply["content"]["implementation"] == "lmnb"
         assert reply["content"]["language_info"]["name"] == "python"
+        # the installed kernelspec said 5.5 while the kernel answered ipykernel's 5.3
+        from ipykernel._version import kernel_protocol_version
+
+        from lmnb_kernel.install import kernel_spec
+
+        assert reply["content"]["protocol_version"] == kernel_protocol_version
+        assert kernel_spec()["kernel_protocol_version"] == kernel_protocol_version
 
