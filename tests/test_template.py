@@ -1701,3 +1701,31 @@ def test_a_program_its_state_or_a_forks_branches_in_a_hole_are_refused_and_other
     # None, a list, bytes: their str, as an f-string makes it (docs/CELL_LANGUAGE.md, Holes), in both faces
     one, two = faces("{n} {xs} {b}", n=None, xs=[1, "a"], b=b"x")
     assert one == two == [((), "add", ("text", "None [1, 'a'] b'x'"))]
+
+
+@pytest.mark.parametrize("cell, kwargs, where", [
+    # the hole reads the same source in every branch: which branch failed, for which item, was not said
+    ("{fork v in items}\nQ {v}:{1/(v-1) if isinstance(v, int) else 0}\n{join}", {"items": [1, "<i>2</i>"]},
+     "in fork branch 0 (v=1): {1/(v-1) if isinstance(v, int) else 0} failed: ZeroDivisionError: division by zero"),
+    # (a {fork N}'s branches differ in no value a hole reads: the outer fork's item names the branch)
+    ("{fork v in items}{fork 3}{1/v}{join}{join}", {"items": [1, 0]},
+     "in fork branch 1.0 (v=0): {1/v} failed: ZeroDivisionError: division by zero"),
+    ("{fork k, v in pairs}{fork w in v}{1/w}{join}{join}", {"pairs": [("a", [1]), ("b", [2, 0])]},
+     "in fork branch 1.1 ((k, v)=('b', [2, 0]), w=0): {1/w} failed: ZeroDivisionError: division by zero"),
+    ("{fork v in items}{1/v}{join}", {"items": ["x" * 100]},
+     "in fork branch 0 (v='xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'): {1/v} failed: TypeError: "
+     "unsupported operand type(s) for /: 'int' and 'str'"),
+])
+def test_a_failure_in_a_fork_branch_names_the_branch_and_its_item(cell, kwargs, where):
+    t = parse(cell)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind(kwargs))
+    assert e.value.message == where
+
+
+@pytest.mark.parametrize("cell", ["{fork v in items}{gen a max_tokens=1}{join}{1/0}", "{fork 2}{1/0}{join}"])
+def test_a_failure_after_a_fork_or_in_a_fork_n_names_no_branch(cell):
+    t = parse(cell)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind({"items": [1, 2]}))
+    assert e.value.message == "{1/0} failed: ZeroDivisionError: division by zero"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import re
+import reprlib
 from typing import Any
 
 from lmnb.choices import choice_list
@@ -30,10 +31,19 @@ class _Run:
         self.t = template
         self.args = arguments
         self.bound = None  # inside a fork: the names its innermost fork binds (branch_choices); else None
+        # inside forks: (branch index, its item as "v=1", or None for {fork N}), outermost first
+        self.branch: list[tuple[int, str | None]] = []
 
-    def error(self, message: str, offset: int) -> TemplateRuntimeError:
-        """The failure ``message`` at character ``offset`` of the cell body, placed in the cell as typed."""
-        return TemplateRuntimeError(message, self.t.source, offset, self.t.first_line, indent=self.t.indent)
+    def error(self, message: str, offset: int, hint: str | None = None) -> TemplateRuntimeError:
+        """The failure ``message`` at character ``offset`` of the cell body, placed in the cell as typed;
+        inside a ``{fork v in items}`` it names the branch and its item ("in fork branch 0 (v=1): ..."),
+        as a hole reads the same source in every branch (the branches of a ``{fork N}`` differ in no
+        value a hole is given, so they are not named)."""
+        items = ", ".join(item for _, item in self.branch if item is not None)
+        if items:
+            message = f"in fork branch {'.'.join(str(i) for i, _ in self.branch)} ({items}): {message}"
+        return TemplateRuntimeError(message, self.t.source, offset, self.t.first_line, hint=hint,
+                                    indent=self.t.indent)
 
     def block(self, s, nodes, local: dict[str, Any]) -> None:
         run: list = []
@@ -137,8 +147,8 @@ class _Run:
             except ValueError as e:
                 raise self.error(str(e), node.count.offset) from None
             forks = s.fork(n)
-            for f in forks:
-                self.block(f, node.body, local)
+            for i, f in enumerate(forks):
+                self.in_branch(i, None, f, node.body, local)
         else:
             items = self.value(node.items, s, local, f"{{fork ... in {node.items.source}}}")
             try:
@@ -146,24 +156,31 @@ class _Run:
             except (TypeError, ValueError) as e:
                 raise self.error(str(e), node.items.offset) from None
             forks = s.fork(len(items))
-            for f, item in zip(forks, items):
+            for i, (f, item) in enumerate(zip(forks, items)):
                 inner = dict(local)
                 try:
                     _bind(node.target, item, inner)
                 except (TypeError, ValueError) as e:
                     raise self.error(f"fork target: {e}", node.items.offset) from e
-                self.block(f, node.body, inner)
+                self.in_branch(i, f"{_target_source(node.target)}={_short_repr(item)}", f, node.body, inner)
         if node.join == "gather_variable":
             forks.join()
         else:
             forks.join(node.join)
 
+    def in_branch(self, index: int, item: str | None, s, body, local) -> None:
+        """Run ``body`` on branch ``s`` (number ``index``, bound to ``item``), named in its errors."""
+        self.branch.append((index, item))
+        try:
+            self.block(s, body, local)
+        finally:
+            self.branch.pop()
+
     def interp(self, node: Interp, s, local) -> str:
         value = self.value(node.expr, s, local)
         refused = refused_value(value, node.expr)
         if refused:  # (its str is a repr, "Gen('a')", which the prompt held while nothing ran)
-            raise TemplateRuntimeError(refused[0], self.t.source, node.offset, self.t.first_line,
-                                       indent=self.t.indent, hint=refused[1])
+            raise self.error(refused[0], node.offset, hint=refused[1])
         try:
             text = node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
@@ -199,6 +216,23 @@ def _check_value(primitive: str, key: str, value):
             key == "json_schema" and isinstance(value, (str, dict))):
         return check_literal(primitive, key, value)
     return None
+
+
+_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_REPR.maxstring = _REPR.maxother = 40
+
+
+def _short_repr(item) -> str:
+    """``repr(item)``, cut to about 40 characters (an item may be a long document)."""
+    try:
+        return _REPR.repr(item)
+    except Exception as e:  # noqa: BLE001 - a __repr__ that raises must not hide the branch's own error
+        return f"<{type(item).__name__}: repr failed: {type(e).__name__}>"
+
+
+def _target_source(target) -> str:
+    """A fork target as written: ``v``, or ``(k, v)`` for an unpacking one."""
+    return target if isinstance(target, str) else "(" + ", ".join(_target_source(t) for t in target) + ")"
 
 
 def _bind(target, value, into: dict[str, Any]) -> None:
