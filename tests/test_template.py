@@ -782,6 +782,28 @@ def test_a_misspelt_kernel_variable_is_told_the_variable_it_is_closest_to():
     assert str(e.value).startswith("line 1, col 2: name 'o' is not defined\n")
 
 
+def test_a_misspelt_name_in_a_plain_hole_is_offered_no_function():
+    # IPython puts open, exit, quit and get_ipython in every kernel's namespace: {persn}, with no
+    # variable close, was offered 'open', which a prompt hole never means
+    def summarize(doc):
+        return doc[:10]
+
+    namespace = {"open": open, "exit": lambda: None, "get_ipython": lambda: None, "summarize": summarize,
+                 "summary": "a text", "doc": "a document"}
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Q: Where does {persn} live?").bind(namespace)
+    assert e.value.message == "name 'persn' is not defined"
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{summarise}").bind(namespace)  # a value, not the function, as the hole reads it
+    assert e.value.message == "name 'summarise' is not defined; did you mean 'summary'?"
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{summarise(doc)}").bind(namespace)  # a call: the function first
+    assert e.value.message == "name 'summarise' is not defined; did you mean 'summarize'?"
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{opn(doc)}").bind(namespace)
+    assert e.value.message == "name 'opn' is not defined; did you mean 'open'?"
+
+
 @pytest.mark.parametrize("cell, col, tag", [
     ("a {Join} b", 4, "{join}"),
     ("{System}", 2, "{system}"),

@@ -66,14 +66,18 @@ def _tag_meant(name: str, source: str, offset: int) -> Optional[str]:
     return construct_offer(word) if bare else None
 
 
-def _did_you_mean(name: str, namespace: Mapping[str, Any]) -> str:
+def _did_you_mean(name: str, namespace: Mapping[str, Any], called: bool = False) -> str:
     """"; did you mean 'person'?" for a name the namespace lacks, naming its closest variable (as
     Python's own NameError suggests one), or "". IPython's history names (``_``, ``_i3``, ``_oh``)
-    are left out unless the name itself starts with "_"."""
+    are left out unless the name itself starts with "_". A function is offered only where the hole
+    calls the name (``called``: ``{summarise(doc)}``), and then before other values: a plain
+    ``{persn}`` was offered IPython's ``open``, which a prompt never means."""
     from lmnb_engine.suggest import close_match
 
     names = [k for k in namespace if isinstance(k, str) and (name.startswith("_") or not k.startswith("_"))]
-    close = close_match(name, names)
+    values = [k for k in names if not callable(namespace[k])]
+    tiers = ([k for k in names if callable(namespace[k])], values) if called else (values,)
+    close = next(filter(None, (close_match(name, tier) for tier in tiers)), None)
     return f"; did you mean {close!r}?" if close else ""
 
 
@@ -152,7 +156,7 @@ class Template:
             hint = (f"a hole holds Python, where {name}(...) calls a variable {name}; the cell language writes it "
                     f"{construct}: write that, or {hint}")
             tag = construct
-        meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace or {})
+        meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace or {}, called=bool(calls))
         return TemplateRuntimeError(f"{problem or f'name {name!r} is not defined'}{meant}",
                                     self.source, offset, self.first_line, indent=self.indent, hint=hint)
 
