@@ -1204,3 +1204,22 @@ def test_a_long_prompt_is_saved_whole_once():
                           "── main ──"]
     assert lines[4] == shown and len(lines) == 5
     assert "0062500 " not in bundle["text/plain"] + bundle["text/html"]  # (the middle is in the JSON alone)
+
+
+@pytest.mark.parametrize("status", ["done", "error", "interrupted"])
+def test_the_widgets_last_state_has_the_runs_final_status(comms, shell, status):
+    # the last update before the comm closed set only the snapshot: the model (and what nbclient
+    # saves of it) stayed "running", or "stopping" after a Stop click
+    v = RunView("t", session=Tally())
+    with capture_output():
+        v.show()
+        v.on_text("main", "ab")
+        v._request_stop()
+        v.finish(status)
+    sent = _run_comm(comms).sent
+    assert sent[-1][0] == "comm_close"
+    state: dict = {}
+    for kind, data in sent:
+        if kind == "comm_msg" and data.get("method") == "update":
+            state.update(data["state"])
+    assert state["status"] == status and state["snapshot"]["html"] == ""

@@ -485,8 +485,9 @@ class RunView:
         if self._widget is not None:  # and its Layout, a widget (a comm) of its own that close() leaves open
             layout = getattr(self._widget, "layout", None)
             # nbclient (papermill, nbconvert --execute) keeps a closed widget's last state in the
-            # notebook's metadata: its last snapshot held the run's text again, as the live HTML
-            self._widget.send_snapshot("")
+            # notebook's metadata: its last snapshot held the run's text again, as the live HTML;
+            # the status goes with it, so the model's last state is not "running"
+            self._widget.send_snapshot("", status=status)
             self._widget.close()
             if layout is not None:
                 layout.close()
