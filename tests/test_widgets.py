@@ -1223,3 +1223,21 @@ def test_the_widgets_last_state_has_the_runs_final_status(comms, shell, status):
         if kind == "comm_msg" and data.get("method") == "update":
             state.update(data["state"])
     assert state["status"] == status and state["snapshot"]["html"] == ""
+
+
+def test_a_stop_click_after_the_view_closed_is_ignored_without_a_warning(comms, shell, caplog):
+    # a click handled after the cell ended printed "No such comm: ID" (comm's warning) on the
+    # cell's stderr, twice on a subshell; another unknown comm still warns
+    import logging
+
+    v = RunView("t", session=Tally())
+    with capture_output():
+        v.show()
+        v.finish()
+    closed = _run_comm(comms).comm_id
+    manager = comm.get_comm_manager()
+    with caplog.at_level(logging.WARNING, logger="Comm"):
+        assert manager.get_comm(closed) is None and manager.get_comm(closed) is None
+        assert caplog.messages == []
+        assert manager.get_comm("not-a-view") is None
+    assert caplog.messages == ["No such comm: not-a-view"]

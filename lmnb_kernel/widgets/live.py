@@ -9,11 +9,31 @@ the whole lane. A frame is sent as exactly one comm message.
 
 from __future__ import annotations
 
+import logging
 import pathlib
+from collections import deque
 from typing import Callable, Optional
 
 import anywidget
 import traitlets
+
+
+class _ClosedViewComms(logging.Filter):
+    """Drops the ``comm`` package's "No such comm: ID" warning for the comm of a view that closed:
+    a Stop click sent before the frontend saw the close reaches the kernel after the cell ended,
+    where there is nothing to stop, and the warning showed in the notebook as the cell's stderr
+    (twice on a subshell, whose routing looks the comm up too). Other ids still warn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: deque[str] = deque(maxlen=256)  # the last views' comms: a click comes soon after
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "No such comm: %s" and record.args and record.args[0] in self.ids)
+
+
+_CLOSED = _ClosedViewComms()
+logging.getLogger("Comm").addFilter(_CLOSED)  # (comm.base_comm's logger)
 
 
 class LiveRunWidget(anywidget.AnyWidget):
@@ -48,6 +68,12 @@ class LiveRunWidget(anywidget.AnyWidget):
             self.snapshot = {"seq": self._seq, "html": html}
             if status is not None:
                 self.status = status
+
+    def close(self) -> None:
+        """Close the comm; a Stop click on it that arrives later is ignored without a warning."""
+        if self.comm is not None:
+            _CLOSED.ids.append(self.comm.comm_id)
+        super().close()
 
     def _handle_clicks_where_they_arrive(self) -> None:
         # ipykernel >= 7.4 runs a frontend comm message on the subshell that last *published* on
