@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -23,6 +22,7 @@ from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 from lmnb_engine.cli_options import (Once, OnceFlag, SuggestingParser, in_option_syntax, pool_tokens,
                                     take_negative_numbers)
+from lmnb_engine.params import too_many_digits  # (torch-free)
 
 DEFAULT_THREADS = 16
 
@@ -515,20 +515,6 @@ def _too_long(text: str) -> UnreadableValue:
                            text if len(text) <= 40 else text[:40] + "…")
 
 
-# a decimal integer, as int() reads one
-_DECIMAL = re.compile(r"\s*[-+]?\d+(_\d+)*\s*")
-
-
-def _too_many_digits(text: str) -> bool:
-    """Whether ``text`` is a decimal integer that Python refuses to read for its length alone (its
-    int-to-string limit): it is refused for that, not as no integer (or, for a None default, taken
-    as text)."""
-    import sys
-
-    limit = sys.get_int_max_str_digits()
-    return bool(_DECIMAL.fullmatch(text)) and 0 < limit < sum(c.isdigit() for c in text)
-
-
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -547,7 +533,7 @@ def _int(text: str) -> int:
         try:
             return int(text.strip(), 0)
         except ValueError:
-            if _too_many_digits(text):
+            if too_many_digits(text):
                 raise _too_long(text) from None
             raise UnreadableValue("expected an integer (e.g. 3, 1_000 or 0x20)", text) from None
 
@@ -649,7 +635,7 @@ def _literal(text: str) -> Any:
     try:
         value = _literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        if _too_many_digits(text):
+        if too_many_digits(text):
             raise _too_long(text) from None
         return text
     if isinstance(value, tuple) and not _parenthesized(text):
