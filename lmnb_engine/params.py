@@ -7,6 +7,7 @@ sampling_params.py``) so that programs written for SGLang mean the same thing he
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import sys
@@ -119,6 +120,40 @@ def past_digit_limit(reader: str = "Python") -> str:
     """What is wrong with a ``too_many_digits`` integer, for a message to put after it; ``reader``
     is who cannot read it (``lmnb serve``, to its client)."""
     return f"more digits than {reader} reads as an integer (at most {sys.get_int_max_str_digits()})"
+
+
+class _LongInteger:
+    """An integer literal of a JSON document with more digits than Python reads (``text``)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def long_integer_in_json(document: str | bytes) -> Optional[tuple[tuple, str]]:
+    """Where the JSON ``document`` holds its first integer literal of more digits than Python reads
+    (json.loads' ValueError "Exceeds the limit (4300 digits) ..." names neither): the keys and list
+    indices down to it and its text (as ``shown_integer_text`` shows it), or None. It reads the
+    document again with a ``parse_int``, which slows every document of numbers: call it only once
+    ``json.loads`` refused one with a ValueError other than JSONDecodeError.
+
+    Raises:
+        As ``json.loads`` (RecursionError: arrays nested too deep)."""
+    limit = sys.get_int_max_str_digits()
+
+    def read(text: str) -> Any:  # (json.loads' parse_int: a literal's digits, a minus sign before them)
+        return _LongInteger(text) if 0 < limit < len(text.lstrip("-")) else int(text)
+
+    def find(value: Any) -> Optional[tuple[tuple, str]]:
+        if isinstance(value, _LongInteger):
+            return (), value.text
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            found = find(item)
+            if found is not None:
+                return (key, *found[0]), found[1]
+        return None
+
+    return find(json.loads(document, parse_int=read))
 
 
 class SamplingParamsError(ValueError):

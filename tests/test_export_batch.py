@@ -1904,17 +1904,23 @@ def test_row_copy_copies_the_containers_around_a_value_that_cannot_be_copied():
 
 def test_a_row_with_a_huge_integer_or_deep_nesting_is_bad_input_not_a_crash(tmp_path):
     """json.loads raises ValueError (not JSONDecodeError) for an integer of over 4300 digits and
-    RecursionError for arrays nested too deep: the job stopped with a traceback."""
+    RecursionError for arrays nested too deep: the job stopped with a traceback. The integer was
+    then named in Python's words ("JSON this reader cannot hold: Exceeds the limit (4300 digits) for
+    integer string conversion: value has 5000 digits"), neither its field nor its number: it is
+    named as every message shows such a number (5000 ones: 1.111e+4999; 4400 twos: 2.222e+4399)."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "a", "n": ' + "1" * 5000 + '}\n{"question": "b", "n": ' + "[" * 100000
-                    + "]" * 100000 + '}\n{"question": "c"}\n')
+                    + "]" * 100000 + '}\n{"question": "c"}\n{"question": "d", "meta": {"ids": [1, -' + "2" * 4400
+                    + ']}}\n' + "3" * 4301 + "\n")
     assert run_job(tmp_path, "--input", rows) == 1
     results = by_row(read_results(tmp_path / "out.jsonl"))
-    assert [results[i]["status"] for i in range(3)] == ["bad_input", "bad_input", "ok"]
-    assert results[0]["error"].startswith("line 1: JSON this reader cannot hold: Exceeds the limit (4300 digits) "
-                                        "for integer string conversion: value has 5000 digits")
+    assert [results[i]["status"] for i in range(5)] == ["bad_input", "bad_input", "ok", "bad_input", "bad_input"]
+    fix = "more digits than Python reads as an integer (at most 4300); write a smaller number, or the digits as a string"
+    assert results[0]["error"] == f"line 1: field 'n' holds 1.111e+4999 (an integer of 5000 digits), {fix}"
     assert results[1]["error"].startswith("line 2: JSON this reader cannot hold: maximum recursion depth exceeded")
     assert results[2]["variables"] == {"answer": "C"}
+    assert results[3]["error"] == f"line 4: field 'meta' holds -2.222e+4399 (an integer of 4400 digits), {fix}"
+    assert results[4]["error"] == f"line 5: the row holds 3.333e+4300 (an integer of 4301 digits), {fix}"
 
 
 def test_an_id_read_from_csv_is_the_row_a_jsonl_input_gave_as_a_number(tmp_path, capsys):

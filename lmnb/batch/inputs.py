@@ -159,7 +159,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
             except json.JSONDecodeError as e:
                 error = f"line {lineno}: invalid JSON: {e.msg} at column {e.colno}"
             except (ValueError, RecursionError) as e:  # (an integer of over 4300 digits; arrays nested too deep)
-                error = f"line {lineno}: JSON this reader cannot hold: {str(e).split(';')[0]}"
+                error = f"line {lineno}: {_long_integer(raw) or 'JSON this reader cannot hold: ' + str(e).split(';')[0]}"
             else:
                 broken = _lone_surrogate(value)
                 if broken is not None:
@@ -172,6 +172,23 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                     error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {shown}"
             yield InputRow(index, lineno, fields, error)
             index += 1
+
+
+def _long_integer(raw: bytes) -> Optional[str]:
+    """What is wrong with a row's line that ``json.loads`` refused for an integer of more digits
+    than Python reads (its own words named neither the field nor the number), or None."""
+    from lmnb_engine.params import long_integer_in_json, past_digit_limit, shown_integer_text  # torch-free
+
+    try:
+        found = long_integer_in_json(raw)
+    except (ValueError, RecursionError):
+        return None
+    if found is None:
+        return None
+    path, text = found
+    where = f"field {path[0]!r}" if path else "the row"
+    return (f"{where} holds {shown_integer_text(text)}, {past_digit_limit()}; write a smaller number, or the digits "
+            "as a string")
 
 
 def _lone_surrogate(value) -> Optional[str]:

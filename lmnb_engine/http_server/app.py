@@ -29,7 +29,6 @@ import json
 import logging
 import re
 import signal
-import sys
 import threading
 import uuid
 import weakref
@@ -66,8 +65,8 @@ from lmnb_engine.http_server.protocol import (
 )
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
-from lmnb_engine.params import (MAX_N, SamplingParams, SamplingParamsError, past_context, past_digit_limit,
-                                shown_integer_text)
+from lmnb_engine.params import (MAX_N, SamplingParams, SamplingParamsError, long_integer_in_json, past_context,
+                                past_digit_limit, shown_integer_text)
 from lmnb_engine.suggest import close_match
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
@@ -859,17 +858,9 @@ def _lone_surrogate_place(body: Any) -> Optional[str]:
     return None if found is None else field_place(found[0])
 
 
-class _LongInteger:
-    """An integer literal of a request body with more digits than Python reads (``text``)."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-
 def _loads(raw: bytes) -> Any:
     """``raw`` as ``json.loads`` reads it, refusing an integer of more digits than Python reads
-    (``int_max_str_digits``), whose ValueError from ``json.loads`` was a 500, by its place and value
-    (read again to find them, with a ``parse_int``, which slows every body of numbers: only then).
+    (``int_max_str_digits``), whose ValueError from ``json.loads`` was a 500, by its place and value.
 
     Raises:
         RequestError: such an integer. Else as ``json.loads``."""
@@ -878,32 +869,13 @@ def _loads(raw: bytes) -> Any:
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise
     except ValueError:
-        limit = sys.get_int_max_str_digits()
-
-        def read(text: str) -> Any:  # (json.loads' parse_int: a literal's digits, a minus sign before them)
-            return _LongInteger(text) if len(text.lstrip("-")) > limit else int(text)
-
-        body = json.loads(raw, parse_int=read)
-        path = _long_integer_path(body)
-        if path is None:
+        found = long_integer_in_json(raw)
+        if found is None:
             raise
-        shown, place = shown_integer_text(functools.reduce(lambda at, key: at[key], path, body).text), field_place(path)
+        shown, place = shown_integer_text(found[1]), field_place(found[0])
         said = f"{place}={shown}" if place else f"the body, {shown},"
         raise RequestError(f"{said} has {past_digit_limit('lmnb serve')}; send a smaller number",
                            param=place or None) from None
-
-
-def _long_integer_path(value: Any) -> Optional[tuple]:
-    """The keys and list indices from a parsed JSON ``value`` down to its first ``_LongInteger``,
-    or None."""
-    if isinstance(value, _LongInteger):
-        return ()
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        path = _long_integer_path(item)
-        if path is not None:
-            return (key, *path)
-    return None
 
 
 def _flag(body: dict, key: str) -> bool:
