@@ -134,6 +134,7 @@ def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str
     (``_suggest_choice``). Other messages come back as they are."""
     if not message.startswith("unrecognized arguments:"):
         return _suggest_choice(message, parser)
+    message = _long_integers_shown(message)
     known = [o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")]
     # compared without the "--" every option shares: with it, "--bogus" was "close" to "--out"
     words = message.split()[2:]
@@ -150,6 +151,17 @@ def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str
     if help_line and (len(hints) < len(guesses) or not names):  # (no "--" word: a stray word, as in "%%lm 3")
         notes.append(f"{help_line} lists the options")
     return message + f" ({'; '.join(notes)})" if notes else message
+
+
+def _long_integers_shown(message: str) -> str:
+    """``message`` with each integer of more digits than Python reads (``--n <5001 digits>``: all
+    echoed) as every message shows one (``params.shown_integer_text``)."""
+    from lmnb_engine.params import shown_integer_text, too_many_digits  # (torch-free)
+
+    def shown(match: re.Match) -> str:
+        return shown_integer_text(match.group()) if too_many_digits(match.group()) else match.group()
+
+    return re.sub(r"[-+]?\d+(?:_\d+)*", shown, message)
 
 
 class SuggestingParser(argparse.ArgumentParser):

@@ -604,6 +604,9 @@ def test_help_options_show_the_help(ip):
         ("%%lm\nQ: {gen q max_tokens=12" + "5" * 4999 + "}", "line 2, col 22: invalid Python expression: 1.256e+5000 "
          "(an integer of 5001 digits) has more digits than Python reads as an integer (at most 4300); write a smaller "
          "number"),
+        # an option %%lm has not: argparse echoed all 5001 digits (and 4301 threes) in its refusal
+        ("%%lm --n 12" + "5" * 4999 + " " + "3" * 4301 + "\nx", "unrecognized arguments: --n 1.256e+5000 (an integer "
+         "of 5001 digits) 3.333e+4300 (an integer of 4301 digits) (%%lm --help lists the options)"),
         ("%%lm --temperature warm\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
         ("%%lm --out 1x\nx", "--out '1x' is not a valid name: --out takes a Python variable name"),
