@@ -1393,3 +1393,46 @@ def test_an_openai_server_that_refuses_the_key_says_how_to_give_it(server, monke
     finally:
         backend.shutdown()
     assert seen == [f"Bearer {key or env or 'EMPTY'}"]
+
+
+def test_an_integer_too_long_to_write_is_refused_before_any_request(server, endpoint):
+    """gen(max_tokens=10**5000) on RuntimeEndpoint or OpenAI failed as the client wrote its request,
+    in Python's words ("ValueError: Exceeds the limit (4300 digits) for integer string conversion;
+    use sys.set_int_max_str_digits()"); it is refused before any request, max_tokens as the
+    in-process engine refuses it (past the context, DOES_NOT_FIT) and the others as too long to
+    send. By hand: 10**5000 has 5001 digits, 25 * 10**4300 4302 (2.500e+4301), 10**4300 4301;
+    10**4300 - 1 (4300 nines) is still written."""
+    from lmnb.backend.base import check_sendable
+    from lmnb_engine.params import DOES_NOT_FIT
+
+    posts = []
+    server.answer = lambda h, b: (posts.append(b), send(h, 500, b"{}"))
+    openai = lmnb.OpenAI("m", base_url=server.url + "/v1", is_chat_model=False, max_retries=0, timeout=5)
+    too_long = "has more digits than Python writes as an integer (at most 4300), so no request to the server can " \
+               "carry it; give a smaller number"
+    cases = [(GenParams(max_new_tokens=10**5000), "max_tokens=1.000e+5000 (an integer of 5001 digits) exceeds the "
+              "model's context length; lower max_tokens to at most the model's context length"),
+             (GenParams(max_new_tokens=4, top_k=25 * 10**4300), f"top_k=2.500e+4301 (an integer of 4302 digits) {too_long}"),
+             (GenParams(max_new_tokens=4, stop_token_ids=[1, 10**4300]),
+              f"stop_token_ids holds 1.000e+4300 (an integer of 4301 digits) {too_long}")]
+    for backend in (endpoint, openai):
+        for call in (backend.generate, lambda *a: list(backend.generate_stream(*a))):
+            for params, said in cases:
+                with pytest.raises(ValueError) as e:
+                    call(Prompt("Hi"), params, "r1")
+                assert str(e.value) == said
+                assert getattr(e.value, "reason", None) == (DOES_NOT_FIT if params.top_k is None
+                                                            and params.stop_token_ids is None else None)
+    assert posts == []
+    check_sendable(GenParams(max_new_tokens=10**4300 - 1, logprob_start_len=10**4300 - 1))  # (4300 digits: sent)
+
+    @lmnb.function
+    def prog(s):
+        s += "Hi" + lmnb.gen("x")
+
+    assert str(prog.run(backend=endpoint, max_new_tokens=10**5000).error()) == (
+        "Gen('x') failed: ValueError: max_tokens=1.000e+5000 (an integer of 5001 digits) exceeds the model's context "
+        "length; lower max_tokens to at most the model's context length (the gen has no max_tokens of its own and "
+        "took run(max_new_tokens=1.000e+5000 (an integer of 5001 digits)): give it its own max_tokens=N, or lower "
+        "that)")
+    assert posts == []

@@ -150,6 +150,43 @@ def in_gen_names(message: str) -> str:
     return re.sub(r"\bshorten the (text|input_ids)\b", "shorten the prompt", in_front_end_names(message, GEN_NAMES))
 
 
+def check_sendable(params: GenParams) -> None:
+    """Refuse, before any request, a gen's integer of more digits than Python writes
+    (``sys.get_int_max_str_digits()``): no JSON request body can carry it, and the client failed
+    while writing one with Python's "ValueError: Exceeds the limit (4300 digits) for integer string
+    conversion". A server backend calls it on each gen's resolved ``params``; the in-process engine
+    takes such a number and refuses it itself (max_tokens: past the model's context length).
+
+    Raises:
+        ValueError: such a number, in ``gen()``'s names; ``max_tokens`` (more tokens than any
+            model's context holds) as the engine's refusal, with its ``reason`` ``DOES_NOT_FIT``
+            (so a gen that took it from ``run(max_new_tokens=...)`` is told so)."""
+    import sys
+
+    from lmnb_engine.params import DOES_NOT_FIT, shown_number  # torch-free
+
+    limit = sys.get_int_max_str_digits()
+    if not limit:  # (no limit: Python writes any integer)
+        return
+    # (GenParams bounds n and seed; these it takes of any size)
+    values = [(f, getattr(params, f)) for f in ("max_new_tokens", "min_new_tokens", "top_k", "logprob_start_len",
+                                                 "top_logprobs_num")]
+    values += [("stop_token_ids", t) for t in params.stop_token_ids or ()]
+    for f, value in values:
+        # (under 8**limit, its bit length says so, without working out 10**limit for each gen)
+        if not isinstance(value, int) or value.bit_length() <= 3 * limit or abs(value) < 10**limit:
+            continue
+        name, shown = GEN_NAMES.get(f, f), shown_number(value)
+        if f == "max_new_tokens":
+            e = ValueError(f"{name}={shown} exceeds the model's context length; lower {name} to at most the "
+                           "model's context length")
+            e.reason = DOES_NOT_FIT
+            raise e
+        said = f"{name} holds {shown}" if f == "stop_token_ids" else f"{name}={shown}"
+        raise ValueError(f"{said} has more digits than Python writes as an integer (at most {limit}), so no request "
+                         "to the server can carry it; give a smaller number")
+
+
 class BaseBackend:
     """Interface every backend implements. Methods may be called from many threads at once."""
 

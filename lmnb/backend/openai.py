@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
-    Completion, GuessedTemplate, Prompt, aborted_reason, check_utf8, key_advice, tell_guessed_template,
+    Completion, GuessedTemplate, Prompt, aborted_reason, check_sendable, check_utf8, key_advice,
+    tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
@@ -248,7 +249,11 @@ class OpenAI(BaseBackend):
     # -- request building
 
     def _kwargs(self, params: GenParams) -> dict:
-        """OpenAI request arguments of ``params``; lmnb/SGLang extensions go in ``extra_body``."""
+        """OpenAI request arguments of ``params``; lmnb/SGLang extensions go in ``extra_body``.
+
+        Raises:
+            ValueError: a number no request can carry (``check_sendable``)."""
+        check_sendable(params)  # (the openai client's JSON of it failed in Python's words)
         kw: dict[str, Any] = {"model": self.model_name}
         if params.max_new_tokens is not None:
             kw["max_tokens"] = params.max_new_tokens

@@ -26,8 +26,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
-    BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
-    key_advice,
+    BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_sendable, check_utf8, finish_reason_dict,
+    in_gen_names, key_advice,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -90,7 +90,11 @@ _TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout 
 def _sampling_params(params: GenParams) -> dict:
     """SGLang's ``sampling_params`` object (its name for the seed is ``sampling_seed``; a JSON
     schema given as a dict or bool goes as its JSON text, SGLang's ``json_schema: str``, which its
-    grammar cache keys on: a dict there is unhashable)."""
+    grammar cache keys on: a dict there is unhashable).
+
+    Raises:
+        ValueError: a number no request can carry (``check_sendable``)."""
+    check_sendable(params)  # (as JSON below, it failed in Python's words)
     sp = params.sampling_kwargs()
     if "seed" in sp:
         sp["sampling_seed"] = sp.pop("seed")
