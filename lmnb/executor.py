@@ -24,6 +24,7 @@ import operator
 import random
 import sys
 import threading
+import time
 import uuid
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
@@ -614,6 +615,21 @@ class StreamExecutor:
         with self._cv:
             while self._queue or self._draining:
                 self._wait()
+
+    def settle(self, deadline: float) -> bool:
+        """Wait until no primitive is queued or running on this state and on the fork branches it
+        holds, or until ``deadline`` (``time.monotonic()`` seconds). After an abort: the branches'
+        workers have reported the requests it stopped (their prompt and cached tokens, as ``var``
+        events) by then, so a listener that stops listening after it loses none of them. Returns
+        whether they all settled; a backend that ignores aborts may hold a request past the deadline."""
+        with self._cv:
+            while self._queue or self._draining:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wait(left)
+            children = list(self._children)
+        return all([c.settle(deadline) for c in children])
 
     @contextlib.contextmanager
     def merging(self):

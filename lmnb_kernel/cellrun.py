@@ -95,6 +95,17 @@ def abort_tree(state, listener: Optional[Listener] = None) -> None:
         executor.abort()
 
 
+def settle_tree(state, listener: Listener, timeout_s: float) -> None:
+    """Wait, at most ``timeout_s`` seconds, until the states ``abort_tree`` stopped have no
+    primitive running. Each stopped request reports its prompt and cached tokens from its state's
+    worker thread once the backend has ended it, after the abort, and a fork branch's worker may
+    still be at it when the cell's own text has ended: a listener closed then drops those reports,
+    and the cell's summary said "unknown" for the branches' prompts (the Stop button's path)."""
+    deadline = time.monotonic() + timeout_s
+    for executor in [state.stream_executor, *list(listener.roots)]:
+        executor.settle(deadline)
+
+
 class BodyStopped(BaseException):
     """Raised into a program body still running after Ctrl-C aborted its state (a ``--python``
     body in a loop that never touches ``s``); a ``BaseException``, so ``except Exception`` in the
@@ -138,8 +149,11 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     """Pump the events of the running ``state`` into ``feeder`` until its program finishes.
 
     Returns a ``CellOutcome``; re-raises ``KeyboardInterrupt`` after aborting (the outcome is then
-    attached to the exception as ``lmnb_outcome``). ``view.tick()`` runs whenever no event
-    arrived for ``poll_s`` seconds, so throttled updates are never held back.
+    attached to the exception as ``lmnb_outcome``); the view's Stop button (``view.stop_requested``)
+    aborts alike and returns the outcome, ``"interrupted"``. Stopped either way, the cell waits at
+    most ``interrupt_wait_s`` seconds for its stopped requests to report (``settle_tree``).
+    ``view.tick()`` runs whenever no event arrived for ``poll_s`` seconds, so throttled updates
+    are never held back.
     """
     failure: list[BaseException] = []
     stopping = threading.Event()  # Ctrl-C or Stop: stop_body ends the body, the waiter does not wait for it
@@ -155,6 +169,8 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
             err = state.error()
             if err is not None:
                 failure.append(err)
+            if stopping.is_set():  # (before _DONE: the pump and Ctrl-C's drain then get their reports)
+                settle_tree(state, listener, interrupt_wait_s)
         finally:
             listener.queue.put(_DONE)
 

@@ -245,3 +245,71 @@ def test_a_fork_cell_that_ends_done_has_every_branch_event_in_its_final_view():
     assert "  ── branch 1 (fork of main) ──\n  \n  The blue one is bright\n" in text
     assert text.endswith("[joined branch 0, branch 1]\n\nEnd.")
     assert held and all(held), "a held event was never followed by an idle pump"
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "stop button"])
+def test_a_stopped_fork_cell_counts_the_prompt_of_every_branch_request(how, monkeypatch):
+    # The Stop button on a {fork} cell: the summary said "prompt 7 + unknown (4 gens stopped before
+    # the backend reported their prompt)" where Ctrl-C said "prompt 35". Each branch's stopped
+    # request is reported (prompt and cached tokens) by the branch's worker once the backend ends
+    # it, which may come after the cell's own text has ended; the cell stopped listening then.
+    # Here each branch's backend stream ends only once the cell has closed its listener (the old
+    # code's next step) or has begun waiting for the stopped states to settle.
+    from lmnb.executor import StreamExecutor
+    from lmnb.template import parse
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.widgets import RunView
+
+    late = threading.Event()  # the cell stopped listening, or waits for the branches' reports
+
+    class StopsOnlyWhenLate(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):
+            self._record("stream", (prompt, params))
+            counts = {"id": rid, "prompt_tokens": 7, "cached_tokens": 5}
+            yield "x", {**counts, "completion_tokens": 1}
+            assert self._abort_events.setdefault(rid, threading.Event()).wait(20), "the request was not aborted"
+            assert late.wait(20), "the cell neither stopped listening nor waited for the branches"
+            yield "", {**counts, "completion_tokens": 1, "finish_reason": {"type": "abort", "message": "aborted"}}
+
+    class ClosingListener(Listener):
+        def close(self):
+            late.set()
+            super().close()
+
+    settle = getattr(StreamExecutor, "settle", None)
+
+    def settle_and_release(self, deadline):
+        late.set()
+        return settle(self, deadline)
+
+    monkeypatch.setattr(StreamExecutor, "settle", settle_and_release, raising=False)
+
+    class StopOnceBothBranchesStream(ViewFeeder):
+        streamed = 0
+
+        def apply(self, event):
+            super().apply(event)
+            if event.kind == "text" and event.source == "gen":
+                self.streamed += 1
+                if self.streamed == 2:  # one token in each branch
+                    if how == "ctrl-c":
+                        raise KeyboardInterrupt
+                    view.stop_requested.set()
+
+    template = parse("Q:{fork 2}{gen x max_tokens=50}{join}")
+    listener = ClosingListener()
+    state = start_run(template.program(), template.bind({}), StopsOnlyWhenLate(), {}, listener)
+    view = RunView("fork", live=False)
+    feeder = StopOnceBothBranchesStream(view, state.stream_executor.sid)
+    if how == "ctrl-c":
+        with pytest.raises(KeyboardInterrupt) as e:
+            run_cell(state, listener, feeder, view)
+        outcome = e.value.lmnb_outcome
+    else:
+        outcome = run_cell(state, listener, feeder, view)
+    assert outcome.status == "interrupted"
+    # the fork's prefill of "Q:" (ScriptedBackend counts a character a token, none cached), then two
+    # requests of 7 prompt tokens, 5 of them cached, each stopped after 1 token
+    assert (view.model.cell.prompt_tokens, view.model.cell.cached_tokens) == (2 + 2 * 7, 2 * 5)
+    assert view.model.unfinished_gens == 0
+    assert sum(r.completion_tokens or 0 for r in view.model.requests) == 2
