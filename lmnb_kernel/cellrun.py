@@ -196,7 +196,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
         interrupt.lmnb_outcome = CellOutcome(state, "interrupted", None, dict(feeder.captured), interrupt_s)
         raise
     listener.close()
-    if view.stop_requested.is_set():  # the view's Stop button: like Ctrl-C, but the cell ends quietly
+    if view.stop_requested.is_set():  # the view's Stop button: like Ctrl-C (the magic raises its interrupt)
         stop_body(state)
         if failure and not isinstance(failure[0], ProgramAborted):  # it had failed before the Stop (its
             return CellOutcome(state, "error", failure[0], dict(feeder.captured))  # body ran on): say why

@@ -407,6 +407,9 @@ class LMMagics(Magics):
             self.finish(args, view, outcome, count, cell_id, rerun, message)
             if message is not None:
                 raise CellError(message) from outcome.error
+            if outcome.status == "interrupted":  # the view's Stop button: a Run-All stops here, as at Ctrl-C
+                raise cell_interrupt("the cell was stopped by its Stop button; its output so far and the variables it "
+                                     "finished are kept")
 
     def _overflow_hint(self, name: str, state) -> str:
         """What to do about a ``--state`` cell whose prompt went past the model's context: the state

@@ -1234,6 +1234,44 @@ def test_a_gen_with_n_samples_stopped_by_ctrl_c_still_counts_its_requests(ip, ti
     assert meta["tokens"]["completion_tokens"] > 0
 
 
+def test_the_stop_button_ends_a_fork_cell_as_ctrl_c_does_and_counts_every_branch_request(ip, monkeypatch):
+    # The Stop button (JupyterLab >= 4.4 delivers its click while the cell runs): the cell ended "ok",
+    # so a Run-All ran the next cells against the variables it never set, where Ctrl-C ends it with a
+    # KeyboardInterrupt that stops the Run-All; and its summary said "prompt 7 + unknown (4 gens
+    # stopped before the backend reported their prompt)" where Ctrl-C counted every branch's prompt.
+    from lmnb_kernel.widgets import RunView
+
+    engine = get_session().backend().engine
+    on_delta = RunView.on_delta
+
+    def stop_once_every_branch_streams(self, lane, text, **kw):
+        on_delta(self, lane, text, **kw)
+        streaming = [ln for ln in self.model.lanes.values() if ln.id != "main" and ln.segments]
+        if len(streaming) == 3:
+            self._request_stop()  # what the widget's comm handler calls on {"action": "stop"}
+
+    monkeypatch.setattr(RunView, "on_delta", stop_once_every_branch_streams)
+    ip.user_ns.pop("s", None)
+    before = engine.cache_stats()
+    result, out = run(ip, "%%lm --static --temperature 0 --out st\n"
+                          "Story:{fork 3}{gen s max_tokens=500 ignore_eos=True}{join}")
+    after = engine.cache_stats()
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert result.error_in_exec._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped by its Stop button; its output so far and the "
+        "variables it finished are kept"]
+    [meta] = summaries(out)
+    assert meta["status"] == "interrupted" and meta["captured"] == []
+    # every request the engine ran (the fork's prefill of "Story:", the 3 branches'), counted as the engine did
+    assert meta["tokens"]["prompt_tokens"] == after["prompt_tokens"] - before["prompt_tokens"]
+    assert meta["tokens"]["cached_tokens"] == after["cached_tokens"] - before["cached_tokens"]
+    assert "unreported_prompts" not in meta["tokens"]
+    error = ip.user_ns["st"].error()  # the partial text is kept, as after Ctrl-C
+    assert isinstance(error, lmnb.ProgramAborted) and len(error.branches) == 3
+    assert all(0 < len(b.partial_text) for b in error.branches)
+    assert "s" not in ip.user_ns
+
+
 def test_ctrl_c_during_a_load_still_shows_what_loaded_and_the_states_it_dropped(ip, monkeypatch):
     # the interrupt, held until the engine had loaded, replaced the table naming the dropped states
     import os

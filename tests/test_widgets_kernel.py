@@ -249,6 +249,7 @@ def test_lm_stop_click_aborts_every_branch_and_the_kernel_stays_usable(lm_kernel
     lm_kernel.control_channel.send(req)
     subshell = lm_kernel.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
     msg_id = lm_kernel.execute("%%lm --temperature 0\nGo.{fork 2}{gen x max_tokens=4000 ignore_eos=True}{join}")
+    queued = lm_kernel.execute("ran_after_the_stop = True")  # the next cell of a Run All
     seen: list = []
     # (a generous bound: once, on a machine loaded well past its 2 cores, the first token took over 60 s)
     assert read_until_idle(lm_kernel, msg_id, seen, stop=lambda m: m["msg_type"] == "comm_msg"
@@ -258,6 +259,15 @@ def test_lm_stop_click_aborts_every_branch_and_the_kernel_stays_usable(lm_kernel
     click["header"]["subshell_id"] = subshell
     lm_kernel.shell_channel.send(click)
     read_until_idle(lm_kernel, msg_id, seen)
+    # an error, as Ctrl-C's, so Jupyter drops the cells queued after it (a Run All stops there)
+    [error] = [m["content"] for m in seen if m["msg_type"] == "error"]
+    assert (error["ename"], error["evalue"]) == ("KeyboardInterrupt", "the cell was stopped by its Stop button; its "
+                                                 "output so far and the variables it finished are kept")
+    replies = {}
+    while queued not in replies:
+        reply = lm_kernel.get_shell_msg(timeout=30)
+        replies[reply["parent_header"].get("msg_id")] = reply["content"]["status"]
+    assert (replies[msg_id], replies[queued]) == ("error", "aborted")
     data = final_view(seen)["content"]["data"]
     assert data[VIEW_MIME]["status"] == "interrupted"
     lanes = {ln["id"]: ln for ln in data[VIEW_MIME]["lanes"]}
