@@ -17,8 +17,9 @@ from typing import Callable, Optional
 _LINE_MAGIC = re.compile(r"^\s*%lm\s+")  # (not %%lm: IPython's own completion of "%lm" stays)
 _CELL_MAGIC_LINE = re.compile(r"^[ \t]*%%lm(?:[ \t].*)?$", re.MULTILINE)
 _WORD_BEFORE = re.compile(r"[^\s]*$")
-_HOLE_WORD = re.compile(r"^\s*(/?)([A-Za-z_]\w*)?$")  # {gen, {/us: the hole's first word being typed
-_PRIMITIVE_OPTION = re.compile(r"^\s*(gen|select)\s+\S.*?\s([A-Za-z_]\w*)?$", re.DOTALL)  # {gen x max_to
+# (\Z, not $, which matches before a last "\n" too: "{sel\n" would replace "sel\n", the line above's)
+_HOLE_WORD = re.compile(r"^\s*(/?)([A-Za-z_]\w*)?\Z")  # {gen, {/us: the hole's first word being typed
+_PRIMITIVE_OPTION = re.compile(r"^\s*(gen|select)\s+\S.*?\s([A-Za-z_]\w*)?\Z", re.DOTALL)  # {gen x max_to
 
 
 def lm_completions(code: str, cursor_pos: int, python: Callable[[], dict]) -> Optional[dict]:

@@ -324,6 +324,18 @@ def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipy
     assert (python["matches"], python["cursor_start"]) == (["person_s35"], 0)
 
 
+@pytest.mark.parametrize("code", ["%%lm\n{sel\n", "%%lm\n{gen x max_t\n", "%%lm\n{/us\n"])
+def test_completion_on_a_new_line_of_an_open_hole_replaces_nothing_above_it(code):
+    """With the cursor at the start of a new line in a hole still open, the word on the line above
+    was taken for the one being typed ("{sel\n" → "select" from 3 characters back), so a frontend
+    replaced "el\n" and wrote "{sselect", the line break gone: nothing before the cursor is
+    replaced (IPython's completion of an empty word, where this leaves it)."""
+    from lmnb_kernel.complete import lm_completions
+
+    reply = lm_completions(code, len(code), lambda: {"matches": [], "cursor_start": len(code)})
+    assert reply is None or reply["cursor_start"] == len(code), reply
+
+
 @pytest.mark.parametrize("code, status", [
     ("%%lm\nhi", "incomplete"),  # IPython's: a cell magic ends at a blank line
     ("%%lm\nhi\n\n", "complete"),
