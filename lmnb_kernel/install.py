@@ -22,18 +22,24 @@ def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> 
     """The kernel.json contents (``interrupt_mode: signal``: Ctrl-C reaches the cell as SIGINT).
     ``kernel_protocol_version`` is the one the kernel's ``kernel_info_reply`` gives, ipykernel's
     (7.4 says 5.3, though its own kernelspec claims 5.5: a frontend reads subshell support from
-    ``supported_features``, not from the version)."""
-    from ipykernel._version import kernel_protocol_version
+    ``supported_features``, not from the version); left out where ipykernel cannot be imported
+    (that kernel cannot start, and says why as ``lmnb run`` or Jupyter starts it)."""
+    try:
+        from ipykernel._version import kernel_protocol_version
+    except ImportError:
+        kernel_protocol_version = None
 
-    return {
+    spec = {
         "argv": [python or sys.executable, "-m", "lmnb_kernel", "-f", "{connection_file}"],
         "display_name": display_name,
         "language": "python",
         "interrupt_mode": "signal",
         "env": {"TOKENIZERS_PARALLELISM": "false"},
         "metadata": {"debugger": True, "lmnb": {"spec_version": 1}},
-        "kernel_protocol_version": kernel_protocol_version,
     }
+    if kernel_protocol_version is not None:
+        spec["kernel_protocol_version"] = kernel_protocol_version
+    return spec
 
 
 def install_arguments(parser) -> None:
