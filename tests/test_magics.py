@@ -303,6 +303,7 @@ def test_a_hole_whose_value_is_lmnb_gen_is_refused_not_sent_as_text(ip):
     """{lmnb.gen("a", max_tokens=3)} (SGLang's s += "A:" + sgl.gen("a") in a hole) ran as done, with the
     prompt "Q: hi\nA: Gen('a')", 0 generated tokens and no variable a."""
     ip.user_ns["q"] = "hi"
+    ip.user_ns.pop("a", None)  # (the shell is the module's: an earlier test's cell may have set a)
     bad, out = run(ip, '%%lm --static\nQ: {q}\nA: {lmnb.gen("a", max_tokens=3)}')
     assert type(bad.error_in_exec).__name__ == "CellError" and "a" not in ip.user_ns
     assert str(bad.error_in_exec).startswith(
@@ -314,6 +315,7 @@ def test_a_python_cell_formatting_a_primitive_into_an_f_string_is_refused_not_se
     """s += f"A: {lmnb.gen('a', max_tokens=3)}" in a --python cell ran as done, with the prompt
     "A: Gen('a')", no gen and no variable a; so did a primitive a user's function returned."""
     ip.user_ns["make_gen"] = lambda: lmnb.gen("a", max_tokens=3)
+    ip.user_ns.pop("a", None)  # (the shell is the module's: an earlier test's cell may have set a)
     for line in ("s += f\"A: {lmnb.gen('a', max_tokens=3)}\"", 's += f"A: {make_gen()}"'):
         bad, out = run(ip, f"%%lm --python --static\ns += 'Q: hi\\n'\n{line}")
         assert not bad.success and "a" not in ip.user_ns
