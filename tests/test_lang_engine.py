@@ -168,6 +168,46 @@ def test_continuing_a_state_reuses_its_cached_prefix(backend, tiny_engine):
     assert st.get_meta_info("a")["cached_tokens"] >= first_prompt - 1
 
 
+def test_a_select_after_a_gen_hits_the_gen_prompt_and_output_in_the_cache():
+    """A finished gen leaves its prompt and output tokens in the radix cache, all but its last
+    sampled token, whose KV is never computed (SGLang's cache_finished_req inserts
+    (prompt + output)[:kv_committed_len]); the next request, the state's text encoded again, hits
+    all of them where that text encodes to the gen's own tokens: a plain gen and a JSON-schema gen
+    with jump-forward drafts alike. Counted by hand from the tokenizer, on the demo model, whose
+    outputs here are its canonical tokens: the select's prompt prefill hits len(tokens of the text
+    up to the gen's end) - 1, and each choice all of that prompt but its last token, whose logits
+    score the choice's first token."""
+    record = {"type": "object", "properties": {k: {"type": "string"} for k in ("name", "kind", "city")},
+              "required": ["name", "kind", "city"]}
+
+    def plain(s):
+        s += "Q: Where does Arvel live?\nA:" + sgl.gen("a", max_tokens=4)
+        s += "\nIs that right?" + sgl.select("c", choices=[" yes", " no"])
+
+    def schema(s):  # an assistant turn: no space ends the prompt (one would fuse with the JSON's "{" re-encoded)
+        s += sgl.user("Give me the record of Arvel as JSON.") + sgl.assistant_begin()
+        s += sgl.gen("a", json_schema=record) + "\nIs that right?" + sgl.select("c", choices=[" yes", " no"])
+
+    backend = sgl.Engine()
+    try:
+        for prog in (plain, schema):
+            st = sgl.function(prog).run(backend=backend, temperature=0)
+            text = st.text()
+            through_gen = text[: text.index("\nIs that right?")]
+            gen_prompt = through_gen[: len(through_gen) - len(st["a"])]
+            ids, prompt_ids = backend.engine.encode(through_gen), backend.engine.encode(gen_prompt)
+            gen, pick = st.get_meta_info("a"), st.get_meta_info("c")
+            # (the case: the text re-encodes to the gen's prompt and then as many tokens as it generated)
+            assert ids[: len(prompt_ids)] == prompt_ids and gen["completion_tokens"] == len(ids) - len(prompt_ids) > 2
+            n = len(backend.engine.encode(through_gen + "\nIs that right?"))
+            prefill = pick["prompt_prefill"]
+            assert (prefill["prompt_tokens"], prefill["cached_tokens"]) == (n, len(ids) - 1), prog.__name__
+            assert pick["prefix_len"] == [n, n] and pick["cached_tokens"] == [n - 1, n - 1]
+        assert gen["jumped_tokens"] > 0  # (the JSON gen's forced keys were drafted)
+    finally:
+        backend.shutdown()
+
+
 def own(state, name: str) -> tuple:
     """A gen's own completion_tokens and finish_reason."""
     meta = state.get_meta_info(name)
