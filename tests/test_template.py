@@ -1751,3 +1751,14 @@ def test_a_failure_after_a_fork_or_in_a_fork_n_names_no_branch(cell):
     with pytest.raises(TemplateRuntimeError) as e:
         record(t.program().func, **t.bind({"items": [1, 2]}))
     assert e.value.message == "{1/0} failed: ZeroDivisionError: division by zero"
+
+
+def test_walk_yields_every_node_of_a_cell_roles_and_forks_bodies_too_in_cell_order():
+    """The checks of a cell's holes (the export's of a primitive in a hole, a call of a kernel
+    variable's) walk one tree: a hole inside a role inside a fork is reached, after its fork's own node."""
+    from lmnb.template.nodes import walk
+
+    cell = "{a}{user}{b}{/user}{fork 2}{c}{user}{d}{/user}{join}"
+    got = [(type(n).__name__, n.offset, getattr(getattr(n, "expr", None), "source", None)) for n in walk(parse(cell).body)]
+    assert got == [("Interp", 0, "a"), ("Role", 3, None), ("Interp", 9, "b"), ("Fork", 19, None),
+                   ("Interp", 27, "c"), ("Role", 30, None), ("Interp", 36, "d")]

@@ -15,7 +15,7 @@ from lmnb.export.cells import Code, ExportError, bound_by
 from lmnb.export.syntax import _statements
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.hole_values import PRIMITIVE_FUNCTIONS, primitive_refusal
-from lmnb.template.nodes import Fork, Interp, Role
+from lmnb.template.nodes import Interp, walk
 
 _MODULE = ""  # what _lmnb_names maps a name of the lmnb module itself to
 
@@ -36,7 +36,7 @@ def refuse_primitive_holes(cells: Sequence, lm_cells: Sequence) -> None:
     for c in lm_cells:
         if c.template is None:
             continue
-        for node in _interps(c.template.body):
+        for node in (n for n in walk(c.template.body) if isinstance(n, Interp)):
             args = {n for n, kind in node.expr.refs if kind == "arg"}
             called = next(_called(node.expr.tree.body, names, values, args), None)
             if called is not None:
@@ -69,15 +69,6 @@ def _lmnb_names(cells: Sequence) -> tuple[dict[str, str], dict[str, tuple[str, s
             if called is not None:
                 values.update({t.id: (f"{called[0]} (cell {c.index})", called[1]) for t in stmt.targets})
     return names, values
-
-
-def _interps(body) -> Iterator[Interp]:
-    """The holes ``{expr}`` of ``body``, roles' and forks' bodies too, in cell order."""
-    for node in body:
-        if isinstance(node, Interp):
-            yield node
-        elif isinstance(node, (Role, Fork)):
-            yield from _interps(node.body)
 
 
 def _called(tree: ast.expr, names: dict, values: dict, args: set) -> Iterator[tuple[str, str]]:

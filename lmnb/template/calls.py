@@ -12,7 +12,7 @@ import inspect
 from typing import Iterator, Optional
 
 from lmnb.template.errors import node_offset
-from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role
+from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, walk
 
 # lmnb's typed gens, which the cell writes as a gen with a dtype
 _TYPED = {"gen_int": "int", "gen_string": "str"}
@@ -21,7 +21,7 @@ _TYPED = {"gen_int": "int", "gen_string": "str"}
 def _exprs(body) -> Iterator[Expr]:
     """Every Python expression of ``body`` (holes, options, media sources, fork counts and items;
     roles' and forks' bodies too), in cell order."""
-    for node in body:
+    for node in walk(body):
         if isinstance(node, Interp):
             yield node.expr
         elif isinstance(node, Primitive):
@@ -30,9 +30,6 @@ def _exprs(body) -> Iterator[Expr]:
             yield from (e for e in (node.source, node.frames) if e is not None)
         elif isinstance(node, Fork):
             yield from (e for e in (node.count, node.items) if e is not None)
-            yield from _exprs(node.body)
-        elif isinstance(node, Role):
-            yield from _exprs(node.body)
 
 
 def calls_of(body, name: str) -> list[tuple[int, ast.Call, str]]:

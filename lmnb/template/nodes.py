@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Literal, Union
+from typing import Iterable, Iterator, Literal, Union
 
 # Where a name read by an expression comes from when the program runs:
 #   "local": a fork target of an enclosing {fork NAME in ...} block (a Python loop variable);
@@ -130,6 +130,15 @@ class Fork:
 
 
 Node = Union[Text, Interp, Primitive, Media, Role, Fork]
+
+
+def walk(body: Iterable[Node]) -> Iterator[Node]:
+    """Every node of ``body`` in cell order, a role's or fork's own node before those of its body
+    (depth first): what a check of a cell's holes or expressions filters."""
+    for node in body:
+        yield node
+        if isinstance(node, (Role, Fork)):
+            yield from walk(node.body)
 
 
 def target_names(target: Target) -> list[str]:
