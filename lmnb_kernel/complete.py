@@ -91,6 +91,8 @@ def _hole(body: str, cursor_pos: int, python: Callable[[], dict]) -> Optional[di
         scan(body)
         return _reply([], cursor_pos, cursor_pos)  # the cursor is in the prompt's text: no Python there
     except UnclosedError as e:
+        if body[e.offset] != "{":  # a triple-quoted string still open in the hole: a value, IPython's
+            return None
         hole = body[e.offset + 1 :]
     except TemplateSyntaxError:
         return None

@@ -345,6 +345,10 @@ def test_completion_on_a_new_line_of_an_open_hole_replaces_nothing_above_it(code
     ("%%lm\n{user}hi{/user}\n\n", "complete"),
     ("%%lm\nhi } there\n\n", "invalid"),  # the parser refuses a lone '}'
     ("%%lm\n{gen x nosuch=1}\n\n", "invalid"),
+    # a triple-quoted string still open in a hole: the next line may close it, as Python's (was "invalid")
+    ('%%lm\n{gen x stop="""a\n', "incomplete"),
+    ("%%lm\n{gen x stop='''a\n\n", "incomplete"),
+    ('%%lm\n{gen x stop="a\n\n', "invalid"),  # (a one-line string ends at its line, in Python too)
     ("%%lm --python\n{gen x\n\n", "complete"),  # a Python body: IPython's (a blank line ends it)
 ])
 def test_is_complete_of_an_lm_cell_waits_for_open_holes_and_blocks(kernel, code, status):

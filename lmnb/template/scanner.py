@@ -96,7 +96,8 @@ def string_end(source: str, start: int, first_line: int = 1, indent: str = "") -
     """Index one past the Python string literal whose opening quote is at ``start``.
 
     A backslash always skips the next character (true for raw strings too, as far as finding the
-    end goes: ``r"\\""`` is one literal).
+    end goes: ``r"\\""`` is one literal). Raises ``UnclosedError`` for a triple-quoted string that
+    the source ends in, ``TemplateSyntaxError`` for another unterminated one.
     """
     quote = source[start]
     triple = source.startswith(quote * 3, start)
@@ -112,6 +113,9 @@ def string_end(source: str, start: int, first_line: int = 1, indent: str = "") -
         if c == "\n" and not triple:
             break
         j += 1
+    if triple:  # (the cell may go on: a console reads another line, as Python's for an open ''')
+        raise UnclosedError("unterminated triple-quoted string literal in hole", source, start, first_line,
+                            indent=indent, hint=f"close the string with {delim}")
     raise TemplateSyntaxError("unterminated string literal in hole", source, start, first_line, indent=indent)
 
 
