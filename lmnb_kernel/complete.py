@@ -4,13 +4,16 @@ and is_complete_request).
 IPython completes a ``%lm`` line as Python (magic names, builtins) and reads a ``%%lm`` cell as a
 cell magic (incomplete until a blank line). Here the names come from where the magics take them:
 ``%lm`` subcommands and their options from ``magics.line_parser``, ``%%lm`` options from
-``magics.cell_parser``, a hole's first word from the cell parser's ``KEYWORDS`` and a gen's or
-select's options from ``lmnb.template.options.allowed`` (the options the parser checks against);
-whether a cell is finished from the cell parser itself (``UnclosedError``).
+``magics.cell_parser``, a hole's first word from the cell parser's ``KEYWORDS``, a gen's or
+select's options from ``lmnb.template.options.allowed`` (the options the parser checks against)
+and a video's ``frames=`` (none of them where the line or hole gives it already), an image's or
+video's source from IPython's completion of it alone; whether a cell is finished from the cell
+parser itself (``UnclosedError``).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Callable, Optional
 
@@ -19,28 +22,34 @@ _CELL_MAGIC_LINE = re.compile(r"^[ \t]*%%lm(?:[ \t].*)?$", re.MULTILINE)
 _WORD_BEFORE = re.compile(r"[^\s]*$")
 # (\Z, not $, which matches before a last "\n" too: "{sel\n" would replace "sel\n", the line above's)
 _HOLE_WORD = re.compile(r"^\s*(/?)([A-Za-z_]\w*)?\Z")  # {gen, {/us: the hole's first word being typed
-_PRIMITIVE_OPTION = re.compile(r"^\s*(gen|select)\s+\S.*?\s([A-Za-z_]\w*)?\Z", re.DOTALL)  # {gen x max_to
+# {gen x max_to, {video clip fr: an option's key being typed, after the name or source
+_OPTION = re.compile(r"^\s*(gen|select|image|video)\s+\S.*?\s([A-Za-z_]\w*)?\Z", re.DOTALL)
+_MEDIA_SOURCE = re.compile(r"^\s*(image|video)\s+(.*)\Z", re.DOTALL)  # {image ca: the source being typed
+_MEDIA_OPTIONS = {"image": (), "video": ("frames",)}  # (as the cell parser's media() takes them)
+_BRACES = re.compile(r"\{\{|\}\}|[{}]")
 
 
-def lm_completions(code: str, cursor_pos: int, python: Callable[[], dict]) -> Optional[dict]:
+def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
     """The complete_reply content for ``code`` with the cursor at ``cursor_pos`` (characters) in a
     ``%lm`` line, a ``%%lm`` line or a ``%%lm`` cell's hole; None where this has nothing to add
-    (IPython completes as Python). ``python()`` is IPython's reply, which a hole's first word gets
-    too (a kernel variable, ``{pe`` → ``person``)."""
+    (IPython completes as Python). ``python(code, cursor_pos)`` is IPython's reply for other code,
+    which a hole's first word gets too (a kernel variable, ``{pe`` → ``person``), and an image's or
+    video's source alone (``{image ca`` → ``cat``: IPython reads the whole line as no expression)."""
     from lmnb.export.cells import lm_cell_parts
 
     before = code[:cursor_pos]
     line = before[before.rfind("\n") + 1 :]
+    after = code[cursor_pos:].partition("\n")[0]  # (the line's rest: options given after the cursor)
     parts = lm_cell_parts(code)
     magic = _CELL_MAGIC_LINE.search(code) if parts is not None else None
     if magic is not None and magic.start() <= cursor_pos:
         if cursor_pos <= magic.end():
-            return _cell_options(line, cursor_pos)
+            return _cell_options(line, after, cursor_pos)
         if "--python" in parts[0].split():  # a Python body: IPython's
             return None
-        return _hole(before[magic.end() + 1 :], cursor_pos, python)
+        return _hole(code, magic.end() + 1, cursor_pos, python)
     if _LINE_MAGIC.match(line):
-        return _line_command(line[_LINE_MAGIC.match(line).end() :], cursor_pos)
+        return _line_command(line[_LINE_MAGIC.match(line).end() :], after, cursor_pos)
     return None
 
 
@@ -48,12 +57,17 @@ def _reply(matches, cursor_pos: int, start: int) -> dict:
     return {"matches": list(matches), "cursor_start": start, "cursor_end": cursor_pos, "metadata": {}, "status": "ok"}
 
 
-def _options(parser) -> list[str]:
-    """The long options of an argparse ``parser`` and ``--help`` (which the magics read themselves)."""
-    return [s for a in parser._actions for s in a.option_strings if s.startswith("--")] + ["--help"]
+def _options(parser, given=()) -> list[str]:
+    """The long options of an argparse ``parser`` and ``--help`` (which the magics read themselves),
+    less those in ``given`` (the words of the line, ``--state=x`` read as ``--state``) that an option
+    takes once (all but argparse's append, extend and count actions)."""
+    given = {w.partition("=")[0] for w in given}
+    repeats = (argparse._AppendAction, argparse._AppendConstAction, argparse._ExtendAction, argparse._CountAction)
+    options = [(s, isinstance(a, repeats)) for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    return [s for s, again in [*options, ("--help", False)] if again or s not in given]
 
 
-def _cell_options(line: str, cursor_pos: int) -> Optional[dict]:
+def _cell_options(line: str, after: str, cursor_pos: int) -> Optional[dict]:
     from lmnb_kernel.magics import cell_parser
 
     word = _WORD_BEFORE.search(line).group()
@@ -61,41 +75,65 @@ def _cell_options(line: str, cursor_pos: int) -> Optional[dict]:
         return None
     if word and not word.startswith("-"):  # a value (--state NAME): nothing to offer
         return _reply([], cursor_pos, cursor_pos - len(word))
-    return _reply([o for o in _options(cell_parser()) if o.startswith(word)], cursor_pos, cursor_pos - len(word))
+    given = (line[: len(line) - len(word)] + " " + after).split()
+    return _reply([o for o in _options(cell_parser(), given) if o.startswith(word)], cursor_pos, cursor_pos - len(word))
 
 
-def _line_command(text: str, cursor_pos: int) -> Optional[dict]:
+def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
     from lmnb_kernel.magics import _subcommands, line_parser
 
     word = _WORD_BEFORE.search(text).group()
     words = text[: len(text) - len(word)].split()
     subcommands = _subcommands(line_parser())
+    if not words and word.startswith("-"):  # %lm --help
+        return _reply([o for o in _options(line_parser(), after.split()) if o.startswith(word)], cursor_pos,
+                      cursor_pos - len(word))
     if not words:
         return _reply([s for s in subcommands if s.startswith(word)], cursor_pos, cursor_pos - len(word))
     if words == ["help"]:  # %lm help SUBCOMMAND
         return _reply([s for s in subcommands if s.startswith(word) and s != "help"], cursor_pos, cursor_pos - len(word))
     if words[0] in subcommands and word.startswith("-"):
-        options = _options(subcommands[words[0]])
+        options = _options(subcommands[words[0]], words[1:] + after.split())
         return _reply([o for o in options if o.startswith(word)], cursor_pos, cursor_pos - len(word))
     return None  # a value (a model path, a state name): IPython's (file names)
 
 
-def _hole(body: str, cursor_pos: int, python: Callable[[], dict]) -> Optional[dict]:
-    """Completion in the hole of the body text ``body`` (up to the cursor) still open; none in text."""
+def _open_hole(body: str) -> Optional[int]:
+    """The offset of the ``{`` of the hole still open at the end of ``body``; -1 where ``body`` ends
+    in the prompt's text; None where that cannot be told (a hole the cell parser refuses before it,
+    a triple-quoted string still open). A lone ``}`` in the text, which the cell's run refuses, is
+    passed over: the holes after it are read as the parser reads them."""
     from lmnb.template.errors import TemplateSyntaxError, UnclosedError
-    from lmnb.template.options import allowed
-    from lmnb.template.parser import KEYWORDS, ROLES
-    from lmnb.template.scanner import scan, top_level
+    from lmnb.template.scanner import hole_end
 
-    try:
-        scan(body)
-        return _reply([], cursor_pos, cursor_pos)  # the cursor is in the prompt's text: no Python there
-    except UnclosedError as e:
-        if body[e.offset] != "{":  # a triple-quoted string still open in the hole: a value, IPython's
+    i = 0
+    while (m := _BRACES.search(body, i)) is not None:
+        if m.group() != "{":  # {{, }} or a lone }
+            i = m.end()
+            continue
+        try:
+            i = hole_end(body, m.start())
+        except UnclosedError as e:
+            return m.start() if e.offset == m.start() else None
+        except TemplateSyntaxError:
             return None
-        hole = body[e.offset + 1 :]
-    except TemplateSyntaxError:
+    return -1
+
+
+def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
+    """Completion in the hole still open at ``cursor_pos`` of the cell ``code``, whose template body
+    starts at ``body_start``; none in text. Options the hole gives after the cursor are not offered."""
+    from lmnb.template.options import allowed
+    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts
+    from lmnb.template.scanner import top_level
+
+    body = code[body_start:cursor_pos]
+    start = _open_hole(body)
+    if start is None:
         return None
+    if start < 0:
+        return _reply([], cursor_pos, cursor_pos)  # the cursor is in the prompt's text: no Python there
+    hole = body[start + 1 :]
     first = _HOLE_WORD.match(hole)
     if first:
         slash, word = first.group(1), first.group(2) or ""
@@ -103,17 +141,38 @@ def _hole(body: str, cursor_pos: int, python: Callable[[], dict]) -> Optional[di
         ours = [n for n in names if n.startswith(slash + word)]
         if slash:
             return _reply(ours, cursor_pos, cursor_pos - len(word) - 1)
-        reply = python()  # (kernel variables; not IPython's magic names, which a hole cannot hold)
+        reply = python(code, cursor_pos)  # (kernel variables; not IPython's magic names, which a hole cannot hold)
         theirs = [m for m in reply["matches"] if not m.startswith("%") and m not in ours]
         if reply.get("cursor_start") != cursor_pos - len(word):  # another word than ours: ours alone
             theirs = []
         return _reply(ours + theirs, cursor_pos, cursor_pos - len(word))
-    option = _PRIMITIVE_OPTION.match(hole)
+    media = _MEDIA_SOURCE.match(hole)
+    if media and not any(c.isspace() for _, c in top_level(media.group(2))):  # {image ca: the source
+        source = media.group(2)
+        reply = python(source, len(source))
+        matches = [m for m in reply["matches"] if not m.startswith("%")]
+        return _reply(matches, cursor_pos, cursor_pos - len(source) + reply.get("cursor_start", len(source)))
+    option = _OPTION.match(hole)
     space = len(hole) - len(option.group(2) or "") - 1 if option else -1
     if option and (space, hole[space]) in top_level(hole):  # (not in a string: stop="a b)
         kind, word = option.group(1), option.group(2) or ""
-        return _reply([k + "=" for k in allowed(kind) if k.startswith(word)], cursor_pos, cursor_pos - len(word))
+        keys = _MEDIA_OPTIONS[kind] if kind in _MEDIA_OPTIONS else allowed(kind)
+        given = {key for at, key, _ in _option_starts(_whole_hole(hole, code[cursor_pos:])) if at != space + 1}
+        return _reply([k + "=" for k in keys if k.startswith(word) and k not in given], cursor_pos,
+                      cursor_pos - len(word))
     return None  # a Python expression or an option's value: IPython's
+
+
+def _whole_hole(hole: str, rest: str) -> str:
+    """The text of the open hole ``hole`` (up to the cursor) with what ``rest``, the cell after the
+    cursor, adds to it up to its ``}``; ``hole`` alone where the cell never closes it."""
+    from lmnb.template.errors import TemplateSyntaxError
+    from lmnb.template.scanner import hole_end
+
+    try:
+        return ("{" + hole + rest)[1 : hole_end("{" + hole + rest, 0) - 1]
+    except TemplateSyntaxError:
+        return hole
 
 
 def lm_is_complete(code: str) -> Optional[dict]:

@@ -44,7 +44,7 @@ class LMNBKernel(IPythonKernel):
         from lmnb_kernel.complete import lm_completions
 
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
-        ours = lm_completions(code, cursor_pos, lambda: super(LMNBKernel, self).do_complete(code, cursor_pos))
+        ours = lm_completions(code, cursor_pos, lambda c, p: super(LMNBKernel, self).do_complete(c, p))
         return ours if ours is not None else super().do_complete(code, cursor_pos)
 
     def do_is_complete(self, code):

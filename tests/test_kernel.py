@@ -301,6 +301,18 @@ _COMPLETIONS = [
     ("%%lm\n{select pick temp", "temp", ["temperature="]),
     ("%%lm\n{gen x} and then", "", []),  # prompt text: nothing to complete
     ("%%time\n%%lm --q", "--q", ["--quiet"]),
+    # the breaker's: "%lm -" offered nothing; options the line or hole gives already were offered again;
+    # a lone "}" in the text turned completion off for the rest of the cell; {video clip fr offered nothing
+    ("%lm -", "-", ["--help"]),
+    ("%lm load --device cuda --d", "--d", ["--dtype"]),
+    ("%lm connect http://h --timeout=3 --", "--", ["--openai", "--completion", "--api-key", "--help"]),
+    ("%%lm --state chat --st", "--st", ["--static"]),
+    ("%%lm\n{gen x max_tokens=4 stop=\"a\" st", "st", ["stop_token_ids=", "stop_regex="]),
+    ("%%lm\nhi } there\n{sel", "sel", ["select"]),
+    ("%%lm\nhi } there {gen x max_to", "max_to", ["max_tokens="]),
+    ("%%lm\n{video clip fr", "fr", ["frames="]),
+    ("%%lm\n{video clip frames=4 ", "", []),
+    ("%%lm\n{image cat ", "", []),  # (an image takes no option)
 ]
 
 
@@ -318,10 +330,43 @@ def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipy
     assert (hole["matches"], hole["cursor_start"], hole["cursor_end"]) == (["person_s35"], 9, 17)
     in_string = _reply(kc, "complete", code='%%lm\n{gen x stop="a st', cursor_pos=22)  # a value, not an option
     assert "stop=" not in in_string["matches"]
+    # an image's or video's source: kernel variables too (IPython's completion of the whole line gave
+    # its magic names for "{image person_s", and Python's keywords for "{image ")
+    image = _reply(kc, "complete", code="%%lm\n{image person_s", cursor_pos=19)
+    assert (image["matches"], image["cursor_start"], image["cursor_end"]) == (["person_s35"], 12, 19)
+    empty = _reply(kc, "complete", code="%%lm\nhi {video ", cursor_pos=15)
+    assert "person_s35" in empty["matches"] and "and" not in empty["matches"] and empty["cursor_start"] == 15
     body = _reply(kc, "complete", code="%%lm --python\ns += person_s", cursor_pos=27)  # Python: IPython's
     assert (body["matches"], body["cursor_start"]) == (["person_s35"], 19)
     python = _reply(kc, "complete", code="person_s", cursor_pos=8)
     assert (python["matches"], python["cursor_start"]) == (["person_s35"], 0)
+
+
+@pytest.mark.parametrize("code, cursor, matches", [
+    ("%%lm --st --state chat", 9, ["--static"]),
+    ("%lm load --d --dtype float32", 12, ["--device"]),
+    ("%%lm\n{gen x st stop=\"a\"}", 14, ["stop_token_ids=", "stop_regex="]),
+    ("%%lm\n{gen x st}{gen y stop=\"a\"}", 14, ["stop=", "stop_token_ids=", "stop_regex="]),  # (another hole's)
+])
+def test_completion_leaves_out_the_options_given_after_the_cursor(code, cursor, matches):
+    """An option the line or the hole gives after the cursor was offered again."""
+    from lmnb_kernel.complete import lm_completions
+
+    reply = lm_completions(code, cursor, lambda c, p: {"matches": [], "cursor_start": p})
+    assert (reply["matches"], reply["cursor_end"]) == (matches, cursor)
+
+
+def test_an_option_that_may_repeat_is_offered_again_and_one_taken_once_is_not():
+    import argparse
+
+    from lmnb_kernel.complete import _options
+
+    parser = argparse.ArgumentParser(add_help=False)  # (as the magics' parsers: --help is added by _options)
+    parser.add_argument("--tag", action="append")
+    parser.add_argument("--verbose", action="count")
+    parser.add_argument("--name")
+    assert _options(parser, ["--tag", "a", "--verbose", "--name=x"]) == ["--tag", "--verbose", "--help"]
+    assert _options(parser, ["--help"]) == ["--tag", "--verbose", "--name"]
 
 
 @pytest.mark.parametrize("code", ["%%lm\n{sel\n", "%%lm\n{gen x max_t\n", "%%lm\n{/us\n"])
@@ -332,7 +377,7 @@ def test_completion_on_a_new_line_of_an_open_hole_replaces_nothing_above_it(code
     replaced (IPython's completion of an empty word, where this leaves it)."""
     from lmnb_kernel.complete import lm_completions
 
-    reply = lm_completions(code, len(code), lambda: {"matches": [], "cursor_start": len(code)})
+    reply = lm_completions(code, len(code), lambda c, p: {"matches": [], "cursor_start": p})
     assert reply is None or reply["cursor_start"] == len(code), reply
 
 
