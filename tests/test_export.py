@@ -5762,6 +5762,31 @@ def test_a_hole_calling_an_lmnb_primitive_is_refused_by_the_export(setup, hole, 
                             f"  hint: write {fix} in place of the hole, or add it in a %%lm --python cell: s += {hole}")
 
 
+@pytest.mark.parametrize("setup, hole, called, where, container", [
+    ('q = "hi"', '[lmnb.gen("a")]', "lmnb.gen(...)", "at [0]", "list"),
+    ('from lmnb import gen\nq = "hi"', '(q, gen("a"))', "gen(...)", "at [1]", "tuple"),
+    ('q = "hi"', '{"k": [q, "A: " + lmnb.select("v", choices=["y"])]}', "lmnb.select(...)", "at ['k'][1]", "dict"),
+    ('q = "hi"', '{lmnb.gen("a")}', "lmnb.gen(...)", "as an item of the set", "set"),
+    ('import lmnb\ng = lmnb.gen("a")\nq = "hi"', "[q, g]", "lmnb.gen(...) (cell 1)", "at [1]", "list"),
+    ('import lmnb\ng = {"a": lmnb.gen("a")}\nq = "hi"', "g", "lmnb.gen(...) (cell 1)", "at ['a']", "dict"),
+    ('import lmnb\ng = [lmnb.gen("a")]\nq = "hi"', "(g,)", "lmnb.gen(...) (cell 1)", "at [0][0]", "tuple"),
+])
+def test_a_list_tuple_dict_or_set_holding_an_lmnb_primitive_in_a_hole_is_refused_by_the_export(
+        setup, hole, called, where, container):
+    """{[lmnb.gen("a")]} was exported quietly, and the job's f-string sent the text "[Gen('a')]" in
+    every row, generating nothing: the export refuses it as the notebook's cell does."""
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook(setup, f"%%lm\nQ: {{q}}\nA: {{ {hole} }}"))
+    shown = f"{{{hole}}}"
+    assert str(e.value) == (f"cell 2 (%%lm): line 3, col 4: {shown} holds {called}, an lmnb primitive, {where}, not "
+                            f"text: a hole's value becomes prompt text, a {container}'s text is its items' repr, and "
+                            "the primitive would not run\n"
+                            f"    A: {{ {hole} }}\n"
+                            "       ^\n"
+                            "  hint: write the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...) "
+                            "in place of the hole, or add the primitive in a %%lm --python cell: s += lmnb.gen(...)")
+
+
 @pytest.mark.parametrize("setup, hole", [
     ('import lmnb\nq = "hi"', "lmnb.__version__"),  # (no call)
     ('from lmnb import gen\ngen = str.upper\nq = "hi"', "gen(q)"),  # (bound again after the import)
@@ -5769,6 +5794,7 @@ def test_a_hole_calling_an_lmnb_primitive_is_refused_by_the_export(setup, hole, 
     ('import lmnb\nlmnb = None\nimport json as lmnb\nq = "hi"', 'lmnb.dumps("a")'),
     ('q = "hi"', "{fork lmnb in [str]}{lmnb.upper(q)}{join}"),  # (a fork target)
     ('import lmnb\ng = lmnb.gen("a")\ng = "text"\nq = "hi"', "g"),  # (set again)
+    ('import lmnb\nq = "hi"', '[*[q], lmnb.__version__, len([lmnb.gen("a")])]'),  # (a number in the list)
 ])
 def test_a_hole_reading_lmnb_without_a_primitive_value_is_exported(setup, hole):
     cell = hole if hole.startswith("{fork") else f"{{{hole}}}"

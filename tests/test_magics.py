@@ -309,6 +309,12 @@ def test_a_hole_whose_value_is_lmnb_gen_is_refused_not_sent_as_text(ip):
     assert str(bad.error_in_exec).startswith(
         "line 3, col 4: {lmnb.gen(\"a\", max_tokens=3)} is an lmnb primitive, Gen('a'), not text: a hole's value "
         "becomes prompt text (its repr), and the primitive would not run; did you mean {gen a max_tokens=3}?\n")
+    # in a list (or a tuple, dict, set) it was still sent, as "[Gen('a')]"
+    bad, out = run(ip, '%%lm --static\nQ: {q}\nA: {[lmnb.gen("a", max_tokens=3)]}')
+    assert type(bad.error_in_exec).__name__ == "CellError" and "a" not in ip.user_ns
+    assert str(bad.error_in_exec).startswith(
+        "line 3, col 4: {[lmnb.gen(\"a\", max_tokens=3)]} holds an lmnb primitive, Gen('a'), at [0], not text: a "
+        "hole's value becomes prompt text, a list's text is its items' repr, and the primitive would not run\n")
 
 
 def test_a_python_cell_formatting_a_primitive_into_an_f_string_is_refused_not_sent_as_text(ip):

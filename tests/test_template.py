@@ -1762,3 +1762,89 @@ def test_walk_yields_every_node_of_a_cell_roles_and_forks_bodies_too_in_cell_ord
     got = [(type(n).__name__, n.offset, getattr(getattr(n, "expr", None), "source", None)) for n in walk(parse(cell).body)]
     assert got == [("Interp", 0, "a"), ("Role", 3, None), ("Interp", 9, "b"), ("Fork", 19, None),
                    ("Interp", 27, "c"), ("Role", 30, None), ("Interp", 36, "d")]
+
+
+_LIST_HOLDS_GEN = ("a hole's value becomes prompt text, a {}'s text is its items' repr, and the primitive would "
+                   "not run")
+
+
+@pytest.mark.parametrize("cell, where, container", [
+    ("{[x]}", "at [0]", "list"),
+    ("{(x,)}", "at [0]", "tuple"),
+    ('{ {"k": x} }', "at ['k']", "dict"),
+    ("{ {x} }", "as an item of the set", "set"),
+    ("{frozenset([x])}", "as an item of the set", "set"),
+    ("{ {x: 1} }", "as a key of the dict", "dict"),
+    ('{[1, [2, {"a": (3, x)}]]}', "at [1][1]['a'][1]", "list"),
+    ("{[{(x,)}]}", "in an item of the set at [0]", "list"),
+    ("{pair}", "at [1]", "tuple"),  # (a namedtuple: its text is its fields' repr too)
+    ("{[[[[x]]]]!r:>3}", "at [0][0][0][0]", "list"),  # (HELD_DEPTH containers down; a conversion, a spec)
+])
+def test_a_primitive_held_in_a_list_tuple_dict_or_set_in_a_hole_is_refused(cell, where, container):
+    """{[x]} with x = lmnb.gen("a") (and a tuple, dict or set of it) still sent the text "[Gen('a')]":
+    no gen ran and no variable a was set, as with the primitive alone in the hole (refused before)."""
+    import collections
+
+    x = lmnb.gen("a")
+    pair = collections.namedtuple("Pair", "q a")("hi", x)
+    t = parse("Q: " + cell)
+    log = []
+    with pytest.raises(TemplateRuntimeError) as e:
+        t.program().func(Rec(log), **t.bind({"x": x, "pair": pair, "frozenset": frozenset}))
+    assert log == [((), "add", ("text", "Q: "))]  # (the text before it only: nothing of the hole)
+    source = cell[1:cell.index("!")] if "!" in cell else cell[1:-1].strip()
+    assert (e.value.message, e.value.col) == (
+        f"{{{source}}} holds an lmnb primitive, Gen('a'), {where}, not text: " + _LIST_HOLDS_GEN.format(container), 4)
+    assert e.value.hint == ("write the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...) in "
+                            "place of the hole, or add the primitive in a %%lm --python cell: s += lmnb.gen(...)")
+
+
+def test_a_state_a_forks_branches_or_a_program_held_in_a_list_in_a_hole_is_refused():
+    from helpers_lang import ScriptedBackend
+
+    @lmnb.function
+    def other(s):
+        s += "x"
+
+    state = other.run(backend=ScriptedBackend(lambda p, params: "y"))
+    shown = {"state": "an lmnb ProgramState (a program's state)",
+             "group": "a fork's branches (an lmnb ProgramStateGroup)", "other": "the lmnb program 'other'"}
+    for name, value in [("state", state), ("group", lmnb.ProgramStateGroup([state], state)), ("other", other)]:
+        with pytest.raises(TemplateRuntimeError) as e:
+            record(parse("{[1, v]}").program().func, v=value)
+        assert e.value.message == (f"{{[1, v]}} holds {shown[name]}, at [1], not text: a hole's value becomes prompt "
+                                   "text, and a list's text is its items' repr")
+        assert e.value.hint == ("take the text out where the value is built: a state's .text() (or ['NAME'] for a "
+                                "variable it captured), a fork branch's [0].text(), a program's (...).text()")
+
+
+def test_a_containers_search_is_bounded_and_other_containers_are_their_str():
+    """The search stops HELD_ITEMS items in and HELD_DEPTH containers down (a hole holding a long
+    list costs next to nothing more); past them, and for a value that is no list, tuple, dict or
+    set, the text is its str, as docs/CELL_LANGUAGE.md says."""
+    from lmnb.template.hole_values import HELD_DEPTH, HELD_ITEMS
+
+    x = lmnb.gen("a")
+    assert (HELD_DEPTH, HELD_ITEMS) == (4, 1000)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(parse("{v}").program().func, v=["w"] * 999 + [x])  # (the 1000th item)
+    assert e.value.message.startswith("{v} holds an lmnb primitive, Gen('a'), at [999], not text")
+    past = ["w"] * 1000 + [x]
+    it = iter([x])
+    for value, text in [(past, str(past)), ([[[[[x]]]]], "[[[[[Gen('a')]]]]]"), (it, str(it)),
+                        ([1, "a", None], "[1, 'a', None]")]:
+        assert record(parse("{v}").program().func, v=value) == [((), "add", ("text", text))]
+
+
+def test_a_batch_traces_a_list_of_an_argument_in_a_hole_to_its_prefix_and_runs_it():
+    """run_batch's prefix trace passes a placeholder (an lmnb primitive) for an argument: in a list in
+    a hole it ends the trace there, as alone, and is not refused as a primitive (the trace took its
+    repr, "Q: [<lmnb.tracer._Placeholder object at 0x...>]", for the prefix every item shares)."""
+    from helpers_lang import ScriptedBackend
+
+    from lmnb.tracer import extract_prefix
+
+    t = parse("Intro.\nQ: {[q]}{gen a max_tokens=2}")
+    assert extract_prefix(t.program(), lmnb.get_chat_template("default")) == "Intro.\nQ: "
+    states = t.program().run_batch([{"q": "x"}, {"q": "y"}], backend=ScriptedBackend(lambda p, params: "ok"))
+    assert [s.text() for s in states] == ["Intro.\nQ: ['x']ok", "Intro.\nQ: ['y']ok"]

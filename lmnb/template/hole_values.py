@@ -3,13 +3,17 @@
 ``{lmnb.gen("a", max_tokens=3)}`` (SGLang's ``s += "A:" + sgl.gen("a")`` written into a hole) made
 the text "Gen('a')": the cell ran with no gen, and the export's job did the same. The cell language
 writes it ``{gen a max_tokens=3}``; a ``--python`` body adds it as SGLang does. A program's state, a
-fork's branches and a program itself are refused alike (their ``str`` is no text a prompt means).
+fork's branches and a program itself are refused alike (their ``str`` is no text a prompt means),
+and so is a list, tuple, dict or set that holds one (``{[x]}``: a container's text is its items' repr).
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Any, Optional
+import functools
+import itertools
+import reprlib
+from typing import Any, Iterable, Optional
 
 from lmnb.template.nodes import Expr
 
@@ -49,29 +53,162 @@ def primitive_refusal(expr: Expr, what: str, word: Optional[str] = None) -> tupl
     return problem, f"{fix} in place of the hole, or add it in a %%lm --python cell: s += {expr.source.strip()}"
 
 
+def held_refusal(expr: Expr, what: str, where: str, container: str, primitive: bool) -> tuple[str, str]:
+    """(the problem, the fix) of the hole ``{expr}``, whose value is a ``container`` (``"list"``,
+    ``"dict"``, ...) that holds ``what`` (at run time "an lmnb primitive, Gen('a')"; in the export
+    "lmnb.gen(...), an lmnb primitive") ``where`` ("at [0]['k']", "as an item of the set at [1]");
+    ``primitive``: ``what`` is a primitive (not a state, a fork's branches or a program)."""
+    why = (f"a {container}'s text is its items' repr, and the primitive would not run" if primitive
+           else f"and a {container}'s text is its items' repr")
+    problem = f"{{{expr.source}}} holds {what}, {where}, not text: a hole's value becomes prompt text, {why}"
+    if primitive:
+        return problem, ("write the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...) in "
+                         "place of the hole, or add the primitive in a %%lm --python cell: s += lmnb.gen(...)")
+    return problem, ("take the text out where the value is built: a state's .text() (or ['NAME'] for a variable "
+                     "it captured), a fork branch's [0].text(), a program's (...).text()")
+
+
 def refused_value(value: Any, expr: Expr) -> Optional[tuple[str, str]]:
     """(the problem, the fix) of ``value``, the value of the hole ``{expr}``, where it is one of lmnb's
     own objects: a primitive (``lmnb.ir.Expr``: ``gen(...)``, ``"A: " + gen(...)``, ``user("hi")``), a
-    ``ProgramState``, a ``ProgramStateGroup`` (a fork's branches) or an ``SglFunction``; else None.
-    Reads no state (``str`` of a state waits for its program)."""
+    ``ProgramState``, a ``ProgramStateGroup`` (a fork's branches) or an ``SglFunction``, or a list,
+    tuple, dict or set that holds one (``held_object``); else None. Reads no state (``str`` of a state
+    waits for its program)."""
+    from lmnb.ir import Expr as Primitive
+
+    if _is_own(value):
+        if isinstance(value, Primitive):
+            return primitive_refusal(expr, _what(value))
+        return _own_refusal(value, "{" + expr.source + "}", expr.source.strip())
+    held = held_object(value)
+    if held is None:
+        return None
+    where, item = held
+    return held_refusal(expr, _what(item), where, _container_name(value), isinstance(item, Primitive))
+
+
+def _is_own(value: Any) -> bool:
+    """``value`` is one of lmnb's own objects that a hole refuses; ends a prefix trace where it is
+    (``run_batch``'s: an argument's placeholder is a primitive, whose text ends the trace)."""
+    if not isinstance(value, _own_types()):
+        return False
+    from lmnb.tracer import stop_if_tracing
+
+    stop_if_tracing()
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _own_types() -> tuple[type, ...]:
+    """lmnb's primitive, ``ProgramState``, ``ProgramStateGroup`` and ``SglFunction`` (imported once:
+    a container's search asks of each item)."""
     from lmnb.api import SglFunction
     from lmnb.interpreter import ProgramState, ProgramStateGroup
     from lmnb.ir import Expr as Primitive
-    from lmnb.tracer import stop_if_tracing
 
-    hole, source = "{" + expr.source + "}", expr.source.strip()
-    if isinstance(value, (Primitive, ProgramState, ProgramStateGroup, SglFunction)):
-        stop_if_tracing()  # (run_batch's prefix trace: an argument's placeholder is a Primitive; its text ends it)
+    return Primitive, ProgramState, ProgramStateGroup, SglFunction
+
+
+def _what(value: Any) -> str:
+    """How a refusal names ``value``, one of lmnb's own objects."""
+    from lmnb.api import SglFunction
+    from lmnb.interpreter import ProgramState
+    from lmnb.ir import Expr as Primitive
+
     if isinstance(value, Primitive):
-        return primitive_refusal(expr, f"an lmnb primitive, {value!r}")
+        return f"an lmnb primitive, {value!r}"
     if isinstance(value, ProgramState):
-        return (f"{hole} is an lmnb ProgramState (a program's state), not text",
+        return "an lmnb ProgramState (a program's state)"
+    if isinstance(value, SglFunction):
+        return f"the lmnb program {value.__name__!r}"
+    return "a fork's branches (an lmnb ProgramStateGroup)"
+
+
+def _own_refusal(value: Any, hole: str, source: str) -> tuple[str, str]:
+    from lmnb.interpreter import ProgramState, ProgramStateGroup
+
+    if isinstance(value, ProgramState):
+        return (f"{hole} is {_what(value)}, not text",
                 f"write {{{source}.text()}} for its text, or {{{source}['NAME']}} for a variable it captured")
     if isinstance(value, ProgramStateGroup):
-        return (f"{hole} is a fork's branches (an lmnb ProgramStateGroup), not text",
-                f"write {{{source}[0].text()}} for a branch's text")
-    if isinstance(value, SglFunction):
-        return (f"{hole} is the lmnb program {value.__name__!r} itself, not text",
-                f"write {{{source}(...).text()}} for the text of a run of it, or call its body on this state "
-                f"in a %%lm --python cell: {source}.func(s, ...)")
+        return (f"{hole} is {_what(value)}, not text", f"write {{{source}[0].text()}} for a branch's text")
+    return (f"{hole} is {_what(value)} itself, not text",
+            f"write {{{source}(...).text()}} for the text of a run of it, or call its body on this state "
+            f"in a %%lm --python cell: {source}.func(s, ...)")
+
+
+# How far a hole's container is searched for lmnb's objects: HELD_DEPTH containers down, HELD_ITEMS
+# items in all, so that a hole holding a long list (a document's lines) costs next to nothing more.
+HELD_DEPTH, HELD_ITEMS = 4, 1000
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+_KEY = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_KEY.maxstring = _KEY.maxother = 30
+
+
+def held_object(value: Any) -> Optional[tuple[str, Any]]:
+    """(where, the object) of the first of lmnb's own objects (as ``refused_value`` names them) that
+    ``value``, a list, tuple, dict, set or frozenset (their subclasses too: a namedtuple, an
+    OrderedDict), holds, its containers searched in order, depth first, up to ``HELD_DEPTH`` deep
+    and ``HELD_ITEMS`` items in all; where is "at [0]['k']" (the indexes that reach it), or "as an
+    item of the set", "in a key of the dict at [1]" where no index reaches it; None where none is
+    found, and for any other value (whose own ``str`` may hide its items)."""
+    found = _search(value, (), HELD_DEPTH, [HELD_ITEMS])
+    if found is None:
+        return None
+    return held_where(tuple(map(_step_text, found[0]))), found[1]
+
+
+def _step_text(step) -> str:
+    """``held_where``'s step for one of ``_items``': "[0]" for an index, "['k']" for a dict's key."""
+    if isinstance(step, int):
+        return f"[{step}]"
+    return step if isinstance(step, str) else f"[{_KEY.repr(step[0])}]"
+
+
+def _search(value: Any, steps: tuple, depth: int, budget: list) -> Optional[tuple[tuple, Any]]:
+    """(the steps to it, the object) of ``held_object``, in ``value`` reached by ``steps``; ``budget``:
+    [the items it may still look at]."""
+    if depth == 0 or not isinstance(value, _CONTAINERS):
+        return None
+    for step, item in _items(value):
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        if type(item) in _PLAIN:  # (most items: nothing to ask)
+            continue
+        if _is_own(item):
+            return (*steps, step), item
+        if isinstance(item, _CONTAINERS):
+            found = _search(item, (*steps, step), depth - 1, budget)
+            if found is not None:
+                return found
     return None
+
+
+def _items(value: Any) -> Iterable[tuple[Any, Any]]:
+    """(the step to it: its index, (the key,) for a dict's value, "key" / "set" for a dict's key
+    and a set's item; the item) of each item of the container ``value``, through its base type's
+    own iteration (a subclass's ``__iter__`` need not be what its ``str`` shows)."""
+    if isinstance(value, dict):
+        return ((step, item) for key, v in dict.items(value) for step, item in (("key", key), ((key,), v)))
+    if isinstance(value, (set, frozenset)):
+        return zip(itertools.repeat("set"), (set.__iter__ if isinstance(value, set) else frozenset.__iter__)(value))
+    return enumerate((list.__iter__ if isinstance(value, list) else tuple.__iter__)(value))
+
+
+def held_where(steps: tuple) -> str:
+    """"at [0]['k']" for index steps; from the first dict key or set item on, which no index reaches,
+    "as a key of the dict at [0]" (the object itself) or "in an item of the set" (inside it)."""
+    for k, step in enumerate(steps):
+        if step in ("key", "set"):
+            at = f" at {''.join(steps[:k])}" if k else ""
+            part = "a key of the dict" if step == "key" else "an item of the set"
+            return f"{'as' if k == len(steps) - 1 else 'in'} {part}{at}"
+    return "at " + "".join(steps)
+
+
+def _container_name(value: Any) -> str:
+    """"list", "tuple", "dict" or "set" (a frozenset's too): the base type of the container ``value``."""
+    return next(name for t, name in ((list, "list"), (tuple, "tuple"), (dict, "dict"), (set, "set"),
+                                     (frozenset, "set")) if isinstance(value, t))
