@@ -44,7 +44,9 @@ class _Placeholder(Expr):
     def _stop(self, *args, **kwargs):
         self._state.stop()
 
-    __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = __call__ = _stop
+    # (__repr__ too: a list's str is its items' repr, which put "[<...Placeholder object at 0x...>]"
+    # into the prefix every item was to share)
+    __str__ = __repr__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = __call__ = _stop
     __bool__ = __int__ = __float__ = __index__ = __eq__ = __lt__ = __gt__ = _stop
     __hash__ = None  # type: ignore[assignment]
 

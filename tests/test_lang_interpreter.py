@@ -3691,8 +3691,16 @@ def test_tracer_stops_at_arguments_and_model_calls():
         s += sgl.user("fixed")
         s += sgl.assistant(sgl.gen("a"))
 
+    @sgl.function
+    def in_a_list(s, topic):
+        s += "Intro. "
+        s += "About " + str([topic]) + f" {(topic,)}"
+
     assert extract_prefix(fstring, CHATML) == "Intro. "
     assert extract_prefix(fstring.bind(topic="cats"), CHATML) == "Intro. About cats: never"
+    # (an argument in a list or tuple made text: the prefix took "About [<lmnb.tracer._Placeholder object ...>]")
+    assert extract_prefix(in_a_list, CHATML) == "Intro. "
+    assert extract_prefix(in_a_list.bind(topic="cats"), CHATML) == "Intro. About ['cats'] ('cats',)"
     assert extract_prefix(gen_first, CHATML) == "<|im_start|>user\nfixed<|im_end|>\n<|im_start|>assistant\n"
 
 
