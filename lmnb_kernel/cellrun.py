@@ -150,13 +150,19 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
 
     Returns a ``CellOutcome``; re-raises ``KeyboardInterrupt`` after aborting (the outcome is then
     attached to the exception as ``lmnb_outcome``); the view's Stop button (``view.stop_requested``)
-    aborts alike and returns the outcome, ``"interrupted"``. Stopped either way, the cell waits at
-    most ``interrupt_wait_s`` seconds for its stopped requests to report (``settle_tree``).
+    aborts alike and returns the outcome, ``"interrupted"``, unless its click came once the program
+    had ended by itself with nothing left running (``"done"``); a click as the pump takes the end
+    still stops what runs on (fork branches a ``--python`` body left unjoined). Stopped either way,
+    the cell waits at most ``interrupt_wait_s`` seconds for its stopped requests to report
+    (``settle_tree``).
     ``view.tick()`` runs whenever no event arrived for ``poll_s`` seconds, so throttled updates
     are never held back.
     """
     failure: list[BaseException] = []
     stopping = threading.Event()  # Ctrl-C or Stop: stop_body ends the body, the waiter does not wait for it
+    settled = threading.Event()  # the waiter waited for the stopped requests' reports
+    ended = threading.Event()  # the program ended by itself, nothing left running: a Stop now stops nothing
+    verdict = threading.Lock()  # (a Stop and the waiter's look at the ended program, one after the other)
 
     def wait() -> None:
         try:
@@ -169,15 +175,23 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
             err = state.error()
             if err is not None:
                 failure.append(err)
+            with verdict:
+                if not stopping.is_set() and _all_finished(state, listener):
+                    ended.set()
             if stopping.is_set():  # (before _DONE: the pump and Ctrl-C's drain then get their reports)
                 settle_tree(state, listener, interrupt_wait_s)
+                settled.set()
         finally:
             listener.queue.put(_DONE)
 
     waiter = threading.Thread(target=wait, name="lmnb-cell", daemon=True)
     waiter.start()
+
     def stop() -> None:
-        stopping.set()
+        with verdict:
+            if ended.is_set():  # (a Stop clicked as the cell ended by itself: it ends as it ended)
+                return
+            stopping.set()
         abort_tree(state, listener)
 
     try:
@@ -195,8 +209,13 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
         listener.close()
         interrupt.lmnb_outcome = CellOutcome(state, "interrupted", None, dict(feeder.captured), interrupt_s)
         raise
+    if view.stop_requested.is_set():  # (a click as the pump took the end: fork branches left unjoined may run on)
+        stop()
+    if stopping.is_set() and not settled.is_set():  # stopped after the waiter looked: wait for the reports here
+        settle_tree(state, listener, interrupt_wait_s)
+        _drain(listener, feeder)
     listener.close()
-    if view.stop_requested.is_set():  # the view's Stop button: like Ctrl-C (the magic raises its interrupt)
+    if stopping.is_set():  # the view's Stop button: like Ctrl-C (the magic raises its interrupt)
         stop_body(state)
         if failure and not isinstance(failure[0], ProgramAborted):  # it had failed before the Stop (its
             return CellOutcome(state, "error", failure[0], dict(feeder.captured))  # body ran on): say why
@@ -204,6 +223,12 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     if failure:
         return CellOutcome(state, "error", failure[0], dict(feeder.captured))
     return CellOutcome(state, "done", None, dict(feeder.captured))
+
+
+def _all_finished(state, listener: Listener) -> bool:
+    """Nothing of the cell runs or will run: its state and fork branches (one a ``--python`` body left
+    unjoined may run on after the body returned) and the programs its body started."""
+    return all(ex._finished() for ex in [state.stream_executor, *list(listener.roots)])
 
 
 def _wait_for_the_body(state, stopping: threading.Event) -> None:

@@ -313,3 +313,72 @@ def test_a_stopped_fork_cell_counts_the_prompt_of_every_branch_request(how, monk
     assert (view.model.cell.prompt_tokens, view.model.cell.cached_tokens) == (2 + 2 * 7, 2 * 5)
     assert view.model.unfinished_gens == 0
     assert sum(r.completion_tokens or 0 for r in view.model.requests) == 2
+
+
+class _StopAsItEnds(queue.SimpleQueue):
+    """The cell's queue, where the Stop click lands as the program's end reaches the cell (after the
+    waiter looked at the ended program, before the pump took the end)."""
+
+    def __init__(self, view):
+        super().__init__()
+        self.view = view
+
+    def put(self, item, block=True, timeout=None):
+        from lmnb_kernel.cellrun import _DONE
+
+        if item is _DONE:
+            self.view.stop_requested.set()
+        super().put(item, block, timeout)
+
+
+def test_a_stop_clicked_as_the_cell_ends_by_itself_leaves_it_done():
+    # A Stop click in the moment after the program had finished on its own ended the cell with the
+    # Stop button's error (a Run-All stopped there) though every gen had run and set its variable.
+    from lmnb.template import parse
+
+    template = parse("Q:{gen a max_tokens=2}")
+    listener, view = Listener(), _View()
+    listener.queue = _StopAsItEnds(view)
+    state = start_run(template.program(), template.bind({}), ScriptedBackend(lambda p, params: "ok"), {}, listener)
+    outcome = run_cell(state, listener, _Feeder(), view)
+    assert view.stop_requested.is_set()
+    assert (outcome.status, outcome.error, state["a"], state.text()) == ("done", None, "ok", "Q:ok")
+
+
+def test_a_stop_as_a_python_body_ends_with_its_fork_unjoined_stops_the_branches_and_counts_them():
+    # A --python body forked and ended without joining, its root's gen failed, so the body did not
+    # wait for the branches, which were still generating. A Stop clicked as the body's end reached
+    # the cell came after the waiter's wait for the stopped requests' reports, and after the pump's
+    # last look at the button: the branches ran on unaborted, and what they reported came after the
+    # cell had stopped listening (the summary's prompt lacked them).
+    from lmnb.template import parse_python
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.widgets import RunView
+
+    entered = threading.Semaphore(0)
+
+    class Backend(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):
+            self._record("stream", (prompt, params))
+            if params.max_new_tokens == 3:  # the root's gen: fails once both branches' requests run
+                assert entered.acquire(timeout=20) and entered.acquire(timeout=20)
+                raise RuntimeError("model exploded")
+            counts = {"id": rid, "prompt_tokens": 7, "cached_tokens": 5}
+            entered.release()
+            yield "x", {**counts, "completion_tokens": 1}
+            aborted = self._abort_events.setdefault(rid, threading.Event()).wait(20)
+            reason = {"type": "abort", "message": "aborted"} if aborted else {"type": "length", "length": 1}
+            yield "", {**counts, "completion_tokens": 1, "finish_reason": reason}
+
+    cell = parse_python('s += "Q:"\nforks = s.fork(2)\nfor f in forks:\n    f += lmnb.gen("x", max_tokens=50)\n'
+                        's += lmnb.gen("a", max_tokens=3)', first_line=2)
+    backend = Backend()
+    view = RunView("python", live=False)
+    listener = Listener()
+    listener.queue = _StopAsItEnds(view)
+    state = start_run(cell.program({"lmnb": lmnb}), {}, backend, {}, listener)
+    outcome = run_cell(state, listener, ViewFeeder(view, state.stream_executor.sid), view)
+    assert outcome.status == "error" and "model exploded" in str(outcome.error)  # (what happened before the Stop)
+    assert len(set(backend.aborted)) == 2  # both branches' requests, stopped
+    # the fork's prefill of "Q:" (a character a token, none cached), then each branch's stopped request
+    assert (view.model.cell.prompt_tokens, view.model.cell.cached_tokens) == (2 + 2 * 7, 2 * 5)
