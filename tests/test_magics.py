@@ -89,7 +89,7 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
     assert not failed.success and out5.stdout.count("exceeds the model's context length") == 1  # it was 5 times
     assert "5 of 5 fork branches failed: branches 0-4: Gen('r5') failed: ValueError: prompt of" in out5.stdout
     view = "".join(o.data.get("text/html", "") for o in out5.outputs)  # the cell's view says it alike, once
-    assert "branches 0-4: Gen(&#x27;r5&#x27;) failed" in view and view.count("exceeds the model&#x27;s context") == 1
+    assert "branches 0-4: Gen('r5') failed" in view and view.count("exceeds the model's context") == 1
     assert get_session().states["chat"].state.text() == kept
     assert "%lm reset" not in out4.stdout  # lowering max_tokens is the fix there
     run(ip, "%lm reset")

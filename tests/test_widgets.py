@@ -162,7 +162,7 @@ def test_generated_tokens_get_one_tooltip_each():
     assert toks[1]["title"] == "' there' · id 9 · logprob -2.0000 (p=0.135)"
 
 
-def test_a_long_gen_saves_the_ids_and_logprobs_the_view_shows_and_says_the_rest_are_left_out():
+def test_a_long_gen_shows_ids_and_logprobs_for_its_first_pieces_and_says_the_rest_are_left_out():
     """Every token's ids and logprobs went into the saved notebook (~400 KB per 10k tokens), though
     the view shows them (as tooltips) for the first MAX_TOKEN_DETAIL pieces only."""
     from lmnb_kernel.widgets.model import MAX_TOKEN_DETAIL
@@ -174,23 +174,56 @@ def test_a_long_gen_saves_the_ids_and_logprobs_the_view_shows_and_says_the_rest_
     v.on_gen_end("main")
     bundle = v.finish()
     [gen] = [s for s in bundle[VIEW_MIME]["lanes"][0]["segments"] if s["kind"] == "gen"]
-    assert gen["text"] == "".join(f"t{i} " for i in range(n))
-    assert gen["tokens"] == [[f"t{i} ", [i], [-0.25]] for i in range(MAX_TOKEN_DETAIL)]
-    assert gen["tokens_omitted"] == 500
+    assert gen == {"kind": "gen", "text": "".join(f"t{i} " for i in range(n)), "name": "g", "n_tokens": n}
     soup = BeautifulSoup(bundle["text/html"], "html.parser")
-    assert len(soup.select(".lmnb-gen .lmnb-tok")) == MAX_TOKEN_DETAIL
+    toks = soup.select(".lmnb-gen .lmnb-tok")
+    # exp(-0.25) = 0.7788...
+    assert [t["title"] for t in toks] == [f"'t{i} ' · id {i} · logprob -0.2500 (p=0.779)" for i in range(MAX_TOKEN_DETAIL)]
+    assert soup.select_one(".lmnb-gen").get_text() == gen["text"]
     assert soup.select_one(".lmnb-gen")["title"] == (
         f"gen g · ids and logprobs of its first {MAX_TOKEN_DETAIL} of {n} pieces only")
+
+
+def test_the_saved_data_holds_each_gens_text_and_token_count_and_the_html_alone_its_tokens():
+    # a {fork 8} cell of 200 tokens a branch saved ~120 KB of per-token JSON ([text, ids, logprobs]
+    # per token) that no view reads, beside the HTML whose tooltips show the same: each token's
+    # ids and logprobs are saved once, in the tooltips
+    v = RunView(live=False, session=Tally())
+    v.on_text("main", "Q:")
+    v.on_fork("main", ["a", "b"])
+    v.on_delta("a", "It's", token_ids=[5, 6], token_texts=["It", "'s"], logprobs=[-0.5, -1.0], name="x")
+    v.on_delta("b", 'No "x"', token_ids=[7, 8], token_texts=["No", ' "x"'], logprobs=[-2.0, -0.25], name="x")
+    v.on_gen_end("a")
+    v.on_gen_end("b")
+    bundle = v.finish()
+    data = bundle[VIEW_MIME]
+    assert data["version"] == 2
+    assert [[s for s in ln["segments"] if s["kind"] == "gen"] for ln in data["lanes"][1:]] == [
+        [{"kind": "gen", "text": "It's", "name": "x", "n_tokens": 2}],
+        [{"kind": "gen", "text": 'No "x"', "name": "x", "n_tokens": 2}]]
+    html = bundle["text/html"]
+    # a tooltip quotes its text as repr does, within the attribute's double quotes: the single
+    # quotes are written as they are (html.escape's &#x27; was an eighth of the HTML), double ones escaped
+    # (exp(-0.5) = 0.6065..., exp(-1) = 0.3678..., exp(-2) = 0.1353..., exp(-0.25) = 0.7788...)
+    assert ('<span class="lmnb-tok" title="\'It\' · id 5 · logprob -0.5000 (p=0.607)">It</span>'
+            '<span class="lmnb-tok" title="&quot;\'s&quot; · id 6 · logprob -1.0000 (p=0.368)">\'s</span>') in html
+    assert ('<span class="lmnb-tok" title="\' &quot;x&quot;\' · id 8 · logprob -0.2500 (p=0.779)"> &quot;x&quot;</span>'
+            in html)
+    toks = BeautifulSoup(html, "html.parser").select(".lmnb-tok")
+    assert [(t.get_text(), t["title"]) for t in toks] == [
+        ("It", "'It' · id 5 · logprob -0.5000 (p=0.607)"), ("'s", "\"'s\" · id 6 · logprob -1.0000 (p=0.368)"),
+        ("No", "'No' · id 7 · logprob -2.0000 (p=0.135)"), (' "x"', "' \"x\"' · id 8 · logprob -0.2500 (p=0.779)")]
 
 
 def test_delta_without_per_token_text_is_one_piece_with_all_ids():
     v = RunView(live=False, session=Tally())
     v.on_delta("main", "abc", token_ids=[1, 2])
     v.on_delta("main", "de", token_ids=[3])
-    data = v.finish()[VIEW_MIME]
-    gen = [s for s in data["lanes"][0]["segments"] if s["kind"] == "gen"]
-    assert len(gen) == 1 and gen[0]["text"] == "abcde"
-    assert gen[0]["tokens"] == [["abc", [1, 2], []], ["de", [3], []]]
+    bundle = v.finish()
+    gen = [s for s in bundle[VIEW_MIME]["lanes"][0]["segments"] if s["kind"] == "gen"]
+    assert gen == [{"kind": "gen", "text": "abcde", "n_tokens": 3}]
+    toks = BeautifulSoup(bundle["text/html"], "html.parser").select(".lmnb-gen .lmnb-tok")
+    assert [(t.get_text(), t["title"]) for t in toks] == [("abc", "'abc' · id 1, 2"), ("de", "'de' · id 3")]
 
 
 def test_join_closes_lanes_and_is_shown():

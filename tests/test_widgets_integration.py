@@ -91,12 +91,12 @@ def test_token_tooltips_carry_the_engines_token_ids_and_logprobs(ip):
     view, html = final_view(out)
     ref = reference("Hello:", max_new_tokens=6, return_logprob=True)
     [seg] = gen_segments(view)
-    ids = [i for _, tids, _ in seg["tokens"] for i in tids]
-    lps = [lp for _, _, tlps in seg["tokens"] for lp in tlps]
-    assert ids == ref.token_ids
-    assert lps == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
+    assert seg["n_tokens"] == len(ref.token_ids) and seg["text"] == ref.text
+    # one tooltip a token: "'text' · id N · logprob L (p=P)", L to 4 decimals
     titles = [el["title"] for el in BeautifulSoup(html, "html.parser").select(".lmnb-tok")]
-    assert any(f"id {ref.token_ids[0]}" in t and "logprob" in t for t in titles)
+    tips = [re.fullmatch(r".* · id (\d+) · logprob (-?\d+\.\d{4}) \(p=[\d.]+\)", t, re.S) for t in titles]
+    assert [int(m[1]) for m in tips] == ref.token_ids
+    assert [float(m[2]) for m in tips] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
 
 
 def test_unnamed_gen_and_select_requests_count_in_the_cell(ip):
@@ -113,7 +113,8 @@ def test_unnamed_gen_and_select_requests_count_in_the_cell(ip):
     assert meta["tokens"]["cached_tokens"] == after["cached_tokens"] - before["cached_tokens"]
     gen_req, prefill_req, sel_req = view["requests"]
     assert gen_req["name"] is None and gen_req["prompt_tokens"] == ref.meta.prompt_tokens
-    assert [t for _, tids, _ in gen_segments(view)[0]["tokens"] for t in tids] == ref.token_ids
+    [gen] = gen_segments(view)
+    assert (gen["text"], gen["n_tokens"]) == (ref.text, len(ref.token_ids))
     # the select prefills its prompt, then scores each choice over the whole prompt + choice
     text = prompt + ref.text + "\nPick:"
     assert prefill_req["prompt_tokens"] == len(engine().encode(text))

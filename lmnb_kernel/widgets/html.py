@@ -40,8 +40,11 @@ BODY_STYLE = f"white-space:pre-wrap;word-wrap:break-word;{MONO}"
 
 
 def esc(text: object) -> str:
-    """HTML-escape text for element content and attribute values (quotes included)."""
-    return html.escape(str(text), quote=True)
+    """HTML-escape text for element content and for attribute values, which are always written in
+    double quotes here: ``&``, ``<``, ``>`` and ``"``. Not ``'`` (``html.escape`` writes ``&#x27;``):
+    a token's tooltip quotes its text as Python's repr does, ``'…'``, and those two escapes were an
+    eighth of a run view's saved HTML (16 of 125 KB in a {fork 8} of 200 tokens a branch)."""
+    return html.escape(str(text), quote=False).replace('"', "&quot;")
 
 
 def tag(name: str, content: str = "", *, cls: str = "", style: str = "", title: Optional[str] = None,

@@ -29,8 +29,8 @@ SegmentKind = Literal["text", "gen", "select", "media", "fork", "join"]
 CacheClass = Optional[Literal["cached", "computed", "partial", "sent"]]  # "sent": media, cache not reported
 
 
-# Per gen: the pieces whose ids and logprobs the view shows (a tooltip each) and saves in the
-# notebook; later ones are plain text there (10k tokens' ids and logprobs were ~400 KB of JSON).
+# Per gen: the pieces whose ids and logprobs the view shows (a tooltip each, ~65 bytes of saved HTML);
+# later ones are plain text there.
 MAX_TOKEN_DETAIL = 1500
 
 
@@ -216,8 +216,12 @@ class RunModel:
 
     # --- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """JSON-ready data of the vendor mimetype (``kind: "run"``); a gen's tokens as [text, ids,
-        logprobs], the first ``MAX_TOKEN_DETAIL`` of them (``tokens_omitted``: how many more)."""
+        """JSON-ready data of the vendor mimetype (``kind: "run"``, ``version`` 2): lanes and their
+        segments' text, requests, selects, structured checks and cache counts; a gen gives its
+        text and ``n_tokens`` (tokens generated), not its per-token ids and logprobs. Those are in
+        the ``text/html`` of the same bundle, one tooltip per token, which is what shows them: no
+        view reads this data, and the per-token lists (version 1) made it as large as the HTML, a
+        {fork 8} of 200 tokens a branch ~120 KB of a saved notebook."""
 
         def seg(s: Segment) -> dict:
             d = {"kind": s.kind, "text": s.text}
@@ -225,16 +229,14 @@ class RunModel:
                 if getattr(s, key) is not None:
                     d[key] = getattr(s, key)
             if s.kind == "gen":
-                d["tokens"] = [[t.text, t.token_ids, t.logprobs] for t in s.tokens[:MAX_TOKEN_DETAIL]]
-                if len(s.tokens) > MAX_TOKEN_DETAIL:  # (the text is whole in "text")
-                    d["tokens_omitted"] = len(s.tokens) - MAX_TOKEN_DETAIL
+                d["n_tokens"] = sum(t.n_tokens for t in s.tokens)
             if s.lanes:
                 d["lanes"] = list(s.lanes)
             return d
 
         return {
             "kind": "run",
-            "version": 1,
+            "version": 2,
             "title": self.title,
             "status": self.status,
             "error": self.error,
