@@ -448,14 +448,21 @@ class LMMagics(Magics):
                 "or continue in a new --state")
 
     def make_view(self, args, count):
-        """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless)."""
+        """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless).
+        Output that is captured (``%%capture``) gets a static view shown as the run starts and
+        replaced once as it ends: a live widget's comm messages bypass the capture and reached the
+        frontend, which made a widget model that nothing showed, while what was captured was a
+        widget view whose model closed with the cell; and static frames would each be kept."""
+        from IPython.core.displaypub import CapturingDisplayPublisher
+
         from lmnb_kernel.widgets import RunView
 
         mode = os.environ.get(VIEW_ENV, "live")
-        live = not args.static and mode == "live"
+        captured = isinstance(self.shell.display_pub, CapturingDisplayPublisher)
+        live = not args.static and mode == "live" and not captured
         rate = _FRAMES_PER_S["live" if live else mode if mode == "headless" else "static"]
         title = f"cell [{count}]" + (f" · state {args.state}" if args.state else "")
-        return RunView(title, live=live, max_hz=rate,
+        return RunView(title, live=live, updates=not captured, max_hz=rate,
                        prefix_chars=self._prefix_chars() if self.session.started else None)
 
     def _prefix_chars(self):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import json
 import shutil
 import re
 import tempfile
@@ -177,6 +178,35 @@ def test_rerunning_a_cell_with_its_jupyter_cell_id_replaces_its_turn_in_the_stat
     assert text == f"User: what is the color of the sky\nBot:{r1}\nUser: and the grass\nBot:{r2}"
     note, again, _, r2_again = run_cell(follow_up, None)  # a console sends no cell id: the turn is added
     assert note.endswith("· state 'rerun'") and again == f"{text}\nUser: and the grass\nBot:{r2_again}"
+
+
+def test_a_captured_lm_cell_opens_no_widget_and_its_capture_shows_the_final_view(kernel):
+    """Under %%capture a live view's widget still sent its comm_open and comm messages to the
+    frontend (comms bypass IPython's capture), which made a widget model that nothing showed,
+    while the capture held a widget view of a model closed with the cell."""
+    km, kc = kernel
+    reply, messages = execute(kc, "%%capture c\n%%lm --temperature 0\nHi{fork 2}{gen cap_a max_tokens=5}{join}")
+    assert reply["content"]["status"] == "ok"
+    # everything went to c: no comm, and no output, reached the frontend
+    assert [m["msg_type"] for m in messages] == ["status", "execute_input", "status"]
+    _, out = execute(kc, "import json\nprint(json.dumps([[o.update, sorted(o.data), o.metadata] for o in c.outputs]))")
+    captured = json.loads(stdout(out))
+    views = [(update, mimes, meta["lmnb"]["status"]) for update, mimes, meta in captured
+             if meta["lmnb"].get("view") == "run"]
+    # the view as the run started (loading the model, if this is the kernel's first cell), then
+    # replaced in place by the final bundle, with no frame between
+    bundle = ["application/vnd.lmnb.view+json", "text/html", "text/plain"]
+    assert [(update, mimes) for update, mimes, _ in views] == [(False, bundle), (True, bundle)]
+    assert views[0][2] in ("loading", "running") and views[1][2] == "done"
+    assert [meta["lmnb"]["captured"] for _, _, meta in captured if "tokens" in meta["lmnb"]] == [["cap_a"]]
+    # c.show() draws the view and replaces it with the final one, under one display_id
+    _, shown = execute(kc, "c.show()")
+    displays = [m for m in shown if m["msg_type"] in ("display_data", "update_display_data")
+                and m["content"]["metadata"].get("lmnb", {}).get("view") == "run"]
+    assert [m["msg_type"] for m in displays] == ["display_data", "update_display_data"]
+    assert len({m["content"]["transient"]["display_id"] for m in displays}) == 1
+    assert displays[-1]["content"]["metadata"]["lmnb"]["status"] == "done"
+    assert not any(m["msg_type"].startswith("comm_") for m in shown)
 
 
 def test_printed_lone_surrogates_show_as_replacement_characters_not_a_traceback(kernel):

@@ -975,6 +975,25 @@ def test_static_mode_updates_the_display_without_a_widget(comms, shell):
     assert len({o.transient["display_id"] for o in cap.outputs}) == 1
 
 
+def test_a_view_without_updates_shows_once_and_is_replaced_once_by_finish(comms, shell):
+    # for captured output (%%capture), where each static frame would be kept and replayed
+    clock = Clock()
+    v = RunView("t", live=False, updates=False, clock=clock, session=Tally())
+    with capture_output() as cap:
+        v.show()
+        for i in range(5):
+            clock.ms += 1000
+            v.on_text("main", f"t{i} ")
+            v.tick()
+        bundle = v.finish()
+    assert comms == []
+    assert [o.update for o in cap.outputs] == [False, True]
+    assert "t0" not in cap.outputs[0].data["text/plain"] and cap.outputs[1].data == bundle
+    assert spans(bundle["text/html"], "lmnb-text") == ["t0 ", "t1 ", "t2 ", "t3 ", "t4 "]
+    with pytest.raises(ValueError, match=r"updates=False\) needs live=False"):
+        RunView("t", live=True, updates=False)
+
+
 def test_a_live_views_saved_output_says_it_is_unfinished_until_it_finishes(comms, shell):
     """A live view's output had no status in its metadata until finish() replaced it: ``lmnb run``
     under LMNB_VIEW=live saved a view whose last update came too late as if it were final, and

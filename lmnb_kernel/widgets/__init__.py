@@ -14,7 +14,7 @@ When a run finishes its output (same display_id) becomes a static bundle: saniti
 ``text/html`` (inline styles, no scripts), ``text/plain``, and ``application/vnd.lmnb.view+json``
 with the data (lanes' text, requests, selects, structured checks, cache counts; a gen's per-token
 ids and logprobs are in the HTML alone, as its tooltips), so nbconvert HTML, GitHub and a notebook
-reopened without a kernel show the result.
+reopened without a kernel show the result. Output that is captured (``%%capture``) gets no widget.
 
 Why anywidget (not ipywidgets' built-in ``HTML`` widget): a built-in widget resends its whole value
 on every change, so a lane of n tokens costs O(n²) bytes and four fork lanes at 20 frames a second

@@ -128,6 +128,9 @@ class RunView:
         live: True: an anywidget updated over its comm while the run lasts (needs a kernel with
             comms); False: no widget, the display is refreshed with the static bundle through
             ``update_display_data`` (``%%lm --static``, CI, frontends without widgets).
+        updates: False (with ``live=False`` only): ``show()`` displays the view as it is then and
+            only ``finish()`` replaces it, no frames between, for output that is captured
+            (``%%capture``), where every update would be kept and replayed by ``show()``.
         max_hz: upper bound on frames per second (default 20 live, 5 static: a static frame resends
             the whole view).
         snapshot_s: live mode sends the full state at most this often (s) instead of an op frame,
@@ -148,12 +151,15 @@ class RunView:
     out of range) with the field named.
     """
 
-    def __init__(self, title: str = "lm", *, live: bool = True, max_hz: Optional[float] = None,
+    def __init__(self, title: str = "lm", *, live: bool = True, updates: bool = True, max_hz: Optional[float] = None,
                  snapshot_s: float = 1.0, on_stop: Optional[Callable[[], None]] = None,
                  session: Optional[Tally] = None, prefix_chars: Optional[Callable[[str, int], int]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.model = RunModel(title=title)
+        if live and not updates:
+            raise ValueError("RunView(updates=False) needs live=False: a live widget is its updates")
         self.live = live
+        self.updates = updates
         self.max_hz = float(max_hz if max_hz is not None else (20.0 if live else 5.0))
         if not self.max_hz > 0:
             raise ValueError(f"max_hz={max_hz!r} must be > 0")
@@ -526,7 +532,7 @@ class RunView:
                 VIEW_MIME: self.model.to_dict()}
 
     def _flush(self, force: bool) -> None:
-        if self._handle is None or self._bundle is not None:
+        if self._handle is None or self._bundle is not None or not self.updates:
             return
         now = self._clock()
         if self.stop_requested.is_set() and self.model.status == "running":
