@@ -23,11 +23,17 @@ def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> 
     ``kernel_protocol_version`` is the one the kernel's ``kernel_info_reply`` gives, ipykernel's
     (7.4 says 5.3, though its own kernelspec claims 5.5: a frontend reads subshell support from
     ``supported_features``, not from the version); left out where ipykernel cannot be imported
-    (that kernel cannot start, and says why as ``lmnb run`` or Jupyter starts it)."""
+    (that kernel cannot start, and says why as ``lmnb run`` or Jupyter starts it).
+    ``metadata.supported_encryption`` is what ipykernel's own kernelspec declares (``["curve"]`` in
+    7.4, whose kernel takes CurveZMQ keys from its connection file, as ours, its subclass,
+    does): without it a kernel manager asked for ``transport_encryption="auto"`` gave ipykernel's
+    kernel keys and ours none, so ours ran in plain text and logged "Kernel is running over TCP
+    without encryption". (Under jupyter_client's default, "disabled", both log it.)"""
     try:
         from ipykernel._version import kernel_protocol_version
+        from ipykernel.kernelspec import get_kernel_dict
     except ImportError:
-        kernel_protocol_version = None
+        kernel_protocol_version, get_kernel_dict = None, None
 
     spec = {
         "argv": [python or sys.executable, "-m", "lmnb_kernel", "-f", "{connection_file}"],
@@ -39,6 +45,9 @@ def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> 
     }
     if kernel_protocol_version is not None:
         spec["kernel_protocol_version"] = kernel_protocol_version
+    encryption = get_kernel_dict().get("metadata", {}).get("supported_encryption") if get_kernel_dict else None
+    if encryption is not None:
+        spec["metadata"]["supported_encryption"] = encryption
     return spec
 
 

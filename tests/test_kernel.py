@@ -449,6 +449,33 @@ def test_restart_frees_the_engine_and_exits_cleanly():
         km.shutdown_kernel(now=False)
 
 
+def test_a_manager_that_asks_for_encryption_gets_it_as_for_ipykernels_own_kernel(tmp_path):
+    """jupyter_client's transport_encryption="auto" gives CurveZMQ keys to a kernel whose kernelspec
+    declares metadata.supported_encryption, as ipykernel's own does; ours declared nothing, so it
+    ran in plain text and logged "Kernel is running over TCP without encryption" at every start."""
+    from ipykernel.kernelspec import get_kernel_dict
+    from jupyter_client.manager import KernelManager
+
+    from lmnb_kernel.install import kernel_spec
+
+    assert kernel_spec()["metadata"]["supported_encryption"] == get_kernel_dict()["metadata"]["supported_encryption"]
+    with kernel_env():
+        km = KernelManager(kernel_name="lmnb", transport_encryption="auto")
+        with open(tmp_path / "stderr", "w") as err:
+            km.start_kernel(stderr=err)
+    kc = km.client()
+    try:
+        assert km.curve_publickey is not None and km.get_connection_info()["curve_secretkey"]
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        reply, messages = execute(kc, "print(6 * 7)")  # over the encrypted shell and IOPub sockets
+        assert reply["content"]["status"] == "ok" and stdout(messages) == "42\n"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert "without encryption" not in (tmp_path / "stderr").read_text()
+
+
 class LMNBKernelConformance(jupyter_kernel_test.KernelTests):
     """The kernelspec behaves as a Python kernel for frontends (messages checked against the spec)."""
 
