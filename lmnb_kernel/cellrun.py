@@ -152,9 +152,10 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     attached to the exception as ``lmnb_outcome``); the view's Stop button (``view.stop_requested``)
     aborts alike and returns the outcome, ``"interrupted"``, unless its click came once the program
     had ended by itself with nothing left running (``"done"``); a click as the pump takes the end
-    still stops what runs on (fork branches a ``--python`` body left unjoined). Stopped either way,
-    the cell waits at most ``interrupt_wait_s`` seconds for its stopped requests to report
-    (``settle_tree``).
+    still stops what runs on (fork branches a ``--python`` body left unjoined). A program that
+    failed (``"error"``) with such branches, or programs its body started, still running has
+    them aborted as a Stop would. Stopped either way, the cell waits at most ``interrupt_wait_s``
+    seconds for its stopped requests to report (``settle_tree``).
     ``view.tick()`` runs whenever no event arrived for ``poll_s`` seconds, so throttled updates
     are never held back.
     """
@@ -175,6 +176,11 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
             err = state.error()
             if err is not None:
                 failure.append(err)
+            if failure and not stopping.is_set() and not _all_finished(state, listener):
+                # (a failed body does not wait for the fork branches it left unjoined, nor for the
+                # programs it started: they would generate on after the cell, its listener closed)
+                abort_tree(state, listener)
+                settle_tree(state, listener, interrupt_wait_s)
             with verdict:
                 if not stopping.is_set() and _all_finished(state, listener):
                     ended.set()

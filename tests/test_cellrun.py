@@ -382,3 +382,43 @@ def test_a_stop_as_a_python_body_ends_with_its_fork_unjoined_stops_the_branches_
     assert len(set(backend.aborted)) == 2  # both branches' requests, stopped
     # the fork's prefill of "Q:" (a character a token, none cached), then each branch's stopped request
     assert (view.model.cell.prompt_tokens, view.model.cell.cached_tokens) == (2 + 2 * 7, 2 * 5)
+
+
+def test_a_python_body_whose_gen_failed_stops_its_unjoined_fork_branches_and_counts_them():
+    # A --python body forked and ended without joining, its root's gen failed, so the body did not
+    # wait for the branches: the cell ended "error" while they generated on, on the engine, after
+    # the cell, and what they reported came after the cell had stopped listening. A failed cell now
+    # aborts what it started and left running, as a Stop does, and waits for their reports.
+    from lmnb.template import parse_python
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.widgets import RunView
+
+    entered = threading.Semaphore(0)
+
+    class Backend(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):
+            self._record("stream", (prompt, params))
+            if params.max_new_tokens == 3:  # the root's gen: fails once both branches' requests run
+                assert entered.acquire(timeout=20) and entered.acquire(timeout=20)
+                raise RuntimeError("model exploded")
+            counts = {"id": rid, "prompt_tokens": 7, "cached_tokens": 5}
+            entered.release()
+            yield "x", {**counts, "completion_tokens": 1}
+            aborted = self._abort_events.setdefault(rid, threading.Event()).wait(20)
+            reason = {"type": "abort", "message": "aborted"} if aborted else {"type": "length", "length": 1}
+            yield "", {**counts, "completion_tokens": 1, "finish_reason": reason}
+
+    cell = parse_python('s += "Q:"\nforks = s.fork(2)\nfor f in forks:\n    f += lmnb.gen("x", max_tokens=50)\n'
+                        's += lmnb.gen("a", max_tokens=3)', first_line=2)
+    backend = Backend()
+    view = RunView("python", live=False)
+    listener = Listener()
+    state = start_run(cell.program({"lmnb": lmnb}), {}, backend, {}, listener)
+    outcome = run_cell(state, listener, ViewFeeder(view, state.stream_executor.sid), view)
+    assert outcome.status == "error" and "model exploded" in str(outcome.error)  # the body's own failure
+    assert not view.stop_requested.is_set()
+    assert len(set(backend.aborted)) == 2  # both branches' requests, stopped with the cell
+    assert state.stream_executor._finished()  # nothing of the cell runs on after it
+    # the fork's prefill of "Q:" (a character a token, none cached), then each branch's stopped request
+    assert (view.model.cell.prompt_tokens, view.model.cell.cached_tokens) == (2 + 2 * 7, 2 * 5)
+    assert view.model.unfinished_gens == 0
