@@ -6,8 +6,9 @@ cell magic (incomplete until a blank line). Here the names come from where the m
 ``%lm`` subcommands and their options from ``magics.line_parser``, ``%%lm`` options from
 ``magics.cell_parser``, a hole's first word from the cell parser's ``KEYWORDS``, a gen's or
 select's options from ``lmnb.template.options.allowed`` (the options the parser checks against)
-and a video's ``frames=`` (none of them where the line or hole gives it already), an image's or
-video's source from IPython's completion of it alone; whether a cell is finished from the cell
+and a video's ``frames=`` (none of them where the line or hole gives it already); a Python
+expression a construct takes (an image's or video's source, a fork's count or items, an option's
+value) from IPython's completion of that expression alone; whether a cell is finished from the cell
 parser itself (``UnclosedError``).
 """
 
@@ -25,6 +26,8 @@ _HOLE_WORD = re.compile(r"^\s*(/?)([A-Za-z_]\w*)?\Z")  # {gen, {/us: the hole's 
 # {gen x max_to, {video clip fr: an option's key being typed, after the name or source
 _OPTION = re.compile(r"^\s*(gen|select|image|video)\s+\S.*?\s([A-Za-z_]\w*)?\Z", re.DOTALL)
 _MEDIA_SOURCE = re.compile(r"^\s*(image|video)\s+(.*)\Z", re.DOTALL)  # {image ca: the source being typed
+_FORK = re.compile(r"^\s*fork\s+(.*)\Z", re.DOTALL)  # {fork 2, {fork tip in ti: an expression
+_PRIMITIVE = re.compile(r"^\s*(?:gen|select|image|video)\s+(.*)\Z", re.DOTALL)  # its options' values
 _MEDIA_OPTIONS = {"image": (), "video": ("frames",)}  # (as the cell parser's media() takes them)
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 
@@ -33,8 +36,9 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
     """The complete_reply content for ``code`` with the cursor at ``cursor_pos`` (characters) in a
     ``%lm`` line, a ``%%lm`` line or a ``%%lm`` cell's hole; None where this has nothing to add
     (IPython completes as Python). ``python(code, cursor_pos)`` is IPython's reply for other code,
-    which a hole's first word gets too (a kernel variable, ``{pe`` → ``person``), and an image's or
-    video's source alone (``{image ca`` → ``cat``: IPython reads the whole line as no expression)."""
+    which a hole's first word gets too (a kernel variable, ``{pe`` → ``person``), and a Python
+    expression in a construct alone (``{image ca`` → ``cat``, ``{fork tip in ti`` → ``tips``,
+    ``{gen x max_tokens=n`` → ``n_max``: IPython reads the whole line as no expression)."""
     from lmnb.export.cells import lm_cell_parts
 
     before = code[:cursor_pos]
@@ -148,10 +152,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         return _reply(ours + theirs, cursor_pos, cursor_pos - len(word))
     media = _MEDIA_SOURCE.match(hole)
     if media and not any(c.isspace() for _, c in top_level(media.group(2))):  # {image ca: the source
-        source = media.group(2)
-        reply = python(source, len(source))
-        matches = [m for m in reply["matches"] if not m.startswith("%")]
-        return _reply(matches, cursor_pos, cursor_pos - len(source) + reply.get("cursor_start", len(source)))
+        return _python_alone(media.group(2), cursor_pos, python)
     option = _OPTION.match(hole)
     space = len(hole) - len(option.group(2) or "") - 1 if option else -1
     if option and (space, hole[space]) in top_level(hole):  # (not in a string: stop="a b)
@@ -160,7 +161,37 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         given = {key for at, key, _ in _option_starts(_whole_hole(hole, code[cursor_pos:])) if at != space + 1}
         return _reply([k + "=" for k in keys if k.startswith(word) and k not in given], cursor_pos,
                       cursor_pos - len(word))
-    return None  # a Python expression or an option's value: IPython's
+    expression = _expression(hole)
+    if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone
+        return _python_alone(expression, cursor_pos, python)
+    return None  # a hole that is a Python expression: IPython's
+
+
+def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> dict:
+    """IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
+    alone: IPython reading the hole's whole line as Python found no expression there (``{fork tips``
+    and ``{image ca`` got nothing; ``{fork tip in `` and ``{image `` its magic names, ``%%latex``,
+    which no hole can hold, and those are left out here too)."""
+    reply = python(source, len(source))
+    matches = [m for m in reply["matches"] if not m.startswith("%")]
+    return _reply(matches, cursor_pos, cursor_pos - len(source) + reply.get("cursor_start", len(source)))
+
+
+def _expression(hole: str) -> Optional[str]:
+    """The Python expression the open ``hole`` (its text up to the cursor) ends in, where the cell
+    parser reads one there: a fork's count or, after its top-level ``in``, its items; the value of a
+    gen's, select's or video's last option (``max_tokens=n``). None elsewhere."""
+    from lmnb.template.parser import _is_in_keyword, _option_starts
+    from lmnb.template.scanner import top_level
+
+    fork = _FORK.match(hole)
+    if fork:
+        rest = fork.group(1)
+        split = next((i for i, _ in top_level(rest) if _is_in_keyword(rest, i)), None)
+        return (rest if split is None else rest[split + 2 :]).lstrip()
+    primitive = _PRIMITIVE.match(hole)
+    starts = _option_starts(primitive.group(1)) if primitive else []
+    return primitive.group(1)[starts[-1][2] + 1 :].lstrip() if starts else None
 
 
 def _whole_hole(hole: str, rest: str) -> str:

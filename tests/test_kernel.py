@@ -366,6 +366,14 @@ def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipy
     assert (image["matches"], image["cursor_start"], image["cursor_end"]) == (["person_s35"], 12, 19)
     empty = _reply(kc, "complete", code="%%lm\nhi {video ", cursor_pos=15)
     assert "person_s35" in empty["matches"] and "and" not in empty["matches"] and empty["cursor_start"] == 15
+    # a fork's count or items, an option's value: IPython gave nothing for "{fork person_s" (read as
+    # no expression) and its magic names after "in " or "max_tokens="
+    count = _reply(kc, "complete", code="%%lm\n{fork person_s", cursor_pos=18)
+    assert (count["matches"], count["cursor_start"], count["cursor_end"]) == (["person_s35"], 11, 18)
+    for code in ("%%lm\n{fork f in ", "%%lm\nQ:{gen x max_tokens="):
+        empty = _reply(kc, "complete", code=code, cursor_pos=len(code))
+        assert "person_s35" in empty["matches"] and empty["cursor_start"] == len(code)
+        assert not [m for m in empty["matches"] if m.startswith("%")]
     body = _reply(kc, "complete", code="%%lm --python\ns += person_s", cursor_pos=27)  # Python: IPython's
     assert (body["matches"], body["cursor_start"]) == (["person_s35"], 19)
     python = _reply(kc, "complete", code="person_s", cursor_pos=8)
@@ -384,6 +392,37 @@ def test_completion_leaves_out_the_options_given_after_the_cursor(code, cursor, 
 
     reply = lm_completions(code, cursor, lambda c, p: {"matches": [], "cursor_start": p})
     assert (reply["matches"], reply["cursor_end"]) == (matches, cursor)
+
+
+@pytest.mark.parametrize("code, source", [
+    ("%%lm\n{fork tip in ti", "ti"),
+    ("%%lm\n{fork i, tip in enumerate(ti", "enumerate(ti"),
+    ("%%lm\n{fork tip in ", ""),
+    ("%%lm\n{fork tip in xs if x in ys", "xs if x in ys"),  # (the items: after the first top-level in)
+    ("%%lm\nhi {fork n_b", "n_b"),  # the branch count
+    ("%%lm\n{fork f in [\"a in b\", c", "[\"a in b\", c"),  # (an in inside a string splits nothing)
+    ("%%lm\n{gen x max_tokens=n_m", "n_m"),
+    ("%%lm\n{gen x max_tokens=4 stop=", ""),
+    ("%%lm\n{gen x stop=\"a b\" max_tokens=len(it", "len(it"),
+    ("%%lm\n{select pick choices=[a, ch", "[a, ch"),
+    ("%%lm\n{video clip frames=n_f", "n_f"),
+    ("%%lm\n{gen x\n  max_tokens=n_m", "n_m"),  # (a hole over two lines)
+])
+def test_completion_of_a_fork_expression_or_an_option_value_is_of_that_expression_alone(code, source):
+    """IPython read the hole's whole line as Python: "{fork tips_s" got nothing, "{fork tip in "
+    and "{gen x max_tokens=" its magic names (%%latex), which no hole can hold."""
+    from lmnb_kernel.complete import lm_completions
+
+    asked = []
+
+    def python(c, p):
+        asked.append((c, p))
+        return {"matches": ["%%latex", source + "_s35"], "cursor_start": 0}
+
+    reply = lm_completions(code, len(code), python)
+    assert asked == [(source, len(source))]
+    assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == ([source + "_s35"],
+                                                                          len(code) - len(source), len(code))
 
 
 def test_an_option_that_may_repeat_is_offered_again_and_one_taken_once_is_not():
