@@ -5777,7 +5777,7 @@ def test_a_list_tuple_dict_or_set_holding_an_lmnb_primitive_in_a_hole_is_refused
     every row, generating nothing: the export refuses it as the notebook's cell does."""
     with pytest.raises(ExportError) as e:
         export_notebook(notebook(setup, f"%%lm\nQ: {{q}}\nA: {{ {hole} }}"))
-    shown = f"{{{hole}}}"
+    shown = f"{{ {hole} }}" if hole.startswith("{") else f"{{{hole}}}"  # (as written where a brace begins it, not "{{")
     assert str(e.value) == (f"cell 2 (%%lm): line 3, col 4: {shown} holds {called}, an lmnb primitive, {where}, not "
                             f"text: a hole's value becomes prompt text, a {container}'s text is its items' repr, and "
                             "the primitive would not run\n"

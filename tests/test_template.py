@@ -1725,6 +1725,34 @@ def test_a_program_its_state_or_a_forks_branches_in_a_hole_are_refused_and_other
     assert one == two == [((), "add", ("text", "None [1, 'a'] b'x'"))]
 
 
+def test_a_hole_that_begins_or_ends_with_a_brace_is_quoted_with_the_space_it_is_written_with():
+    """{ {"k": x} } was quoted "{{"k": x}}", which reads as the escaped braces of the prompt's text."""
+    from helpers_lang import ScriptedBackend
+
+    class Bad:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    state = lmnb.function(lambda s: None).run(backend=ScriptedBackend(lambda p, params: "y"))
+    # (the column: the hole's "{", or for a failed expression where it begins)
+    for cell, value, message, col, hint in [
+            ('{ {"k": v} }', lmnb.gen("a"),
+             '{ {"k": v} } holds an lmnb primitive, Gen(\'a\'), at [\'k\'], not text: ' + _LIST_HOLDS_GEN.format("dict"),
+             4, None),
+            ('{ {"k": v}["z"] }', 1, '{ {"k": v}["z"] } failed: KeyError: \'z\'', 6, None),
+            ('{ {"k": v}["k"] }', Bad(), 'cannot format { {"k": v}["k"] }: RuntimeError: no str', 4, None),
+            ('{ {"k": v}["k"] }', state, '{ {"k": v}["k"] } is an lmnb ProgramState (a program\'s state), not text', 4,
+             'write { {"k": v}["k"].text() } for its text, or { {"k": v}["k"][\'NAME\'] } for a variable it captured'),
+            ("{ {1}.pop() and v}", state, "{ {1}.pop() and v } is an lmnb ProgramState (a program's state), not text", 4,
+             None),
+            ("{v.get({1}) }", {}, "{v.get({1})} failed: TypeError: unhashable type: 'set'", 5, None),  # (no brace at an end)
+    ]:
+        with pytest.raises(TemplateRuntimeError) as e:
+            record(parse("Q: " + cell).program().func, v=value)
+        assert (e.value.message, e.value.col) == (message, col)
+        assert hint is None or e.value.hint == hint
+
+
 @pytest.mark.parametrize("cell, kwargs, where", [
     # the hole reads the same source in every branch: which branch failed, for which item, was not said
     ("{fork v in items}\nQ {v}:{1/(v-1) if isinstance(v, int) else 0}\n{join}", {"items": [1, "<i>2</i>"]},
@@ -1792,9 +1820,9 @@ def test_a_primitive_held_in_a_list_tuple_dict_or_set_in_a_hole_is_refused(cell,
     with pytest.raises(TemplateRuntimeError) as e:
         t.program().func(Rec(log), **t.bind({"x": x, "pair": pair, "frozenset": frozenset}))
     assert log == [((), "add", ("text", "Q: "))]  # (the text before it only: nothing of the hole)
-    source = cell[1:cell.index("!")] if "!" in cell else cell[1:-1].strip()
+    shown = cell[:cell.index("!")] + "}" if "!" in cell else cell  # (the hole as written: "{ {x} }", not "{{x}}")
     assert (e.value.message, e.value.col) == (
-        f"{{{source}}} holds an lmnb primitive, Gen('a'), {where}, not text: " + _LIST_HOLDS_GEN.format(container), 4)
+        f"{shown} holds an lmnb primitive, Gen('a'), {where}, not text: " + _LIST_HOLDS_GEN.format(container), 4)
     assert e.value.hint == ("write the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...) in "
                             "place of the hole, or add the primitive in a %%lm --python cell: s += lmnb.gen(...)")
 

@@ -15,7 +15,7 @@ import itertools
 import reprlib
 from typing import Any, Iterable, Optional
 
-from lmnb.template.nodes import Expr
+from lmnb.template.nodes import Expr, written_hole
 
 # lmnb's functions that return a primitive (an lmnb.ir.Expr), which a hole cannot hold
 PRIMITIVE_FUNCTIONS = frozenset({
@@ -47,7 +47,7 @@ def primitive_refusal(expr: Expr, what: str, word: Optional[str] = None) -> tupl
     ``word``: as ``construct_of_hole`` takes it."""
     construct = construct_of_hole(expr, word)
     meant = f"; did you mean {construct}?" if construct else ""
-    problem = (f"{{{expr.source}}} is {what}, not text: a hole's value becomes prompt text (its repr), and the "
+    problem = (f"{written_hole(expr.source)} is {what}, not text: a hole's value becomes prompt text (its repr), and the "
                f"primitive would not run{meant}")
     fix = f"write {construct or 'the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...)'}"
     return problem, f"{fix} in place of the hole, or add it in a %%lm --python cell: s += {expr.source.strip()}"
@@ -60,7 +60,7 @@ def held_refusal(expr: Expr, what: str, where: str, container: str, primitive: b
     ``primitive``: ``what`` is a primitive (not a state, a fork's branches or a program)."""
     why = (f"a {container}'s text is its items' repr, and the primitive would not run" if primitive
            else f"and a {container}'s text is its items' repr")
-    problem = f"{{{expr.source}}} holds {what}, {where}, not text: a hole's value becomes prompt text, {why}"
+    problem = f"{written_hole(expr.source)} holds {what}, {where}, not text: a hole's value becomes prompt text, {why}"
     if primitive:
         return problem, ("write the construct ({gen NAME ...}, {select NAME choices=[...]}, {image SRC}, ...) in "
                          "place of the hole, or add the primitive in a %%lm --python cell: s += lmnb.gen(...)")
@@ -79,7 +79,7 @@ def refused_value(value: Any, expr: Expr) -> Optional[tuple[str, str]]:
     if _is_own(value):
         if isinstance(value, Primitive):
             return primitive_refusal(expr, _what(value))
-        return _own_refusal(value, "{" + expr.source + "}", expr.source.strip())
+        return _own_refusal(value, written_hole(expr.source), expr.source.strip())
     held = held_object(value)
     if held is None:
         return None
@@ -128,12 +128,13 @@ def _own_refusal(value: Any, hole: str, source: str) -> tuple[str, str]:
     from lmnb.interpreter import ProgramState, ProgramStateGroup
 
     if isinstance(value, ProgramState):
+        captured = written_hole(source + "['NAME']")
         return (f"{hole} is {_what(value)}, not text",
-                f"write {{{source}.text()}} for its text, or {{{source}['NAME']}} for a variable it captured")
+                f"write {written_hole(source + '.text()')} for its text, or {captured} for a variable it captured")
     if isinstance(value, ProgramStateGroup):
-        return (f"{hole} is {_what(value)}, not text", f"write {{{source}[0].text()}} for a branch's text")
+        return (f"{hole} is {_what(value)}, not text", f"write {written_hole(source + '[0].text()')} for a branch's text")
     return (f"{hole} is {_what(value)} itself, not text",
-            f"write {{{source}(...).text()}} for the text of a run of it, or call its body on this state "
+            f"write {written_hole(source + '(...).text()')} for the text of a run of it, or call its body on this state "
             f"in a %%lm --python cell: {source}.func(s, ...)")
 
 

@@ -15,7 +15,7 @@ from lmnb.choices import choice_list
 from lmnb.ir import CHECKED_ALONE, check_text, param_problem
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.hole_values import refused_value
-from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names
+from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names, written_hole
 from lmnb.template.options import (
     SAMPLING_FIELDS, braces_hint, branch_choices, check_literal, first_refused, fork_count, fork_items,
     shared_by_branches)
@@ -185,9 +185,9 @@ class _Run:
             text = node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
             detail = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
-            raise self.error(f"cannot format {{{node.expr.source}}}: {detail}", node.offset) from e
+            raise self.error(f"cannot format {written_hole(node.expr.source)}: {detail}", node.offset) from e
         try:  # (else refused once joined with the text around it, as the program's body failing, at no hole)
-            check_text(text, f"the text of {{{node.expr.source}}}:")
+            check_text(text, f"the text of {written_hole(node.expr.source)}:")
         except ValueError as e:
             raise self.error(str(e), node.offset) from None
         return text
@@ -202,7 +202,7 @@ class _Run:
         except Exception as e:
             # ({fork x in {items}}: the braces made a set of a list, where a hole in a hole was meant)
             hint = braces_hint(expr.source, e)
-            raise self.error(f"{what or '{' + expr.source + '}'} failed: {type(e).__name__}: {e}{hint}",
+            raise self.error(f"{what or written_hole(expr.source)} failed: {type(e).__name__}: {e}{hint}",
                              expr.offset) from e
 
 

@@ -35,6 +35,13 @@ class Expr:
     code: CodeType = field(compare=False, repr=False)
 
 
+def written_hole(source: str) -> str:
+    """The hole of the Python expression ``source`` as a cell writes it, for messages: ``{x}``, but
+    ``{ {"k": x} }`` for one that begins with ``{`` or ends with ``}``, where ``{{`` and ``}}`` would
+    read as the escaped braces of the prompt's text (an f-string asks the same space)."""
+    return "{ " + source + " }" if source.startswith("{") or source.endswith("}") else "{" + source + "}"
+
+
 @dataclass(frozen=True)
 class Text:
     """Literal prompt text (escapes already decoded)."""
