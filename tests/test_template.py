@@ -1720,6 +1720,18 @@ def test_a_program_its_state_or_a_forks_branches_in_a_hole_are_refused_and_other
         with pytest.raises(TemplateRuntimeError) as e:
             record(parse("Q: {v}").program().func, v=value)
         assert (e.value.message, e.value.hint, e.value.col) == (message, hint, 4)
+    # an expression the fix's .text() would bind into is parenthesised ("{c or v.text()}" called it on v alone)
+    for hole, hint in [("{c or v}", "write {(c or v).text()} for its text, or {(c or v)['NAME']} for a variable it "
+                                    "captured"),
+                       ("{v if c else v}", "write {(v if c else v)[0].text()} for a branch's text"),
+                       ("{c or v}", "write {(c or v)(...).text()} for the text of a run of it, or call its body on "
+                                    "this state in a %%lm --python cell: (c or v).func(s, ...)"),
+                       ("{d['k']}", "write {d['k'].text()} for its text, or {d['k']['NAME']} for a variable it captured")]:
+        value = state if "captured" in hint else group if "branch" in hint else other
+        names = {"v": value, "c": "", "d": {"k": value}}
+        with pytest.raises(TemplateRuntimeError) as e:
+            record(parse("Q: " + hole).program().func, **{n: x for n, x in names.items() if n in hole})
+        assert e.value.hint == hint
     # None, a list, bytes: their str, as an f-string makes it (docs/CELL_LANGUAGE.md, Holes), in both faces
     one, two = faces("{n} {xs} {b}", n=None, xs=[1, "a"], b=b"x")
     assert one == two == [((), "add", ("text", "None [1, 'a'] b'x'"))]
@@ -1744,7 +1756,7 @@ def test_a_hole_that_begins_or_ends_with_a_brace_is_quoted_with_the_space_it_is_
             ('{ {"k": v}["k"] }', state, '{ {"k": v}["k"] } is an lmnb ProgramState (a program\'s state), not text', 4,
              'write { {"k": v}["k"].text() } for its text, or { {"k": v}["k"][\'NAME\'] } for a variable it captured'),
             ("{ {1}.pop() and v}", state, "{ {1}.pop() and v } is an lmnb ProgramState (a program's state), not text", 4,
-             None),
+             "write {({1}.pop() and v).text()} for its text, or {({1}.pop() and v)['NAME']} for a variable it captured"),
             ("{v.get({1}) }", {}, "{v.get({1})} failed: TypeError: unhashable type: 'set'", 5, None),  # (no brace at an end)
     ]:
         with pytest.raises(TemplateRuntimeError) as e:

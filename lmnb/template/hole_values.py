@@ -79,7 +79,10 @@ def refused_value(value: Any, expr: Expr) -> Optional[tuple[str, str]]:
     if _is_own(value):
         if isinstance(value, Primitive):
             return primitive_refusal(expr, _what(value))
-        return _own_refusal(value, written_hole(expr.source), expr.source.strip())
+        source = expr.source.strip()
+        if not isinstance(expr.tree.body, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
+            source = f"({source})"  # (the fix adds .text(): "{c or v.text()}" would call it on v alone)
+        return _own_refusal(value, written_hole(expr.source), source)
     held = held_object(value)
     if held is None:
         return None
