@@ -10,6 +10,7 @@ import os
 import random
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -1850,6 +1851,13 @@ def test_the_code_fingerprint_ignores_comments_layout_and_docstrings_but_not_cod
     other = code_fingerprint(load("c", '"""A job."""\ndef run_row(q):\n    return q + "?"\n'))
     assert base == same and base != other and len(base) == 16
     assert code_fingerprint(eval("lambda: 0")) is None  # no file to read
+    # the script is read and closed: it was left open for the garbage collector, a ResourceWarning
+    # (the ones of this file only: another test's object may be collected meanwhile)
+    run_row_a = load("a", '"""A job."""\ndef run_row(q):\n    return q + "!"\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        assert code_fingerprint(run_row_a) == base
+    assert [str(w.message) for w in caught if str(tmp_path / "a.py") in str(w.message)] == []
 
 
 def test_rows_run_by_an_edited_script_are_kept_and_counted(tmp_path, capsys):

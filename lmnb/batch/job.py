@@ -40,7 +40,8 @@ def code_fingerprint(func: Callable) -> Optional[str]:
     any other change of the code does: an edited cell gives another value.
     """
     try:
-        tree = ast.parse(open(inspect.getsourcefile(func), encoding="utf-8").read())
+        with open(inspect.getsourcefile(func), encoding="utf-8") as f:  # (closed: not left to the collector)
+            tree = ast.parse(f.read())
     except (TypeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
     for node in ast.walk(tree):
