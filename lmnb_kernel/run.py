@@ -348,6 +348,8 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
                         run_sync(client.read_last_output)()
                     saved = save(nb, out if saved is None else saved)  # (again where the first save went)
                 finally:
+                    if client.kc is not None:  # (nbclient stops its channels only for a manager it owns)
+                        client.kc.stop_channels()
                     km.cleanup_connection_dir()
                     # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
                     # exit, it failed on an assertion and printed "Exception ignored in atexit callback"

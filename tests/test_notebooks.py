@@ -2005,6 +2005,25 @@ def test_lmnb_run_keeps_no_widget_state_of_an_earlier_session_when_every_widget_
         assert "widgets" not in nbformat.read(tmp_path / "out.ipynb", as_version=4).metadata
 
 
+def test_lmnb_run_closes_its_kernel_clients_sockets(tmp_path, capsys):
+    """lmnb run (with its own kernel manager, not one nbclient owns) left the kernel client's
+    channels open, as nbclient stops them only for a manager it owns: their ZeroMQ sockets were
+    left to the garbage collector, a ResourceWarning "Unclosed socket" in whichever later test of
+    the suite recorded the warnings."""
+    import gc
+    import warnings
+
+    from lmnb_kernel.cli import main
+
+    src = _notebook(tmp_path / "nb.ipynb", "1 + 1")
+    gc.collect()  # (the earlier tests' garbage, collected before the warnings are recorded)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        assert main(["run", str(src), "-o", str(tmp_path / "out.ipynb")]) == 0
+        gc.collect()
+    assert [str(w.message) for w in caught if "zmq" in str(w.message)] == []
+
+
 def test_ipykernels_shutdown_log_is_taken_out_of_the_last_cells_output():
     """ipykernel 7's shutdown leaves its control dispatch task pending, and asyncio's log of it
     ("Task was destroyed but it is pending!", two lines) reached stderr while the run read the
