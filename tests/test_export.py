@@ -2678,7 +2678,9 @@ def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
 
 def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
     """`jupyter nbconvert --to lmnb nb.ipynb` wrote nb.py over a jupytext pairing's script (lmnb
-    export refused); it now fails as for a notebook it cannot export. An earlier export is replaced."""
+    export refused); it now fails as for a notebook it cannot export. An earlier export, by either
+    tool, is replaced; the refusal names both (it said "not written by lmnb export" alone, where
+    nbconvert was the tool run)."""
     nb_path = tmp_path / "qa.ipynb"
     nbformat.write(QA, nb_path)
     mine = "# jupytext pairing\nprint('my code')\n"
@@ -2690,8 +2692,8 @@ def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 1 and out.read_text() == mine
         assert run.stderr.rstrip().endswith(
-            f"Error while converting '{nb_path}': {out} exists and was not written by lmnb export (a script of yours, or a jupytext "
-            "pairing?), so it is left as it is; give another name with --output, e.g. --output qa_job, or run lmnb "
+            f"Error while converting '{nb_path}': {out} exists and was not written by jupyter nbconvert --to lmnb or lmnb "
+            "export (a script of yours, or a jupytext pairing?), so it is left as it is; give another name with --output, e.g. --output qa_job, or run lmnb "
             "export with -o, or move the file away first")
     (tmp_path / "qa.py").write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0] + "# an earlier export\n")
     run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(nb_path)],

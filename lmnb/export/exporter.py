@@ -22,8 +22,8 @@ from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import (NBCONVERT, ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text,
-                         reexport_command, reexport_output)
+from lmnb.export import (LMNB_EXPORT, NBCONVERT, ExportError, export_notebook, not_an_export, not_utf8,
+                         notebook_from_text, reexport_command, reexport_output)
 from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
 from lmnb.output_paths import make_folders, why_unwritable
 
@@ -125,9 +125,9 @@ class LMScriptExporter(Exporter):
         source, plan, script, out = self._export(nb_copy, resources)
         if out is not None and not_an_export(out):  # (lmnb export refuses it too)
             raise NotebookExportError(
-                f"{out} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), so it "
-                f"is left as it is; give another name with --output, e.g. --output {script}_job, or run lmnb export "
-                "with -o, or move the file away first")
+                f"{out} exists and was not written by {NBCONVERT} or {LMNB_EXPORT} (a script of yours, or a jupytext "
+                f"pairing?), so it is left as it is; give another name with --output, e.g. --output {script}_job, or "
+                "run lmnb export with -o, or move the file away first")
         if out is not None:
             self._ready_to_write(out, script)
         # (the copy's unknown cells are raw cells, which the export leaves out without a note)
