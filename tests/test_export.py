@@ -21,19 +21,23 @@ import nbformat
 import pytest
 
 from helpers_export import CHAT, QA, notebook
-from lmnb.export import ExportError, export_notebook, plan_notebook
+from lmnb.export import SAVE_OVER_JOB, ExportError, export_notebook, plan_notebook
 from lmnb.export.cells import Backend
 from lmnb.template import parse
 from lmnb.template.cell_options import CellLineError, option_parser, parse_cell_line
 
 
-def nbconvert_script(nb, notebook_name: str, script_name: str, inputs=None, output: str = "") -> str:
+def nbconvert_script(nb, notebook_name: str, script_name: str, inputs=None, output: str = "",
+                     to_stdout: bool = False) -> str:
     """The script `jupyter nbconvert --to lmnb` writes: lmnb export's, but for the command the job's
     messages give to export the notebook again, spelt for nbconvert (``output``: its --output option
-    and a space, where the script is not the notebook's default)."""
+    and a space, where the script is not the notebook's default; ``to_stdout``: written with
+    --stdout, which that command gives too, and says to save over the job)."""
     import shlex
 
-    reexport = f"jupyter nbconvert --to lmnb {shlex.quote(notebook_name)} {output}--LMScriptExporter.inputs=NAMES"
+    output = "--stdout " if to_stdout else output
+    reexport = (f"jupyter nbconvert --to lmnb {shlex.quote(notebook_name)} {output}--LMScriptExporter.inputs=NAMES"
+                + (SAVE_OVER_JOB if to_stdout else ""))
     return export_notebook(nb, notebook_name, script_name, inputs, reexport=reexport,
                            exported_by="jupyter nbconvert --to lmnb")[0]
 
@@ -2191,9 +2195,10 @@ def test_nbconvert_reads_a_notebook_with_a_byte_order_mark_and_names_one_not_in_
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(bom)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == nbconvert_script(QA, "bom.ipynb", "bom.py")
-    with open(bom, "rb") as f:  # a binary stream, as a caller of the exporter may pass
-        assert LMScriptExporter().from_file(f, {"metadata": {"name": "bom"}, "unique_key": "bom"})[0] == out.stdout
+    assert out.stdout == nbconvert_script(QA, "bom.ipynb", "bom.py", to_stdout=True)
+    with open(bom, "rb") as f:  # a binary stream, as a caller of the exporter may pass (which writes it: not stdout)
+        assert LMScriptExporter().from_file(f, {"metadata": {"name": "bom"}, "unique_key": "bom"})[0] == nbconvert_script(
+            QA, "bom.ipynb", "bom.py")
     latin = tmp_path / "latin.ipynb"
     latin.write_bytes(plain.read_bytes().replace(b"Q: ", "Q\u00e9: ".encode("latin-1"), 1))
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(latin)],
@@ -2377,7 +2382,7 @@ def test_a_cell_of_an_unknown_type_is_left_out_by_nbconvert_as_by_lmnb_export_an
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == nbconvert_script(QA, "qa.ipynb", "qa.py")
+    assert out.stdout == nbconvert_script(QA, "qa.ipynb", "qa.py", to_stdout=True)
     assert "Traceback" not in out.stderr and "invalid" not in out.stderr.lower()
 
     small = json.loads(nbformat.writes(notebook("print(6 * 7)")))
@@ -2448,7 +2453,7 @@ def test_nbconvert_exports_notebooks_that_fail_nbformats_schema_as_lmnb_export_d
     notebook's without the defect. One nbconvert run converts them all (--stdout: the scripts one
     after another, in the order given), where a run each took 6 s of its 7."""
     paths = [_with_defect(tmp_path / str(i) / "qa.ipynb", defect) for i, (defect, _) in enumerate(SCHEMA_DEFECTS)]
-    expected = [nbconvert_script(same_as, "qa.ipynb", "qa.py") for _, same_as in SCHEMA_DEFECTS]
+    expected = [nbconvert_script(same_as, "qa.ipynb", "qa.py", to_stdout=True) for _, same_as in SCHEMA_DEFECTS]
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", *map(str, paths)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -2774,7 +2779,7 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == nbconvert_script(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py")
+    assert out.stdout == nbconvert_script(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py", to_stdout=True)
     # --output names the script, so its usage lines say the name it was written under
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--output", "jobs/renamed", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
@@ -2817,7 +2822,7 @@ def test_nbconvert_takes_the_row_fields_as_its_command_line_spells_them_and_name
                               capture_output=True, text=True, timeout=120)
 
     def script(inputs):
-        return nbconvert_script(CHAT, "chat.ipynb", "chat.py", inputs)
+        return nbconvert_script(CHAT, "chat.ipynb", "chat.py", inputs, to_stdout=True)
 
     assert script(["person"]) != script(None)  # (the default fields are topic and person)
     for args, fields in [(["--LMScriptExporter.inputs=person"], ["person"]),
@@ -2859,26 +2864,26 @@ def test_a_job_says_to_export_again_with_the_command_of_the_tool_that_exported_i
     nbconvert = [sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout"]
     out = subprocess.run([*nbconvert, "my chat.ipynb"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    exports = [(out.stdout, "jupyter nbconvert --to lmnb 'my chat.ipynb' --LMScriptExporter.inputs="),
-               (export_notebook(nb, "my chat.ipynb", "my chat.py")[0], "lmnb export 'my chat.ipynb' --inputs ")]
-    for source, command in exports:
+    exports = [(out.stdout, "jupyter nbconvert --to lmnb 'my chat.ipynb' --stdout --LMScriptExporter.inputs=", SAVE_OVER_JOB),
+               (export_notebook(nb, "my chat.ipynb", "my chat.py")[0], "lmnb export 'my chat.ipynb' --inputs ", "")]
+    for source, command, tail in exports:
         _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"x": 1}]), 0)
         assert capsys.readouterr().err.startswith(
             "lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read none), so "
             "every row runs the same programs and the field 'x' is not used; to read them, export the notebook again "
-            f"with {command}NAMES\n")
+            f"with {command}NAMES{tail}\n")
         rows = write_rows(tmp_path / "rows.jsonl", [{"person": "Corin"}])
         ns = _load_job(source, monkeypatch, rows, tmp_path / "out.jsonl")
         assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 2
         assert capsys.readouterr().err == (
             "lmnb batch: the input rows have the field 'person' (--person 'Arvel'), but it is the notebook's "
             "parameter, set once for the whole job by its option, not read from each row; to read it from the rows, "
-            f"export again with {command}person; to use the option, leave the field out of the input\n")
+            f"export again with {command}person{tail}; to use the option, leave the field out of the input\n")
     # the commands said export the notebook with person a row field
-    out = subprocess.run([*nbconvert, *shlex.split(exports[0][1] + "person")[4:]], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([*nbconvert[:-1], *shlex.split(exports[0][1] + "person")[4:]], capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == nbconvert_script(nb, "my chat.ipynb", "my chat.py", ["person"])
+    assert out.stdout == nbconvert_script(nb, "my chat.ipynb", "my chat.py", ["person"], to_stdout=True)
     assert main(["export", *shlex.split(exports[1][1] + "person")[2:]]) == 0
     assert (tmp_path / "my chat.py").read_text() == export_notebook(nb, "my chat.ipynb", "my chat.py", ["person"])[0]
     assert "inputs=['person']" in out.stdout
@@ -2931,6 +2936,56 @@ def test_the_export_command_a_job_gives_rewrites_that_job_where_it_was_written(t
     # the notebook's own default (nb.py beside it), however -o spells it, is left out, as before
     assert main(["export", "nbs/my chat.ipynb", "-o", "nbs/../nbs/my chat.py"]) == 0
     assert "reexport=\"lmnb export 'my chat.ipynb' --inputs NAMES\")" in (tmp_path / "nbs" / "my chat.py").read_text()
+
+
+def test_a_job_exported_to_stdout_says_to_export_it_to_stdout_again_and_save_that_over_it(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A job exported to stdout (`lmnb export nb.ipynb -o -`, `jupyter nbconvert --to lmnb --stdout`)
+    told its user to export again with the command that writes the notebook's default, nb.py beside
+    it: the job, saved under a name the export never knew, stayed as it was. The command now sends
+    the job to stdout again, as it was exported, and says to save that over the job's file; done so
+    in the notebook's folder, it rewrites the job with the field, and writes no nb.py."""
+    import re
+    import shlex
+
+    from helpers_export import write_rows
+    from helpers_lang import ScriptedBackend
+    from lmnb_kernel.cli import main
+
+    nb = notebook(("parameters", 'person = "Arvel"'), "%%lm --temperature 0\nHi {person}{gen a max_tokens=1}")
+    (tmp_path / "nbs").mkdir()
+    (tmp_path / "jobs").mkdir()
+    nbformat.write(nb, tmp_path / "nbs" / "my chat.ipynb")
+    monkeypatch.chdir(tmp_path / "nbs")
+    assert main(["export", "my chat.ipynb", "-o", "-"]) == 0
+    (tmp_path / "jobs" / "a.py").write_text(capsys.readouterr().out)
+    run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", "my chat.ipynb"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "jobs" / "b.py").write_text(run.stdout)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"person": "Corin"}])
+    commands = {"a.py": "lmnb export 'my chat.ipynb' -o - --inputs person",
+                "b.py": "jupyter nbconvert --to lmnb 'my chat.ipynb' --stdout --LMScriptExporter.inputs=person"}
+    for name, command in commands.items():
+        job = tmp_path / "jobs" / name
+        monkeypatch.chdir(tmp_path)
+        ns = _load_job(job.read_text(), monkeypatch, rows, tmp_path / "out.jsonl")
+        capsys.readouterr()
+        assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 2
+        said = re.search("export again with (.*); to use the option", capsys.readouterr().err)
+        assert said and said[1] == f"{command} and save its output over this job's file"
+        monkeypatch.chdir(tmp_path / "nbs")  # (the notebook's folder, where the command runs)
+        words = shlex.split(command)
+        if words[0] == "lmnb":
+            assert main(words[1:]) == 0
+            job.write_text(capsys.readouterr().out)
+        else:
+            run = subprocess.run([sys.executable, "-m", "nbconvert", *words[2:]], capture_output=True, text=True,
+                                 timeout=120)
+            assert run.returncode == 0, run.stderr
+            job.write_text(run.stdout)
+        assert "inputs=['person']" in job.read_text()  # this job, rewritten with the field
+    assert sorted(p.name for p in (tmp_path / "nbs").iterdir()) == ["my chat.ipynb"]  # and no nb.py
 
 
 def test_nbconvert_reports_a_notebook_it_cannot_export_as_its_own_conversion_error(tmp_path):
@@ -3236,7 +3291,8 @@ def test_export_output_dot_slash_dash_is_a_file_named_dash(tmp_path, capsys, mon
         QA, "qa.ipynb", "-", reexport="lmnb export qa.ipynb -o ./- --inputs NAMES")[0]
     assert shlex.split(err.splitlines()[-1]) == ["python", "./-", "--input", "rows.jsonl", "--output", "results.jsonl"]
     assert main(["export", "qa.ipynb", "-o", "-"]) == 0
-    assert capsys.readouterr().out == export_notebook(QA, "qa.ipynb", "job.py")[0]
+    assert capsys.readouterr().out == export_notebook(
+        QA, "qa.ipynb", "job.py", reexport="lmnb export qa.ipynb -o - --inputs NAMES" + SAVE_OVER_JOB)[0]
 
 
 def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):

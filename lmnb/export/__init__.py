@@ -27,6 +27,9 @@ from lmnb_engine.cli_options import Once
 # the commands of the tools that export a notebook, which a script's docstring names (older scripts: lmnb export's)
 LMNB_EXPORT, NBCONVERT = "lmnb export", "jupyter nbconvert --to lmnb"
 EXPORTERS = (LMNB_EXPORT, NBCONVERT)
+# The end of the re-export command of a job exported to stdout (``reexport_command``), which its tool
+# writes to stdout again: the file the user saved the job in is not known to the export.
+SAVE_OVER_JOB = " and save its output over this job's file"
 
 __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
            "read_notebook"]
@@ -325,7 +328,8 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
     return source, p
 
 
-def reexport_command(export: str, notebook_name: str, inputs_option: str, output: str = "") -> str:
+def reexport_command(export: str, notebook_name: str, inputs_option: str, output: str = "",
+                     to_stdout: bool = False) -> str:
     """The command that exports the notebook ``notebook_name`` again with the row fields NAMES
     (``Job(reexport=...)``, whose messages give it with the fields they mean), run in the notebook's
     folder: ``export``, the tool's command (``lmnb export``, ``jupyter nbconvert --to lmnb``), the
@@ -333,9 +337,13 @@ def reexport_command(export: str, notebook_name: str, inputs_option: str, output
     jobs/x.py``; "" for the notebook's default, ``nb.py`` beside it, or a file not known), then
     ``inputs_option``, the tool's spelling of ``--inputs`` up to the names (``"--inputs "``,
     ``"--LMScriptExporter.inputs="``). The name is quoted for a shell, and one that begins with "-"
-    is written ``./-nb.ipynb``, which no tool takes for an option."""
+    is written ``./-nb.ipynb``, which no tool takes for an option. ``to_stdout``: the job was
+    exported to stdout (``output`` is the tool's option for it, ``-o -``, ``--stdout``), so the
+    command says to save its output over the job's file (``SAVE_OVER_JOB``): the notebook's
+    default, which the command without it writes, is another file, and the job stayed as it was."""
     name = f"./{notebook_name}" if notebook_name.startswith("-") else notebook_name
-    return " ".join(part for part in (export, shlex.quote(name), output, f"{inputs_option}NAMES") if part)
+    command = " ".join(part for part in (export, shlex.quote(name), output, f"{inputs_option}NAMES") if part)
+    return command + (SAVE_OVER_JOB if to_stdout else "")
 
 
 def reexport_output(notebook: Path, out: Path) -> Optional[str]:
@@ -436,8 +444,9 @@ def export(args: argparse.Namespace) -> int:
         print(f"lmnb export: {folder}", file=sys.stderr)
         return 2
     script_name = "job.py" if to_stdout else out.name
-    written = None if to_stdout else reexport_output(path, out)  # (stdout: the file is not known)
-    reexport = reexport_command(LMNB_EXPORT, path.name, "--inputs ", f"-o {shlex.quote(written)}" if written else "")
+    written = "-" if to_stdout else reexport_output(path, out)  # (stdout: again, as the job's file is not known)
+    reexport = reexport_command(LMNB_EXPORT, path.name, "--inputs ", f"-o {shlex.quote(written)}" if written else "",
+                                to_stdout)
     try:
         source, p = export_notebook(nb, path.name, script_name, inputs, path.parent, reexport)
     except ExportError as e:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
+from nbconvert.writers import FilesWriter, StdoutWriter
 from traitlets import List, Unicode
 
 from lmnb.export import (LMNB_EXPORT, NBCONVERT, ExportError, export_notebook, not_an_export, not_utf8,
@@ -62,14 +63,16 @@ _INPUTS_OPTION = re.compile(r"(?<![\w.-])--inputs\b")
 _INPUTS_SPELLING = "--LMScriptExporter.inputs"
 
 
-def nbconvert_reexport(notebook_name: str, output: Optional[str] = None) -> str:
+def nbconvert_reexport(notebook_name: str, output: Optional[str] = None, to_stdout: bool = False) -> str:
     """The command that exports ``notebook_name`` again with the row fields NAMES, spelt for
     nbconvert: the job's messages give it (lmnb export's ``--inputs`` named nbconvert's users an
     option it does not take). ``output``: the job's file as ``reexport_output`` names it (None: the
     default, or not known), given as ``--output``, which nbconvert reads relative to the notebook's
-    folder (its ``.py`` is dropped, and its braces read as a pattern's: doubled)."""
+    folder (its ``.py`` is dropped, and its braces read as a pattern's: doubled). ``to_stdout``: the
+    job went to stdout (``--stdout``), as the command sends it again (``reexport_command``)."""
     option = "" if output is None else "--output=" + shlex.quote(output.replace("{", "{{").replace("}", "}}"))
-    return reexport_command(NBCONVERT, notebook_name, f"{_INPUTS_SPELLING}=", option)
+    return reexport_command(NBCONVERT, notebook_name, f"{_INPUTS_SPELLING}=", "--stdout" if to_stdout else option,
+                            to_stdout)
 
 
 def _nbconvert_words(text: str) -> str:
@@ -174,10 +177,10 @@ class LMScriptExporter(Exporter):
         folder = (resources.get("metadata") or {}).get("path")  # (from a file: its folder, "" for the current one)
         out = app_output_path(resources, script)
         written = None if out is None else reexport_output(Path(folder or "") / f"{name}.ipynb", out)
+        reexport = nbconvert_reexport(f"{name}.ipynb", written, isinstance(_app_writer(), StdoutWriter))
         try:
             source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs,
-                                           None if folder is None else Path(folder),
-                                           nbconvert_reexport(f"{name}.ipynb", written), NBCONVERT)
+                                           None if folder is None else Path(folder), reexport, NBCONVERT)
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(_nbconvert_words(str(e))) from None
         return source, plan, script, out
@@ -317,6 +320,14 @@ def _schema_problem(path: list, message: str) -> str:
             "schema); fix it in the file's JSON, or open the notebook in Jupyter and save it again")
 
 
+def _app_writer():
+    """The writer of the running ``jupyter nbconvert`` (a ``FilesWriter``; ``StdoutWriter`` for
+    ``--stdout``), or None where no app runs (the exporter called from Python)."""
+    from nbconvert.nbconvertapp import NbConvertApp
+
+    return getattr(NbConvertApp.instance(), "writer", None) if NbConvertApp.initialized() else None
+
+
 def app_output_path(resources: dict, script: str) -> Optional[Path]:
     """The file ``jupyter nbconvert --to lmnb`` will write the script to (``script``: its name without
     .py), or None when no nbconvert app writes files: the exporter called from Python (the caller
@@ -324,10 +335,7 @@ def app_output_path(resources: dict, script: str) -> Optional[Path]:
     (``--output-dir``), else to the notebook's folder, the file named as ``unique_key`` says (a
     relative ``--output`` such as ``jobs/renamed`` keeps its folder). A writer of another class
     (``--writer``) is not known, so its output is not checked."""
-    from nbconvert.nbconvertapp import NbConvertApp
-    from nbconvert.writers import FilesWriter
-
-    writer = getattr(NbConvertApp.instance(), "writer", None) if NbConvertApp.initialized() else None
+    writer = _app_writer()
     if not isinstance(writer, FilesWriter):
         return None
     folder = writer.build_directory or (resources.get("metadata") or {}).get("path") or ""
