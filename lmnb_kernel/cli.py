@@ -8,11 +8,10 @@ Lives in ``lmnb_kernel`` because it sits at the top of the import chain
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 import threading
-
-from lmnb_engine.cli_options import SuggestingParser  # (no torch: the engine package alone, as lmnb imports it)
 
 # subcommand -> (module, function, one-line help). Each module exposes
 # ``<function>_arguments(parser)`` and ``<function>(args) -> int``. Help texts are written as
@@ -52,13 +51,38 @@ def _stopped(signum, frame) -> None:
     raise stop
 
 
+def _stopped_at_once(signum, frame) -> None:
+    """``lmnb serve``'s SIGTERM and SIGINT handler in its own process (``main`` with no ``argv``):
+    a stop before it serves (its imports, its model's load: phase "loading") says its line and ends
+    the process at once, with 128 + the signal's number. Raised as an exception (``_stopped``), it
+    waited for the imports or the load to finish where a library caught it (transformers' lazy
+    imports turn it into another error, and the load goes on), and then for the interpreter's exit
+    after torch: Ctrl-C a second after launch took seconds to end it. Nothing of the start-up needs
+    undoing: the process's end frees the engine's memory and closes the bound socket. Later phases
+    raise, as ``_stopped`` does: the engine, once serving, is shut down."""
+    if _serve_phase() != "loading":
+        _stopped(signum, frame)
+    for stream in (sys.stdout, sys.stderr):  # (what was said before, then the line, unbuffered)
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):  # (closed, a closed pipe, a write this handler cut short)
+            pass
+    line = f"lmnb serve: stopped ({signal.Signals(signum).name}){SERVE_PHASE_WORDS['loading']}\n"
+    try:
+        os.write(2, line.encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status; 130
     (the shell's code for SIGINT) when Ctrl-C comes before the subcommand takes it over, e.g.
     while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too. SIGTERM
     or Ctrl-C to ``lmnb serve`` outside its server's own handlers (its model loading, its engine
     shutting down after the server stopped): a line that says which (``SERVE_PHASE_WORDS``), and
-    143 or 130 (the status of a process the signal ended, as while it serves).
+    143 or 130 (the status of a process the signal ended, as while it serves); in ``lmnb serve``'s
+    own process, one before it serves ends it at once (``_stopped_at_once``).
 
     Called with no ``argv``, as the ``lmnb`` command is (its console script, ``python -m
     lmnb_kernel.cli``), ``lmnb serve`` and ``lmnb run`` (``SIGTERM_AS_CTRL_C``) ignore SIGTERM
@@ -98,12 +122,13 @@ def _main(argv: list[str] | None) -> int:
     chosen = argv_command(argv)
     if chosen not in SIGTERM_AS_CTRL_C or threading.current_thread() is not threading.main_thread():
         return _run(chosen, argv)
-    previous = signal.signal(signal.SIGTERM, _stopped)  # (before the subcommand's imports, the slow part)
+    handler = _stopped_at_once if exiting and chosen == "serve" else _stopped
+    previous = signal.signal(signal.SIGTERM, handler)  # (before the subcommand's imports, the slow part)
     # Ctrl-C too for `lmnb serve`, where it would be Python's own KeyboardInterrupt (not where
     # SIGINT is ignored, as in a background job, nor a caller's own handler)
     previous_int = signal.getsignal(signal.SIGINT)
     if chosen == "serve" and previous_int is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _stopped)
+        signal.signal(signal.SIGINT, handler)
     try:
         return _run(chosen, argv)
     finally:  # (a caller's own handler back, as in the tests; the subcommand's are gone by now)
@@ -127,6 +152,11 @@ def _version() -> str:
 
 
 def _run(chosen: str | None, argv: list[str]) -> int:
+    # (imported here, not with this module: a Ctrl-C while the lmnb command imports this module
+    # comes before main's handlers, and ended in a KeyboardInterrupt traceback; the engine package
+    # alone, no torch)
+    from lmnb_engine.cli_options import SuggestingParser
+
     # (a misspelt option is offered its closest, in each subcommand: add_parser makes parser_class's)
     parser = SuggestingParser(prog="lmnb", description="lmnb: LM programs in notebooks")
     parser.add_argument("--version", action="version", version=f"lmnb {_version()}")  # (for a bug report)

@@ -106,6 +106,55 @@ def test_lmnb_serve_stopped_by_sigterm_while_the_model_loads_says_so(tiny_llama)
     assert (proc.returncode, proc.stderr) == (143, "lmnb serve: stopped (SIGTERM) before it started serving\n")
 
 
+# A hold of the start of `lmnb serve`, run as its own process is (``cli.main()``): the import of the
+# module named by argv[1] prints "holding" and waits for a line on stdin, catching a Ctrl-C or a
+# SIGTERM meanwhile as a library's import may (transformers' lazy imports turn it into another error
+# and go on), as a long import (torch's) holds the command where no Python code runs.
+_HELD_START = ("import sys\n"
+               "held = sys.argv[1]\n"
+               "class Hold:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name == held:\n"
+               "            shown = False\n"
+               "            while True:\n"
+               "                try:  # (the line too: the signal, sent once it is read, is caught right after it)\n"
+               "                    if not shown:\n"
+               "                        shown = True\n"
+               "                        print('holding', flush=True)\n"
+               "                    sys.stdin.readline()\n"
+               "                    break\n"
+               "                except KeyboardInterrupt:\n"
+               "                    pass\n"
+               "            print('released', flush=True)\n"
+               "        return None\n"
+               "sys.meta_path.insert(0, Hold())\n"
+               "sys.argv = ['lmnb', 'serve', '--model', 'm', '--port', '0']\n"
+               "from lmnb_kernel.cli import main\n"
+               "sys.exit(main())\n")
+
+
+@pytest.mark.parametrize("held", ["lmnb_engine.cli_options", "lmnb_engine.engine"])
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_lmnb_serve_stopped_as_it_starts_exits_at_once_with_its_line(held, sig, status):
+    """Ctrl-C a second after `lmnb serve` started took 8.5 s to end it: the KeyboardInterrupt waited
+    for the imports (or the load) to finish where a library caught it, then for the interpreter's
+    exit after torch; and one during the import of the command's own module, before its handlers,
+    ended in a KeyboardInterrupt traceback. Now the process ends at once, with the stop's line and
+    status, before the held import is let go (a line on stdin), which the process never sees. Held:
+    the command's first import of the engine package, and the engine's (torch's) in serve."""
+    proc = subprocess.Popen([sys.executable, "-c", _HELD_START, held], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "holding\n"
+        proc.send_signal(sig)
+        proc.wait(timeout=60)  # (a guard: a process still held fails here, and is let go below)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate("\n", timeout=60)
+    assert (proc.returncode, out, err) == (status, "", f"lmnb serve: stopped ({sig.name}) before it started serving\n")
+
+
 @pytest.mark.parametrize("phase", ["loading", "serving", "shutting down"])
 @pytest.mark.parametrize("name, other, code", [("SIGTERM", "SIGINT", 143), ("SIGINT", "SIGTERM", 130)])
 def test_lmnb_serve_stopped_outside_its_server_says_what_it_was_doing(monkeypatch, capsys, phase, name, other, code):
