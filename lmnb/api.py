@@ -265,7 +265,9 @@ class SglFunction:
             raise TypeError(f"@function {func.__name__!r} is {kind}; a program body is a plain def with no await or "
                             "yield (the interpreter runs it on a thread; its gens run concurrently already)")
         if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
-            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}")
+            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {shown_number(num_api_spec_tokens)}")
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
@@ -484,7 +486,10 @@ class SglFunction:
                     raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {positional}{extra}")
                 item = dict(zip(positional, item))
             if not isinstance(item, dict):
-                raise TypeError(f"run_batch item {i} is {type(item).__name__} {item!r:.40}, not a dict or tuple")
+                from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+                raise TypeError(f"run_batch item {i} is {type(item).__name__} {shown_number(item):.40}, not a dict "
+                                "or tuple")
             try:
                 self._check_args((), item)
             except TypeError as e:
@@ -695,8 +700,10 @@ def _check_name(primitive: str, name: Any) -> None:
     program means (an f-string or a variable that came out blank), and a ``%%lm`` cell cannot name
     it (nor put it among the kernel's variables). Other strings are taken, as SGLang takes them."""
     if name is not None and not isinstance(name, str):
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
         raise TypeError(f"{primitive}() name must be a string (the variable to store the result in) or None, "
-                        f"got {name!r}; the first positional argument is the name")
+                        f"got {shown_number(name)}; the first positional argument is the name")
     if name is not None and not name.strip():
         raise ValueError(f"{primitive}() name is {blank_name(name, 'result')}; give the variable a name, e.g. "
                          f'{primitive}("answer", ...), or leave the name out ({primitive}(...) or name=None) to store '
@@ -878,7 +885,9 @@ def video(source: Any, num_frames: int) -> Video:
     except TypeError:
         count = None
     if count is None or count < 1:
-        raise ValueError(f"video() num_frames must be a positive integer, got {num_frames!r}")
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+        raise ValueError(f"video() num_frames must be a positive integer, got {shown_number(num_frames)}")
     return Video(source, count)
 
 

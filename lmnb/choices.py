@@ -81,7 +81,9 @@ def choices_problem(choices: Any) -> Optional[str]:
         return "choices must be a non-empty list of strings"
     bad = next(((i, c) for i, c in enumerate(choices, start=1) if not isinstance(c, str) or not c), None)
     if bad is not None:
-        return f"choices must be non-empty strings: choice {bad[0]} of {len(choices)} is {bad[1]!r}"
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+        return f"choices must be non-empty strings: choice {bad[0]} of {len(choices)} is {shown_number(bad[1])}"
     return repeated_choices_problem(choices)
 
 
@@ -222,7 +224,9 @@ class ChoicesSamplingMethod:
                         unconditional_token_logprobs=meta.get("unconditional_token_logprobs"))
         picked = getattr(decision, "decision", None)
         if picked not in choices:
-            raise ValueError(f"choices_method {name} returned {decision!r}, not a ChoicesDecision whose decision is "
+            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+            raise ValueError(f"choices_method {name} returned {shown_number(decision)}, not a ChoicesDecision whose decision is "
                              f"one of the choices {list(choices)!r}")
         meta.update(decision.meta_info or {})
         return ChoicesDecision(decision=picked, meta_info=meta)
@@ -325,6 +329,8 @@ def choices_method_problem(method: Any) -> Optional[str]:
     ``gen(choices=...)`` and a ``%%lm`` cell's parser (of a literal: ``choices_method="x"``) ask it."""
     if isinstance(method, ChoicesSamplingMethod):
         return None
+    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
     return ("choices_method must be one of lmnb.token_length_normalized, lmnb.greedy_token_selection, "
             "lmnb.unconditional_likelihood_normalized, or an instance of a lmnb.choices.ChoicesSamplingMethod "
-            f"subclass; got {method!r}")
+            f"subclass; got {shown_number(method)}")

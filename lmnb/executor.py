@@ -312,7 +312,9 @@ def _fork_size(size: Any) -> int:
     except TypeError:
         n = None
     if n is None or isinstance(size, bool) or n < 1:
-        raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+        raise ValueError(f"fork size must be an integer >= 1, got {shown_number(size)}")
     return n
 
 
@@ -756,7 +758,9 @@ class StreamExecutor:
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise _fresh(self.read_error())
             if name not in self.variables:
-                raise KeyError(f"no variable {name!r} in this program state; it has {sorted(self.variables)}")
+                from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+                raise KeyError(f"no variable {shown_number(name)} in this program state; it has {sorted(self.variables)}")
             return self.variables[name]
 
     def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True,
@@ -1123,13 +1127,15 @@ class StreamExecutor:
         try:
             return parse(text)
         except (ValueError, KeyError):
+            from lmnb_engine.params import digits_over_limit  # torch-free
+
             digits = text.strip().lstrip("+-")
-            limit = sys.get_int_max_str_digits()
-            if shown == "int" and digits.isdigit() and 0 < limit < len(digits):  # the model did write an int
+            if shown == "int" and digits.isdigit() and digits_over_limit(len(digits)):  # the model did write an int
                 raise ValueError(
-                    f"gen {expr.name!r} with dtype=int wrote a {len(digits)}-digit number, more than the {limit} "
-                    f"digits Python's int() reads; raise that limit with sys.set_int_max_str_digits({len(digits)}) "
-                    "(0 lifts it), or keep the text with gen(regex=r'[-+]?[0-9]+')"
+                    f"gen {expr.name!r} with dtype=int wrote a {len(digits)}-digit number, more than the "
+                    f"{sys.get_int_max_str_digits()} digits Python's int() reads; raise that limit with "
+                    f"sys.set_int_max_str_digits({len(digits)}) (0 lifts it), or keep the text with "
+                    "gen(regex=r'[-+]?[0-9]+')"
                 ) from None
             if finish.get("type") == "length":
                 raise ValueError(

@@ -96,7 +96,10 @@ class ProgramState:
                 the name is empty or only whitespace ("", " ": gen's rule, ``lmnb.api._check_name``).
         """
         if not isinstance(name, str):
-            raise TypeError(f"var_scope name must be a string (the variable to capture the text into), got {name!r}")
+            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+            raise TypeError(f"var_scope name must be a string (the variable to capture the text into), got "
+                            f"{shown_number(name)}")
         if not name.strip():
             raise ValueError(f'var_scope name is {blank_name(name, "text")}; give the variable a name, e.g. '
                              's.var_scope("answer")')
@@ -320,7 +323,9 @@ class ProgramStateGroup:
             ForkError: a branch failed; nothing is merged and every branch stays readable.
         """
         if mode not in ("gather_variable", "concate_and_append"):
-            raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
+            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+            raise ValueError(f"unknown join mode {shown_number(mode)}; use 'gather_variable' or 'concate_and_append'")
         # a second thread joining this group meanwhile waits, then is refused; but not a body running
         # on a branch (or a thread it waits for): the join holding the lock waits for that body to
         # return, so both would hang; it is refused as join_ready refuses it
@@ -546,7 +551,9 @@ def run_program_batch(
     if num_threads == "auto":
         num_threads = max(96, multiprocessing.cpu_count() * 16)
     if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:  # (True is an int)
-        raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+        raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {shown_number(num_threads)}")
     if len(batch_kwargs) > 1:  # (after the checks: a refused batch runs nothing, not even its trace)
         prefix = extract_prefix(program, backend.get_chat_template())
         if prefix:

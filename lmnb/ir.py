@@ -66,7 +66,7 @@ def check_flag(name: str, value: Any) -> Optional[bool]:
     value = _python_value(value)
     if value is None or isinstance(value, bool):
         return value
-    raise TypeError(f"{name}={value!r} is invalid: must be True or False")
+    raise TypeError(f"{name}={_shown(value)} is invalid: must be True or False")
 
 
 _PARAM_FIELDS = (
@@ -237,7 +237,7 @@ class GenParams:
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):
-            raise TypeError(f"stop={self.stop!r} is invalid: give a string or a list of strings")
+            raise TypeError(f"stop={_shown(self.stop)} is invalid: give a string or a list of strings")
         if self.stop is not None:  # (a plain gen() loads nothing of the engine)
             from lmnb_engine.params import stop_problem  # torch-free: the engine's own rule
 
@@ -247,7 +247,7 @@ class GenParams:
         ids = self.stop_token_ids
         if ids is not None and not (isinstance(ids, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-            raise TypeError(f"stop_token_ids={ids!r} is invalid: give a list of non-negative token ids")
+            raise TypeError(f"stop_token_ids={_shown(ids)} is invalid: give a list of non-negative token ids")
         # Only what every backend refuses: the upper bound is the backend's own (the engine and
         # lmnb serve take 20, OpenAI's chat API 20 and its completions API 5, an SGLang server
         # sets none), so it is left to the backend, which names it.
@@ -402,7 +402,7 @@ def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
     Raises:
         ValueError: another dtype.
     """
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", repr(dtype))
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None)
     table: dict[str, tuple[str, Callable[[str], Any]]] = {
         "int": (REGEX_INT, lambda t: int(t.strip())),
         "float": (REGEX_FLOAT, lambda t: float(t.strip())),
@@ -411,7 +411,7 @@ def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
         "string": (REGEX_STR, lambda t: t),
     }
     if name not in table:
-        raise ValueError(f"gen(dtype={dtype!r}) is not supported; use int, float, bool or str")
+        raise ValueError(f"gen(dtype={_shown(dtype)}) is not supported; use int, float, bool or str")
     return table[name]
 
 
@@ -598,7 +598,7 @@ class Image(Expr):
         self.source = source
 
     def __repr__(self) -> str:
-        return f"Image({self.source!r:.60})"
+        return f"Image({_shown(self.source):.60})"  # (a failed image's name: an int of 5000 digits has no repr)
 
 
 class Video(Expr):
@@ -609,7 +609,7 @@ class Video(Expr):
         self.num_frames = num_frames
 
     def __repr__(self) -> str:
-        return f"Video({self.source!r:.60}, {self.num_frames})"
+        return f"Video({_shown(self.source):.60}, {_shown(self.num_frames)})"
 
 
 class VarScopeBegin(Expr):

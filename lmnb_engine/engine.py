@@ -721,8 +721,8 @@ class Engine:
         """Raises ``ValueError`` naming the ids of ``ids`` outside ``[0, vocab_size)``."""
         vocab = self.loaded.config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"{what} {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if bad:  # (an id of 5000 digits as shown_number shows it: Python writes no such int)
+            raise ValueError(f"{what} [{', '.join(map(shown_number, bad[:5]))}] are outside the vocabulary [0, {vocab})")
 
     @property
     def multimodal(self) -> Any:
@@ -831,7 +831,8 @@ class Engine:
                 error.field = "max_new_tokens"  # (lowering it is the request's one fix, as for the context)
             raise error
         if params.logprob_start_len > n:
-            raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
+            raise ValueError(f"logprob_start_len={shown_number(params.logprob_start_len)} is past the prompt's {n} "
+                             "tokens")
 
     def _check_grammar(self, params: SamplingParams, abandoned: Optional[Future] = None) -> Any:
         """Compile (waiting) ``params``' grammar, if any, and refuse it as ``_grammar`` does, or if
@@ -1068,7 +1069,7 @@ class Engine:
         complete, a compile over its limits) ends it with an abort naming it instead of raising.
         The constraint's own checks (an unsupported feature) still raise here."""
         if rid is not None and not isinstance(rid, str):
-            raise TypeError(f"rid={rid!r} must be a string (or None for a random one)")
+            raise TypeError(f"rid={shown_number(rid)} must be a string (or None for a random one)")
         if rid is not None and not rid.strip():  # (an empty one was replaced by a random id abort() could not name)
             raise ValueError(f"rid={rid!r} must hold a character other than whitespace (or be None for a random one)")
         if params is None:  # (not `params or ...`: an empty dict passed for the defaults, a fuller one was refused)

@@ -74,6 +74,13 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     except (TypeError, ValueError) as e:
+        long_int = _long_integer(schema)
+        if long_int is not None:  # (json's words: "Exceeds the limit (4300 digits) for integer string conversion")
+            from lmnb_engine.params import past_digit_limit, shown_number  # (it imports this module)
+
+            where, value = long_int
+            raise ValueError(f"JSON schema at {where} holds {shown_number(value)}, "
+                             f"{past_digit_limit(verb='writes')}; give a smaller number") from None
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
         raise ValueError("JSON schema at #/$schema must be a string (a draft's URI), not "
@@ -99,6 +106,27 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
     if problem:
         raise ValueError(problem)
     return schema
+
+
+def _long_integer(schema: Any) -> Optional[tuple[str, int]]:
+    """The place (``#/maximum``) and value of the first int in ``schema`` (dicts, lists and tuples
+    as built in Python) of more digits than Python writes (``params.digits_over_limit``), which
+    ``json.dumps`` refuses, or None. Each container is looked in once: one that holds itself
+    (which ``json.dumps`` refuses too) is no endless walk."""
+    from lmnb_engine.params import decimal_digits, digits_over_limit  # (it imports this module)
+
+    todo: list[tuple[str, Any]] = [("#", schema)]
+    seen: set[int] = set()
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and digits_over_limit(decimal_digits(value)):
+            return where, value
+        if not isinstance(value, (dict, list, tuple)) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        todo += reversed([(f"{where}/{key}", item) for key, item in items])  # (popped in the order they stand)
+    return None
 
 
 def _key_left_to_keyword(error: Any) -> bool:
@@ -1074,8 +1102,8 @@ def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool
 
     Raises:
         ValueError: a string that is not JSON, or whose JSON is neither an object nor a boolean
-            (an array, a number: no schema), or nests too deeply to read (``TOO_DEEP``), or
-            ``checked_schema``'s refusals.
+            (an array, a number: no schema), or nests too deeply to read (``TOO_DEEP``), or holds
+            an integer of more digits than Python reads, or ``checked_schema``'s refusals.
     """
     if isinstance(schema, str):
         try:
@@ -1084,6 +1112,15 @@ def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool
             raise ValueError(TOO_DEEP) from None
         except json.JSONDecodeError as e:
             raise ValueError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
+        except ValueError:  # (json's words: "Exceeds the limit (4300 digits) for integer string conversion")
+            from lmnb_engine.params import long_integer_in_json, past_digit_limit, shown_integer_text  # (it imports this)
+
+            found = long_integer_in_json(schema)
+            if found is None:
+                raise
+            where = "/".join(["#", *map(str, found[0])])
+            raise ValueError(f"JSON schema at {where} holds {shown_integer_text(found[1])}, {past_digit_limit()}; "
+                             "write a smaller number") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"json_schema must be a JSON object or a boolean, got {json_value(schema, SHOWN_CHARS)}")
     return checked_schema(schema, engine)
@@ -1092,8 +1129,15 @@ def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool
 def json_value(value: Any, limit: Optional[int] = None) -> str:
     """``value`` as a JSON client writes it (``true``, ``null``, ``"a"``), cut after ``limit``
     characters, with "…", when given. A lone surrogate (no character: it cannot be printed or
-    encoded) is written as its escape, ``"\\ud800"``."""
-    text = re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
+    encoded) is written as its escape, ``"\\ud800"``; an int of more digits than Python writes as
+    ``params.shown_number`` shows it (``1.000e+5000 (an integer of 5001 digits)``)."""
+    try:
+        written = json.dumps(value, ensure_ascii=False)
+    except ValueError:  # (an int of more digits than Python writes, which JSON writes alike: as Python's messages show it)
+        from lmnb_engine.params import shown_number  # (it imports this module)
+
+        written = shown_number(value)
+    text = re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", written)
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 

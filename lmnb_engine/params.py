@@ -67,18 +67,39 @@ def finite_number(v: Any) -> bool:
         return False
 
 
+def decimal_digits(value: int) -> int:
+    """How many decimal digits ``abs(value)`` has (0 has one), worked out without writing it:
+    ``str()`` refuses an int of more digits than ``sys.get_int_max_str_digits()``."""
+    size = abs(value)
+    if size < 10:
+        return 1
+    exponent = math.floor(math.log10(size))  # (log10 reads an int of any size, but may round across a power of 10)
+    return exponent + 1 + (size >= 10 ** (exponent + 1)) - (size < 10**exponent)
+
+
+def digits_over_limit(digits: int) -> bool:
+    """Whether Python refuses to write or read an integer of ``digits`` decimal digits (its
+    ``int_max_str_digits``, ``sys.get_int_max_str_digits()``, 4300 by default; 0 is no limit):
+    ``str()``, ``repr()``, f-strings, ``json.dumps`` of a larger int and ``int()``, ``json.loads``
+    of a longer literal raise ``ValueError: Exceeds the limit (4300 digits) for integer string
+    conversion``. The one rule of every check of an integer's length (of an int: ``decimal_digits``;
+    of a text: its digit characters, leading zeros too, as ``int()`` counts them)."""
+    limit = sys.get_int_max_str_digits()
+    return 0 < limit < digits
+
+
 def shown_number(value: Any) -> str:
-    """``value`` as a number option's message shows it: its ``repr``, except an int of more than
-    ``SHOWN_CHARS`` digits, in scientific form with its digit count (``1.000e+5000 (an integer
-    of 5001 digits)``): Python refuses to write an int of over 4300 digits (``int_max_str_digits``),
-    so the message itself failed with a ValueError naming that limit. A value whose ``repr`` fails
-    so (a list holding such an int) is named by its type. Shared by ``validate``, ``gen()`` and a
-    ``%%lm`` cell (``lmnb.ir.option_problem``), and ``select()`` (``select_temperature_problem``)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**SHOWN_CHARS:
-        size = abs(value)
-        exponent = math.floor(math.log10(size))  # (log10 reads an int of any size, but may round across a power of 10)
-        exponent += (size >= 10 ** (exponent + 1)) - (size < 10**exponent)
-        return _scientific(value < 0, size // 10 ** (exponent - 16), exponent)
+    """``value`` as a message shows it: its ``repr``, except an int of more than ``SHOWN_CHARS``
+    digits, in scientific form with its digit count (``1.000e+5000 (an integer of 5001 digits)``):
+    Python refuses to write an int of over 4300 digits (``digits_over_limit``), so a message that
+    wrote one failed itself with a ValueError naming that limit. A value whose ``repr`` fails so (a
+    list holding such an int) is named by its type. Every message that may show a caller's value
+    of any type uses it (``validate``, ``gen()``'s and a ``%%lm`` cell's checks through
+    ``lmnb.ir.option_problem``, ``select()``, the backends' constructors)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        digits = decimal_digits(value)
+        if digits > SHOWN_CHARS:
+            return _scientific(value < 0, abs(value) // 10 ** (digits - 5), digits)
     try:
         return repr(value)
     except ValueError:  # (int_max_str_digits: an int too long inside a container)
@@ -89,20 +110,24 @@ def shown_integer_text(text: str) -> str:
     """The decimal integer written ``text`` (a sign, digits, ``_`` between them: a JSON, Python
     or command-line literal) as ``shown_number`` shows its value, worked out from the text alone:
     Python refuses to read one of over 4300 digits (``int()``, ``json.loads``, a literal in code:
-    ``int_max_str_digits``), and such a literal is what this names (``1.000e+5000 (an integer of
+    ``digits_over_limit``), and such a literal is what this names (``1.000e+5000 (an integer of
     5001 digits)``)."""
     written = text.strip()
     digits = written.lstrip("+-").replace("_", "").lstrip("0") or "0"
     if len(digits) <= SHOWN_CHARS:
         return shown_number(int(written))
-    return _scientific(written.startswith("-"), int(digits[:17]), len(digits) - 1)
+    return _scientific(written.startswith("-"), int(digits[:5]), len(digits))
 
 
-def _scientific(negative: bool, leading: int, exponent: int) -> str:
-    """An integer of ``exponent + 1`` digits whose first 17 are ``leading``, to 4 digits in
-    scientific form with its digit count (the first 17 alone, so that an int and its text agree)."""
-    mantissa, _, shift = f"{leading / 10**16:.3e}".partition("e")  # ("9.9999" rounds to 1.000e+01)
-    return f"{'-' * negative}{mantissa}e+{exponent + int(shift)} (an integer of {exponent + 1} digits)"
+def _scientific(negative: bool, first: int, digits: int) -> str:
+    """An integer of ``digits`` digits whose first five are ``first``, in scientific form with its
+    digit count: its first four digits, rounded half up by the fifth, except never up to 10.00, so
+    that the exponent is always the digit count less one: 10**4300 - 1 (4300 nines) is
+    9.999e+4299, where rounding carried into the exponent (1.000e+4300, a number of 4301 digits,
+    beside "an integer of 4300 digits"). The first digits alone decide it, so that an int and its
+    text agree."""
+    mantissa = str(min((first + 5) // 10, 9999))
+    return f"{'-' * negative}{mantissa[0]}.{mantissa[1:]}e+{digits - 1} (an integer of {digits} digits)"
 
 
 # a decimal integer, as int() reads one
@@ -111,15 +136,15 @@ _DECIMAL = re.compile(r"\s*[-+]?\d+(_\d+)*\s*")
 
 def too_many_digits(text: str) -> bool:
     """Whether ``text`` is a decimal integer (as ``shown_integer_text`` reads one) that Python
-    refuses to read for its length alone (``sys.get_int_max_str_digits()``; 0 is no limit)."""
-    limit = sys.get_int_max_str_digits()
-    return bool(_DECIMAL.fullmatch(text)) and 0 < limit < sum(c.isdigit() for c in text)
+    refuses to read for its length alone (``digits_over_limit`` of its digit characters)."""
+    return bool(_DECIMAL.fullmatch(text)) and digits_over_limit(sum(c.isdigit() for c in text))
 
 
-def past_digit_limit(reader: str = "Python") -> str:
+def past_digit_limit(reader: str = "Python", verb: str = "reads") -> str:
     """What is wrong with a ``too_many_digits`` integer, for a message to put after it; ``reader``
-    is who cannot read it (``lmnb serve``, to its client)."""
-    return f"more digits than {reader} reads as an integer (at most {sys.get_int_max_str_digits()})"
+    is who cannot read it (``lmnb serve``, to its client); ``verb`` "writes" for an int
+    (``digits_over_limit``) that a message or a request body cannot write."""
+    return f"more digits than {reader} {verb} as an integer (at most {sys.get_int_max_str_digits()})"
 
 
 class _LongInteger:
@@ -138,10 +163,8 @@ def long_integer_in_json(document: str | bytes) -> Optional[tuple[tuple, str]]:
 
     Raises:
         As ``json.loads`` (RecursionError: arrays nested too deep)."""
-    limit = sys.get_int_max_str_digits()
-
     def read(text: str) -> Any:  # (json.loads' parse_int: a literal's digits, a minus sign before them)
-        return _LongInteger(text) if 0 < limit < len(text.lstrip("-")) else int(text)
+        return _LongInteger(text) if digits_over_limit(len(text.lstrip("-"))) else int(text)
 
     def find(value: Any) -> Optional[tuple[tuple, str]]:
         if isinstance(value, _LongInteger):

@@ -333,6 +333,31 @@ def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it
     assert engine.generate("the cat", GREEDY).token_ids  # still serving
 
 
+def test_an_id_or_value_of_over_4300_digits_is_named_in_scientific_form_by_the_engine(engine):
+    """A token id (of the prompt, of stop_token_ids), a rid, a logprob_start_len or a json_schema's
+    value of 10**5000 failed in the engine's refusal in Python's words ("Exceeds the limit (4300
+    digits) for integer string conversion"), the schema's as the grammar cache wrote its key; each
+    is named as validate names a huge number (by hand: 1 and 5000 zeros, 5001 digits)."""
+    big, shown = 10**5000, "1.000e+5000 (an integer of 5001 digits)"
+    vocab = engine.model_info()["vocab_size"]
+    for call, kind, said in (
+            (lambda: engine.generate([1, big, 10**9], GREEDY), ValueError,
+             f"prompt token ids [{shown}, 1000000000] are outside the vocabulary [0, {vocab})"),
+            (lambda: engine.generate([5, 6], GREEDY.copy(stop_token_ids=[big])), ValueError,
+             f"stop_token_ids [{shown}] are outside the vocabulary [0, {vocab})"),
+            (lambda: engine.generate([5, 6], GREEDY.copy(logprob_start_len=big)), ValueError,
+             f"logprob_start_len={shown} is past the prompt's 2 tokens"),
+            (lambda: engine.submit([5, 6], GREEDY, rid=big), TypeError,
+             f"rid={shown} must be a string (or None for a random one)"),
+            (lambda: engine.generate([5, 6], GREEDY.copy(json_schema={"type": "integer", "maximum": big})), ValueError,
+             f"JSON schema at #/maximum holds {shown}, more digits than Python writes as an integer (at most 4300); "
+             "give a smaller number")):
+        with pytest.raises(kind) as e:
+            call()
+        assert str(e.value) == said
+    assert_idle_accounting(engine)
+
+
 def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
     from lmnb_engine.kv_pool import TokenToKVPool
 

@@ -4398,8 +4398,8 @@ def test_a_number_option_of_over_4300_digits_is_named_in_scientific_form():
         sgl.gen("x", temperature=big)
     assert str(e.value) == f"temperature must be a finite number >= 0 (0 is greedy), got {shown}"
     with pytest.raises(ValueError) as e:
-        sgl.gen("x", max_tokens=-(10**5000 - 1))  # (5000 nines: 9.999...e4999 rounds to 1.000e5000)
-    assert str(e.value) == "max_tokens must be an integer >= 0, got -1.000e+5000 (an integer of 5000 digits)"
+        sgl.gen("x", max_tokens=-(10**5000 - 1))  # (5000 nines: not rounded up to 1.000e+5000, of 5001 digits)
+    assert str(e.value) == "max_tokens must be an integer >= 0, got -9.999e+4999 (an integer of 5000 digits)"
     with pytest.raises(ValueError) as e:
         sgl.gen("x", max_tokens=3, min_tokens=25 * 10**4400)
     assert str(e.value) == ("min_tokens=2.500e+4401 (an integer of 4402 digits) must not exceed max_tokens=3; lower "
@@ -4423,6 +4423,135 @@ def test_a_number_option_of_over_4300_digits_is_named_in_scientific_form():
     # an int of 80 digits is still written whole
     with pytest.raises(ValueError, match=f"^top_p must be a number in \\(0, 1\\], got {10**80 - 1}$"):
         sgl.gen("x", top_p=10**80 - 1)
+
+
+def test_a_huge_integer_is_shown_with_its_first_digits_rounded_but_never_past_its_digit_count():
+    """10**4300 - 1 (4300 nines) was shown "1.000e+4300 (an integer of 4300 digits)": rounding to 4
+    digits carried into the exponent, and 1.000e+4300 has 4301 digits. Four digits are rounded
+    half up by the fifth, but never up to 10.00. By hand: 99994 followed by 96 zeros is 9.9994e100
+    (9.999), 99995... would round to 10.00 (kept 9.999), 12345 and 96 zeros 1.2345e100 (1.235),
+    10**4300 has 4301 digits. An int and its text are shown alike; one rule says which ints
+    Python refuses to write (digits_over_limit, 4300 digits by default; 0 is no limit)."""
+    from lmnb_engine.params import decimal_digits, digits_over_limit, shown_integer_text, shown_number, too_many_digits
+
+    for value, shown in ((10**4300 - 1, "9.999e+4299 (an integer of 4300 digits)"),
+                         (-(10**4300 - 1), "-9.999e+4299 (an integer of 4300 digits)"),
+                         (99994 * 10**96, "9.999e+100 (an integer of 101 digits)"),
+                         (99995 * 10**96, "9.999e+100 (an integer of 101 digits)"),
+                         (12345 * 10**96, "1.235e+100 (an integer of 101 digits)"),
+                         (10**4300, "1.000e+4300 (an integer of 4301 digits)")):
+        assert shown_number(value) == shown
+        if decimal_digits(value) <= 4300:  # (the text of one Python writes)
+            assert shown_integer_text(str(value)) == shown
+    assert [decimal_digits(v) for v in (0, 9, 10, -99, 10**4300 - 1, 10**4300, -(10**5000))] == [1, 1, 2, 2, 4300,
+                                                                                                  4301, 5001]
+    assert (digits_over_limit(4300), digits_over_limit(4301)) == (False, True)
+    assert (too_many_digits("9" * 4300), too_many_digits("-" + "0" * 4301)) == (False, True)  # (int() counts zeros)
+    limit = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(0)  # (no limit: every check takes any length)
+        assert not digits_over_limit(10**6) and not too_many_digits("9" * 5000)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+def test_a_value_of_over_4300_digits_given_where_another_type_belongs_is_named_in_scientific_form():
+    """gen(10**5000), gen(dtype=...), choices=[...], stop=..., a json_schema holding one, a fork
+    branch's item and the others below failed in Python's words, from the message that was to
+    name them ("Exceeds the limit (4300 digits) for integer string conversion; use
+    sys.set_int_max_str_digits() to increase the limit"), or named the item
+    <int: repr failed: ValueError>; each names it as the number options do (by hand: 10**5000 is
+    1 and 5000 zeros, 5001 digits). An api_key that is no string is named by its type alone."""
+    from lmnb.template import TemplateRuntimeError, parse
+
+    big, shown = 10**5000, "1.000e+5000 (an integer of 5001 digits)"
+    be = ScriptedBackend(lambda p, params: "x")
+    cases = [(lambda: sgl.gen(big), TypeError, "gen() name must be a string (the variable to store the result in) "
+              f"or None, got {shown}; the first positional argument is the name"),
+             (lambda: sgl.gen("x", dtype=big), ValueError, f"gen(dtype={shown}) is not supported; use int, float, "
+              "bool or str"),
+             (lambda: sgl.gen("x", choices=[big]), ValueError, "gen(..., choices=...) choices must be non-empty "
+              f"strings: choice 1 of 1 is {shown}"),
+             (lambda: sgl.select("x", choices=("a", big)), ValueError, "select() choices must be non-empty strings: "
+              f"choice 2 of 2 is {shown}"),
+             (lambda: sgl.select("x", choices=["a"], choices_method=big), TypeError, "choices_method must be one of "
+              "lmnb.token_length_normalized, lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized, "
+              f"or an instance of a lmnb.choices.ChoicesSamplingMethod subclass; got {shown}"),
+             (lambda: sgl.gen("x", stop=big), TypeError, f"stop={shown} is invalid: give a string or a list of "
+              "strings"),
+             (lambda: sgl.gen("x", stop=["a", big]), TypeError, "stop=a list holding an integer too long to write is "
+              "invalid: give a string or a list of strings"),
+             (lambda: sgl.gen("x", stop_regex=big), ValueError, f"stop_regex={shown} is invalid: must be a regular "
+              "expression (a string) or a list of them"),
+             (lambda: sgl.gen("x", ignore_eos=big), TypeError, f"ignore_eos={shown} is invalid: must be True or False"),
+             (lambda: sgl.gen("x", json_schema={"type": "object", "properties": {"a": {"maximum": big}}}), ValueError,
+              f"JSON schema at #/properties/a/maximum holds {shown}, more digits than Python writes as an integer (at "
+              "most 4300); give a smaller number"),
+             (lambda: sgl.RuntimeEndpoint("http://127.0.0.1:1", api_key=big), TypeError, "lmnb.RuntimeEndpoint "
+              "api_key must be a string (the server's API key) or None, got int"),
+             (lambda: sgl.OpenAI("m", api_key=big), TypeError, "lmnb.OpenAI api_key must be a string (the server's "
+              "API key) or None, got int"),
+             (lambda: sgl.function(lambda s: None).run_batch([big], backend=be), TypeError,
+              f"run_batch item 0 is int {shown[:40]}, not a dict or tuple"),
+             (lambda: sgl.function(lambda s: None).run_batch([{}], backend=be, num_threads=-big), ValueError,
+              f"num_threads must be 'auto' or an integer >= 1, got -{shown}"),
+             (lambda: sgl.function(num_api_spec_tokens=-big)(lambda s: None), ValueError,
+              f"num_api_spec_tokens must be a positive integer, got -{shown}"),
+             (lambda: sgl.video("v.mp4", num_frames=-big), ValueError, "video() num_frames must be a positive "
+              f"integer, got -{shown}"),
+             # (a JSON text's literal: 5000 nines, 9.999e+4999, not rounded up past its 5000 digits)
+             (lambda: sgl.gen("x", json_schema='{"maximum": ' + "9" * 5000 + "}"), ValueError, "JSON schema at "
+              "#/maximum holds 9.999e+4999 (an integer of 5000 digits), more digits than Python reads as an integer "
+              "(at most 4300); write a smaller number")]
+    for call, kind, said in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert str(e.value) == said
+    looped = {"type": "object"}
+    looped["properties"] = {"a": looped}  # (the search for a long int looks in each object once)
+    with pytest.raises(ValueError, match=r"^json_schema holds a value JSON cannot represent \(Circular reference"):
+        sgl.gen("x", json_schema=looped)
+
+    @sgl.function
+    def program(s, how):
+        if how == "fork":
+            s.fork(-big)
+        elif how == "join":
+            s.fork(2).join(big)
+        elif how == "scope":
+            with s.var_scope(big):
+                pass
+        elif how == "image":
+            s += sgl.image(big)
+        else:
+            s.get_var(big)
+
+    # a failed primitive is named by its repr, which failed on the executor's thread: the run never ended
+    assert (repr(sgl.image(big)), repr(sgl.video(-big, num_frames=big))) == (f"Image({shown})",
+                                                                           f"Video(-{shown}, {shown})")
+    assert str(program.run(how="image", backend=be).error()).startswith(f"Image({shown}) failed: BackendCannotRun")
+
+    for how, kind, said in (("fork", ValueError, f"fork size must be an integer >= 1, got -{shown}"),
+                            ("join", ValueError, f"unknown join mode {shown}; use 'gather_variable' or "
+                             "'concate_and_append'"),
+                            ("scope", TypeError, "var_scope name must be a string (the variable to capture the "
+                             f"text into), got {shown}"),
+                            ("get", KeyError, f"'no variable {shown} in this program state; it has []'")):
+        with pytest.raises(kind) as e:
+            program.run(how=how, backend=be)
+        assert str(e.value) == said
+    for cell, value, said in (
+            ("{fork v in xs}{1/0}{join}", [big], f"in fork branch 0 (v={shown}): {{1/0}} failed: ZeroDivisionError: "
+             "division by zero"),
+            ("{fork k, v in xs}{1/0}{join}", [("a", -big)], f"in fork branch 0 ((k, v)=('a', -{shown})): {{1/0}} "
+             "failed: ZeroDivisionError: division by zero"),
+            ("{fork xs}{join}", big, f"fork count {shown} is over the limit of 256 branches per {{fork N}}"),
+            ("{xs}", big, f"cannot format {{xs}}: it is {shown}, more digits than Python writes as an integer (at "
+             "most 4300); write a smaller number, or lift Python's limit in the kernel first "
+             "(sys.set_int_max_str_digits(0))")):
+        with pytest.raises(TemplateRuntimeError) as e:
+            parse(f"Q: {cell}").program().run(xs=value, backend=be)
+        assert e.value.message.startswith(said), e.value.message
 
 
 def test_an_integer_too_long_for_python_to_read_in_a_cell_is_named_with_its_size():

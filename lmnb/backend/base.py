@@ -125,6 +125,19 @@ def key_advice(given: Optional[str], env: str, how: str) -> str:
     return f"{why}: {fix or 'check it'}"
 
 
+def check_api_key(backend: str, api_key: Any) -> None:
+    """Refuse an ``api_key`` given to ``backend`` (``lmnb.OpenAI``) that is neither a string nor None:
+    its ``Authorization`` header wrote it with ``str()``, so an int went out as digits the server
+    refused, or, of more digits than Python writes, failed in Python's words ("Exceeds the limit
+    (4300 digits) for integer string conversion"). Its value is not shown: it is meant as a secret.
+
+    Raises:
+        TypeError: such an ``api_key``, named by its type."""
+    if api_key is not None and not isinstance(api_key, str):
+        raise TypeError(f"{backend} api_key must be a string (the server's API key) or None, got "
+                        f"{type(api_key).__name__}")
+
+
 class BackendUnreachable(BackendError):
     """No connection to the backend's server could be made (refused, no route, an unknown host, a
     connect timeout): the request never reached it, so it says nothing of the request itself.
@@ -161,20 +174,15 @@ def check_sendable(params: GenParams) -> None:
         ValueError: such a number, in ``gen()``'s names; ``max_tokens`` (more tokens than any
             model's context holds) as the engine's refusal, with its ``reason`` ``DOES_NOT_FIT``
             (so a gen that took it from ``run(max_new_tokens=...)`` is told so)."""
-    import sys
+    from lmnb_engine.params import DOES_NOT_FIT, decimal_digits, digits_over_limit, past_digit_limit, shown_number
 
-    from lmnb_engine.params import DOES_NOT_FIT, shown_number  # torch-free
 
-    limit = sys.get_int_max_str_digits()
-    if not limit:  # (no limit: Python writes any integer)
-        return
     # (GenParams bounds n and seed; these it takes of any size)
     values = [(f, getattr(params, f)) for f in ("max_new_tokens", "min_new_tokens", "top_k", "logprob_start_len",
                                                  "top_logprobs_num")]
     values += [("stop_token_ids", t) for t in params.stop_token_ids or ()]
     for f, value in values:
-        # (under 8**limit, its bit length says so, without working out 10**limit for each gen)
-        if not isinstance(value, int) or value.bit_length() <= 3 * limit or abs(value) < 10**limit:
+        if not isinstance(value, int) or not digits_over_limit(decimal_digits(value)):
             continue
         name, shown = GEN_NAMES.get(f, f), shown_number(value)
         if f == "max_new_tokens":
@@ -183,8 +191,8 @@ def check_sendable(params: GenParams) -> None:
             e.reason = DOES_NOT_FIT
             raise e
         said = f"{name} holds {shown}" if f == "stop_token_ids" else f"{name}={shown}"
-        raise ValueError(f"{said} has more digits than Python writes as an integer (at most {limit}), so no request "
-                         "to the server can carry it; give a smaller number")
+        raise ValueError(f"{said} has {past_digit_limit(verb='writes')}, so no request to the server can carry it; "
+                         "give a smaller number")
 
 
 class BaseBackend:

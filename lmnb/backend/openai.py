@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
-    Completion, GuessedTemplate, Prompt, aborted_reason, check_sendable, check_utf8, key_advice,
+    Completion, GuessedTemplate, Prompt, aborted_reason, check_api_key, check_sendable, check_utf8, key_advice,
     tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
@@ -113,6 +113,7 @@ class OpenAI(BaseBackend):
         ImportError: the ``openai`` package is missing (``pip install openai``).
         ValueError: the client refused its arguments, e.g. the official API (no ``base_url``)
             without an API key.
+        TypeError: an ``api_key`` that is no string (``check_api_key``).
     """
 
     length_in_finish_reason = False  # (a choice's finish_reason is only "length")
@@ -128,6 +129,7 @@ class OpenAI(BaseBackend):
 
         self._openai = openai
         self._httpx = httpx
+        check_api_key("lmnb.OpenAI", api_key)
         # (the server's words are for an HTTP client: "send Authorization: Bearer <key>")
         self.key_fix = "; " + key_advice("the api_key given" if api_key else None, KEY_ENV,
                                          f"lmnb.OpenAI(..., api_key=KEY), or set ${KEY_ENV}")

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
     BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_sendable, check_utf8, finish_reason_dict,
-    in_gen_names, key_advice,
+    check_api_key, in_gen_names, key_advice,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -169,6 +169,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             ending with how to give the key (``api_key=``, ``$LMNB_API_KEY``): its ``key_fix``.
         ValueError: a ``timeout`` that is not a positive number of seconds, or a ``base_url`` that
             is no http(s) URL (``TypeError`` where it is no string).
+        TypeError: an ``api_key`` that is no string (``check_api_key``).
     """
 
     _template_fix = "lmnb.RuntimeEndpoint(URL, chat_template_name='chatml')"
@@ -181,9 +182,12 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         from lmnb_engine import API_KEY_ENV  # (the package alone: no torch)
 
         if timeout is not None and not timeout > 0:  # (not >: NaN too) httpx would fail every request
-            raise ValueError(f"RuntimeEndpoint timeout={timeout!r}: give a positive number of seconds, or None "
-                             "for no limit")
+            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+            raise ValueError(f"RuntimeEndpoint timeout={shown_number(timeout)}: give a positive number of seconds, "
+                             "or None for no limit")
         _check_url(base_url)
+        check_api_key("lmnb.RuntimeEndpoint", api_key)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         # (the server's words are for an HTTP client: "send Authorization")

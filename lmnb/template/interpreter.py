@@ -185,6 +185,12 @@ class _Run:
             text = node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
             detail = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
+            if isinstance(value, int) and isinstance(e, ValueError):
+                from lmnb_engine.params import decimal_digits, digits_over_limit, past_digit_limit, shown_number
+
+                if digits_over_limit(decimal_digits(value)):  # (Python's words: "Exceeds the limit (4300 digits) ...")
+                    detail = (f"it is {shown_number(value)}, {past_digit_limit(verb='writes')}; write a smaller "
+                              "number, or lift Python's limit in the kernel first (sys.set_int_max_str_digits(0))")
             raise self.error(f"cannot format {written_hole(node.expr.source)}: {detail}", node.offset) from e
         try:  # (else refused once joined with the text around it, as the program's body failing, at no hole)
             check_text(text, f"the text of {written_hole(node.expr.source)}:")
@@ -218,12 +224,23 @@ def _check_value(primitive: str, key: str, value):
     return None
 
 
-_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+class _ShortRepr(reprlib.Repr):
+    """``reprlib``'s short repr, with an int of more digits than Python writes (its ``repr`` raises
+    ValueError) as ``params.shown_number`` shows it, where reprlib failed."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        from lmnb_engine.params import decimal_digits, digits_over_limit, shown_number  # torch-free
+
+        return shown_number(x) if digits_over_limit(decimal_digits(x)) else super().repr_int(x, level)
+
+
+_REPR = _ShortRepr()  # (keyword arguments only from Python 3.12)
 _REPR.maxstring = _REPR.maxother = 40
 
 
 def _short_repr(item) -> str:
-    """``repr(item)``, cut to about 40 characters (an item may be a long document)."""
+    """``repr(item)``, cut to about 40 characters (an item may be a long document); an int too long
+    for Python to write as ``params.shown_number`` shows it (``1.000e+5000 (an integer of 5001 digits)``)."""
     try:
         return _REPR.repr(item)
     except Exception as e:  # noqa: BLE001 - a __repr__ that raises must not hide the branch's own error

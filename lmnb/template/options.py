@@ -57,6 +57,8 @@ def fork_count(n, source: Optional[str] = None):
         count = None if isinstance(n, bool) else operator.index(n)
     except TypeError:
         count = None
+    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
     if count is None or count < 1:
         braces = ""
         if isinstance(n, (set, frozenset)):
@@ -75,9 +77,9 @@ def fork_count(n, source: Optional[str] = None):
             else:
                 braces = (": a set, as braces inside a hole make one; write the count without them ({fork n}, not "
                           "{fork {n}})")
-        raise ValueError(f"fork count must be an integer >= 1, got {n!r}{braces}")
+        raise ValueError(f"fork count must be an integer >= 1, got {shown_number(n)}{braces}")
     if count > MAX_FORK_BRANCHES:
-        raise ValueError(f"fork count {count} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a "
+        raise ValueError(f"fork count {shown_number(count)} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a "
                          "typo?); for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one "
                          "program per input with run_batch")
     return count

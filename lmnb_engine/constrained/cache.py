@@ -168,7 +168,10 @@ class GrammarBackend:
                 copies_problem(json_schema)
             except ValueError as e:
                 raise GrammarError(str(e)) from None
-            key = ("schema", json.dumps(json_schema, sort_keys=True, default=repr), whitespace_pattern)
+            try:
+                key = ("schema", json.dumps(json_schema, sort_keys=True, default=repr), whitespace_pattern)
+            except ValueError:  # (an int of over 4300 digits, a schema holding itself: schema_to_regex names it)
+                key = None
         elif isinstance(json_schema, (str, type)):
             key = ("schema", json_schema, whitespace_pattern)
         else:
