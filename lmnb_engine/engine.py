@@ -27,7 +27,7 @@ from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as
 from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
-from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, past_context,
+from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, past_context_refusal,
                                 python_value, shorten_fix, shown_number)
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req, kv_to_finish
@@ -372,6 +372,16 @@ def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
         raise TypeError(f"Engine(mem_fraction={mem_fraction!r}): mem_fraction must be a number in (0, 1]")
 
 
+def _past_context_error(said: str, max_new_tokens: Any, context_len: int, prompt_len: int) -> ValueError:
+    """The refusal of a prompt of ``prompt_len`` tokens (or at least so many, counted without
+    encoding it) past the context (``params.past_context_refusal``), whose ``reason`` is
+    ``DOES_NOT_FIT`` where its fix names ``max_new_tokens``: a gen that took its ``max_tokens``
+    from the run's defaults is then told so, as where a prompt fits but not beside them."""
+    message, reason = past_context_refusal(said, max_new_tokens, context_len, prompt_len=prompt_len)
+    error = ValueError(message)
+    return does_not_fit(error) if reason else error
+
+
 def _lower_max_new_tokens(most: int, params: SamplingParams) -> str:
     """The fix "lower max_new_tokens to at most ``most``" of a request that does not fit, and
     its ``min_new_tokens`` too where that is more (a max_new_tokens below it is refused), as the
@@ -662,7 +672,7 @@ class Engine:
     def _to_ids(self, prompt: Prompt, max_new_tokens: Any = None) -> list[int]:
         """``prompt``'s token ids. A text certainly longer than the context is refused before it is
         encoded (``ValueError``), naming ``max_new_tokens`` too where that fits beside no prompt
-        (``params.past_context``; None: a call that samples nothing), as ``_check`` does once counted."""
+        (``_past_context_error``; None: a call that samples nothing), as ``_check`` does once counted."""
         if isinstance(prompt, MultimodalTokens):  # [issue 10] prepared already (``multimodal.prepare``)
             return prompt
         if is_multimodal_prompt(prompt):  # [issue 10] ids + radix keys + pixels (MultimodalTokens)
@@ -672,8 +682,9 @@ class Engine:
             prompt = mm.text  # no images for a text-only model: a plain prompt (SGLang's image_data=[] too)
         if isinstance(prompt, str):
             too_long = text_too_long(prompt, self.tokenizer, self.context_len)
-            if too_long:
-                raise ValueError(past_context(f"{too_long}{self._window_note()}", max_new_tokens, self.context_len))
+            if too_long:  # (by at least what its lower bound lacks: more, were it counted)
+                said, at_least = too_long
+                raise _past_context_error(f"{said}{self._window_note()}", max_new_tokens, self.context_len, at_least)
             ids = self.encode(prompt)
             bos = getattr(self.tokenizer, "bos_token_id", None)
             if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
@@ -779,9 +790,8 @@ class Engine:
         # prefill asks for none), so the message then names the prompt, and max_new_tokens too
         # only where it fits beside no prompt
         if n > self.context_len:
-            raise ValueError(past_context(f"{prompt} exceeds the model's context length of {self.context_len} "
-                                          f"tokens{self._window_note()}", params.max_new_tokens, self.context_len,
-                                          prompt_len=n))
+            raise _past_context_error(f"{prompt} exceeds the model's context length of {self.context_len} "
+                                      f"tokens{self._window_note()}", params.max_new_tokens, self.context_len, n)
         if n + params.max_new_tokens > self.context_len:
             # max_new_tokens the context's length or more fits beside no prompt: shortening it is no
             # fix, and the error is the field's (lmnb serve's param, as OpenAI's "max_tokens is too large");
@@ -821,7 +831,8 @@ class Engine:
             room = pool + 1 - n
             if room < 1:  # the prompt alone does not fit: shortening it is a fix, fewer new tokens only a help
                 fix = shorten_fix(n - pool - 1, max(m, 1), alone=m <= pool)
-                raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens", grow, (fix,))
+                error = option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens", grow, (fix,))
+                raise does_not_fit(error) if m > 1 else error  # (its fix names max_new_tokens, as past the context)
             # (m <= pool: the prompt shortened by what it lacks keeps a token at least)
             fix = (f"shorten the prompt by at least {slots - pool} token{'s' * (slots - pool != 1)} or " * (m <= pool)
                    + _lower_max_new_tokens(room, params))

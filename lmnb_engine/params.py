@@ -193,7 +193,9 @@ class SamplingParamsError(ValueError):
 DOES_NOT_FIT = "does_not_fit"
 """The ``reason`` of the engine's refusal of a request whose prompt fits but whose prompt plus
 ``max_new_tokens`` does not (the model's context length, the KV pool), so that fewer new tokens
-would make it fit: an attribute of its ``ValueError`` (``does_not_fit``), and ``lmnb serve``'s
+would make it fit, and of a prompt past the context whose fix names ``max_new_tokens`` too
+(``past_context_refusal``: lower it and shorten the prompt by less, or lower it as well): an
+attribute of its ``ValueError`` (``does_not_fit``), and ``lmnb serve``'s
 JSON error's ``"reason"`` (an lmnb extension of OpenAI's error object). A front end that chose
 the request's ``max_new_tokens`` for its caller (a gen without its own ``max_tokens`` takes the
 run's default) reads it, not the message, to say where that number came from."""
@@ -205,22 +207,27 @@ def does_not_fit(e: BaseException) -> BaseException:
     return e
 
 
-def past_context(said: str, max_new_tokens: Any, context_len: int, noun: str = "prompt",
-                 field: str = "max_new_tokens", template_tokens: int = 1, prompt_len: Optional[int] = None) -> str:
+def past_context_refusal(said: str, max_new_tokens: Any, context_len: int, noun: str = "prompt",
+                         field: str = "max_new_tokens", template_tokens: int = 1,
+                         prompt_len: Optional[int] = None) -> tuple[str, Optional[str]]:
     """The refusal of a prompt longer than the context, ``said`` ("prompt of 600 tokens exceeds
     the model's context length of 512 tokens"), with its fix: shorten the ``noun``, by how much
-    where it was counted (``prompt_len`` tokens: ``shorten_fix``, so that it fits beside its
-    ``max_new_tokens``, which the shortened prompt else met as a second refusal); and, in the
-    same message, lower ``max_new_tokens`` (the request's ``field``) where it leaves no room for
-    the shortest prompt (``template_tokens`` long: one token, or a chat template's own tokens).
-    A ``max_new_tokens`` that is no positive integer is left to its own check."""
+    where it was counted (``prompt_len`` tokens, or a lower bound on them: ``shorten_fix``, so
+    that it fits beside its ``max_new_tokens``, which the shortened prompt else met as a second
+    refusal); and, in the same message, lower ``max_new_tokens`` (the request's ``field``) where
+    it leaves no room for the shortest prompt (``template_tokens`` long: one token, or a chat
+    template's own tokens). A ``max_new_tokens`` that is no positive integer is left to its own
+    check. Returns the message and its ``reason``: ``DOES_NOT_FIT`` where the fix names
+    ``field`` (a front end that chose ``max_new_tokens`` says where that number came from), else None."""
     if not isinstance(max_new_tokens, int) or max_new_tokens + template_tokens <= context_len:
         if prompt_len is None or not isinstance(max_new_tokens, int):
-            return f"{said}; shorten the {noun}"
-        return f"{said}; {shorten_fix(prompt_len - context_len, max_new_tokens, noun, field)}"
+            return f"{said}; shorten the {noun}", None
+        # (names field where it offers to lower it: more than 1 new token)
+        fix = shorten_fix(prompt_len - context_len, max_new_tokens, noun, field)
+        return f"{said}; {fix}", DOES_NOT_FIT if max_new_tokens > 1 else None
     room = "any prompt" if template_tokens <= 1 else f"the {noun} (the chat template alone takes {template_tokens} tokens)"
     return (f"{said}, and {field}={shown_number(max_new_tokens)} leaves no room for {room}; "
-            f"{both_fix(context_len, noun, field)}")
+            f"{both_fix(context_len, noun, field)}", DOES_NOT_FIT)
 
 
 def shorten_fix(excess: int, max_new_tokens: int, noun: str = "prompt", field: str = "max_new_tokens",

@@ -300,12 +300,13 @@ def min_prompt_tokens(text: str, tokenizer: Any, context_len: int) -> int:
     return -(-size // per_token) if per_token else 0
 
 
-def text_too_long(text: str, tokenizer: Any, context_len: int) -> Optional[str]:
+def text_too_long(text: str, tokenizer: Any, context_len: int) -> Optional[tuple[str, int]]:
     """Why the prompt ``text`` cannot fit ``context_len`` tokens, found without encoding it (a
-    20 MB text took 20 s to encode, to be refused then), or None when that is not certain
-    (``min_prompt_tokens``). The caller adds the fix."""
+    20 MB text took 20 s to encode, to be refused then), and the lower bound on its tokens that
+    says so (``min_prompt_tokens``), for the caller's fix to say by how much to shorten it at
+    least (``params.past_context_refusal``'s ``prompt_len``); or None when that is not certain."""
     at_least = min_prompt_tokens(text, tokenizer, context_len)
     if at_least <= context_len:
         return None
     return (f"prompt of at least {at_least} tokens ({len(text)} characters, counted without encoding them) exceeds "
-            f"the model's context length of {context_len} tokens")
+            f"the model's context length of {context_len} tokens", at_least)

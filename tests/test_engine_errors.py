@@ -302,8 +302,14 @@ def test_a_text_longer_than_the_model_is_refused_by_the_engine_alone(engine, mon
 
 
 def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it(engine, monkeypatch):
-    # a 20 MB prompt took 20 s to encode before its refusal; no token of this tokenizer stands for
-    # more than max_token_bytes bytes, so a longer text is refused by its size alone
+    """A 20 MB prompt took 20 s to encode before its refusal; no token of this tokenizer stands for
+    more than max_token_bytes bytes, so a longer text is refused by its size alone. It was told
+    "shorten the prompt" with no amount; its lower bound (513 tokens) says at least how much, as
+    a counted prompt is told: by hand, at most 512 - 8 = 504 tokens fit beside max_new_tokens=8,
+    so at least 513 - 504 = 9 tokens go, or 1 + N beside max_new_tokens=N; 513 - 1 = 512 beside
+    511. Its fix names max_new_tokens, so its reason is DOES_NOT_FIT (a gen on the run's default
+    max_tokens is told where that came from)."""
+    from lmnb_engine.params import DOES_NOT_FIT
     from lmnb_engine.tokenizer import max_token_bytes
 
     text = "a" * (512 * max_token_bytes(engine.tokenizer) + 1)
@@ -312,7 +318,9 @@ def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it
         engine.generate(text, GREEDY)
     said = (f"prompt of at least 513 tokens ({len(text)} characters, counted without encoding them) exceeds the "
             "model's context length of 512 tokens")
-    assert str(e.value) == f"{said}; shorten the prompt"
+    assert str(e.value) == (f"{said}; shorten the prompt by at least 9 tokens, or lower max_new_tokens to N and "
+                            "shorten the prompt by at least 1 + N tokens")
+    assert e.value.reason == DOES_NOT_FIT
     # beside a max_new_tokens that leaves no room for any prompt (512 + 1 > 512): both at once, as a
     # counted prompt is told (test_bad_requests_raise_and_the_engine_stays_usable); it named the prompt alone, and
     # the shortened prompt met a second refusal
@@ -322,13 +330,17 @@ def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it
                  lambda: engine.submit(text, GREEDY.copy(max_new_tokens=512))):
         with pytest.raises(ValueError) as e:
             call()
-        assert str(e.value) == both
+        assert str(e.value) == both and e.value.reason == DOES_NOT_FIT
     with pytest.raises(ValueError) as e:  # a batch's params, one per prompt: the prompt's own
         engine.generate([[5, 6], text], [GREEDY.copy(max_new_tokens=512), GREEDY.copy(max_new_tokens=512)])
     assert str(e.value) == f"prompt 1 of the batch: {both}"
     with pytest.raises(ValueError) as e:
         engine.generate([[5, 6], text], [GREEDY.copy(max_new_tokens=512), GREEDY.copy(max_new_tokens=511)])
-    assert str(e.value) == f"prompt 1 of the batch: {said}; shorten the prompt"
+    assert str(e.value) == (f"prompt 1 of the batch: {said}; shorten the prompt by at least 512 tokens, or lower "
+                            "max_new_tokens to N and shorten the prompt by at least 1 + N tokens")
+    with pytest.raises(ValueError) as e:  # (a call that samples one token: shortening is the one fix)
+        engine.generate(text, GREEDY.copy(max_new_tokens=1))
+    assert str(e.value) == f"{said}; shorten the prompt by at least 2 tokens" and getattr(e.value, "reason", None) is None
     monkeypatch.undo()
     assert engine.generate("the cat", GREEDY).token_ids  # still serving
 
@@ -355,6 +367,42 @@ def test_an_id_or_value_of_over_4300_digits_is_named_in_scientific_form_by_the_e
         with pytest.raises(kind) as e:
             call()
         assert str(e.value) == said
+    assert_idle_accounting(engine)
+
+
+def test_a_gen_on_the_default_max_tokens_past_the_context_is_told_where_that_number_came_from(engine):
+    """A prompt past the context was refused without DOES_NOT_FIT, so a gen without max_tokens of
+    its own, whose refusal offers to lower max_tokens and names numbers made of lmnb's default
+    of 128, was not told where 128 came from (a prompt that fits but not beside it was). By
+    hand: 600 tokens in a context of 512 beside 128 new ones: at most 384 fit, so 216 go, or
+    88 + N beside max_tokens=N; a text of at least 513 tokens (counted without encoding it):
+    513 - 384 = 129, or 1 + N. A gen's own max_tokens=1 offers no lower one: no note."""
+    import lmnb
+    from lmnb_engine.tokenizer import max_token_bytes
+
+    @lmnb.function
+    def default(s, text):
+        s += text + lmnb.gen("x")
+
+    @lmnb.function
+    def own(s, text):
+        s += text + lmnb.gen("x", max_tokens=1)
+
+    backend = lmnb.Engine(engine=engine)
+    note = ("(the gen has no max_tokens of its own and took lmnb's default of 128: give it its own max_tokens=N, or "
+            "set run(max_new_tokens=N))")
+    assert str(default.run(text="w" * 600, backend=backend).error()) == (
+        "Gen('x') failed: ValueError: prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten "
+        f"the prompt by at least 216 tokens, or lower max_tokens to N and shorten the prompt by at least 88 + N tokens "
+        f"{note}")
+    huge = "w" * (512 * max_token_bytes(engine.tokenizer) + 1)
+    assert str(default.run(text=huge, backend=backend).error()) == (
+        f"Gen('x') failed: ValueError: prompt of at least 513 tokens ({len(huge)} characters, counted without "
+        "encoding them) exceeds the model's context length of 512 tokens; shorten the prompt by at least 129 tokens, "
+        f"or lower max_tokens to N and shorten the prompt by at least 1 + N tokens {note}")
+    assert str(own.run(text="w" * 600, backend=backend).error()) == (
+        "Gen('x') failed: ValueError: prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten "
+        "the prompt by at least 89 tokens")
     assert_idle_accounting(engine)
 
 
@@ -481,10 +529,12 @@ def test_a_request_too_large_for_the_kv_pool_is_told_each_fixs_number_and_each_f
         assert str(e) == ("prompt of 120 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens to at "
                           "least 149, or shorten the prompt by at least 49 tokens, or lower max_new_tokens to N and "
                           "shorten the prompt by at least 19 + N tokens")
-        assert getattr(e, "reason", None) is None  # (the prompt does not fit alone: as one past the context)
+        # (its fix names max_new_tokens, as one past the context's: a gen on the run's default is told so)
+        assert e.reason == "does_not_fit" and getattr(e, "field", None) is None
         assert fits(71, 30) and fits(100, 1) and fits(95, 6)
         for n, m in ((101, 1), (96, 6)):
             refused(n, m)
+        assert getattr(refused(101, 1), "reason", None) is None  # (shortening is its one fix: nothing else to say)
         e = refused(40, 200)
         assert str(e) == ("prompt of 40 tokens + max_new_tokens=200 does not fit the KV pool of 100 tokens; raise "
                           "max_total_tokens to at least 239, or lower max_new_tokens to at most 61")

@@ -1121,6 +1121,7 @@ def test_a_prompt_past_the_context_is_told_by_how_much_to_shorten_it_in_each_rou
     assert r.status_code == 400 and r.json()["error"]["message"] == (
         "prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 108 "
         "tokens, or lower max_tokens to N and shorten the prompt by at least 88 + N tokens"), r.text
+    assert r.json()["error"]["reason"] == "does_not_fit"  # (its fix names max_tokens: lmnb's clients say where it came from)
 
     def chat_len(content: str) -> int:
         text = engine.apply_chat_template([{"role": "user", "content": content}])
@@ -1132,6 +1133,7 @@ def test_a_prompt_past_the_context_is_told_by_how_much_to_shorten_it_in_each_rou
     assert r.status_code == 400 and r.json()["error"]["message"] == (
         "prompt of 520 tokens exceeds the model's context length of 512 tokens; shorten the messages by at least 13 "
         "tokens, or lower max_completion_tokens to N and shorten the messages by at least 8 + N tokens"), r.text
+    assert r.json()["error"]["reason"] == "does_not_fit"
 
 
 def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt_fits_beside(backends, engines):
@@ -1139,22 +1141,31 @@ def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt
     max_new_tokens the context's length: it was told "...; shorten the prompt" alone, and the
     shortened prompt met a second refusal; now both at once, as a counted prompt is told, whether
     the engine refuses it (Engine._to_ids) or the server does (logprobs from the first token),
-    naming the field sent, text, either way (the engine's refusal said "the prompt")."""
+    naming the field sent, text, either way (the engine's refusal said "the prompt"). Beside a
+    smaller max_new_tokens it was told "shorten the text" with no amount: its lower bound of B
+    tokens says at least B - ctx_len + max_new_tokens (at most ctx_len - max_new_tokens fit), or
+    B - ctx_len + N beside max_new_tokens=N. Both name max_new_tokens: "reason": "does_not_fit"."""
     import httpx
 
     url, ctx_len = backends[2], engines[1].context_len
     huge = "x" * 50 * ctx_len
     for extra in ({}, {"return_logprob": True, "logprob_start_len": 0}):
-        for max_new_tokens, fix in (
-                (ctx_len, f", and max_new_tokens={ctx_len} leaves no room for any prompt; shorten the text and lower "
-                          f"max_new_tokens, so that the prompt's tokens and max_new_tokens together fit {ctx_len}"),
-                (ctx_len - 1, "; shorten the text")):
+        for max_new_tokens in (ctx_len, ctx_len - 1):
             r = httpx.post(url + "/generate", json={"text": huge, "sampling_params": {"max_new_tokens": max_new_tokens},
                                                     **extra}, timeout=60)
             assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
-            assert re.fullmatch(rf"prompt of at least \d+ tokens \({len(huge)} characters, counted without encoding "
-                                rf"them\) exceeds the model's context length of {ctx_len} tokens" + re.escape(fix),
-                                r.json()["error"]["message"]), r.text
+            assert r.json()["error"]["reason"] == "does_not_fit", r.text
+            said = re.fullmatch(rf"prompt of at least (\d+) tokens \({len(huge)} characters, counted without encoding "
+                                rf"them\) exceeds the model's context length of {ctx_len} tokens(.*)",
+                                r.json()["error"]["message"])
+            assert said, r.text
+            over = int(said[1]) - ctx_len
+            assert said[2] == (
+                f", and max_new_tokens={ctx_len} leaves no room for any prompt; shorten the text and lower "
+                f"max_new_tokens, so that the prompt's tokens and max_new_tokens together fit {ctx_len}"
+                if max_new_tokens == ctx_len else
+                f"; shorten the text by at least {over + max_new_tokens} tokens, or lower max_new_tokens to N and "
+                f"shorten the text by at least {over} + N tokens"), r.text
 
 
 def test_generate_names_the_prompt_field_sent_in_the_engines_refusals(backends, engines):

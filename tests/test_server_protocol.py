@@ -1673,29 +1673,36 @@ def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_enco
 
     text = "a" * (4096 * max_token_bytes(Engine.tokenizer) + 1)
     at_least = "prompt of at least 4097 tokens ("
+    # each told at least how much to shorten it, from its lower bound of 4097 tokens (4098 with the
+    # chat template's markers) beside its route's default max_tokens: 16 (completions: 4097 + 16 -
+    # 4096 = 17, or 1 + N), 128 (/generate: 129), none sent to chat (the engine's: no number)
+    completions = ("shorten the prompt by at least 17 tokens, or lower max_tokens to N and shorten the prompt by at "
+                   "least 1 + N tokens")
+    generate = ("shorten the text by at least 129 tokens, or lower max_new_tokens to N and shorten the text by at "
+                "least 1 + N tokens")
     with live_server(Engine(), served_model_name="rec") as url:
-        for path, body, param, start in (
-            ("/v1/completions", {"model": "rec", "prompt": text}, "prompt", at_least),
+        for path, body, param, start, fix in (
+            ("/v1/completions", {"model": "rec", "prompt": text}, "prompt", at_least, completions),
             # (the chat template's text adds its role markers' bytes)
             ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": text}]}, "messages",
-             "prompt of at least 4098 tokens ("),
-            ("/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0}, "text", at_least),
+             "prompt of at least 4098 tokens (", "shorten the messages"),
+            ("/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0}, "text", at_least, generate),
             # a prompt of several is named by its entry (it was named as the whole prompt, or text)
             ("/v1/completions", {"model": "rec", "prompt": ["a", text]}, "prompt[1]",
-             "prompt[1] of at least 4097 tokens ("),
+             "prompt[1] of at least 4097 tokens (", completions),
             ("/generate", {"text": ["a", "b", text], "return_logprob": True, "logprob_start_len": 0}, "text[2]",
-             f"text[2]: {at_least}"),
+             f"text[2]: {at_least}", generate),
             # so is the one prompt of a list (it was named as the whole prompt), as /generate's text[0]
-            ("/v1/completions", {"model": "rec", "prompt": [text]}, "prompt[0]", "prompt[0] of at least 4097 tokens ("),
+            ("/v1/completions", {"model": "rec", "prompt": [text]}, "prompt[0]", "prompt[0] of at least 4097 tokens (",
+             completions),
             ("/generate", {"text": [text], "return_logprob": True, "logprob_start_len": 0}, "text[0]",
-             f"text[0]: {at_least}"),
+             f"text[0]: {at_least}", generate),
         ):
             r = _post(url, path, body)
             err = r.json()["error"]
             assert r.status_code == 400 and err["param"] == param, err
             assert err["message"].startswith(start), err
-            assert err["message"].endswith(
-                f"exceeds the model's context length of 4096 tokens; shorten the {param.split('[')[0]}"), err
+            assert err["message"].endswith(f"exceeds the model's context length of 4096 tokens; {fix}"), err
         assert not [n for n in encoded if n >= len(text)]
         encoded.clear()  # (the batches' short prompts were encoded)
         ok = _post(url, "/v1/completions", {"model": "rec", "prompt": "a" * 100, "max_tokens": 1})
@@ -3176,7 +3183,8 @@ def test_a_request_too_large_for_the_kv_pool_says_the_servers_cache_is_too_small
 def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_that_reason(tiny_llama):
     """lmnb's client says where a gen's default max_tokens came from when the prompt fits but not with
     it: it reads the error's "reason" (docs/language.md), not its words. A prompt too long by itself
-    has no reason: fewer new tokens would not help. A batch's refused entry keeps it."""
+    has it where its fix names max_new_tokens (lower it, and shorten the prompt by less), not beside
+    max_new_tokens=1 (shortening is the one fix). A batch's refused entry keeps it."""
     from lmnb_engine import Engine
 
     def error(body: dict) -> dict:
@@ -3189,10 +3197,12 @@ def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_
         over_context = error({"text": "w" * 10, "sampling_params": {"max_new_tokens": engine.context_len}})
         over_pool = error({"text": "w" * 10, "sampling_params": {"max_new_tokens": 30}})
         prompt_alone = error({"text": "w" * 40, "sampling_params": {"max_new_tokens": 1}})
+        prompt_beside = error({"text": "w" * 40, "sampling_params": {"max_new_tokens": 2}})
         batch = error({"text": ["w", "w" * 10], "sampling_params": {"max_new_tokens": 30}})
     assert "exceeds the model's context length" in over_context["message"] and over_context["reason"] == "does_not_fit"
     assert "does not fit the server's KV cache" in over_pool["message"] and over_pool["reason"] == "does_not_fit"
     assert "+ max_new_tokens" not in prompt_alone["message"] and "reason" not in prompt_alone
+    assert "or lower max_new_tokens to N" in prompt_beside["message"] and prompt_beside["reason"] == "does_not_fit"
     assert batch["param"] == "text[1]" and batch["reason"] == "does_not_fit"
 
 

@@ -122,7 +122,7 @@ def test_a_text_certainly_too_long_is_named_with_its_count_and_a_short_one_is_no
     text = "a" * (100 * size + 1)
     assert text_too_long(text, byte_level, 100) == (
         f"prompt of at least 101 tokens ({len(text)} characters, counted without encoding them) exceeds the "
-        "model's context length of 100 tokens")
+        "model's context length of 100 tokens", 101)
     assert text_too_long("a" * (100 * size), byte_level, 100) is None  # 100 tokens may fit
     from lmnb_engine import tokenizer as tokenizer_module
 

@@ -65,7 +65,7 @@ from lmnb_engine.http_server.protocol import (
 )
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
-from lmnb_engine.params import (MAX_N, SamplingParams, SamplingParamsError, long_integer_in_json, past_context,
+from lmnb_engine.params import (MAX_N, SamplingParams, SamplingParamsError, long_integer_in_json, past_context_refusal,
                                 past_digit_limit, shown_integer_text)
 from lmnb_engine.suggest import close_match
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
@@ -760,15 +760,19 @@ def check_rid(rid: str, param: str = "rid") -> None:
 
 
 def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool = True,
-                  fix: Optional[Callable[[str], str]] = None) -> list[int]:
+                  fix: Optional[Callable[..., tuple[str, Optional[str]]]] = None) -> list[int]:
     """``engine.encode(text)``; a text certainly longer than the context is refused (a 400 naming
     ``param``) without encoding it: a 20 MB prompt took 20 s to encode, to be refused then. On a
     worker thread: the first look at a vocabulary takes a moment. ``fix``: the refusal's message
-    made of what it says of the text (``params.past_context``, naming the request's length field
-    too where that is also too large); default: "...; shorten the ``param``"."""
+    and reason made of what it says of the text and the lower bound on its tokens
+    (``params.past_context_refusal`` and its ``prompt_len``: by how much to shorten it at least,
+    naming the request's length field too where that helps, ``DOES_NOT_FIT``); default:
+    "...; shorten the ``param``"."""
     too_long = text_too_long(text, engine.tokenizer, engine.context_len)
     if too_long:
-        raise RequestError(fix(too_long) if fix else f"{too_long}; shorten the {param}", param=param)
+        said, at_least = too_long
+        message, reason = fix(said, prompt_len=at_least) if fix else (f"{said}; shorten the {param}", None)
+        raise RequestError(message, param=param, reason=reason)
     return engine.encode(text, add_special_tokens)
 
 
@@ -1106,8 +1110,8 @@ async def _encoded(ctx: ServerContext, text: str, k: int, body: dict, batch: boo
     """``encode_prompt`` of /generate's prompt ``k``, off the event loop; a prompt of a batch too
     long to encode is named by its entry (``text[1]``), and its ``params.max_new_tokens`` too where
     that fits beside no prompt, as ``Engine._to_ids`` refuses a text of the other prompts."""
-    fix = functools.partial(past_context, max_new_tokens=params.max_new_tokens, context_len=ctx.engine.context_len,
-                            noun="text")
+    fix = functools.partial(past_context_refusal, max_new_tokens=params.max_new_tokens,
+                            context_len=ctx.engine.context_len, noun="text")
     try:
         return await ctx.run(encode_prompt, ctx.engine, text, "text", True, fix)
     except RequestError as e:

@@ -76,7 +76,7 @@ from lmnb_engine.http_server.protocol import (
 from lmnb_engine.json_schema import json_value
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import (DOES_NOT_FIT, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError,
-                                in_front_end_names, past_context, shorten_fix)
+                                in_front_end_names, past_context_refusal, shorten_fix)
 from lmnb_engine.token_text import token_bytes, token_text
 
 
@@ -735,8 +735,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         with ctx.holding_response(rid, rids):
             # token ids up front, so echoed logprobs can name the first prompt token too
             ids = []
-            fix = functools.partial(past_context, max_new_tokens=params.max_new_tokens, context_len=engine.context_len,
-                                    field="max_tokens")
+            fix = functools.partial(past_context_refusal, max_new_tokens=params.max_new_tokens,
+                                    context_len=engine.context_len, field="max_tokens")
             for k, x in enumerate(prompts):
                 try:
                     ids.append(await ctx.run(encode_prompt, engine, x, "prompt", True, fix) if isinstance(x, str)
@@ -865,12 +865,13 @@ def _template_tokens(engine: Any, messages: list, extra: dict) -> int:
 
 
 def _chat_past_context(engine: Any, messages: list, extra: dict, name: str, max_tokens: Optional[int],
-                       said: str) -> str:
-    """``params.past_context`` for a chat prompt (what ``said`` says of it) past the context: the
-    request's ``name`` (``max_tokens`` or ``max_completion_tokens``) is to be lowered too where
-    it leaves no room for the chat template's own tokens (``_template_tokens``)."""
+                       said: str, prompt_len: Optional[int] = None) -> tuple[str, Optional[str]]:
+    """``params.past_context_refusal`` for a chat prompt (what ``said`` says of it, of at least
+    ``prompt_len`` tokens where known) past the context: the request's ``name`` (``max_tokens``
+    or ``max_completion_tokens``) is to be lowered too where it leaves no room for the chat
+    template's own tokens (``_template_tokens``)."""
     floor = _template_tokens(engine, messages, extra) if isinstance(max_tokens, int) else 1
-    return past_context(said, max_tokens, engine.context_len, "messages", name, floor)
+    return past_context_refusal(said, max_tokens, engine.context_len, "messages", name, floor, prompt_len)
 
 
 def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, name: str, max_tokens: int,
@@ -894,7 +895,8 @@ def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, 
         return
     if n >= context:  # (at most 0 is no fix: the messages must shrink too)
         said = f"prompt of {n} tokens {'exceeds' if n > context else 'fills'} the model's context length of {context} tokens"
-        raise RequestError(past_context(said, max_tokens, context, "messages", name, floor), param="messages")
+        message, reason = past_context_refusal(said, max_tokens, context, "messages", name, floor)
+        raise RequestError(message, param="messages", reason=reason)
     both = " and min_tokens" if min_tokens > context - n else ""  # (as the engine's _lower_max_new_tokens)
     raise RequestError(f"prompt of {n} tokens + {name}={max_tokens} exceeds the model's context length of {context} "
                        f"tokens; lower {name}{both} to at most {context - n} (the chat template alone takes {floor} "
