@@ -1395,6 +1395,48 @@ def test_an_openai_server_that_refuses_the_key_says_how_to_give_it(server, monke
     assert seen == [f"Bearer {key or env or 'EMPTY'}"]
 
 
+@pytest.mark.parametrize("openai_env", [None, "oa-key"])
+def test_an_azure_backend_sends_the_key_in_its_own_variable_and_a_401_names_that_variable(monkeypatch, openai_env):
+    """lmnb.OpenAI(is_azure=True, base_url=...) with its key only in $AZURE_OPENAI_API_KEY (where
+    openai.AzureOpenAI reads it) sent api-key: EMPTY, or the key of $OPENAI_API_KEY where that was
+    set, and the 401 said "the server asks for an API key: ... or set $OPENAI_API_KEY" (or that the
+    server refused the key in $OPENAI_API_KEY): the Azure key was never sent. It is sent, and a
+    401 names its variable."""
+    import httpx
+
+    from lmnb.backend.base import BackendAuthError
+
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:  # (Azure's refusal of a key)
+        seen.append(request.headers.get("api-key"))
+        return httpx.Response(401, json={"error": {"code": "401", "message": "Access denied due to invalid "
+                                                   "subscription key."}})
+
+    if openai_env is None:
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_API_KEY", openai_env)
+    monkeypatch.setenv("AZURE_OPENAI_API_KEY", "az-key")
+    url = "https://x.openai.azure.com/openai/deployments/d"
+    backend = lmnb.OpenAI("gpt-4o", is_azure=True, base_url=url, api_version="2024-02-01", max_retries=0,
+                          http_client=httpx.Client(transport=httpx.MockTransport(answer)))
+    prompt = Prompt("Hi", messages=[{"role": "user", "content": "Hi"}], role="assistant")
+    try:
+        with pytest.raises(BackendAuthError) as e:
+            backend.generate(prompt, PARAMS, "r")
+    finally:
+        backend.shutdown()
+    assert str(e.value) == (f"{url}/: HTTP 401: Access denied due to invalid subscription key.; the server refused "
+                            "the key in $AZURE_OPENAI_API_KEY: check it")
+    assert seen == ["az-key"]
+    monkeypatch.delenv("AZURE_OPENAI_API_KEY")  # (no key at all: the client says so, naming the variable)
+    with pytest.raises(ValueError, match=r"^the openai client did not start: .*Give the API key: api_key= \(an "
+                                         r"exported job's --api-key KEY, %lm connect --api-key KEY\) or "
+                                         r"\$AZURE_OPENAI_API_KEY\.$"):
+        lmnb.OpenAI("gpt-4o", is_azure=True, base_url=url, api_version="2024-02-01")
+
+
 def test_an_integer_too_long_to_write_is_refused_before_any_request(server, endpoint):
     """gen(max_tokens=10**5000) on RuntimeEndpoint or OpenAI failed as the client wrote its request,
     in Python's words ("ValueError: Exceeds the limit (4300 digits) for integer string conversion;

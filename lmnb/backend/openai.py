@@ -38,6 +38,7 @@ from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
 
 KEY_ENV = "OPENAI_API_KEY"  # (where the openai client, and so lmnb.OpenAI, reads its key)
+AZURE_KEY_ENV = "AZURE_OPENAI_API_KEY"  # (where openai.AzureOpenAI reads its key: lmnb.OpenAI(is_azure=True))
 # Completion-only models of the official API (SGLang's INSTRUCT_MODEL_NAMES, extended).
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 # What a call that abort() stopped returns (not None: a server may answer null).
@@ -92,9 +93,11 @@ class OpenAI(BaseBackend):
         chat_template: role markers for the program text (completion models); default chosen
             from the model name. When no name matches, the generic ``default`` format is used and
             the first prompt with chat roles warns (``UserWarning``) naming the fixes.
-        is_azure: use ``openai.AzureOpenAI``.
+        is_azure: use ``openai.AzureOpenAI``, whose key defaults from ``$AZURE_OPENAI_API_KEY``.
         base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
-        api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
+        api_key: default ``$OPENAI_API_KEY`` (with ``is_azure``, ``$AZURE_OPENAI_API_KEY``, and no
+            ``"EMPTY"``: Azure takes an Azure AD token instead, ``azure_ad_token``); servers that
+            need none get ``"EMPTY"``.
         **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...). A streamed gen
             fails once the read timeout passes with no chunk: keep-alive comments and empty lines,
             which reset httpx's read timeout, do not count. With ``http_client`` (an
@@ -130,10 +133,13 @@ class OpenAI(BaseBackend):
         self._openai = openai
         self._httpx = httpx
         check_api_key("lmnb.OpenAI", api_key)
-        # (the server's words are for an HTTP client: "send Authorization: Bearer <key>")
-        self.key_fix = "; " + key_advice("the api_key given" if api_key else None, KEY_ENV,
-                                         f"lmnb.OpenAI(..., api_key=KEY), or set ${KEY_ENV}")
-        api_key = api_key or os.environ.get(KEY_ENV) or ("EMPTY" if base_url else None)
+        # (the server's words are for an HTTP client: "send Authorization: Bearer <key>"). Azure's
+        # key is in a variable of its own: the OpenAI one's, or "EMPTY", went out in its place, and
+        # a 401 told to set $OPENAI_API_KEY
+        key_env = AZURE_KEY_ENV if is_azure else KEY_ENV
+        self.key_fix = "; " + key_advice("the api_key given" if api_key else None, key_env,
+                                         f"lmnb.OpenAI(..., api_key=KEY), or set ${key_env}")
+        api_key = api_key or os.environ.get(key_env) or ("EMPTY" if base_url and not is_azure else None)
         self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
         self._clients: Optional[tuple] = None  # (the openai client, its async twin or None)
         # The clients a backend dropped without shutdown() leaves open: its finalizer closes them
@@ -145,7 +151,7 @@ class OpenAI(BaseBackend):
             self._open_clients()
         except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
             fix = "" if api_key else (" Give the API key: api_key= (an exported job's --api-key KEY, "
-                                      f"%lm connect --api-key KEY) or ${KEY_ENV}.")
+                                      f"%lm connect --api-key KEY) or ${key_env}.")
             raise ValueError(f"the openai client did not start: {e}{fix}") from None
         self.model_name = model_name
         self.is_chat_model = model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model
