@@ -560,7 +560,7 @@ class StreamExecutor:
                 self.abort()  # as Ctrl-C in run() does; the rest of the queue is skipped
                 interrupted = e
             except BaseException as e:  # noqa: BLE001 - every failure is recorded, none is lost
-                self.fail(repr(expr), e, expr, site)
+                self.fail(expr.cell_hole or repr(expr), e, expr, site)
         if interrupted is not None:  # raised once the queue is settled, so waiting for it cannot hang
             raise interrupted
 
@@ -984,7 +984,7 @@ class StreamExecutor:
                 except ProgramError:
                     raise
                 except Exception as exc:  # named by the part that failed, not the whole list
-                    self.fail(repr(e), exc, e)
+                    self.fail(e.cell_hole or repr(e), exc, e)
                 if self.error_ is not None:  # failed (or aborted): the rest of the list is skipped
                     return
         elif isinstance(expr, Gen):

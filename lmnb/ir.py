@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import re
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -420,9 +421,12 @@ class Expr:
 
     ``cell_offset``: where a ``%%lm`` cell wrote it (the character offset of its hole in the cell
     body, set by the cell's interpreter), so that the cell's error points there; None elsewhere.
+    ``cell_hole``: that hole as the cell wrote it (``{image img}``), which names it in its failure
+    as it runs; None names it by its repr (``Gen('x')``).
     """
 
     cell_offset: Optional[int] = None
+    cell_hole: Optional[str] = None
 
     def __add__(self, other: Any) -> "ExprList":
         return ExprList([self, as_expr(other)])
@@ -591,6 +595,17 @@ def added_twice(expr: Any, owner: object) -> None:
                          f"write s.{role[0]}(...) alone, or s += lmnb.{role[0]}(...)")
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
+
+
+def _source_repr(source: Any) -> str:
+    """``repr(source)`` (``_shown``'s) of a media source as an error names it: on one line,
+    without the memory address of a default repr (a PIL image's "<PIL.Image.Image image mode=RGB size=8x8 at
+    0x7F63B49DABD0>"), cut to 60 characters (a data URL or bytes may be megabytes)."""
+    shown = " ".join(_ADDRESS.sub("", _shown(source)).split())  # (_shown: an int of 5000 digits has no repr)
+    return shown if len(shown) <= 60 else shown[:59] + "…"
+
+
 class Image(Expr):
     """An image input (path, PIL image, bytes or data URL); see ``lmnb.image``."""
 
@@ -598,7 +613,7 @@ class Image(Expr):
         self.source = source
 
     def __repr__(self) -> str:
-        return f"Image({_shown(self.source):.60})"  # (a failed image's name: an int of 5000 digits has no repr)
+        return f"Image({_source_repr(self.source)})"
 
 
 class Video(Expr):
@@ -609,7 +624,7 @@ class Video(Expr):
         self.num_frames = num_frames
 
     def __repr__(self) -> str:
-        return f"Video({_shown(self.source):.60}, {_shown(self.num_frames)})"
+        return f"Video({_source_repr(self.source)}, {_shown(self.num_frames)})"
 
 
 class VarScopeBegin(Expr):

@@ -1708,3 +1708,19 @@ def test_flush_and_tree_before_any_engine_are_notes_not_errors(ip):
     assert [o.data["text/plain"] for o in out.outputs] == [
         "nothing cached yet: no engine has been started (it starts with the first %%lm cell, or %lm load MODEL)",
         "no radix tree yet: no engine has been started (it starts with the first %%lm cell, or %lm load MODEL)"]
+
+
+def test_an_image_or_video_the_model_cannot_take_is_named_by_its_hole_as_written(ip, tmp_path):
+    """{image img} of a PIL image on a text-only model failed as "Image(<PIL.Image.Image image
+    mode=RGB size=8x8 at 0x7F63B49DABD0>) failed: ...": its repr, with a memory address, where a
+    hole's own failure names the hole as the cell wrote it ({p + 1} failed)."""
+    from PIL import Image
+
+    ip.user_ns["img"] = Image.new("RGB", (8, 8))
+    ip.user_ns["clip"] = tmp_path / "clip.mp4"
+    for hole in ("{image img}", "{video clip frames=2}"):
+        failed, _ = run(ip, f"%%lm --static\nLook:\n{hole}\nWhat is it?{{gen x max_tokens=2}}")
+        assert not failed.success
+        error = str(failed.error_in_exec)
+        assert error.startswith(f"line 3, col 1: {hole} failed: "), error
+        assert f"\n    {hole}\n    ^" in error and "0x" not in error, error

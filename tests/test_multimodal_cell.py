@@ -198,7 +198,7 @@ def test_an_image_file_that_is_missing_is_reported_at_its_own_hole(ip):
             result = ip.run_cell(cell)
         assert not result.success and type(result.error_in_exec).__name__ == "CellError"
         assert str(result.error_in_exec).startswith(
-            f"{where} Image('no-such-photo.png') failed: ImageInputError: no image file at 'no-such-photo.png'")
+            f"{where} {{image \"no-such-photo.png\"}} failed: ImageInputError: no image file at 'no-such-photo.png'")
 
 
 def test_an_image_file_pillow_cannot_read_is_reported_at_its_own_hole(ip, tmp_path):
@@ -216,4 +216,4 @@ def test_an_image_file_pillow_cannot_read_is_reported_at_its_own_hole(ip, tmp_pa
             result = ip.run_cell(CELL.replace("{image photo}", f'{{image "{path}"}}'))
         assert not result.success and type(result.error_in_exec).__name__ == "CellError"
         assert str(result.error_in_exec).startswith(
-            f"line 3, col 1: Image({str(path)!r:.60}) failed: ImageInputError: {str(path)!r} {words}\n")
+            f"line 3, col 1: {{image \"{path}\"}} failed: ImageInputError: {str(path)!r} {words}\n")

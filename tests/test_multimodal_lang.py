@@ -73,6 +73,24 @@ def test_image_needs_a_backend_that_sends_images():
         st.sync()
 
 
+def test_an_image_a_text_only_backend_refuses_is_named_without_a_memory_address():
+    """A PIL image was named by its default repr, "Image(<PIL.Image.Image image mode=RGB size=8x8
+    at 0x7F63B49DABD0>) failed: ...": an address that differs on every run and says nothing. A source
+    is named by its repr without the address, on one line, cut to 60 characters with "…"."""
+    from PIL import Image
+
+    class TextOnly(sgl.backend.base.BaseBackend):
+        def get_chat_template(self):
+            from lmnb.chat_template import get_chat_template
+
+            return get_chat_template("default")
+
+    st = images_alone.run(img=Image.new("RGB", (8, 8)), backend=TextOnly())
+    assert str(st.error()).startswith("Image(<PIL.Image.Image image mode=RGB size=8x8>) failed: "), st.error()
+    assert repr(sgl.image(b"\x00" * 20)) == "Image(b'" + "\\x00" * 14 + "\\…)"  # 59 characters of its repr, then "…"
+    assert repr(sgl.video("clip.mp4", 2)) == "Video('clip.mp4', 2)"
+
+
 @sgl.function
 def images_alone(s, img):
     s += sgl.user(sgl.image(img) + "q")

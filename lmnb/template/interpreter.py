@@ -108,7 +108,8 @@ class _Run:
 
         # (named as the hole shows them, as a gen's options are: "{p + 1} failed" named a hole the cell lacks)
         frames = f" frames={node.frames.source}" if node.frames is not None else ""  # ({video v + 1 frames=2})
-        source = self.value(node.source, s, local, f"{{{node.kind} {node.source.source}{frames}}}")
+        hole = f"{{{node.kind} {node.source.source}{frames}}}"
+        source = self.value(node.source, s, local, hole)
         if node.frames is None:
             expr = lmnb.image(source)
         else:
@@ -118,6 +119,8 @@ class _Run:
             except ValueError as e:  # a frame count that is not a positive int
                 raise self.error(str(e), node.frames.offset) from e
         expr.cell_offset = node.offset  # (a source that cannot be read, a text-only model: at this hole)
+        # (and named so: its repr named a PIL image by its memory address, "Image(<PIL... at 0x7F63...>)")
+        expr.cell_hole = hole
         return expr
 
     def role(self, node: Role, s, local) -> None:
