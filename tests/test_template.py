@@ -1132,6 +1132,42 @@ def test_an_image_path_written_without_quotes_is_told_to_quote_it(cell, col, err
 
 
 
+CURLY = "Python's strings take straight quotes (\" and '), not curly ones (“ ” ‘ ’)"
+
+
+@pytest.mark.parametrize("cell, col, char, hint", [
+    ("Q {gen x stop=“\\n”}", 15, "“' (U+201C)", CURLY + ': {gen x stop="\\n"}'),
+    # every curly-quoted string of the hole is fixed; a straight-quoted one keeps its curly text
+    ('{gen x stop=“a” regex="[’]+" max_tokens=‘3’}', 13, "“' (U+201C)",
+     CURLY + """: {gen x stop="a" regex="[’]+" max_tokens='3'}"""),
+    ("{select x choices=[‘yes’, ‘no’]}", 20, "‘' (U+2018)", CURLY + ": {select x choices=['yes', 'no']}"),
+    ("{“it’s”}", 2, "“' (U+201C)", CURLY + ': {"it’s"}'),  # (not the hint to double literal braces)
+    ("{image “cat.png”}", 8, "“' (U+201C)", CURLY + ': {image "cat.png"}'),
+    ('{fork t in [“say "hi"”]}{join}', 13, "“' (U+201C)", CURLY + ': {fork t in ["say \\"hi\\""]}'),
+    ("{‘it’s’}", 2, "‘' (U+2018)", CURLY),  # straight, it is still no Python: no hole offered
+])
+def test_curly_quotes_in_a_hole_get_the_hole_with_straight_quotes(cell, col, char, hint):
+    """A string pasted with curly quotes ({gen x stop=“\\n”}) got Python's "invalid character '“'
+    (U+201C)" and no hint, where other slips get the hole written right."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell, first_line=2)
+    assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == (
+        (2, col), f"invalid Python expression: invalid character '{char}", hint)
+
+
+def test_curly_quotes_in_a_python_cell_get_the_line_with_straight_quotes():
+    """The same in a --python body: its line is offered with straight quotes (comments and straight
+    strings as they stand); where straight quotes leave it no Python, the words alone."""
+    body = "s += 'Q: it’s'  # “x”\n\ns += lmnb.gen(“x”, stop=“\\n”)"
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse_python(body, first_line=2)
+    assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == (
+        (4, 15), "invalid Python: invalid character '“' (U+201C)", CURLY + ': s += lmnb.gen("x", stop="\\n")')
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse_python("x = ‘it’s’", first_line=2)
+    assert e.value.hint == CURLY
+
+
 @pytest.mark.parametrize("cell, defined, col, undefined, quoted", [
     ("{image photos/cat.png}", "photos", 15, "cat", '{image "photos/cat.png"}'),
     ("{video clips/walk.mp4 frames=2}", "clips", 14, "walk", '{video "clips/walk.mp4" frames=2}'),

@@ -73,6 +73,70 @@ def caret_padding(text: str) -> str:
     return "".join(pads)
 
 
+# Curly quotes (as a word processor, a chat or a web page writes them) and the straight quote of
+# each: a string pasted with them is no Python ("invalid character '“' (U+201C)").
+CURLY_QUOTES = {"“": '"', "”": '"', "‘": "'", "’": "'"}
+
+
+def straightened(code: str) -> str:
+    """Python ``code`` with the curly quotes that open and close its strings made straight (“a” →
+    "a", ‘a’ → 'a'), a straight quote inside such a string escaped (“say "hi"” → "say \\"hi\\""),
+    curly quotes of the other kind inside it kept (“it’s” → "it’s"). Strings written with straight
+    quotes and comments are left as they are ("it’s" stays); a curly-quoted string ends at its line."""
+    out: list[str] = []
+    i, n = 0, len(code)
+    while i < n:
+        c = code[i]
+        if c == "#" or c in "\"'":  # a comment, or a string written straight: as it stands
+            end = code.find("\n", i) if c == "#" else _string_end(code, i)
+            end = n if end < 0 else end
+            out.append(code[i:end])
+            i = end
+        elif c in CURLY_QUOTES:
+            quote, j = CURLY_QUOTES[c], i + 1
+            out.append(quote)
+            while j < n and code[j] != "\n" and CURLY_QUOTES.get(code[j]) != quote:
+                step = 2 if code[j] == "\\" else 1  # (an escape: the next character cannot end it)
+                out.append("\\" + quote if code[j] == quote else code[j:j + step])
+                j += step
+            if j < n and code[j] != "\n":  # (its closing quote)
+                out.append(quote)
+                j += 1
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _string_end(code: str, start: int) -> int:
+    """The offset just past the straight-quoted string literal that starts at ``start`` (one that
+    is never closed: its line's end, or the code's for a triple-quoted one)."""
+    quote = code[start] * 3 if code.startswith(code[start] * 3, start) else code[start]
+    i = start + len(quote)
+    while i < len(code):
+        if code[i] == "\\":
+            i += 2
+        elif code.startswith(quote, i):
+            return i + len(quote)
+        elif code[i] == "\n" and len(quote) == 1:
+            return i
+        else:
+            i += 1
+    return len(code)
+
+
+def curly_quotes_hint(code: str, fixed: str, parses) -> str | None:
+    """The hint for Python ``code`` that failed to parse and holds curly quotes: ``fixed`` (the
+    code as shown to the user, straightened) offered where ``parses(straightened(code))`` is true,
+    else the words alone; None for code without curly quotes outside its straight-quoted strings."""
+    straight = straightened(code)
+    if straight == code:
+        return None
+    words = "Python's strings take straight quotes (\" and '), not curly ones (“ ” ‘ ’)"
+    return f"{words}: {fixed}" if parses(straight) else words
+
+
 class TemplateError(Exception):
     """A problem located in a cell: ``line``/``col`` (1-based) say where, ``message`` says what.
 

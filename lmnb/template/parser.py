@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from lmnb.ir import OUTPUT_OPTIONS, did_you_mean, output_clash, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
-    LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, UnclosedError, node_offset, offset_of,
-    surrogate_problem,
+    LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, UnclosedError, curly_quotes_hint, node_offset,
+    offset_of, straightened, surrogate_problem,
 )
 from lmnb.template.nodes import (
     Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
@@ -238,6 +238,7 @@ class _Parser:
 
     # -- holes ----------------------------------------------------------------------------------
     def hole(self, start: int, end: int, kind: str, rest_at: int, rest: str) -> None:
+        self.current_hole = (start, end)  # (what a hint offers fixed)
         if kind == "expr":
             if not rest.strip():
                 raise self.error("empty hole '{}'", start, hint="write '{{}}' for literal braces")
@@ -636,7 +637,8 @@ class _Parser:
             if comment is not None:  # "#" swallows the closing ")" of the wrapper: say what is wrong
                 raise self.error(_COMMENT_IN_HOLE, at + comment) from None
             pos = at + _syntax_offset(source, e)
-            hint = "to write literal braces, double them: '{{' and '}}'" if hint_braces else None
+            hint = curly_quotes_hint(source, straightened(self.src[slice(*self.current_hole)]), _parses) or (
+                "to write literal braces, double them: '{{' and '}}'" if hint_braces else None)
             raise self.error(f"invalid Python expression: {e.msg}", pos, hint=hint) from None
         walrus = next((n for n in ast.walk(tree) if isinstance(n, ast.NamedExpr)), None)
         if walrus is not None:  # exported, it would assign a variable of the program's function
@@ -679,6 +681,15 @@ class _Parser:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _parses(expression: str) -> bool:
+    """Whether ``expression`` is a Python expression (as ``Parser.expr`` reads a hole's)."""
+    try:
+        ast.parse("(" + expression + ")", mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
 def _lead(text: str) -> int:
     return len(text) - len(text.lstrip())
 

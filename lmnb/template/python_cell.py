@@ -10,8 +10,8 @@ import tokenize
 import unicodedata
 from dataclasses import dataclass, field
 
-from lmnb.template.errors import (LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset,
-                                  offset_of, surrogate_problem)
+from lmnb.template.errors import (LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, curly_quotes_hint,
+                                  node_offset, offset_of, straightened, surrogate_problem)
 from lmnb.template.parser import is_reserved
 
 
@@ -80,6 +80,15 @@ def lmnb_name_fix(name: str) -> str:
     return f"in a --python cell, write lmnb.{name} (or run `from lmnb import {name}` in a cell above)"
 
 
+def _parses(code: str) -> bool:
+    """Whether ``code`` is a Python module's source."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
 def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>", indent: str = "") -> PythonCell:
     """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column
     (``indent``: the indentation taken off each line of an indented cell, which columns count)."""
@@ -95,7 +104,9 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
         lines = source.split("\n")
         lineno = min(max(e.lineno or 1, 1), len(lines))
         offset = offset_of(source, lineno, max((e.offset or 1) - 1, 0))
-        raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line, indent=indent) from None
+        # (the error's line offered straightened, where that makes the whole body Python)
+        hint = curly_quotes_hint(source, straightened(source).split("\n")[lineno - 1].strip(), _parses)
+        raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line, hint, indent) from None
     found = _yield_in_body(tree)
     if found is not None:  # the body would become a generator function: the cell would run nothing
         raise TemplateSyntaxError("a --python body cannot use yield: it runs as the program's function, which "
