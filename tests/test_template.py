@@ -949,6 +949,7 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
     ("x" * 50, "y" * 1000, "x" * 50 + "{gen a max_token=3}" + "y" * 88 + "…", 57),  # the line's start is near
     ("x" * 1000, "", "…" + "x" * 93 + "{gen a max_token=3}", 101),  # and its end
     ("x" * 100, "y" * 121, "x" * 100 + "{gen a max_token=3}" + "y" * 121, 107),  # 240 characters: quoted whole
+    ("🦉" * 300, "", "…" + "🦉" * 93 + "{gen a max_token=3}", 1 + 2 * 93 + 7),  # wide characters: two columns each
 ])
 def test_a_long_line_is_quoted_around_the_error(before, after, shown, caret):
     # a %%lm cell with a 1 MB prompt line and a typo quoted the whole line and a caret line as long:
@@ -1502,6 +1503,11 @@ def test_top_logprobs_num_above_the_engines_bound_is_left_to_the_backend_as_gen_
     ("हिंदी ", "     "),  # Devanagari: the vowel signs ि and ी take a column each, the ं none
     ("❤\ufe0f ", "   "),  # the emoji variation selector shows the one-column ❤ two columns wide
     ("🙂\ufe0f ", "   "),  # and leaves a wide one two
+    # (each of these took a column per character, or two per emoji: the caret stood right of its column)
+    ("👩\u200d💻 ", "   "),  # an emoji sequence joined by ZWJ shows as one emoji, two columns
+    ("👍🏽 ", "   "),  # and so does an emoji with a skin tone modifier
+    ("a\u200bb ", "   "),  # a zero-width space (pasted from a web page) takes none
+    ("\u1112\u1161 ", "   "),  # nor a Hangul vowel joined to its consonant (NFD 하: two columns)
 ])
 def test_the_caret_is_under_the_column_on_a_line_with_tabs_or_wide_characters(before, padding):
     """The caret was padded with one space per character: on a line with tabs or CJK / emoji text

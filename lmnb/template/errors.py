@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+import wcwidth  # (a dependency of IPython's prompt_toolkit)
+
 
 def line_col(source: str, offset: int, first_line: int = 1, indent: str = "") -> tuple[int, int]:
     """1-based (line, column) of character ``offset`` in ``source``; ``first_line`` numbers line 1.
@@ -58,19 +60,13 @@ TOO_DEEP_HINT = "build the value in a Python cell and use the variable here"
 
 def caret_padding(text: str) -> str:
     """What goes before a caret that points just past ``text`` (the start of a line): its tabs kept
-    (a terminal or notebook expands them alike on both lines), two spaces for a wide (CJK, emoji)
-    character, none for a combining mark (a nonspacing or enclosing one: Thai and Devanagari vowel
-    signs too, which have no combining class), one space for any other; the emoji variation selector
-    (U+FE0F) makes a one-column character before it two (❤️, ⚠️). Spaces alone put the caret
-    columns to the left of where it points on such lines."""
-    pads: list[str] = []
-    for c in text:
-        if c == "\ufe0f":
-            pads.append(" " if pads and pads[-1] == " " else "")
-        else:
-            pads.append("\t" if c == "\t" else "" if unicodedata.category(c) in ("Mn", "Me")
-                        else "  " if unicodedata.east_asian_width(c) in "WF" else " ")
-    return "".join(pads)
+    (a terminal or notebook expands them alike on both lines), and between them as many spaces as
+    the text takes columns in a terminal, as the ``wcwidth`` package counts them: two for a wide
+    (CJK, emoji) character or a cluster shown as one emoji (👩‍💻, 👍🏽, ❤️), none for a combining mark
+    or a zero-width character (U+200B), one for any other. One space per character put the caret
+    columns to the left of where it points on such lines. Control characters count none."""
+    return "\t".join(" " * wcwidth.wcswidth("".join(c for c in part if unicodedata.category(c) != "Cc"))
+                     for part in text.split("\t"))
 
 
 # Curly quotes (as a word processor, a chat or a web page writes them) and the straight quote of
