@@ -1146,6 +1146,9 @@ CURLY = "Python's strings take straight quotes (\" and '), not curly ones (“ �
     ("{image “cat.png”}", 8, "“' (U+201C)", CURLY + ': {image "cat.png"}'),
     ('{fork t in [“say "hi"”]}{join}', 13, "“' (U+201C)", CURLY + ': {fork t in ["say \\"hi\\""]}'),
     ("{‘it’s’}", 2, "‘' (U+2018)", CURLY),  # straight, it is still no Python: no hole offered
+    # what a curly-quoted string holds is not the cell's syntax (it was "gen has no option 'x'")
+    ("{gen x stop=“Answer: x=1”}", 13, "“' (U+201C)", CURLY + ': {gen x stop="Answer: x=1"}'),
+    ("{“x!r”}", 2, "“' (U+201C)", CURLY + ': {"x!r"}'),
 ])
 def test_curly_quotes_in_a_hole_get_the_hole_with_straight_quotes(cell, col, char, hint):
     """A string pasted with curly quotes ({gen x stop=“\\n”}) got Python's "invalid character '“'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmnb.template.errors import TemplateSyntaxError, UnclosedError, line_col
+from lmnb.template.errors import CURLY_QUOTES, TemplateSyntaxError, UnclosedError, line_col
 
 _OPEN = "([{"
 _CLOSE = {")": "(", "]": "[", "}": "{"}
@@ -120,7 +120,10 @@ def string_end(source: str, start: int, first_line: int = 1, indent: str = "") -
 
 
 def top_level(text: str):
-    """Yield ``(index, char)`` for characters of Python ``text`` outside strings and brackets."""
+    """Yield ``(index, char)`` for characters of Python ``text`` outside strings and brackets.
+
+    A string written with curly quotes (“a=b”, which Python refuses) counts as a string too, so
+    that what it holds is not read as the cell's syntax (an option b=) but told where it starts."""
     depth = 0
     j = 0
     while j < len(text):
@@ -131,6 +134,11 @@ def top_level(text: str):
             except TemplateSyntaxError:
                 return
             continue
+        if c in CURLY_QUOTES:
+            end = next((k for k in range(j + 1, len(text)) if CURLY_QUOTES.get(text[k]) == CURLY_QUOTES[c]), None)
+            if end is not None:
+                j = end + 1
+                continue
         if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
