@@ -24,6 +24,9 @@ run: install
 
 # The real-browser widget test needs Debian chromium and playwright-core (tests/browser/setup.sh;
 # idempotent, uses apt-get and npm, so it needs root the first time).
+# Two pytest workers (pytest-xdist), each taking whole test files, so a file's module fixtures
+# (an engine, a kernel) load once: on CI's two cores the suite's waits on subprocesses, kernels and
+# timeouts overlap with the other worker's computing.
 test: install
 	bash tests/browser/setup.sh $(VENV)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests

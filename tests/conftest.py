@@ -6,7 +6,10 @@ import os
 
 import pytest
 
-# Two cores on CI: keep torch from oversubscribing them.
+# Two cores on CI: keep torch from oversubscribing them. Under pytest-xdist (`make test` runs two
+# workers) each worker, and what it starts, computes on one thread, so the two fill the two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
