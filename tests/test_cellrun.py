@@ -345,15 +345,11 @@ def test_a_stop_clicked_as_the_cell_ends_by_itself_leaves_it_done():
     assert (outcome.status, outcome.error, state["a"], state.text()) == ("done", None, "ok", "Q:ok")
 
 
-def test_a_stop_as_a_python_body_ends_with_its_fork_unjoined_stops_the_branches_and_counts_them():
-    # A --python body forked and ended without joining, its root's gen failed, so the body did not
-    # wait for the branches, which were still generating. A Stop clicked as the body's end reached
-    # the cell came after the waiter's wait for the stopped requests' reports, and after the pump's
-    # last look at the button: the branches ran on unaborted, and what they reported came after the
-    # cell had stopped listening (the summary's prompt lacked them).
+def _failing_root_with_unjoined_branches():
+    """A --python body that forks 2 branches and ends without joining, its root's gen failing
+    once both branches' requests run; each branch reports one token, then waits (up to 20 s) to
+    be aborted. Returns (backend, cell)."""
     from lmnb.template import parse_python
-    from lmnb_kernel.feed import ViewFeeder
-    from lmnb_kernel.widgets import RunView
 
     entered = threading.Semaphore(0)
 
@@ -372,7 +368,19 @@ def test_a_stop_as_a_python_body_ends_with_its_fork_unjoined_stops_the_branches_
 
     cell = parse_python('s += "Q:"\nforks = s.fork(2)\nfor f in forks:\n    f += lmnb.gen("x", max_tokens=50)\n'
                         's += lmnb.gen("a", max_tokens=3)', first_line=2)
-    backend = Backend()
+    return Backend(), cell
+
+
+def test_a_stop_as_a_python_body_ends_with_its_fork_unjoined_stops_the_branches_and_counts_them():
+    # A --python body forked and ended without joining, its root's gen failed, so the body did not
+    # wait for the branches, which were still generating. A Stop clicked as the body's end reached
+    # the cell came after the waiter's wait for the stopped requests' reports, and after the pump's
+    # last look at the button: the branches ran on unaborted, and what they reported came after the
+    # cell had stopped listening (the summary's prompt lacked them).
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.widgets import RunView
+
+    backend, cell = _failing_root_with_unjoined_branches()
     view = RunView("python", live=False)
     listener = Listener()
     listener.queue = _StopAsItEnds(view)
@@ -389,28 +397,10 @@ def test_a_python_body_whose_gen_failed_stops_its_unjoined_fork_branches_and_cou
     # wait for the branches: the cell ended "error" while they generated on, on the engine, after
     # the cell, and what they reported came after the cell had stopped listening. A failed cell now
     # aborts what it started and left running, as a Stop does, and waits for their reports.
-    from lmnb.template import parse_python
     from lmnb_kernel.feed import ViewFeeder
     from lmnb_kernel.widgets import RunView
 
-    entered = threading.Semaphore(0)
-
-    class Backend(ScriptedBackend):
-        def generate_stream(self, prompt, params, rid):
-            self._record("stream", (prompt, params))
-            if params.max_new_tokens == 3:  # the root's gen: fails once both branches' requests run
-                assert entered.acquire(timeout=20) and entered.acquire(timeout=20)
-                raise RuntimeError("model exploded")
-            counts = {"id": rid, "prompt_tokens": 7, "cached_tokens": 5}
-            entered.release()
-            yield "x", {**counts, "completion_tokens": 1}
-            aborted = self._abort_events.setdefault(rid, threading.Event()).wait(20)
-            reason = {"type": "abort", "message": "aborted"} if aborted else {"type": "length", "length": 1}
-            yield "", {**counts, "completion_tokens": 1, "finish_reason": reason}
-
-    cell = parse_python('s += "Q:"\nforks = s.fork(2)\nfor f in forks:\n    f += lmnb.gen("x", max_tokens=50)\n'
-                        's += lmnb.gen("a", max_tokens=3)', first_line=2)
-    backend = Backend()
+    backend, cell = _failing_root_with_unjoined_branches()
     view = RunView("python", live=False)
     listener = Listener()
     state = start_run(cell.program({"lmnb": lmnb}), {}, backend, {}, listener)
