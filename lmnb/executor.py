@@ -1043,6 +1043,16 @@ class StreamExecutor:
             self.speculation = Speculation()
         self._append(value, source)
 
+    def message_end_stops(self, params: GenParams) -> tuple[str, ...]:
+        """The chat template's end-of-message stops for an unconstrained gen of ``params``; none
+        under ``ignore_eos``. A template's end of message is the text of the model's end-of-turn
+        token, a special token the engine's output text leaves out, so under ``ignore_eos`` (which
+        generates past that token) the stop would end the gen only where the model spelled the
+        marker out in plain characters: it would cut such a gen short at random and, beside pinned
+        prefixes, keep the engine from refusing at once a gen whose length cannot fit (it counts a
+        stop as a way to end early)."""
+        return () if params.ignore_eos else self.chat_template.stop_str
+
     def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:
         """Program defaults under the gen's own values, plus the chat template's stops for an
         unconstrained gen (SGLang adds them to every gen, and one inside a JSON value would cut
@@ -1070,7 +1080,7 @@ class StreamExecutor:
         if params.seed is None and p.seed is not None and self.seed_path:
             p = dataclasses.replace(p, seed=derived_seed(p.seed, self.seed_path))
         if p.regex is None and p.json_schema is None and p.dtype is None:
-            p = p.with_stops(self.chat_template.stop_str)
+            p = p.with_stops(self.message_end_stops(p))
         parse = None
         if p.dtype is not None:  # gen() refused dtype with regex or json_schema
             regex, parse = dtype_regex(p.dtype)

@@ -215,7 +215,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         serves = bool(left.text) and left.end_of_tokens(limit or 0) is not None
     if not serves:
         spec = dataclasses.replace(
-            params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.chat_template.stop_str),
+            params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.message_end_stops(params)),
             stop_regex=None, return_logprob=True, return_text_in_logprobs=True,
         )
         try:
@@ -292,7 +292,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
     values, meta = None, {}
     if gens:
         params = dataclasses.replace(
-            gens[0][2], max_new_tokens=ex.num_api_spec_tokens, stop=list(ex.chat_template.stop_str), stop_regex=None
+            gens[0][2], max_new_tokens=ex.num_api_spec_tokens, stop=list(ex.message_end_stops(gens[0][2])), stop_regex=None
         )
         reply = ""
         for _ in range(SPEC_MAX_TRIES):

@@ -556,6 +556,35 @@ def test_a_programs_gen_kept_out_by_pinned_prefixes_is_told_the_max_tokens_that_
         assert_idle_accounting(eng)
 
 
+def test_an_ignore_eos_gen_under_the_models_chat_template_kept_out_by_pinned_prefixes_is_refused_as_it_arrives(tiny_llama):
+    """A program's ignore_eos gen under the model's own chat template had the template's end of
+    message ("<|end|>", a special token the output text leaves out) as a stop, so the engine took it
+    for one that may stop sooner: it generated until the pool ran out and then aborted ("request needs
+    71 KV slots to finish (70 for its tokens so far) ...", 26 tokens in), where the raw engine's
+    request is refused before any forward pass. Under ignore_eos no end-of-message stop is added, so
+    it is refused as it arrives, as the "default" template's gen is above (the same counts)."""
+    import random
+
+    import lmnb as sgl
+
+    @sgl.function
+    def prog(s):
+        s += "x" * 45
+        s += sgl.gen("y", max_tokens=27, ignore_eos=True)
+
+    with engine(tiny_llama, max_total_tokens=150) as eng:
+        backend = sgl.Engine(engine=eng)
+        assert backend.chat_template.stop_str == ("<|end|>",)
+        rng = random.Random(4)
+        pin = eng.pin_prefix([rng.randrange(10, 500) for _ in range(80)])
+        state = prog.run(backend=backend)
+        assert str(state.error()).endswith(
+            "the request was aborted: request needs 71 KV slots to finish but only 70 of 150 can be freed (80 are "
+            "pinned); unpin prefixes, or raise max_total_tokens, or lower max_tokens to 26"), state.error()
+        eng.unpin(pin)
+        assert_idle_accounting(eng)
+
+
 def test_a_request_that_may_stop_sooner_is_refused_beside_pinned_prefixes_only_for_its_prompt(tiny_llama):
     """A request that a grammar, a stop or EOS may end before its max_new_tokens was refused as it
     arrived for max_new_tokens it would never reach: regex "abc" with max_new_tokens=60 beside pins

@@ -538,16 +538,16 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
                 ) in cell_failure(
                     "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 160 + "']}")
         # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise; as the
-        # request arrives where its prompt does not fit, 11 slots with 10 not pinned)
+        # request arrives where its prompt does not fit, 11 slots with 10 not pinned, for a gen EOS may end)
         assert run(ip, "%%lm --state pool_pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pool_pinned")[0].success
         # (which names the kernel's unpin, %lm unpin NAME: the cell has no Engine.unpin to call)
         assert ("request needs 11 KV slots for its prompt but only 10 of 160 can be freed (150 are pinned); unpin a "
                 "state with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's --max-total-tokens\n"
-                in cell_failure("%%lm\n" + "v" * 11 + "{gen x max_tokens=10 ignore_eos=True}"))
-        # (a gen that fits only its prompt runs, as a cell's gen has a stop that may end it in time, the chat
-        # template's end: 10 + 10 - 1 slots, and it aborts where the pool runs out, 11 tokens in, told the
-        # max_tokens that finishes in gen()'s name: 10 + 1 - 1 = 10 slots)
-        assert ("request needs 19 KV slots to finish (11 for its tokens so far) but only 10 of 160 can be freed (150 are "
+                in cell_failure("%%lm\n" + "v" * 11 + "{gen x max_tokens=10}"))
+        # (a gen that fits only its prompt is refused as it arrives too: under ignore_eos the chat template's end
+        # of message is no stop of it, so nothing but its length ends it: 10 + 10 - 1 slots, told the max_tokens
+        # that finishes in gen()'s name: 10 + 1 - 1 = 10 slots)
+        assert ("request needs 19 KV slots to finish but only 10 of 160 can be freed (150 are "
                 "pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise %lm load's "
                 "--max-total-tokens, or lower max_tokens to 1\n" in cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:
