@@ -23,7 +23,8 @@ def close_match(word: str, options: Iterable[str]) -> Optional[str]:
     """The one of ``options`` closest to a misspelt ``word``, or None where none is close: a peer's
     name for one of them (``PEER_NAMES``, ``-`` read as ``_``: ``stop_strings`` → ``stop``), else
     difflib's ``get_close_matches`` (a similarity ratio of 0.6 or more, as Python's own "Did you
-    mean" picks), letter case aside (``RUN`` → ``run``, which difflib found no closer than ``xyz``;
+    mean" picks), or else the first option one slip away (``_one_edit``) from a word of two
+    characters or more, letter case aside (``RUN`` → ``run``, which difflib found no closer than ``xyz``;
     of options that differ in case only, the first listed): a ``%%lm`` cell's variable, the Python
     API's keywords, ``%lm`` subcommands, the export's notes on row fields, command-line options and
     choices (``cli_options.suggest_option``), ``SamplingParams`` fields, the server's fields and
@@ -38,7 +39,23 @@ def close_match(word: str, options: Iterable[str]) -> Optional[str]:
     for option in options:
         folded.setdefault(option.lower(), option)
     close = difflib.get_close_matches(word.lower(), list(folded), n=1)
+    if not close and len(word) >= 2:  # (a lone letter is one edit from every other: no offer)
+        close = [option for option in folded if _one_edit(word.lower(), option)][:1]
     return folded[close[0]] if close else None
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with one character inserted, left out, replaced, or two adjacent
+    characters swapped (Damerau's four single errors): difflib's ratio misses such a slip in a short
+    name, ``nm`` for ``mn`` or ``tk`` for ``tp`` (0.5, below its 0.6)."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    if len(a) < len(b):  # one inserted into a
+        return a[i:] == b[i + 1:]
+    return a[i + 1:] == b[i + 1:] or (a[i + 2:] == b[i + 2:] and a[i:i + 2] == b[i:i + 2][::-1])
 
 
 def did_you_mean(words: Sequence[str], *tiers: tuple[str, Any]) -> str:

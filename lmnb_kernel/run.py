@@ -27,6 +27,7 @@ from lmnb.export.cells import (Code, Dropped, ExportError, LMCell, cell_tags, is
                                unknown_cell_notes)
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
+from lmnb_engine.suggest import close_match
 from lmnb_kernel.cell_failure import describe_failure, with_note
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
@@ -836,8 +837,10 @@ def inject_parameters(nb, params: dict) -> int | None:
     if known is not None:  # a misspelt -p name would otherwise run silently with the notebook's default
         for name in params:
             if unicodedata.normalize("NFKC", name) not in known:  # as Python reads the injected cell
+                close = close_match(name, sorted(known))
+                fix = f"did you mean -p {close}?" if close else "check the spelling"
                 print(f"lmnb run: warning: parameter {name!r} is not set in the cell tagged 'parameters' "
-                      f"(it sets {', '.join(sorted(known)) or 'nothing'}); check the spelling", file=sys.stderr)
+                      f"(it sets {', '.join(sorted(known)) or 'nothing'}); {fix}", file=sys.stderr)
     old = [i for i, c in enumerate(cells) if "injected-parameters" in cell_tags(c)]
     if old:
         cells[old[0]] = cell

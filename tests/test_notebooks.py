@@ -1528,6 +1528,21 @@ def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):
     assert nb.cells[1].source == "# Parameters\npersn = 'Corin'\n"  # still injected, as papermill does
 
 
+def test_a_misspelt_parameter_is_offered_the_name_it_misspells_short_names_too(capsys):
+    """`lmnb run -p nn 2` warned "check the spelling" with the names listed but none offered; the
+    close name is offered, for a short name too where difflib's ratio misses it (tk for tp: 0.5, one
+    letter replaced), and none where no name is one slip away or a lone letter is (z for n)."""
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('person = "Arvel"\nn = 2\ntp = 1', metadata={"tags": ["parameters"]})]
+    listed = "is not set in the cell tagged 'parameters' (it sets n, person, tp); "
+    for given, fix in [("nn", "did you mean -p n?"), ("persn", "did you mean -p person?"),
+                       ("tk", "did you mean -p tp?"), ("z", "check the spelling"), ("quux", "check the spelling")]:
+        inject_parameters(nb, {given: 3})
+        assert capsys.readouterr().err == f"lmnb run: warning: parameter {given!r} {listed}{fix}\n"
+
+
 @pytest.mark.parametrize("tags", ["parameters", 5, None, {"parameters": 1}])
 def test_tags_that_are_no_list_tag_no_cell_for_p_as_for_the_export(capsys, tags):
     # "tags": "parameters" (hand-edited JSON, a string) had its substring found, so lmnb run put the
