@@ -26,6 +26,7 @@ from lmnb.backend.base import BaseBackend
 from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners, derived_seed,
 )
+from lmnb.interrupt import item_ranges, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
     role_message,
@@ -141,8 +142,15 @@ class ProgramState:
         try:
             yield
         except KeyboardInterrupt:
-            self.stream_executor.abort()
-            raise
+            ex = self.stream_executor
+            finished = ex._finished()
+            ex.abort()
+            if finished:
+                what = "the program had finished, so nothing was aborted"
+            else:
+                what = ("its requests were aborted and the backend is free for the next call; the text it had "
+                        "written is in state.error().partial_text")
+            raise stopped(f"the program was stopped while its state was read: {what}") from None
 
     def sync(self) -> None:
         """Wait until every submitted primitive has run (and, called outside the body of a
@@ -527,6 +535,20 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
     return state
 
 
+def _batch_stopped(size: int, finished: list[int], yielded: Optional[int]) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` of a batch of ``size`` items stopped by Ctrl-C, the items
+    ``finished`` by then (indices), the others aborted or never started; ``yielded``: the states a
+    ``generator_style`` batch had handed on (None for a list, which returns none)."""
+    plural = "s" if len(finished) != 1 else ""
+    done = f"item{plural} {item_ranges(finished)} had finished" if finished else "no item had finished"
+    left = size - len(finished)
+    rest = f"; the requests of the other {left} were aborted or never sent" if left else ""
+    kept = (f"; it had yielded {yielded} state{'s' if yielded != 1 else ''}" if yielded is not None else
+            "; it returned no states: run it again (generator_style=True hands on each state as it comes)")
+    return stopped(f"run_batch was stopped: {done} ({len(finished)} of {size}){rest}, and the backend is free "
+                   f"for the next call{kept}")
+
+
 def run_program_batch(
     program,
     backend: BaseBackend,
@@ -602,12 +624,18 @@ def run_program_batch(
             # a draw that raised kept tqdm's lock, and the next item's update waited for it for good;
             # a log file gets lines, a terminal and a notebook the bar drawn in place)
             pbar = bar_stream.progress_bar(len(batch_kwargs), bar_stream.is_live(sys.stderr))
+        finished = None  # on a Ctrl-C: the items that had finished by then
+        yielded = 0
         try:
             with ThreadPoolExecutor(num_threads) as pool:
+                futures = []
                 try:
                     futures = [pool.submit(one, i, kw) for i, kw in enumerate(batch_kwargs)]
                     for f in futures:
                         yield f.result()
+                        yielded += 1
+                except KeyboardInterrupt:  # raised again below, saying what it stopped, once the items have ended
+                    finished = [i for i, f in enumerate(futures) if f.done() and not f.cancelled()]
                 finally:  # a consumer that stops early (break, Ctrl-C): no item is left running for no one
                     pool.shutdown(wait=False, cancel_futures=True)
                     with lock:
@@ -617,5 +645,7 @@ def run_program_batch(
         finally:
             if pbar is not None:
                 pbar.close()
+        if finished is not None:
+            raise _batch_stopped(len(batch_kwargs), finished, yielded if generator_style else None) from None
 
     return results() if generator_style else list(results())

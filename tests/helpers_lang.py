@@ -98,6 +98,30 @@ class ScriptedBackend(BaseBackend):
         return [k for k, _ in self.calls]
 
 
+class InterruptingBackend(ScriptedBackend):
+    """A ScriptedBackend that sends SIGINT to the main thread from the request whose prompt ends
+    with ``at`` (a known point, no timing: a Ctrl-C while the caller waits for that request), then
+    waits until that request is aborted; the others reply "done"."""
+
+    def __init__(self, at: str, **kwargs):
+        super().__init__(lambda p, params: "done", delay=30, **kwargs)
+        self.at = at
+        self._marked: set[str] = set()
+
+    def generate(self, prompt: Prompt, params, rid):
+        if str(getattr(prompt, "text", prompt)).endswith(self.at):
+            self._marked.add(rid)
+        return super().generate(prompt, params, rid)
+
+    def _wait(self, rid):
+        import signal
+
+        if rid not in self._marked:
+            return False
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return super()._wait(rid)
+
+
 def pace_stream(backend, monkeypatch) -> threading.Event:
     """Make ``backend.generate_stream`` send each delta after a non-empty one only once the reader
     has set the returned event (on taking a chunk), at most 10 s later: a test counting the chunks

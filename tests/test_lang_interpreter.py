@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,7 +24,7 @@ from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
 
-from helpers_lang import ScriptedBackend
+from helpers_lang import InterruptingBackend, ScriptedBackend
 from helpers_multimodal import png_bytes, random_image
 
 
@@ -3652,6 +3653,87 @@ def test_ctrl_c_in_run_batch_aborts_the_running_items_and_starts_no_more():
         signal.signal(signal.SIGINT, previous)
     # the 4 running items' requests were aborted; the 6 others never asked for one
     assert len(be.aborted) == 4 and len([c for c in be.calls if c[0] == "generate"]) == 4
+
+
+def _user_frames(error: BaseException) -> list[str]:
+    """The function names of the frames IPython shows for ``error`` (lmnb.interrupt's cut)."""
+    from lmnb.interrupt import callers_traceback
+
+    return [frame.f_code.co_name for frame, _ in traceback.walk_tb(callers_traceback(error.__traceback__))]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("generator_style", [False, True])
+def test_ctrl_c_in_run_batch_says_which_items_finished_and_ends_at_the_users_call(generator_style):
+    """Ctrl-C in run_batch raised Python's bare KeyboardInterrupt from deep in concurrent.futures and
+    threading (a dozen frames of lmnb's and the standard library's in a notebook); it now says which
+    items had finished and that the others' requests were aborted, and IPython shows the caller's
+    frames only. One thread: items 0 and 1 finish, item 2's request sends the SIGINT, 3 and 4 never
+    start."""
+    import signal
+
+    be = InterruptingBackend("2: ")
+
+    @sgl.function
+    def prog(s, n):
+        s += f"{n}: " + sgl.gen("a")
+
+    got = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            if generator_style:
+                for st in prog.run_batch([(i,) for i in range(5)], num_threads=1, backend=be, generator_style=True):
+                    got.append(st["a"])
+            else:
+                prog.run_batch([(i,) for i in range(5)], num_threads=1, backend=be)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    kept = ("it had yielded 2 states" if generator_style else
+            "it returned no states: run it again (generator_style=True hands on each state as it comes)")
+    assert str(caught.value) == (
+        "run_batch was stopped: items 0-1 had finished (2 of 5); the requests of the other 3 were aborted or never "
+        f"sent, and the backend is free for the next call; {kept}")
+    assert caught.value.__suppress_context__  # (raised from None: not "During handling of the above exception")
+    assert _user_frames(caught.value) == [
+        "test_ctrl_c_in_run_batch_says_which_items_finished_and_ends_at_the_users_call"]
+    assert got == (["done", "done"] if generator_style else [])
+    assert len(be.aborted) == 1 and len([c for c in be.calls if c[0] == "generate"]) == 3
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_text_iter_says_the_requests_were_aborted_and_ends_at_the_users_call(monkeypatch):
+    """Ctrl-C while iterating a streamed state's text_iter raised Python's bare KeyboardInterrupt
+    from lmnb's and threading's frames; it now says the requests were aborted and where the text
+    went, and IPython shows the caller's frames only. The interrupt lands where a Ctrl-C does, in
+    the reader's wait for the next piece, once the gen's request is in flight."""
+    from lmnb.executor import StreamExecutor
+
+    be = ScriptedBackend(lambda p, params: "never", delay=30)  # a gen that runs until aborted
+    real_wait = StreamExecutor._wait
+
+    def wait(self, timeout=None):
+        if threading.current_thread() is threading.main_thread() and be.calls:
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+
+    st = prog.run(backend=be, stream=True)
+    monkeypatch.setattr(StreamExecutor, "_wait", wait)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        list(st.text_iter())
+    monkeypatch.undo()
+    assert str(caught.value) == (
+        "the program was stopped while its state was read: its requests were aborted and the backend is free for "
+        "the next call; the text it had written is in state.error().partial_text")
+    assert caught.value.__suppress_context__
+    assert _user_frames(caught.value) == [
+        "test_ctrl_c_in_text_iter_says_the_requests_were_aborted_and_ends_at_the_users_call"]
+    assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Q: "
+    assert len(be.aborted) == 1
 
 
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():

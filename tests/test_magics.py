@@ -555,6 +555,34 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
         get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
 
 
+def test_ctrl_c_in_a_python_cells_run_batch_shows_the_cells_line_and_what_became_of_the_batch(ip):
+    """Stopping a Python cell's run_batch showed a traceback through lmnb/api.py, lmnb/interpreter.py,
+    concurrent/futures and threading ending in a bare "KeyboardInterrupt:", where a stopped %%lm cell
+    says what it kept. The traceback now ends at the cell's call, and the message says which items
+    finished and that the others' requests were aborted. One thread: items 0 and 1 finish, item 2's
+    request sends the SIGINT (as the stop button does), item 3 never starts."""
+    import signal
+
+    from helpers_lang import InterruptingBackend
+
+    ip.user_ns["be"] = be = InterruptingBackend("2: ")
+    assert run(ip, "@lmnb.function\ndef prog(s, n):\n    s += f'{n}: ' + lmnb.gen('a')")[0].success
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result, out = run(ip, "x = 1\nprog.run_batch([(i,) for i in range(4)], num_threads=1, backend=be)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    shown = out.stdout + out.stderr
+    assert ("\nKeyboardInterrupt: run_batch was stopped: items 0-1 had finished (2 of 4); the requests of the "
+            "other 2 were aborted or never sent, and the backend is free for the next call; it returned no states: run "
+            "it again (generator_style=True hands on each state as it comes)") in shown
+    assert "----> 2 prog.run_batch([(i,) for i in range(4)], num_threads=1, backend=be)\n\nKeyboardInterrupt" in shown
+    for internal in ("api.py", "interpreter.py", "concurrent", "threading", "During handling"):
+        assert internal not in shown
+    assert len(be.aborted) == 1
+
+
 def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
     """%lm pin of a state that did not fit the KV pool was told to "raise max_total_tokens", the Python
     API's keyword, where a cell's request says "raise %lm load's --max-total-tokens" (the kernel's pool is
