@@ -96,10 +96,15 @@ def _check_backend(backend: Any) -> None:
 
 def set_default_backend(backend) -> None:
     """Use ``backend`` (``Engine``, ``RuntimeEndpoint``, ``OpenAI``, ...) for programs run without
-    ``backend=``."""
+    ``backend=``. A default that has an ``on_replaced(new)`` method (looked up on its class: the
+    lmnb kernel's, which warns that Python programs leave the engine its cells use) is told when
+    another backend takes its place."""
     global _default_backend
     _check_backend(backend)
-    _default_backend = backend
+    previous, _default_backend = _default_backend, backend
+    on_replaced = getattr(type(previous), "on_replaced", None)
+    if on_replaced is not None and backend is not None and backend is not previous:
+        on_replaced(previous, backend)
 
 
 def get_default_backend():

@@ -10,9 +10,10 @@ import sys
 
 from IPython.display import display
 
+import lmnb
 from lmnb_engine import API_KEY_ENV
 from lmnb_kernel.errors import CellError
-from lmnb_kernel.session import NOT_STARTED, EngineConfig, Session, say_no_chat_template
+from lmnb_kernel.session import NOT_STARTED, EngineConfig, Session, SessionBackend, say_no_chat_template
 from lmnb_kernel.tables import percent, table
 
 
@@ -149,6 +150,9 @@ def stats(args, session: Session) -> None:
         ("cell tokens: prompt / cached / completion",
          f"{session.totals.prompt_tokens} / {session.totals.cached_tokens} / {session.totals.completion_tokens}"),
     ]
+    default = lmnb.global_config.default_backend  # (read without starting one)
+    if default is not None and not isinstance(default, SessionBackend):  # (set_default_backend replaced the kernel's)
+        totals.append(("Python programs run on", f"{default!r} (lmnb.set_default_backend), not counted here"))
     if session.remote is not None or not session.started:  # informational: never stop a Run-All
         why = (f"cells run on {session.remote}, whose cache figures are not shown here" if session.remote
                else "not started yet; it starts with the first %%lm cell (or %lm load MODEL)")

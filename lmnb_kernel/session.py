@@ -355,6 +355,19 @@ class SessionBackend:
     def __repr__(self) -> str:
         return f"<lmnb kernel session backend: {self._session.remote or self._session.config.describe()}>"
 
+    def on_replaced(self, backend) -> None:
+        """``lmnb.set_default_backend(backend)`` took this one's place (the README's
+        ``sgl.set_default_backend(sgl.Engine())`` pasted into a cell): say on stderr that Python
+        programs have left the kernel's engine, and what a second in-process engine costs."""
+        from lmnb.backend.engine import Engine
+
+        second = isinstance(backend, Engine) and backend.engine is not getattr(self._session._backend, "engine", None)
+        cost = ", a second copy of the model in memory with a radix cache of its own" if second else ""
+        print(f"lmnb: warning: Python programs now run on {backend!r}{cost}, not on the kernel's engine that %%lm "
+              "cells use (%lm stats counts only that one); in the lmnb kernel leave the default backend unset and "
+              "choose the model with %lm load (a server with %lm connect), or pass backend= to run() for one "
+              "program", file=sys.stderr)
+
 
 _session: Optional[Session] = None
 _session_lock = threading.Lock()

@@ -890,6 +890,40 @@ def test_stats_say_the_hit_rate_counts_since_the_last_flush(ip):
     assert "hit rate (engine, since load or %lm flush)" in text and "cumulative" not in text
 
 
+def test_replacing_the_kernels_default_backend_warns_and_stats_say_where_python_programs_run(ip):
+    """The README's sgl.set_default_backend(sgl.Engine()), pasted into the kernel, loaded a second
+    copy of the model with its own radix cache, silently: %lm stats then said the engine had not
+    started though programs ran. Replacing the kernel's default backend now warns (a second copy of
+    the model for an in-process Engine of its own), and %lm stats names the backend Python programs
+    use. The kernel's own engine, or None (as the extension's unload sets), is not warned of."""
+    from types import SimpleNamespace
+
+    from lmnb_kernel.session import SessionBackend
+
+    kernels = lmnb.global_config.default_backend
+    assert isinstance(kernels, SessionBackend)
+    ip.user_ns["second"] = second = lmnb.Engine(engine=SimpleNamespace())  # (an engine of its own, not loaded)
+    ip.user_ns["same"] = lmnb.Engine(engine=get_session().engine("a test"))
+    warning = ("lmnb: warning: Python programs now run on {}{}, not on the kernel's engine that %%lm cells use (%lm stats "
+               "counts only that one); in the lmnb kernel leave the default backend unset and choose the model with %lm "
+               "load (a server with %lm connect), or pass backend= to run() for one program\n")
+    try:
+        result, out = run(ip, "lmnb.set_default_backend(second)")
+        assert result.success and out.stderr == warning.format(
+            repr(second), ", a second copy of the model in memory with a radix cache of its own")
+        text = run(ip, "%lm stats")[1].outputs[0].data["text/plain"]
+        assert "\nPython programs run on " in text and f" {second!r} (lmnb.set_default_backend), not counted here" in text
+        assert run(ip, "lmnb.set_default_backend(same)")[1].stderr == ""  # (the default was second's, not the kernel's)
+        lmnb.set_default_backend(kernels)
+        assert run(ip, "lmnb.set_default_backend(same)")[1].stderr == warning.format(repr(ip.user_ns["same"]), "")
+        lmnb.set_default_backend(kernels)
+        assert run(ip, "lmnb.set_default_backend(None)")[1].stderr == ""
+        assert "Python programs run on" not in run(ip, "%lm stats")[1].outputs[0].data["text/plain"]
+    finally:
+        lmnb.set_default_backend(kernels)
+    assert "Python programs run on" not in run(ip, "%lm stats")[1].outputs[0].data["text/plain"]
+
+
 @contextmanager
 def separate_session(ip):
     """Run the magics on a fresh session (so the module's in-process engine stays loaded)."""
