@@ -1045,12 +1045,13 @@ class StreamExecutor:
 
     def message_end_stops(self, params: GenParams) -> tuple[str, ...]:
         """The chat template's end-of-message stops for an unconstrained gen of ``params``; none
-        under ``ignore_eos``. A template's end of message is the text of the model's end-of-turn
-        token, a special token the engine's output text leaves out, so under ``ignore_eos`` (which
-        generates past that token) the stop would end the gen only where the model spelled the
-        marker out in plain characters: it would cut such a gen short at random and, beside pinned
-        prefixes, keep the engine from refusing at once a gen whose length cannot fit (it counts a
-        stop as a way to end early)."""
+        under ``ignore_eos``, which asks to generate past the end of the message. A template's end of
+        message is the text of the model's end-of-turn token, a special token lmnb's engine leaves
+        out of the output text, so there the stop ended such a gen only where the model spelled the
+        marker out in plain characters, and beside pinned prefixes it kept the engine from refusing
+        at once a gen whose length cannot fit (a stop counts as a way to end early). (An SGLang
+        server, which reads stops in text holding special tokens, stopped it at the token, as if
+        it did not ignore EOS.)"""
         return () if params.ignore_eos else self.chat_template.stop_str
 
     def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:

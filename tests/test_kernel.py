@@ -89,17 +89,15 @@ def execute(kc, code: str, timeout: float = 120, on_message=None, cell_id: str |
 
 
 def reference_greedy(prompt: str, max_new_tokens: int, *more: int):
-    """The same checkpoint asked directly in this process (greedy, EOS ignored, the chat
-    template's stop strings that lmnb adds to every gen): the text of ``max_new_tokens``, or with
-    ``more`` lengths, a list of the texts of each length (one engine)."""
+    """The same checkpoint asked directly in this process (greedy, EOS ignored, and so no chat
+    template's stop string, which lmnb adds to every other unconstrained gen): the text of
+    ``max_new_tokens``, or with ``more`` lengths, a list of the texts of each length (one engine)."""
     import lmnb
     from lmnb_engine import SamplingParams
 
     backend = lmnb.Engine(lmnb_kernel_env()["LMNB_MODEL"])
     try:
-        stop = list(backend.get_chat_template().stop_str) or None
-        texts = [backend.engine.generate(prompt, SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True,
-                                                                stop=stop)).text
+        texts = [backend.engine.generate(prompt, SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)).text
                  for n in (max_new_tokens, *more)]
         return texts if more else texts[0]
     finally:
