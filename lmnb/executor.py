@@ -299,6 +299,30 @@ def _constraint(params: GenParams) -> Optional[dict]:
     return {"regex": params.regex, "json_schema": params.json_schema}
 
 
+def named(expr: Any) -> str:
+    """How an error names the primitive ``expr`` that failed: the ``%%lm`` hole that wrote it, else
+    its repr. A repr that raises (a user's object in ``image(obj)`` or a select's choices) is named by
+    the primitive's type, ``Image(<repr failed: RuntimeError: ...>)``: reporting a failure must not
+    fail itself, or the state's worker thread died with the state still running."""
+    hole = getattr(expr, "cell_hole", None)
+    if hole:
+        return hole
+    try:
+        return repr(expr)
+    except Exception as e:  # noqa: BLE001 - a user's __repr__ may raise anything
+        return f"{type(expr).__name__}(<repr failed: {exception_text(e)}>)"
+
+
+def exception_text(exc: BaseException) -> str:
+    """``"TypeName: message"`` of ``exc`` as an error message quotes it; the message is
+    ``<str() failed>`` where the exception's ``__str__`` raises (a user's exception class)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a user's __str__ may raise anything
+        text = "<str() failed>"
+    return f"{type(exc).__name__}: {text}"
+
+
 def _fork_size(size: Any) -> int:
     """``fork``'s size as an int. SGLang takes ``int(size)``, so a NumPy integer (a count computed
     with NumPy) works there; any integer type does here (``__index__``), but not a bool, a float
@@ -498,7 +522,7 @@ class StreamExecutor:
             try:
                 cb(event)
             except Exception as e:  # a broken view must not break the program
-                warnings.warn(f"lmnb event listener {cb!r} raised {type(e).__name__}: {e}", stacklevel=2)
+                warnings.warn(f"lmnb event listener {named(cb)} raised {exception_text(e)}", stacklevel=2)
 
     # -- submission and waiting
 
@@ -560,7 +584,7 @@ class StreamExecutor:
                 self.abort()  # as Ctrl-C in run() does; the rest of the queue is skipped
                 interrupted = e
             except BaseException as e:  # noqa: BLE001 - every failure is recorded, none is lost
-                self.fail(expr.cell_hole or repr(expr), e, expr, site)
+                self.fail(named(expr), e, expr, site)
         if interrupted is not None:  # raised once the queue is settled, so waiting for it cannot hang
             raise interrupted
 
@@ -578,7 +602,7 @@ class StreamExecutor:
             err = exc
         else:
             shown = what if len(what) <= 160 else f"{what[:100]} ... {what[-50:]}"  # a prompt can be long
-            err = ProgramError(f"{shown} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_, primitive)
+            err = ProgramError(f"{shown} failed: {exception_text(exc)}", self.branch, what, self.text_, primitive)
             err.__cause__ = exc
             err.site = site
         with self._cv:
@@ -984,7 +1008,7 @@ class StreamExecutor:
                 except ProgramError:
                     raise
                 except Exception as exc:  # named by the part that failed, not the whole list
-                    self.fail(e.cell_hole or repr(e), exc, e)
+                    self.fail(named(e), exc, e)
                 if self.error_ is not None:  # failed (or aborted): the rest of the list is skipped
                     return
         elif isinstance(expr, Gen):

@@ -95,7 +95,8 @@ def shown_number(value: Any) -> str:
     wrote one failed itself with a ValueError naming that limit. A value whose ``repr`` fails so (a
     list holding such an int) is named by its type. Every message that may show a caller's value
     of any type uses it (``validate``, ``gen()``'s and a ``%%lm`` cell's checks through
-    ``lmnb.ir.option_problem``, ``select()``, the backends' constructors)."""
+    ``lmnb.ir.option_problem``, ``select()``, the backends' constructors); a value whose ``repr``
+    raises anything else (a user's class) is named by its type too, so the message is still made."""
     if isinstance(value, int) and not isinstance(value, bool):
         digits = decimal_digits(value)
         if digits > SHOWN_CHARS:
@@ -104,6 +105,8 @@ def shown_number(value: Any) -> str:
         return repr(value)
     except ValueError:  # (int_max_str_digits: an int too long inside a container)
         return f"a {type(value).__name__} holding an integer too long to write"
+    except Exception as e:  # noqa: BLE001 - a user's __repr__ may raise anything
+        return f"<a {type(value).__name__} whose repr raised {type(e).__name__}>"
 
 
 def shown_integer_text(text: str) -> str:

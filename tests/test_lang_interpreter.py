@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import json
 import math
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -6206,3 +6208,86 @@ def test_a_primitive_still_shows_its_repr_for_debugging_and_a_long_one_is_cut_in
     # its repr's first 100 characters and last 15
     assert str(e.value).startswith(
         "ExprList([ConstantText('" + "x" * 76 + " ... x'), Gen('a')]) holds lmnb primitives: ")
+
+
+def _ended(run):
+    """``run()``'s result, run on a thread of its own that must end: a run whose worker thread died
+    left its state running, and every read of it waited forever. (In the caller's context: its
+    ``lmnb.observe`` listeners listen.)"""
+    out = []
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=lambda: out.append(context.run(run)), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the run never ended"
+    return out[0]
+
+
+class _NoRepr(str):
+    """A choice whose repr raises (a user's object); a str, so select() takes it."""
+
+    def __repr__(self):
+        raise RuntimeError("no repr here")
+
+
+class _NoReprSource:
+    def __repr__(self):
+        raise RuntimeError("no repr here")
+
+
+class _NoStr(Exception):
+    """An exception whose message cannot be made."""
+
+    def __str__(self):
+        raise RuntimeError("no str here")
+
+
+def test_a_failure_whose_report_raises_still_ends_the_run_with_an_error():
+    """A failed primitive is named by its repr on the state's worker thread; where that repr (a user
+    object's in image(obj) or among a select's choices) or the exception's str raised, the thread
+    died with the state still running, and the run never returned. The failure is now reported with
+    the primitive's type and the run ends with that error; so does a failing program body whose
+    exception cannot be written, and a broken event listener whose repr raises."""
+
+    def no_scores(prompt, choice):
+        raise ValueError("no scores")
+
+    def unprintable(prompt, params):
+        raise _NoStr()
+
+    @sgl.function
+    def program(s, how):
+        if how == "image":
+            s += sgl.image(_NoReprSource())
+        elif how == "select":
+            s += "Pick: " + sgl.select("x", choices=["a", _NoRepr("b")])
+        elif how == "gen":
+            s += "Q: " + sgl.gen("x")
+        else:
+            s += "Q:"
+            raise _NoStr()
+
+    cases = (("image", {}, "Image(<a _NoReprSource whose repr raised RuntimeError>) failed: BackendCannotRun: "),
+             ("select", {"choice_scores": no_scores},
+              "Select(<repr failed: RuntimeError: no repr here>) failed: ValueError: no scores"),
+             ("gen", {"reply": unprintable}, "Gen('x') failed: _NoStr: <str() failed>"),
+             ("body", {}, "the body of program 'program' failed: _NoStr: <str() failed>"))
+    for how, backend_kwargs, said in cases:
+        be = ScriptedBackend(**backend_kwargs)
+        state = _ended(lambda: program.run(how=how, backend=be, stream=how == "body"))
+        error = _ended(state.error)
+        assert str(error).startswith(said), (how, str(error))
+
+    class Listener:
+        def __call__(self, event):
+            raise _NoStr()
+
+        def __repr__(self):
+            raise RuntimeError("no repr here")
+
+    with sgl.observe(Listener()), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = _ended(lambda: program.run(how="gen", backend=ScriptedBackend()))
+    assert (state.error(), state["x"]) == (None, "ok")
+    assert {str(w.message) for w in caught} == {
+        "lmnb event listener Listener(<repr failed: RuntimeError: no repr here>) raised _NoStr: <str() failed>"}
