@@ -76,11 +76,12 @@ def _run_defaults(call: str, max_new_tokens: Optional[int], **params: Any) -> Ru
 
 def _check_backend(backend: Any) -> None:
     """Refuse the non-backends easily given for one (None is "the default"): a server's URL, a
-    backend class, or the runtime's own ``lmnb_engine.Engine``; they failed deep in the run with an
-    AttributeError.
+    backend class, the runtime's own ``lmnb_engine.Engine``, or anything else that has no backend's
+    methods (an int); they failed deep in the run with an AttributeError.
 
     Raises:
-        TypeError: naming the backend object to pass instead.
+        TypeError: naming the backend object to pass instead (and, for anything else, what was
+            given and its type).
     """
     if isinstance(backend, (str, bytes)):
         raise TypeError(f"backend={backend!r} is not a backend object; pass lmnb.RuntimeEndpoint(URL) for an lmnb "
@@ -92,6 +93,15 @@ def _check_backend(backend: Any) -> None:
     if runtime is not None and isinstance(backend, runtime):
         raise TypeError("backend= is an lmnb_engine.Engine, the inference runtime, not a language backend; wrap it: "
                         "lmnb.Engine(engine=that_engine)")
+    from lmnb.backend.base import BaseBackend, given
+
+    # (an int failed as "no attribute 'get_chat_template'"). A stand-in that hands its attributes on
+    # (the kernel's SessionBackend, by __getattr__) is a backend too; its class is asked, not the
+    # object, whose attributes would start the backend it stands for.
+    if backend is not None and not isinstance(backend, BaseBackend) and not any(
+            hasattr(type(backend), name) for name in ("get_chat_template", "__getattr__")):
+        raise TypeError(f"backend= must be a backend object (lmnb.Engine(), lmnb.RuntimeEndpoint(URL), "
+                        f"lmnb.OpenAI(model), or None for the default); got {given(backend)}")
 
 
 def set_default_backend(backend) -> None:

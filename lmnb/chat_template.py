@@ -116,7 +116,13 @@ def get_chat_template(name: str) -> ChatTemplate:
     Raises:
         ValueError: unknown name (the message lists the known ones and offers the closest,
             ``chatlm`` → ``chatml``).
+        TypeError: a name that is no string (it failed in the closest-name search).
     """
+    if not isinstance(name, str):
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+        raise TypeError(f"a chat template name must be a string, one of {sorted(_REGISTRY)}; got {shown_number(name)} "
+                        f"({type(name).__name__})")
     if name not in _REGISTRY:
         from lmnb.ir import did_you_mean  # (lmnb_engine.suggest's, loaded only here)
 

@@ -157,3 +157,48 @@ def test_global_configs_other_sglang_settings_say_what_lmnb_does_instead():
         sgl.global_config.enable_precache_with_tracing = False
     with pytest.raises(AttributeError, match=r"not 'default_init_new_token_ratio': engine settings are lmnb.Engine"):
         sgl.global_config.default_init_new_token_ratio = 0.5
+
+
+def test_a_backend_argument_of_the_wrong_type_names_the_argument_what_was_given_and_what_is_expected():
+    """lmnb.OpenAI(5) failed as "'int' object has no attribute 'lower'", run(backend=5) as "'int'
+    object has no attribute 'get_chat_template'", RuntimeEndpoint(URL, timeout="x") on a bare '>'
+    comparison; OpenAI's base_url and timeout in the openai client's words (its internals' traceback),
+    chat_template_name=5 in the closest-name search, lmnb.Engine(engine=5) at the first program. Each
+    is refused where it is given, naming the argument, the value and its type, and what it takes."""
+    import pytest
+
+    @sgl.function
+    def prog(s):
+        s += "a"
+
+    backend = ("backend= must be a backend object (lmnb.Engine(), lmnb.RuntimeEndpoint(URL), lmnb.OpenAI(model), "
+               "or None for the default); got 5 (int)")
+    timeout = "timeout must be a positive number of seconds{}, or None for no limit; got 'x' (str)"
+    cases = [
+        (lambda: sgl.OpenAI(5, api_key="k"), "lmnb.OpenAI model_name must be a string, the API's model name (e.g. "
+         "'gpt-4o-mini'); got 5 (int)"),
+        (lambda: sgl.OpenAI("m", base_url=5, api_key="k"), "lmnb.OpenAI base_url must be a string, the API's URL "
+         "(e.g. 'http://127.0.0.1:30000/v1'), or None for OpenAI's; got 5 (int)"),
+        (lambda: sgl.OpenAI("m", api_key="k", timeout="x"), "lmnb.OpenAI " + timeout.format(" (or an httpx.Timeout)")),
+        (lambda: sgl.OpenAI("m", "no", api_key="k"), "lmnb.OpenAI is_chat_model must be True, False, or None to "
+         "tell by the model name; got 'no' (str)"),
+        (lambda: sgl.OpenAI("m", api_key="k", chat_template="chatml"), "lmnb.OpenAI chat_template must be a "
+         "ChatTemplate (e.g. lmnb.get_chat_template('chatml')), or None to choose one by the model name; got "
+         "'chatml' (str)"),
+        (lambda: sgl.RuntimeEndpoint("http://127.0.0.1:9", timeout="x"), "RuntimeEndpoint " + timeout.format("")),
+        (lambda: sgl.RuntimeEndpoint("http://127.0.0.1:9", timeout=True),
+         "RuntimeEndpoint timeout must be a positive number of seconds, or None for no limit; got True (bool)"),
+        (lambda: sgl.RuntimeEndpoint("http://127.0.0.1:9", chat_template_name=5),
+         f"a chat template name must be a string, one of {sorted(sgl.chat_template._REGISTRY)}; got 5 (int)"),
+        (lambda: sgl.Engine(engine=5), "lmnb.Engine engine= must be an lmnb_engine.Engine (the in-process runtime, "
+         "lmnb_engine.Engine(model=...)), or None to start one; got 5 (int)"),
+        (lambda: prog.run(backend=5), backend),
+        (lambda: prog.run_batch([{}], backend=5), backend),
+        (lambda: prog.cache(backend=5), backend),
+        (lambda: sgl.flush_cache(5), backend),
+        (lambda: sgl.set_default_backend(5), backend),
+    ]
+    for call, said in cases:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value) == said

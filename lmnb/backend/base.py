@@ -11,6 +11,7 @@ interpreter side (``lmnb.choices``) so every backend feeds the same method the s
 from __future__ import annotations
 
 import collections
+import numbers
 import os
 import re
 import threading
@@ -136,6 +137,34 @@ def check_api_key(backend: str, api_key: Any) -> None:
     if api_key is not None and not isinstance(api_key, str):
         raise TypeError(f"{backend} api_key must be a string (the server's API key) or None, got "
                         f"{type(api_key).__name__}")
+
+
+def given(value: Any) -> str:
+    """A caller's argument as a type error shows it: its value (``shown_number``'s) and its type,
+    ``5 (int)``."""
+    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
+    return f"{shown_number(value)} ({type(value).__name__})"
+
+
+def check_timeout(backend: str, timeout: Any, others: str = "") -> None:
+    """Refuse a ``timeout`` given to ``backend`` (``lmnb.RuntimeEndpoint``) that is neither None nor
+    a positive number of seconds: a string failed on a bare ``>`` comparison, zero or NaN on every
+    request. ``others``: the other kinds the caller lets through, for the message (" (or an
+    httpx.Timeout)").
+
+    Raises:
+        TypeError: no number (a bool neither), naming what was given and its type.
+        ValueError: a number that is not positive (NaN too)."""
+    if timeout is None:
+        return
+    expected = f"a positive number of seconds{others}, or None for no limit"
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{backend} timeout must be {expected}; got {given(timeout)}")
+    if not timeout > 0:  # (not <= 0: NaN too)
+        from lmnb_engine.params import shown_number  # torch-free
+
+        raise ValueError(f"{backend} timeout={shown_number(timeout)}: give {expected}")
 
 
 class BackendUnreachable(BackendError):

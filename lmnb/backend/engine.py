@@ -149,6 +149,11 @@ class Engine(AssignableChatTemplate, BaseBackend):
             refuse_a_pool_too_small(engine, asked, DEFAULT_MAX_NEW_TOKENS)
         elif model is not None or engine_kwargs:
             raise ValueError("pass either engine= or model/engine arguments, not both")
+        elif not callable(getattr(engine, "model_info", None)):  # (an int failed at the first program, "no attribute 'model_info'")
+            from lmnb.backend.base import given
+
+            raise TypeError(f"lmnb.Engine engine= must be an lmnb_engine.Engine (the in-process runtime, "
+                            f"lmnb_engine.Engine(model=...)), or None to start one; got {given(engine)}")
         self.engine = engine
         # The options the front end that made this backend names the engine's by, and its command, for
         # the engine's request errors (in_option_syntax): a kernel's cell says "raise %lm load's

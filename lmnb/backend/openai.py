@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import numbers
 import os
 import sys
 import threading
@@ -29,7 +30,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
-    Completion, GuessedTemplate, Prompt, aborted_reason, check_api_key, check_sendable, check_utf8, key_advice,
+    Completion, GuessedTemplate, Prompt, aborted_reason, check_api_key, check_sendable, check_timeout, check_utf8, given,
+    key_advice,
     tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
@@ -132,6 +134,7 @@ class OpenAI(BaseBackend):
 
         self._openai = openai
         self._httpx = httpx
+        _check_arguments(model_name, is_chat_model, chat_template, base_url, client_kwargs, httpx)
         check_api_key("lmnb.OpenAI", api_key)
         # (the server's words are for an HTTP client: "send Authorization: Bearer <key>"). Azure's
         # key is in a variable of its own: the OpenAI one's, or "EMPTY", went out in its place, and
@@ -844,6 +847,34 @@ class _StallWatch:
             if self._done.wait(left):
                 return
         self.stream.close()  # (as abort() does: the server sees its client leave)
+
+
+def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, base_url: Any, client_kwargs: dict,
+                     httpx: Any) -> None:
+    """Refuse ``lmnb.OpenAI`` arguments of the wrong type before the openai client is made: a model
+    name that is no string failed as "'int' object has no attribute 'lower'" (the chat template's
+    lookup), a ``base_url`` or ``timeout`` in the client's own words, with a traceback of its
+    internals and a warning from its half-made client's finalizer; an ``is_chat_model`` of "no"
+    counted as true, a ``chat_template`` of another type failed at the first program.
+
+    Raises:
+        TypeError: naming the argument, what was given (and its type) and what is expected.
+        ValueError: a ``timeout`` that is not positive (``check_timeout``)."""
+    if not isinstance(model_name, str):
+        raise TypeError(f"lmnb.OpenAI model_name must be a string, the API's model name (e.g. 'gpt-4o-mini'); "
+                        f"got {given(model_name)}")
+    if is_chat_model is not None and not isinstance(is_chat_model, bool):
+        raise TypeError(f"lmnb.OpenAI is_chat_model must be True, False, or None to tell by the model name; got "
+                        f"{given(is_chat_model)}")
+    if chat_template is not None and not isinstance(chat_template, ChatTemplate):
+        raise TypeError(f"lmnb.OpenAI chat_template must be a ChatTemplate (e.g. lmnb.get_chat_template('chatml')), "
+                        f"or None to choose one by the model name; got {given(chat_template)}")
+    if base_url is not None and not isinstance(base_url, (str, httpx.URL)):
+        raise TypeError(f"lmnb.OpenAI base_url must be a string, the API's URL (e.g. 'http://127.0.0.1:30000/v1'), "
+                        f"or None for OpenAI's; got {given(base_url)}")
+    timeout = client_kwargs.get("timeout")
+    if isinstance(timeout, (str, bytes, numbers.Real)):  # (the client takes others too: an httpx Timeout, a tuple)
+        check_timeout("lmnb.OpenAI", timeout, " (or an httpx.Timeout)")
 
 
 def _text(choice: Any, chat: bool) -> Any:

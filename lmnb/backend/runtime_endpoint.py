@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
     BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_sendable, check_utf8, finish_reason_dict,
-    check_api_key, in_gen_names, key_advice,
+    check_api_key, check_timeout, in_gen_names, key_advice,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -181,11 +181,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         # (here, not at the top: touching lmnb.RuntimeEndpoint loads no lmnb_engine module)
         from lmnb_engine import API_KEY_ENV  # (the package alone: no torch)
 
-        if timeout is not None and not timeout > 0:  # (not >: NaN too) httpx would fail every request
-            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-            raise ValueError(f"RuntimeEndpoint timeout={shown_number(timeout)}: give a positive number of seconds, "
-                             "or None for no limit")
+        check_timeout("RuntimeEndpoint", timeout)  # (httpx would fail every request)
+        if chat_template_name is not None:  # (a bad name is refused here, not at the first program)
+            get_chat_template(chat_template_name)
         _check_url(base_url)
         check_api_key("lmnb.RuntimeEndpoint", api_key)
         self.base_url = base_url.rstrip("/")
