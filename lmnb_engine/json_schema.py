@@ -100,7 +100,8 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
         if refused:
             raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
-        message = _type_typo(e) or in_json_words(e.message, json_parts([e.instance, e.validator_value]))
+        message = (_type_typo(e) or _type_shape(e) or _keyword_type(e)
+                   or in_json_words(e.message, json_parts([e.instance, e.validator_value])))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
     problem = dangling_ref_problem(schema)
     if problem:
@@ -1094,6 +1095,60 @@ def _type_typo(error: Any) -> Optional[str]:
         said.append(f"{json_value(name, SHOWN_CHARS)} is not a JSON type"
                     + (f"; did you mean {json_value(close[0])}?" if close else ""))
     return "; ".join(said) + f" (the types: {', '.join(map(json_value, JSON_TYPES))})"
+
+
+def _type_shape(error: Any) -> Optional[str]:
+    """The message for a "type" that is neither a type name nor an array of them (``5``, ``null``,
+    an object), an array holding something else (``["string", 5]``), an empty array, or one that
+    names a type twice; None for other errors. The meta-schema's ``anyOf`` on "type" said only
+    "5 is not valid under any of the given schemas"."""
+    if error.validator != "anyOf" or list(error.schema_path)[-2:] != ["type", "anyOf"] or list(error.path)[-1:] != ["type"]:
+        return None
+    value, types = error.instance, f"the types: {', '.join(map(json_value, JSON_TYPES))}"
+    if isinstance(value, list) and not value:
+        return f'"type" must name at least one type; [] allows none ({types})'
+    if isinstance(value, list) and all(isinstance(name, str) for name in value):
+        twice = next((name for i, name in enumerate(value) if name in value[:i]), None)
+        return f'"type" names {json_value(twice, SHOWN_CHARS)} twice; name each type once' if twice is not None else None
+    held = (f"; the array holds {json_value(next(n for n in value if not isinstance(n, str)), SHOWN_CHARS)}, no type "
+            "name" if isinstance(value, list) else f", not {json_value(value, SHOWN_CHARS)}")
+    return f'"type" must be a type name (a string) or an array of them{held}; e.g. "string" or ["string", "null"] ({types})'
+
+
+# What each keyword's value is, for the fix of one of the wrong JSON type ("required": "a")
+_KEYWORD_VALUES = {
+    "format": 'a format name, e.g. "date-time"',
+    "pattern": 'a regular expression, e.g. "^[a-z]+$"',
+    "required": 'the names of the required properties, e.g. ["name"]',
+    "properties": 'each property\'s name and its schema, e.g. {"name": {"type": "string"}}',
+    "enum": "the values allowed, e.g. [1, 2]",
+}
+
+_JSON_TYPE_WORDS = {"array": "an array", "boolean": "a boolean", "integer": "an integer", "null": "null",
+                    "number": "a number", "object": "an object", "string": "a string"}
+
+
+def _keyword_type(error: Any) -> Optional[str]:
+    """The message for a keyword whose value is of the wrong JSON type (``"format": 5``,
+    ``"required": "a"``, ``"properties": []``, a name in "required" that is no string): the keyword,
+    the JSON type it takes and what it means (``_KEYWORD_VALUES``), and where one value was given
+    for an array, that value in one (``["a"]``); None for other errors. jsonschema said only
+    '"a" is not of type "array"'."""
+    steps, path = list(error.schema_path), list(error.path)
+    if error.validator != "type" or not path:
+        return None
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    takes = " or ".join(_JSON_TYPE_WORDS.get(t, t) for t in wanted)
+    given = json_value(error.instance, SHOWN_CHARS)
+    if wanted == ["object", "boolean"]:  # (a subschema's place: "items", a property's, a $defs entry)
+        return f"a schema must be an object or a boolean (true: any value, false: none), not {given}"
+    if steps[-4:-2] == ["properties", path[-2] if len(path) > 1 else None] and steps[-2] == "items" and isinstance(path[-1], int):
+        return f"each item of {json_value(path[-2])} must be {takes}; item {path[-1]} is {given}"
+    if steps[-3:-1] != ["properties", path[-1]] or not isinstance(path[-1], str):
+        return None
+    meaning = _KEYWORD_VALUES.get(path[-1])
+    fix = f": write [{given}]" if wanted == ["array"] and not isinstance(error.instance, (list, dict)) else ""
+    return f"{json_value(path[-1])} must be {takes}{f' ({meaning})' if meaning else ''}, not {given}{fix}"
 
 
 def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool:

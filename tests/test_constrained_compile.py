@@ -659,9 +659,12 @@ def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
                                                'mean "integer"?; "nul" is not a JSON type; did you mean "null"?; "xyz" is '
                                                'not a JSON type (the types: "array",']),
         ({"$schema": {}, "type": "string"}, ["#/$schema must be a string"]),  # jsonschema raised TypeError
-        ({"type": "object", "properties": 5}, ['#/properties is not a valid JSON Schema: 5 is not of type "object"']),
+        ({"type": "object", "properties": 5}, ['#/properties is not a valid JSON Schema: "properties" must be an '
+                                               "object (each property's name and its schema"]),
         # jsonschema writes the values it names as Python does ('object', True): they are JSON's here
-        ({"type": "object", "required": True}, ['#/required is not a valid JSON Schema: true is not of type "array"']),
+        ({"type": "object", "required": True}, ['#/required is not a valid JSON Schema: "required" must be an array '
+                                                '(the names of the required properties, e.g. ["name"]), not true: '
+                                                'write [true]']),
         # a required self-reference: no finite value validates (outlines-core cut it with an invalid '{}')
         ({"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},
          ["no finite valid value", '"#" at #/properties/child', "make the recursion optional"]),
@@ -1274,8 +1277,40 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
     # valid under any of the given schemas'; the closest type is the one difflib ranks first)
     ('{"type": "strng"}', 'JSON schema at #/type is not a valid JSON Schema: "strng" is not a JSON type; did you mean '
                           '"string"? (the types: "array", "boolean", "integer", "null", "number", "object", "string")'),
-    ({"type": "object", "properties": 5}, 'JSON schema at #/properties is not a valid JSON Schema: 5 is not of type '
-                                          '"object"'),
+    ({"type": "object", "properties": 5}, 'JSON schema at #/properties is not a valid JSON Schema: "properties" must be '
+                                          'an object (each property\'s name and its schema, e.g. {"name": {"type": '
+                                          '"string"}}), not 5'),
+    # (jsonschema said '5 is not valid under any of the given schemas', with no fix, where "strng" got one)
+    ({"type": 5}, 'JSON schema at #/type is not a valid JSON Schema: "type" must be a type name (a string) or an array '
+                  'of them, not 5; e.g. "string" or ["string", "null"] (the types: "array", "boolean", "integer", '
+                  '"null", "number", "object", "string")'),
+    ({"type": ["string", None]}, 'JSON schema at #/type is not a valid JSON Schema: "type" must be a type name (a '
+                                 'string) or an array of them; the array holds null, no type name; e.g. "string" or '
+                                 '["string", "null"] (the types: "array", "boolean", "integer", "null", "number", '
+                                 '"object", "string")'),
+    ({"type": []}, 'JSON schema at #/type is not a valid JSON Schema: "type" must name at least one type; [] allows none '
+                   '(the types: "array", "boolean", "integer", "null", "number", "object", "string")'),
+    ({"type": ["string", "null", "string"]}, 'JSON schema at #/type is not a valid JSON Schema: "type" names "string" '
+                                             'twice; name each type once'),
+    # (jsonschema said '5 is not of type "string"': the keyword, what it takes and the fix are named)
+    ({"type": "string", "format": 5}, 'JSON schema at #/format is not a valid JSON Schema: "format" must be a string (a '
+                                      'format name, e.g. "date-time"), not 5'),
+    ({"type": "string", "pattern": 5}, 'JSON schema at #/pattern is not a valid JSON Schema: "pattern" must be a string '
+                                       '(a regular expression, e.g. "^[a-z]+$"), not 5'),
+    ({"type": "object", "required": "a"}, 'JSON schema at #/required is not a valid JSON Schema: "required" must be an '
+                                          'array (the names of the required properties, e.g. ["name"]), not "a": write '
+                                          '["a"]'),
+    ({"type": "object", "required": ["a", 1]}, 'JSON schema at #/required/1 is not a valid JSON Schema: each item of '
+                                               '"required" must be a string; item 1 is 1'),
+    ({"type": "object", "properties": []}, 'JSON schema at #/properties is not a valid JSON Schema: "properties" must be '
+                                           'an object (each property\'s name and its schema, e.g. {"name": {"type": '
+                                           '"string"}}), not []'),
+    ({"enum": 5}, 'JSON schema at #/enum is not a valid JSON Schema: "enum" must be an array (the values allowed, e.g. '
+                  '[1, 2]), not 5: write [5]'),
+    ({"type": "string", "minLength": "3"}, 'JSON schema at #/minLength is not a valid JSON Schema: "minLength" must be '
+                                           'an integer, not "3"'),
+    ({"type": "array", "items": 5}, 'JSON schema at #/items is not a valid JSON Schema: a schema must be an object or a '
+                                    'boolean (true: any value, false: none), not 5'),
     ("[1]", "json_schema must be a JSON object or a boolean, got [1]"),
     ("{x", "json_schema is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
            "pass a dict or a JSON string"),
@@ -1284,7 +1319,8 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
     ("[" * 100_000, "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
     (functools.reduce(lambda inner, _: {"not": inner}, range(5000), {}),
      "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
-], ids=["type strng", "properties 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
+], ids=["type strng", "properties 5", "type 5", "type holds null", "type []", "type twice", "format 5", "pattern 5",
+         "required a", "required 1", "properties []", "enum 5", "minLength 3", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
 def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
     """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
     the program ran and the engine compiled it. It is refused at the call now, with the engine's

@@ -1577,7 +1577,8 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
     ({"properties": {"c": {"const": "a\ud800"}}}, 'JSON schema at #/properties/c lists the string "a\\ud800"'),
     # jsonschema's own message, put in JSON's words (in_json_words): the surrogate was written bare
     ({"properties": {"a": {"required": "\ud800"}}},
-     'JSON schema at #/properties/a/required is not a valid JSON Schema: "\\ud800" is not of type "array"'),
+     'JSON schema at #/properties/a/required is not a valid JSON Schema: "required" must be an array (the names of '
+     'the required properties, e.g. ["name"]), not "\\ud800": write ["\\ud800"]'),
     # a "type" that names no JSON type is told so (json_schema._type_typo), the name as JSON writes it
     ({"properties": {"a": {"type": "\ud800"}}},
      'JSON schema at #/properties/a/type is not a valid JSON Schema: "\\ud800" is not a JSON type (the types:'),
