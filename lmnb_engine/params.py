@@ -237,15 +237,20 @@ def shorten_fix(excess: int, max_new_tokens: int, noun: str = "prompt", field: s
                 alone: bool = True) -> str:
     """The fix of a prompt (the request's ``noun``) ``excess`` tokens longer than the most that
     leaves room for no new token (0: one that fills the context), beside ``max_new_tokens`` (the
-    request's ``field``): shorten it by ``excess + max_new_tokens`` tokens, or (where
-    ``max_new_tokens`` is more than 1) lower ``max_new_tokens`` to N and shorten it by
-    ``excess + N``: "shorten the prompt by at least 108 tokens, or lower max_new_tokens to N and
-    shorten the prompt by at least 88 + N tokens". ``alone`` False: the first leaves no prompt (a
-    ``max_new_tokens`` that fits beside none), so only the second is said."""
+    request's ``field``): shorten it by ``excess + max_new_tokens`` tokens, said with the rule
+    where ``max_new_tokens`` is more than 1, since lowering it shortens the prompt by less but never
+    makes it fit alone: "shorten the prompt by at least 88 + max_new_tokens tokens (108 with
+    max_new_tokens=20)" (it said that, then "or lower max_new_tokens to N and shorten the prompt by
+    at least 88 + N tokens", the same fix twice). ``alone`` False: that shortening leaves no
+    prompt (a ``max_new_tokens`` that fits beside none), so ``max_new_tokens`` must be lowered:
+    "lower max_new_tokens to N and shorten the prompt by at least 88 + N tokens"."""
+    if not alone:
+        return f"lower {field} to N and shorten the {noun} by at least {f'{excess} + N' if excess else 'N'} tokens"
     over = excess + max_new_tokens
-    shorten = f"shorten the {noun} by at least {over} token{'s' * (over != 1)}"
-    by = f"lower {field} to N and shorten the {noun} by at least {f'{excess} + N' if excess else 'N'} tokens"
-    return by if not alone else shorten if max_new_tokens <= 1 else f"{shorten}, or {by}"
+    if max_new_tokens <= 1:
+        return f"shorten the {noun} by at least {over} token{'s' * (over != 1)}"
+    rule = f"{excess} + {field}" if excess else field
+    return f"shorten the {noun} by at least {rule} tokens ({over} with {field}={shown_number(max_new_tokens)})"
 
 
 def both_fix(context_len: int, noun: str = "prompt", field: str = "max_new_tokens") -> str:

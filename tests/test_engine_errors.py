@@ -116,10 +116,11 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
          r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 88 "
          r"tokens$"),
         # beside new tokens, so that the shortened prompt fits beside them too (it met a second
-        # refusal): 600 + 20 - 512 = 108 tokens, or 88 + N beside N new ones; 88 + 1 beside one
+        # refusal): 600 + 20 - 512 = 108 tokens, 88 + max_new_tokens, one fix (it added "or lower
+        # max_new_tokens to N and shorten the prompt by at least 88 + N tokens", the same); 88 + 1 beside one
         ([5] * 600, GREEDY.copy(max_new_tokens=20),
-         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 108 "
-         r"tokens, or lower max_new_tokens to N and shorten the prompt by at least 88 \+ N tokens$"),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 88 "
+         r"\+ max_new_tokens tokens \(108 with max_new_tokens=20\)$"),
         ([5] * 600, GREEDY.copy(max_new_tokens=1), r"length of 512 tokens; shorten the prompt by at least 89 tokens$"),
         ([5] * 10, GREEDY.copy(max_new_tokens=600), "context length"),
         ([5], GREEDY.copy(max_new_tokens=600), r"^prompt of 1 token \+ max_new_tokens=600 exceeds"),
@@ -129,11 +130,10 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
                                                      r"so that the prompt's tokens and max_new_tokens together fit 512$"),
         # a prompt that fills the context beside a max_new_tokens a shorter prompt fits: lowering it
         # alone fits only at 0 new tokens, no fix; shortening by it is (it said "shorten the prompt or
-        # lower"), or by fewer beside a lower one (it said the first alone, as if no lower one helped)
+        # lower"), by fewer beside a lower one (it said the first alone, as if no lower one helped)
         ([5] * 512, GREEDY.copy(max_new_tokens=3), r"^prompt of 512 tokens \+ max_new_tokens=3 exceeds the model's "
-                                                   r"context length of 512 tokens; shorten the prompt by at least 3 "
-                                                   r"tokens, or lower max_new_tokens to N and shorten the prompt by at "
-                                                   r"least N tokens$"),
+                                                   r"context length of 512 tokens; shorten the prompt by at least "
+                                                   r"max_new_tokens tokens \(3 with max_new_tokens=3\)$"),
         ([5] * 512, GREEDY.copy(max_new_tokens=1), r"length of 512 tokens; shorten the prompt by at least 1 token$"),
         # a prompt past the context beside such a max_new_tokens: both at once (it named the prompt
         # alone, and the shortened prompt met a second refusal)
@@ -142,8 +142,8 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
          r"for any prompt; shorten the prompt and lower max_new_tokens, so that the prompt's tokens and max_new_tokens "
          r"together fit 512$"),
         ([5] * 600, GREEDY.copy(max_new_tokens=511),  # (600 + 511 - 512 = 599: a prompt of 1 token is left)
-         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 599 "
-         r"tokens, or lower max_new_tokens to N and shorten the prompt by at least 88 \+ N tokens$"),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 88 "
+         r"\+ max_new_tokens tokens \(599 with max_new_tokens=511\)$"),
         ([5] * 10, GREEDY.copy(temperature=-1.0), "temperature"),
         ([5] * 10, GREEDY.copy(top_p=0.0), "top_p"),
         ([5] * 10, GREEDY.copy(n=0), "SamplingParams.n"),
@@ -163,8 +163,8 @@ def test_a_prompt_that_fills_the_context_is_told_how_much_to_shorten_and_that_fi
     """A prompt of the context's length beside max_new_tokens=3 was told "shorten the prompt or
     lower max_new_tokens", where only 0 new tokens fit; the shortening it is told now fits, and so
     does the lower max_new_tokens beside the prompt shortened by as many tokens."""
-    with pytest.raises(ValueError, match=r"shorten the prompt by at least 3 tokens, or lower max_new_tokens to N "
-                                         r"and shorten the prompt by at least N tokens$"):
+    with pytest.raises(ValueError, match=r"shorten the prompt by at least max_new_tokens tokens \(3 with "
+                                         r"max_new_tokens=3\)$"):
         engine.generate([5] * engine.context_len, SamplingParams(max_new_tokens=3, ignore_eos=True))
     for cut in (3, 2):
         out = engine.generate([5] * (engine.context_len - cut), SamplingParams(max_new_tokens=cut, ignore_eos=True))
@@ -179,8 +179,7 @@ def test_a_prompt_past_the_context_is_told_how_much_to_shorten_and_each_fix_fits
     with pytest.raises(ValueError) as e:
         engine.generate([5] * 600, SamplingParams(max_new_tokens=20, ignore_eos=True))
     assert str(e.value) == ("prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt "
-                            "by at least 108 tokens, or lower max_new_tokens to N and shorten the prompt by at least "
-                            "88 + N tokens")
+                            "by at least 88 + max_new_tokens tokens (108 with max_new_tokens=20)")
     assert len(engine.generate([5] * 492, SamplingParams(max_new_tokens=20, ignore_eos=True)).token_ids) == 20
     assert len(engine.generate([5] * 507, SamplingParams(max_new_tokens=5, ignore_eos=True)).token_ids) == 5
     for prompt, new in ((493, 20), (508, 5)):
@@ -318,8 +317,7 @@ def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it
         engine.generate(text, GREEDY)
     said = (f"prompt of at least 513 tokens ({len(text)} characters, counted without encoding them) exceeds the "
             "model's context length of 512 tokens")
-    assert str(e.value) == (f"{said}; shorten the prompt by at least 9 tokens, or lower max_new_tokens to N and "
-                            "shorten the prompt by at least 1 + N tokens")
+    assert str(e.value) == f"{said}; shorten the prompt by at least 1 + max_new_tokens tokens (9 with max_new_tokens=8)"
     assert e.value.reason == DOES_NOT_FIT
     # beside a max_new_tokens that leaves no room for any prompt (512 + 1 > 512): both at once, as a
     # counted prompt is told (test_bad_requests_raise_and_the_engine_stays_usable); it named the prompt alone, and
@@ -336,8 +334,8 @@ def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it
     assert str(e.value) == f"prompt 1 of the batch: {both}"
     with pytest.raises(ValueError) as e:
         engine.generate([[5, 6], text], [GREEDY.copy(max_new_tokens=512), GREEDY.copy(max_new_tokens=511)])
-    assert str(e.value) == (f"prompt 1 of the batch: {said}; shorten the prompt by at least 512 tokens, or lower "
-                            "max_new_tokens to N and shorten the prompt by at least 1 + N tokens")
+    assert str(e.value) == (f"prompt 1 of the batch: {said}; shorten the prompt by at least 1 + max_new_tokens tokens "
+                            "(512 with max_new_tokens=511)")
     with pytest.raises(ValueError) as e:  # (a call that samples one token: shortening is the one fix)
         engine.generate(text, GREEDY.copy(max_new_tokens=1))
     assert str(e.value) == f"{said}; shorten the prompt by at least 2 tokens" and getattr(e.value, "reason", None) is None
@@ -393,13 +391,12 @@ def test_a_gen_on_the_default_max_tokens_past_the_context_is_told_where_that_num
             "set run(max_new_tokens=N))")
     assert str(default.run(text="w" * 600, backend=backend).error()) == (
         "Gen('x') failed: ValueError: prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten "
-        f"the prompt by at least 216 tokens, or lower max_tokens to N and shorten the prompt by at least 88 + N tokens "
-        f"{note}")
+        f"the prompt by at least 88 + max_tokens tokens (216 with max_tokens=128) {note}")
     huge = "w" * (512 * max_token_bytes(engine.tokenizer) + 1)
     assert str(default.run(text=huge, backend=backend).error()) == (
         f"Gen('x') failed: ValueError: prompt of at least 513 tokens ({len(huge)} characters, counted without "
-        "encoding them) exceeds the model's context length of 512 tokens; shorten the prompt by at least 129 tokens, "
-        f"or lower max_tokens to N and shorten the prompt by at least 1 + N tokens {note}")
+        "encoding them) exceeds the model's context length of 512 tokens; shorten the prompt by at least 1 + "
+        f"max_tokens tokens (129 with max_tokens=128) {note}")
     assert str(own.run(text="w" * 600, backend=backend).error()) == (
         "Gen('x') failed: ValueError: prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten "
         "the prompt by at least 89 tokens")
@@ -527,8 +524,8 @@ def test_a_request_too_large_for_the_kv_pool_is_told_each_fixs_number_and_each_f
             refused(n, m)
         e = refused(120, 30)
         assert str(e) == ("prompt of 120 tokens does not fit the KV pool of 100 tokens; raise max_total_tokens to at "
-                          "least 149, or shorten the prompt by at least 49 tokens, or lower max_new_tokens to N and "
-                          "shorten the prompt by at least 19 + N tokens")
+                          "least 149, or shorten the prompt by at least 19 + max_new_tokens tokens (49 with "
+                          "max_new_tokens=30)")
         # (its fix names max_new_tokens, as one past the context's: a gen on the run's default is told so)
         assert e.reason == "does_not_fit" and getattr(e, "field", None) is None
         assert fits(71, 30) and fits(100, 1) and fits(95, 6)

@@ -2751,8 +2751,8 @@ def test_a_row_too_large_for_the_kv_pool_names_the_jobs_option(tmp_path, tiny_ll
     assert record["status"] == "error"
     # (206 + 3 = 209 slots, 49 too many, or 45 + N beside N new tokens: 206 - 161)
     assert ("Gen('answer') failed: ValueError: prompt of 206 tokens does not fit the KV pool of 160 tokens; raise "
-            "--max-total-tokens to at least 209, or shorten the prompt by at least 49 tokens, or lower max_tokens to N "
-            "and shorten the prompt by at least 45 + N tokens") in record["error"]
+            "--max-total-tokens to at least 209, or shorten the prompt by at least 45 + max_tokens tokens (49 with "
+            "max_tokens=4)") in record["error"]
 
 
 def test_max_total_tokens_sizes_the_jobs_engine_and_is_refused_for_a_server(tmp_path, tiny_llama, monkeypatch):

@@ -698,8 +698,7 @@ def test_a_prompt_that_fills_the_context_beside_the_default_max_tokens_is_told_b
     for stream in (False, True):
         assert str(prog.run(backend=backend, stream=stream).error()) == (
             "Gen('x') failed: ValueError: prompt of 512 tokens + max_tokens=128 exceeds the model's context length of "
-            "512 tokens; shorten the prompt by at least 128 tokens, or lower max_tokens to N and shorten the prompt by "
-            "at least N tokens (the gen has no max_tokens of its own and took lmnb's default of 128: give it its own "
+            "512 tokens; shorten the prompt by at least max_tokens tokens (128 with max_tokens=128) (the gen has no max_tokens of its own and took lmnb's default of 128: give it its own "
             "max_tokens=N, or set run(max_new_tokens=N))")
     st = prog.run(cut=16, max_tokens=16, ignore_eos=True, backend=backend)
     assert st.error() is None and st.get_meta_info("x")["completion_tokens"] == 16
@@ -752,8 +751,7 @@ def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_re
     assert (n, tiny_engine.context_len) == (1200, 512)
     assert [str(st.error()) for st in states] == [
         "Gen('a') failed: ValueError: prompt of 1200 tokens exceeds the model's context length of 512 tokens; shorten "
-        "the prompt by at least 690 tokens, or lower max_tokens to N and shorten the prompt by at least 688 + N "
-        "tokens"] * 2
+        "the prompt by at least 688 + max_tokens tokens (690 with max_tokens=2)"] * 2
 
 
 def test_cache_of_a_prefix_too_long_for_the_model_says_prefix(backend, hf, tiny_engine):

@@ -528,8 +528,7 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
         # (each fix with its number: 170 + 3 = 173 slots, 13 too many, or 9 + N beside N new tokens (170 - 161);
         # 10 + 159 = 169, 9 too many, and 160 - 10 + 1 = 151 new tokens fit)
         assert ("prompt of 170 tokens does not fit the KV pool of 160 tokens; raise %lm load's --max-total-tokens to at "
-                "least 173, or shorten the prompt by at least 13 tokens, or lower max_tokens to N and shorten the prompt "
-                "by at least 9 + N tokens\n") in cell_failure("%%lm\n" + "w" * 170 + "{gen x max_tokens=4}")
+                "least 173, or shorten the prompt by at least 9 + max_tokens tokens (13 with max_tokens=4)\n") in cell_failure("%%lm\n" + "w" * 170 + "{gen x max_tokens=4}")
         assert ("prompt of 10 tokens + max_tokens=160 does not fit the KV pool of 160 tokens; raise %lm load's "
                 "--max-total-tokens to at least 169, or shorten the prompt by at least 9 tokens or lower max_tokens to at "
                 "most 151\n") in cell_failure("%%lm\n" + "w" * 10 + "{gen x max_tokens=160}")

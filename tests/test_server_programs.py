@@ -1092,7 +1092,7 @@ def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(ba
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5] * ctx_len, "max_tokens": 3}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == (
         f"prompt of {ctx_len} tokens + max_tokens=3 exceeds the model's context length of {ctx_len} tokens; shorten "
-        "the prompt by at least 3 tokens, or lower max_tokens to N and shorten the prompt by at least N tokens"), r.text
+        "the prompt by at least max_tokens tokens (3 with max_tokens=3)"), r.text
 
     def chat_len(content: str) -> int:
         text = engine.apply_chat_template([{"role": "user", "content": content}])
@@ -1104,7 +1104,7 @@ def test_a_prompt_that_fills_the_context_is_told_to_shorten_by_its_max_tokens(ba
             "model": "tiny", "messages": [{"role": "user", "content": content}], name: 3}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["message"] == (
             f"prompt of {ctx_len} tokens + {name}=3 exceeds the model's context length of {ctx_len} tokens; shorten "
-            f"the messages by at least 3 tokens, or lower {name} to N and shorten the messages by at least N tokens"), r.text
+            f"the messages by at least {name} tokens (3 with {name}=3)"), r.text
 
 
 def test_a_prompt_past_the_context_is_told_by_how_much_to_shorten_it_in_each_routes_words(backends, engines):
@@ -1119,8 +1119,8 @@ def test_a_prompt_past_the_context_is_told_by_how_much_to_shorten_it_in_each_rou
     assert engine.context_len == 512
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5] * 600, "max_tokens": 20}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == (
-        "prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 108 "
-        "tokens, or lower max_tokens to N and shorten the prompt by at least 88 + N tokens"), r.text
+        "prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt by at least 88 + "
+        "max_tokens tokens (108 with max_tokens=20)"), r.text
     assert r.json()["error"]["reason"] == "does_not_fit"  # (its fix names max_tokens: lmnb's clients say where it came from)
 
     def chat_len(content: str) -> int:
@@ -1131,8 +1131,8 @@ def test_a_prompt_past_the_context_is_told_by_how_much_to_shorten_it_in_each_rou
     r = httpx.post(url + "/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": content}], "max_completion_tokens": 5}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == (
-        "prompt of 520 tokens exceeds the model's context length of 512 tokens; shorten the messages by at least 13 "
-        "tokens, or lower max_completion_tokens to N and shorten the messages by at least 8 + N tokens"), r.text
+        "prompt of 520 tokens exceeds the model's context length of 512 tokens; shorten the messages by at least 8 + "
+        "max_completion_tokens tokens (13 with max_completion_tokens=5)"), r.text
     assert r.json()["error"]["reason"] == "does_not_fit"
 
 
@@ -1164,8 +1164,8 @@ def test_generate_names_a_text_too_long_to_encode_and_a_max_new_tokens_no_prompt
                 f", and max_new_tokens={ctx_len} leaves no room for any prompt; shorten the text and lower "
                 f"max_new_tokens, so that the prompt's tokens and max_new_tokens together fit {ctx_len}"
                 if max_new_tokens == ctx_len else
-                f"; shorten the text by at least {over + max_new_tokens} tokens, or lower max_new_tokens to N and "
-                f"shorten the text by at least {over} + N tokens"), r.text
+                f"; shorten the text by at least {over} + max_new_tokens tokens ({over + max_new_tokens} with "
+                f"max_new_tokens={max_new_tokens})"), r.text
 
 
 def test_generate_names_the_prompt_field_sent_in_the_engines_refusals(backends, engines):

@@ -1677,10 +1677,8 @@ def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_enco
     # each told at least how much to shorten it, from its lower bound of 4097 tokens (4098 with the
     # chat template's markers) beside its route's default max_tokens: 16 (completions: 4097 + 16 -
     # 4096 = 17, or 1 + N), 128 (/generate: 129), none sent to chat (the engine's: no number)
-    completions = ("shorten the prompt by at least 17 tokens, or lower max_tokens to N and shorten the prompt by at "
-                   "least 1 + N tokens")
-    generate = ("shorten the text by at least 129 tokens, or lower max_new_tokens to N and shorten the text by at "
-                "least 1 + N tokens")
+    completions = "shorten the prompt by at least 1 + max_tokens tokens (17 with max_tokens=16)"
+    generate = "shorten the text by at least 1 + max_new_tokens tokens (129 with max_new_tokens=128)"
     with live_server(Engine(), served_model_name="rec") as url:
         for path, body, param, start, fix in (
             ("/v1/completions", {"model": "rec", "prompt": text}, "prompt", at_least, completions),
