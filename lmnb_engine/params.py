@@ -103,9 +103,10 @@ def shown_number(value: Any) -> str:
             return _scientific(value < 0, abs(value) // 10 ** (digits - 5), digits)
     try:
         return repr(value)
-    except ValueError:  # (int_max_str_digits: an int too long inside a container)
-        return f"a {type(value).__name__} holding an integer too long to write"
     except Exception as e:  # noqa: BLE001 - a user's __repr__ may raise anything
+        said = e.args[0] if isinstance(e, ValueError) and e.args else None
+        if isinstance(said, str) and "integer string conversion" in said:  # (an int too long in a container)
+            return f"a {type(value).__name__} holding an integer too long to write"
         return f"<a {type(value).__name__} whose repr raised {type(e).__name__}>"
 
 

@@ -6291,3 +6291,14 @@ def test_a_failure_whose_report_raises_still_ends_the_run_with_an_error():
     assert (state.error(), state["x"]) == (None, "ok")
     assert {str(w.message) for w in caught} == {
         "lmnb event listener Listener(<repr failed: RuntimeError: no repr here>) raised _NoStr: <str() failed>"}
+
+    class BadValue:
+        def __repr__(self):
+            raise ValueError("no repr here")
+
+    # a check's message names such a value by its type (it raised the value's own error instead)
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", choices=["a", BadValue()])
+    assert str(e.value) == ("gen(..., choices=...) choices must be non-empty strings: choice 2 of 2 is <a BadValue "
+                            "whose repr raised ValueError>")
+
