@@ -1070,12 +1070,13 @@ class StreamExecutor:
     def message_end_stops(self, params: GenParams) -> tuple[str, ...]:
         """The chat template's end-of-message stops for an unconstrained gen of ``params``; none
         under ``ignore_eos``, which asks to generate past the end of the message. A template's end of
-        message is the text of the model's end-of-turn token, a special token lmnb's engine leaves
-        out of the output text, so there the stop ended such a gen only where the model spelled the
-        marker out in plain characters, and beside pinned prefixes it kept the engine from refusing
-        at once a gen whose length cannot fit (a stop counts as a way to end early). (An SGLang
-        server, which reads stops in text holding special tokens, stopped it at the token, as if
-        it did not ignore EOS.)"""
+        message is the text of the model's end-of-turn token, and a stop that is a special token's
+        text ends the gen at that token (``lmnb_engine.stop_special``; an SGLang server reads stops
+        in text holding special tokens), so the stop would end an ``ignore_eos`` gen at the end of
+        its message, as if it did not ignore EOS, and beside pinned prefixes keep the engine from
+        refusing at once a gen whose length cannot fit (a stop counts as a way to end early).
+        SGLang adds it all the same and stops there; a gen's own stops still apply under
+        ``ignore_eos``, the EOS token's text too."""
         return () if params.ignore_eos else self.chat_template.stop_str
 
     def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:

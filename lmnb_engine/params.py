@@ -343,6 +343,9 @@ class SamplingParams:
             first listed, stop strings before ``stop_regex`` (``StopStringMatcher.find``: SGLang's
             result wherever its own does not depend on how the text was tokenized). At most
             ``MAX_STOP_STRINGS`` strings of ``MAX_STOP_CHARS`` characters in all, none of them empty.
+            A stop string that is the whole text of a special token, which ``skip_special_tokens``
+            leaves out of the output, also ends the output when that token is sampled (``matched``
+            is the stop string; ``lmnb_engine.stop_special``).
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
         stop_regex: a regular expression (the ``regex`` package's syntax: Python ``re``'s, plus
             ``\\p{L}``, POSIX classes ...) or a list of them; the output ends

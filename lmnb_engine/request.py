@@ -24,6 +24,7 @@ from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.outputs import FinishReason, TokenLogprob
 from lmnb_engine.params import SamplingParams
 from lmnb_engine.stop_matcher import StopRegexes, StopStringMatcher
+from lmnb_engine.stop_special import special_stops
 
 
 class TokenGrammar(Protocol):
@@ -154,6 +155,9 @@ class Req:
         # output state
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.origin_input_ids, params.skip_special_tokens)
         self.stop_matcher = StopStringMatcher(params.stop_strings, stop_regexes or params.stop_regexes)
+        # {token id: stop string} for the stop strings that are the text of a special token, which the
+        # output text leaves out: sampling the token is the stop (``stop_special``)
+        self.special_stops = special_stops(tokenizer, params.stop_strings, params.skip_special_tokens)
         self.sent_text_len = 0  # characters of detokenizer.text already streamed
         self.sent_token_len = 0  # output ids already streamed
         self.final_text: Optional[str] = None

@@ -1008,6 +1008,10 @@ class Scheduler:
         reason: Optional[FinishReason] = None
         if token in req.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos):
             reason = FinishReason("stop", matched=token)  # the stop token is not part of the text
+        elif token in req.special_stops and len(req.output_ids) >= p.min_new_tokens:
+            # a stop string that is this special token's text, which the text leaves out (SGLang reads
+            # its stops in text holding special tokens): a stop, from min_new_tokens on as any stop string
+            reason = FinishReason("stop", matched=req.special_stops[token])
         else:
             checked = len(req.detokenizer.text)
             req.detokenizer.add(token)

@@ -513,6 +513,69 @@ def test_a_stop_string_inside_the_min_new_tokens_is_passed_over(engine, hf):
             assert r.text == text[:late] and r.finish_reason.type == "stop", stops
 
 
+def _sampled_with(engine, token: int, prompt: list[int], max_new_tokens: int = 40) -> tuple[dict, list[int]]:
+    """Sampling params (a seed) under which ``engine`` samples ``token`` after some text and before
+    EOS, at most 3 tokens before its ``max_new_tokens``, and the ids it samples (run ignoring EOS, with
+    special tokens kept, no stop)."""
+    for seed in range(200):
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+        ids = engine.generate(prompt, params.copy(ignore_eos=True, skip_special_tokens=False)).token_ids
+        if (token in ids[1:-3] and set(engine.eos_token_ids).isdisjoint(ids[: ids.index(token)])
+                and engine.tokenizer.decode(ids[: ids.index(token)], skip_special_tokens=True)):
+            return params, ids
+    raise AssertionError(f"no seed below 200 samples token {token}")
+
+
+def test_a_stop_string_that_is_a_special_tokens_text_ends_at_that_token(engine):
+    """The chat template's end of message "<|end|>" is a special token of the tiny model, not its EOS;
+    the output text leaves it out, so stop="<|end|>" was never found in the text and the request
+    ran on past the token (to its max_new_tokens). Sampling the token is now the stop: its ids end
+    with it, its text is the text before it, and the finish reason names the stop string (as
+    SGLang's, which reads its stops in text holding special tokens)."""
+    tok = engine.tokenizer
+    end = tok.convert_tokens_to_ids("<|end|>")
+    assert end not in engine.eos_token_ids and tok.decode([end], skip_special_tokens=True) == ""
+    p = prompts(engine)[1]
+    params, ref = _sampled_with(engine, end, p)
+    k = ref.index(end)
+    expected = tok.decode(ref[:k], skip_special_tokens=True)
+    events = list(engine.stream(p, params.copy(stop="<|end|>", return_logprob=True)))
+    r = events[-1].result
+    assert r.token_ids == ref[: k + 1]
+    assert r.text == expected and "".join(e.text_delta for e in events) == expected
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "<|end|>"}
+    assert [lp.token_id for lp in r.logprobs] == ref[: k + 1]
+    assert [t for e in events for t in e.token_ids] == ref[: k + 1]
+    # among other stops; and with special tokens kept in the text, where the text shows the stop
+    r = engine.generate(p, params.copy(stop=["@never@", "<|end|>"]))
+    assert r.token_ids == ref[: k + 1] and r.text == expected and r.finish_reason.matched == "<|end|>"
+    r = engine.generate(p, params.copy(stop="<|end|>", skip_special_tokens=False))
+    assert r.token_ids == ref[: k + 1] and r.text == tok.decode(ref[:k], skip_special_tokens=False)
+    assert r.finish_reason.matched == "<|end|>"
+    # a stop string holding the token's text among other text is read in the output text alone,
+    # which leaves the token out: it does not stop there (stop_special's module docstring)
+    r = engine.generate(p, params.copy(stop=expected[-1] + "<|end|>", max_new_tokens=k + 3, ignore_eos=True))
+    assert r.token_ids == ref[: k + 3] and r.finish_reason.type == "length"
+
+
+def test_a_stop_string_that_is_the_eos_text_ends_an_ignore_eos_request(tiny_llama):
+    """ignore_eos ignores the model's EOS ids, not the stops a request names: a stop string that is
+    the EOS token's text ends the request at that token, as stop strings do under ignore_eos (and as
+    SGLang's check of a tail decoded with special tokens stops it)."""
+    with Engine(str(tiny_llama), max_total_tokens=2048) as eng:
+        end = eng.tokenizer.convert_tokens_to_ids("<|end|>")
+        p = prompts(eng)[1]
+        params, ref = _sampled_with(eng, end, p)
+        k = ref.index(end)
+        eng.scheduler.eos_token_ids = frozenset({end})  # (the random model rarely samples its real EOS)
+        r = eng.generate(p, params.copy(ignore_eos=True, stop="<|end|>"))
+        assert r.token_ids == ref[: k + 1] and r.finish_reason.to_dict() == {"type": "stop", "matched": "<|end|>"}
+        r = eng.generate(p, params.copy(ignore_eos=True))
+        assert r.token_ids == ref and r.finish_reason.type == "length"
+        r = eng.generate(p, params.copy(stop="<|end|>"))  # EOS first, by its id (SGLang's order)
+        assert r.token_ids == ref[: k + 1] and r.finish_reason.to_dict() == {"type": "stop", "matched": end}
+
+
 def test_eos_ends_generation_unless_ignored(tiny_llama, hf):
     with Engine(str(tiny_llama), max_total_tokens=2048) as eng:
         p = prompts(eng)[3]

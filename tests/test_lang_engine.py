@@ -1438,3 +1438,36 @@ def test_api_speculative_gen_with_stop_token_ids_stops_at_them_as_without_specul
         backend.shutdown()
     assert plain["b"] == " the harbor." and own(plain, "b") == (4, {"type": "stop", "matched": travel[0]})
     assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
+
+
+def test_a_gen_under_the_models_chat_template_ends_at_its_end_of_message_token(backend, tiny_engine):
+    """The tiny model's own chat template ends a message with "<|end|>", a special token that is not
+    the model's EOS; the template adds it to every unconstrained gen's stops, but the engine read
+    stops in the output text, which leaves the token out, so an assistant gen ran on past the end of
+    its message (to max_tokens, the next turns' text in its value). It now ends at the token: its
+    tokens end with it, its value is the text before it, and the finish reason names the stop (as
+    SGLang's). A gen with ignore_eos, which asks to go past the end of the message, has no such stop."""
+    tok = tiny_engine.tokenizer
+    end = tok.convert_tokens_to_ids("<|end|>")
+    assert backend.chat_template.stop_str == ("<|end|>",) and end not in tiny_engine.eos_token_ids
+
+    @sgl.function
+    def chat(s, seed_, ignore_eos_):
+        s += sgl.user("hello")
+        s += sgl.assistant(sgl.gen("a", max_tokens=40, temperature=1.0, seed=seed_, ignore_eos=ignore_eos_,
+                                   return_logprob=True))
+
+    def ids(state):
+        return [t[1] for t in state.get_meta_info("a")["output_token_logprobs"]]
+
+    for seed in range(200):
+        ref = ids(chat.run(seed_=seed, ignore_eos_=True, backend=backend))  # (no end-of-message stop)
+        if end in ref[1:] and tiny_engine.eos_token_ids.isdisjoint(ref[: ref.index(end)]):
+            break
+    else:
+        raise AssertionError("no seed below 200 samples <|end|>")
+    k = ref.index(end)
+    state = chat.run(seed_=seed, ignore_eos_=False, backend=backend)
+    assert ids(state) == ref[: k + 1]
+    assert state["a"] == tok.decode(ref[:k], skip_special_tokens=True)
+    assert state.get_meta_info("a")["finish_reason"] == {"type": "stop", "matched": "<|end|>"}
