@@ -91,3 +91,18 @@ def llava_hf(llava_ckpt):
 
     model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
     return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+
+
+# Files whose tests run longest, started first: pytest-xdist (`make test`, --dist loadfile) hands
+# out whole files in collection order, so a long file collected last (test_triton_compile: about
+# 5 minutes of compiling on a cold Triton cache, as on CI) would run alone at the end while the
+# other worker sat idle.
+LONGEST_FIRST = ("test_triton_compile.py", "test_bench_suite.py", "test_notebooks.py", "test_export.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # (stable: each file's own order is kept)
