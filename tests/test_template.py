@@ -16,6 +16,7 @@ import pytest
 import lmnb
 from lmnb import ir
 from lmnb.template import TemplateRuntimeError, TemplateSyntaxError, parse, parse_python
+from lmnb.template.errors import UnclosedError
 
 
 # ---------------------------------------------------------------------------------- recording
@@ -1157,6 +1158,18 @@ def test_curly_quotes_in_a_hole_get_the_hole_with_straight_quotes(cell, col, cha
         parse(cell, first_line=2)
     assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == (
         (2, col), f"invalid Python expression: invalid character '{char}", hint)
+
+
+@pytest.mark.parametrize("cell, col", [("{gen x stop=“a", 13), ("{gen x stop=“a\nb", 13), ("{f(‘a’, ‘b", 9)])
+def test_a_curly_quote_left_open_in_an_open_hole_is_an_unterminated_string(cell, col):
+    """{gen x stop=“a was "'{' opens a hole that is never closed" (the kernel's is_complete:
+    "incomplete") where {gen x stop="a is an unterminated string: now that, with the curly-quote
+    hint."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell, first_line=2)
+    assert not isinstance(e.value, UnclosedError)
+    assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == (
+        (2, col), "unterminated string literal in hole", CURLY)
 
 
 def test_curly_quotes_in_a_python_cell_get_the_line_with_straight_quotes():

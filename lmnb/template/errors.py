@@ -122,6 +122,9 @@ def _string_end(code: str, start: int) -> int:
     return len(code)
 
 
+CURLY_QUOTES_WORDS = "Python's strings take straight quotes (\" and '), not curly ones (“ ” ‘ ’)"
+
+
 def curly_quotes_hint(code: str, fixed: str, parses) -> str | None:
     """The hint for Python ``code`` that failed to parse and holds curly quotes: ``fixed`` (the
     code as shown to the user, straightened) offered where ``parses(straightened(code))`` is true,
@@ -129,8 +132,7 @@ def curly_quotes_hint(code: str, fixed: str, parses) -> str | None:
     straight = straightened(code)
     if straight == code:
         return None
-    words = "Python's strings take straight quotes (\" and '), not curly ones (“ ” ‘ ’)"
-    return f"{words}: {fixed}" if parses(straight) else words
+    return f"{CURLY_QUOTES_WORDS}: {fixed}" if parses(straight) else CURLY_QUOTES_WORDS
 
 
 class TemplateError(Exception):

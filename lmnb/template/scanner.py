@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmnb.template.errors import CURLY_QUOTES, TemplateSyntaxError, UnclosedError, line_col
+from lmnb.template.errors import CURLY_QUOTES, CURLY_QUOTES_WORDS, TemplateSyntaxError, UnclosedError, line_col
 
 _OPEN = "([{"
 _CLOSE = {")": "(", "]": "[", "}": "{"}
@@ -86,10 +86,37 @@ def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> 
                     source, j, first_line, indent=indent,
                 )
         j += 1
+    curly = _open_curly_quote(source, start + 1)
+    if curly is not None:  # (as "a: a string left open, which more lines cannot close, not an open hole)
+        raise TemplateSyntaxError("unterminated string literal in hole", source, curly, first_line, indent=indent,
+                                  hint=CURLY_QUOTES_WORDS)
     raise UnclosedError(
         "'{' opens a hole that is never closed", source, start, first_line, indent=indent,
         hint="close the hole with '}', or write '{{' for a literal '{'",
     )
+
+
+def _open_curly_quote(source: str, start: int) -> int | None:
+    """The offset of the first curly quote in ``source`` from ``start`` on, outside straight-quoted
+    strings, that no curly quote of its kind closes on its line (as ``top_level`` pairs them); None
+    where there is none."""
+    j = start
+    while j < len(source):
+        c = source[j]
+        if c in "'\"":
+            try:
+                j = string_end(source, j)
+            except TemplateSyntaxError:
+                return None
+            continue
+        if c in CURLY_QUOTES:
+            end = next((k for k in range(j + 1, len(source)) if source[k] == "\n"
+                        or CURLY_QUOTES.get(source[k]) == CURLY_QUOTES[c]), len(source))
+            if end == len(source) or source[end] == "\n":
+                return j
+            j = end
+        j += 1
+    return None
 
 
 def string_end(source: str, start: int, first_line: int = 1, indent: str = "") -> int:
