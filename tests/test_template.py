@@ -1877,6 +1877,10 @@ _LIST_HOLDS_GEN = ("a hole's value becomes prompt text, a {}'s text is its items
     ("{[{(x,)}]}", "in an item of the set at [0]", "list"),
     ("{pair}", "at [1]", "tuple"),  # (a namedtuple: its text is its fields' repr too)
     ("{[[[[x]]]]!r:>3}", "at [0][0][0][0]", "list"),  # (HELD_DEPTH containers down; a conversion, a spec)
+    # (their text is their items' repr too: it was sent as "deque([Gen('a')])")
+    ("{collections.deque([x])}", "at [0]", "deque"),
+    ("{collections.UserList([1, x])}", "at [1]", "UserList"),
+    ('{collections.UserDict(k=[x])}', "at ['k'][0]", "UserDict"),
 ])
 def test_a_primitive_held_in_a_list_tuple_dict_or_set_in_a_hole_is_refused(cell, where, container):
     """{[x]} with x = lmnb.gen("a") (and a tuple, dict or set of it) still sent the text "[Gen('a')]":
@@ -1888,7 +1892,7 @@ def test_a_primitive_held_in_a_list_tuple_dict_or_set_in_a_hole_is_refused(cell,
     t = parse("Q: " + cell)
     log = []
     with pytest.raises(TemplateRuntimeError) as e:
-        t.program().func(Rec(log), **t.bind({"x": x, "pair": pair, "frozenset": frozenset}))
+        t.program().func(Rec(log), **t.bind({"x": x, "pair": pair, "frozenset": frozenset, "collections": collections}))
     assert log == [((), "add", ("text", "Q: "))]  # (the text before it only: nothing of the hole)
     shown = cell[:cell.index("!")] + "}" if "!" in cell else cell  # (the hole as written: "{ {x} }", not "{{x}}")
     assert (e.value.message, e.value.col) == (

@@ -10,6 +10,7 @@ and so is a list, tuple, dict or set that holds one (``{[x]}``: a container's te
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import itertools
 import reprlib
@@ -144,7 +145,8 @@ def _own_refusal(value: Any, hole: str, source: str) -> tuple[str, str]:
 # How far a hole's container is searched for lmnb's objects: HELD_DEPTH containers down, HELD_ITEMS
 # items in all, so that a hole holding a long list (a document's lines) costs next to nothing more.
 HELD_DEPTH, HELD_ITEMS = 4, 1000
-_CONTAINERS = (list, tuple, dict, set, frozenset)
+# (a deque's, a UserList's and a UserDict's text is their items' repr too)
+_CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque, collections.UserList, collections.UserDict)
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 _KEY = reprlib.Repr()  # (keyword arguments only from Python 3.12)
 _KEY.maxstring = _KEY.maxother = 30
@@ -152,8 +154,8 @@ _KEY.maxstring = _KEY.maxother = 30
 
 def held_object(value: Any) -> Optional[tuple[str, Any]]:
     """(where, the object) of the first of lmnb's own objects (as ``refused_value`` names them) that
-    ``value``, a list, tuple, dict, set or frozenset (their subclasses too: a namedtuple, an
-    OrderedDict), holds, its containers searched in order, depth first, up to ``HELD_DEPTH`` deep
+    ``value``, a list, tuple, dict, set, frozenset, deque, UserList or UserDict (their subclasses
+    too: a namedtuple, an OrderedDict), holds, its containers searched in order, depth first, up to ``HELD_DEPTH`` deep
     and ``HELD_ITEMS`` items in all; where is "at [0]['k']" (the indexes that reach it), or "as an
     item of the set", "in a key of the dict at [1]" where no index reaches it; None where none is
     found, and for any other value (whose own ``str`` may hide its items)."""
@@ -194,6 +196,11 @@ def _items(value: Any) -> Iterable[tuple[Any, Any]]:
     """(the step to it: its index, (the key,) for a dict's value, "key" / "set" for a dict's key
     and a set's item; the item) of each item of the container ``value``, through its base type's
     own iteration (a subclass's ``__iter__`` need not be what its ``str`` shows)."""
+    if isinstance(value, (collections.UserList, collections.UserDict)):  # (their items are in .data)
+        data = getattr(value, "data", None)
+        return _items(data) if isinstance(data, (list, dict)) else ()
+    if isinstance(value, collections.deque):
+        return enumerate(collections.deque.__iter__(value))
     if isinstance(value, dict):
         return ((step, item) for key, v in dict.items(value) for step, item in (("key", key), ((key,), v)))
     if isinstance(value, (set, frozenset)):
@@ -213,6 +220,9 @@ def held_where(steps: tuple) -> str:
 
 
 def _container_name(value: Any) -> str:
-    """"list", "tuple", "dict" or "set" (a frozenset's too): the base type of the container ``value``."""
+    """"list", "tuple", "dict", "set" (a frozenset's too), "deque", "UserList" or "UserDict": the base
+    type of the container ``value``."""
     return next(name for t, name in ((list, "list"), (tuple, "tuple"), (dict, "dict"), (set, "set"),
-                                     (frozenset, "set")) if isinstance(value, t))
+                                     (frozenset, "set"), (collections.deque, "deque"),
+                                     (collections.UserList, "UserList"), (collections.UserDict, "UserDict"))
+                if isinstance(value, t))
