@@ -783,6 +783,22 @@ def test_a_misspelt_kernel_variable_is_told_the_variable_it_is_closest_to():
     assert str(e.value).startswith("line 1, col 2: name 'o' is not defined\n")
 
 
+@pytest.mark.parametrize("cell, name, col", [
+    ("Q: {frozenset([x])}", "frozenset", 5), ("{chr(65)}", "chr", 2), ("{hex(x)}", "hex", 2),
+    ("{type(x)}", "type", 2), ('{gen a stop=format(x, "d")}', "format", 13),
+])
+def test_a_python_builtin_a_hole_does_not_provide_is_told_so(cell, name, col):
+    """{frozenset([x])} said "name 'frozenset' is not defined" with the hint "define frozenset in a
+    Python cell first", which reads as if Python lacked it: a hole reads builtins outside
+    parser.BUILTIN_NAMES as kernel variables, and the error now says so, with the fix."""
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse(cell).bind({"x": 1})
+    assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == (
+        (1, col), f"{name!r} is a Python builtin that a hole does not provide",
+        f"compute the value in a Python cell (v = {name}(...)) and write {{v}}, or write the cell as %%lm --python, "
+        "whose Python has every builtin")
+
+
 def test_a_misspelt_name_in_a_plain_hole_is_offered_no_function():
     # IPython puts open, exit, quit and get_ipython in every kernel's namespace: {persn}, with no
     # variable close, was offered 'open', which a prompt hole never means

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import re
@@ -11,6 +12,7 @@ from typing import Any, Mapping, Optional
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Fork, Media, Node, Role
 from lmnb.template.options import bare_media_path
+from lmnb.template.parser import BUILTIN_NAMES
 
 # Names the generated code uses itself: the state ``s``, the ``lmnb`` module, and per fork depth d
 # the group ``forks{d}``, the branch state ``f{d}`` and the item list ``items{d}`` (d omitted for 1).
@@ -64,6 +66,11 @@ def _tag_meant(name: str, source: str, offset: int) -> Optional[str]:
         return None
     bare = source[:offset].rstrip().endswith("{") and source[offset + len(name):].lstrip().startswith("}")
     return construct_offer(word) if bare else None
+
+
+# Python's builtins that a hole reads as kernel variables (those parser.BUILTIN_NAMES leaves out):
+# where the kernel defines none, the error says so rather than "define it".
+_HOLELESS_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_")) - BUILTIN_NAMES
 
 
 def _did_you_mean(name: str, namespace: Mapping[str, Any], called: bool = False) -> str:
@@ -136,13 +143,17 @@ class Template:
         calls = calls_of(self.body, name)
         offset = calls[0][0] if at_call and calls else self.argument_offsets.get(name, 0)
         hint = f"define {name} in a Python cell first"
+        builtin = name in _HOLELESS_BUILTINS
+        if builtin:  # ({frozenset(xs)}: a name Python has everywhere, so "define it" is no fix)
+            hint = (f"compute the value in a Python cell (v = {name}(...)) and write {{v}}, or write the cell as "
+                    "%%lm --python, whose Python has every builtin")
         if name in _JSON_CONSTANTS:  # JSON's spelling, in a hole that is Python
             hint = (f"a hole holds Python, where JSON's {name} is {_JSON_CONSTANTS[name]}: write "
                     f"{_JSON_CONSTANTS[name]}, or {hint}")
         at_offset = {at: (call, source) for at, call, source in calls}
         construct = construct_for_call(*at_offset[offset]) if offset in at_offset else None
         # only a name that opens a hole ({name}) may be text meant literally; not one it calls ({gen(...)})
-        if self.source[offset - 1:offset] == "{" and construct is None:
+        if self.source[offset - 1:offset] == "{" and construct is None and not (builtin and offset in at_offset):
             hint += ", or write {{ }} for literal braces"
         media = _media_source_at(self.body, offset)
         path_hint = None if media is None else bare_media_path(
@@ -157,6 +168,8 @@ class Template:
                     f"{construct}: write that, or {hint}")
             tag = construct
         meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace or {}, called=bool(calls))
+        if builtin and problem is None:
+            problem, meant = f"{name!r} is a Python builtin that a hole does not provide", ""
         return TemplateRuntimeError(f"{problem or f'name {name!r} is not defined'}{meant}",
                                     self.source, offset, self.first_line, indent=self.indent, hint=hint)
 
