@@ -8,8 +8,9 @@ cell magic (incomplete until a blank line). Here the names come from where the m
 select's options from ``lmnb.template.options.allowed`` (the options the parser checks against)
 and a video's ``frames=`` (none of them where the line or hole gives it already); a Python
 expression a construct takes (an image's or video's source, a fork's count or items, an option's
-value) from IPython's completion of that expression alone; whether a cell is finished from the cell
-parser itself (``UnclosedError``).
+value) from IPython's completion of that expression alone (or of its innermost part: ``[ti``); no
+IPython magic name in a hole, and no name at all in a hole's string; whether a cell is finished from
+the cell parser itself (``UnclosedError``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _FORK = re.compile(r"^\s*fork\s+(.*)\Z", re.DOTALL)  # {fork 2, {fork tip in ti:
 _PRIMITIVE = re.compile(r"^\s*(?:gen|select|image|video)\s+(.*)\Z", re.DOTALL)  # its options' values
 _MEDIA_OPTIONS = {"image": (), "video": ("frames",)}  # (as the cell parser's media() takes them)
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
+_IN_STRING = -2  # _open_hole's: the cursor is in a string of the open hole
 
 
 def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
@@ -104,9 +106,10 @@ def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
 
 def _open_hole(body: str) -> Optional[int]:
     """The offset of the ``{`` of the hole still open at the end of ``body``; -1 where ``body`` ends
-    in the prompt's text; None where that cannot be told (a hole the cell parser refuses before it,
-    a triple-quoted string still open). A lone ``}`` in the text, which the cell's run refuses, is
-    passed over: the holes after it are read as the parser reads them."""
+    in the prompt's text; ``_IN_STRING`` where it ends in a string of that hole (``{gen x stop="a``,
+    ``stop='''a``, ``stop=“a``); None where that cannot be told (a hole the cell parser refuses
+    before it). A lone ``}`` in the text, which the cell's run refuses, is passed over: the holes
+    after it are read as the parser reads them."""
     from lmnb.template.errors import TemplateSyntaxError, UnclosedError
     from lmnb.template.scanner import hole_end
 
@@ -117,10 +120,11 @@ def _open_hole(body: str) -> Optional[int]:
             continue
         try:
             i = hole_end(body, m.start())
-        except UnclosedError as e:
-            return m.start() if e.offset == m.start() else None
-        except TemplateSyntaxError:
-            return None
+        except UnclosedError as e:  # (the hole, or a triple-quoted string in it, left open)
+            return m.start() if e.offset == m.start() else _IN_STRING
+        except TemplateSyntaxError as e:  # (a one-line string ends at its line: open only on the last)
+            unterminated = e.message == "unterminated string literal in hole" and "\n" not in body[e.offset:]
+            return _IN_STRING if unterminated else None
     return -1
 
 
@@ -135,8 +139,8 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     start = _open_hole(body)
     if start is None:
         return None
-    if start < 0:
-        return _reply([], cursor_pos, cursor_pos)  # the cursor is in the prompt's text: no Python there
+    if start < 0:  # the cursor is in the prompt's text or a string: no name to offer there
+        return _reply([], cursor_pos, cursor_pos)
     hole = body[start + 1 :]
     first = _HOLE_WORD.match(hole)
     if first:
@@ -164,17 +168,49 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     expression = _expression(hole)
     if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone
         return _python_alone(expression, cursor_pos, python)
-    return None  # a hole that is a Python expression: IPython's
+    reply = python(code, cursor_pos)  # a hole that is a Python expression: IPython's, less its magic names
+    return _reply([m for m in reply["matches"] if not m.startswith("%")], cursor_pos,
+                  reply.get("cursor_start", cursor_pos))
 
 
 def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> dict:
     """IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
     alone: IPython reading the hole's whole line as Python found no expression there (``{fork tips``
     and ``{image ca`` got nothing; ``{fork tip in `` and ``{image `` its magic names, ``%%latex``,
-    which no hole can hold, and those are left out here too)."""
-    reply = python(source, len(source))
-    matches = [m for m in reply["matches"] if not m.startswith("%")]
-    return _reply(matches, cursor_pos, cursor_pos - len(source) + reply.get("cursor_start", len(source)))
+    which no hole can hold, and those are left out here too). Where that gives no name, the
+    innermost expression being typed is asked alone (IPython reads ``[ti`` as magic names)."""
+    for text in dict.fromkeys((source, _innermost(source))):
+        reply = python(text, len(text))
+        matches = [m for m in reply["matches"] if not m.startswith("%")]
+        if matches:
+            break
+    return _reply(matches, cursor_pos, cursor_pos - len(text) + reply.get("cursor_start", len(text)))
+
+
+def _innermost(source: str) -> str:
+    """The end of the Python text ``source`` after its last bracket still open or its last comma
+    inside that bracket, leading spaces left out: ``ti`` of ``[ti``, ``[a, (b, ti``, ``{ti``."""
+    from lmnb.template.errors import TemplateSyntaxError
+    from lmnb.template.scanner import string_end
+
+    starts = [0]  # where the expression being typed starts, at each depth of open brackets
+    j = 0
+    while j < len(source):
+        c = source[j]
+        if c in "'\"":
+            try:
+                j = string_end(source, j)
+            except TemplateSyntaxError:
+                return source
+            continue
+        if c in "([{":
+            starts.append(j + 1)
+        elif c in ")]}" and len(starts) > 1:
+            starts.pop()
+        elif c == ",":
+            starts[-1] = j + 1
+        j += 1
+    return source[starts[-1]:].lstrip()
 
 
 def _expression(hole: str) -> Optional[str]:

@@ -372,6 +372,16 @@ def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipy
         empty = _reply(kc, "complete", code=code, cursor_pos=len(code))
         assert "person_s35" in empty["matches"] and empty["cursor_start"] == len(code)
         assert not [m for m in empty["matches"] if m.startswith("%")]
+    # the first item after an open "[": IPython read "[person_s" alone as magic names (then left out)
+    for code in ("%%lm\n{select x choices=[person_s", "%%lm\n{fork t in [person_s", "%%lm\n{image [person_s"):
+        first = _reply(kc, "complete", code=code, cursor_pos=len(code))
+        assert (first["matches"], first["cursor_start"]) == (["person_s35"], len(code) - 8)
+    # in a string of a hole, and in a hole that is Python, no magic names (were %macro, %time, %%time)
+    for code in ('%%lm\n{gen x stop="a ma', "%%lm\n{gen x stop='ti", "%%lm\n{gen x stop=“a ti"):
+        assert _reply(kc, "complete", code=code, cursor_pos=len(code))["matches"] == []
+    code = "%%lm\n{'{' + person_s"
+    python_hole = _reply(kc, "complete", code=code, cursor_pos=len(code))
+    assert (python_hole["matches"], python_hole["cursor_start"]) == (["person_s35"], len(code) - 8)
     body = _reply(kc, "complete", code="%%lm --python\ns += person_s", cursor_pos=27)  # Python: IPython's
     assert (body["matches"], body["cursor_start"]) == (["person_s35"], 19)
     python = _reply(kc, "complete", code="person_s", cursor_pos=8)
@@ -421,6 +431,45 @@ def test_completion_of_a_fork_expression_or_an_option_value_is_of_that_expressio
     assert asked == [(source, len(source))]
     assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == ([source + "_s35"],
                                                                           len(code) - len(source), len(code))
+
+
+@pytest.mark.parametrize("code, inner", [
+    ("%%lm\n{select x choices=[ti", "ti"),
+    ("%%lm\n{fork t in [ti", "ti"),
+    ("%%lm\n{gen x stop=[ti", "ti"),
+    ("%%lm\n{image [ti", "ti"),
+    ("%%lm\n{fork t in [(1, 2), [3, ( ti", "ti"),  # (after the last bracket still open, or its comma)
+    ("%%lm\n{gen x stop=[\"a, [b\", ti", "ti"),  # (a comma or bracket in a string splits nothing)
+])
+def test_completion_of_the_first_item_after_an_open_bracket_asks_for_that_item_alone(code, inner):
+    """IPython reads "[ti" alone as magic names (%time), which are left out, so {select x choices=[ti
+    offered nothing: where the expression gives no name, its innermost part is asked alone."""
+    from lmnb_kernel.complete import lm_completions
+
+    def python(c, p):  # (IPython's way: magic names for a "[" or "(" it reads no expression after)
+        return {"matches": ["%time"] if c != inner else ["tips"], "cursor_start": 0}
+
+    reply = lm_completions(code, len(code), python)
+    assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (["tips"], len(code) - 2, len(code))
+
+
+@pytest.mark.parametrize("code", ['%%lm\n{gen x stop="a ma', "%%lm\n{gen x stop='ti", "%%lm\n{gen x stop=“a ti",
+                                  '%%lm\n{gen x stop="""a\nti', '%%lm\n{f(“a”, "b ti'])
+def test_completion_in_a_string_of_a_hole_offers_nothing(code):
+    """IPython offered its magic names (%macro, %time) in a hole's string, which holds no name."""
+    from lmnb_kernel.complete import lm_completions
+
+    reply = lm_completions(code, len(code), lambda c, p: {"matches": ["%time", "tips"], "cursor_start": p - 2})
+    assert (reply["matches"], reply["cursor_start"]) == ([], len(code))
+
+
+def test_completion_in_a_hole_that_is_python_leaves_out_magic_names():
+    """{'{' + ti offered tips with %time and %%time, which no hole can hold."""
+    from lmnb_kernel.complete import lm_completions
+
+    code = "%%lm\nQ: {'{' + ti"
+    reply = lm_completions(code, len(code), lambda c, p: {"matches": ["tips", "%time", "%%time"], "cursor_start": p - 2})
+    assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (["tips"], len(code) - 2, len(code))
 
 
 def test_an_option_that_may_repeat_is_offered_again_and_one_taken_once_is_not():
