@@ -901,7 +901,7 @@ def test_replacing_the_kernels_default_backend_warns_and_stats_say_where_python_
 
     kernels = lmnb.global_config.default_backend
     assert isinstance(kernels, SessionBackend)
-    ip.user_ns["second"] = second = lmnb.Engine(engine=SimpleNamespace())  # (an engine of its own, not loaded)
+    ip.user_ns["second"] = second = lmnb.Engine(engine=SimpleNamespace(model_info=dict))  # (an engine of its own, not loaded)
     ip.user_ns["same"] = lmnb.Engine(engine=get_session().engine("a test"))
     warning = ("lmnb: warning: Python programs now run on {}{}, not on the kernel's engine that %%lm cells use (%lm stats "
                "counts only that one); in the lmnb kernel leave the default backend unset and choose the model with %lm "

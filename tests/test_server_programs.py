@@ -1189,11 +1189,10 @@ def test_generate_names_the_prompt_field_sent_in_the_engines_refusals(backends, 
         r = httpx.post(url + "/generate", json={"text": text * 2, "sampling_params": {"max_new_tokens": 20}, **extra},
                        timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
-        # (by how much: 1000 + 20 - 512 = 508 tokens, or 1000 - 512 = 488 + N beside N new ones)
+        # (by how much: 1000 - 512 = 488 + N beside N new ones, 488 + 20 = 508 here)
         assert r.json()["error"]["message"] == ("prompt of 1000 tokens exceeds the model's context length of 512 "
-                                                "tokens; shorten the text by at least 508 tokens, or lower "
-                                                "max_new_tokens to N and shorten the text by at least 488 + N "
-                                                "tokens"), r.text
+                                                "tokens; shorten the text by at least 488 + max_new_tokens tokens "
+                                                "(508 with max_new_tokens=20)"), r.text
 
 
 def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):

@@ -3201,7 +3201,8 @@ def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_
     assert "exceeds the model's context length" in over_context["message"] and over_context["reason"] == "does_not_fit"
     assert "does not fit the server's KV cache" in over_pool["message"] and over_pool["reason"] == "does_not_fit"
     assert "+ max_new_tokens" not in prompt_alone["message"] and "reason" not in prompt_alone
-    assert "or lower max_new_tokens to N" in prompt_beside["message"] and prompt_beside["reason"] == "does_not_fit"
+    assert "7 + max_new_tokens tokens (9 with max_new_tokens=2)" in prompt_beside["message"]  # (40 - 9 + 2 - 1 = 32)
+    assert prompt_beside["reason"] == "does_not_fit"
     assert batch["param"] == "text[1]" and batch["reason"] == "does_not_fit"
 
 
