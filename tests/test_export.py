@@ -2870,8 +2870,8 @@ def test_a_job_says_to_export_again_with_the_command_of_the_tool_that_exported_i
         _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"x": 1}]), 0)
         assert capsys.readouterr().err.startswith(
             "lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read none), so "
-            "every row runs the same programs and the field 'x' is not used; to read them, export the notebook again "
-            f"with {command}NAMES{tail}\n")
+            "every row runs the same programs and the field 'x' is not used; to read it, export the notebook again "
+            f"with {command}x{tail}\n")
         rows = write_rows(tmp_path / "rows.jsonl", [{"person": "Corin"}])
         ns = _load_job(source, monkeypatch, rows, tmp_path / "out.jsonl")
         assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 2

@@ -2784,12 +2784,22 @@ def test_a_job_without_row_fields_warns_that_the_rows_fields_are_not_used(tmp_pa
     err = capsys.readouterr().err
     assert ("lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read none), "
             "so every row runs the same programs and the fields 'person', 'x' are not used; to read them, export the "
-            "notebook again with --inputs NAMES\n") in err
+            "notebook again with --inputs person,x\n") in err
     assert [r["variables"]["answer"] for r in read_results(tmp_path / "out.jsonl")] == ["FIXED", "FIXED"]
     write_rows(rows, [{"person": "Corin"}])
     job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out1.jsonl"), "--no-progress"])
     assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
-    assert "same programs and the field 'person' is not used;" in capsys.readouterr().err
+    assert "same programs and the field 'person' is not used; to read it, export the notebook again with --inputs " \
+           "person\n" in capsys.readouterr().err
+    write_rows(rows, [{f"f{i}": i for i in range(6)}, {"my field": 1}])  # (too many to list: NAMES; a space quoted)
+    job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out3.jsonl"), "--no-progress"])
+    assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert "'f0', 'f1', 'f2', 'f3', 'f4', ... are not used; to read them, export the notebook again with --inputs NAMES\n" \
+        in capsys.readouterr().err
+    write_rows(rows, [{"my field": 1}])
+    job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out4.jsonl"), "--no-progress"])
+    assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert "with --inputs 'my field'\n" in capsys.readouterr().err
     write_rows(rows, [{}, {}])
     job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out2.jsonl"), "--no-progress"])
     assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0

@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -613,9 +614,11 @@ class Job:
         if not self.inputs and unread_fields:  # (not refused: running one program over and over may be meant)
             shown = ", ".join(map(repr, unread_fields[:5])) + (", ..." if len(unread_fields) > 5 else "")
             fields = f"the fields {shown} are" if len(unread_fields) > 1 else f"the field {shown} is"
+            # (the command names the fields the rows have, where they are few enough to list)
+            names = shlex.quote(",".join(unread_fields)) if len(unread_fields) <= 5 else "NAMES"
             say(f"lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read "
-                f"none), so every row runs the same programs and {fields} not used; to read them, export "
-                f"the notebook again with {self._reexport('NAMES')}")
+                f"none), so every row runs the same programs and {fields} not used; to read "
+                f"{'them' if len(unread_fields) > 1 else 'it'}, export the notebook again with {self._reexport(names)}")
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             say(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run")
         unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
