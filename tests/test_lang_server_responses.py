@@ -1478,3 +1478,42 @@ def test_an_integer_too_long_to_write_is_refused_before_any_request(server, endp
         "took run(max_new_tokens=1.000e+5000 (an integer of 5001 digits)): give it its own max_tokens=N, or lower "
         "that)")
     assert posts == []
+
+
+def test_a_timeout_past_the_platforms_waits_is_refused_and_inf_means_no_limit(server):
+    """RuntimeEndpoint(URL, timeout=10**5000) or timeout=float('inf'), and the same given to
+    lmnb.OpenAI, were taken, and then every gen failed with OverflowError ("timestamp too large to
+    convert to C _PyTime_t"). A finite timeout past threading.TIMEOUT_MAX (the longest wait the
+    platform's socket and thread waits take) is refused where it is given, naming that bound;
+    math.inf is no limit, as None is for both (httpx's and the openai client's); TIMEOUT_MAX itself
+    works."""
+    import math
+
+    bound = f"{threading.TIMEOUT_MAX:.0f}"  # (9223372036 on 64-bit Linux)
+    for big, shown in [(10**5000, "1.000e+5000 (an integer of 5001 digits)"),
+                       (threading.TIMEOUT_MAX * 2, repr(threading.TIMEOUT_MAX * 2))]:
+        for make, name in [(lambda t: lmnb.RuntimeEndpoint(server.url, timeout=t), "RuntimeEndpoint"),
+                           (lambda t: lmnb.OpenAI("m", base_url=server.url + "/v1", api_key="k", timeout=t),
+                            "lmnb.OpenAI")]:
+            with pytest.raises(ValueError) as e:
+                make(big)
+            assert str(e.value) == (f"{name} timeout={shown} is longer than this platform's waits take (at most "
+                                    f"{bound} s, threading.TIMEOUT_MAX): give at most that, or None (or math.inf) "
+                                    "for no limit")
+
+    def answer(handler, body):
+        if handler.path == "/generate":
+            send(handler, 200, json.dumps({"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}).encode())
+        else:
+            _completion_ok(handler, body)
+
+    server.answer = answer
+    for timeout in (math.inf, threading.TIMEOUT_MAX):
+        endpoint = lmnb.RuntimeEndpoint(server.url, timeout=timeout)
+        assert endpoint.timeout == (None if timeout == math.inf else timeout)
+        assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r1")] == ["ok"]
+        endpoint.shutdown()
+        backend = lmnb.OpenAI("m", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=timeout)
+        assert [c.text for c in backend.generate(Prompt("Hi"), PARAMS, "r1")] == ["ok"]
+        assert backend._read_timeout() == (None if timeout == math.inf else timeout)
+        backend.shutdown()

@@ -11,6 +11,7 @@ interpreter side (``lmnb.choices``) so every backend feeds the same method the s
 from __future__ import annotations
 
 import collections
+import math
 import numbers
 import os
 import re
@@ -147,24 +148,38 @@ def given(value: Any) -> str:
     return f"{shown_number(value)} ({type(value).__name__})"
 
 
-def check_timeout(backend: str, timeout: Any, others: str = "") -> None:
-    """Refuse a ``timeout`` given to ``backend`` (``lmnb.RuntimeEndpoint``) that is neither None nor
-    a positive number of seconds: a string failed on a bare ``>`` comparison, zero or NaN on every
-    request. ``others``: the other kinds the caller lets through, for the message (" (or an
-    httpx.Timeout)").
+def check_timeout(backend: str, timeout: Any, others: str = "") -> Optional[float]:
+    """Check a ``timeout`` given to ``backend`` (``lmnb.RuntimeEndpoint``): None or a positive number
+    of seconds, at most ``threading.TIMEOUT_MAX`` (the longest wait of the platform's socket and
+    thread waits, about 292 years on 64-bit Linux), or ``math.inf``. A string failed on a bare ``>``
+    comparison, zero or NaN on every request, and a number past that bound on every request with
+    ``OverflowError`` ("timestamp out of range for platform time_t"). ``others``: the other kinds
+    the caller lets through, for the message (" (or an httpx.Timeout)").
+
+    Returns:
+        The timeout for the HTTP client: None (httpx's and the openai client's no limit) for None
+        and for ``math.inf``, else ``timeout``.
 
     Raises:
         TypeError: no number (a bool neither), naming what was given and its type.
-        ValueError: a number that is not positive (NaN too)."""
+        ValueError: a number that is not positive (NaN too), or a finite one past
+            ``threading.TIMEOUT_MAX``, naming that bound."""
     if timeout is None:
-        return
+        return None
     expected = f"a positive number of seconds{others}, or None for no limit"
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"{backend} timeout must be {expected}; got {given(timeout)}")
-    if not timeout > 0:  # (not <= 0: NaN too)
-        from lmnb_engine.params import shown_number  # torch-free
+    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
 
+    if not timeout > 0:  # (not <= 0: NaN too)
         raise ValueError(f"{backend} timeout={shown_number(timeout)}: give {expected}")
+    if timeout == math.inf:
+        return None
+    if timeout > threading.TIMEOUT_MAX:
+        raise ValueError(f"{backend} timeout={shown_number(timeout)} is longer than this platform's waits take "
+                         f"(at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX): give at most that, "
+                         "or None (or math.inf) for no limit")
+    return timeout
 
 
 class BackendUnreachable(BackendError):

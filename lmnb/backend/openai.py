@@ -100,7 +100,8 @@ class OpenAI(BaseBackend):
         api_key: default ``$OPENAI_API_KEY`` (with ``is_azure``, ``$AZURE_OPENAI_API_KEY``, and no
             ``"EMPTY"``: Azure takes an Azure AD token instead, ``azure_ad_token``); servers that
             need none get ``"EMPTY"``.
-        **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...). A streamed gen
+        **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...); a ``timeout`` in
+            seconds is at most ``threading.TIMEOUT_MAX``, None or ``math.inf`` no limit. A streamed gen
             fails once the read timeout passes with no chunk: keep-alive comments and empty lines,
             which reset httpx's read timeout, do not count. With ``http_client`` (an
             ``httpx.Client``) a call that is not streamed cannot be aborted.
@@ -859,7 +860,8 @@ def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, ba
 
     Raises:
         TypeError: naming the argument, what was given (and its type) and what is expected.
-        ValueError: a ``timeout`` that is not positive (``check_timeout``)."""
+        ValueError: a ``timeout`` that is not positive, or longer than the platform's waits take
+            (``check_timeout``); ``math.inf`` becomes None in ``client_kwargs``, the client's no limit."""
     if not isinstance(model_name, str):
         raise TypeError(f"lmnb.OpenAI model_name must be a string, the API's model name (e.g. 'gpt-4o-mini'); "
                         f"got {given(model_name)}")
@@ -874,7 +876,7 @@ def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, ba
                         f"or None for OpenAI's; got {given(base_url)}")
     timeout = client_kwargs.get("timeout")
     if isinstance(timeout, (str, bytes, numbers.Real)):  # (the client takes others too: an httpx Timeout, a tuple)
-        check_timeout("lmnb.OpenAI", timeout, " (or an httpx.Timeout)")
+        client_kwargs["timeout"] = check_timeout("lmnb.OpenAI", timeout, " (or an httpx.Timeout)")
 
 
 def _text(choice: Any, chat: bool) -> Any:

@@ -148,7 +148,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             the model's Jinja template in ``/get_model_info``; an SGLang server does not, and then
             the template is chosen from the model path, as SGLang does).
         timeout: seconds to wait for a response, or for a stream's next event (default
-            ``READ_TIMEOUT_S``; None: no limit). Connecting may take ``CONNECT_TIMEOUT_S``, and the
+            ``READ_TIMEOUT_S``; None or ``math.inf``: no limit; at most ``threading.TIMEOUT_MAX``). Connecting may take ``CONNECT_TIMEOUT_S``, and the
             model info asked at once waits at most ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less). A
             stream's keep-alive comments, empty events and unfinished lines are not events: a
             stream that sends only those for ``timeout`` seconds fails as one that sends nothing.
@@ -167,7 +167,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails;
             ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401, its message
             ending with how to give the key (``api_key=``, ``$LMNB_API_KEY``): its ``key_fix``.
-        ValueError: a ``timeout`` that is not a positive number of seconds, or a ``base_url`` that
+        ValueError: a ``timeout`` that is not a positive number of seconds (or is past
+            ``threading.TIMEOUT_MAX``), or a ``base_url`` that
             is no http(s) URL (``TypeError`` where it is no string).
         TypeError: an ``api_key`` that is no string (``check_api_key``).
     """
@@ -181,7 +182,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         # (here, not at the top: touching lmnb.RuntimeEndpoint loads no lmnb_engine module)
         from lmnb_engine import API_KEY_ENV  # (the package alone: no torch)
 
-        check_timeout("RuntimeEndpoint", timeout)  # (httpx would fail every request)
+        timeout = check_timeout("RuntimeEndpoint", timeout)  # (httpx would fail every request)
         if chat_template_name is not None:  # (a bad name is refused here, not at the first program)
             get_chat_template(chat_template_name)
         _check_url(base_url)
