@@ -68,7 +68,8 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is.
     ``empty_class`` False: all but the empty class check (the engine asks it before its own refusals)."""
-    problem = empty_pattern_problem(pattern) or unbuilt_class_problem(pattern) or class_range_problem(pattern)
+    problem = (long_count_problem(pattern) or empty_pattern_problem(pattern) or unbuilt_class_problem(pattern)
+               or class_range_problem(pattern))
     if problem:
         return problem
     held = classes_held(pattern)
@@ -94,6 +95,35 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
     # (a class that matches no character first: its words name what the engine refuses beside it)
     problem = empty_class_problem(pattern) if empty_class else None
     return problem or no_backend_problem(parsed, pattern) or surrogate_problem(pattern)
+
+
+# A repeat count as Python's parser reads one: "{", digits, optionally "," and digits, "}" (no spaces)
+_COUNT = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+
+
+def long_count_problem(pattern: str) -> str | None:
+    """The engine's refusal of a repeat count above ``MAX_REPEAT_COUNT`` (``regex_check``'s words)
+    for ``pattern``'s first repeat count of more digits than Python reads as an integer, or None:
+    Python's parser reads a count with ``int()``, which raised "Exceeds the limit (4300 digits) for
+    integer string conversion" from every check that parses the pattern. Counts are read outside
+    classes, comments and escapes (in the runs of ``pattern_parts``, which hold every ``{m,n}``)."""
+    from lmnb_engine.params import digits_over_limit, past_digit_limit, shown_integer_text  # (torch-free)
+
+    for part in pattern_parts(pattern):
+        if part.kind != "":
+            continue
+        for count in _COUNT.finditer(pattern, part.start, part.end):
+            for digits in count.groups():
+                if digits and digits_over_limit(len(digits)):
+                    from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, too_many  # (it imports this)
+
+                    value = digits.lstrip("0")
+                    if len(value) > len(str(MAX_REPEAT_COUNT)) or int(value or "0") > MAX_REPEAT_COUNT:
+                        return too_many(pattern, shown_integer_text(digits))
+                    # (leading zeros, which int() counts too, past the limit: a small count)
+                    return (f"regex {shown_regex(pattern)} writes a repeat count in {len(digits)} digits, "
+                            f"{past_digit_limit()}; write it without its leading zeros")
+    return None
 
 
 def surrogate_problem(pattern: str) -> str | None:

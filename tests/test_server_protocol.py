@@ -9,6 +9,7 @@ import dataclasses
 import gzip
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -3643,3 +3644,28 @@ def test_a_client_gone_while_its_batch_is_submitted_stops_the_submission(path, b
         assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
     finally:
         engine.release.set()
+
+
+def test_a_regex_repeat_count_of_more_digits_than_python_reads_is_the_regex_fields_refusal(tiny_llama):
+    """A repeat count of 5001 digits got Python's "Exceeds the limit (4300 digits) for integer string
+    conversion" from its parser, which the server named as the prompt's ("param": "text", "prompt").
+    It is the engine's refusal of a count above its limit of 1000, as a{100000} gets, naming the
+    count as lmnb names an integer too long to write, on the regex field."""
+    from lmnb_engine import Engine
+
+    regex = "a{" + "9" * 5001 + "}"
+    refusal = ("repeats a part 9.999e+5000 (an integer of 5001 digits) times (nested repeats multiplied), above the "
+               "limit of 1000: its automaton would take too long to build")
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=64) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        for path, body, param in (
+            ("/generate", {"text": "a", "sampling_params": {"regex": regex, "max_new_tokens": 2}},
+             "sampling_params.regex"),
+            ("/v1/completions", {"model": "x", "prompt": "a", "regex": regex, "max_tokens": 2}, "regex"),
+        ):
+            r = _post(url, path, body)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == param and refusal in err["message"], err
+    with pytest.raises(ValueError, match=r'^regex "a\{9+… ' + re.escape(refusal)):
+        sgl.gen("a", regex=regex)

@@ -31,7 +31,7 @@ from lmnb_engine.constrained.vocab import TokenVocabulary
 from lmnb_engine.json_schema import copies_problem
 from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_edges import empty_pattern_problem, without_edge_anchors
-from lmnb_engine.regex_errors import regex_problem
+from lmnb_engine.regex_errors import long_count_problem, regex_problem
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import parser as _p
@@ -331,7 +331,8 @@ def _automaton_regex(regex: str) -> str:
             fixes are the user's pattern's, not the trimmed one's.
     """
     trimmed = without_edge_anchors(regex)
-    problem = empty_pattern_problem(regex) or _unread_problem(regex)
+    # (a count Python's int() refuses for its digits first: every check below parses the pattern)
+    problem = long_count_problem(regex) or empty_pattern_problem(regex) or _unread_problem(regex)
     if problem:
         raise GrammarError(problem)
     try:

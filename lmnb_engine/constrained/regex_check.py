@@ -128,7 +128,7 @@ def check_regex(pattern: str) -> None:
             # "\p{Lu}{5000}" went unchecked to a compile that ran to its 60 s limit)
             parsed = _p.parse(classes_held(pattern))
     except OverflowError:  # "the repetition number is too large" (above 2**32 - 2)
-        raise GrammarError(_too_many(pattern, f"more than {_c.MAXREPEAT - 1:,}")) from None
+        raise GrammarError(too_many(pattern, f"more than {_c.MAXREPEAT - 1:,}")) from None
     except (re.error, RecursionError):
         return
     check_parsed(parsed, pattern)
@@ -153,7 +153,7 @@ def check_parsed(parsed, pattern: str, subject: str = "regex") -> None:
             raise GrammarError(unsupported_words(pattern, *found, subject))
     count = largest_repeat(parsed)
     if count > MAX_REPEAT_COUNT:
-        raise GrammarError(_too_many(pattern, str(count), subject))
+        raise GrammarError(too_many(pattern, str(count), subject))
 
 
 def _check_nesting(pattern: str, subject: str = "regex") -> None:
@@ -165,7 +165,9 @@ def _check_nesting(pattern: str, subject: str = "regex") -> None:
             "alternative of alternatives, can be written without the extra level)")
 
 
-def _too_many(pattern: str, count: str, subject: str = "regex") -> str:
+def too_many(pattern: str, count: str, subject: str = "regex") -> str:
+    """The refusal of ``pattern`` (named as ``subject``) for repeating a part ``count`` times (its
+    text: a number, "more than 4,294,967,294", or ``shown_integer_text``'s of a count too long to read)."""
     shown = shown_regex(pattern)
     return (f"{subject} {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
             f"{MAX_REPEAT_COUNT}: its automaton would take too long to build; use an unbounded repeat "
