@@ -1517,3 +1517,11 @@ def test_a_timeout_past_the_platforms_waits_is_refused_and_inf_means_no_limit(se
         assert [c.text for c in backend.generate(Prompt("Hi"), PARAMS, "r1")] == ["ok"]
         assert backend._read_timeout() == (None if timeout == math.inf else timeout)
         backend.shutdown()
+
+
+def test_an_endpoint_is_named_by_its_url(server):
+    """set_default_backend's warning and %lm stats showed <lmnb.backend.runtime_endpoint.RuntimeEndpoint
+    object at 0x...>; the endpoint is named as it was made (its URL without a trailing slash)."""
+    endpoint = lmnb.RuntimeEndpoint(server.url + "/")
+    assert repr(endpoint) == f"lmnb.RuntimeEndpoint('{server.url}')"
+    endpoint.shutdown()

@@ -889,6 +889,33 @@ def test_stats_say_the_hit_rate_counts_since_the_last_flush(ip):
     assert "hit rate (engine, since load or %lm flush)" in text and "cumulative" not in text
 
 
+def test_the_default_backend_warning_and_stats_name_the_backend_readably(ip):
+    """The set_default_backend warning and the %lm stats row showed the backend as
+    <lmnb.backend.engine.Engine object at 0x7ff2...>; they name it as it was made: the in-process
+    engine by its model (the demo model by name), an OpenAI backend by its model and URL."""
+    from types import SimpleNamespace
+
+    from lmnb_engine.checkpoint_path import DEMO_MODEL_PATH
+
+    kernels = lmnb.global_config.default_backend
+    cases = [
+        (lmnb.Engine(engine=SimpleNamespace(model_path="/models/llama", model_info=dict)), "lmnb.Engine (model /models/llama)"),
+        (lmnb.Engine(engine=SimpleNamespace(model_path=str(DEMO_MODEL_PATH), model_info=dict)), "lmnb.Engine (demo model)"),
+        (lmnb.OpenAI("m", base_url="http://127.0.0.1:9/v1", api_key="k"),
+         "lmnb.OpenAI('m', base_url='http://127.0.0.1:9/v1')"),
+    ]
+    try:
+        for backend, name in cases:
+            lmnb.set_default_backend(kernels)
+            ip.user_ns["backend"] = backend
+            result, out = run(ip, "lmnb.set_default_backend(backend)")
+            assert result.success and out.stderr.startswith(f"lmnb: warning: Python programs now run on {name}"), out.stderr
+            text = run(ip, "%lm stats")[1].outputs[0].data["text/plain"]
+            assert f" {name} (lmnb.set_default_backend), not counted here" in text, text
+    finally:
+        lmnb.set_default_backend(kernels)
+
+
 def test_replacing_the_kernels_default_backend_warns_and_stats_say_where_python_programs_run(ip):
     """The README's sgl.set_default_backend(sgl.Engine()), pasted into the kernel, loaded a second
     copy of the model with its own radix cache, silently: %lm stats then said the engine had not
@@ -901,7 +928,8 @@ def test_replacing_the_kernels_default_backend_warns_and_stats_say_where_python_
 
     kernels = lmnb.global_config.default_backend
     assert isinstance(kernels, SessionBackend)
-    ip.user_ns["second"] = second = lmnb.Engine(engine=SimpleNamespace(model_info=dict))  # (an engine of its own, not loaded)
+    # (an engine of its own, not loaded: lmnb.Engine takes an engine= with a model_info method)
+    ip.user_ns["second"] = second = lmnb.Engine(engine=SimpleNamespace(model_info=dict))
     ip.user_ns["same"] = lmnb.Engine(engine=get_session().engine("a test"))
     warning = ("lmnb: warning: Python programs now run on {}{}, not on the kernel's engine that %%lm cells use (%lm stats "
                "counts only that one); in the lmnb kernel leave the default backend unset and choose the model with %lm "

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import inspect
 import math
+import os
 import threading
 from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
@@ -165,6 +166,20 @@ class Engine(AssignableChatTemplate, BaseBackend):
         self._lock = threading.RLock()  # (an abort may come from within a submission: a hook, a test)
         self._sub_rids: dict[str, list[str]] = {}
         self._aborted: set[str] = set()  # selects aborted while they ran (before a submission, too)
+
+    def __repr__(self) -> str:
+        """The backend as messages name it (``set_default_backend``'s warning, ``%lm stats``):
+        ``lmnb.Engine (demo model)``, ``lmnb.Engine (model PATH)``; an engine given that names no
+        model path (a test's stand-in) is ``lmnb.Engine (engine CLASS)``. Reads the engine's
+        ``model_path``, which starts nothing."""
+        path = getattr(self.engine, "model_path", None)
+        if not isinstance(path, str):  # (a model built in memory has none; a stand-in engine no such attribute)
+            what = "model built in memory" if hasattr(self.engine, "model_path") else f"engine {type(self.engine).__name__}"
+        else:
+            from lmnb_engine.checkpoint_path import DEMO_MODEL_PATH  # (torch-free; the engine is loaded already)
+
+            what = "demo model" if os.path.realpath(path) == os.path.realpath(DEMO_MODEL_PATH) else f"model {path}"
+        return f"lmnb.{type(self).__name__} ({what})"
 
     # -- chat template
 

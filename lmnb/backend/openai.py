@@ -258,6 +258,13 @@ class OpenAI(BaseBackend):
                                    "question{/user}")
         return out
 
+    def __repr__(self) -> str:
+        """The backend as messages name it (``set_default_backend``'s warning, ``%lm stats``):
+        ``lmnb.OpenAI('MODEL')``, with the ``base_url`` given, if one was."""
+        base_url = self._client_args[1]["base_url"]
+        where = f", base_url={str(base_url)!r}" if base_url is not None else ""
+        return f"lmnb.OpenAI({self.model_name!r}{where})"
+
     # -- request building
 
     def _kwargs(self, params: GenParams) -> dict:

@@ -270,6 +270,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         self._forget_calls()
         self._lock = threading.Lock()
 
+    def __repr__(self) -> str:
+        """The backend as messages name it (``set_default_backend``'s warning, ``%lm stats``):
+        ``lmnb.RuntimeEndpoint('URL')``."""
+        return f"lmnb.RuntimeEndpoint({self.base_url!r})"
+
     # -- transport
 
     def _quick_timeout(self) -> Optional[float]:
