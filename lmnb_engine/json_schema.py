@@ -100,6 +100,9 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
         if refused:
             raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
+        negative = _negative_count(e, where)
+        if negative:
+            raise ValueError(negative) from None
         message = (_type_typo(e) or _type_shape(e) or _keyword_type(e)
                    or in_json_words(e.message, json_parts([e.instance, e.validator_value])))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
@@ -107,6 +110,25 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
     if problem:
         raise ValueError(problem)
     return schema
+
+
+# What each count keyword counts, for its refusal of a number below 0 (the meta-schema's "nonNegativeInteger")
+_COUNTED = {"minLength": "characters", "maxLength": "characters", "minItems": "items", "maxItems": "items",
+            "minProperties": "properties", "maxProperties": "properties", "minContains": "matching items",
+            "maxContains": "matching items"}
+
+
+def _negative_count(error: Any, where: str) -> Optional[str]:
+    """lmnb's refusal of a count keyword (``maxLength``, ``minItems``, ...; ``_COUNTED``) below 0,
+    at any depth (the meta-schema's ``error`` at ``where``), or None: jsonschema's own words were
+    "-1 is less than the minimum of 0", naming neither what is counted nor the fix."""
+    key = error.path[-1] if error.path else None
+    if error.validator != "minimum" or key not in _COUNTED or not isinstance(error.instance, (int, float)):
+        return None
+    from lmnb_engine.params import shown_number  # (it imports this module)
+
+    return (f"JSON schema at {where} is {shown_number(error.instance)}, a number of {_COUNTED[key]} below 0; "
+            f"give 0 or more, or leave {key} out")
 
 
 def _long_integer(schema: Any) -> Optional[tuple[str, int]]:

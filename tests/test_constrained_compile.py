@@ -4894,3 +4894,22 @@ def test_quiet_parse_reads_a_pattern_without_warnings_and_none_that_python_canno
     with pytest.warns(FutureWarning, match="nested set"):
         assert str(parsed) == str(parser.parse("[[a]b"))
     assert [quiet_parse(p) for p in ("a(", "a{99999999999}", "(" * 5000 + ")" * 5000)] == [None, None, None]
+
+
+@pytest.mark.parametrize("schema, where, said", [
+    ({"type": "string", "maxLength": -1}, "#/maxLength", "-1, a number of characters below 0; give 0 or more, or "
+                                                          "leave maxLength out"),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": -1}}}, "#/properties/a/maxLength",
+     "-1, a number of characters below 0; give 0 or more, or leave maxLength out"),
+    ({"type": "array", "items": {"type": "array", "minItems": -2}}, "#/items/minItems",
+     "-2, a number of items below 0; give 0 or more, or leave minItems out"),
+])
+def test_a_negative_count_keyword_at_any_depth_is_named_in_lmnbs_words(schema, where, said):
+    """A nested "maxLength": -1 got jsonschema's "-1 is less than the minimum of 0", which names neither
+    what is counted nor the fix; a count keyword below 0 is refused in lmnb's words wherever it is."""
+    from lmnb_engine.json_schema import checked_schema
+
+    for engine in (True, False):
+        with pytest.raises(ValueError) as e:
+            checked_schema(schema, engine=engine)
+        assert str(e.value) == f"JSON schema at {where} is {said}"
