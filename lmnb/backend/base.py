@@ -169,13 +169,15 @@ def check_timeout(backend: str, timeout: Any, others: str = "") -> Optional[floa
     expected = f"a positive number of seconds{others}, or None for no limit"
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"{backend} timeout must be {expected}; got {given(timeout)}")
-    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
     if not timeout > 0:  # (not <= 0: NaN too)
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
         raise ValueError(f"{backend} timeout={shown_number(timeout)}: give {expected}")
     if timeout == math.inf:
         return None
     if timeout > threading.TIMEOUT_MAX:
+        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
+
         raise ValueError(f"{backend} timeout={shown_number(timeout)} is longer than this platform's waits take "
                          f"(at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX): give at most that, "
                          "or None (or math.inf) for no limit")
