@@ -295,8 +295,17 @@ def _syntax_checker():
 
     checker = jsonschema.FormatChecker(formats=())
     checker.checks("regex")(lambda pattern: not (isinstance(pattern, str) and (
-        _no_dialect_reads(pattern) or _no_backend_builds(pattern))))
+        _long_count(pattern) or _no_dialect_reads(pattern) or _no_backend_builds(pattern))))
     return checker
+
+
+def _long_count(pattern: str, subject: str = "regex") -> Optional[str]:
+    """``regex_errors.long_count_problem``: a repeat count of more digits than Python reads, on
+    which every check that parses the pattern (``re``'s, the format checkers') raised int()'s
+    "Exceeds the limit (4300 digits)" ValueError, not a refusal."""
+    from lmnb_engine.regex_errors import long_count_problem  # (it imports modules that import this one)
+
+    return long_count_problem(pattern, subject)
 
 
 def _no_backend_builds(pattern: str) -> bool:
@@ -323,6 +332,9 @@ def _engine_checker(validator: type):
 
     def regex_format(pattern: Any) -> bool:
         import warnings
+
+        if isinstance(pattern, str) and _long_count(pattern):  # (re's parse would raise int()'s ValueError)
+            return False
 
         from lmnb_engine.schema_empty_class import first_matching_nothing  # (it imports this module)
 
@@ -882,6 +894,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
 
     if not isinstance(pattern, str):
         return None
+    long_count = _long_count(pattern, pattern_subject(where))  # (first: every reading of it raised int()'s error)
+    if long_count:
+        return long_count
     named = f"{pattern_subject(where)} {json_value(pattern, SHOWN_CHARS)}"
     # the language's refusals first, in its words, for the engine too: an error of every dialect,
     # then one of ECMA's u flag; then, for the engine, Python's own errors

@@ -101,8 +101,9 @@ def pattern_problem(pattern: str, empty_class: bool = True) -> str | None:
 _COUNT = re.compile(r"\{(\d*)(?:,(\d*))?\}")
 
 
-def long_count_problem(pattern: str) -> str | None:
-    """The engine's refusal of a repeat count above ``MAX_REPEAT_COUNT`` (``regex_check``'s words)
+def long_count_problem(pattern: str, subject: str = "regex") -> str | None:
+    """The engine's refusal of a repeat count above ``MAX_REPEAT_COUNT`` (``regex_check``'s words;
+    the pattern named as ``subject``, as ``too_many`` names it: a schema's is ``pattern_subject``'s)
     for ``pattern``'s first repeat count of more digits than Python reads as an integer, or None:
     Python's parser reads a count with ``int()``, which raised "Exceeds the limit (4300 digits) for
     integer string conversion" from every check that parses the pattern. Counts are read outside
@@ -119,9 +120,9 @@ def long_count_problem(pattern: str) -> str | None:
 
                     value = digits.lstrip("0")
                     if len(value) > len(str(MAX_REPEAT_COUNT)) or int(value or "0") > MAX_REPEAT_COUNT:
-                        return too_many(pattern, shown_integer_text(digits))
+                        return too_many(pattern, shown_integer_text(digits), subject)
                     # (leading zeros, which int() counts too, past the limit: a small count)
-                    return (f"regex {shown_regex(pattern)} writes a repeat count in {len(digits)} digits, "
+                    return (f"{subject} {shown_regex(pattern)} writes a repeat count in {len(digits)} digits, "
                             f"{past_digit_limit()}; write it without its leading zeros")
     return None
 

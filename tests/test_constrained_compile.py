@@ -4913,3 +4913,27 @@ def test_a_negative_count_keyword_at_any_depth_is_named_in_lmnbs_words(schema, w
         with pytest.raises(ValueError) as e:
             checked_schema(schema, engine=engine)
         assert str(e.value) == f"JSON schema at {where} is {said}"
+
+
+@pytest.mark.parametrize("engine", [False, True])
+def test_a_schema_patterns_repeat_count_of_more_digits_than_python_reads_is_refused_in_lmnbs_words(engine):
+    """A schema's pattern "a{" + 5001 nines + "}" raised Python's "Exceeds the limit (4300 digits)
+    for integer string conversion" from jsonschema's regex format check (re's parser reads a count
+    with int()), where gen(regex=...) refuses it as a count above the limit of 1000. It is that
+    refusal, named as a schema's pattern; one long only by its leading zeros is told to drop them."""
+    import lmnb
+
+    from lmnb_engine.json_schema import checked_schema
+
+    cases = [
+        ({"type": "string", "pattern": "a{" + "9" * 5001 + "}"},  # 10**5001 - 1: 9.999e+5000, 5001 digits
+         'JSON schema at #/pattern: the pattern "a{999', "repeats a part 9.999e+5000 (an integer of 5001 digits) "
+         "times (nested repeats multiplied), above the limit of 1000"),
+        ({"type": "object", "properties": {"x": {"type": "string", "pattern": "b{0" + "0" * 5000 + "5}"}}},
+         'JSON schema at #/properties/x/pattern: the pattern "b{000', "writes a repeat count in 5002 digits, "
+         "more digits than Python reads as an integer (at most 4300); write it without its leading zeros"),
+    ]
+    for schema, start, words in cases:
+        with pytest.raises(ValueError) as e:
+            checked_schema(schema, engine=engine) if engine else lmnb.gen("a", json_schema=schema)
+        assert str(e.value).startswith(start) and words in str(e.value), str(e.value)[:400]
