@@ -529,11 +529,16 @@ def test_a_request_of_a_model_with_no_eos_ids_is_refused_beside_pins_as_one_that
         assert_idle_accounting(eng)
 
 
-def test_a_programs_gen_kept_out_by_pinned_prefixes_is_told_the_max_tokens_that_finishes(tiny_llama):
+@pytest.mark.parametrize("template", ["default", None])
+def test_a_programs_gen_kept_out_by_pinned_prefixes_is_told_the_max_tokens_that_finishes(tiny_llama, template):
     """The arrival's refusal names the largest max_new_tokens that finishes; a program's gen is told
-    it as gen()'s max_tokens (the engine's name, max_new_tokens, is no argument of gen()). The
-    default chat template has no end of message, so only its length ends an ignore_eos gen: 45
-    prompt tokens beside 80 pinned of 150, 45 + 27 - 1 = 71 > 70, 45 + 26 - 1 = 70."""
+    it as gen()'s max_tokens (the engine's name, max_new_tokens, is no argument of gen()). Only its
+    length ends an ignore_eos gen: 45 prompt tokens beside 80 pinned of 150, 45 + 27 - 1 = 71 > 70,
+    45 + 26 - 1 = 70. The "default" chat template has no end of message; the model's own (None)
+    has "<|end|>", a special token the output text leaves out, which was added as a stop, so the
+    engine took the gen for one that may stop sooner: it generated until the pool ran out and then
+    aborted, 26 tokens in, where the raw engine's request is refused before any forward pass. Under
+    ignore_eos no end-of-message stop is added, so it is refused as it arrives, the same counts."""
     import random
 
     import lmnb as sgl
@@ -545,38 +550,13 @@ def test_a_programs_gen_kept_out_by_pinned_prefixes_is_told_the_max_tokens_that_
 
     with engine(tiny_llama, max_total_tokens=150) as eng:
         backend = sgl.Engine(engine=eng)
-        backend.chat_template = sgl.get_chat_template("default")
+        if template:
+            backend.chat_template = sgl.get_chat_template(template)
+        else:
+            assert backend.chat_template.stop_str == ("<|end|>",)
         rng = random.Random(4)
         pin = eng.pin_prefix([rng.randrange(10, 500) for _ in range(80)])
         assert len(eng.encode("x" * 45)) == 45
-        state = prog.run(backend=backend)
-        assert ("request needs 71 KV slots to finish but only 70 of 150 can be freed (80 are pinned); unpin prefixes, or "
-                "raise max_total_tokens, or lower max_tokens to 26") in str(state.error()), state.error()
-        eng.unpin(pin)
-        assert_idle_accounting(eng)
-
-
-def test_an_ignore_eos_gen_under_the_models_chat_template_kept_out_by_pinned_prefixes_is_refused_as_it_arrives(tiny_llama):
-    """A program's ignore_eos gen under the model's own chat template had the template's end of
-    message ("<|end|>", a special token the output text leaves out) as a stop, so the engine took it
-    for one that may stop sooner: it generated until the pool ran out and then aborted ("request needs
-    71 KV slots to finish (70 for its tokens so far) ...", 26 tokens in), where the raw engine's
-    request is refused before any forward pass. Under ignore_eos no end-of-message stop is added, so
-    it is refused as it arrives, as the "default" template's gen is above (the same counts)."""
-    import random
-
-    import lmnb as sgl
-
-    @sgl.function
-    def prog(s):
-        s += "x" * 45
-        s += sgl.gen("y", max_tokens=27, ignore_eos=True)
-
-    with engine(tiny_llama, max_total_tokens=150) as eng:
-        backend = sgl.Engine(engine=eng)
-        assert backend.chat_template.stop_str == ("<|end|>",)
-        rng = random.Random(4)
-        pin = eng.pin_prefix([rng.randrange(10, 500) for _ in range(80)])
         state = prog.run(backend=backend)
         assert str(state.error()).endswith(
             "the request was aborted: request needs 71 KV slots to finish but only 70 of 150 can be freed (80 are "
