@@ -26,7 +26,9 @@ run: install
 # idempotent, uses apt-get and npm, so it needs root the first time).
 # Two pytest workers (pytest-xdist), each taking whole test files, so a file's module fixtures
 # (an engine, a kernel) load once: on CI's two cores the suite's waits on subprocesses, kernels and
-# timeouts overlap with the other worker's computing.
+# timeouts overlap with the other worker's computing. Files are handed out in collection order
+# (--no-loadscope-reorder; xdist would start with the files of most tests), which
+# tests/conftest.py starts with the longest-running ones.
 test: install
 	bash tests/browser/setup.sh $(VENV)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests

@@ -93,10 +93,11 @@ def llava_hf(llava_ckpt):
     return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
 
 
-# Files whose tests run longest, started first: pytest-xdist (`make test`, --dist loadfile) hands
-# out whole files in collection order, so a long file collected last (test_triton_compile: about
-# 5 minutes of compiling on a cold Triton cache, as on CI) would run alone at the end while the
-# other worker sat idle.
+# Files whose tests run longest, started first: pytest-xdist (`make test`: --dist loadfile
+# --no-loadscope-reorder) hands out whole files in collection order, so a long file collected last
+# (test_triton_compile: about 5 minutes of compiling on a cold Triton cache, as on CI) would run
+# alone at the end while the other worker sat idle. (xdist's own order, files of most tests first,
+# put that file of five tests last.)
 LONGEST_FIRST = ("test_triton_compile.py", "test_bench_suite.py", "test_notebooks.py", "test_export.py")
 
 
