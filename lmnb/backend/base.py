@@ -222,7 +222,6 @@ def check_sendable(params: GenParams) -> None:
             (so a gen that took it from ``run(max_new_tokens=...)`` is told so)."""
     from lmnb_engine.params import DOES_NOT_FIT, decimal_digits, digits_over_limit, past_digit_limit, shown_number
 
-
     # (GenParams bounds n and seed; these it takes of any size)
     values = [(f, getattr(params, f)) for f in ("max_new_tokens", "min_new_tokens", "top_k", "logprob_start_len",
                                                  "top_logprobs_num")]
