@@ -49,6 +49,7 @@ from lmnb.ir import (
     token_bounds_problem,
     unexpected_keyword,
     unexpected_keywords,
+    shown_value,
 )
 
 _default_backend = None
@@ -280,9 +281,7 @@ class SglFunction:
             raise TypeError(f"@function {func.__name__!r} is {kind}; a program body is a plain def with no await or "
                             "yield (the interpreter runs it on a thread; its gens run concurrently already)")
         if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
-            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {shown_number(num_api_spec_tokens)}")
+            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {shown_value(num_api_spec_tokens)}")
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
@@ -501,9 +500,7 @@ class SglFunction:
                     raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {positional}{extra}")
                 item = dict(zip(positional, item))
             if not isinstance(item, dict):
-                from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-                raise TypeError(f"run_batch item {i} is {type(item).__name__} {shown_number(item):.40}, not a dict "
+                raise TypeError(f"run_batch item {i} is {type(item).__name__} {shown_value(item):.40}, not a dict "
                                 "or tuple")
             try:
                 self._check_args((), item)
@@ -715,10 +712,8 @@ def _check_name(primitive: str, name: Any) -> None:
     program means (an f-string or a variable that came out blank), and a ``%%lm`` cell cannot name
     it (nor put it among the kernel's variables). Other strings are taken, as SGLang takes them."""
     if name is not None and not isinstance(name, str):
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
         raise TypeError(f"{primitive}() name must be a string (the variable to store the result in) or None, "
-                        f"got {shown_number(name)}; the first positional argument is the name")
+                        f"got {shown_value(name)}; the first positional argument is the name")
     if name is not None and not name.strip():
         raise ValueError(f"{primitive}() name is {blank_name(name, 'result')}; give the variable a name, e.g. "
                          f'{primitive}("answer", ...), or leave the name out ({primitive}(...) or name=None) to store '
@@ -900,9 +895,7 @@ def video(source: Any, num_frames: int) -> Video:
     except TypeError:
         count = None
     if count is None or count < 1:
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-        raise ValueError(f"video() num_frames must be a positive integer, got {shown_number(num_frames)}")
+        raise ValueError(f"video() num_frames must be a positive integer, got {shown_value(num_frames)}")
     return Video(source, count)
 
 

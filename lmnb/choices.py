@@ -17,7 +17,7 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from lmnb.ir import _python_value
+from lmnb.ir import _python_value, shown_value
 
 
 def choice_list(choices: Any, source: str = "choices") -> Any:
@@ -61,10 +61,10 @@ def select_temperature_problem(temperature: Any) -> Optional[str]:
     None: a finite number >= 0, 0 taking the likeliest choice. NaN compared as not > 0 and was
     picked greedily, and True sampled at temperature 1, so both are refused. ``select()``,
     ``gen(choices=...)`` and a ``%%lm`` cell's parser (of a literal on ``{select}``) ask it."""
-    from lmnb_engine.params import finite_number, shown_number  # torch-free (an int past float's range is no temperature)
+    from lmnb_engine.params import finite_number  # torch-free (an int past float's range is no temperature)
 
     if not (finite_number(temperature) and temperature >= 0):
-        return f"temperature must be a finite number >= 0 (0 picks the likeliest), got {shown_number(temperature)}"
+        return f"temperature must be a finite number >= 0 (0 picks the likeliest), got {shown_value(temperature)}"
     return None
 
 
@@ -81,9 +81,7 @@ def choices_problem(choices: Any) -> Optional[str]:
         return "choices must be a non-empty list of strings"
     bad = next(((i, c) for i, c in enumerate(choices, start=1) if not isinstance(c, str) or not c), None)
     if bad is not None:
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-        return f"choices must be non-empty strings: choice {bad[0]} of {len(choices)} is {shown_number(bad[1])}"
+        return f"choices must be non-empty strings: choice {bad[0]} of {len(choices)} is {shown_value(bad[1])}"
     return repeated_choices_problem(choices)
 
 
@@ -224,9 +222,7 @@ class ChoicesSamplingMethod:
                         unconditional_token_logprobs=meta.get("unconditional_token_logprobs"))
         picked = getattr(decision, "decision", None)
         if picked not in choices:
-            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-            raise ValueError(f"choices_method {name} returned {shown_number(decision)}, not a ChoicesDecision whose decision is "
+            raise ValueError(f"choices_method {name} returned {shown_value(decision)}, not a ChoicesDecision whose decision is "
                              f"one of the choices {list(choices)!r}")
         meta.update(decision.meta_info or {})
         return ChoicesDecision(decision=picked, meta_info=meta)
@@ -329,8 +325,6 @@ def choices_method_problem(method: Any) -> Optional[str]:
     ``gen(choices=...)`` and a ``%%lm`` cell's parser (of a literal: ``choices_method="x"``) ask it."""
     if isinstance(method, ChoicesSamplingMethod):
         return None
-    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
     return ("choices_method must be one of lmnb.token_length_normalized, lmnb.greedy_token_selection, "
             "lmnb.unconditional_likelihood_normalized, or an instance of a lmnb.choices.ChoicesSamplingMethod "
-            f"subclass; got {shown_number(method)}")
+            f"subclass; got {shown_value(method)}")

@@ -54,6 +54,7 @@ from lmnb.ir import (
     Video,
     as_expr,
     dtype_regex,
+    shown_value,
 )
 
 if TYPE_CHECKING:
@@ -336,9 +337,7 @@ def _fork_size(size: Any) -> int:
     except TypeError:
         n = None
     if n is None or isinstance(size, bool) or n < 1:
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-        raise ValueError(f"fork size must be an integer >= 1, got {shown_number(size)}")
+        raise ValueError(f"fork size must be an integer >= 1, got {shown_value(size)}")
     return n
 
 
@@ -782,9 +781,7 @@ class StreamExecutor:
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise _fresh(self.read_error())
             if name not in self.variables:
-                from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-                raise KeyError(f"no variable {shown_number(name)} in this program state; it has {sorted(self.variables)}")
+                raise KeyError(f"no variable {shown_value(name)} in this program state; it has {sorted(self.variables)}")
             return self.variables[name]
 
     def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True,

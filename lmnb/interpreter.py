@@ -29,7 +29,7 @@ from lmnb.executor import (
 from lmnb.interrupt import item_ranges, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
-    role_message,
+    role_message, shown_value,
 )
 from lmnb.user_site import running_for, user_site
 
@@ -97,10 +97,8 @@ class ProgramState:
                 the name is empty or only whitespace ("", " ": gen's rule, ``lmnb.api._check_name``).
         """
         if not isinstance(name, str):
-            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
             raise TypeError(f"var_scope name must be a string (the variable to capture the text into), got "
-                            f"{shown_number(name)}")
+                            f"{shown_value(name)}")
         if not name.strip():
             raise ValueError(f'var_scope name is {blank_name(name, "text")}; give the variable a name, e.g. '
                              's.var_scope("answer")')
@@ -331,9 +329,7 @@ class ProgramStateGroup:
             ForkError: a branch failed; nothing is merged and every branch stays readable.
         """
         if mode not in ("gather_variable", "concate_and_append"):
-            from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-            raise ValueError(f"unknown join mode {shown_number(mode)}; use 'gather_variable' or 'concate_and_append'")
+            raise ValueError(f"unknown join mode {shown_value(mode)}; use 'gather_variable' or 'concate_and_append'")
         # a second thread joining this group meanwhile waits, then is refused; but not a body running
         # on a branch (or a thread it waits for): the join holding the lock waits for that body to
         # return, so both would hang; it is refused as join_ready refuses it
@@ -573,9 +569,7 @@ def run_program_batch(
     if num_threads == "auto":
         num_threads = max(96, multiprocessing.cpu_count() * 16)
     if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:  # (True is an int)
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-        raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {shown_number(num_threads)}")
+        raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {shown_value(num_threads)}")
     if len(batch_kwargs) > 1:  # (after the checks: a refused batch runs nothing, not even its trace)
         prefix = extract_prefix(program, backend.get_chat_template())
         if prefix:

@@ -67,7 +67,7 @@ def check_flag(name: str, value: Any) -> Optional[bool]:
     value = _python_value(value)
     if value is None or isinstance(value, bool):
         return value
-    raise TypeError(f"{name}={_shown(value)} is invalid: must be True or False")
+    raise TypeError(f"{name}={shown_value(value)} is invalid: must be True or False")
 
 
 _PARAM_FIELDS = (
@@ -117,10 +117,11 @@ def _is_number(value: Any) -> bool:
     return finite_number(value)
 
 
-def _shown(value: Any) -> str:
-    """``value`` as the engine's messages show a number option's (``lmnb_engine.params.shown_number``:
-    a huge int, which Python will not write whole, in scientific form), imported only for a message,
-    so that a valid gen() loads nothing of the engine."""
+def shown_value(value: Any) -> str:
+    """``value`` as the engine's messages show a caller's value (``lmnb_engine.params.shown_number``:
+    a huge int, which Python will not write whole, in scientific form; a value whose repr raises, by
+    its type), imported only for a message, so that valid calls load nothing of the engine. Every
+    message of ``lmnb`` that shows a caller's value calls it."""
     from lmnb_engine.params import shown_number  # torch-free
 
     return shown_number(value)
@@ -142,23 +143,23 @@ def option_problem(key: str, value: Any) -> Optional[str]:
     if value is None:
         return None
     if key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
-        return f"{key} must be an integer >= 0, got {_shown(value)}"
+        return f"{key} must be an integer >= 0, got {shown_value(value)}"
     if key == "n" and not (_is_int(value) and value >= 1):
-        return f"n must be an integer >= 1, got {_shown(value)}"
+        return f"n must be an integer >= 1, got {shown_value(value)}"
     if key == "n" and value > 1:  # (n=1 needs no bound: a plain gen() loads nothing of the engine)
         from lmnb_engine.params import MAX_N  # torch-free; the engine's and lmnb serve's bound
 
         if value > MAX_N:
-            return (f"n={_shown(value)} is too many samples for one gen: at most {MAX_N} (the engine's, lmnb serve's and "
+            return (f"n={shown_value(value)} is too many samples for one gen: at most {MAX_N} (the engine's, lmnb serve's and "
                     "OpenAI's limit); for more, make several gens, or fork and gen in each branch")
     if key == "temperature" and not (_is_number(value) and value >= 0):
         from lmnb_engine.params import TEMPERATURE_RULE  # the engine's words (no torch)
 
-        return f"temperature {TEMPERATURE_RULE}, got {_shown(value)}"
+        return f"temperature {TEMPERATURE_RULE}, got {shown_value(value)}"
     if key == "top_p" and not (_is_number(value) and 0 < value <= 1):
-        return f"top_p must be a number in (0, 1], got {_shown(value)}"
+        return f"top_p must be a number in (0, 1], got {shown_value(value)}"
     if key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
-        return f"top_k must be an integer >= 1, or -1 for no limit, got {_shown(value)}"
+        return f"top_k must be an integer >= 1, or -1 for no limit, got {shown_value(value)}"
     if key in _ENGINE_RANGES:
         return engine_option_problem(key, value)
     return None
@@ -180,7 +181,7 @@ def token_bounds_problem(max_tokens: Any, min_tokens: Any) -> Optional[str]:
     """Why a gen cannot have both ``max_tokens`` and ``min_tokens`` (each valid alone), or None:
     more tokens at least than at most, which SGLang and the engine refuse once the request is sent."""
     if _is_int(max_tokens) and _is_int(min_tokens) and min_tokens > max_tokens:
-        return (f"min_tokens={_shown(min_tokens)} must not exceed max_tokens={_shown(max_tokens)}; lower min_tokens "
+        return (f"min_tokens={shown_value(min_tokens)} must not exceed max_tokens={shown_value(max_tokens)}; lower min_tokens "
                 "or raise max_tokens")
     return None
 
@@ -230,7 +231,7 @@ class GenParams:
         for f in _INT_FIELDS + _NUMBER_FIELDS:
             v, whole = getattr(self, f), f in _INT_FIELDS
             if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else (int, float))):
-                raise TypeError(f"{GEN_NAMES.get(f, f)}={_shown(v)} is invalid: must be "
+                raise TypeError(f"{GEN_NAMES.get(f, f)}={shown_value(v)} is invalid: must be "
                                 f"{'an integer' if whole else 'a number (an int or a float)'}")
             problem = option_problem(GEN_NAMES.get(f, f), v)
             if problem:  # (here, where gen() or run() was called, not once the backend got it)
@@ -238,7 +239,7 @@ class GenParams:
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):
-            raise TypeError(f"stop={_shown(self.stop)} is invalid: give a string or a list of strings")
+            raise TypeError(f"stop={shown_value(self.stop)} is invalid: give a string or a list of strings")
         if self.stop is not None:  # (a plain gen() loads nothing of the engine)
             from lmnb_engine.params import stop_problem  # torch-free: the engine's own rule
 
@@ -248,13 +249,13 @@ class GenParams:
         ids = self.stop_token_ids
         if ids is not None and not (isinstance(ids, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-            raise TypeError(f"stop_token_ids={_shown(ids)} is invalid: give a list of non-negative token ids")
+            raise TypeError(f"stop_token_ids={shown_value(ids)} is invalid: give a list of non-negative token ids")
         # Only what every backend refuses: the upper bound is the backend's own (the engine and
         # lmnb serve take 20, OpenAI's chat API 20 and its completions API 5, an SGLang server
         # sets none), so it is left to the backend, which names it.
         k = self.top_logprobs_num
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-            raise ValueError(f"top_logprobs_num={_shown(k)} is invalid: give a count of top alternatives per token, "
+            raise ValueError(f"top_logprobs_num={shown_value(k)} is invalid: give a count of top alternatives per token, "
                              "an integer >= 0")
 
     def merged_over(self, defaults: "GenParams") -> "GenParams":
@@ -379,7 +380,7 @@ class RunDefaults(GenParams):
         n = _python_value(self.max_new_tokens)
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             error = ValueError if isinstance(n, int) and not isinstance(n, bool) else TypeError
-            raise error(f"{self.max_tokens_option.format(_shown(n))} is invalid: must be an integer >= 0")
+            raise error(f"{self.max_tokens_option.format(shown_value(n))} is invalid: must be an integer >= 0")
         super().__post_init__()
 
     def max_tokens_note(self) -> str:
@@ -388,7 +389,7 @@ class RunDefaults(GenParams):
         in the front end's words."""
         n = self.max_new_tokens
         if self.max_tokens_given:
-            option = self.max_tokens_option.format(_shown(n))
+            option = self.max_tokens_option.format(shown_value(n))
             return f"the gen has no max_tokens of its own and took {option}: give it its own max_tokens=N, or lower that"
         return (f"the gen has no max_tokens of its own and took lmnb's default of {n}: give it its own max_tokens=N, "
                 f"or set {self.max_tokens_option.format('N')}")
@@ -412,7 +413,7 @@ def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
         "string": (REGEX_STR, lambda t: t),
     }
     if name not in table:
-        raise ValueError(f"gen(dtype={_shown(dtype)}) is not supported; use int, float, bool or str")
+        raise ValueError(f"gen(dtype={shown_value(dtype)}) is not supported; use int, float, bool or str")
     return table[name]
 
 
@@ -599,11 +600,11 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
 
 
 def _source_repr(source: Any) -> str:
-    """``repr(source)`` (``_shown``'s) of a media source as an error names it: on one line,
+    """``repr(source)`` (``shown_value``'s) of a media source as an error names it: on one line,
     without the memory address of a default repr (a PIL image's "<PIL.Image.Image image mode=RGB size=8x8 at
     0x7F63B49DABD0>"), cut to 60 characters (a data URL or bytes may be megabytes)."""
-    shown = " ".join(_ADDRESS.sub("", _shown(source)).split())  # (_shown: an int of 5000 digits has no repr)
-    return shown if len(shown) <= 60 else shown[:59] + "…"
+    text = " ".join(_ADDRESS.sub("", shown_value(source)).split())  # (shown_value: an int of 5000 digits has no repr)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 class Image(Expr):
@@ -624,7 +625,7 @@ class Video(Expr):
         self.num_frames = num_frames
 
     def __repr__(self) -> str:
-        return f"Video({_source_repr(self.source)}, {_shown(self.num_frames)})"
+        return f"Video({_source_repr(self.source)}, {shown_value(self.num_frames)})"
 
 
 class VarScopeBegin(Expr):

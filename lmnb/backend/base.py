@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from lmnb.chat_template import ChatTemplate
 from lmnb.choices import ChoiceLogprobs
-from lmnb.ir import GEN_NAMES, GenParams
+from lmnb.ir import GEN_NAMES, GenParams, shown_value
 from lmnb.user_site import warn_at_user
 
 
@@ -143,9 +143,7 @@ def check_api_key(backend: str, api_key: Any) -> None:
 def given(value: Any) -> str:
     """A caller's argument as a type error shows it: its value (``shown_number``'s) and its type,
     ``5 (int)``."""
-    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-    return f"{shown_number(value)} ({type(value).__name__})"
+    return f"{shown_value(value)} ({type(value).__name__})"
 
 
 def check_timeout(backend: str, timeout: Any, others: str = "") -> Optional[float]:
@@ -170,15 +168,11 @@ def check_timeout(backend: str, timeout: Any, others: str = "") -> Optional[floa
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"{backend} timeout must be {expected}; got {given(timeout)}")
     if not timeout > 0:  # (not <= 0: NaN too)
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-        raise ValueError(f"{backend} timeout={shown_number(timeout)}: give {expected}")
+        raise ValueError(f"{backend} timeout={shown_value(timeout)}: give {expected}")
     if timeout == math.inf:
         return None
     if timeout > threading.TIMEOUT_MAX:
-        from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
-        raise ValueError(f"{backend} timeout={shown_number(timeout)} is longer than this platform's waits take "
+        raise ValueError(f"{backend} timeout={shown_value(timeout)} is longer than this platform's waits take "
                          f"(at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX): give at most that, "
                          "or None (or math.inf) for no limit")
     return timeout
@@ -220,7 +214,7 @@ def check_sendable(params: GenParams) -> None:
         ValueError: such a number, in ``gen()``'s names; ``max_tokens`` (more tokens than any
             model's context holds) as the engine's refusal, with its ``reason`` ``DOES_NOT_FIT``
             (so a gen that took it from ``run(max_new_tokens=...)`` is told so)."""
-    from lmnb_engine.params import DOES_NOT_FIT, decimal_digits, digits_over_limit, past_digit_limit, shown_number
+    from lmnb_engine.params import DOES_NOT_FIT, decimal_digits, digits_over_limit, past_digit_limit
 
     # (GenParams bounds n and seed; these it takes of any size)
     values = [(f, getattr(params, f)) for f in ("max_new_tokens", "min_new_tokens", "top_k", "logprob_start_len",
@@ -229,7 +223,7 @@ def check_sendable(params: GenParams) -> None:
     for f, value in values:
         if not isinstance(value, int) or not digits_over_limit(decimal_digits(value)):
             continue
-        name, shown = GEN_NAMES.get(f, f), shown_number(value)
+        name, shown = GEN_NAMES.get(f, f), shown_value(value)
         if f == "max_new_tokens":
             e = ValueError(f"{name}={shown} exceeds the model's context length; lower {name} to at most the "
                            "model's context length")

@@ -14,7 +14,7 @@ import reprlib
 from collections.abc import Iterator, Mapping
 from typing import Optional
 
-from lmnb.ir import CHECKED_ALONE, dtype_regex, json_schema_value, param_problem, stop_regex_refusal
+from lmnb.ir import CHECKED_ALONE, dtype_regex, json_schema_value, param_problem, stop_regex_refusal, shown_value
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -57,8 +57,6 @@ def fork_count(n, source: Optional[str] = None):
         count = None if isinstance(n, bool) else operator.index(n)
     except TypeError:
         count = None
-    from lmnb_engine.params import shown_number  # torch-free (an int of 5000 digits has no repr)
-
     if count is None or count < 1:
         braces = ""
         if isinstance(n, (set, frozenset)):
@@ -77,9 +75,9 @@ def fork_count(n, source: Optional[str] = None):
             else:
                 braces = (": a set, as braces inside a hole make one; write the count without them ({fork n}, not "
                           "{fork {n}})")
-        raise ValueError(f"fork count must be an integer >= 1, got {shown_number(n)}{braces}")
+        raise ValueError(f"fork count must be an integer >= 1, got {shown_value(n)}{braces}")
     if count > MAX_FORK_BRANCHES:
-        raise ValueError(f"fork count {shown_number(count)} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a "
+        raise ValueError(f"fork count {shown_value(count)} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a "
                          "typo?); for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one "
                          "program per input with run_batch")
     return count
