@@ -103,9 +103,12 @@ class InterruptingBackend(ScriptedBackend):
     with ``at`` (a known point, no timing: a Ctrl-C while the caller waits for that request), then
     waits until that request is aborted; the others reply "done"."""
 
-    def __init__(self, at: str, **kwargs):
+    def __init__(self, at: str, ready: Optional[Callable[[], bool]] = None, **kwargs):
+        """``ready``: polled before the SIGINT is sent (up to 10 s), for a test whose outcome depends
+        on where the main thread is when the signal lands."""
         super().__init__(lambda p, params: "done", delay=30, **kwargs)
         self.at = at
+        self.ready = ready
         self._marked: set[str] = set()
 
     def generate(self, prompt: Prompt, params, rid):
@@ -118,8 +121,24 @@ class InterruptingBackend(ScriptedBackend):
 
         if rid not in self._marked:
             return False
+        deadline = time.monotonic() + 10
+        while self.ready is not None and not self.ready() and time.monotonic() < deadline:
+            time.sleep(0.001)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         return super()._wait(rid)
+
+
+def main_thread_waits_on_a_future() -> bool:
+    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` now (read from its
+    frames), e.g. a run_batch waiting for its next item."""
+    import sys
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == "result" and "concurrent" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def pace_stream(backend, monkeypatch) -> threading.Event:

@@ -26,7 +26,7 @@ from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
 
-from helpers_lang import InterruptingBackend, ScriptedBackend
+from helpers_lang import InterruptingBackend, ScriptedBackend, main_thread_waits_on_a_future
 from helpers_multimodal import png_bytes, random_image
 
 
@@ -3671,16 +3671,19 @@ def test_ctrl_c_in_run_batch_says_which_items_finished_and_ends_at_the_users_cal
     threading (a dozen frames of lmnb's and the standard library's in a notebook); it now says which
     items had finished and that the others' requests were aborted, and IPython shows the caller's
     frames only. One thread: items 0 and 1 finish, item 2's request sends the SIGINT, 3 and 4 never
-    start."""
+    start. With generator_style the SIGINT waits until the consumer has taken two states and the
+    generator waits for the third: sent as soon as item 2 started, it could land while the main
+    thread was still returning item 1's state (then "it had yielded 1 state", which is true)."""
     import signal
 
-    be = InterruptingBackend("2: ")
+    got = []
+    be = InterruptingBackend("2: ", ready=(lambda: len(got) == 2 and main_thread_waits_on_a_future())
+                             if generator_style else None)
 
     @sgl.function
     def prog(s, n):
         s += f"{n}: " + sgl.gen("a")
 
-    got = []
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt) as caught:
