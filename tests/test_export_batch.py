@@ -996,11 +996,11 @@ def test_a_closed_output_pipe_stops_the_job_without_recording_rows_as_failed(tmp
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(40)])
     argv = [sys.executable, str(script), "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
             "--no-progress", "--num-threads", "1"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout.readline().startswith(b"q0:")  # head -1
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141, err
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:  # (closes stderr)
+        assert proc.stdout.readline().startswith(b"q0:")  # head -1
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "Exception ignored" not in err and "pipe that closed" in err, err
     done = read_results(tmp_path / "out.jsonl")
     assert 1 <= len(done) < 40 and all(r["status"] == "ok" for r in done), done
@@ -3458,7 +3458,7 @@ def test_a_resume_with_other_settings_is_refused_before_the_set_up_cells_run(tmp
     from helpers_export import notebook
     from lmnb.export import export_notebook
 
-    cells = [("parameters", "n = 1\nm = len('ab')"), 'open("setup-ran.txt", "a").write("x")', 'q = "x"',
+    cells = [("parameters", "n = 1\nm = len('ab')"), 'with open("setup-ran.txt", "a") as f: f.write("x")', 'q = "x"',
              "%%lm\n{q}{n}{m}{gen a max_tokens=1}"]
     source, _ = export_notebook(notebook(*cells), "nb.ipynb", "job.py")
     monkeypatch.chdir(tmp_path)
