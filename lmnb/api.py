@@ -54,6 +54,7 @@ from lmnb.ir import (
 
 _default_backend = None
 _default_lock = threading.Lock()
+_unset_default = None  # a host's factory for an unset default (the lmnb kernel's: its session's engine)
 # run() keywords that SGLang's run() does not have, with their defaults. A program that declares
 # an argument of one of these names (SGLang programs may: fork(n), a seed) gets the value instead.
 _UNSET = object()
@@ -107,9 +108,11 @@ def _check_backend(backend: Any) -> None:
 
 def set_default_backend(backend) -> None:
     """Use ``backend`` (``Engine``, ``RuntimeEndpoint``, ``OpenAI``, ...) for programs run without
-    ``backend=``. A default that has an ``on_replaced(new)`` method (looked up on its class: the
-    lmnb kernel's, which warns that Python programs leave the engine its cells use) is told when
-    another backend takes its place."""
+    ``backend=``; None unsets it, so the next such program uses the host's default again (in the
+    lmnb kernel its engine, elsewhere the built-in demo ``Engine``: ``get_default_backend``). A
+    default that has an ``on_replaced(new)`` method (looked up on its class: the lmnb kernel's,
+    which warns that Python programs leave the engine its cells use) is told when another backend
+    takes its place."""
     global _default_backend
     _check_backend(backend)
     previous, _default_backend = _default_backend, backend
@@ -119,15 +122,27 @@ def set_default_backend(backend) -> None:
 
 
 def get_default_backend():
-    """The default backend; the first call without one set starts an in-process ``Engine`` on
-    the built-in demo model."""
+    """The default backend; the first call without one set takes the host's (``set_unset_default``:
+    the lmnb kernel's engine) or, with no host, starts an in-process ``Engine`` on the built-in demo
+    model."""
     global _default_backend
     with _default_lock:
         if _default_backend is None:
-            from lmnb.backend.engine import Engine
+            if _unset_default is not None:
+                _default_backend = _unset_default()
+            else:
+                from lmnb.backend.engine import Engine
 
-            _default_backend = Engine()
+                _default_backend = Engine()
         return _default_backend
+
+
+def set_unset_default(factory) -> None:
+    """For a host of lmnb programs (the lmnb kernel): ``factory()`` is the backend an unset default
+    becomes at its next use (after ``set_default_backend(None)``); None goes back to the demo
+    ``Engine``."""
+    global _unset_default
+    _unset_default = factory
 
 
 # SGLang's GlobalConfig settings a program may touch -> what lmnb does instead.

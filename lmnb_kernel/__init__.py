@@ -11,7 +11,8 @@ def load_ipython_extension(shell) -> None:
     """Register ``%%lm`` / ``%lm``, the clean error display, the tree refresh hook, the input
     transform that names a ``%%lm`` line below a comment (``lmnb_kernel.transforms``), the hooks that
     keep the running cell's text (for line numbers), make the
-    session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine),
+    session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine; also after
+    ``lmnb.set_default_backend(None)``),
     define ``lmnb`` in the namespace unless a name ``lmnb`` exists (``%%lm --python`` bodies
     write ``lmnb.gen(...)``; hidden from ``%who``), and, in a Jupyter kernel other than ``lmnb``'s,
     make its session send text with lone surrogates (``lmnb_kernel.surrogates``), as ``lmnb``'s does."""
@@ -23,6 +24,7 @@ def load_ipython_extension(shell) -> None:
     from lmnb_kernel.transforms import refuse_cell_magic_below_comments
 
     lmnb.set_default_backend(SessionBackend(get_session()))
+    lmnb.api.set_unset_default(lambda: SessionBackend(get_session()))  # (set_default_backend(None) comes back here)
 
     magics = LMMagics(shell)
     shell.register_magics(magics)
@@ -73,4 +75,5 @@ def unload_ipython_extension(shell) -> None:
         for kind in ("line", "cell"):  # IPython has no unregister_magics; its table is per kind
             shell.magics_manager.magics[kind].pop("lm", None)
         del shell._lmnb_magics
+    lmnb.api.set_unset_default(None)
     lmnb.set_default_backend(None)

@@ -366,7 +366,7 @@ class SessionBackend:
         print(f"lmnb: warning: Python programs now run on {backend!r}{cost}, not on the kernel's engine that %%lm "
               "cells use (%lm stats counts only that one); in the lmnb kernel leave the default backend unset and "
               "choose the model with %lm load (a server with %lm connect), or pass backend= to run() for one "
-              "program", file=sys.stderr)
+              "program; lmnb.set_default_backend(None) goes back to the kernel's engine", file=sys.stderr)
 
 
 _session: Optional[Session] = None

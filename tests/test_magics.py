@@ -933,7 +933,8 @@ def test_replacing_the_kernels_default_backend_warns_and_stats_say_where_python_
     ip.user_ns["same"] = lmnb.Engine(engine=get_session().engine("a test"))
     warning = ("lmnb: warning: Python programs now run on {}{}, not on the kernel's engine that %%lm cells use (%lm stats "
                "counts only that one); in the lmnb kernel leave the default backend unset and choose the model with %lm "
-               "load (a server with %lm connect), or pass backend= to run() for one program\n")
+               "load (a server with %lm connect), or pass backend= to run() for one program; "
+               "lmnb.set_default_backend(None) goes back to the kernel's engine\n")
     try:
         result, out = run(ip, "lmnb.set_default_backend(second)")
         assert result.success and out.stderr == warning.format(
@@ -945,6 +946,12 @@ def test_replacing_the_kernels_default_backend_warns_and_stats_say_where_python_
         assert run(ip, "lmnb.set_default_backend(same)")[1].stderr == warning.format(repr(ip.user_ns["same"]), "")
         lmnb.set_default_backend(kernels)
         assert run(ip, "lmnb.set_default_backend(None)")[1].stderr == ""
+        assert "Python programs run on" not in run(ip, "%lm stats")[1].outputs[0].data["text/plain"]
+        # the way back the warning gives: from another default, None goes back to the kernel's engine
+        lmnb.set_default_backend(second)
+        assert run(ip, "lmnb.set_default_backend(None)")[1].stderr == ""
+        back = lmnb.get_default_backend()
+        assert isinstance(back, SessionBackend) and back._session is get_session()
         assert "Python programs run on" not in run(ip, "%lm stats")[1].outputs[0].data["text/plain"]
     finally:
         lmnb.set_default_backend(kernels)
@@ -1217,6 +1224,8 @@ def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back
         assert isinstance(result.error_in_exec, Exception) and "Cell magic `%%lm` not found" in str(result.error_in_exec)
         result, _ = run(ip, "%lm stats")
         assert "Line magic function `%lm` not found" in str(result.error_in_exec)
+        # nor does an unset default come back to the kernel's engine (a program would get the demo engine)
+        assert lmnb.global_config.default_backend is None and lmnb.api._unset_default is None
     finally:
         ip.extension_manager.load_extension("lmnb_kernel")
     result, out = run(ip, "%%lm --static --temperature 0\nhello{gen x max_tokens=2}")
