@@ -9,7 +9,6 @@ the buffers are zero-filled up front.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Optional
 
 import torch
@@ -26,9 +25,63 @@ DEFAULT_MAX_RUNNING = {"cpu": 64, "cuda": 256}
 
 
 def _free_memory_bytes(device: torch.device) -> int:
+    """Bytes that new tensors on ``device`` can take: the GPU's free memory, or on CPU the RAM the
+    kernel can hand out without swapping (psutil's ``available``, Linux's MemAvailable: free pages
+    and the page cache it can drop; the free pages alone, which the pool was once sized from, leave
+    out most of an idle machine's RAM)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes as a message says them: exactly, with GiB to read them by (an int too long to
+    write or to make a float of, from a size of thousands of digits, in ``shown_number``'s form)."""
+    from lmnb_engine.params import shown_number
+
+    return f"{shown_number(n)} bytes" + (f" ({n / 2**30:.1f} GiB)" if n < 2**1000 else "")
+
+
+def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: bool) -> None:
+    """Refuse, before allocating anything, pools that need more than ``device`` has free (torch
+    said "Overflow when unpacking long long" for a KV pool of 10**20 tokens, or its allocator's
+    error; on CPU a pool past the free RAM is zero-filled into swap, or the process is killed).
+    ``tokens``: the KV pool's capacity (one padding slot comes with it, ``TokenToKVPool``);
+    ``rows``: the request→token table's rows (int32, one entry per position of the context);
+    ``asked``: whether the caller gave ``max_total_tokens`` (else it was sized from memory).
+
+    Raises:
+        ValueError: naming the bytes each pool needs, the bytes free, and the sizes that fit.
+    """
+    from lmnb_engine.params import shown_number
+
+    element = torch.empty((), dtype=cfg.dtype).element_size()
+    per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+    kv = (tokens + 1) * per_token
+    table = rows * cfg.context_len * 4
+    free = _free_memory_bytes(device)
+    if kv + table <= free:
+        return
+    pool = f"a KV pool of {shown_number(tokens)} tokens"
+    if kv > free:
+        fits = free // per_token - 1  # (the padding slot's bytes too)
+        problem = (f"{pool} needs {_bytes(kv)}: {per_token} bytes a token ({cfg.num_layers} layers x "
+                   f"{cfg.num_kv_heads} KV heads x {cfg.head_dim} dims x {element}-byte "
+                   f"{str(cfg.dtype).replace('torch.', '')}, K and V), one padding token included; "
+                   f"{device} has {_bytes(free)} free")
+        fixes = [("pass {} or less", "max_total_tokens", fits)] if asked and fits >= 2 else []
+        fixes.append(("leave {} unset to size the pool from free memory", "max_total_tokens", None) if asked
+                     else ("lower {}", "mem_fraction", None))
+        raise option_error(ValueError, problem, *fixes)
+    most_rows = (free - kv) // (cfg.context_len * 4)
+    problem = (f"the request-to-token table of {shown_number(rows)} rows x {cfg.context_len} positions (the context "
+               f"length) needs {_bytes(table)} at 4 bytes a position, beside the {_bytes(kv)} of {pool}; "
+               f"{device} has {_bytes(free)} free")
+    fixes = [("pass {} or less", "max_running_requests", most_rows)] if most_rows >= 1 else []
+    fixes.append(("lower {}", "max_total_tokens" if asked else "mem_fraction", None))
+    raise option_error(ValueError, problem, *fixes)
 
 
 def _current_device(device: torch.device):
@@ -55,7 +108,7 @@ class ModelRunner:
             None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off.
     Raises:
         ValueError: a non-positive size, a memory budget too small for one full-length request, or
-            a KV pool that cannot be allocated.
+            pools that need more memory than is free (``_check_pools_fit``) or cannot be allocated.
     """
 
     def __init__(
@@ -73,6 +126,7 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         kind = "cuda" if self.device.type == "cuda" else "cpu"
         per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+        asked = max_total_tokens is not None
         if max_total_tokens is None:
             fraction = DEFAULT_MEM_FRACTION[kind] if mem_fraction is None else mem_fraction
             if not 0 < fraction <= 1:
@@ -96,6 +150,7 @@ class ModelRunner:
         # each running request holds at least one KV slot, so more rows could never run (as SGLang
         # caps it); 10**7 rows of the request→token table would take 20 GB at a 512-token context
         max_running_requests = min(max_running_requests, max_total_tokens)
+        _check_pools_fit(self.device, cfg, max_total_tokens, max_running_requests, asked)
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running_requests
         # [issue 9] Triton launches on the current device, whatever device the tensors are on: the

@@ -403,16 +403,67 @@ def test_a_gen_on_the_default_max_tokens_past_the_context_is_told_where_that_num
     assert_idle_accounting(engine)
 
 
-def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
-    from lmnb_engine.kv_pool import TokenToKVPool
+def _kv_bytes_per_token(checkpoint) -> int:
+    """Bytes of K and V one token of ``checkpoint`` (float32 on CPU) takes, from its config.json:
+    both, for each layer and KV head, ``hidden_size / num_attention_heads`` dims of 4 bytes."""
+    c = json.loads((checkpoint / "config.json").read_text())
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 4
 
-    with pytest.raises(ValueError, match=r"a KV pool of 10000000000 tokens needs (\d+\.\d) GiB on cpu, and "
-                                         r"allocating it failed .*; lower max_total_tokens") as e:
-        Engine(str(tiny_llama), max_total_tokens=10**10)
-    c = json.loads((tiny_llama / "config.json").read_text())
-    per_token = TokenToKVPool.bytes_per_token(c["num_hidden_layers"], c["num_key_value_heads"],
-                                              c["hidden_size"] // c["num_attention_heads"], torch.float32)
-    assert e.match(f"needs {10**10 * per_token / 2**30:.1f} GiB")
+
+def test_a_kv_pool_past_free_memory_is_refused_with_its_bytes_before_any_allocation(tiny_llama, monkeypatch):
+    """max_total_tokens=10**20 failed in torch's words ("Overflow when unpacking long long", with a
+    C++ stack); 10**12 in its allocator's, cut mid-number. The pool's bytes (one padding slot with
+    it) are weighed against the free memory first, the figure the engine itself measured."""
+    import lmnb_engine.model_runner as model_runner
+
+    per_token = _kv_bytes_per_token(tiny_llama)
+    assert per_token == 512  # (2 layers x 2 KV heads x 16 dims x 4 bytes x K and V)
+    measure, measured = model_runner._free_memory_bytes, []
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: measured.append(measure(device)) or measured[-1])
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), max_total_tokens=10**20)
+    free, = measured
+    need = (10**20 + 1) * per_token
+    assert str(e.value) == (
+        f"a KV pool of 100000000000000000000 tokens needs {need} bytes ({need / 2**30:.1f} GiB): 512 bytes a token "
+        "(2 layers x 2 KV heads x 16 dims x 4-byte float32, K and V), one padding token included; cpu has "
+        f"{free} bytes ({free / 2**30:.1f} GiB) free; pass max_total_tokens={free // 512 - 1} or less, or leave "
+        "max_total_tokens unset to size the pool from free memory")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**6)
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), max_total_tokens=10**5000)
+    assert str(e.value) == (
+        "a KV pool of 1.000e+5000 (an integer of 5001 digits) tokens needs 5.120e+5002 (an integer of 5003 digits) "
+        "bytes: 512 bytes a token (2 layers x 2 KV heads x 16 dims x 4-byte float32, K and V), one padding token "
+        # (10**6 // 512 = 1953 slots, one of them padding)
+        "included; cpu has 1000000 bytes (0.0 GiB) free; pass max_total_tokens=1952 or less, or leave "
+        "max_total_tokens unset to size the pool from free memory")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
+    with pytest.raises(ValueError) as e:  # (no size of 2 or more fits: the fix that is left)
+        Engine(str(tiny_llama), max_total_tokens=3)
+    assert str(e.value) == (
+        "a KV pool of 3 tokens needs 2048 bytes (0.0 GiB): 512 bytes a token (2 layers x 2 KV heads x 16 dims x "
+        "4-byte float32, K and V), one padding token included; cpu has 1000 bytes (0.0 GiB) free; leave "
+        "max_total_tokens unset to size the pool from free memory")
+
+
+def test_a_request_table_past_free_memory_names_the_max_running_requests_that_fit(tiny_llama, monkeypatch):
+    """max_running_requests is capped at max_total_tokens, but each row of the request-to-token
+    table takes 4 bytes for every position of the context: 10**7 rows of a 32768-token model's
+    table are 1.3 TB, allocated without a word. Refused with the rows that fit beside the pool."""
+    import lmnb_engine.model_runner as model_runner
+
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 100_000)
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), max_total_tokens=100, max_running_requests=10**20)
+    # 100 rows (the cap) x 512 positions x 4 bytes = 204800; the pool 101 x 512 = 51712; and
+    # (100000 - 51712) // (512 x 4) = 23 rows fit beside it
+    assert str(e.value) == (
+        "the request-to-token table of 100 rows x 512 positions (the context length) needs 204800 bytes (0.0 GiB) "
+        "at 4 bytes a position, beside the 51712 bytes (0.0 GiB) of a KV pool of 100 tokens; cpu has 100000 bytes "
+        "(0.0 GiB) free; pass max_running_requests=23 or less, or lower max_total_tokens")
+    with Engine(str(tiny_llama), max_total_tokens=100, max_running_requests=23) as eng:  # (23 x 2048 + 51712 fit)
+        assert eng.model_info()["max_running_requests"] == 23
 
 
 def test_a_kv_pool_too_small_names_the_engine_arguments_that_fix_it(tiny_llama, monkeypatch):

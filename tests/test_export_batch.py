@@ -2732,8 +2732,12 @@ def test_load_errors_name_the_jobs_options_not_the_python_apis(tmp_path, capsys,
                                                  "quantization_config": {"quant_method": "awq"}}))
     assert _job_failure(tmp_path, capsys, "--model", awq).endswith(
         "lmnb_engine loads unquantized float32/bfloat16/float16 weights; use the original model's checkpoint")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**6)  # (1953 slots of 512 bytes)
     assert _job_failure(tmp_path, capsys, "--model", tiny_llama, "--max-total-tokens", 10**10).endswith(
-        "; lower --max-total-tokens")
+        "ValueError: a KV pool of 10000000000 tokens needs 5120000000512 bytes (4768.4 GiB): 512 bytes a token (2 layers x 2 KV "
+        "heads x 16 dims x 4-byte float32, K and V), one padding token included; cpu has 1000000 bytes (0.0 GiB) "
+        "free; pass --max-total-tokens 1952 or less, or leave --max-total-tokens unset to size the pool from free "
+        "memory")
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
     assert _job_failure(tmp_path, capsys, "--model", tiny_llama).endswith(
         "ValueError: the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens (512 bytes "

@@ -459,8 +459,12 @@ def test_lmnb_serve_load_errors_name_its_options_not_the_python_apis(tiny_llama,
     assert _serve_failure(capsys, "--model", pt_only) == (
         f"lmnb serve: no *.safetensors weights in {pt_only} (PyTorch .bin checkpoints are not supported); "
         "re-save it with save_pretrained(safe_serialization=True)\n")
-    assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", 10**10).endswith(
-        "; lower --max-total-tokens\n")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**6)  # (1953 slots of 512 bytes)
+    assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", 10**10) == (
+        "lmnb serve: a KV pool of 10000000000 tokens needs 5120000000512 bytes (4768.4 GiB): 512 bytes a token (2 layers x 2 KV "
+        "heads x 16 dims x 4-byte float32, K and V), one padding token included; cpu has 1000000 bytes (0.0 GiB) "
+        "free; pass --max-total-tokens 1952 or less, or leave --max-total-tokens unset to size the pool from free "
+        "memory\n")
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
     assert _serve_failure(capsys, "--model", tiny_llama) == (
         "lmnb serve: the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens (512 bytes "
