@@ -324,13 +324,31 @@ def exception_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+# Bytes a fork branch takes at least: a program state of its own (a StreamExecutor with its lock,
+# condition and copies of the parent's lists and dicts). tracemalloc counted 5.9 KB a branch for
+# fork(20000) after one short fill, and benches/results/2026-12-06-cpu-wide-programs.md 6.3 GB of
+# max RSS for fork(1,000,000): this bound is under both, so a fork it refuses could not have fit.
+BRANCH_BYTES_AT_LEAST = 4096
+
+
+def _available_ram_bytes() -> int:
+    """RAM that new objects can take without swapping (psutil's ``available``)."""
+    import psutil  # (lazily: import lmnb stays light)
+
+    return int(psutil.virtual_memory().available)
+
+
 def _fork_size(size: Any) -> int:
     """``fork``'s size as an int. SGLang takes ``int(size)``, so a NumPy integer (a count computed
     with NumPy) works there; any integer type does here (``__index__``), but not a bool, a float
     or a string, which would fork a number the program did not say.
 
+    There is no fixed cap (fork(1,000,000) is in benches/bench_wide_programs' results): a size is
+    refused where its branches, ``BRANCH_BYTES_AT_LEAST`` each, need more than the RAM available,
+    as ``s.fork(10**5000)`` made branches one by one until the process was killed for memory.
+
     Raises:
-        ValueError: not an integer, or below 1.
+        ValueError: not an integer, below 1, or more branches than the available RAM holds.
     """
     try:
         n = operator.index(size)
@@ -338,6 +356,13 @@ def _fork_size(size: Any) -> int:
         n = None
     if n is None or isinstance(size, bool) or n < 1:
         raise ValueError(f"fork size must be an integer >= 1, got {shown_value(size)}")
+    available = _available_ram_bytes()
+    if n * BRANCH_BYTES_AT_LEAST > available:
+        raise ValueError(
+            f"fork size {shown_value(n)} is more branches than memory holds: each is a program state of at least "
+            f"{BRANCH_BYTES_AT_LEAST} bytes, so they need {shown_value(n * BRANCH_BYTES_AT_LEAST)} bytes, and "
+            f"{available} bytes of RAM are available; fork at most {available // BRANCH_BYTES_AT_LEAST} branches, "
+            "or run one program per input with run_batch")
     return n
 
 

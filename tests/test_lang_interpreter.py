@@ -1440,6 +1440,43 @@ def test_fork_of_an_empty_state_and_prefill_before_branches():
     assert st["g"] == ["<0>", "<1>", "<2>"]
 
 
+def test_a_fork_of_more_branches_than_memory_holds_is_refused_before_any_is_made(monkeypatch):
+    """s.fork(10**5000) made branches one by one until the process was killed for memory. A size
+    is weighed against the RAM available (at least 4096 bytes a branch): no fixed cap, which
+    benches/bench_wide_programs' fork(1,000,000) would have to stay under."""
+    import lmnb.executor as executor
+
+    backend = ScriptedBackend(reply=lambda prompt, params: "ok")
+
+    @sgl.function
+    def prog(s, n):
+        s += "hi"
+        s.fork(n).join()
+
+    measure, measured = executor._available_ram_bytes, []
+    monkeypatch.setattr(executor, "_available_ram_bytes", lambda: measured.append(measure()) or measured[-1])
+    with pytest.raises(ValueError) as e:
+        prog.run(n=10**5000, backend=backend)
+    ram = measured[-1]
+    assert str(e.value) == (
+        "fork size 1.000e+5000 (an integer of 5001 digits) is more branches than memory holds: each is a program "
+        "state of at least 4096 bytes, so they need 4.096e+5003 (an integer of 5004 digits) bytes, and "
+        f"{ram} bytes of RAM are available; fork at most {ram // 4096} branches, or run one program per input "
+        "with run_batch")
+    monkeypatch.setattr(executor, "_available_ram_bytes", lambda: 10**6)  # (244 x 4096 = 999424 fit, 245 do not)
+    assert prog.run(n=244, backend=backend).error() is None
+    with pytest.raises(ValueError) as e:
+        prog.run(n=245, backend=backend)
+    assert str(e.value) == (
+        "fork size 245 is more branches than memory holds: each is a program state of at least 4096 bytes, so they "
+        "need 1003520 bytes, and 1000000 bytes of RAM are available; fork at most 244 branches, or run one program "
+        "per input with run_batch")
+    for bad in (-1, 0, 1.5, True, "3"):  # (not sizes at all: refused before memory is asked about)
+        with pytest.raises(ValueError) as e:
+            prog.run(n=bad, backend=backend)
+        assert str(e.value) == f"fork size must be an integer >= 1, got {bad!r}"
+
+
 def test_a_failed_prefill_before_a_fork_is_named_in_words():
     class TooLong(ScriptedBackend):
         def cache_prefix(self, text, rid):
