@@ -856,6 +856,39 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     backend.shutdown()
 
 
+def test_an_openai_timeout_given_as_an_httpx_timeout_is_the_clients_read_timeout(server):
+    """The openai client takes ``float | Timeout``, its transport's Timeout: openai 3 is on httpx2,
+    and refused an ``httpx.Timeout`` in its internals' words. lmnb.OpenAI makes it openai.Timeout,
+    each part checked, and the read part is the wait its errors name (a stream's, for each chunk)."""
+    import httpx
+
+    release = threading.Event()
+
+    def stall(h, b):
+        if b.get("stream"):
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.end_headers()
+            h.wfile.write(b"data: " + json.dumps(_chunk("He")).encode() + b"\n\n")
+            h.wfile.flush()
+        release.wait(60)
+
+    server.answer = stall
+    fix = "; check that the server is not stuck or overloaded, or change the limits with OpenAI\\(\\.\\.\\., timeout=SECONDS"
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=httpx.Timeout(0.3, connect=5.0))
+    assert backend.client.timeout == backend._openai.Timeout(connect=5.0, read=0.3, write=0.3, pool=0.3)
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s{fix}"):
+        backend.generate(CHAT, PARAMS, "r1")
+    backend.shutdown()
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0,
+                          timeout=httpx.Timeout(None, read=PATIENT_S))  # (no limit on the others)
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no chunk \\(keep-alive comments and empty "
+                                           f"lines do not count\\) within the read timeout of {PATIENT_S} s{fix}"):
+        list(backend.generate_stream(CHAT, PARAMS, "r2"))
+    release.set()
+    backend.shutdown()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_openai_connect_timeout_is_named_unreachable_not_a_read_timeout(monkeypatch, stream):
     """A host that never answers the connection (a firewall that drops it) was reported as "no

@@ -99,6 +99,43 @@ def test_fork_takes_any_integer_type_as_sglang_does():
             prog.run(k=bad, backend=backend)
 
 
+def test_an_openai_timeout_of_parts_is_checked_part_by_part_and_a_tuple_is_refused_with_the_fix():
+    """A tuple passed lmnb.OpenAI's checks unchecked, its numbers' meaning unsaid (httpx reads
+    (connect, read, write, pool), requests (connect, read)); an httpx.Timeout of -1, NaN or 1e300
+    too, failing every request. Each part is checked as a timeout in seconds is; inf is no limit."""
+    import math
+    import threading
+
+    import httpx
+    import openai
+    import pytest
+
+    made = sgl.OpenAI("m", api_key="k", base_url="http://127.0.0.1:9/v1", timeout=httpx.Timeout(5.0, read=math.inf))
+    assert made.client.timeout == openai.Timeout(connect=5.0, read=None, write=5.0, pool=5.0)
+    assert made._read_timeout() is None
+    made = sgl.OpenAI("m", api_key="k", base_url="http://127.0.0.1:9/v1", timeout=openai.Timeout(None, connect=2))
+    assert made.client.timeout == openai.Timeout(connect=2, read=None, write=None, pool=None)
+    expected = "a positive number of seconds, or None for no limit"
+    for bad, kind, said in (
+            ((1, 2, 3, 4), TypeError, "lmnb.OpenAI timeout must be a positive number of seconds (or an httpx.Timeout), or "
+             "None for no limit; got (1, 2, 3, 4) (tuple); a tuple does not say which wait each number is: give "
+             "httpx.Timeout(SECONDS, connect=SECONDS), or name each of connect, read, write and pool"),
+            ([1, 2], TypeError, "lmnb.OpenAI timeout must be a positive number of seconds (or an httpx.Timeout), or "
+             "None for no limit; got [1, 2] (list); a list does not say which wait each number is: give "
+             "httpx.Timeout(SECONDS, connect=SECONDS), or name each of connect, read, write and pool"),
+            ({"read": 5}, TypeError, "lmnb.OpenAI timeout must be a positive number of seconds (or an httpx.Timeout), "
+             "or None for no limit; got {'read': 5} (dict)"),
+            (httpx.Timeout(-1), ValueError, f"lmnb.OpenAI timeout.connect=-1: give {expected}"),
+            (httpx.Timeout(5, read=float("nan")), ValueError, f"lmnb.OpenAI timeout.read=nan: give {expected}"),
+            (httpx.Timeout(5, pool="5"), TypeError, f"lmnb.OpenAI timeout.pool must be {expected}; got '5' (str)"),
+            (httpx.Timeout(1e300), ValueError, "lmnb.OpenAI timeout.connect=1e+300 is longer than this platform's waits "
+             f"take (at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX): give at most that, or None (or "
+             "math.inf) for no limit")):
+        with pytest.raises(kind) as e:
+            sgl.OpenAI("m", api_key="k", base_url="http://127.0.0.1:9/v1", timeout=bad)
+        assert str(e.value) == said
+
+
 def test_openai_backend_takes_sglangs_positional_order():
     # SGLang: OpenAI(model_name, is_chat_model=None, chat_template=None, is_azure=False, *args, **kwargs)
     # with base_url/api_key going to the openai client as keywords. lmnb had base_url second, so

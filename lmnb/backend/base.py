@@ -146,13 +146,14 @@ def given(value: Any) -> str:
     return f"{shown_value(value)} ({type(value).__name__})"
 
 
-def check_timeout(backend: str, timeout: Any, others: str = "") -> Optional[float]:
+def check_timeout(backend: str, timeout: Any, others: str = "", name: str = "timeout") -> Optional[float]:
     """Check a ``timeout`` given to ``backend`` (``lmnb.RuntimeEndpoint``): None or a positive number
     of seconds, at most ``threading.TIMEOUT_MAX`` (the longest wait of the platform's socket and
     thread waits, about 292 years on 64-bit Linux), or ``math.inf``. A string failed on a bare ``>``
     comparison, zero or NaN on every request, and a number past that bound on every request with
     ``OverflowError`` ("timestamp out of range for platform time_t"). ``others``: the other kinds
-    the caller lets through, for the message (" (or an httpx.Timeout)").
+    the caller lets through, for the message (" (or an httpx.Timeout)"); ``name``: what the
+    message calls the value (``timeout.read``, one part of an ``httpx.Timeout``).
 
     Returns:
         The timeout for the HTTP client: None (httpx's and the openai client's no limit) for None
@@ -166,13 +167,13 @@ def check_timeout(backend: str, timeout: Any, others: str = "") -> Optional[floa
         return None
     expected = f"a positive number of seconds{others}, or None for no limit"
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"{backend} timeout must be {expected}; got {given(timeout)}")
+        raise TypeError(f"{backend} {name} must be {expected}; got {given(timeout)}")
     if not timeout > 0:  # (not <= 0: NaN too)
-        raise ValueError(f"{backend} timeout={shown_value(timeout)}: give {expected}")
+        raise ValueError(f"{backend} {name}={shown_value(timeout)}: give {expected}")
     if timeout == math.inf:
         return None
     if timeout > threading.TIMEOUT_MAX:
-        raise ValueError(f"{backend} timeout={shown_value(timeout)} is longer than this platform's waits take "
+        raise ValueError(f"{backend} {name}={shown_value(timeout)} is longer than this platform's waits take "
                          f"(at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX): give at most that, "
                          "or None (or math.inf) for no limit")
     return timeout

@@ -101,7 +101,9 @@ class OpenAI(BaseBackend):
             ``"EMPTY"``: Azure takes an Azure AD token instead, ``azure_ad_token``); servers that
             need none get ``"EMPTY"``.
         **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...); a ``timeout`` in
-            seconds is at most ``threading.TIMEOUT_MAX``, None or ``math.inf`` no limit. A streamed gen
+            seconds is at most ``threading.TIMEOUT_MAX``, None or ``math.inf`` no limit; an
+            ``httpx.Timeout`` (httpx's or the client's own transport's) has each of its connect,
+            read, write and pool checked so, and becomes ``openai.Timeout``. A streamed gen
             fails once the read timeout passes with no chunk: keep-alive comments and empty lines,
             which reset httpx's read timeout, do not count. With ``http_client`` (an
             ``httpx.Client``) a call that is not streamed cannot be aborted.
@@ -135,7 +137,7 @@ class OpenAI(BaseBackend):
 
         self._openai = openai
         self._httpx = httpx
-        _check_arguments(model_name, is_chat_model, chat_template, base_url, client_kwargs, httpx)
+        _check_arguments(model_name, is_chat_model, chat_template, base_url, client_kwargs, httpx, openai)
         check_api_key("lmnb.OpenAI", api_key)
         # (the server's words are for an HTTP client: "send Authorization: Bearer <key>"). Azure's
         # key is in a variable of its own: the OpenAI one's, or "EMPTY", went out in its place, and
@@ -858,7 +860,7 @@ class _StallWatch:
 
 
 def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, base_url: Any, client_kwargs: dict,
-                     httpx: Any) -> None:
+                     httpx: Any, openai: Any) -> None:
     """Refuse ``lmnb.OpenAI`` arguments of the wrong type before the openai client is made: a model
     name that is no string failed as "'int' object has no attribute 'lower'" (the chat template's
     lookup), a ``base_url`` or ``timeout`` in the client's own words, with a traceback of its
@@ -867,8 +869,9 @@ def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, ba
 
     Raises:
         TypeError: naming the argument, what was given (and its type) and what is expected.
-        ValueError: a ``timeout`` that is not positive, or longer than the platform's waits take
-            (``check_timeout``); ``math.inf`` becomes None in ``client_kwargs``, the client's no limit."""
+        ValueError: a ``timeout`` (or a part of one, ``_client_timeout``) that is not positive, or
+            longer than the platform's waits take (``check_timeout``); ``math.inf`` becomes None in
+            ``client_kwargs``, the client's no limit."""
     if not isinstance(model_name, str):
         raise TypeError(f"lmnb.OpenAI model_name must be a string, the API's model name (e.g. 'gpt-4o-mini'); "
                         f"got {given(model_name)}")
@@ -881,9 +884,35 @@ def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, ba
     if base_url is not None and not isinstance(base_url, (str, httpx.URL)):
         raise TypeError(f"lmnb.OpenAI base_url must be a string, the API's URL (e.g. 'http://127.0.0.1:30000/v1'), "
                         f"or None for OpenAI's; got {given(base_url)}")
-    timeout = client_kwargs.get("timeout")
-    if isinstance(timeout, (str, bytes, numbers.Real)):  # (the client takes others too: an httpx Timeout, a tuple)
-        client_kwargs["timeout"] = check_timeout("lmnb.OpenAI", timeout, " (or an httpx.Timeout)")
+    if "timeout" in client_kwargs:
+        client_kwargs["timeout"] = _client_timeout(client_kwargs["timeout"], openai)
+
+
+# The waits of an httpx.Timeout, in its constructor's order.
+_TIMEOUT_PARTS = ("connect", "read", "write", "pool")
+
+
+def _client_timeout(timeout: Any, openai: Any) -> Any:
+    """``lmnb.OpenAI``'s ``timeout`` as the openai client takes it: seconds (``check_timeout``), or
+    an ``httpx.Timeout`` made ``openai.Timeout`` with each part checked the same way. The client
+    takes its own transport's class only (openai 3 is on httpx2, and refused an ``httpx.Timeout``
+    in its internals' words); a part of 0, -1 or NaN failed every request, and a tuple passed
+    unchecked, its parts unnamed (httpx reads (connect, read, write, pool); a requests user writes
+    (connect, read)), and lmnb's own waits read no read timeout from it.
+
+    Raises:
+        TypeError: neither a number, None nor an ``httpx.Timeout`` (a tuple: the fix spells it).
+        ValueError: a number, or a part, out of ``check_timeout``'s range."""
+    if timeout is None or isinstance(timeout, (str, bytes, numbers.Real)):
+        return check_timeout("lmnb.OpenAI", timeout, " (or an httpx.Timeout)")
+    if isinstance(timeout, (tuple, list)) or not all(hasattr(timeout, part) for part in _TIMEOUT_PARTS):
+        fix = (f"; a {type(timeout).__name__} does not say which wait each number is: give httpx.Timeout(SECONDS, "
+               "connect=SECONDS), or name each of connect, read, write and pool") if isinstance(timeout, (tuple, list)) else ""
+        raise TypeError(f"lmnb.OpenAI timeout must be a positive number of seconds (or an httpx.Timeout), or None "
+                        f"for no limit; got {given(timeout)}{fix}")
+    parts = {part: check_timeout("lmnb.OpenAI", getattr(timeout, part), name=f"timeout.{part}")
+             for part in _TIMEOUT_PARTS}
+    return openai.Timeout(**parts)
 
 
 def _text(choice: Any, chat: bool) -> Any:
