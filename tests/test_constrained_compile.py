@@ -1307,8 +1307,19 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
                                            '"string"}}), not []'),
     ({"enum": 5}, 'JSON schema at #/enum is not a valid JSON Schema: "enum" must be an array (the values allowed, e.g. '
                   '[1, 2]), not 5: write [5]'),
+    # (a number in quotes: the fix is the number without them, where it is of the type the keyword takes)
     ({"type": "string", "minLength": "3"}, 'JSON schema at #/minLength is not a valid JSON Schema: "minLength" must be '
-                                           'an integer, not "3"'),
+                                           'an integer, not "3": write "minLength": 3'),
+    ({"type": "array", "items": {"maxItems": " 2 "}}, 'JSON schema at #/items/maxItems is not a valid JSON Schema: '
+                                                      '"maxItems" must be an integer, not " 2 ": write "maxItems": 2'),
+    ({"type": "number", "maximum": "-1.5"}, 'JSON schema at #/maximum is not a valid JSON Schema: "maximum" must be a '
+                                            'number, not "-1.5": write "maximum": -1.5'),
+    ({"type": "string", "maxLength": "3.5"}, 'JSON schema at #/maxLength is not a valid JSON Schema: "maxLength" must '
+                                             'be an integer, not "3.5"'),  # (no integer to write)
+    ({"type": "string", "minLength": "-1"}, 'JSON schema at #/minLength is not a valid JSON Schema: "minLength" must '
+                                            'be an integer, not "-1"'),  # (-1 is refused too: no count below 0)
+    ({"type": "number", "minimum": "NaN"}, 'JSON schema at #/minimum is not a valid JSON Schema: "minimum" must be a '
+                                           'number, not "NaN"'),  # (Python's json reads it; JSON has no NaN)
     ({"type": "array", "items": 5}, 'JSON schema at #/items is not a valid JSON Schema: a schema must be an object or a '
                                     'boolean (true: any value, false: none), not 5'),
     ("[1]", "json_schema must be a JSON object or a boolean, got [1]"),
@@ -1320,7 +1331,8 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
     (functools.reduce(lambda inner, _: {"not": inner}, range(5000), {}),
      "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
 ], ids=["type strng", "properties 5", "type 5", "type holds null", "type []", "type twice", "format 5", "pattern 5",
-         "required a", "required 1", "properties []", "enum 5", "minLength 3", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
+         "required a", "required 1", "properties []", "enum 5", "minLength 3", "maxItems 2", "maximum -1.5",
+         "maxLength 3.5", "minLength -1", "minimum NaN", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
 def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
     """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
     the program ran and the engine compiled it. It is refused at the call now, with the engine's
