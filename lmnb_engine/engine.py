@@ -355,6 +355,10 @@ def _token_id_list(items: Sequence[Any], what: str = "a prompt is a string or a 
     return [int(t) for t in items]
 
 
+# The largest limit setrlimit takes (a C long long): the grammar compiler's address space is set so.
+_MAX_RLIMIT = 2**63 - 1
+
+
 def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
     """Refuse an ``Engine`` option of the wrong type before the model loads (ranges are checked
     where each option is used). A string such as ``"no"`` would otherwise pass as a true flag.
@@ -472,10 +476,16 @@ class Engine:
             raise ValueError(f"cuda_graph_max_bs={cuda_graph_max_bs} must be >= 0 (0 = no CUDA graphs, None: the default)")
         t = grammar_compile_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < float("inf")):
-            raise ValueError(f"grammar_compile_timeout_s={t!r} must be a number of seconds > 0 (or None for 60)")
-        if grammar_compile_memory_bytes is not None and grammar_compile_memory_bytes < 0:
-            raise ValueError(f"grammar_compile_memory_bytes={grammar_compile_memory_bytes!r} must be >= 0 "
-                             "(0 = no limit, None = 8 GiB)")
+            raise ValueError(f"grammar_compile_timeout_s={shown_number(t)} must be a number of seconds > 0 (or None for 60)")
+        if t is not None and t > threading.TIMEOUT_MAX:  # (every compile's wait failed: "timestamp out of range")
+            raise ValueError(f"grammar_compile_timeout_s={shown_number(t)} is longer than this platform's waits take "
+                             f"(at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX); give at most that")
+        m = grammar_compile_memory_bytes
+        if m is not None and m < 0:
+            raise ValueError(f"grammar_compile_memory_bytes={shown_number(m)} must be >= 0 (0 = no limit, None = 8 GiB)")
+        if m is not None and m > _MAX_RLIMIT:  # (each compile's child failed in setrlimit: "int too large")
+            raise ValueError(f"grammar_compile_memory_bytes={shown_number(m)} is more than an address-space limit can "
+                             f"be (at most {_MAX_RLIMIT} bytes, 2**63 - 1); give less, or 0 for no limit")
         self._grammar_limits: dict = {}  # GrammarBackend arguments; its defaults where not given
         if t is not None:
             self._grammar_limits["compile_timeout_s"] = float(t)

@@ -4,6 +4,7 @@ logprobs, several samples, and jump-forward under memory pressure and aborts."""
 from __future__ import annotations
 
 import math
+import threading
 import re
 
 import pytest
@@ -242,6 +243,20 @@ def test_the_grammar_compile_limits_are_engine_options(tiny_llama):
             Engine(str(tiny_llama), device="cpu", **bad)
     with pytest.raises(TypeError, match="grammar_compile_memory_bytes must be an int"):
         Engine(str(tiny_llama), device="cpu", grammar_compile_memory_bytes=1.5)
+    # (past what the platform takes: each compile failed in its own words, the child's setrlimit
+    # "Python int too large to convert to C long" with "retry the request", or a wait's "timestamp
+    # out of range for platform time_t", each at the first constrained request)
+    for bad, said in [(dict(grammar_compile_memory_bytes=2**63), "grammar_compile_memory_bytes=9223372036854775808 is "
+                       "more than an address-space limit can be (at most 9223372036854775807 bytes, 2**63 - 1); give "
+                       "less, or 0 for no limit"),
+                      (dict(grammar_compile_memory_bytes=-10**5000), "grammar_compile_memory_bytes=-1.000e+5000 (an "
+                       "integer of 5001 digits) must be >= 0 (0 = no limit, None = 8 GiB)"),
+                      (dict(grammar_compile_timeout_s=1e300), "grammar_compile_timeout_s=1e+300 is longer than this "
+                       f"platform's waits take (at most {threading.TIMEOUT_MAX:.0f} s, threading.TIMEOUT_MAX); give at "
+                       "most that")]:
+        with pytest.raises(ValueError) as e:
+            Engine(str(tiny_llama), device="cpu", **bad)
+        assert str(e.value) == said
     eng = Engine(str(tiny_llama), device="cpu", max_total_tokens=512, grammar_compile_timeout_s=1.5,
                  grammar_compile_memory_bytes=0)
     try:
