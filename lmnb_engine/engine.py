@@ -416,7 +416,8 @@ class Engine:
         disable_jump_forward: decode constrained output one token per pass (the compressed FSM's
             forced strings are then not drafted; output is the same either way, paper §4).
         cuda_graph_max_bs: decode batches up to this size replay captured CUDA graphs (None = on
-            for CUDA with the Triton backend, up to 256; 0 = off). Not with ``tp_size > 1``.
+            for CUDA with the Triton backend, up to 256; 0 = off; at most ``max_running_requests``,
+            the largest decode batch). Not with ``tp_size > 1``.
         disable_overlap_schedule: run each decode step only once the previous step's tokens are
             on the host (by default runs of decode steps overlap: the device computes step n+1
             while the host processes step n, SGLang's overlap scheduler; output is the same).

@@ -105,7 +105,8 @@ class ModelRunner:
             "flash_attn"). A Triton or flash-attn backend also switches the model's norms, RoPE
             and activation to fused Triton kernels (``layers.use_triton_kernels``).
         cuda_graph_max_bs: decode batches up to this size replay CUDA graphs (``CudaGraphRunner``);
-            None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off.
+            None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off;
+            at most ``max_running_requests`` (no decode batch is larger).
     Raises:
         ValueError: a non-positive size, a memory budget too small for one full-length request, or
             pools that need more memory than is free (``_check_pools_fit``) or cannot be allocated.
@@ -176,6 +177,9 @@ class ModelRunner:
         if cuda_graph_max_bs is None:
             capturable = self.device.type == "cuda" and getattr(self.attn, "supports_cuda_graph", False)
             cuda_graph_max_bs = min(self.max_running_requests, 256) if capturable else 0
+        # a decode batch holds at most max_running_requests rows, so a graph for more is never replayed
+        # (SGLang caps its capture sizes so); cuda_graph_max_bs=10**20 made static tensors of 10**20 rows
+        cuda_graph_max_bs = min(cuda_graph_max_bs, self.max_running_requests)
         if cuda_graph_max_bs > 0:
             from lmnb_engine.cuda_graph_runner import CudaGraphRunner
 

@@ -466,6 +466,34 @@ def test_a_request_table_past_free_memory_names_the_max_running_requests_that_fi
         assert eng.model_info()["max_running_requests"] == 23
 
 
+def test_cuda_graphs_are_captured_up_to_the_running_requests_at_most(tiny_llama, monkeypatch):
+    """cuda_graph_max_bs=10**20 captured a graph of 10**20 rows (its static tensors failed in
+    torch's words); a decode batch holds at most max_running_requests rows, so no larger graph is
+    ever replayed. The runner is a stand-in here (graphs need CUDA): the size it is asked for."""
+    import lmnb_engine.cuda_graph_runner as cuda_graph_runner
+
+    asked = []
+
+    class Recorder:
+        def __init__(self, runner, max_batch_size):
+            asked.append(max_batch_size)
+
+        def capture(self):
+            pass
+
+        def release(self):
+            pass
+
+        def can_run(self, batch):
+            return False
+
+    monkeypatch.setattr(cuda_graph_runner, "CudaGraphRunner", Recorder)
+    for max_bs in (10**20, 3):
+        with Engine(str(tiny_llama), max_total_tokens=64, max_running_requests=4, cuda_graph_max_bs=max_bs):
+            pass
+    assert asked == [4, 3]
+
+
 def test_a_kv_pool_too_small_names_the_engine_arguments_that_fix_it(tiny_llama, monkeypatch):
     """The Python API's load errors name Engine's keyword arguments; the command lines' tests
     (test_magics, test_server_cli, test_export_batch) check their own options for the same errors."""
