@@ -153,6 +153,7 @@ class ModelRunner:
         max_running_requests = min(max_running_requests, max_total_tokens)
         _check_pools_fit(self.device, cfg, max_total_tokens, max_running_requests, asked)
         self.max_total_tokens = max_total_tokens
+        self.sized_from_memory = not asked  # (mem_fraction sized the pool: the option to lower)
         self.max_running_requests = max_running_requests
         # [issue 9] Triton launches on the current device, whatever device the tensors are on: the
         # backend's start-up check and the graph capture run on the model's device (say cuda:1)
@@ -201,12 +202,16 @@ class ModelRunner:
                 self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
             )
         except RuntimeError as e:  # torch.OutOfMemoryError on CUDA; an allocator error on CPU
-            need = self.max_total_tokens * TokenToKVPool.bytes_per_token(
+            # (free memory was weighed before, _check_pools_fit: here another process took it since,
+            # or a GPU's free memory lies in pieces). torch's first line whole: cut at 120 characters,
+            # it ended inside the number of bytes it tried to allocate
+            need = (self.max_total_tokens + 1) * TokenToKVPool.bytes_per_token(
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
             raise option_error(
-                ValueError, f"a KV pool of {self.max_total_tokens} tokens needs {need / 2**30:.1f} GiB on "
-                f"{self.device}, and allocating it failed ({str(e).splitlines()[0][:120]})",
-                ("lower {}", "max_total_tokens", None), ("lower {}", "mem_fraction", None)) from None
+                ValueError, f"a KV pool of {self.max_total_tokens} tokens needs {_bytes(need)} on {self.device}, "
+                f"and allocating it failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                ("lower {}", "mem_fraction" if self.sized_from_memory else "max_total_tokens", None),
+                ("free some memory",)) from None
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()

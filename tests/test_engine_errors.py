@@ -447,6 +447,30 @@ def test_a_kv_pool_past_free_memory_is_refused_with_its_bytes_before_any_allocat
         "max_total_tokens unset to size the pool from free memory")
 
 
+def test_a_kv_pool_that_fits_the_free_memory_but_fails_to_allocate_names_its_option(tiny_llama, monkeypatch):
+    """Memory another process takes between the check and the allocation (or a GPU's in pieces):
+    the allocator's first line was cut at 120 characters, inside the number of bytes it named, and
+    both max_total_tokens and mem_fraction were to be lowered, though only one sized the pool."""
+    import lmnb_engine.model_runner as model_runner
+
+    said = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 8704 bytes. Error code 12 (Cannot allocate memory)")
+
+    def refused(*args, **kwargs):
+        raise RuntimeError(said + "\nException raised from ...")
+
+    monkeypatch.setattr(model_runner, "TokenToKVPool", type("Pool", (), {
+        "__init__": refused, "bytes_per_token": staticmethod(model_runner.TokenToKVPool.bytes_per_token)}))
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), max_total_tokens=16)
+    # (16 tokens and the padding slot, 512 bytes each)
+    assert str(e.value) == (f"a KV pool of 16 tokens needs 8704 bytes (0.0 GiB) on cpu, and allocating it failed "
+                            f"({said}); lower max_total_tokens, or free some memory")
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), mem_fraction=0.001)
+    assert str(e.value).endswith(f"and allocating it failed ({said}); lower mem_fraction, or free some memory")
+
+
 def test_a_request_table_past_free_memory_names_the_max_running_requests_that_fit(tiny_llama, monkeypatch):
     """max_running_requests is capped at max_total_tokens, but each row of the request-to-token
     table takes 4 bytes for every position of the context: 10**7 rows of a 32768-token model's
