@@ -136,6 +136,15 @@ def test_an_openai_timeout_of_parts_is_checked_part_by_part_and_a_tuple_is_refus
         assert str(e.value) == said
 
 
+def test_an_openai_base_url_given_as_an_httpx_url_reaches_the_client():
+    """lmnb.OpenAI's check lets an httpx.URL through, which openai 3's client (on httpx2) refused
+    in its own words ("Expected str or httpx2.URL"), with a finalizer's traceback: it goes as its text."""
+    import httpx
+
+    made = sgl.OpenAI("m", api_key="k", base_url=httpx.URL("http://127.0.0.1:9/v1"))
+    assert str(made.client.base_url) == "http://127.0.0.1:9/v1/"
+
+
 def test_openai_backend_takes_sglangs_positional_order():
     # SGLang: OpenAI(model_name, is_chat_model=None, chat_template=None, is_azure=False, *args, **kwargs)
     # with base_url/api_key going to the openai client as keywords. lmnb had base_url second, so

@@ -146,6 +146,8 @@ class OpenAI(BaseBackend):
         self.key_fix = "; " + key_advice("the api_key given" if api_key else None, key_env,
                                          f"lmnb.OpenAI(..., api_key=KEY), or set ${key_env}")
         api_key = api_key or os.environ.get(key_env) or ("EMPTY" if base_url and not is_azure else None)
+        # (an httpx.URL as its text: openai 3's client, on httpx2, refused httpx's class in its own words)
+        base_url = str(base_url) if isinstance(base_url, httpx.URL) else base_url
         self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
         self._clients: Optional[tuple] = None  # (the openai client, its async twin or None)
         # The clients a backend dropped without shutdown() leaves open: its finalizer closes them
