@@ -112,14 +112,23 @@ class ForkError(ProgramError):
     Attributes:
         errors: ``{branch index: ProgramError}`` of the failed branches.
         states: the ``ProgramStateGroup``; successful branches' variables remain readable there.
+        aborted: indices of the branches that the join aborted, still running, as the others had
+            failed (``ProgramStateGroup.join_or_abort``); none for ``join``, which waits for them.
     """
 
-    def __init__(self, errors: dict, states: "ProgramStateGroup"):
+    def __init__(self, errors: dict, states: "ProgramStateGroup", aborted: tuple = ()):
         # the whole path: a nested fork's branch is "0.1"
         failures = _failures([(getattr(e, "branch", ()) or (i,), e) for i, e in sorted(errors.items())])
-        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {failures}")
+        stopped = ""
+        if aborted:
+            paths = [states[i].stream_executor.branch or (i,) for i in aborted]
+            one = len(aborted) == 1
+            stopped = (f"; the branch{'' if one else 'es'} still running ({_branch_list(paths)}) "
+                       f"{'was' if one else 'were'} aborted")
+        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {failures}{stopped}")
         self.errors = errors
         self.states = states
+        self.aborted = tuple(aborted)
 
 
 class UnjoinedForkError(ProgramError):
@@ -529,6 +538,9 @@ class StreamExecutor:
         # its fork branches no join took, and theirs that were left when their join took them
         # (a join hands a branch's unjoined forks to the state it joins into)
         self._children: list[StreamExecutor] = []
+        # events set each time this state fails or has run all it was given (``watch``): a wait on
+        # several states at once, which one condition variable per state cannot serve
+        self._watchers: list[threading.Event] = []
         # which child of which fork this is, on the way from the root (each element: the child's
         # place among all its parent's fork children), so a second fork of one state gets seeds
         # of its own; ``branch`` repeats (0, 1, ...) for every fork
@@ -595,6 +607,7 @@ class StreamExecutor:
                     self._drainer = None
                     self._version += 1
                     self._cv.notify_all()
+                    self._wake_watchers()
                     break
                 expr, site = self._queue.popleft()
                 failed = self.error_ is not None
@@ -633,6 +646,7 @@ class StreamExecutor:
             if self.error_ is None:
                 self.error_ = err
             self._cancel_pending()
+            self._wake_watchers()
         self._emit("error", error=err)
 
     def _cancel_pending(self) -> None:
@@ -641,6 +655,23 @@ class StreamExecutor:
         self._pending.clear()
         self._version += 1
         self._cv.notify_all()
+
+    def watch(self, event: threading.Event) -> None:
+        """Set ``event`` whenever this state fails (or is aborted) or has run every primitive
+        submitted to it, until ``unwatch``: a waiter clears it, checks the states it watches, and
+        waits on it, so that it wakes at the first change of any of them."""
+        with self._cv:
+            self._watchers.append(event)
+
+    def unwatch(self, event: threading.Event) -> None:
+        """Stop setting ``event`` (given to ``watch``)."""
+        with self._cv:
+            self._watchers.remove(event)
+
+    def _wake_watchers(self) -> None:
+        """(Lock held.) Set the events of ``watch``."""
+        for event in self._watchers:
+            event.set()
 
     def idle(self) -> bool:
         """Whether no primitive is queued or running."""
@@ -946,6 +977,7 @@ class StreamExecutor:
                 self.error_ = aborted = ProgramAborted(ABORTED, self.branch, "", self.text_)
             rids = list(self._inflight)
             self._cancel_pending()
+            self._wake_watchers()
             children = list(self._children)
         for rid in rids:
             self.backend.abort(rid)

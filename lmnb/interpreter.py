@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import BaseBackend
 from lmnb.executor import (
-    _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners, derived_seed,
+    _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
+    derived_seed,
 )
 from lmnb.interrupt import item_ranges, stopped
 from lmnb.ir import (
@@ -271,6 +272,12 @@ class ProgramState:
         return f"ProgramState({self.stream_executor.text_})"
 
 
+def _check_join_mode(mode: str) -> None:
+    """Raise ValueError unless ``mode`` is a mode of ``ProgramStateGroup.join``."""
+    if mode not in ("gather_variable", "concate_and_append"):
+        raise ValueError(f"unknown join mode {shown_value(mode)}; use 'gather_variable' or 'concate_and_append'")
+
+
 class ProgramStateGroup:
     """The branches of ``ProgramState.fork``: index them, add to all of them, ``join`` them."""
 
@@ -328,8 +335,7 @@ class ProgramStateGroup:
                 or a body running on a branch is the caller or waits for it (both would hang).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
         """
-        if mode not in ("gather_variable", "concate_and_append"):
-            raise ValueError(f"unknown join mode {shown_value(mode)}; use 'gather_variable' or 'concate_and_append'")
+        _check_join_mode(mode)
         # a second thread joining this group meanwhile waits, then is refused; but not a body running
         # on a branch (or a thread it waits for): the join holding the lock waits for that body to
         # return, so both would hang; it is refused as join_ready refuses it
@@ -339,6 +345,58 @@ class ProgramStateGroup:
             self._join(mode)
         finally:
             self._join_lock.release()
+
+    def join_or_abort(self, mode: str = "gather_variable") -> None:
+        """``join``, unless a branch fails before all have run what was submitted to them: then
+        the branches still running are aborted at once (their in-flight requests end, their queued
+        primitives are skipped), nothing is merged, and a ``ForkError`` names the branches that
+        had failed by then and, apart, those aborted here (``ForkError.aborted``), which may have
+        failed alike had they run on. A ``%%lm`` cell's ``{join}`` joins so
+        (``lmnb.template``): its program cannot go on past a failed branch, so waiting for the
+        others would only delay the error, as a failed program body aborts the branches it left
+        unjoined (``_run_body``).
+
+        Raises:
+            ForkError: a branch failed, as above.
+            ValueError, RuntimeError: as ``join``.
+        """
+        _check_join_mode(mode)
+        failed = self._first_failures()
+        if not failed:
+            self.join(mode)
+            return
+        aborted = []
+        for i, st in enumerate(self.states):
+            if i in failed:
+                continue
+            st.abort()  # (a finished branch is left as it is)
+            ex = st.stream_executor
+            if isinstance(ex.error_, ProgramAborted):
+                aborted.append(i)
+            elif ex.error_ is not None:  # it failed on its own before the abort reached it
+                failed[i] = ex.read_error()
+        raise ForkError(failed, self, tuple(aborted))
+
+    def _first_failures(self) -> dict[int, ProgramError]:
+        """Wait until every branch has run what was submitted to it, or until one has failed;
+        ``{branch index: error}`` of those failed then (each counted as told, ``read_error``),
+        empty where none failed."""
+        exes = [st.stream_executor for st in self.states]
+        if any(ex._drainer == threading.get_ident() for ex in exes):
+            return {}  # (an lmnb.observe callback on a branch's worker: join refuses to wait for itself)
+        wake = threading.Event()
+        for ex in exes:
+            ex.watch(wake)
+        try:
+            while True:
+                wake.clear()  # (before looking: a change from here on sets it again)
+                failed = {i: ex.read_error() for i, ex in enumerate(exes) if ex.error_ is not None}
+                if failed or all(ex.idle() for ex in exes):
+                    return failed
+                wake.wait()
+        finally:
+            for ex in exes:
+                ex.unwatch(wake)
 
     def _refuse_to_wait_for_bodies(self) -> None:
         """Raise if a program body running on a branch is the caller or waits for it."""

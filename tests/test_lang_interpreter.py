@@ -4197,6 +4197,35 @@ def test_reading_a_state_in_an_observe_callback_on_its_own_worker_thread_raises_
                           "event's fields, or read the state on another thread"]
 
 
+@pytest.mark.timeout(30)  # (it hung)
+def test_join_or_abort_in_an_observe_callback_on_a_branchs_worker_raises_instead_of_hanging():
+    # join_or_abort waited for the branch whose worker runs the callback, which could never end
+    be = ScriptedBackend(lambda p, params: "ok")
+    holder, seen, first = [], [], threading.Lock()
+
+    def on_event(e):
+        if e.kind == "var" and e.name == "x" and first.acquire(blocking=False):  # (the first branch's gen)
+            try:
+                holder[0].join_or_abort()
+            except RuntimeError as err:
+                seen.append(str(err))
+
+    @sgl.function
+    def prog(s):
+        forks = s.fork(2)
+        holder.append(forks)
+        for f in forks:
+            f += sgl.gen("x")
+        forks.join()
+
+    with sgl.observe(on_event):
+        st = prog.run(backend=be)
+    assert st["x"] == ["ok", "ok"]
+    assert seen == ["this program state was read (text(), s[name], sync(), ...) on the thread that runs its "
+                    "primitives, from an lmnb.observe callback: it would wait for itself forever; use the "
+                    "event's fields, or read the state on another thread"]
+
+
 def test_reading_a_var_scope_inside_its_open_block_says_the_block_has_not_ended():
     """It said "no variable 'v' in this program state; it has []", as for a misspelt name."""
     be = ScriptedBackend(lambda p, params: "ok")

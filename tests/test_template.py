@@ -8,6 +8,7 @@ the template emits (face 2) — run on a recording state; their lmnb calls must 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 
 import numpy as np
@@ -67,6 +68,9 @@ class Group(list):
 
     def join(self, mode="gather_variable"):
         self.parent.log.append((self.parent.path, "join", mode))
+
+    def join_or_abort(self, mode="gather_variable"):  # face 1's {join}: the same join where no branch fails
+        self.join(mode)
 
 
 def record(func, **kwargs):
@@ -1865,6 +1869,55 @@ def test_a_failure_after_a_fork_or_in_a_fork_n_names_no_branch(cell):
     with pytest.raises(TemplateRuntimeError) as e:
         record(t.program().func, **t.bind({"items": [1, 2]}))
     assert e.value.message == "{1/0} failed: ZeroDivisionError: division by zero"
+
+
+def _one_branch_fails():
+    """A scripted backend whose request of the fork branch with the prompt ending "b1" raises once
+    the requests of all 3 branches are in the backend; the other two then wait (up to 20 s) to be
+    aborted. Its ``rids``: each branch's request id, by its prompt's end."""
+    from helpers_lang import ScriptedBackend
+
+    class Backend(ScriptedBackend):
+        def __init__(self):
+            super().__init__(delay=20)
+            self.in_flight = threading.Barrier(3, timeout=20)
+            self.rids = {}
+
+        def _enter(self, prompt, rid):
+            self.rids[prompt.text[-2:]] = rid
+            self.in_flight.wait()
+            if prompt.text.endswith("b1"):
+                raise RuntimeError("the model exploded")
+
+        def generate(self, prompt, params, rid):
+            self._enter(prompt, rid)
+            return super().generate(prompt, params, rid)
+
+        def generate_stream(self, prompt, params, rid):
+            self._enter(prompt, rid)
+            yield from super().generate_stream(prompt, params, rid)
+
+    return Backend()
+
+
+@pytest.mark.parametrize("stream", [False, True])  # (the kernel runs a cell streamed)
+def test_a_failed_fork_branch_is_told_at_once_and_the_branches_still_running_are_aborted(stream):
+    # {join} waited for every branch, so a branch that failed at once was told only when its slow
+    # siblings had generated to their end, which the failed cell then threw away.
+    from lmnb.executor import ForkError
+
+    t = parse('Q:{fork b in ["b0", "b1", "b2"]}{b}{gen x max_tokens=5}{join}')
+    backend = _one_branch_fails()
+    if stream:
+        error = t.program().run(stream=True, backend=backend).error()
+    else:
+        with pytest.raises(ForkError) as e:
+            t.program().run(backend=backend)
+        error = e.value
+    assert str(error) == ("1 of 3 fork branches failed: branch 1: Gen('x') failed: RuntimeError: the model exploded; "
+                          "the branches still running (0, 2) were aborted")
+    assert list(error.errors) == [1] and error.aborted == (0, 2)
+    assert set(backend.aborted) == {backend.rids["b0"], backend.rids["b2"]}
 
 
 def test_walk_yields_every_node_of_a_cell_roles_and_forks_bodies_too_in_cell_order():

@@ -166,10 +166,11 @@ class _Run:
                 except (TypeError, ValueError) as e:
                     raise self.error(f"fork target: {e}", node.items.offset) from e
                 self.in_branch(i, f"{_target_source(node.target)}={_short_repr(item)}", f, node.body, inner)
+        # (a failed branch ends the wait and aborts the others: nothing can join them now)
         if node.join == "gather_variable":
-            forks.join()
+            forks.join_or_abort()
         else:
-            forks.join(node.join)
+            forks.join_or_abort(node.join)
 
     def in_branch(self, index: int, item: str | None, s, body, local) -> None:
         """Run ``body`` on branch ``s`` (number ``index``, bound to ``item``), named in its errors."""
