@@ -1900,19 +1900,24 @@ def _one_branch_fails():
     return Backend()
 
 
-@pytest.mark.parametrize("stream", [False, True])  # (the kernel runs a cell streamed)
-def test_a_failed_fork_branch_is_told_at_once_and_the_branches_still_running_are_aborted(stream):
+@pytest.mark.parametrize("how", ["run", "stream", "export"])  # (the kernel runs a cell streamed)
+def test_a_failed_fork_branch_is_told_at_once_and_the_branches_still_running_are_aborted(how):
     # {join} waited for every branch, so a branch that failed at once was told only when its slow
     # siblings had generated to their end, which the failed cell then threw away.
     from lmnb.executor import ForkError
 
     t = parse('Q:{fork b in ["b0", "b1", "b2"]}{b}{gen x max_tokens=5}{join}')
+    program = t.program()
+    if how == "export":  # the exported program joins as the cell does
+        ns = {"lmnb": lmnb}
+        exec(t.to_python("cell"), ns)
+        program = ns["cell"]
     backend = _one_branch_fails()
-    if stream:
-        error = t.program().run(stream=True, backend=backend).error()
+    if how == "stream":
+        error = program.run(stream=True, backend=backend).error()
     else:
         with pytest.raises(ForkError) as e:
-            t.program().run(backend=backend)
+            program.run(backend=backend)
         error = e.value
     assert str(error) == ("1 of 3 fork branches failed: branch 1: Gen('x') failed: RuntimeError: the model exploded; "
                           "the branches still running (0, 2) were aborted")

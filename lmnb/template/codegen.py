@@ -140,7 +140,7 @@ class _Writer:
         if len(self.lines) == before:
             self.emit(indent + 1, "pass")
         mode = "" if node.join == "gather_variable" else _literal(node.join)
-        self.emit(indent, f"{forks}.join({mode})")
+        self.emit(indent, f"{forks}.join_or_abort({mode})")  # (as the cell joins: a failed branch aborts the rest)
 
     @staticmethod
     def braced(code: str, source: str) -> str:
