@@ -512,6 +512,9 @@ def test_completion_on_a_new_line_of_an_open_hole_replaces_nothing_above_it(code
     ('%%lm\n{gen x stop="a\n\n', "invalid"),  # (a one-line string ends at its line, in Python too)
     ("%%lm\n{gen x stop=“a", "invalid"),  # (an open curly quote too: it was "incomplete")
     ("%%lm\n{gen x stop=“a”", "incomplete"),  # (closed on its line: the hole alone is open)
+    ("%%lm\n{gen x stop=“{”}\n\n", "invalid"),  # (its brace is the string's: it was "incomplete")
+    ("%%lm\n{gen x stop=“}”\n\n", "incomplete"),  # (the hole is still open after it)
+    ('%%lm\n{gen x stop="{"}\n\n', "complete"),
     ("%%lm --python\n{gen x\n\n", "complete"),  # a Python body: IPython's (a blank line ends it)
 ])
 def test_is_complete_of_an_lm_cell_waits_for_open_holes_and_blocks(kernel, code, status):

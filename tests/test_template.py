@@ -114,6 +114,23 @@ def test_text_interpolation_and_gen_with_braces_in_regex():
     assert t.arguments == ("item",) and t.captures == ("score",)
 
 
+@pytest.mark.parametrize("cell, gen", [
+    ('{gen x stop="}"}', lambda: lmnb.gen("x", stop="}")),
+    ("{gen x stop='{' max_tokens=2}", lambda: lmnb.gen("x", stop="{", max_tokens=2)),
+    ('{gen x stop="\\"}" max_tokens=2}', lambda: lmnb.gen("x", stop='"}', max_tokens=2)),  # (an escaped quote)
+    ("{gen x stop='''}\n{'''}", lambda: lmnb.gen("x", stop="}\n{")),
+    ('{select x choices=["a}", "{b", "c\\"}"]}', lambda: lmnb.select("x", choices=["a}", "{b", 'c"}'])),
+])
+def test_braces_and_escaped_quotes_in_a_holes_strings_are_the_strings(cell, gen):
+    @lmnb.function
+    def ref(s):
+        s += "<"
+        s += gen()
+        s += ">"
+
+    check("<" + cell + ">", ref)
+
+
 def test_a_gen_with_regex_none_is_a_gen_with_no_regex_as_in_gen():
     """regex=None is gen()'s default (no constraint); the cell refused the literal: "regex must be a
     string, got NoneType"."""
@@ -1170,6 +1187,13 @@ CURLY = "Python's strings take straight quotes (\" and '), not curly ones (“ �
     # what a curly-quoted string holds is not the cell's syntax (it was "gen has no option 'x'")
     ("{gen x stop=“Answer: x=1”}", 13, "“' (U+201C)", CURLY + ': {gen x stop="Answer: x=1"}'),
     ("{“x!r”}", 2, "“' (U+201C)", CURLY + ': {"x!r"}'),
+    # a brace inside one is the string's, not the hole's end or start (it was "single '}' outside a
+    # hole", "'{' opens a hole that is never closed", "'}' does not match '['")
+    ("{gen x stop=“}”}", 13, "“' (U+201C)", CURLY + ': {gen x stop="}"}'),
+    ("{gen x stop=‘}’ max_tokens=2}", 13, "‘' (U+2018)", CURLY + ": {gen x stop='}' max_tokens=2}"),
+    ("{gen x stop=“{”}", 13, "“' (U+201C)", CURLY + ': {gen x stop="{"}'),
+    ("{select x choices=[“a}”, “{b”]}", 20, "“' (U+201C)", CURLY + ': {select x choices=["a}", "{b"]}'),
+    ('{gen x stop=“a\\”}”}', 13, "“' (U+201C)", CURLY + ': {gen x stop="a\\”}"}'),  # (an escaped quote: the string's)
 ])
 def test_curly_quotes_in_a_hole_get_the_hole_with_straight_quotes(cell, col, char, hint):
     """A string pasted with curly quotes ({gen x stop=“\\n”}) got Python's "invalid character '“'

@@ -2,7 +2,8 @@
 
 Follows Python's ``str.format`` conventions for braces: ``{{`` and ``}}`` are literal braces, a lone
 ``}`` is an error. Inside a hole the text is Python, so quotes open string literals (whose braces do
-not count) and brackets nest: ``{gen n regex=r"\\d{3}"}`` is one hole.
+not count) and brackets nest: ``{gen n regex=r"\\d{3}"}`` is one hole. So do curly quotes (“}”, closed
+on their line), which Python refuses: the parser then offers the hole with straight ones.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> 
         if c in "'\"":
             j = string_end(source, j, first_line, indent)
             continue
+        # a string pasted with curly quotes, which the parser refuses with the hole written straight:
+        # its braces are the string's, as a straight-quoted string's are ({gen x stop=“}”} is one hole)
+        curly = _curly_end(source, j) if c in CURLY_QUOTES else None
+        if curly is not None:
+            j = curly
+            continue
         if c in _OPEN:
             stack.append((c, j))
         elif c in _CLOSE:
@@ -98,8 +105,8 @@ def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> 
 
 def _open_curly_quote(source: str, start: int) -> int | None:
     """The offset of the first curly quote in ``source`` from ``start`` on, outside straight-quoted
-    strings, that no curly quote of its kind closes on its line (as ``top_level`` pairs them); None
-    where there is none."""
+    strings, that no curly quote of its kind closes on its line (``_curly_end``); None where there
+    is none."""
     j = start
     while j < len(source):
         c = source[j]
@@ -110,11 +117,27 @@ def _open_curly_quote(source: str, start: int) -> int | None:
                 return None
             continue
         if c in CURLY_QUOTES:
-            end = next((k for k in range(j + 1, len(source)) if source[k] == "\n"
-                        or CURLY_QUOTES.get(source[k]) == CURLY_QUOTES[c]), len(source))
-            if end == len(source) or source[end] == "\n":
+            end = _curly_end(source, j)
+            if end is None:
                 return j
             j = end
+            continue
+        j += 1
+    return None
+
+
+def _curly_end(source: str, start: int) -> int | None:
+    """Index one past the curly quote that closes the string a curly quote opens at ``start``: the
+    next of its kind (“ or ” for “, ‘ or ’ for ‘) on its line, a backslash escaping the character
+    after it, as ``errors.straightened`` reads such a string; None where its line has none."""
+    kind = CURLY_QUOTES[source[start]]
+    j = start + 1
+    while j < len(source) and source[j] != "\n":
+        if source[j] == "\\":
+            j += 2
+            continue
+        if CURLY_QUOTES.get(source[j]) == kind:
+            return j + 1
         j += 1
     return None
 
@@ -162,9 +185,9 @@ def top_level(text: str):
                 return
             continue
         if c in CURLY_QUOTES:
-            end = next((k for k in range(j + 1, len(text)) if CURLY_QUOTES.get(text[k]) == CURLY_QUOTES[c]), None)
+            end = _curly_end(text, j)  # (as hole_end reads it)
             if end is not None:
-                j = end + 1
+                j = end
                 continue
         if c in _OPEN:
             depth += 1
