@@ -682,7 +682,8 @@ def run_program_batch(
             with ThreadPoolExecutor(num_threads) as pool:
                 futures = []
                 try:
-                    futures = [pool.submit(one, i, kw) for i, kw in enumerate(batch_kwargs)]
+                    for i, kw in enumerate(batch_kwargs):  # (one by one: a Ctrl-C among the submits keeps those made)
+                        futures.append(pool.submit(one, i, kw))
                     for f in futures:
                         yield f.result()
                         yielded += 1

@@ -3744,6 +3744,53 @@ def test_ctrl_c_in_run_batch_says_which_items_finished_and_ends_at_the_users_cal
 
 
 @pytest.mark.timeout(60)
+def test_ctrl_c_while_run_batch_submits_its_items_still_says_which_had_finished(monkeypatch):
+    """The items were submitted in one list comprehension, so a Ctrl-C that landed before the last
+    submit left the list of submitted items empty: items 0 and 1 had finished, and the message said
+    "no item had finished (0 of 5)". One thread: items 0 and 1 finish, item 2's request waits until
+    aborted, and the Ctrl-C lands in the submit of item 4 (raised there, where a signal would be)."""
+    import lmnb.interpreter
+
+    class Held(ScriptedBackend):  # item 2's request runs until aborted; the others reply at once
+        def _wait(self, rid):
+            return super()._wait(rid) if rid in self.held else False
+
+        def generate(self, prompt, params, rid):
+            if prompt.text.endswith("2: "):
+                self.held.add(rid)
+            return super().generate(prompt, params, rid)
+
+    be = Held(lambda p, params: "done", delay=30)
+    be.held = set()
+
+    class CtrlCAtTheFifthSubmit(ThreadPoolExecutor):
+        submits = 0
+
+        def submit(self, *args, **kwargs):
+            CtrlCAtTheFifthSubmit.submits += 1
+            if CtrlCAtTheFifthSubmit.submits == 5:
+                deadline = time.monotonic() + 30
+                while not be.held and time.monotonic() < deadline:  # (items 0 and 1 have finished)
+                    time.sleep(0.01)
+                raise KeyboardInterrupt
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(lmnb.interpreter, "ThreadPoolExecutor", CtrlCAtTheFifthSubmit)
+
+    @sgl.function
+    def prog(s, n):
+        s += f"{n}: " + sgl.gen("a")
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        prog.run_batch([(i,) for i in range(5)], num_threads=1, backend=be)
+    assert str(caught.value) == (
+        "run_batch was stopped: items 0-1 had finished (2 of 5); the requests of the other 3 were aborted or never "
+        "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
+        "hands on each state as it comes)")
+    assert len(be.aborted) == 1 and len([c for c in be.calls if c[0] == "generate"]) == 3
+
+
+@pytest.mark.timeout(60)
 def test_ctrl_c_in_text_iter_says_the_requests_were_aborted_and_ends_at_the_users_call(monkeypatch):
     """Ctrl-C while iterating a streamed state's text_iter raised Python's bare KeyboardInterrupt
     from lmnb's and threading's frames; it now says the requests were aborted and where the text
