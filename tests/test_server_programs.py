@@ -202,12 +202,17 @@ def test_every_streamed_chunk_of_generate_carries_the_prompt_counts_as_sglangs_d
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
-def test_a_streamed_batch_interleaves_its_prompts_as_they_generate(backends, path):
+def test_a_streamed_batch_interleaves_its_prompts_as_they_generate(backends, engines, path, monkeypatch):
     """SGLang streams a batch's prompts as they generate, each chunk with its index; lmnb streamed
-    them one after another, the second's first text only once the first had finished."""
+    them one after another, the second's first text only once the first had finished. The engine
+    starts the streamed batch once its three prompts are queued: on a loaded machine the first
+    one's 24 tokens could come before the route had submitted the second."""
+    import threading
+
     import httpx
 
     _, _, url = backends
+    remote = engines[1]
     prompts = ["The river", "Once upon a time", "A fox and a"]
     if path == "/generate":
         body = {"text": prompts, "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
@@ -216,6 +221,17 @@ def test_a_streamed_batch_interleaves_its_prompts_as_they_generate(backends, pat
     whole = httpx.post(url + path, json=body, timeout=60).json()
     if path != "/generate":
         body["stream_options"] = {"include_usage": True}
+    queued, submitted, submit = threading.Event(), [], remote.submit
+
+    def submit_noted(*args, **kwargs):
+        handle = submit(*args, **kwargs)
+        submitted.append(handle)
+        if len(submitted) == len(prompts):
+            queued.set()
+        return handle
+
+    monkeypatch.setattr(remote, "submit", submit_noted)
+    remote.scheduler.call(lambda: queued.wait(60))  # (the loop waits between steps until then)
     with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=60) as r:
         chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and line != "data: [DONE]"]
     if path == "/generate":
