@@ -99,9 +99,10 @@ class LateServer:
                 self.registered.wait(10)  # (released: the request registers at once)
             if self.registered.is_set() and self.honour_aborts:
                 self.aborted.set()
-            send(h, 200, json.dumps({"success": self.registered.is_set()}).encode())
-            if self.release_at_first_abort:
+            answer = json.dumps({"success": self.registered.is_set()}).encode()
+            if self.release_at_first_abort:  # (before the answer: a post after it finds the request released)
                 self.release.set()
+            send(h, 200, answer)
             return
         self.received.set()
         self.release.wait(10)
