@@ -3952,6 +3952,64 @@ def test_a_compile_child_dies_with_its_parent(tmp_path):
         time.sleep(0.1)
 
 
+# The test's own process, as a subreaper (as systemd --user is for a desktop session's programs):
+# it starts argv[1], reads the pid of the compile child that one prints, kills it and reaps it,
+# prints the child's pid and waits to be killed. The orphaned child then belongs to this process.
+_SUBREAPER = """
+import ctypes, os, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+parent = subprocess.Popen([sys.executable, sys.argv[1]], stdout=subprocess.PIPE, text=True)
+child = parent.stdout.readline()
+os.kill(parent.pid, signal.SIGKILL)
+parent.wait()
+print(child, end="", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_compile_child_whose_parent_died_before_it_started_under_a_subreaper_does_not_build(tmp_path):
+    """The child took a parent id of 1 for an orphan, the one case its parent-death signal, armed
+    as it starts, comes too late for; under a subreaper (systemd --user, ``tini -s``) an orphan's
+    parent is the subreaper, and such a child built on, up to its CPU limit of the compile's time
+    limit plus 10 s. The child is started here only once its parent is gone (a shell waits for
+    that, then runs it), with the request already in its pipe."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, subprocess, threading, time\n"
+        "from outlines_core import Vocabulary\n"
+        "from lmnb_engine.constrained import index_process\n"
+        "real = subprocess.Popen\n"
+        "def started_once_this_process_is_gone(argv, **kwargs):\n"
+        "    wait = 'while kill -0 \"$0\" 2>/dev/null; do sleep 0.01; done; exec \"$@\"'\n"
+        "    return real(['sh', '-c', wait, str(os.getpid()), *argv], **kwargs)\n"
+        "index_process.subprocess.Popen = started_once_this_process_is_gone\n"
+        "v = Vocabulary(3, {b'a': [0], b'b': [1], b'c': [2]})\n"
+        "threading.Thread(target=index_process.build_index, args=('a[a-c]{40}', v, 300), daemon=True).start()\n"
+        "while not index_process._ALL.procs: time.sleep(0.01)\n"
+        "proc = next(iter(index_process._ALL.procs))\n"
+        "while not proc.stdin.closed: time.sleep(0.01)  # (the request is written: it waits in the pipe)\n"
+        "print(proc.pid, flush=True)\n"
+        "time.sleep(300)\n")
+    reaper = subprocess.Popen([sys.executable, "-c", _SUBREAPER, str(script)], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(reaper.stdout.readline())
+        deadline = time.monotonic() + 30
+        while _running(child):
+            assert time.monotonic() < deadline, "the orphaned compile kept running under the subreaper"
+            time.sleep(0.1)
+    finally:
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)
+        reaper.kill()
+        reaper.wait(10)
+
+
 def test_without_a_usable_interpreter_the_index_is_built_here_and_a_crash_is_not_cached(tokenizer, monkeypatch):
     import sys
 

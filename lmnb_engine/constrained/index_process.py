@@ -91,7 +91,7 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
         IndexBuildError: the build ran out of time or memory, or the child died or was killed.
     """
     env = dict(os.environ, PYTHONSAFEPATH="1")  # the script's folder must not shadow stdlib names
-    argv = [sys.executable or "", os.path.abspath(__file__), str(memory_bytes or 0), str(timeout_s or 0)]
+    argv = [sys.executable or "", os.path.abspath(__file__), str(memory_bytes or 0), str(timeout_s or 0), str(os.getpid())]
     groups = [_ALL] + ([owner] if owner is not None else [])
     if any(g.stopped for g in groups):
         raise IndexBuildError("stopped")
@@ -142,16 +142,18 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
     raise IndexBuildError("crash", f"{how}; {tail}" if tail else how)
 
 
-def _die_with_parent(timeout_s: float) -> None:
-    """An orphaned child must not build on alone: SIGKILL when the parent dies (Linux), and a
-    CPU-time limit a little above the parent's timeout (everywhere with RLIMIT_CPU)."""
+def _die_with_parent(timeout_s: float, parent: int) -> None:
+    """An orphaned child must not build on alone: SIGKILL when the parent (pid ``parent``) dies
+    (Linux), and a CPU-time limit a little above the parent's timeout (everywhere with RLIMIT_CPU)."""
     try:
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError, TypeError):
         pass  # not Linux
-    if os.getppid() == 1:  # the parent died before the signal was armed
+    # the parent died before the signal was armed: the orphan's parent is now init, or a subreaper
+    # (systemd --user, tini -s), whose pid is not 1
+    if os.getppid() != parent:
         os._exit(1)
     if timeout_s:
         try:
@@ -165,8 +167,8 @@ def _die_with_parent(timeout_s: float) -> None:
 
 def _main() -> None:
     """The child: limit itself, read the request, write the index or the library's message."""
-    limit, timeout_s = int(sys.argv[1]), float(sys.argv[2])
-    _die_with_parent(timeout_s)
+    limit, timeout_s, parent = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    _die_with_parent(timeout_s, parent)
     if limit:
         try:
             import resource
