@@ -107,11 +107,22 @@ def is_json(value) -> bool:
     return value is not None
 
 
+# (a row of "Question i?" from the number in the file $ROWS_HELD_FROM names on waits while it names
+# one no greater: the run is stopped with rows running, however fast this machine runs the rest)
 SLOW = notebook(
     'question = "What is blue?"',
     "%%lm --temperature 0\nQ: {question}\nA:{gen answer max_tokens=6}",
-    "import time\ntime.sleep(0.1)  # a per-row step slow enough to be killed in the middle",
+    "import os, time\nfrom pathlib import Path\ntime.sleep(0.1)  # a per-row step slow enough to be killed in the middle\n"
+    "held = Path(os.environ.get('ROWS_HELD_FROM', '/nonexistent'))\n"
+    "while held.exists() and question.startswith('Question ') and int(question[9:-1]) >= int(held.read_text()):\n"
+    "    time.sleep(0.01)",
 )
+
+
+def hold_rows_from(path, first: int) -> None:
+    """Make the rows from ``first`` on wait (``SLOW``): ``path`` (``$ROWS_HELD_FROM``) replaced at once."""
+    path.with_suffix(".new").write_text(str(first))
+    path.with_suffix(".new").replace(path)
 
 
 def start_and_wait_for_lines(script, rows, out, env, lines: int) -> subprocess.Popen:
@@ -133,17 +144,24 @@ def test_ctrl_c_then_sigkill_mid_run_then_rerun_writes_every_row_exactly_once(ti
     code, err, _ = run_script(script, "--input", rows, "--output", tmp_path / "full.jsonl", "--num-threads", 2,
                               "--no-progress", model=tiny_llama)
     assert code == 0, err
-    out, env = tmp_path / "out.jsonl", script_env(tiny_llama)
+    out, held = tmp_path / "out.jsonl", tmp_path / "held"
+    env = {**script_env(tiny_llama), "ROWS_HELD_FROM": str(held)}
 
     # Ctrl-C: the rows already running finish and are written, then the run stops
+    hold_rows_from(held, 3)
     proc = start_and_wait_for_lines(script, rows, out, env, 3)
     proc.send_signal(signal.SIGINT)
+    said = [proc.stderr.readline()]
+    while said[-1] and "lmnb batch: stopping" not in said[-1]:  # (the Ctrl-C is counted: no row starts now)
+        said.append(proc.stderr.readline())
+    hold_rows_from(held, n)  # the rows running go on
     assert proc.wait(60) == 130
-    assert "stopped early" in proc.stderr.read()
+    assert "stopped early" in "".join(said) + proc.stderr.read()
     after_ctrl_c = out.read_bytes()
     assert after_ctrl_c.endswith(b"\n") and 3 <= after_ctrl_c.count(b"\n") < n
 
     # SIGKILL: no chance to finish anything; as if it had cut the line it was writing
+    hold_rows_from(held, after_ctrl_c.count(b"\n") + 3)
     proc = start_and_wait_for_lines(script, rows, out, env, after_ctrl_c.count(b"\n") + 3)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
