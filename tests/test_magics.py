@@ -218,10 +218,12 @@ def test_a_gen_the_engine_refuses_in_fork_branches_points_at_its_hole(ip):
         assert out.stdout.rstrip().endswith(f"    {line}\n       ^"), out.stdout
         if branches:
             assert re.search(branches, out.stdout), out.stdout
-    # branch 1's first gen (400 tokens) still runs when branch 0's is refused: it is aborted, so its
-    # second gen, which the engine would refuse at another hole, never runs; the failed hole is told
-    failed, out = run(ip, f"%%lm --static\nHi\n{{fork n in [{over}, 400]}}\n{{gen a max_tokens=n ignore_eos=True}}"
-                          f"{{gen b max_tokens={over + 400} - n}}\n{{join}}")
+    # branch 1's first gen (4000 tokens, seconds of decoding: far more than the refusal of branch 0
+    # takes to reach the join, even on a loaded machine) still runs when branch 0's is refused: it is
+    # aborted, so its second gen, which the engine would refuse at another hole, never runs; the
+    # failed hole is told
+    failed, out = run(ip, f"%%lm --static\nHi\n{{fork n in [{over}, 4000]}}\n{{gen a max_tokens=n ignore_eos=True}}"
+                          f"{{gen b max_tokens={over + 4000} - n}}\n{{join}}")
     assert not failed.success
     assert ("CellError\x1b[0m: line 4, col 1: 1 of 2 fork branches failed: branch 0: Gen('a') failed: "
             in out.stdout), out.stdout
