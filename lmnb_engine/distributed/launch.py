@@ -84,6 +84,7 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwar
         stage = "join the process group"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                                 timeout=COLLECTIVE_TIMEOUT)
+        dist.barrier()  # (rank 0's side of the group is up too: see start_tensor_parallel)
         stage = "build its shard"
         runner = TensorParallelRunner(loaded, TPGroup(rank, size), **runner_kwargs)
         stage = "run a forward"
@@ -323,6 +324,10 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
             _uncount_failed_group()
             raise
         try:
+            # every rank has finished joining before any builds its shard: a worker that refused its
+            # settings at once left while rank 0 was still connecting to it, and rank 0 was told
+            # gloo's "Connection closed by peer" instead of the refusal (once in a loaded full run)
+            dist.barrier()
             group.runner = TensorParallelRunner(loaded, TPGroup(0, tp_size), **runner_kwargs)
             group.runner.check_peers = group.check_alive
         except Exception as exc:
