@@ -398,6 +398,9 @@ class SglFunction:
             ValueError: ``max_new_tokens`` below 0.
             RuntimeError: with ``stream=True``, no thread could be started for the body (a
                 continued ``state`` is left as it was, usable).
+            KeyboardInterrupt: Ctrl-C (a notebook's stop button) while it ran: its requests were
+                aborted first, and the message says so and where the text went (a continued
+                ``state`` keeps it in ``state.error().partial_text``).
         """
         __tracebackhide__ = True  # see lmnb.interpreter._run_body
         from lmnb.executor import max_tokens_option

@@ -533,6 +533,8 @@ class StreamExecutor:
         self._pending: collections.Counter = collections.Counter()  # var name -> writes queued
         self._version = 0  # bumped on every text/variable change (streaming readers wait on it)
         self._inflight: set[str] = set()
+        # (in-flight requests sent their abort already: Ctrl-C's abort, then run()'s, sends one, not two)
+        self._abort_sent: set[str] = set()
         self._lost: set[str] = set()  # variables whose pending write was cancelled by an error
         self._scopes: dict[str, int] = {}
         # its fork branches no join took, and theirs that were left when their join took them
@@ -975,7 +977,8 @@ class StreamExecutor:
             if self.error_ is None:
                 # (reads of the state raise this error: say where what it wrote went)
                 self.error_ = aborted = ProgramAborted(ABORTED, self.branch, "", self.text_)
-            rids = list(self._inflight)
+            rids = [r for r in self._inflight if r not in self._abort_sent]
+            self._abort_sent.update(rids)
             self._cancel_pending()
             self._wake_watchers()
             children = list(self._children)
@@ -1051,6 +1054,7 @@ class StreamExecutor:
         finally:
             with self._cv:
                 self._inflight.discard(rid)
+                self._abort_sent.discard(rid)
 
     def _execute(self, expr: Expr) -> None:
         if isinstance(expr, ConstantText):

@@ -535,15 +535,29 @@ def run_program(
     """
     __tracebackhide__ = True  # see _run_body
     listeners = _listeners.get() if listeners is None else listeners
-    if state is not None:
+    continued = state is not None
+    if continued:
         state.stream_executor.reopen(default_params, stream, listeners)
-        return _start(state, program, args, kwargs, stream, raise_errors)
-    state = _new_state(program, backend, kwargs, default_params, stream, use_thread, listeners)
+    else:
+        state = _new_state(program, backend, kwargs, default_params, stream, use_thread, listeners)
     try:
         return _start(state, program, args, kwargs, stream, raise_errors)
+    except KeyboardInterrupt:  # (also one that a read of the state in the body worded: this run is what stopped)
+        state.abort()
+        raise _run_stopped(continued) from None
     except BaseException:
-        state.abort()  # the caller gets the body's exception, not the state: nothing still running can be read
+        if not continued:
+            state.abort()  # the caller gets the body's exception, not the state: nothing still running can be read
         raise
+
+
+def _run_stopped(continued: bool) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` of a ``run()`` stopped by Ctrl-C, once its state is aborted;
+    ``continued``: the run continued the caller's state (``run(state=...)``), which keeps the text."""
+    kept = ("the state's text up to the stop is in state.error().partial_text" if continued else
+            "it returned no state (run(stream=True) returns the state at once, and a stopped one keeps its text "
+            "in state.error().partial_text)")
+    return stopped(f"run was stopped: its requests were aborted and the backend is free for the next call; {kept}")
 
 
 def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool, raise_errors: bool) -> ProgramState:

@@ -3825,6 +3825,49 @@ def test_ctrl_c_in_text_iter_says_the_requests_were_aborted_and_ends_at_the_user
     assert len(be.aborted) == 1
 
 
+_RUN_STOPPED = "run was stopped: its requests were aborted and the backend is free for the next call; "
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["the end of the body", "a read in the body", "a continued state"])
+def test_ctrl_c_in_run_says_its_requests_were_aborted_and_ends_at_the_users_call(where):
+    """Ctrl-C during a plain run() raised Python's bare KeyboardInterrupt from lmnb's and threading's
+    frames (the wait for the body's last gen), or, landing in a read in the body (s["a"]), said the
+    text was in state.error().partial_text, of a state run() never returned. Now it says the request
+    was aborted and where the text is, and IPython shows the caller's frames only. The gen's request
+    sends the SIGINT once the main thread waits in lmnb (at the body's end, or in its s["a"])."""
+    import signal
+
+    be = InterruptingBackend("Q: ", ready=_main_thread_waits_in_lmnb)
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        if where == "a read in the body":
+            s["a"]
+
+    @sgl.function
+    def greeting(s):
+        s += "Hi. "
+
+    st = greeting.run(backend=be) if where == "a continued state" else None
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            prog.run(backend=be, state=st)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    kept = ("the state's text up to the stop is in state.error().partial_text" if st is not None else
+            "it returned no state (run(stream=True) returns the state at once, and a stopped one keeps its text "
+            "in state.error().partial_text)")
+    assert str(caught.value) == _RUN_STOPPED + kept
+    assert caught.value.__suppress_context__
+    assert _user_frames(caught.value) == ["test_ctrl_c_in_run_says_its_requests_were_aborted_and_ends_at_the_users_call"]
+    assert be.aborted == sorted(be._marked) and len(be.aborted) == 1  # the gen's request, once
+    if st is not None:
+        assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Hi. Q: "
+
+
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
     # tracing ran the nested program for real: a model call with the placeholder arguments, and its
     # output ("ans") taken into the prefix every item was to share
