@@ -34,6 +34,7 @@ from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, reworded
 from lmnb.backend.media import check_source
 from lmnb.chat_template import ChatTemplate
+from lmnb.interrupt import held_interrupts
 from lmnb.user_site import running_for, user_site
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -968,7 +969,12 @@ class StreamExecutor:
     def abort(self) -> None:
         """Stop this state: in-flight requests are aborted, queued primitives skipped. A finished
         state is left as it is, its text readable (an abort of a finished request does nothing
-        in SGLang either)."""
+        in SGLang either). A second Ctrl-C meanwhile waits until every request was sent its abort
+        (``held_interrupts``)."""
+        with held_interrupts():
+            self._abort()
+
+    def _abort(self) -> None:
         if self._finished():
             return
         aborted = None
@@ -985,7 +991,7 @@ class StreamExecutor:
         for rid in rids:
             self.backend.abort(rid)
         for c in children:
-            c.abort()
+            c._abort()
         if aborted is not None:  # what the running branches wrote stays reachable from the root
             aborted.branches = [c.error_ for c in children if c.error_ is not None]
 

@@ -27,7 +27,7 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
     derived_seed,
 )
-from lmnb.interrupt import item_ranges, stopped
+from lmnb.interrupt import held_interrupts, item_ranges, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
     role_message, shown_value,
@@ -543,8 +543,9 @@ def run_program(
     try:
         return _start(state, program, args, kwargs, stream, raise_errors)
     except KeyboardInterrupt:  # (also one that a read of the state in the body worded: this run is what stopped)
-        state.abort()
-        raise _run_stopped(continued) from None
+        with held_interrupts():
+            state.abort()
+            raise _run_stopped(continued) from None
     except BaseException:
         if not continued:
             state.abort()  # the caller gets the body's exception, not the state: nothing still running can be read
@@ -704,11 +705,15 @@ def run_program_batch(
                 except KeyboardInterrupt:  # raised again below, saying what it stopped, once the items have ended
                     finished = [i for i, f in enumerate(futures) if f.done() and not f.cancelled()]
                 finally:  # a consumer that stops early (break, Ctrl-C): no item is left running for no one
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    with lock:
-                        stopping = True
-                        for state in running:
-                            state.abort()
+                    with held_interrupts():  # (a second Ctrl-C between two aborts would skip the rest)
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        with lock:
+                            stopping = True
+                            for state in running:
+                                state.abort()
+        except KeyboardInterrupt:  # a second Ctrl-C while the pool waits for the aborted items' bodies to return
+            if finished is None:
+                raise
         finally:
             if pbar is not None:
                 pbar.close()

@@ -5,12 +5,16 @@ Python's own shows where the signal happened to land: a dozen frames of lmnb, ``
 and ``threading`` ending in a bare ``KeyboardInterrupt:``. This one says what became of the work
 (which items finished, that the requests were aborted), and IPython shows it with the user's frames
 only, ending at the call that was stopped, as a ``%%lm`` cell's stop is shown as one line.
+``held_interrupts`` keeps a second Ctrl-C from cutting that clean-up short.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import types
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 _PACKAGES = ("lmnb", "lmnb_engine")
 
@@ -36,6 +40,25 @@ def _structured(interrupt: KeyboardInterrupt) -> list[str]:
     if shell is None or tb is None:
         return [f"KeyboardInterrupt: {interrupt}"]
     return shell.InteractiveTB.structured_traceback(KeyboardInterrupt, interrupt, tb)
+
+
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C, a notebook's stop button) while the block runs, and drop it after: for
+    the clean-up of a stop (aborting requests), which a second press would cut short, leaving
+    requests generating for no one. The press is part of the stop being raised, so nothing is
+    raised for it. The block must not wait for long (sending aborts does not: a remote backend posts
+    them from threads of its own), as the process cannot be interrupted meanwhile. Off the main
+    thread, where Python never delivers a signal, a no-op."""
+    # (a handler set outside Python, which getsignal reads as None, could not be put back)
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def callers_traceback(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from lmnb import ProgramAborted, ProgramError
+from lmnb.interrupt import held_interrupts
 
 _DONE = object()
 
@@ -89,10 +90,12 @@ def abort_tree(state, listener: Optional[Listener] = None) -> None:
     """Abort ``state`` and every fork branch it created (in-flight requests end, queued work is
     skipped): ``ProgramState.abort`` aborts the branches itself; with ``listener``, also every
     other program the cell started (``Listener.roots``: a ``run()`` nested in a ``--python`` body
-    would otherwise run to its end before the body can be stopped). Thread-safe."""
-    state.abort()
-    for executor in list(listener.roots) if listener is not None else ():
-        executor.abort()
+    would otherwise run to its end before the body can be stopped). Thread-safe. A second Ctrl-C
+    meanwhile waits until every request was sent its abort (``lmnb.interrupt.held_interrupts``)."""
+    with held_interrupts():
+        state.abort()
+        for executor in list(listener.roots) if listener is not None else ():
+            executor.abort()
 
 
 def settle_tree(state, listener: Listener, timeout_s: float) -> None:

@@ -21,6 +21,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
+from lmnb.interrupt import held_interrupts
 from lmnb.template.cell_options import (
     STATE_NAME,
     STATE_NAME_RULE,
@@ -384,8 +385,9 @@ class LMMagics(Magics):
             try:
                 state = start_run(program, params, backend, defaults, listener, start)
             except KeyboardInterrupt:  # (the body may have started: stop every program it began)
-                for executor in list(listener.roots):
-                    executor.abort()
+                with held_interrupts():
+                    for executor in list(listener.roots):
+                        executor.abort()
                 raise cell_interrupt("the cell was stopped as it started; the named state is as it was") from None
             feeder = ViewFeeder(view, state.stream_executor.sid)
             try:

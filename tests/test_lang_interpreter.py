@@ -3868,6 +3868,126 @@ def test_ctrl_c_in_run_says_its_requests_were_aborted_and_ends_at_the_users_call
         assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Hi. Q: "
 
 
+class _CtrlCTwice(ScriptedBackend):
+    """Holds every request until it is aborted; its first abort sends SIGINT to the main thread
+    before it is recorded: a second Ctrl-C while the first one's clean-up aborts the requests."""
+
+    def __init__(self):
+        super().__init__(lambda p, params: "never", delay=30)
+        self.pressed = False
+
+    def abort(self, rid):
+        import signal
+
+        if not self.pressed:
+            self.pressed = True
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        super().abort(rid)
+
+
+def _two_branch_program():
+    @sgl.function
+    def prog(s):
+        s += "Q: "
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f += f"{i}: " + sgl.gen("a")
+        forks.join()
+
+    return prog
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("call", ["run", "sync of run(stream=True)", "run_batch"])
+def test_a_second_ctrl_c_while_the_first_aborts_the_requests_still_aborts_them_all(call):
+    """A second Ctrl-C while the first one's clean-up sent the aborts (a double press on a notebook's
+    stop button) cut it short: a bare KeyboardInterrupt left the other fork branch's (or batch
+    item's) request generating for no one. Now the clean-up ends first, every request is aborted,
+    and the first stop's message is the one raised. Two requests wait when the first Ctrl-C comes;
+    the second is sent from inside the first abort (_CtrlCTwice)."""
+    import signal
+
+    be = _CtrlCTwice()
+    prog = _two_branch_program()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            if call == "run_batch":
+                @sgl.function
+                def item(s, n):
+                    s += f"{n}: " + sgl.gen("a")
+
+                timer = _interrupt_main_when(lambda: len(be.calls) == 2 and main_thread_waits_on_a_future())
+                item.run_batch([(0,), (1,)], num_threads=2, backend=be)
+            else:
+                # (a streamed run's gens stream; the fork's shared prefix is prefilled first)
+                timer = _interrupt_main_when(
+                    lambda: sum(k in ("generate", "stream") for k in be.kinds()) == 2 and _main_thread_waits_in_lmnb())
+                if call == "run":
+                    prog.run(backend=be)
+                else:
+                    prog.run(backend=be, stream=True).sync()
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    said = {
+        "run": _RUN_STOPPED + "it returned no state (run(stream=True) returns the state at once, and a stopped one "
+                              "keeps its text in state.error().partial_text)",
+        "sync of run(stream=True)": "the program was stopped while its state was read: its requests were aborted and "
+                                    "the backend is free for the next call; the text it had written is in "
+                                    "state.error().partial_text",
+        "run_batch": "run_batch was stopped: no item had finished (0 of 2); the requests of the other 2 were aborted or "
+                     "never sent, and the backend is free for the next call; it returned no states: run it again "
+                     "(generator_style=True hands on each state as it comes)",
+    }[call]
+    assert be.pressed and len(be.aborted) == 2 and len(set(be.aborted)) == 2  # both requests, each once
+    assert str(caught.value) == said
+
+
+def _main_thread_joins_a_thread() -> bool:
+    """Whether the main thread waits in ``Thread.join`` now (read from its frames)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and not (frame.f_code.co_name == "join" and frame.f_code.co_filename == threading.__file__):
+        frame = frame.f_back
+    return frame is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_second_ctrl_c_while_run_batch_waits_for_its_aborted_items_still_says_what_became_of_the_batch():
+    """A second Ctrl-C while run_batch waited for its aborted items' bodies to return (their requests
+    aborted already) raised a bare KeyboardInterrupt from the thread pool's join; now it stops that
+    wait and raises the batch's own message. The aborted request sends the second SIGINT once the
+    main thread waits in the join, before its body returns."""
+    import signal
+
+    class AgainWhileJoined(InterruptingBackend):
+        def generate(self, prompt, params, rid):
+            out = super().generate(prompt, params, rid)
+            deadline = time.monotonic() + 10
+            while not _main_thread_joins_a_thread() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            return out
+
+    be = AgainWhileJoined("0: ")
+
+    @sgl.function
+    def item(s, n):
+        s += f"{n}: " + sgl.gen("a")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            item.run_batch([(0,)], num_threads=1, backend=be)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert str(caught.value) == (
+        "run_batch was stopped: no item had finished (0 of 1); the requests of the other 1 were aborted or never "
+        "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
+        "hands on each state as it comes)")
+    assert be.aborted == sorted(be._marked) and len(be.aborted) == 1
+
+
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
     # tracing ran the nested program for real: a model call with the placeholder arguments, and its
     # output ("ans") taken into the prefix every item was to share

@@ -1365,6 +1365,51 @@ def test_a_gen_with_n_samples_stopped_by_ctrl_c_still_counts_its_requests(ip, ti
     assert meta["tokens"]["completion_tokens"] > 0
 
 
+def test_a_second_ctrl_c_while_a_cell_aborts_its_requests_still_aborts_them_all(ip, monkeypatch):
+    """A second Ctrl-C while the first one's clean-up sent the aborts (a double press on the stop
+    button) cut it short: the other fork branch's request generated on for no one, and the cell
+    ended without its summary. Now every request is sent its abort and the cell ends as after one
+    Ctrl-C. The first Ctrl-C comes once both branches stream (raised in the view's on_delta, where
+    the pump takes their text); the second is sent from inside the first abort."""
+    import signal
+
+    from lmnb_kernel.widgets import RunView
+
+    backend = get_session().backend()
+    on_delta, abort = RunView.on_delta, backend.abort
+    aborted = []
+
+    def ctrl_c_once_both_branches_stream(self, lane, text, **kw):
+        on_delta(self, lane, text, **kw)
+        streaming = [ln for ln in self.model.lanes.values() if ln.id != "main" and ln.segments]
+        if len(streaming) == 2 and not getattr(self, "_pressed", False):
+            self._pressed = True
+            raise KeyboardInterrupt
+
+    def pressed_again(rid):
+        if not pressed:
+            pressed.append(rid)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        abort(rid)
+        aborted.append(rid)
+
+    pressed = []
+    monkeypatch.setattr(RunView, "on_delta", ctrl_c_once_both_branches_stream)
+    monkeypatch.setattr(backend, "abort", pressed_again)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result, out = run(ip, "%%lm --static --temperature 0\nStory:{fork 2}{gen s max_tokens=500 ignore_eos=True}{join}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert result.error_in_exec._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped; its output so far and the variables it finished "
+        "are kept"]
+    assert len(pressed) == 1 and len(set(aborted)) == 2  # both branches' requests
+    [meta] = summaries(out)
+    assert meta["status"] == "interrupted"
+
+
 def test_the_stop_button_ends_a_fork_cell_as_ctrl_c_does_and_counts_every_branch_request(ip, monkeypatch):
     # The Stop button (JupyterLab >= 4.4 delivers its click while the cell runs): the cell ended "ok",
     # so a Run-All ran the next cells against the variables it never set, where Ctrl-C ends it with a
