@@ -551,11 +551,13 @@ class SglFunction:
                 model), said of the prefix: ``cache() could not prefill the program's constant
                 prefix: prefix of N tokens exceeds the model's context length ...``; the backend's
                 own words say "prompt", the prefill request's.
+            KeyboardInterrupt: Ctrl-C while it prefilled: the prefill request was aborted, and the
+                message says so.
         """
         import re
-        import uuid
 
         from lmnb.backend.base import BackendError
+        from lmnb.interpreter import prefill_prefix
         from lmnb.tracer import extract_prefix
 
         _check_backend(backend)
@@ -564,7 +566,7 @@ class SglFunction:
         if not prefix:
             return
         try:
-            backend.cache_prefix(prefix, uuid.uuid4().hex)
+            prefill_prefix(backend, prefix, "cache()")
         except (ValueError, BackendError) as e:
             if type(e) not in (ValueError, BackendError):  # (a subclass may take other arguments)
                 raise

@@ -604,6 +604,26 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
     return state
 
 
+def prefill_prefix(backend: BaseBackend, prefix: str, caller: str, kept: str = "") -> dict:
+    """``backend.cache_prefix(prefix)`` (a program's constant prefix, ``lmnb.tracer``) under a request
+    id of its own; returns its meta_info.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C meanwhile: the request was sent its abort (the in-process engine
+            withdraws it itself; a server's would prefill on), and the message says so, as
+            ``"{caller} was stopped: ..."`` followed by ``kept``.
+        BackendError, ValueError: as ``cache_prefix`` raises them.
+    """
+    rid = uuid.uuid4().hex
+    try:
+        return backend.cache_prefix(prefix, rid)
+    except KeyboardInterrupt:
+        with held_interrupts():
+            backend.abort(rid)
+            raise stopped(f"{caller} was stopped while it prefilled the program's constant prefix: that request was "
+                          f"aborted and the backend is free for the next call{kept}") from None
+
+
 def _batch_stopped(size: int, finished: list[int], yielded: Optional[int]) -> KeyboardInterrupt:
     """The ``KeyboardInterrupt`` of a batch of ``size`` items stopped by Ctrl-C, the items
     ``finished`` by then (indices), the others aborted or never started; ``yielded``: the states a
@@ -647,7 +667,7 @@ def run_program_batch(
         prefix = extract_prefix(program, backend.get_chat_template())
         if prefix:
             try:
-                backend.cache_prefix(prefix, uuid.uuid4().hex)
+                prefill_prefix(backend, prefix, "run_batch", "; no item had started, and it returned no states")
             except Exception:  # noqa: BLE001 - only a hint: every item begins with this text and reports the error itself
                 pass
     num_threads = max(1, min(num_threads, len(batch_kwargs)))

@@ -3988,6 +3988,56 @@ def test_a_second_ctrl_c_while_run_batch_waits_for_its_aborted_items_still_says_
     assert be.aborted == sorted(be._marked) and len(be.aborted) == 1
 
 
+class _CtrlCInPrefill(ScriptedBackend):
+    """Its prefill (cache_prefix, on the caller's thread) is where a Ctrl-C lands: it sends SIGINT to
+    the main thread, then waits until its request is aborted."""
+
+    def __init__(self):
+        super().__init__(delay=30)
+        self.prefills: list[str] = []
+
+    def cache_prefix(self, text, rid):
+        import signal
+
+        self.prefills.append(rid)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        self._wait(rid)
+        return {}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("call", ["cache", "run_batch"])
+def test_ctrl_c_in_the_prefill_of_a_programs_prefix_aborts_it_and_says_so(call):
+    """Ctrl-C while prog.cache() or run_batch prefilled the program's constant prefix raised a bare
+    KeyboardInterrupt from the backend's frames, and a server's prefill request went on; now the
+    request is sent its abort and the message says so, ending at the user's call."""
+    import signal
+
+    be = _CtrlCInPrefill()
+
+    @sgl.function
+    def prog(s, n):
+        s += "You are a helpful assistant. "
+        s += f"{n}: " + sgl.gen("a")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            if call == "cache":
+                prog.cache(backend=be)
+            else:
+                prog.run_batch([(0,), (1,)], backend=be)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    said = ("cache() was stopped while it prefilled the program's constant prefix: that request was aborted and the "
+            "backend is free for the next call")
+    if call == "run_batch":
+        said = said.replace("cache()", "run_batch") + "; no item had started, and it returned no states"
+    assert str(caught.value) == said
+    assert _user_frames(caught.value) == ["test_ctrl_c_in_the_prefill_of_a_programs_prefix_aborts_it_and_says_so"]
+    assert be.aborted == be.prefills and len(be.aborted) == 1 and "generate" not in be.kinds()
+
+
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
     # tracing ran the nested program for real: a model call with the placeholder arguments, and its
     # output ("ans") taken into the prefix every item was to share
