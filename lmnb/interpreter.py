@@ -115,13 +115,15 @@ class ProgramState:
 
     @offering_keywords
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
-        """``size`` branches continuing from this state's current text (waits for queued work).
+        """``size`` branches continuing from this state's current text (waits for queued work;
+        Ctrl-C meanwhile aborts the state, as in a read).
 
         ``position_ids_offset`` is accepted for SGLang compatibility and must be None.
         """
         if position_ids_offset is not None:
             raise NotImplementedError("fork(position_ids_offset=...) is not supported")
-        children = self.stream_executor.fork(size)
+        with self._abort_on_interrupt():  # (it waits for the state's queued work)
+            children = self.stream_executor.fork(size)
         return ProgramStateGroup([ProgramState(c) for c in children], self)
 
     @contextlib.contextmanager
@@ -334,17 +336,27 @@ class ProgramStateGroup:
                 state it was forked from is a fork branch joined already (nothing can merge into it),
                 or a body running on a branch is the caller or waits for it (both would hang).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
+            KeyboardInterrupt: Ctrl-C while it waited: the branches were aborted first (the message
+                says so); nothing is merged.
         """
         _check_join_mode(mode)
         # a second thread joining this group meanwhile waits, then is refused; but not a body running
         # on a branch (or a thread it waits for): the join holding the lock waits for that body to
         # return, so both would hang; it is refused as join_ready refuses it
-        while not self._join_lock.acquire(timeout=_BODY_POLL_S):
-            self._refuse_to_wait_for_bodies()
         try:
-            self._join(mode)
-        finally:
-            self._join_lock.release()
+            while not self._join_lock.acquire(timeout=_BODY_POLL_S):
+                self._refuse_to_wait_for_bodies()
+            try:
+                self._join(mode)
+            finally:
+                self._join_lock.release()
+        except KeyboardInterrupt:  # no branch is left generating for a join no one waits for
+            with held_interrupts():
+                for st in self.states:
+                    st.stream_executor.abort()
+                raise stopped("join was stopped: the fork branches' requests were aborted and the backend is free for "
+                              "the next call; nothing was joined, and a branch that had not finished keeps its text "
+                              "in its error().partial_text") from None
 
     def join_or_abort(self, mode: str = "gather_variable") -> None:
         """``join``, unless a branch fails before all have run what was submitted to them: then

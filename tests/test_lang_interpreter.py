@@ -55,6 +55,8 @@ def _main_thread_waits_in_lmnb() -> bool:
         frame = frame.f_back
     lmnb_dir = os.path.dirname(sgl.__file__) + os.sep
     while frame is not None and not frame.f_code.co_filename.startswith(lmnb_dir):
+        if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
+            return False  # (Thread.start's wait for the new thread: lmnb's submit starting a state's worker)
         frame = frame.f_back
     return frame is not None
 
@@ -4036,6 +4038,55 @@ def test_ctrl_c_in_the_prefill_of_a_programs_prefix_aborts_it_and_says_so(call):
     assert str(caught.value) == said
     assert _user_frames(caught.value) == ["test_ctrl_c_in_the_prefill_of_a_programs_prefix_aborts_it_and_says_so"]
     assert be.aborted == be.prefills and len(be.aborted) == 1 and "generate" not in be.kinds()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wait", ["fork", "join"])
+def test_ctrl_c_in_a_fork_or_join_outside_a_program_aborts_what_it_waited_for_and_says_so(wait):
+    """A notebook cell forking a state run() returned waits in fork() for the state's queued gen, and
+    in join() for the branches' gens: Ctrl-C there raised a bare KeyboardInterrupt from threading's
+    frames and left those requests generating for no one. Now they are aborted and the message says
+    so, ending at the user's call. The SIGINT comes once the main thread waits in lmnb."""
+    import signal
+
+    be = ScriptedBackend(lambda p, params: "never", delay=30)  # every gen runs until aborted
+
+    @sgl.function
+    def first(s):
+        s += "Hi. "
+
+    st = first.run(backend=be)
+    if wait == "fork":
+        st += "Q: " + sgl.gen("a")
+        requests = 1
+    else:
+        forks = st.fork(2)
+        for i, f in enumerate(forks):
+            f += f"{i}: " + sgl.gen("a")
+        requests = 2
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = _interrupt_main_when(lambda: be.kinds().count("generate") == requests and _main_thread_waits_in_lmnb())
+        with pytest.raises(KeyboardInterrupt) as caught:
+            st.fork(2) if wait == "fork" else forks.join()
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(be.aborted) == requests and len(set(be.aborted)) == requests
+    if wait == "fork":
+        assert str(caught.value) == (
+            "the program was stopped while its state was read: its requests were aborted and the backend is free for "
+            "the next call; the text it had written is in state.error().partial_text")
+        assert st.error().partial_text == "Hi. Q: "
+    else:
+        assert str(caught.value) == (
+            "join was stopped: the fork branches' requests were aborted and the backend is free for the next call; "
+            "nothing was joined, and a branch that had not finished keeps its text in its error().partial_text")
+        assert [f.error().partial_text for f in forks] == ["Hi. 0: ", "Hi. 1: "]
+        assert st.text() == "Hi. " and "a" not in st  # the state forked from is as it was
+    assert caught.value.__suppress_context__
+    assert _user_frames(caught.value) == [
+        "test_ctrl_c_in_a_fork_or_join_outside_a_program_aborts_what_it_waited_for_and_says_so"]
 
 
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
