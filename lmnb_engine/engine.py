@@ -8,6 +8,7 @@ All methods are thread-safe; the scheduler state is only touched on its own thre
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -1438,23 +1439,46 @@ class Engine:
                 message = r.finish_reason.message
                 problem, fixes = getattr(message, "option_fixes", (message, ()))
                 raise option_error(RuntimeError, f"could not compute the prefix to pin: {problem}", *fixes)
-            handle = self._call(lambda: self.scheduler.pin(key))
+            handle = self._pin(key)
             if handle is not None:
                 return handle
         raise RuntimeError("the prefix was evicted before it could be pinned; the KV pool is too busy, retry later")
 
+    def _pin(self, key: Sequence[Any]) -> Optional[int]:
+        """``Scheduler.pin(key)``, on the scheduler thread (``pin_prefix`` is refused there). An
+        interrupt (Ctrl-C) while waiting for it leaves behind no pin whose handle no caller holds:
+        the scheduler makes the pin all the same, and it is released as soon as it is made."""
+        future = self.scheduler.call(lambda: self.scheduler.pin(key))
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.add_done_callback(self._release_unheld_pin)
+            raise
+
+    def _release_unheld_pin(self, done: Future) -> None:
+        """Release the pin ``done`` (a ``Scheduler.pin`` call's future) made, if any: here, on the
+        scheduler thread that made it, or, made before the interrupt came, between its next steps."""
+        handle = None if done.cancelled() or done.exception() is not None else done.result()
+        if handle is None:
+            return
+        if self.scheduler.on_loop_thread:
+            self._release_pin(handle)
+        else:
+            with contextlib.suppress(RuntimeError):  # (shut down meanwhile: its pins went with it)
+                self.scheduler.call(lambda: self._release_pin(handle))
+
+    def _release_pin(self, handle: Any) -> None:
+        """(On the scheduler thread.) Release pin ``handle``; ``ValueError`` if unknown."""
+        # (only an int is a handle: True or 1.0, equal to 1 as a dict key, released the pin whose handle is 1)
+        is_handle = isinstance(handle, numbers.Integral) and not isinstance(handle, bool)
+        node = self.scheduler.pins.pop(handle, None) if is_handle else None
+        if node is None:
+            raise ValueError(f"unknown pin handle {handle!r}")
+        self.scheduler.cache.dec_lock_ref(node)
+
     def unpin(self, handle: int) -> None:
         """Release a ``pin_prefix`` lock (the prefix becomes evictable). ``ValueError`` if unknown."""
-
-        def release() -> None:
-            # (only an int is a handle: True or 1.0, equal to 1 as a dict key, released the pin whose handle is 1)
-            is_handle = isinstance(handle, numbers.Integral) and not isinstance(handle, bool)
-            node = self.scheduler.pins.pop(handle, None) if is_handle else None
-            if node is None:
-                raise ValueError(f"unknown pin handle {handle!r}")
-            self.scheduler.cache.dec_lock_ref(node)
-
-        self._call(release)
+        self._call(lambda: self._release_pin(handle))
 
     # --- lifetime -----------------------------------------------------------------------------
     def shutdown(self) -> None:

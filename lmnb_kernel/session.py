@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from lmnb.interrupt import held_interrupts
 from lmnb_engine import MODEL_ENV, model_or_env
 from lmnb_engine.cli_options import UNPIN, in_option_syntax
 from lmnb_kernel.errors import CellError, cell_interrupt
@@ -300,9 +301,11 @@ class Session:
         except (RuntimeError, ValueError) as e:
             # (the engine's fixes, e.g. a pool too small, as a cell's request error says them: %lm load's options)
             raise CellError(f"could not pin state {name!r}: {self._backend._worded(e)}") from e
-        if named.pin is not None:
-            engine.unpin(named.pin)
-        named.pin = handle
+        # (a stop between the two lost a handle, whose pin was never released; unpin waits a step at most)
+        with held_interrupts():
+            if named.pin is not None:
+                engine.unpin(named.pin)
+            named.pin = handle
         return len(ids)
 
     def prompt_ids(self, state) -> list:

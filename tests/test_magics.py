@@ -597,6 +597,49 @@ def test_ctrl_c_in_a_python_cells_run_batch_shows_the_cells_line_and_what_became
     assert len(be.aborted) == 1
 
 
+def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypatch):
+    """Ctrl-C while %lm pin waited for the engine to lock the prefilled prefix (a call run between
+    the scheduler's steps) said "the state's pin is as it was", but the engine made the pin all the
+    same, and no one held its handle: a prefix never evictable again. Now a pin made after the
+    interrupt is released as it is made. The pin call sends the SIGINT, and makes the pin once the
+    interrupt has taken %lm pin out of its wait."""
+    import signal
+    import sys
+    import time
+
+    engine = get_session().backend().engine
+    scheduler, real_pin = engine.scheduler, engine.scheduler.pin
+
+    def main_thread_in_pin_prefix() -> bool:
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        while frame is not None and frame.f_code.co_name != "pin_prefix":
+            frame = frame.f_back
+        return frame is not None
+
+    def pin_after_ctrl_c(key):  # (on the scheduler thread)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while main_thread_in_pin_prefix() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return real_pin(key)
+
+    assert run(ip, "%%lm --state to_pin\nThe quick brown fox")[0].success
+    before = engine.cache_stats()["pinned_prefixes"]
+    monkeypatch.setattr(scheduler, "pin", pin_after_ctrl_c)
+    magics = ip.magics_manager.registry["LMMagics"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            magics.run_command("pin to_pin")
+        monkeypatch.setattr(scheduler, "pin", real_pin)
+        assert e.value._render_traceback_() == [
+            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm pin was stopped; the state's pin is as it was"]
+        assert engine.cache_stats()["pinned_prefixes"] == before and get_session().states["to_pin"].pin is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        run(ip, "%lm reset to_pin")
+
+
 def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
     """%lm pin of a state that did not fit the KV pool was told to "raise max_total_tokens", the Python
     API's keyword, where a cell's request says "raise %lm load's --max-total-tokens" (the kernel's pool is
