@@ -640,6 +640,33 @@ def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypa
         run(ip, "%lm reset to_pin")
 
 
+def test_ctrl_c_in_a_python_cells_run_shows_the_cells_line_and_what_became_of_the_run(ip):
+    """Stopping a Python cell's plain prog.run() showed a traceback through lmnb/api.py,
+    lmnb/interpreter.py, lmnb/executor.py and threading ending in a bare "KeyboardInterrupt:". It
+    now ends at the cell's call and says the request was aborted. The gen's request sends the
+    SIGINT (as the stop button does) and waits until it is aborted, so it lands inside run()."""
+    import signal
+
+    from helpers_lang import InterruptingBackend
+
+    ip.user_ns["be"] = be = InterruptingBackend("Q: ")
+    assert run(ip, "@lmnb.function\ndef ask(s):\n    s += 'Q: ' + lmnb.gen('a')")[0].success
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result, out = run(ip, "x = 1\nst = ask.run(backend=be)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    shown = out.stdout + out.stderr
+    assert ("\nKeyboardInterrupt: run was stopped: its requests were aborted and the backend is free for the next "
+            "call; it returned no state (run(stream=True) returns the state at once, and a stopped one keeps its "
+            "text in state.error().partial_text)") in shown
+    assert "----> 2 st = ask.run(backend=be)\n\nKeyboardInterrupt" in shown
+    for internal in ("api.py", "interpreter.py", "executor.py", "threading", "During handling"):
+        assert internal not in shown
+    assert be.aborted == sorted(be._marked) and len(be.aborted) == 1
+
+
 def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
     """%lm pin of a state that did not fit the KV pool was told to "raise max_total_tokens", the Python
     API's keyword, where a cell's request says "raise %lm load's --max-total-tokens" (the kernel's pool is
