@@ -548,11 +548,11 @@ def run_program(
     __tracebackhide__ = True  # see _run_body
     listeners = _listeners.get() if listeners is None else listeners
     continued = state is not None
-    if continued:
-        state.stream_executor.reopen(default_params, stream, listeners)
-    else:
+    if not continued:
         state = _new_state(program, backend, kwargs, default_params, stream, use_thread, listeners)
     try:
+        if continued:  # (it waits for the work queued on the state: Ctrl-C there stops this run too)
+            state.stream_executor.reopen(default_params, stream, listeners)
         return _start(state, program, args, kwargs, stream, raise_errors)
     except KeyboardInterrupt:  # (also one that a read of the state in the body worded: this run is what stopped)
         with held_interrupts():

@@ -3831,13 +3831,16 @@ _RUN_STOPPED = "run was stopped: its requests were aborted and the backend is fr
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("where", ["the end of the body", "a read in the body", "a continued state"])
+@pytest.mark.parametrize("where", ["the end of the body", "a read in the body", "a continued state",
+                                   "a continued state's queued gen"])
 def test_ctrl_c_in_run_says_its_requests_were_aborted_and_ends_at_the_users_call(where):
     """Ctrl-C during a plain run() raised Python's bare KeyboardInterrupt from lmnb's and threading's
     frames (the wait for the body's last gen), or, landing in a read in the body (s["a"]), said the
     text was in state.error().partial_text, of a state run() never returned. Now it says the request
-    was aborted and where the text is, and IPython shows the caller's frames only. The gen's request
-    sends the SIGINT once the main thread waits in lmnb (at the body's end, or in its s["a"])."""
+    was aborted and where the text is, and IPython shows the caller's frames only; so does one while
+    run(state=st) waits for a gen queued on st before its body begins (a bare one, before). The
+    gen's request sends the SIGINT once the main thread waits in lmnb (at the body's end, in its
+    s["a"], or in run's wait for the queued gen)."""
     import signal
 
     be = InterruptingBackend("Q: ", ready=_main_thread_waits_in_lmnb)
@@ -3852,7 +3855,9 @@ def test_ctrl_c_in_run_says_its_requests_were_aborted_and_ends_at_the_users_call
     def greeting(s):
         s += "Hi. "
 
-    st = greeting.run(backend=be) if where == "a continued state" else None
+    st = greeting.run(backend=be) if where.startswith("a continued state") else None
+    if where == "a continued state's queued gen":  # (run(state=st) waits for it before its body begins)
+        st += "Q: " + sgl.gen("a")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt) as caught:
