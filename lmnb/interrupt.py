@@ -43,20 +43,22 @@ def _structured(interrupt: KeyboardInterrupt) -> list[str]:
 
 
 @contextlib.contextmanager
-def held_interrupts() -> Iterator[None]:
-    """Hold SIGINT (Ctrl-C, a notebook's stop button) while the block runs, and drop it after: for
-    the clean-up of a stop (aborting requests), which a second press would cut short, leaving
-    requests generating for no one. The press is part of the stop being raised, so nothing is
-    raised for it. The block must not wait for long (sending aborts does not: a remote backend posts
-    them from threads of its own), as the process cannot be interrupted meanwhile. Off the main
-    thread, where Python never delivers a signal, a no-op."""
+def held_interrupts() -> Iterator[list[int]]:
+    """Hold SIGINT (Ctrl-C, a notebook's stop button) while the block runs; yields the list of the
+    signals held, filled as they come, for a caller to raise for them after. For the clean-up of a
+    stop (aborting requests), which a second press would cut short, leaving requests generating for
+    no one: that press is part of the stop being raised, and nothing more is raised for it. The
+    block must not wait for long (sending aborts does not: a remote backend posts them from threads
+    of its own), as the process cannot be interrupted meanwhile. Off the main thread, where Python
+    never delivers a signal, a no-op."""
+    held: list[int] = []
     # (a handler set outside Python, which getsignal reads as None, could not be put back)
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield
+        yield held
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
-        yield
+        yield held
     finally:
         signal.signal(signal.SIGINT, previous)
 

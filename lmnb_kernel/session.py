@@ -302,10 +302,12 @@ class Session:
             # (the engine's fixes, e.g. a pool too small, as a cell's request error says them: %lm load's options)
             raise CellError(f"could not pin state {name!r}: {self._backend._worded(e)}") from e
         # (a stop between the two lost a handle, whose pin was never released; unpin waits a step at most)
-        with held_interrupts():
+        with held_interrupts() as held:
             if named.pin is not None:
                 engine.unpin(named.pin)
             named.pin = handle
+        if held:  # (a Run-All stops here all the same)
+            raise cell_interrupt(f"%lm pin was stopped once state {name!r} was pinned")
         return len(ids)
 
     def prompt_ids(self, state) -> list:
@@ -329,8 +331,14 @@ class Session:
         if named.pin is None:
             raise CellError(f"state {name!r} is not pinned, so there is nothing to unpin; %lm states shows which "
                             "states are pinned")
-        self.engine("%lm unpin").unpin(named.pin)
-        named.pin = None
+        engine = self.engine("%lm unpin")
+        # (the engine releases the pin between its steps, waited for or not: a stop in that wait left
+        # the state holding the handle, and the next %lm unpin failed on it as unknown)
+        with held_interrupts() as held:
+            engine.unpin(named.pin)
+            named.pin = None
+        if held:  # (a Run-All stops here all the same)
+            raise cell_interrupt(f"%lm unpin was stopped once state {name!r}'s pin was released")
 
 
 class SessionBackend:

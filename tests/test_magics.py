@@ -667,6 +667,38 @@ def test_ctrl_c_in_a_python_cells_run_shows_the_cells_line_and_what_became_of_th
     assert be.aborted == sorted(be._marked) and len(be.aborted) == 1
 
 
+def test_ctrl_c_while_lm_unpin_waits_still_releases_the_pin_and_says_so(ip, monkeypatch):
+    """Ctrl-C while %lm unpin waited for the engine to release the pin (a call run between the
+    scheduler's steps) said "%lm unpin was stopped", but the engine released it all the same while
+    the state kept the handle: the next %lm unpin failed with "unknown pin handle". Now the release
+    ends first and the stop says so. The release sends the SIGINT itself, while %lm unpin waits."""
+    import signal
+
+    engine = get_session().backend().engine
+    release = engine._release_pin
+
+    def release_after_ctrl_c(handle):  # (on the scheduler thread)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        release(handle)
+
+    assert run(ip, "%%lm --state to_unpin\nThe quick brown fox")[0].success
+    before = engine.cache_stats()["pinned_prefixes"]
+    assert run(ip, "%lm pin to_unpin")[0].success and engine.cache_stats()["pinned_prefixes"] == before + 1
+    monkeypatch.setattr(engine, "_release_pin", release_after_ctrl_c)
+    magics = ip.magics_manager.registry["LMMagics"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            magics.run_command("unpin to_unpin")
+        monkeypatch.setattr(engine, "_release_pin", release)
+        assert e.value._render_traceback_() == [
+            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm unpin was stopped once state 'to_unpin''s pin was released"]
+        assert get_session().states["to_unpin"].pin is None and engine.cache_stats()["pinned_prefixes"] == before
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        run(ip, "%lm reset to_unpin")
+
+
 def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
     """%lm pin of a state that did not fit the KV pool was told to "raise max_total_tokens", the Python
     API's keyword, where a cell's request says "raise %lm load's --max-total-tokens" (the kernel's pool is
