@@ -729,8 +729,13 @@ def run_program_batch(
             with ThreadPoolExecutor(num_threads) as pool:
                 futures = []
                 try:
-                    for i, kw in enumerate(batch_kwargs):  # (one by one: a Ctrl-C among the submits keeps those made)
-                        futures.append(pool.submit(one, i, kw))
+                    # (a Ctrl-C inside a submit's Thread.start left a started worker out of the pool's
+                    # threads, so nothing waited for its item's body: submits do not wait, so it is held
+                    # and raised once they are all made)
+                    with held_interrupts() as held:
+                        futures = [pool.submit(one, i, kw) for i, kw in enumerate(batch_kwargs)]
+                    if held:
+                        raise KeyboardInterrupt
                     for f in futures:
                         yield f.result()
                         yielded += 1

@@ -128,6 +128,38 @@ class InterruptingBackend(ScriptedBackend):
         return super()._wait(rid)
 
 
+@contextlib.contextmanager
+def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0):
+    """While the with-block runs, send SIGINT to the main thread once ``ready()`` holds (polled by a
+    thread every 10 ms), not after a fixed delay: a loaded machine may not have made the requests
+    to abort by then. Never after the block: its end stops the thread, so a signal that was not
+    needed (the block ended otherwise) or never ready within ``timeout`` cannot land in a later test
+    of the same process, where pytest's own handler ends the whole run."""
+    import signal
+
+    done = threading.Event()
+    sending = threading.Lock()  # (the check of ``done`` and the send are one step for the block's end)
+
+    def run():
+        deadline = time.monotonic() + timeout
+        while not done.is_set() and time.monotonic() < deadline:
+            if ready():
+                with sending:
+                    if not done.is_set():
+                        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with sending:
+            done.set()
+        thread.join()
+
+
 def main_thread_waits_on_a_future() -> bool:
     """Whether the main thread is blocked in ``concurrent.futures.Future.result`` now (read from its
     frames), e.g. a run_batch waiting for its next item."""

@@ -26,24 +26,8 @@ from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
 
-from helpers_lang import InterruptingBackend, ScriptedBackend, main_thread_waits_on_a_future
+from helpers_lang import InterruptingBackend, ScriptedBackend, interrupt_main_when, main_thread_waits_on_a_future
 from helpers_multimodal import png_bytes, random_image
-
-
-def _interrupt_main_when(ready, timeout=30.0):
-    """A started thread that sends SIGINT to the main thread once ``ready()`` holds (polled), not
-    after a fixed delay: a loaded machine may not have made the requests to abort by then."""
-    import signal
-
-    def run():
-        deadline = time.monotonic() + timeout
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def _main_thread_waits_in_lmnb() -> bool:
@@ -1761,15 +1745,13 @@ def test_ctrl_c_while_reading_a_streamed_state_aborts_its_requests(read):
     try:
         # (once this thread waits in the read: sent 0.3 s after the start, a loaded machine's pause
         # before the read made the Ctrl-C land outside it, and the gen ran on its 60 s)
-        timer = _interrupt_main_when(_main_thread_waits_in_lmnb)
-        with pytest.raises(KeyboardInterrupt):
+        with interrupt_main_when(_main_thread_waits_in_lmnb), pytest.raises(KeyboardInterrupt):
             if read == "text_iter":
                 list(st.text_iter())
             elif read == "getitem":
                 st["a"]
             else:
                 st.sync()
-        timer.join()
     finally:
         signal.signal(signal.SIGINT, previous)
     assert isinstance(st.error(), sgl.ProgramAborted)
@@ -1792,10 +1774,9 @@ def test_ctrl_c_during_a_gen_of_run_use_thread_false_aborts_it_and_stops_the_pro
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            timer = _interrupt_main_when(lambda: be.calls)  # (once the gen runs, on this thread)
+        # (once the gen runs, on this thread)
+        with interrupt_main_when(lambda: be.calls), pytest.raises(KeyboardInterrupt):
             prog.run(backend=be, use_thread=False)
-        timer.join()
     finally:
         signal.signal(signal.SIGINT, previous)
     assert after == [] and len(be.aborted) == 1 and be.kinds() == ["generate"]
@@ -3685,11 +3666,9 @@ def test_ctrl_c_in_run_batch_aborts_the_running_items_and_starts_no_more():
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            # (once the 4 running items' gens are in flight)
-            timer = _interrupt_main_when(lambda: be.kinds().count("generate") >= 4)
+        # (once the 4 running items' gens are in flight)
+        with interrupt_main_when(lambda: be.kinds().count("generate") >= 4), pytest.raises(KeyboardInterrupt):
             prog.run_batch([(i,) for i in range(10)], num_threads=4, backend=be)
-        timer.join()
     finally:
         signal.signal(signal.SIGINT, previous)
     # the 4 running items' requests were aborted; the 6 others never asked for one
@@ -3750,7 +3729,10 @@ def test_ctrl_c_while_run_batch_submits_its_items_still_says_which_had_finished(
     """The items were submitted in one list comprehension, so a Ctrl-C that landed before the last
     submit left the list of submitted items empty: items 0 and 1 had finished, and the message said
     "no item had finished (0 of 5)". One thread: items 0 and 1 finish, item 2's request waits until
-    aborted, and the Ctrl-C lands in the submit of item 4 (raised there, where a signal would be)."""
+    aborted, and the SIGINT is sent in the submit of item 4. (The submits now hold it until they are
+    all made: one that landed in a submit's Thread.start left that worker out of the pool's join.)"""
+    import signal
+
     import lmnb.interpreter
 
     class Held(ScriptedBackend):  # item 2's request runs until aborted; the others reply at once
@@ -3774,7 +3756,7 @@ def test_ctrl_c_while_run_batch_submits_its_items_still_says_which_had_finished(
                 deadline = time.monotonic() + 30
                 while not be.held and time.monotonic() < deadline:  # (items 0 and 1 have finished)
                     time.sleep(0.01)
-                raise KeyboardInterrupt
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             return super().submit(*args, **kwargs)
 
     monkeypatch.setattr(lmnb.interpreter, "ThreadPoolExecutor", CtrlCAtTheFifthSubmit)
@@ -3783,8 +3765,12 @@ def test_ctrl_c_while_run_batch_submits_its_items_still_says_which_had_finished(
     def prog(s, n):
         s += f"{n}: " + sgl.gen("a")
 
-    with pytest.raises(KeyboardInterrupt) as caught:
-        prog.run_batch([(i,) for i in range(5)], num_threads=1, backend=be)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            prog.run_batch([(i,) for i in range(5)], num_threads=1, backend=be)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert str(caught.value) == (
         "run_batch was stopped: items 0-1 had finished (2 of 5); the requests of the other 3 were aborted or never "
         "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
@@ -3918,23 +3904,21 @@ def test_a_second_ctrl_c_while_the_first_aborts_the_requests_still_aborts_them_a
     prog = _two_branch_program()
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt) as caught:
+        if call == "run_batch":
+            ready = lambda: len(be.calls) == 2 and main_thread_waits_on_a_future()  # noqa: E731
+        else:  # (a streamed run's gens stream; the fork's shared prefix is prefilled first)
+            ready = lambda: sum(k in ("generate", "stream") for k in be.kinds()) == 2 and _main_thread_waits_in_lmnb()  # noqa: E731
+        with interrupt_main_when(ready), pytest.raises(KeyboardInterrupt) as caught:
             if call == "run_batch":
                 @sgl.function
                 def item(s, n):
                     s += f"{n}: " + sgl.gen("a")
 
-                timer = _interrupt_main_when(lambda: len(be.calls) == 2 and main_thread_waits_on_a_future())
                 item.run_batch([(0,), (1,)], num_threads=2, backend=be)
+            elif call == "run":
+                prog.run(backend=be)
             else:
-                # (a streamed run's gens stream; the fork's shared prefix is prefilled first)
-                timer = _interrupt_main_when(
-                    lambda: sum(k in ("generate", "stream") for k in be.kinds()) == 2 and _main_thread_waits_in_lmnb())
-                if call == "run":
-                    prog.run(backend=be)
-                else:
-                    prog.run(backend=be, stream=True).sync()
-        timer.join()
+                prog.run(backend=be, stream=True).sync()
     finally:
         signal.signal(signal.SIGINT, previous)
     said = {
@@ -3964,8 +3948,12 @@ def test_a_second_ctrl_c_while_run_batch_waits_for_its_aborted_items_still_says_
     """A second Ctrl-C while run_batch waited for its aborted items' bodies to return (their requests
     aborted already) raised a bare KeyboardInterrupt from the thread pool's join; now it stops that
     wait and raises the batch's own message. The aborted request sends the second SIGINT once the
-    main thread waits in the join, before its body returns."""
+    main thread waits in the join, and the item's body returns only after it: a body that returned
+    first ended the join before the request saw it, and the SIGINT, sent 10 s later, stopped
+    whatever test ran then (or the interpreter's exit)."""
     import signal
+
+    second_sent = threading.Event()
 
     class AgainWhileJoined(InterruptingBackend):
         def generate(self, prompt, params, rid):
@@ -3974,13 +3962,17 @@ def test_a_second_ctrl_c_while_run_batch_waits_for_its_aborted_items_still_says_
             while not _main_thread_joins_a_thread() and time.monotonic() < deadline:
                 time.sleep(0.001)
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            second_sent.set()
             return out
 
     be = AgainWhileJoined("0: ")
 
     @sgl.function
     def item(s, n):
-        s += f"{n}: " + sgl.gen("a")
+        try:
+            s += f"{n}: " + sgl.gen("a")
+        finally:  # (aborted or not; on the batch's pool thread, which run_batch's join waits for)
+            second_sent.wait(30)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -3993,6 +3985,7 @@ def test_a_second_ctrl_c_while_run_batch_waits_for_its_aborted_items_still_says_
         "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
         "hands on each state as it comes)")
     assert be.aborted == sorted(be._marked) and len(be.aborted) == 1
+    assert second_sent.is_set()  # (sent while the test ran, not after it)
 
 
 class _CtrlCInPrefill(ScriptedBackend):
@@ -4071,10 +4064,9 @@ def test_ctrl_c_in_a_fork_or_join_outside_a_program_aborts_what_it_waited_for_an
         requests = 2
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        timer = _interrupt_main_when(lambda: be.kinds().count("generate") == requests and _main_thread_waits_in_lmnb())
-        with pytest.raises(KeyboardInterrupt) as caught:
+        ready = lambda: be.kinds().count("generate") == requests and _main_thread_waits_in_lmnb()  # noqa: E731
+        with interrupt_main_when(ready), pytest.raises(KeyboardInterrupt) as caught:
             st.fork(2) if wait == "fork" else forks.join()
-        timer.join()
     finally:
         signal.signal(signal.SIGINT, previous)
     assert len(be.aborted) == requests and len(set(be.aborted)) == requests
