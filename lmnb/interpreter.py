@@ -643,7 +643,8 @@ def _batch_stopped(size: int, finished: list[int], yielded: Optional[int]) -> Ke
     plural = "s" if len(finished) != 1 else ""
     done = f"item{plural} {item_ranges(finished)} had finished" if finished else "no item had finished"
     left = size - len(finished)
-    rest = f"; the requests of the other {left} were aborted or never sent" if left else ""
+    rest = ("" if not left else "; the request of the other item was aborted or never sent" if left == 1 else
+            f"; the requests of the other {left} were aborted or never sent")
     kept = (f"; it had yielded {yielded} state{'s' if yielded != 1 else ''}" if yielded is not None else
             "; it returned no states: run it again (generator_style=True hands on each state as it comes)")
     return stopped(f"run_batch was stopped: {done} ({len(finished)} of {size}){rest}, and the backend is free "

@@ -3981,7 +3981,7 @@ def test_a_second_ctrl_c_while_run_batch_waits_for_its_aborted_items_still_says_
     finally:
         signal.signal(signal.SIGINT, previous)
     assert str(caught.value) == (
-        "run_batch was stopped: no item had finished (0 of 1); the requests of the other 1 were aborted or never "
+        "run_batch was stopped: no item had finished (0 of 1); the request of the other item was aborted or never "
         "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
         "hands on each state as it comes)")
     assert be.aborted == sorted(be._marked) and len(be.aborted) == 1
