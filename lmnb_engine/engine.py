@@ -1307,6 +1307,24 @@ class Engine:
             scheduler.call(lambda: self._abort_here(rid))
         return True
 
+    def queue_abort(self, rid: str) -> None:
+        """``abort(rid)`` without waiting for its answer: the abort is queued for the scheduler's
+        next pause between steps, ahead of any call made after this one, and this returns at once.
+        For a clean-up that must not be held up by a long step (a long prefill, a first kernel
+        compile) or a wedged scheduler: lmnb aborts a stopped program's requests so, with Ctrl-C
+        held (``lmnb.interrupt.held_interrupts``). Once the engine is shut down it does nothing
+        (the shutdown ended every request).
+
+        Raises ``TypeError`` for a ``rid`` that is no string, as ``abort``."""
+        if not isinstance(rid, str):
+            raise TypeError(f"abort takes a request's rid, a string; got {type(rid).__name__}")
+        scheduler = self.scheduler
+        try:
+            scheduler.call(lambda: self._abort_here(rid))
+        except RuntimeError:
+            if scheduler.alive:  # (only the shutdown's refusal means there is nothing to abort)
+                raise
+
     def _abort_here(self, rid: str) -> bool:
         """``Engine.abort`` on the scheduler thread, between steps: the requests of ``rid`` it
         holds end now; so do those of a handle registered but not queued yet (another thread is

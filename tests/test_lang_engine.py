@@ -1471,3 +1471,37 @@ def test_a_gen_under_the_models_chat_template_ends_at_its_end_of_message_token(b
     assert ids(state) == ref[: k + 1]
     assert state["a"] == tok.decode(ref[:k], skip_special_tokens=True)
     assert state.get_meta_info("a")["finish_reason"] == {"type": "stop", "matched": "<|end|>"}
+
+
+def test_ctrl_c_in_run_does_not_wait_for_the_engines_step_to_abort(backend, tiny_engine):
+    # Ctrl-C's clean-up aborts the requests with the next press held (lmnb.interrupt.held_interrupts),
+    # so it must not wait: the abort used to wait for the scheduler's answer, i.e. for the end of the
+    # step it was running (a long prefill, a first kernel compile; a wedged one never), and every
+    # press meanwhile was swallowed. Here the scheduler is held in a "step" that only ends once run()
+    # has raised (or after 30 s, which is the failure), and the gen's request waits behind it: the
+    # abort is queued, and ends the request at the scheduler's next pause.
+    from helpers_lang import interrupt_main_when
+
+    gate, held, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_scheduler():
+        held.set()
+        gate.wait(30)
+        ended.set()
+
+    @sgl.function
+    def prog(s):
+        s += "Many words:"
+        s += sgl.gen("w", max_tokens=400, ignore_eos=True)
+
+    try:
+        tiny_engine.scheduler.call(hold_the_scheduler)
+        assert held.wait(30)
+        with interrupt_main_when(lambda: tiny_engine.scheduler._inbox.qsize() > 0):  # (the gen's submit waits)
+            with pytest.raises(KeyboardInterrupt, match="^run was stopped"):
+                prog.run(backend=backend)
+        assert not ended.is_set()  # it raised while the scheduler was still in its step
+    finally:
+        gate.set()
+    assert tiny_engine.cache_stats()["running_requests"] == 0  # (the queued abort came before this call)
+    assert prog.run(backend=backend, max_new_tokens=4)["w"]  # the engine runs the next call

@@ -589,9 +589,9 @@ class Engine(AssignableChatTemplate, BaseBackend):
             if rid in self._sub_rids:  # a select: what it submits after this is not submitted
                 self._aborted.add(rid)
             rids = [rid] + self._sub_rids.get(rid, [])
-        for r in rids:
+        for r in rids:  # (queued, not waited for: a Ctrl-C's clean-up holds the next press meanwhile)
             with contextlib.suppress(Exception):  # (what a failed release raised: of any type)
-                self.engine.abort(r)
+                self.engine.queue_abort(r)
 
     def flush_cache(self, empty_cache: bool = True) -> bool:
         """Drop the engine's prefix cache. ``empty_cache`` (SGLang's ``RuntimeEndpoint.flush_cache``
