@@ -339,6 +339,10 @@ def exception_text(exc: BaseException) -> str:
 # fork(20000) after one short fill, and benches/results/2026-12-06-cpu-wide-programs.md 6.3 GB of
 # max RSS for fork(1,000,000): this bound is under both, so a fork it refuses could not have fit.
 BRANCH_BYTES_AT_LEAST = 4096
+# Forks whose branches need at most this are not weighed: asking psutil reads /proc/meminfo, about
+# 0.15 ms, a tenth to a half of a fork(2) and its join (0.8-1.7 ms) on a loaded machine; no machine
+# that runs lmnb at all has less RAM available than this.
+UNWEIGHED_FORK_BYTES = 16 << 20
 
 
 def _available_ram_bytes() -> int:
@@ -355,7 +359,8 @@ def _fork_size(size: Any) -> int:
 
     There is no fixed cap (fork(1,000,000) is in benches/bench_wide_programs' results): a size is
     refused where its branches, ``BRANCH_BYTES_AT_LEAST`` each, need more than the RAM available,
-    as ``s.fork(10**5000)`` made branches one by one until the process was killed for memory.
+    as ``s.fork(10**5000)`` made branches one by one until the process was killed for memory (those
+    of ``UNWEIGHED_FORK_BYTES`` at most, 4096 branches, are taken without asking).
 
     Raises:
         ValueError: not an integer, below 1, or more branches than the available RAM holds.
@@ -366,6 +371,8 @@ def _fork_size(size: Any) -> int:
         n = None
     if n is None or isinstance(size, bool) or n < 1:
         raise ValueError(f"fork size must be an integer >= 1, got {shown_value(size)}")
+    if n * BRANCH_BYTES_AT_LEAST <= UNWEIGHED_FORK_BYTES:
+        return n
     available = _available_ram_bytes()
     if n * BRANCH_BYTES_AT_LEAST > available:
         raise ValueError(
