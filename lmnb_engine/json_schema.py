@@ -1186,17 +1186,18 @@ def _keyword_type(error: Any) -> Optional[str]:
         return None
     meaning = _KEYWORD_VALUES.get(path[-1])
     fix = f": write [{given}]" if wanted == ["array"] and not isinstance(error.instance, (list, dict)) else ""
-    number = _number_in_string(error.instance, wanted, counts=path[-1] in _COUNTED)
+    number = _number_in_string(error.instance, wanted, counts=path[-1] in _COUNTED,
+                               positive=path[-1] == "multipleOf")
     if number is not None:
         fix = f": write {json_value(path[-1])}: {number}"
     return f"{json_value(path[-1])} must be {takes}{f' ({meaning})' if meaning else ''}, not {given}{fix}"
 
 
-def _number_in_string(value: Any, wanted: list, counts: bool) -> Optional[str]:
+def _number_in_string(value: Any, wanted: list, counts: bool, positive: bool = False) -> Optional[str]:
     """The number a string ``value`` holds (``"3"``, the value of a keyword of JSON type ``wanted``,
     ``["integer"]`` or ``["number"]``, quoted), written as JSON writes it, where it is of that type
     (an integer: one with no fraction, as JSON Schema counts 3.0) and, for a keyword that ``counts``
-    (``_COUNTED``), not below 0; else None. ``"minLength": "3"`` was told only that "minLength" must
+    (``_COUNTED``), not below 0; for one that must be ``positive`` (``multipleOf``), above 0; else None. ``"minLength": "3"`` was told only that "minLength" must
     be an integer, not "3", without the fix: the quotes off."""
     if wanted not in (["integer"], ["number"]) or not isinstance(value, str):
         return None
@@ -1208,7 +1209,7 @@ def _number_in_string(value: Any, wanted: list, counts: bool) -> Optional[str]:
         return None
     if isinstance(number, float) and not (math.isfinite(number) and (wanted == ["number"] or number.is_integer())):
         return None  # (json reads "NaN" and "Infinity", which JSON has not)
-    return None if counts and number < 0 else json_value(number)
+    return None if (counts and number < 0) or (positive and number <= 0) else json_value(number)
 
 
 def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool:

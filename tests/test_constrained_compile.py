@@ -1320,6 +1320,10 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
                                             'be an integer, not "-1"'),  # (-1 is refused too: no count below 0)
     ({"type": "number", "minimum": "NaN"}, 'JSON schema at #/minimum is not a valid JSON Schema: "minimum" must be a '
                                            'number, not "NaN"'),  # (Python's json reads it; JSON has no NaN)
+    ({"type": "integer", "multipleOf": "0"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
+                                             'must be a number, not "0"'),  # (0 is refused too: it must be above 0)
+    ({"type": "integer", "multipleOf": "2"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
+                                             'must be a number, not "2": write "multipleOf": 2'),
     ({"type": "array", "items": 5}, 'JSON schema at #/items is not a valid JSON Schema: a schema must be an object or a '
                                     'boolean (true: any value, false: none), not 5'),
     ("[1]", "json_schema must be a JSON object or a boolean, got [1]"),
@@ -1332,7 +1336,7 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
      "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
 ], ids=["type strng", "properties 5", "type 5", "type holds null", "type []", "type twice", "format 5", "pattern 5",
          "required a", "required 1", "properties []", "enum 5", "minLength 3", "maxItems 2", "maximum -1.5",
-         "maxLength 3.5", "minLength -1", "minimum NaN", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
+         "maxLength 3.5", "minLength -1", "minimum NaN", "multipleOf 0", "multipleOf 2", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
 def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
     """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
     the program ran and the engine compiled it. It is refused at the call now, with the engine's
