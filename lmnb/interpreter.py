@@ -379,10 +379,12 @@ class ProgramStateGroup:
             return
         aborted = []
         for i, st in enumerate(self.states):
-            if i in failed:
-                continue
-            st.abort()  # (a finished branch is left as it is)
             ex = st.stream_executor
+            # (a branch that ran all it was given is left whole and readable: its state is not
+            # finished for abort(), which waits for the join that closes it)
+            if i in failed or (ex.idle() and ex.error_ is None):
+                continue
+            st.abort()
             if isinstance(ex.error_, ProgramAborted):
                 aborted.append(i)
             elif ex.error_ is not None:  # it failed on its own before the abort reached it
@@ -511,6 +513,7 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
             raise
         ex.wait_idle()  # what the body submitted before it raised still runs
         ex.fail(f"the body of program {getattr(func, '__name__', '?')!r}", e)
+        ex.close()  # (first, as a plain run's body ends before run() aborts: a branch that had finished stays readable)
         ex.abort()  # (the error is set: this stops only the unjoined fork branches, which nothing can join now)
     finally:
         ex.end_body()

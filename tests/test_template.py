@@ -1949,6 +1949,65 @@ def test_a_failed_fork_branch_is_told_at_once_and_the_branches_still_running_are
     assert set(backend.aborted) == {backend.rids["b0"], backend.rids["b2"]}
 
 
+@pytest.mark.parametrize("how", ["run", "stream", "export"])
+def test_a_branch_that_had_finished_when_a_sibling_failed_is_not_aborted_and_stays_readable(how):
+    # {join} aborted every branch but the failed ones, a finished one too: its whole text became a
+    # ProgramAborted (ForkError.states[0]["x"] raised), and the message said it was "still running";
+    # a streamed run's failed body then aborted it again (its unjoined branches were not closed yet).
+    import time
+
+    from helpers_lang import ScriptedBackend
+
+    from lmnb.backend.base import Completion
+    from lmnb.executor import ForkError
+
+    class Backend(ScriptedBackend):
+        def __init__(self):
+            super().__init__(delay=20)  # (b2 waits up to 20 s to be aborted)
+            self.b0_done, self.rids = threading.Event(), {}
+
+        def _enter(self, prompt, rid):  # True: b0, which finishes at once
+            self.rids[prompt.text[-2:]] = rid
+            if prompt.text.endswith("b1"):
+                assert self.b0_done.wait(20)
+                time.sleep(0.2)  # (b0's worker takes its answer meanwhile: the branch has finished)
+                raise RuntimeError("the model exploded")
+            return prompt.text.endswith("b0")
+
+        def generate(self, prompt, params, rid):
+            if not self._enter(prompt, rid):
+                return super().generate(prompt, params, rid)
+            self.b0_done.set()
+            return [Completion("done", {"id": rid, "finish_reason": {"type": "stop"}})]
+
+        def generate_stream(self, prompt, params, rid):
+            if not self._enter(prompt, rid):
+                yield from super().generate_stream(prompt, params, rid)
+                return
+            yield "done", {"id": rid}
+            self.b0_done.set()
+            yield "", {"id": rid, "finish_reason": {"type": "stop"}}
+
+    t = parse('Q:{fork b in ["b0", "b1", "b2"]}{b}{gen x max_tokens=5}{join}')
+    program = t.program()
+    if how == "export":
+        ns = {"lmnb": lmnb}
+        exec(t.to_python("cell"), ns)
+        program = ns["cell"]
+    backend = Backend()
+    if how == "stream":
+        error = program.run(stream=True, backend=backend).error()
+    else:
+        with pytest.raises(ForkError) as e:
+            program.run(backend=backend)
+        error = e.value
+    assert str(error) == ("1 of 3 fork branches failed: branch 1: Gen('x') failed: RuntimeError: the model exploded; "
+                          "the branch still running (2) was aborted")
+    assert list(error.errors) == [1] and error.aborted == (2,)
+    assert backend.aborted == [backend.rids["b2"]]
+    assert error.states[0]["x"] == "done" and error.states[0].error() is None
+
+
 def test_walk_yields_every_node_of_a_cell_roles_and_forks_bodies_too_in_cell_order():
     """The checks of a cell's holes (the export's of a primitive in a hole, a call of a kernel
     variable's) walk one tree: a hole inside a role inside a fork is reached, after its fork's own node."""
