@@ -3801,6 +3801,58 @@ def test_ctrl_c_while_run_batch_submits_its_items_still_says_which_had_finished(
     assert len(be.aborted) == 1 and len([c for c in be.calls if c[0] == "generate"]) == 3
 
 
+def test_ctrl_c_while_run_batch_submits_its_items_submits_no_more(monkeypatch):
+    """The submits held SIGINT until every item was submitted (200,000 took 3.5 s, every press
+    meanwhile unanswered); each submit holds it now, and the batch stops before the next. One
+    thread: items 0 and 1 finish, item 2's request waits until aborted, and the SIGINT is sent in
+    the submit of item 4, of 50: items 5-49 are never submitted."""
+    import signal
+
+    import lmnb.interpreter
+
+    class Held(ScriptedBackend):  # item 2's request runs until aborted; the others reply at once
+        def _wait(self, rid):
+            return super()._wait(rid) if rid in self.held else False
+
+        def generate(self, prompt, params, rid):
+            if prompt.text.endswith(" 2: "):
+                self.held.add(rid)
+            return super().generate(prompt, params, rid)
+
+    be = Held(lambda p, params: "done", delay=30)
+    be.held = set()
+    submitted = []
+
+    class CtrlCAtTheFifthSubmit(ThreadPoolExecutor):
+        def submit(self, fn, i, kwargs):
+            submitted.append(i)
+            if i == 4:
+                deadline = time.monotonic() + 30
+                while not be.held and time.monotonic() < deadline:  # (items 0 and 1 have finished)
+                    time.sleep(0.01)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            return super().submit(fn, i, kwargs)
+
+    monkeypatch.setattr(lmnb.interpreter, "ThreadPoolExecutor", CtrlCAtTheFifthSubmit)
+
+    @sgl.function
+    def prog(s, n):
+        s += f"item {n}: " + sgl.gen("a")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            prog.run_batch([(i,) for i in range(50)], num_threads=1, backend=be)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert submitted == [0, 1, 2, 3, 4]
+    assert str(caught.value) == (
+        "run_batch was stopped: items 0-1 had finished (2 of 50); the requests of the other 48 were aborted or never "
+        "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
+        "hands on each state as it comes)")
+    assert len(be.aborted) == 1 and len([c for c in be.calls if c[0] == "generate"]) == 3
+
+
 @pytest.mark.timeout(60)
 def test_ctrl_c_in_text_iter_says_the_requests_were_aborted_and_ends_at_the_users_call(monkeypatch):
     """Ctrl-C while iterating a streamed state's text_iter raised Python's bare KeyboardInterrupt
