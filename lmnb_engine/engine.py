@@ -1498,6 +1498,17 @@ class Engine:
         """Release a ``pin_prefix`` lock (the prefix becomes evictable). ``ValueError`` if unknown."""
         self._call(lambda: self._release_pin(handle))
 
+    def queue_unpin(self, handle: int) -> Future:
+        """``unpin(handle)`` without waiting: the release is queued for the scheduler's next pause
+        between steps, ahead of any call made after this one, and its ``Future`` returned
+        (``ValueError`` there if the handle is unknown). For a caller that holds Ctrl-C while it
+        hands a pin over (lmnb_kernel's ``%lm pin`` / ``%lm unpin``) and waits for the answer
+        after, where a press can stop the wait: a long step or a wedged scheduler held it for good.
+
+        Raises ``RuntimeError`` once the engine is shut down; on the scheduler thread (which would
+        wait for itself), use ``unpin``."""
+        return self.scheduler.call(lambda: self._release_pin(handle))
+
     # --- lifetime -----------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Abort pending requests and stop the scheduler thread (idempotent). Every request accepted

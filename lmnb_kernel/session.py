@@ -301,12 +301,12 @@ class Session:
         except (RuntimeError, ValueError) as e:
             # (the engine's fixes, e.g. a pool too small, as a cell's request error says them: %lm load's options)
             raise CellError(f"could not pin state {name!r}: {self._backend._worded(e)}") from e
-        # (a stop between the two lost a handle, whose pin was never released; unpin waits a step at most)
+        # (a stop between the two lost a handle, whose pin was never released; the old pin's release
+        # is only posted while Ctrl-C is held, and waited for after: a long step held every press)
         with held_interrupts() as held:
-            if named.pin is not None:
-                engine.unpin(named.pin)
-            named.pin = handle
-        if held:  # (a Run-All stops here all the same)
+            old, named.pin = named.pin, handle
+            released = engine.queue_unpin(old) if old is not None else None
+        if _stopped_in(released) or held:  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm pin was stopped once state {name!r} was pinned")
         return len(ids)
 
@@ -333,12 +333,24 @@ class Session:
                             "states are pinned")
         engine = self.engine("%lm unpin")
         # (the engine releases the pin between its steps, waited for or not: a stop in that wait left
-        # the state holding the handle, and the next %lm unpin failed on it as unknown)
+        # the state holding the handle, and the next %lm unpin failed on it as unknown; so the
+        # release is posted and the handle dropped while Ctrl-C is held, and waited for after)
         with held_interrupts() as held:
-            engine.unpin(named.pin)
-            named.pin = None
-        if held:  # (a Run-All stops here all the same)
-            raise cell_interrupt(f"%lm unpin was stopped once state {name!r}'s pin was released")
+            released, named.pin = engine.queue_unpin(named.pin), None
+        if _stopped_in(released) or held:  # (a Run-All stops here all the same)
+            raise cell_interrupt(f"%lm unpin was stopped; state {name!r}'s pin is released all the same, between "
+                                 "the engine's steps")
+
+
+def _stopped_in(released) -> bool:
+    """Wait for ``released`` (an ``Engine.queue_unpin`` future, or None); True if Ctrl-C stopped
+    the wait (the release still happens). Its ``ValueError`` (an unknown handle) is raised."""
+    try:
+        if released is not None:
+            released.result()
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 class SessionBackend:

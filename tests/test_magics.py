@@ -692,11 +692,56 @@ def test_ctrl_c_while_lm_unpin_waits_still_releases_the_pin_and_says_so(ip, monk
             magics.run_command("unpin to_unpin")
         monkeypatch.setattr(engine, "_release_pin", release)
         assert e.value._render_traceback_() == [
-            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm unpin was stopped once state 'to_unpin''s pin was released"]
+            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm unpin was stopped; state 'to_unpin''s pin is released all the "
+            "same, between the engine's steps"]
         assert get_session().states["to_unpin"].pin is None and engine.cache_stats()["pinned_prefixes"] == before
     finally:
         signal.signal(signal.SIGINT, previous)
         run(ip, "%lm reset to_unpin")
+
+
+@pytest.mark.parametrize("command", ["unpin", "pin"])
+def test_ctrl_c_stops_lm_pin_and_unpin_while_the_engine_is_in_a_long_step(ip, monkeypatch, command):
+    """%lm unpin (and %lm pin over an old pin) waited for the engine's release with Ctrl-C held, so
+    while the scheduler ran a long step (a long prefill, a first kernel compile) every press was
+    swallowed until the step ended, forever for a wedged one. The release is now posted with Ctrl-C
+    held and waited for after: the stop ends the wait at once, the release still happens, and the
+    state does not keep the handle. Here the release itself is the long step: it sends the SIGINT,
+    then waits until the main thread has raised (10 s at most)."""
+    import signal
+
+    engine = get_session().backend().engine
+    release = engine._release_pin
+    returned, released = threading.Event(), threading.Event()
+
+    def long_release(handle):  # (on the scheduler thread)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        returned.wait(10)
+        release(handle)
+        released.set()
+
+    assert run(ip, "%%lm --state to_hold\nThe quick brown fox")[0].success
+    before = engine.cache_stats()["pinned_prefixes"]
+    assert run(ip, "%lm pin to_hold")[0].success
+    old = get_session().states["to_hold"].pin
+    monkeypatch.setattr(engine, "_release_pin", long_release)
+    magics = ip.magics_manager.registry["LMMagics"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            magics.run_command(f"{command} to_hold")
+        stopped_before_the_release = not released.is_set()
+        returned.set()
+        assert released.wait(10)
+        monkeypatch.setattr(engine, "_release_pin", release)
+        assert stopped_before_the_release
+        pin = get_session().states["to_hold"].pin
+        assert (pin is None) if command == "unpin" else (pin is not None and pin != old)
+        assert engine.cache_stats()["pinned_prefixes"] == before + (command == "pin")
+    finally:
+        returned.set()
+        signal.signal(signal.SIGINT, previous)
+        run(ip, "%lm reset to_hold")
 
 
 def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
