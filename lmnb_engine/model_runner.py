@@ -132,7 +132,16 @@ class ModelRunner:
             fraction = DEFAULT_MEM_FRACTION[kind] if mem_fraction is None else mem_fraction
             if not 0 < fraction <= 1:
                 raise ValueError(f"mem_fraction={fraction} must be in (0, 1]")
-            max_total_tokens = int(_free_memory_bytes(self.device) * fraction) // per_token
+            share = int(_free_memory_bytes(self.device) * fraction)
+            max_total_tokens = share // per_token
+            # the request-to-token table and the pool's padding slot come out of the share first
+            # (given all of it, mem_fraction=1.0 was refused by _check_pools_fit every time); where
+            # they leave no room, the check names the table's rows
+            rows = min(DEFAULT_MAX_RUNNING[kind] if max_running_requests is None else max_running_requests,
+                       max_total_tokens)
+            room = (share - rows * cfg.context_len * 4) // per_token - 1
+            if room >= 2:
+                max_total_tokens = room
             if kind == "cpu":
                 max_total_tokens = min(max_total_tokens, CPU_MAX_POOL_TOKENS)
             if max_total_tokens < 2:

@@ -447,6 +447,28 @@ def test_a_kv_pool_past_free_memory_is_refused_with_its_bytes_before_any_allocat
         "max_total_tokens unset to size the pool from free memory")
 
 
+def test_mem_fraction_1_sizes_a_pool_that_fits_beside_its_request_to_token_table(tiny_llama, monkeypatch):
+    """mem_fraction=1.0 (documented as allowed) gave every free byte to KV tokens, and the check of
+    the pools against free memory, which counts the request-to-token table and the padding slot
+    too, refused it every time. The table (64 rows on CPU x the context length x 4 bytes) and the
+    padding slot now come out of the share first; 0.5 gives half the bytes, the table still whole."""
+    import json
+
+    import lmnb_engine.model_runner as model_runner
+
+    free = 50 * 2**20
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: free)
+    context_len = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
+    table = 64 * context_len * 4
+    for fraction, share in ((1.0, free), (0.5, free // 2)):
+        engine = Engine(str(tiny_llama), mem_fraction=fraction)
+        try:
+            assert engine.context_len == context_len
+            assert engine.cache_stats()["pool_size"] == (share - table) // 512 - 1  # (512 bytes a token, as above)
+        finally:
+            engine.shutdown()
+
+
 def test_a_kv_pool_that_fits_the_free_memory_but_fails_to_allocate_names_its_option(tiny_llama, monkeypatch):
     """Memory another process takes between the check and the allocation (or a GPU's in pieces):
     the allocator's first line was cut at 120 characters, inside the number of bytes it named, and
