@@ -3747,63 +3747,12 @@ def test_ctrl_c_in_run_batch_says_which_items_finished_and_ends_at_the_users_cal
     assert len(be.aborted) == 1 and len([c for c in be.calls if c[0] == "generate"]) == 3
 
 
-@pytest.mark.timeout(60)
-def test_ctrl_c_while_run_batch_submits_its_items_still_says_which_had_finished(monkeypatch):
-    """The items were submitted in one list comprehension, so a Ctrl-C that landed before the last
-    submit left the list of submitted items empty: items 0 and 1 had finished, and the message said
-    "no item had finished (0 of 5)". One thread: items 0 and 1 finish, item 2's request waits until
-    aborted, and the SIGINT is sent in the submit of item 4. (The submits now hold it until they are
-    all made: one that landed in a submit's Thread.start left that worker out of the pool's join.)"""
-    import signal
-
-    import lmnb.interpreter
-
-    class Held(ScriptedBackend):  # item 2's request runs until aborted; the others reply at once
-        def _wait(self, rid):
-            return super()._wait(rid) if rid in self.held else False
-
-        def generate(self, prompt, params, rid):
-            if prompt.text.endswith("2: "):
-                self.held.add(rid)
-            return super().generate(prompt, params, rid)
-
-    be = Held(lambda p, params: "done", delay=30)
-    be.held = set()
-
-    class CtrlCAtTheFifthSubmit(ThreadPoolExecutor):
-        submits = 0
-
-        def submit(self, *args, **kwargs):
-            CtrlCAtTheFifthSubmit.submits += 1
-            if CtrlCAtTheFifthSubmit.submits == 5:
-                deadline = time.monotonic() + 30
-                while not be.held and time.monotonic() < deadline:  # (items 0 and 1 have finished)
-                    time.sleep(0.01)
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            return super().submit(*args, **kwargs)
-
-    monkeypatch.setattr(lmnb.interpreter, "ThreadPoolExecutor", CtrlCAtTheFifthSubmit)
-
-    @sgl.function
-    def prog(s, n):
-        s += f"{n}: " + sgl.gen("a")
-
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt) as caught:
-            prog.run_batch([(i,) for i in range(5)], num_threads=1, backend=be)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert str(caught.value) == (
-        "run_batch was stopped: items 0-1 had finished (2 of 5); the requests of the other 3 were aborted or never "
-        "sent, and the backend is free for the next call; it returned no states: run it again (generator_style=True "
-        "hands on each state as it comes)")
-    assert len(be.aborted) == 1 and len([c for c in be.calls if c[0] == "generate"]) == 3
-
-
 def test_ctrl_c_while_run_batch_submits_its_items_submits_no_more(monkeypatch):
-    """The submits held SIGINT until every item was submitted (200,000 took 3.5 s, every press
-    meanwhile unanswered); each submit holds it now, and the batch stops before the next. One
+    """A Ctrl-C among the submits: they were one list comprehension, so one that landed before the
+    last left the list of submitted items empty, and the message said "no item had finished (0 of
+    5)" when items 0 and 1 had; then they held SIGINT until every item was submitted (200,000 took
+    3.5 s, every press meanwhile unanswered). Each submit holds it now, the batch stops before the
+    next, and the message counts the finished items. One
     thread: items 0 and 1 finish, item 2's request waits until aborted, and the SIGINT is sent in
     the submit of item 4, of 50: items 5-49 are never submitted."""
     import signal
