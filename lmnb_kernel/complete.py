@@ -191,25 +191,19 @@ def _innermost(source: str) -> str:
     """The end of the Python text ``source`` after its last bracket still open or its last comma
     inside that bracket, leading spaces left out: ``ti`` of ``[ti``, ``[a, (b, ti``, ``{ti``."""
     from lmnb.template.errors import TemplateSyntaxError
-    from lmnb.template.scanner import string_end
+    from lmnb.template.scanner import code_chars
 
     starts = [0]  # where the expression being typed starts, at each depth of open brackets
-    j = 0
-    while j < len(source):
-        c = source[j]
-        if c in "'\"":
-            try:
-                j = string_end(source, j)
-            except TemplateSyntaxError:
-                return source
-            continue
-        if c in "([{":
-            starts.append(j + 1)
-        elif c in ")]}" and len(starts) > 1:
-            starts.pop()
-        elif c == ",":
-            starts[-1] = j + 1
-        j += 1
+    try:
+        for j, c in code_chars(source, curly=False):
+            if c in "([{":
+                starts.append(j + 1)
+            elif c in ")]}" and len(starts) > 1:
+                starts.pop()
+            elif c == ",":
+                starts[-1] = j + 1
+    except TemplateSyntaxError:
+        return source
     return source[starts[-1]:].lstrip()
 
 

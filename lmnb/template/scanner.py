@@ -9,6 +9,7 @@ on their line), which Python refuses: the parser then offers the hole with strai
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 from lmnb.template.errors import CURLY_QUOTES, CURLY_QUOTES_WORDS, TemplateSyntaxError, UnclosedError, line_col
 
@@ -67,18 +68,9 @@ def decode_text(raw: str) -> str:
 def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> int:
     """Index one past the ``}`` that closes the hole opened at ``source[start] == "{"``."""
     stack: list[tuple[str, int]] = []
-    j = start + 1
-    while j < len(source):
-        c = source[j]
-        if c in "'\"":
-            j = string_end(source, j, first_line, indent)
-            continue
-        # a string pasted with curly quotes, which the parser refuses with the hole written straight:
-        # its braces are the string's, as a straight-quoted string's are ({gen x stop=“}”} is one hole)
-        curly = _curly_end(source, j) if c in CURLY_QUOTES else None
-        if curly is not None:
-            j = curly
-            continue
+    # (a string pasted with curly quotes, which the parser refuses with the hole written straight:
+    # its braces are the string's, as a straight-quoted string's are: {gen x stop=“}”} is one hole)
+    for j, c in code_chars(source, start + 1, first_line, indent):
         if c in _OPEN:
             stack.append((c, j))
         elif c in _CLOSE:
@@ -92,7 +84,6 @@ def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> 
                     f"'{c}' does not match '{opener}' opened at col {line_col(source, at, 1, indent)[1]}",
                     source, j, first_line, indent=indent,
                 )
-        j += 1
     curly = _open_curly_quote(source, start + 1)
     if curly is not None:  # (as "a: a string left open, which more lines cannot close, not an open hole)
         raise TemplateSyntaxError("unterminated string literal in hole", source, curly, first_line, indent=indent,
@@ -103,27 +94,38 @@ def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> 
     )
 
 
+def code_chars(text: str, start: int = 0, first_line: int = 1, indent: str = "",
+               curly: bool = True) -> Iterator[tuple[int, str]]:
+    """Yield ``(index, char)`` for the characters of Python ``text`` from ``start`` on that are
+    outside its string literals: straight-quoted ones (``string_end``) and, with ``curly``,
+    curly-quoted ones closed on their line (``_curly_end``); a curly quote that no quote of its
+    kind closes is yielded. The one walk of hole text that ``hole_end``, ``top_level``, and
+    lmnb_kernel's completion share.
+
+    Raises ``TemplateSyntaxError`` (``UnclosedError`` for a triple-quoted one) where a
+    straight-quoted string is never closed, placed as ``string_end`` places it."""
+    j = start
+    while j < len(text):
+        c = text[j]
+        if c in "'\"":
+            j = string_end(text, j, first_line, indent)
+            continue
+        end = _curly_end(text, j) if curly and c in CURLY_QUOTES else None
+        if end is not None:
+            j = end
+            continue
+        yield j, c
+        j += 1
+
+
 def _open_curly_quote(source: str, start: int) -> int | None:
     """The offset of the first curly quote in ``source`` from ``start`` on, outside straight-quoted
     strings, that no curly quote of its kind closes on its line (``_curly_end``); None where there
-    is none."""
-    j = start
-    while j < len(source):
-        c = source[j]
-        if c in "'\"":
-            try:
-                j = string_end(source, j)
-            except TemplateSyntaxError:
-                return None
-            continue
-        if c in CURLY_QUOTES:
-            end = _curly_end(source, j)
-            if end is None:
-                return j
-            j = end
-            continue
-        j += 1
-    return None
+    is none, or a straight-quoted string is left open first."""
+    try:
+        return next((j for j, c in code_chars(source, start) if c in CURLY_QUOTES), None)
+    except TemplateSyntaxError:
+        return None
 
 
 def _curly_end(source: str, start: int) -> int | None:
@@ -175,24 +177,13 @@ def top_level(text: str):
     A string written with curly quotes (“a=b”, which Python refuses) counts as a string too, so
     that what it holds is not read as the cell's syntax (an option b=) but told where it starts."""
     depth = 0
-    j = 0
-    while j < len(text):
-        c = text[j]
-        if c in "'\"":
-            try:
-                j = string_end(text, j)
-            except TemplateSyntaxError:
-                return
-            continue
-        if c in CURLY_QUOTES:
-            end = _curly_end(text, j)  # (as hole_end reads it)
-            if end is not None:
-                j = end
-                continue
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-        elif depth == 0:
-            yield j, c
-        j += 1
+    try:
+        for j, c in code_chars(text):
+            if c in _OPEN:
+                depth += 1
+            elif c in _CLOSE:
+                depth -= 1
+            elif depth == 0:
+                yield j, c
+    except TemplateSyntaxError:  # (an unterminated string: nothing after it is top-level text)
+        return
