@@ -395,6 +395,14 @@ def _lower_max_new_tokens(most: int, params: SamplingParams) -> str:
     return f"lower max_new_tokens{both} to at most {most}"
 
 
+def _check_rid(rid: Any) -> None:
+    """``TypeError`` for an abort's ``rid`` that is no string (a ``RequestHandle`` passed for its
+    rid found nothing, and the request ran on), naming the fix for a handle."""
+    if not isinstance(rid, str):
+        fix = "; call handle.abort(), or abort(handle.rid)" if isinstance(rid, RequestHandle) else ""
+        raise TypeError(f"abort takes a request's rid, a string; got {type(rid).__name__}{fix}")
+
+
 class Engine:
     """An inference engine with RadixAttention, continuous batching and exact outputs.
 
@@ -1293,9 +1301,7 @@ class Engine:
 
         Raises ``TypeError`` for a ``rid`` that is no string (a ``RequestHandle`` passed for its rid
         found nothing, and the request ran on), and ``RuntimeError`` once the engine is shut down."""
-        if not isinstance(rid, str):
-            fix = "; call handle.abort(), or abort(handle.rid)" if isinstance(rid, RequestHandle) else ""
-            raise TypeError(f"abort takes a request's rid, a string; got {type(rid).__name__}{fix}")
+        _check_rid(rid)
         scheduler = self.scheduler
         if not scheduler.on_loop_thread:
             return bool(self._call(lambda: self._abort_here(rid)))
@@ -1316,8 +1322,7 @@ class Engine:
         (the shutdown ended every request).
 
         Raises ``TypeError`` for a ``rid`` that is no string, as ``abort``."""
-        if not isinstance(rid, str):
-            raise TypeError(f"abort takes a request's rid, a string; got {type(rid).__name__}")
+        _check_rid(rid)
         scheduler = self.scheduler
         try:
             scheduler.call(lambda: self._abort_here(rid))
@@ -1483,7 +1488,7 @@ class Engine:
             self._release_pin(handle)
         else:
             with contextlib.suppress(RuntimeError):  # (shut down meanwhile: its pins went with it)
-                self.scheduler.call(lambda: self._release_pin(handle))
+                self.queue_unpin(handle)
 
     def _release_pin(self, handle: Any) -> None:
         """(On the scheduler thread.) Release pin ``handle``; ``ValueError`` if unknown."""
