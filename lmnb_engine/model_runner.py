@@ -44,13 +44,14 @@ def _bytes(n: int) -> str:
     return f"{shown_number(n)} bytes" + (f" ({n / 2**30:.1f} GiB)" if n < 2**1000 else "")
 
 
-def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: bool) -> None:
+def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: bool, free: int) -> None:
     """Refuse, before allocating anything, pools that need more than ``device`` has free (torch
     said "Overflow when unpacking long long" for a KV pool of 10**20 tokens, or its allocator's
     error; on CPU a pool past the free RAM is zero-filled into swap, or the process is killed).
     ``tokens``: the KV pool's capacity (one padding slot comes with it, ``TokenToKVPool``);
     ``rows``: the request→token table's rows (int32, one entry per position of the context);
-    ``asked``: whether the caller gave ``max_total_tokens`` (else it was sized from memory).
+    ``asked``: whether the caller gave ``max_total_tokens`` (else it was sized from memory);
+    ``free``: the bytes ``device`` has free (``_free_memory_bytes``), the figure the pool was sized by.
 
     Raises:
         ValueError: naming the bytes each pool needs, the bytes free, and the sizes that fit.
@@ -61,7 +62,6 @@ def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: b
     per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
     kv = (tokens + 1) * per_token
     table = rows * cfg.context_len * 4
-    free = _free_memory_bytes(device)
     if kv + table <= free:
         return
     pool = f"a KV pool of {shown_number(tokens)} tokens"
@@ -128,11 +128,14 @@ class ModelRunner:
         kind = "cuda" if self.device.type == "cuda" else "cpu"
         per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
         asked = max_total_tokens is not None
+        # (read once: sizing and the check weigh one figure; on CPU MemAvailable moves between two
+        # reads, and a pool sized to all of the first could be refused by a lower second)
+        free = _free_memory_bytes(self.device)
         if max_total_tokens is None:
             fraction = DEFAULT_MEM_FRACTION[kind] if mem_fraction is None else mem_fraction
             if not 0 < fraction <= 1:
                 raise ValueError(f"mem_fraction={fraction} must be in (0, 1]")
-            share = int(_free_memory_bytes(self.device) * fraction)
+            share = int(free * fraction)
             max_total_tokens = share // per_token
             # the request-to-token table and the pool's padding slot come out of the share first
             # (given all of it, mem_fraction=1.0 was refused by _check_pools_fit every time); where
@@ -160,7 +163,7 @@ class ModelRunner:
         # each running request holds at least one KV slot, so more rows could never run (as SGLang
         # caps it); 10**7 rows of the request→token table would take 20 GB at a 512-token context
         max_running_requests = min(max_running_requests, max_total_tokens)
-        _check_pools_fit(self.device, cfg, max_total_tokens, max_running_requests, asked)
+        _check_pools_fit(self.device, cfg, max_total_tokens, max_running_requests, asked, free)
         self.max_total_tokens = max_total_tokens
         self.sized_from_memory = not asked  # (mem_fraction sized the pool: the option to lower)
         self.max_running_requests = max_running_requests
