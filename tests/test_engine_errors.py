@@ -469,6 +469,27 @@ def test_mem_fraction_1_sizes_a_pool_that_fits_beside_its_request_to_token_table
             engine.shutdown()
 
 
+def test_a_pool_sized_from_free_memory_is_not_refused_when_free_memory_drops_after(tiny_llama, monkeypatch):
+    """The pool was sized from one read of the free memory and checked against a second: on CPU
+    MemAvailable moves between reads, and mem_fraction=1.0's pool, sized to all of the first, was
+    refused by a second read a byte lower. Sizing and the check weigh one figure now."""
+    import json
+
+    import lmnb_engine.model_runner as model_runner
+
+    free = 50 * 2**20
+    reads = iter([free] + [free - 1] * 10)  # (the RAM falls by a byte after the first read)
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: next(reads))
+    context_len = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
+    table = 64 * context_len * 4  # (64 rows on CPU; the pool fills the rest to the byte: 512 divides it)
+    assert (free - table) % 512 == 0
+    engine = Engine(str(tiny_llama), mem_fraction=1.0)
+    try:
+        assert engine.cache_stats()["pool_size"] == (free - table) // 512 - 1
+    finally:
+        engine.shutdown()
+
+
 def test_a_kv_pool_that_fits_the_free_memory_but_fails_to_allocate_names_its_option(tiny_llama, monkeypatch):
     """Memory another process takes between the check and the allocation (or a GPU's in pieces):
     the allocator's first line was cut at 120 characters, inside the number of bytes it named, and
