@@ -1155,6 +1155,20 @@ def test_an_abort_given_no_rid_string_raises_and_names_the_fix(long_engine):
     assert_idle_accounting(engine)
 
 
+def test_queue_abort_given_no_rid_string_raises_and_names_the_fix_as_abort_does(engine):
+    """queue_abort(handle) (a handle passed for its rid) said only "got RequestHandle", without the
+    fix abort names (call handle.abort(), or abort(handle.rid)); it checks its rid as abort does."""
+    h = engine.submit("the dog", SamplingParams(max_new_tokens=4, temperature=0.0))
+    with pytest.raises(TypeError, match=r"^abort takes a request's rid, a string; got RequestHandle; call "
+                                        r"handle.abort\(\), or abort\(handle.rid\)$"):
+        engine.queue_abort(h)
+    for rid in (["x"], 5, None):
+        with pytest.raises(TypeError, match=rf"^abort takes a request's rid, a string; got {type(rid).__name__}$"):
+            engine.queue_abort(rid)
+    assert h.result(timeout=60).finish_reason.type in ("length", "stop")  # (the request ran on)
+    assert_idle_accounting(engine)
+
+
 def test_closing_a_stream_early_aborts_the_request(long_engine):
     # (a request that ended before the close would leave the engine idle without any abort)
     engine = long_engine
