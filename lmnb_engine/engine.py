@@ -395,7 +395,7 @@ def _lower_max_new_tokens(most: int, params: SamplingParams) -> str:
     return f"lower max_new_tokens{both} to at most {most}"
 
 
-def _check_rid(rid: Any) -> None:
+def _check_abort_rid_type(rid: Any) -> None:
     """``TypeError`` for an abort's ``rid`` that is no string (a ``RequestHandle`` passed for its
     rid found nothing, and the request ran on), naming the fix for a handle."""
     if not isinstance(rid, str):
@@ -1301,7 +1301,7 @@ class Engine:
 
         Raises ``TypeError`` for a ``rid`` that is no string (a ``RequestHandle`` passed for its rid
         found nothing, and the request ran on), and ``RuntimeError`` once the engine is shut down."""
-        _check_rid(rid)
+        _check_abort_rid_type(rid)
         scheduler = self.scheduler
         if not scheduler.on_loop_thread:
             return bool(self._call(lambda: self._abort_here(rid)))
@@ -1322,7 +1322,7 @@ class Engine:
         (the shutdown ended every request).
 
         Raises ``TypeError`` for a ``rid`` that is no string, as ``abort``."""
-        _check_rid(rid)
+        _check_abort_rid_type(rid)
         scheduler = self.scheduler
         try:
             scheduler.call(lambda: self._abort_here(rid))
