@@ -46,7 +46,8 @@ def load_ipython_extension(shell) -> None:
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, the input transform, lmnb's default backend, the
+    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, the input transform, the session's
+    backend as lmnb's default (a backend the user set with ``lmnb.set_default_backend`` stays), the
     ``lmnb`` name and the kernel session's surrogate-safe packer (set at load); the session
     (engine, states) stays for a reload."""
     import lmnb
@@ -76,4 +77,7 @@ def unload_ipython_extension(shell) -> None:
             shell.magics_manager.magics[kind].pop("lm", None)
         del shell._lmnb_magics
     lmnb.api.set_unset_default(None)
-    lmnb.set_default_backend(None)
+    from lmnb_kernel.session import SessionBackend
+
+    if isinstance(lmnb.api._default_backend, SessionBackend):  # (a backend the user set is theirs to keep)
+        lmnb.set_default_backend(None)

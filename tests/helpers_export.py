@@ -100,13 +100,20 @@ class NotebookRunner:
     def __init__(self):
         from helpers_shell import process_shell
 
+        import lmnb
+
         self.shell = process_shell()
+        self.default_backend = lmnb.api._default_backend
         self.run_cell("%load_ext lmnb_kernel")
 
     def close(self) -> None:
         """Unload the extension, so its post-cell hooks (``%lm tree`` refresh) leave the shared
-        process shell with it."""
+        process shell with it, and put back lmnb's default backend (a notebook's cell may set its
+        own, which unloading keeps)."""
+        import lmnb
+
         self.shell.extension_manager.unload_extension("lmnb_kernel")
+        lmnb.api._default_backend = self.default_backend
 
     def run_cell(self, source: str) -> None:
         from IPython.utils.capture import capture_output

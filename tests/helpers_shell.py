@@ -25,13 +25,18 @@ def process_shell():
 @contextmanager
 def lm_shell(model_dir):
     """The process shell with the ``lmnb_kernel`` extension loaded and the kernel session's engine
-    on checkpoint ``model_dir``; on exit the session is closed and the extension unloaded."""
+    on checkpoint ``model_dir``; on exit the session is closed, the extension unloaded and lmnb's
+    default backend put back as it was."""
     from lmnb_kernel.session import EngineConfig, get_session
 
+    import lmnb
+
     shell = process_shell()
+    default_backend = lmnb.api._default_backend
     shell.extension_manager.load_extension("lmnb_kernel")
     session = get_session()
     session.load(EngineConfig(model=str(model_dir)))
     yield shell
     session.close()
     shell.extension_manager.unload_extension("lmnb_kernel")
+    lmnb.api._default_backend = default_backend  # (unloading keeps a backend a cell set: not the next test's)

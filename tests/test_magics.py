@@ -1394,6 +1394,21 @@ def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back
     assert result.success, out.stdout
 
 
+def test_unloading_the_extension_keeps_a_default_backend_the_user_set(ip):
+    # %unload_ext lmnb_kernel set lmnb's default to None even when a cell had set its own backend:
+    # the user's next program went to the demo engine instead of theirs
+    theirs = BaseBackend()
+    with capture_output():  # (the kernel's note that Python programs leave its engine)
+        lmnb.set_default_backend(theirs)
+    ip.extension_manager.unload_extension("lmnb_kernel")
+    try:
+        assert lmnb.global_config.default_backend is theirs
+    finally:
+        lmnb.set_default_backend(None)
+        ip.extension_manager.load_extension("lmnb_kernel")
+    assert type(lmnb.global_config.default_backend).__name__ == "SessionBackend"
+
+
 def test_a_comment_above_the_lm_line_is_named_and_code_above_it_is_left_to_ipython(ip):
     # IPython read the cell as Python ("%lm" line magic, then the prompt) and said only
     # "invalid syntax. Perhaps you forgot a comma?" for the prompt's text
