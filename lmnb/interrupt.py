@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 import types
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 _PACKAGES = ("lmnb", "lmnb_engine")
 
@@ -43,20 +43,27 @@ def _structured(interrupt: KeyboardInterrupt) -> list[str]:
 
 
 @contextlib.contextmanager
-def held_interrupts() -> Iterator[list[int]]:
+def held_interrupts(on_first: Optional[Callable[[], None]] = None) -> Iterator[list[int]]:
     """Hold SIGINT (Ctrl-C, a notebook's stop button) while the block runs; yields the list of the
-    signals held, filled as they come, for a caller to raise for them after. For the clean-up of a
+    signals held, filled as they come, for a caller to raise for them after; ``on_first()`` is
+    called when the first arrives (to say when it will take effect). For the clean-up of a
     stop (aborting requests), which a second press would cut short, leaving requests generating for
     no one: that press is part of the stop being raised, and nothing more is raised for it. The
     block must not wait for long (sending aborts does not: a remote backend posts them from threads
-    of its own), as the process cannot be interrupted meanwhile. Off the main thread, where Python
-    never delivers a signal, a no-op."""
+    of its own), or must say so in ``on_first`` (the kernel's model load), as the process cannot be
+    interrupted meanwhile. Off the main thread, where Python never delivers a signal, a no-op."""
     held: list[int] = []
     # (a handler set outside Python, which getsignal reads as None, could not be put back)
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield held
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+
+    def hold(signum, frame) -> None:
+        if not held and on_first is not None:
+            on_first()
+        held.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
     try:
         yield held
     finally:

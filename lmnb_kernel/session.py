@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 from dataclasses import dataclass, field, fields
@@ -30,21 +29,11 @@ def interrupt_after():
     cut short by an interrupt stays half-initialised, and every later load fails until the kernel
     restarts (torch cannot register its operators twice). Off the main thread, a no-op.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
+    def say_when() -> None:
+        sys.stderr.write("lmnb: the model is loading; the interrupt takes effect once it is loaded\n")
 
-    def hold(signum, frame):
-        if not held:
-            sys.stderr.write("lmnb: the model is loading; the interrupt takes effect once it is loaded\n")
-        held.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
+    with held_interrupts(on_first=say_when) as held:
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
     if held:
         raise cell_interrupt("stopped once the model had loaded; it stays loaded for the next cell")
 

@@ -162,15 +162,29 @@ def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0):
 
 def main_thread_waits_on_a_future() -> bool:
     """Whether the main thread is blocked in ``concurrent.futures.Future.result`` now (read from its
-    frames), e.g. a run_batch waiting for its next item."""
+    frames), e.g. a run_batch waiting for its next item. Blocked, not only inside it: its innermost
+    frame must stand still over 50 ms while this thread sleeps (leaving it the GIL). A SIGINT sent
+    while it is still on its way to the lock's wait only marks the signal, which Python then acts on
+    when the wait ends (an item finished, a release done), not at once."""
     import sys
 
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None:
-        if frame.f_code.co_name == "result" and "concurrent" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
+    def innermost():
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        top = frame
+        while frame is not None:
+            if frame.f_code.co_name == "result" and "concurrent" in frame.f_code.co_filename:
+                return top.f_code, top.f_lasti
+            frame = frame.f_back
+        return None
+
+    first = innermost()
+    if first is None:
+        return False
+    for _ in range(5):
+        time.sleep(0.01)
+        if innermost() != first:
+            return False
+    return True
 
 
 def pace_stream(backend, monkeypatch) -> threading.Event:

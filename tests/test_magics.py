@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -706,15 +707,22 @@ def test_ctrl_c_stops_lm_pin_and_unpin_while_the_engine_is_in_a_long_step(ip, mo
     while the scheduler ran a long step (a long prefill, a first kernel compile) every press was
     swallowed until the step ended, forever for a wedged one. The release is now posted with Ctrl-C
     held and waited for after: the stop ends the wait at once, the release still happens, and the
-    state does not keep the handle. Here the release itself is the long step: it sends the SIGINT,
-    then waits until the main thread has raised (10 s at most)."""
+    state does not keep the handle. Here the release itself is the long step: once the main thread
+    is blocked waiting for it, it sends the SIGINT, then waits until the main thread has raised (10 s
+    at most). (Sent at once, it could land while the release was being posted, with Ctrl-C held: the
+    stop then came after the release, as it should, and the test failed on an idle machine.)"""
     import signal
+
+    from helpers_lang import main_thread_waits_on_a_future
 
     engine = get_session().backend().engine
     release = engine._release_pin
     returned, released = threading.Event(), threading.Event()
 
     def long_release(handle):  # (on the scheduler thread)
+        deadline = time.monotonic() + 10
+        while not main_thread_waits_on_a_future() and time.monotonic() < deadline:
+            pass
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         returned.wait(10)
         release(handle)
@@ -1629,6 +1637,7 @@ def test_ctrl_c_during_a_load_still_shows_what_loaded_and_the_states_it_dropped(
     def load_with_an_interrupt(self, config):
         with session_module.interrupt_after():
             os.kill(os.getpid(), signal.SIGINT)  # the kernel's interrupt, arriving mid-load
+            os.kill(os.getpid(), signal.SIGINT)  # pressed again: said once
             self.close()
             self.config, self._backend, self.remote = config, Backend(), None
 
@@ -1640,6 +1649,7 @@ def test_ctrl_c_during_a_load_still_shows_what_loaded_and_the_states_it_dropped(
         with capture_output() as out, pytest.raises(KeyboardInterrupt) as e:
             magics.run_command("load /models/x")
         assert "once the model had loaded" in e.value._render_traceback_()[0]
+        assert out.stderr == "lmnb: the model is loading; the interrupt takes effect once it is loaded\n"
         shown = out.outputs[0].data["text/plain"]
         assert "named states dropped: chat" in shown and "/models/x" in shown
         assert session.states == {}
