@@ -1533,10 +1533,16 @@ class StreamExecutor:
         (or with no streamed body running), until the work queued so far has run. A variable holding a parsed value
         (``gen(dtype=int)``) yields the text its gen wrote; one holding a gen's ``n`` > 1 samples
         yields the first sample's text, the one appended to the state's text. A variable written again (a gen in a
-        loop) yields from its value when the iteration begins, then the writes already queued; it
-        ends once no gen of the variable is pending (SGLang's ends when the variable is set), so a
-        write the body queues after that (after Python work between the gens) is not waited for:
-        iterate the whole text, or read ``s[var]`` after each gen, for those.
+        loop) yields from its value when the iteration begins, then every later write of it; the
+        variable is whole, and the iteration ends, once no write of it is queued and none can be
+        queued any more: the streamed body returned (or the state was joined), or the reader is the
+        body itself (or a thread it waits for), which queues nothing while it reads. SGLang's ends
+        when the variable's last queued gen ends, so what it yields hangs on whether the body had
+        queued its next gen by then: a body that reads ``s[var]`` between the gens, or does other
+        Python work there, queues the next one only after that, and the reading stopped after one
+        gen. The price: a reader of a variable the body is done with ends only when the body
+        returns (``text_async_iter(var, return_meta_data=True)`` marks each gen's end by its
+        ``finish_reason``).
 
         Raises:
             ProgramError: once the text that arrived is yielded, when the state failed (or was
@@ -1584,7 +1590,9 @@ class StreamExecutor:
                     if not started and self.error_ is None and not self._body_elsewhere(reader):
                         raise KeyError(f"no variable {var_name!r} in this program state, and the program set "
                                        f"none of that name; it has {sorted(self.variables)}")
-                    done = self.error_ is not None or (self._pending[var_name] == 0 and started)
+                    # (closed first: the body check walks the threads' stacks)
+                    done = self.error_ is not None or (self._pending[var_name] == 0 and started and (
+                        self.closed or not self._body_elsewhere(reader)))
                     if pos is None:  # from the current value on
                         k = self.var_start.get(var_name, 0)
                         pos = writes[k][0] if writes else 0

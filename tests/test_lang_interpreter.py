@@ -2286,13 +2286,11 @@ def test_text_iter_of_a_variable_written_in_a_loop_yields_every_write_whole():
     # gens after the first into the same name lost their start: the reader's position ran on from
     # the earlier value's text (it read "alphaetaamma")
     answers = iter(["alpha", "beta", "gamma"])
-    queued, first_read = threading.Event(), threading.Event()
+    first_read = threading.Event()
 
     def reply(p, params):
         word = next(answers)
-        if word == "alpha":  # (the reader ends once no gen of the name is pending: all three are queued first)
-            queued.wait(10)
-        elif word == "beta":  # (a reader that began after beta's first delta would start from beta)
+        if word == "beta":  # (a reader that began after beta's first delta would start from beta)
             first_read.wait(10)
         return word
 
@@ -2303,7 +2301,6 @@ def test_text_iter_of_a_variable_written_in_a_loop_yields_every_write_whole():
         time.sleep(0.2)  # the reader below starts before the first gen
         for i in range(3):
             s += f"Step {i}:" + sgl.gen("step") + "\n"
-        queued.set()
 
     st = prog.run(backend=be, stream=True)
     reader = st.text_iter("step")
@@ -2312,6 +2309,49 @@ def test_text_iter_of_a_variable_written_in_a_loop_yields_every_write_whole():
     assert first + "".join(reader) == "alphabetagamma"
     assert st.text() == "Step 0:alpha\nStep 1:beta\nStep 2:gamma\n"
     assert list(st.text_iter("step")) == ["gamma"]  # read after the run: the value, as st["step"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("reader", ["text_iter", "text_async_iter"])
+def test_text_iter_of_a_variable_goes_on_past_a_read_of_it_between_the_gens(monkeypatch, reader):
+    """A body that reads s["x"] after each gen of x queues the next gen only once that read
+    returns: a reader of x ended in that gap (no gen of x queued), having yielded the first gen
+    only, or every gen, as the threads happened to run. It now ends once the body has returned.
+    The body queues its next gen only once the reader has met the gap: it waits for more
+    there (a call of ``_wait`` from ``iter_text`` while x is set and nothing is queued), or ended."""
+    from lmnb.executor import StreamExecutor
+
+    gap, ended = threading.Event(), threading.Event()
+    real_wait = StreamExecutor._wait
+
+    def wait(self, timeout=None):
+        if (sys._getframe(1).f_code.co_name == "iter_text" and "x" in self.variables and not self._queue
+                and not self._draining and self._pending["x"] == 0):
+            gap.set()
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(StreamExecutor, "_wait", wait)
+    answers = iter(["alpha", "beta", "gamma"])
+    be = ScriptedBackend(lambda p, params: next(answers))
+
+    @sgl.function
+    def prog(s):
+        for i in range(3):
+            s += f"[{i}]" + sgl.gen("x")
+            reads.append(s["x"])
+            while not (gap.is_set() or ended.is_set()):
+                gap.wait(0.01)  # (checked by polling: one of two events)
+            gap.clear()
+
+    async def collect(st):
+        return [c async for c in st.text_async_iter("x")]
+
+    reads: list[str] = []
+    st = prog.run(backend=be, stream=True)  # (the reader starts with the first gen or before it)
+    chunks = list(st.text_iter("x")) if reader == "text_iter" else asyncio.run(collect(st))
+    ended.set()
+    assert "".join(chunks) == "alphabetagamma"
+    assert reads == ["alpha", "beta", "gamma"] and st.text() == "[0]alpha[1]beta[2]gamma"
 
 
 def test_regex_and_json_schema_reach_the_backend_unchanged():
@@ -5803,13 +5843,9 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
     was held until the variable was done, so it came only with the next gen's first text, paired
     with that gen's meta info (its finish reason lost). Here each gen starts only once the reader
     has its predecessor's finish reason (``ended``), and sends its last text only once the reader
-    has its first (``took``): a reader that holds a gen's end sees the next gen wait in vain. The
-    first gen starts once the body has queued all three (``queued``): a reader of a variable ends
-    when no gen of it is queued, so a body slower to queue the next gen than the gen before it
-    took to end (a loaded machine) ended the reading after the first gen."""
+    has its first (``took``): a reader that holds a gen's end sees the next gen wait in vain."""
     ended = [threading.Event() for _ in range(3)]
     took = [threading.Event() for _ in range(3)]
-    queued = threading.Event()
     found_ended: list[bool] = []  # for gens 1 and 2: whether the previous gen's end was read first
 
     class Gated(ScriptedBackend):
@@ -5818,8 +5854,6 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
             self._record("stream", prompt)
             if i:
                 found_ended.append(ended[i - 1].wait(10))
-            else:
-                queued.wait(10)
             yield f"g{i}", {"id": i, "completion_tokens": 1, "finish_reason": None}
             took[i].wait(10)
             yield ".", {"id": i, "completion_tokens": 2, "finish_reason": {"type": "length", "length": 2}}
@@ -5828,7 +5862,6 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
     def prog(s):
         for _ in range(3):
             s += "\n" + sgl.gen("x", max_tokens=2)
-        queued.set()
 
     async def read():
         got = []
