@@ -1526,8 +1526,13 @@ class StreamExecutor:
 
     # -- streaming
 
+    def wake_readers(self) -> None:
+        """Wake the readers waiting in ``iter_text`` (one whose ``stop`` was set then ends)."""
+        with self._cv:
+            self._cv.notify_all()
+
     def iter_text(self, var_name: Optional[str] = None, reader: Optional[int] = None,
-                  with_meta: bool = False) -> Iterator[Any]:
+                  with_meta: bool = False, stop: Optional[threading.Event] = None) -> Iterator[Any]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete); read by the program body itself
         (or with no streamed body running), until the work queued so far has run. A variable holding a parsed value
@@ -1557,6 +1562,8 @@ class StreamExecutor:
 
         ``reader``: the thread the text is for, when another one runs this iterator for it
         (``text_async_iter`` steps it on worker threads for the thread of the event loop).
+        ``stop``: once set (and the readers woken, ``wake_readers``), the iteration ends at its next
+        wait, yielding nothing more: a step of ``text_async_iter`` whose reader was cancelled.
         ``with_meta``: yield ``(chunk, meta_info of var_name)``, the meta info read with the chunk
         (read after it, it could be ahead: a later chunk's token count and logprobs). Each gen's
         last pair holds its final meta info, its ``finish_reason`` once, as soon as the gen is done
@@ -1571,6 +1578,8 @@ class StreamExecutor:
             with self._cv:
                 if self._version == seen:
                     self._wait(_BODY_POLL_S)  # (or the body starts waiting for this thread)
+                if stop is not None and stop.is_set():
+                    return
                 seen = self._version
                 if var_name is None:
                     current = self.text_

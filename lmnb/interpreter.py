@@ -242,24 +242,36 @@ class ProgramState:
         iterate each branch's ``text_iter`` before the join, or read ``s[var_name]``."""
         return self._text_iter(var_name, None)
 
-    def _text_iter(self, var_name: Optional[str], reader: Optional[int], with_meta: bool = False) -> Iterator[Any]:
+    def _text_iter(self, var_name: Optional[str], reader: Optional[int], with_meta: bool = False,
+                   stop: Optional[threading.Event] = None) -> Iterator[Any]:
         with self._abort_on_interrupt(), self._scope_hint(var_name):
-            yield from self.stream_executor.iter_text(var_name, reader, with_meta)
+            yield from self.stream_executor.iter_text(var_name, reader, with_meta, stop)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):
         """``text_iter`` as an async iterator; with ``return_meta_data`` and a ``var_name`` yields
         ``(chunk, meta_info of var_name)``, the meta info as of that chunk (the whole text has no
-        meta info: its chunks come alone, as in SGLang)."""
+        meta info: its chunks come alone, as in SGLang).
+
+        Cancelled while it waits for text (``task.cancel()``; Ctrl-C in ``asyncio.run``, which
+        cancels the main task), it stops at once, the worker thread waiting for it too (else
+        ``asyncio.run``, which waits for those threads on its way out, hung until more text came).
+        As a ``break`` out of the loop does, that leaves the program running (another reader may
+        want it): ``state.abort()``, e.g. in an ``except asyncio.CancelledError``, stops its gens."""
         # steps run on worker threads, for this thread: an event loop that a streamed body runs
         # (asyncio.run in the body) reads as the body, which cannot add text while it reads
         # (with meta data, each chunk's own: read with it, under the state's lock)
-        it = self._text_iter(var_name, threading.get_ident(), return_meta_data and var_name is not None)
+        stop = threading.Event()
+        it = self._text_iter(var_name, threading.get_ident(), return_meta_data and var_name is not None, stop)
         end = object()
-        while True:
-            chunk = await asyncio.to_thread(next, it, end)
-            if chunk is end:
-                return
-            yield chunk
+        try:
+            while True:
+                chunk = await asyncio.to_thread(next, it, end)
+                if chunk is end:
+                    return
+                yield chunk
+        finally:  # (a cancel lands in the await while a step runs: that step ends now)
+            stop.set()
+            self.stream_executor.wake_readers()
 
     def abort(self) -> None:
         """Abort in-flight requests and skip queued primitives (reads then raise

@@ -5753,6 +5753,75 @@ def test_flush_cache_takes_sglangs_empty_cache_argument():
     assert sgl.flush_cache(backend=be, empty_cache=True) is None
 
 
+class _HeldStream(ScriptedBackend):
+    """A streamed gen that sends nothing until its request is aborted (then it ends so), or, were
+    it never aborted, after 20 s sends "late" (``timed_out`` is then set)."""
+
+    timed_out = False
+
+    def generate_stream(self, prompt, params, rid):
+        self._record("stream", (prompt, params))
+        if self._abort_events.setdefault(rid, threading.Event()).wait(20):
+            yield "", {"id": rid, "finish_reason": {"type": "abort", "message": "aborted"}}
+            return
+        self.timed_out = True
+        yield "late", {"id": rid, "completion_tokens": 1, "finish_reason": {"type": "length"}}
+
+
+def _threads_in_iter_text() -> list[int]:
+    """The threads that run lmnb's ``StreamExecutor.iter_text`` now (read from their frames)."""
+    from lmnb import executor
+
+    found = []
+    for ident, frame in sys._current_frames().items():
+        while frame is not None:
+            if frame.f_code is executor.StreamExecutor.iter_text.__code__:
+                found.append(ident)
+                break
+            frame = frame.f_back
+    return found
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["ctrl-c", "task.cancel()"])
+def test_stopping_text_async_iter_ends_its_worker_thread_at_once(how):
+    """The steps of text_async_iter run on the event loop's worker threads; one stopped while it
+    waited (Ctrl-C in asyncio.run, which cancels the main task, or a cancel of the task reading)
+    left its step waiting for the next text, so asyncio.run, which waits for the loop's worker
+    threads on its way out, hung until the gen sent more (here 20 s, ``timed_out``; for a gen that
+    never does, for ever). Now the step ends at once, and the program runs on, as after a break
+    out of the loop (a reader does not stop the program for other readers): state.abort() stops it."""
+    be = _HeldStream()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a", max_tokens=8)
+
+    st = prog.run(backend=be, stream=True)
+
+    async def read():
+        return [c async for c in st.text_async_iter("a")]
+
+    async def cancelled():
+        task = asyncio.create_task(read())
+        while not (be.calls and _threads_in_iter_text()):  # (its step waits for the gen's text)
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    if how == "ctrl-c":
+        with interrupt_main_when(lambda: be.calls and _threads_in_iter_text()), pytest.raises(KeyboardInterrupt):
+            asyncio.run(read())
+    else:
+        asyncio.run(cancelled())
+    assert not be.timed_out and _threads_in_iter_text() == []
+    assert be.aborted == [] and not st.stream_executor.idle()  # (the gen runs on)
+    st.abort()
+    assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Q: "
+    assert len(be.aborted) == 1 and not be.timed_out
+
+
 def test_text_async_iter_of_the_whole_text_yields_strings_even_with_return_meta_data():
     # SGLang's return_meta_data pairs a variable's chunks with its meta info; for the whole text
     # (no variable) it yields the text chunks alone. lmnb yielded (chunk, None) tuples there.
