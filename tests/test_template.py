@@ -2110,3 +2110,25 @@ def test_a_batch_traces_a_list_of_an_argument_in_a_hole_to_its_prefix_and_runs_i
         assert extract_prefix(program, lmnb.get_chat_template("default")) == "Intro.\nQ: "
     states = t.program().run_batch([{"q": "x"}, {"q": "y"}], backend=ScriptedBackend(lambda p, params: "ok"))
     assert [s.text() for s in states] == ["Intro.\nQ: ['x']ok", "Intro.\nQ: ['y']ok"]
+
+
+@pytest.mark.parametrize("cell, col, name", [
+    ("{gen len} n={len(xs)}", 14, "len"),
+    ("{select kind choices=['a', 'b']}{gen x max_tokens=kind(3)}", 51, "kind"),  # (an option's value too)
+    ("{gen summarise}\n{[summarise(d) for d in docs]}", 3, "summarise"),  # (a kernel function's name)
+])
+def test_a_hole_calling_a_result_the_cell_captured_is_refused_before_it_runs(cell, col, name):
+    """From {gen len} on, len in a hole is the result (text), which a later {len(xs)} called once the
+    gens before it had run: "'str' object is not callable", tokens spent, where the builtin (or the
+    kernel's function) was meant. The cell is refused at the call as it is read, with the fix; the
+    result read as a value ({len}) is as before, and a name no capture took is called as it was."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert (e.value.line, e.value.col) == (cell[:cell.index(f"{name}(")].count("\n") + 1, col)
+    assert e.value.message == (f"{name}(...) calls the result {name!r} captured earlier in this cell, which is text "
+                               "(or a value parsed from it), not a function: from its capture on, the name "
+                               f"{name} is that result in the cell's holes")
+    assert e.value.hint == f"name the result otherwise (e.g. {name}_) to call {name} here"
+    t = parse("{gen len} {len} {len_(xs)} {[str(x) for x in xs]}")
+    assert t.arguments == ("len_", "xs") and t.captures == ("len",)
+    assert parse("{len(xs)}{gen len}").captures == ("len",)  # (called before the capture: the builtin)

@@ -647,12 +647,14 @@ class _Parser:
                              at + node_offset(wrapped, walrus) - (walrus.lineno == 1),
                              hint="assign the variable in a Python cell")
         refs: list[tuple[str, RefKind]] = []
-        for name, node in _free_names(tree):
+        free = _free_names(tree)
+        for name, node in free:
             if any(r[0] == name for r in refs):
                 continue
             kind = self.resolve(name, at + node_offset(wrapped, node) - (node.lineno == 1))
             if kind is not None:
                 refs.append((name, kind))
+        self._refuse_called_results(tree, free, dict(refs), wrapped, at)
         # Compiled as a function of the names it reads: a variable named __builtins__ is then a
         # parameter, where as a global of eval() it would replace the builtins the hole calls.
         params = ast.arguments(posonlyargs=[], args=[ast.arg(name) for name, _ in refs], kwonlyargs=[],
@@ -663,6 +665,22 @@ class _Parser:
         except (MemoryError, RecursionError):
             raise self.error(TOO_DEEP, at, hint=TOO_DEEP_HINT) from None
         return Expr(source, at, tuple(refs), tree, code)
+
+    def _refuse_called_results(self, tree: ast.AST, free: list, kinds: dict, wrapped: str, at: int) -> None:
+        """Refuse a hole that calls a result the cell captured earlier (``{gen len}`` then
+        ``{len(xs)}``): the result, text or a parsed value, is never a function, so the hole failed
+        once the gens before it had run ("'str' object is not callable"), where the writer meant the
+        builtin or a kernel function that the result's name hides from that point on."""
+        free_nodes = {id(node) for _, node in free}
+        for node in ast.walk(tree):
+            func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Name) and id(func) in free_nodes and kinds.get(func.id) == "var":
+                name = func.id
+                raise self.error(f"{name}(...) calls the result {name!r} captured earlier in this cell, which is "
+                                 "text (or a value parsed from it), not a function: from its capture on, the "
+                                 f"name {name} is that result in the cell's holes",
+                                 at + node_offset(wrapped, func) - (func.lineno == 1),
+                                 hint=f"name the result otherwise (e.g. {name}_) to call {name} here")
 
     def resolve(self, name: str, offset: int) -> RefKind | None:
         if name == "__debug__":  # a constant Python compiles in, never a variable
