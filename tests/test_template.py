@@ -209,6 +209,31 @@ def test_a_lone_surrogate_in_a_holes_value_is_refused_at_the_hole(cell, kernel, 
                                "of a \\ud83d\\ude00 pair); fix the text, e.g. text.encode('utf-8', 'replace').decode()")
 
 
+_LIMIT_FIX = ("more digits than Python writes as an integer (at most 4300); write a smaller number, or lift Python's "
+              "limit in the kernel first (sys.set_int_max_str_digits(0))")
+
+
+@pytest.mark.parametrize("cell, value, said", [
+    ("{xs}", [1, 2, 3, 10**5000], "xs[3] is 1.000e+5000 (an integer of 5001 digits)"),
+    ("{xs!r}", ([0], {"k": [-(10**4300)]}), "xs[1]['k'][0] is -1.000e+4300 (an integer of 4301 digits)"),
+    ("{xs + [1]}", [2 * 10**4999], "it holds 2.000e+4999 (an integer of 5000 digits) at [0]"),
+    ("{xs}", {10**5000}, "it holds 1.000e+5000 (an integer of 5001 digits) as an item of the set"),
+])
+def test_a_hole_holding_an_integer_too_long_to_write_names_which_item_it_is(cell, value, said):
+    """A list holding an int of more digits than Python writes (4300 by default) failed in Python's
+    words, naming no item ("Exceeds the limit (4300 digits) for integer string conversion; use
+    sys.set_int_max_str_digits() ..."), though the hole's text is the list's repr: the user had to
+    search the list. It names the item now, as an index where one reaches it, with the fix, as a
+    hole holding the int itself did. By hand: 10**5000 has 5001 digits, 1.000e+5000; 2*10**4999 has
+    5000, 2.000e+4999; 10**4300 (4301 digits) is over the limit of 4300, 10**4299 is not."""
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(parse(f"Q: {cell}").program().func, xs=value)
+    hole = "{" + cell[1:].split("!")[0].rstrip("}") + "}"
+    assert (e.value.line, e.value.col) == (1, 4) and e.value.message == f"cannot format {hole}: {said}, {_LIMIT_FIX}"
+    one, two = faces("{xs}", xs=[10**4299 - 1])  # (4299 digits: written)
+    assert one == two == [((), "add", ("text", f"[{'9' * 4299}]"))]
+
+
 def test_a_kernel_variable_named_builtins_does_not_replace_the_builtins_of_a_hole():
     # the hole was eval'ed with its names as globals, so __builtins__={"a": 1} became its builtins:
     # len was a NameError. Names read in a comprehension or lambda in the hole are seen too.

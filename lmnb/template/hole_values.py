@@ -14,7 +14,8 @@ import collections
 import functools
 import itertools
 import reprlib
-from typing import Any, Iterable, Optional
+import sys
+from typing import Any, Callable, Iterable, Optional
 
 from lmnb.template.nodes import Expr, written_hole
 
@@ -172,24 +173,52 @@ def _step_text(step) -> str:
     return step if isinstance(step, str) else f"[{_KEY.repr(step[0])}]"
 
 
-def _search(value: Any, steps: tuple, depth: int, budget: list) -> Optional[tuple[tuple, Any]]:
+def _search(value: Any, steps: tuple, depth: int, budget: list,
+            wanted: Optional[Callable[[Any], bool]] = None) -> Optional[tuple[tuple, Any]]:
     """(the steps to it, the object) of ``held_object``, in ``value`` reached by ``steps``; ``budget``:
-    [the items it may still look at]."""
+    [the items it may still look at]; ``wanted``: the test of the object sought, where it is not
+    one of lmnb's own (``_is_own``, which no plain value is)."""
     if depth == 0 or not isinstance(value, _CONTAINERS):
         return None
     for step, item in _items(value):
         budget[0] -= 1
         if budget[0] < 0:
             return None
-        if type(item) in _PLAIN:  # (most items: nothing to ask)
+        if wanted is not None:
+            if wanted(item):
+                return (*steps, step), item
+        elif type(item) in _PLAIN:  # (most items: nothing to ask)
             continue
-        if _is_own(item):
+        elif _is_own(item):
             return (*steps, step), item
         if isinstance(item, _CONTAINERS):
-            found = _search(item, (*steps, step), depth - 1, budget)
+            found = _search(item, (*steps, step), depth - 1, budget, wanted)
             if found is not None:
                 return found
     return None
+
+
+def held_long_integer(value: Any, expr: Expr) -> Optional[str]:
+    """Which int in the containers of ``value``, the value of the hole ``{expr}``, has more digits
+    than Python writes (``params.digits_over_limit``), so that the hole's text, its items' repr,
+    raised "ValueError: Exceeds the limit (4300 digits) for integer string conversion", naming no
+    item: "xs[3] is 1.000e+5000 (an integer of 5001 digits)" (``params.shown_number``'s form) for a
+    hole that is a variable's name, "it holds 1.000e+5000 (...) at [3]" (or "as an item of the set",
+    ``held_where``) for another; None where none is found. Searched as ``held_object`` searches,
+    but as deep and as far as the containers go (the hole has failed: it costs nothing more)."""
+    from lmnb_engine.params import decimal_digits, digits_over_limit, shown_number  # torch-free
+
+    def too_long(item: Any) -> bool:
+        return type(item) is int and digits_over_limit(decimal_digits(item))
+
+    found = _search(value, (), sys.getrecursionlimit() // 4, [sys.maxsize], too_long)
+    if found is None:
+        return None
+    steps, number = tuple(map(_step_text, found[0])), found[1]
+    where = held_where(steps)
+    if isinstance(expr.tree.body, ast.Name) and where.startswith("at "):
+        return f"{expr.source.strip()}{''.join(steps)} is {shown_number(number)}"
+    return f"it holds {shown_number(number)} {where}"
 
 
 def _items(value: Any) -> Iterable[tuple[Any, Any]]:

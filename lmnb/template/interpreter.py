@@ -14,7 +14,7 @@ from typing import Any
 from lmnb.choices import choice_list
 from lmnb.ir import CHECKED_ALONE, check_text, param_problem
 from lmnb.template.errors import TemplateRuntimeError
-from lmnb.template.hole_values import refused_value
+from lmnb.template.hole_values import held_long_integer, refused_value
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names, written_hole
 from lmnb.template.options import (
     SAMPLING_FIELDS, braces_hint, branch_choices, check_literal, first_refused, fork_count, fork_items,
@@ -189,12 +189,16 @@ class _Run:
             text = node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
             detail = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
-            if isinstance(value, int) and isinstance(e, ValueError):
+            if isinstance(e, ValueError):  # (Python's words: "Exceeds the limit (4300 digits) ...", naming no item)
                 from lmnb_engine.params import decimal_digits, digits_over_limit, past_digit_limit, shown_number
 
-                if digits_over_limit(decimal_digits(value)):  # (Python's words: "Exceeds the limit (4300 digits) ...")
-                    detail = (f"it is {shown_number(value)}, {past_digit_limit(verb='writes')}; write a smaller "
-                              "number, or lift Python's limit in the kernel first (sys.set_int_max_str_digits(0))")
+                if isinstance(value, int):
+                    too_long = f"it is {shown_number(value)}" if digits_over_limit(decimal_digits(value)) else None
+                else:  # (a list holding one: which item)
+                    too_long = held_long_integer(value, node.expr)
+                if too_long is not None:
+                    detail = (f"{too_long}, {past_digit_limit(verb='writes')}; write a smaller number, or lift "
+                              "Python's limit in the kernel first (sys.set_int_max_str_digits(0))")
             raise self.error(f"cannot format {written_hole(node.expr.source)}: {detail}", node.offset) from e
         try:  # (else refused once joined with the text around it, as the program's body failing, at no hole)
             check_text(text, f"the text of {written_hole(node.expr.source)}:")
