@@ -93,7 +93,8 @@ def shown_number(value: Any) -> str:
     digits, in scientific form with its digit count (``1.000e+5000 (an integer of 5001 digits)``):
     Python refuses to write an int of over 4300 digits (``digits_over_limit``), so a message that
     wrote one failed itself with a ValueError naming that limit. A value whose ``repr`` fails so (a
-    list holding such an int) is named by its type. Every message that may show a caller's value
+    list holding such an int) is named by its type and the int's index (``a list holding an integer
+    too long to write at [1]``). Every message that may show a caller's value
     of any type uses it (``validate``, ``gen()``'s and a ``%%lm`` cell's checks through
     ``lmnb.ir.option_problem``, ``select()``, the backends' constructors); a value whose ``repr``
     raises anything else (a user's class) is named by its type too, so the message is still made."""
@@ -106,8 +107,27 @@ def shown_number(value: Any) -> str:
     except Exception as e:  # noqa: BLE001 - a user's __repr__ may raise anything
         said = e.args[0] if isinstance(e, ValueError) and e.args else None
         if isinstance(said, str) and "integer string conversion" in said:  # (an int too long in a container)
-            return f"a {type(value).__name__} holding an integer too long to write"
+            return f"a {type(value).__name__} holding an integer too long to write{_long_integer_index(value)}"
         return f"<a {type(value).__name__} whose repr raised {type(e).__name__}>"
+
+
+def _long_integer_index(value: Any, seen: Optional[set] = None) -> str:
+    """" at [3]" (" at [0]['k']"): the indexes of the first int in the lists, tuples and dicts of
+    ``value`` (their values; depth first, each container once) with more digits than Python
+    writes, so a message naming ``value`` by its type says which item it cannot show; "" where no
+    index reaches one (a set's item, a dict's key, another container's)."""
+    seen = set() if seen is None else seen
+    seen.add(id(value))
+    items = dict.items(value) if isinstance(value, dict) else enumerate(value) if isinstance(
+        value, (list, tuple)) else ()
+    for key, item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and digits_over_limit(decimal_digits(item)):
+            return f" at [{shown_number(key)}]"  # (a dict's key may be such an int too)
+        if isinstance(item, (list, tuple, dict)) and id(item) not in seen:
+            inner = _long_integer_index(item, seen)
+            if inner:
+                return f" at [{shown_number(key)}]{inner.removeprefix(' at ')}"
+    return ""
 
 
 def shown_integer_text(text: str) -> str:

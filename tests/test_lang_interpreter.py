@@ -4943,7 +4943,16 @@ def test_a_number_option_of_over_4300_digits_is_named_in_scientific_form():
     assert str(e.value) == f"SamplingParams.temperature={shown} is invalid: must be a finite number >= 0 (0 is greedy)"
     with pytest.raises(TypeError) as e:
         sgl.gen("x", temperature=[big])
-    assert str(e.value) == ("temperature=a list holding an integer too long to write is invalid: must be a number "
+    assert str(e.value) == ("temperature=a list holding an integer too long to write at [0] is invalid: must be a "
+                            "number (an int or a float)")
+    # (the item's indexes: it said "a list holding an integer too long to write", leaving the user to search)
+    with pytest.raises(TypeError) as e:
+        sgl.gen("x", temperature=(0, [1, {"k": -big}]))
+    assert str(e.value) == ("temperature=a tuple holding an integer too long to write at [1][1]['k'] is invalid: "
+                            "must be a number (an int or a float)")
+    with pytest.raises(TypeError) as e:  # (no index reaches a set's item)
+        sgl.gen("x", temperature={big})
+    assert str(e.value) == ("temperature=a set holding an integer too long to write is invalid: must be a number "
                             "(an int or a float)")
     # an int of 80 digits is still written whole
     with pytest.raises(ValueError, match=f"^top_p must be a number in \\(0, 1\\], got {10**80 - 1}$"):
@@ -5004,8 +5013,8 @@ def test_a_value_of_over_4300_digits_given_where_another_type_belongs_is_named_i
               f"or an instance of a lmnb.choices.ChoicesSamplingMethod subclass; got {shown}"),
              (lambda: sgl.gen("x", stop=big), TypeError, f"stop={shown} is invalid: give a string or a list of "
               "strings"),
-             (lambda: sgl.gen("x", stop=["a", big]), TypeError, "stop=a list holding an integer too long to write is "
-              "invalid: give a string or a list of strings"),
+             (lambda: sgl.gen("x", stop=["a", big]), TypeError, "stop=a list holding an integer too long to write at "
+              "[1] is invalid: give a string or a list of strings"),
              (lambda: sgl.gen("x", stop_regex=big), ValueError, f"stop_regex={shown} is invalid: must be a regular "
               "expression (a string) or a list of them"),
              (lambda: sgl.gen("x", ignore_eos=big), TypeError, f"ignore_eos={shown} is invalid: must be True or False"),
