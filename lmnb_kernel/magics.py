@@ -362,8 +362,6 @@ class LMMagics(Magics):
             check_cell_names(args.out, captures)
         except CellLineError as e:
             raise UsageError(str(e)) from None
-        # --out print hides print() as {gen print} does
-        _warn_shadowed_builtins([*captures, *([args.out] if args.out else [])], ns)
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
         previous = self.session.states.get(args.state) if args.state else None
         rerun = _rerun(previous, cell_id, args.append)
@@ -546,17 +544,6 @@ def _readable(captured: dict) -> dict:
                              f"cell's state only (st[{name!r}] reads it after %%lm --out st); name it "
                              f"{variable_name_for(name)!r} to have the variable\n")
     return readable
-
-
-def _warn_shadowed_builtins(names, ns) -> None:
-    """Say on stderr when a result would hide a Python builtin of that name (``{gen print}`` broke
-    every later ``print(...)`` without a word); once, while the namespace has no such variable."""
-    import builtins
-
-    hidden = [n for n in names if hasattr(builtins, n) and not n.startswith("_") and n not in ns]
-    for name in hidden:
-        sys.stderr.write(f"lmnb: the result {name!r} becomes a kernel variable that hides Python's builtin "
-                         f"{name!r} (del {name} brings it back); rename it, e.g. {name}_\n")
 
 
 def _tokens(model) -> dict:

@@ -9,6 +9,7 @@ package (imports go lmnb_kernel → lmnb).
 from __future__ import annotations
 
 import argparse
+import builtins
 import re
 import shlex
 import unicodedata
@@ -247,6 +248,11 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
     return out
 
 
+# Names a result or --out may not take: Python's builtins, and IPython's display, which a kernel has
+# among them (a plain Python run of the exporter has not: listed, so both refuse the same names).
+_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_")) | {"display"}
+
+
 def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
@@ -257,8 +263,11 @@ def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
             every magic, so no later ``%%lm`` or ``%lm`` cell could run) or ``lmnb`` (it replaced the
-            module that ``--python`` bodies call, so every later one failed); an ``--out`` that is
-            also a captured variable (the state would overwrite the value).
+            module that ``--python`` bodies call, so every later one failed); one named like a Python
+            builtin (``{gen print}``, ``--out type``): the kernel variable would hide the builtin in
+            every later cell (``print(...)`` called the text; it was only warned about), and a later
+            hole of the cell calling it (``{len(xs)}`` after ``{gen len}``) would call the result; an
+            ``--out`` that is also a captured variable (the state would overwrite the value).
     """
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
         if name == "get_ipython":
@@ -269,6 +278,11 @@ def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
             raise CellLineError(f"{what} {name!r} would replace the lmnb module, which %%lm --python bodies call "
                                 f"(lmnb.gen, lmnb.select), so every later --python cell would fail; rename it, "
                                 f"e.g. {name}_")
+        if name in _BUILTIN_NAMES:
+            holes = (f", and a later hole of this cell calling {name}(...) would call the result"
+                     if what == "the result" else "")
+            raise CellLineError(f"{what} {name!r} would hide Python's builtin {name}: it becomes a kernel variable, "
+                                f"which every later cell reads instead{holes}; rename it, e.g. {name}_")
     if out is not None and out in captures:
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "
