@@ -47,7 +47,9 @@ class LoadedModel:
         model: ``model(batch, attn, kv_pool)`` -> float32 logits ``[len(batch.logits_indices), vocab]``.
         config: ``ModelConfig`` (geometry, dtype, device).
         tokenizer: transformers ``PreTrainedTokenizerFast``.
-        eos_token_ids: from generation_config.json (config.json when there is none) and the tokenizer.
+        eos_token_ids: from generation_config.json (config.json when there is none) and the tokenizer;
+            empty where none of them names one (``load_model`` then warns: the output ends only at
+            its max tokens or a stop).
         chat_template: Jinja template string, or None.
         generation_defaults: sampling keys from generation_config.json (may be empty).
         path: the checkpoint directory, or None for a built-in shape preset.
@@ -91,6 +93,12 @@ def load_model(
     (with a warning); presets fall back to a freshly trained tiny BPE tokenizer if the demo
     checkpoint is absent.
 
+    The EOS ids are those generation_config.json names (config.json's where there is no
+    generation_config.json, as transformers reads them) and the tokenizer's ``eos_token``; a
+    config.json that names none adds none (its config class's default, 2 for Llama, is no EOS of
+    the checkpoint's). Where none is named a warning says so: outputs then end only at their max
+    tokens or a stop.
+
     Raises:
         FileNotFoundError: no such directory (or a file given), hub id not available, no
             config.json or no safetensors, no demo checkpoint yet.
@@ -127,16 +135,35 @@ def load_model(
     if path is not None and not (path / "generation_config.json").is_file():
         # transformers then stops at config.json's EOS ids (GenerationConfig.from_model_config);
         # Llama-3.1 Instruct lists three there, its tokenizer only one
-        gen_cfg = {"eos_token_id": getattr(config.hf_config, "eos_token_id", None)}
+        gen_cfg = {"eos_token_id": _written_eos_token_id(path)}
+    eos_token_ids = tok.eos_token_ids(tokenizer, gen_cfg)
+    if not eos_token_ids:
+        warnings.warn(f"no EOS token id is known for {path or model}: its generation_config.json, config.json and "
+                      "tokenizer name none, so an output ends only at its max_new_tokens, a stop string, stop_regex "
+                      "or stop_token_ids; to stop where the model ends its text, add its end token's id as "
+                      '"eos_token_id" to generation_config.json (or eos_token to tokenizer_config.json)', stacklevel=2)
     return LoadedModel(
         model=net,
         config=config,
         tokenizer=tokenizer,
-        eos_token_ids=tok.eos_token_ids(tokenizer, gen_cfg),
+        eos_token_ids=eos_token_ids,
         chat_template=tok.chat_template(tokenizer, tok_dir) if tok_dir is not None else tokenizer.chat_template,
         generation_defaults=tok.generation_defaults(gen_cfg),
         path=path,
     )
+
+
+def _written_eos_token_id(path: Path) -> Any:
+    """The ``eos_token_id`` written in ``path``'s config.json (an int, a list of them, or None), or
+    where it has none at the top, in its ``text_config`` (a multimodal model's language model), as
+    transformers' ``GenerationConfig.from_model_config`` reads it. Not the config class's default:
+    ``LlamaConfig`` gives 2 to a config.json that names no EOS, whatever token 2 is in its
+    vocabulary, and the output was cut at that token with finish reason "stop"."""
+    raw = tok.read_json(path / "config.json")
+    text_config = raw.get("text_config")
+    if raw.get("eos_token_id") is None and isinstance(text_config, dict):
+        return text_config.get("eos_token_id")
+    return raw.get("eos_token_id")
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:

@@ -732,3 +732,54 @@ def test_the_torch_free_dtype_check_takes_the_names_torch_gives_a_supported_dtyp
     else:
         with pytest.raises(ValueError, match=f"unsupported dtype {name!r}; use float32, bfloat16 or float16"):
             dtype_name(name)
+
+
+
+def _without_eos_in_config(tiny_llama, tmp_path) -> Path:
+    """``tiny_llama`` copied with no generation_config.json and no ``eos_token_id`` in config.json,
+    as some fine-tunes ship."""
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    (ck / "generation_config.json").unlink()
+    cfg = json.loads((ck / "config.json").read_text())
+    del cfg["eos_token_id"]
+    (ck / "config.json").write_text(json.dumps(cfg))
+    return ck
+
+
+def test_a_config_json_naming_no_eos_adds_no_eos_id(tiny_llama, tmp_path):
+    # LlamaConfig's default eos_token_id, 2, was taken as an EOS of a config.json that names none:
+    # here token 2 is "<pad>", and the greedy output, which samples it 36th, was cut there with
+    # finish reason "stop". The EOS is the tokenizer's eos_token alone, "</s>" (token 1)
+    from lmnb_engine import Engine, SamplingParams
+
+    ck = _without_eos_in_config(tiny_llama, tmp_path)
+    lm = load_model(ck, device="cpu")
+    assert lm.tokenizer.convert_ids_to_tokens([1, 2]) == ["</s>", "<pad>"]
+    assert lm.eos_token_ids == frozenset({1})
+    with Engine(str(ck), max_total_tokens=512) as eng:
+        ids = eng.encode(TEXT)
+        free = eng.generate(ids, SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)).token_ids
+        r = eng.generate(ids, SamplingParams(temperature=0, max_new_tokens=40))
+    assert 2 in free and 1 not in free  # (what makes this case)
+    assert r.token_ids == free and r.finish_reason.type == "length"
+    # a multimodal config.json names its language model's EOS in text_config, as transformers reads it
+    cfg = json.loads((ck / "config.json").read_text())
+    assert loader._written_eos_token_id(ck) is None
+    (ck / "config.json").write_text(json.dumps({**cfg, "text_config": {"eos_token_id": [7, 9]}}))
+    assert loader._written_eos_token_id(ck) == [7, 9]
+
+
+def test_a_checkpoint_naming_no_eos_anywhere_warns_once(tiny_llama, tmp_path):
+    import warnings
+
+    ck = _without_eos_in_config(tiny_llama, tmp_path)
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    del config["eos_token"]
+    (ck / "tokenizer_config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lm = load_model(ck, device="cpu")
+    said = [str(w.message) for w in caught if "EOS" in str(w.message)]
+    assert len(said) == 1 and re.search(r"no EOS token id is known for .*ck: .* ends only at its max_new_tokens, .*"
+                                        r'add its end token\'s id as "eos_token_id" to generation_config\.json', said[0])
+    assert lm.eos_token_ids == frozenset()
