@@ -401,7 +401,10 @@ class SamplingParams:
             EOS only where the text so far fully matches, and an EOS sampled there still ends the
             output (finish reason ``stop``, ``matched`` the EOS id), as does a full match that
             nothing can extend (``lmnb_engine.constrained``).
-        skip_special_tokens: drop special tokens from the returned text.
+        skip_special_tokens: drop special tokens (the tokenizer's: EOS, chat markers such as
+            ``<|user|>``) from the returned text, as SGLang and vLLM do by default; under
+            ``ignore_eos`` too, so an output run on through ``</s><|user|>`` reads without them
+            (``token_ids`` hold them). False keeps them in the text.
         seed: per-request seed; the same seed and prompt give the same sample.
         n: number of samples sharing one prefill of the prompt (at most ``MAX_N``).
         return_logprob: return the logprob of each generated token.

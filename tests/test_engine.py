@@ -526,6 +526,26 @@ def _sampled_with(engine, token: int, prompt: list[int], max_new_tokens: int = 4
     raise AssertionError(f"no seed below 200 samples token {token}")
 
 
+
+def test_an_ignore_eos_output_keeps_the_special_tokens_it_runs_through_only_without_skip_special_tokens(engine):
+    """Under ``ignore_eos`` the output runs on through the EOS "</s>" (and any chat marker such as
+    "<|user|>" after it). Its text leaves those special tokens out by default, as SGLang's and vLLM's
+    (``skip_special_tokens`` defaults to True there too, whatever ``ignore_eos``); with
+    ``skip_special_tokens=False`` the text holds them, the tokenizer's own decoding of the ids."""
+    tok = engine.tokenizer
+    eos = tok.convert_tokens_to_ids("</s>")
+    assert eos in engine.eos_token_ids
+    p = prompts(engine)[0]
+    params, ids = _sampled_with(engine, eos, p)
+    kept = engine.generate(p, params.copy(ignore_eos=True, skip_special_tokens=False))
+    assert kept.token_ids == ids and kept.finish_reason.type == "length"
+    assert kept.text == tok.decode(ids, skip_special_tokens=False) and "</s>" in kept.text
+    skipped = engine.generate(p, params.copy(ignore_eos=True))
+    assert skipped.token_ids == ids
+    assert skipped.text == tok.decode(ids, skip_special_tokens=True) and "</s>" not in skipped.text
+    assert skipped.text == tok.decode([i for i in ids if i not in tok.all_special_ids])
+
+
 def test_a_stop_string_that_is_a_special_tokens_text_ends_at_that_token(engine):
     """The chat template's end of message "<|end|>" is a special token of the tiny model, not its EOS;
     the output text leaves it out, so stop="<|end|>" was never found in the text and the request
