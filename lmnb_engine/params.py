@@ -390,8 +390,9 @@ class SamplingParams:
             matching at a start reads a bounded number of characters (no ``*``, ``+``, ``{n,}``
             or backreference: ``regex_reach``) is among the text's last few and otherwise may be
             an open match's start (``\\bBEGIN[\\s\\S]*?END``: linear in its length; but the search
-            for a match is skipped while the pattern with its assertions left out, read by an
-            automaton where it can be, matches nowhere in the text), each search for up to ``stop_matcher.REGEX_TIMEOUT_S`` seconds: one
+            for a match is skipped while the pattern with its assertions left out (a lookahead
+            that ends it read as its text consumed), read by an automaton where it can be, matches
+            nowhere in the text), each search for up to ``stop_matcher.REGEX_TIMEOUT_S`` seconds: one
             that backtracks catastrophically runs past that, and its request is aborted with a
             message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns; ``\\G`` (where a search
             starts, which is where a match may still begin here) is refused: ``\\A`` is the output's start.

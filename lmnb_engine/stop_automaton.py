@@ -32,7 +32,8 @@ position, as written), so ``\\d``, ``\\w`` and case-insensitive matching mean wh
 the whole pattern.
 
 A pattern with assertions (anchors, word boundaries, lookarounds) may be read ``loosened``, with
-them left out: a larger language, so where its automaton finds no match the pattern has none in
+them left out (but for a lookahead that ends the pattern, read as its text consumed): a larger
+language, so where its automaton finds no match the pattern has none in
 the text or any prefix of it, and the stop matcher need not search the pattern.
 """
 
@@ -107,6 +108,27 @@ def _mask(positions: Any) -> int:
     return sum(1 << p for p in set(positions))
 
 
+def _lookahead_consumed(items: list) -> list:
+    """``items`` (a parsed pattern's top level) with a positive lookahead ``(?=X)`` that ends every
+    match read as ``X`` consumed, in each alternative and group that ends the pattern: a match of
+    ``P(?=X)`` ending where the text so far holds X is one of ``PX`` there, so the loosened
+    automaton still finds a match wherever the pattern has one, in the text or a prefix, and may
+    begin one where the pattern may; with the lookahead left out instead, ``a[^c]*(?=c)`` over a long
+    run of ``a`` matched at every character, and each token's check searched the pattern from every
+    start of the run, each to the text's end (time growing with the square of the run)."""
+    if not items:
+        return items
+    op, av = items[-1]
+    if op.name == "ASSERT" and av[0] == 1:  # (direction 1: a lookahead)
+        return items[:-1] + [(_sre.SUBPATTERN, (None, 0, 0, av[1]))]
+    if op.name == "BRANCH":
+        return items[:-1] + [(op, (av[0], [_lookahead_consumed(list(sub)) for sub in av[1]]))]
+    if op.name == "SUBPATTERN":
+        group, add, remove, sub = av
+        return items[:-1] + [(op, (group, add, remove, _lookahead_consumed(list(sub))))]
+    return items
+
+
 class StopAutomaton:
     """The position automaton of one stop regex, read unanchored (see the module's docstring).
 
@@ -114,8 +136,8 @@ class StopAutomaton:
 
     Args:
         pattern: a stop regex (``SamplingParams.stop_regex``, checked there).
-        loosened: read the pattern with its anchors, word boundaries and lookarounds left out:
-            a pattern that matches wherever (and more often than) the pattern does, so where
+        loosened: read the pattern with its anchors, word boundaries and lookarounds left out
+            (a lookahead that ends it read as its text consumed: ``_lookahead_consumed``): a pattern that matches wherever (and more often than) the pattern does, so where
             this one finds no match the pattern has none, whatever text follows or is cut.
 
     Raises:
@@ -139,7 +161,7 @@ class StopAutomaton:
         self._leaves: list[Any] = []  # per position: a compiled one-character pattern
         self._follow: list[set[int]] = []
         self._parts = 0  # (read so far, up to _MAX_PARTS)
-        nullable, first, last = self._sequence(list(parsed), "")
+        nullable, first, last = self._sequence(_lookahead_consumed(list(parsed)) if loosened else list(parsed), "")
         if nullable:
             raise _Unsupported("matches the empty string")  # (refused by SamplingParams already)
         self._first = _mask(first)
