@@ -1,0 +1,68 @@
+"""Stop regexes against the brute-force reference (``stop_regex_reference``), on random patterns
+and outputs: the stop the matcher finds, token by token, is the reference's exactly, and no text
+shown before it reaches into it."""
+
+from __future__ import annotations
+
+import random
+
+from lmnb_engine.params import stop_regex_problem
+from lmnb_engine.stop_matcher import StopStringMatcher
+from stop_regex_reference import reference_stop
+
+# What the random patterns are made of: one-character items, assertions that read the text's end
+# (word boundaries, end anchors, lookaheads) or the text before (start anchors, lookbehinds), and
+# repeats, greedy and lazy, bounded and not
+_ITEMS = ["a", "b", " ", "[ab]", ".", r"\w", r"\s", r"\W"]
+_ASSERTIONS = [r"\b", r"\B", "$", "^", r"\Z", r"\A", "(?=a)", "(?!a)", "(?=ab)", "(?!b )", "(?<=a)", "(?<!b)",
+               "(?<=a )", r"(?=\w)", r"(?!\w)", "(?=[ab])", r"(?=\s)"]
+_REPEATS = ["*", "+", "?", "{1,2}", "*?", "+?", "??", "{2}", "{0,2}"]
+# The outputs' characters; what may follow them adds a word character and a non-word one that no
+# item names, so that no class of the patterns covers every follower by chance
+_TEXT = "ab \n"
+_FOLLOWERS = _TEXT + "c-"
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    r = rng.random()
+    if depth >= 3 or r < 0.35:
+        return rng.choice(_ITEMS) if rng.random() < 0.75 else rng.choice(_ASSERTIONS)
+    if r < 0.6:
+        return _random_pattern(rng, depth + 1) + _random_pattern(rng, depth + 1)
+    if r < 0.75:
+        return f"(?:{_random_pattern(rng, depth + 1)}|{_random_pattern(rng, depth + 1)})"
+    return f"(?:{_random_pattern(rng, depth + 1)})" + rng.choice(_REPEATS)
+
+
+def _feed(pattern: str, pieces: list[str], ended: bool) -> tuple[tuple[int, str] | None, int]:
+    """Feed ``pieces`` to a matcher of ``pattern`` as the scheduler does (``find`` after each piece,
+    then ``safe_len`` for the stream; ``find(at_end=True)`` where the output ends after them and no
+    stop came): (the stop found or None, the most text shown before it)."""
+    m, text, shown, hit = StopStringMatcher([], [pattern]), "", 0, None
+    for piece in pieces:
+        checked, text = len(text), text + piece
+        if (hit := m.find(text, checked)) is not None:
+            break
+        shown = max(shown, m.safe_len(text))
+    if ended and hit is None:
+        hit = m.find(text, len(text), at_end=True)
+    return hit, shown
+
+
+def test_stop_regexes_stop_where_the_brute_force_reference_does_on_random_patterns_and_outputs():
+    rng = random.Random(38)
+    cases = 0
+    while cases < 300:
+        pattern = rng.choice(["", "", "", "(?m)", "(?s)"]) + _random_pattern(rng)
+        if stop_regex_problem(pattern) is not None:  # (one matching the empty string, or never: refused)
+            continue
+        cases += 1
+        text = "".join(rng.choice(_TEXT) for _ in range(rng.randint(1, 8)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        ended = rng.random() < 0.5
+        want = reference_stop(pattern, text, ended, _FOLLOWERS)
+        for split in (pieces, list(text)):
+            hit, shown = _feed(pattern, split, ended)
+            assert hit == want, (pattern, split, ended, hit, want)
+            assert shown <= (len(text) if want is None else want[0]), (pattern, split, ended, shown)
