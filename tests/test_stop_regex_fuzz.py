@@ -66,3 +66,16 @@ def test_stop_regexes_stop_where_the_brute_force_reference_does_on_random_patter
             hit, shown = _feed(pattern, split, ended)
             assert hit == want, (pattern, split, ended, hit, want)
             assert shown <= (len(text) if want is None else want[0]), (pattern, split, ended, shown)
+
+
+def test_a_match_that_only_two_ways_together_settle_is_met_once_one_settles_it():
+    # Worked by hand: a(?:\B|(?!\w)) after "a" holds "a" whatever comes (\B where a word character
+    # follows, (?!\w) where any other does), but neither way alone is settled: the matcher meets it
+    # only with the next character or where the output ends (SamplingParams.stop_regex says so),
+    # where the reference, trying every continuation, meets it at once
+    pattern = r"a(?:\B|(?!\w))"
+    assert reference_stop(pattern, "xa", False, _FOLLOWERS) == (1, "a")
+    assert _feed(pattern, ["x", "a"], False) == (None, 1)  # (nothing of the match shown)
+    assert _feed(pattern, ["x", "a"], True) == ((1, "a"), 1)
+    for after in ("b", " ", "\n", "-"):
+        assert _feed(pattern, ["x", "a", after], False) == ((1, "a"), 1), after
