@@ -82,8 +82,10 @@ def _settled_form(pattern: str) -> Any:
     """``EndReading.settled`` of ``pattern``: its relaxed form for a search that is not partial
     (``stop_relaxed.relax``, ``partial`` False: each end assertion first reads past where its value
     can still change, so at the text's end it fails) with each negative lookahead ``(?!X)`` followed
-    by as many characters as X's reach (``regex_reach.reach``), which settle X. None where a
-    construct of ``_NOT_SETTLED`` is in it, an X's reach is unbounded or the form does not compile."""
+    by what settles X: where X is one-character items, that the text after it is no proper prefix
+    of an X (``_unopened``), else as many characters as X's reach (``regex_reach.reach``). None
+    where a construct of ``_NOT_SETTLED`` is in it, such an X's reach is unbounded or the form
+    does not compile."""
     import regex
 
     if _NOT_SETTLED.search(pattern):
@@ -94,13 +96,33 @@ def _settled_form(pattern: str) -> Any:
         return None
     lead = global_flags(pattern)
     for i, x in enumerate(lookaheads):
-        if (ahead := reach(lead + x)) is None:
+        if (unopen := _unopened(lead, x)) is None and (ahead := reach(lead + x)) is None:
             return None
-        form = form.replace(f"(?P<{LOOKAHEAD_MARK}{i}>)", f"(?=[\\s\\S]{{{ahead}}})")
+        form = form.replace(f"(?P<{LOOKAHEAD_MARK}{i}>)", unopen or f"(?=[\\s\\S]{{{ahead}}})")
     try:
         return regex.compile(form)
     except regex.error:
         return None
+
+
+def _unopened(lead: str, x: str) -> str | None:
+    """Where a negative lookahead's X (``x``, under the global flags ``lead``) is a sequence of
+    one-character items c1 ... cn: what asserts, after ``(?!X)``, that no more text can make X
+    match there, ``(?!\\Z|c1\\Z|c1c2\\Z|...)`` (the text from there is no proper prefix of an X);
+    None for any other X. Following ``(?!X)`` by X's reach in characters instead (the settled
+    form's way for the others) also asks that the text hold them: ``(?!b )`` before the last "a" of
+    " a", which no text after can undo, was taken as open, and another match chosen."""
+    from lmnb_engine.regex_reach import Unreadable, parse_as_python
+    from lmnb_engine.regex_tree import one_character
+
+    try:
+        items = [one_character(op.name, av) for op, av in parse_as_python(lead + x)]
+    except Unreadable:
+        return None
+    if not items or None in items:
+        return None
+    prefixes = ["".join(items[:n]) + r"\Z" for n in range(len(items))]
+    return f"(?!{'|'.join(prefixes)})"
 
 
 # What in a negative lookahead's X may read the text before its place, or read it otherwise than

@@ -79,3 +79,15 @@ def test_a_match_that_only_two_ways_together_settle_is_met_once_one_settles_it()
     assert _feed(pattern, ["x", "a"], True) == ((1, "a"), 1)
     for after in ("b", " ", "\n", "-"):
         assert _feed(pattern, ["x", "a", after], False) == ((1, "a"), 1), after
+
+
+def test_a_match_that_one_way_settles_is_the_stop_though_the_regex_packages_way_is_open():
+    # Worked by hand: " (?:[ab]|(?!b )){2}" after " a". The regex package matches " a" as " ", "a"
+    # by [ab], then (?!b ) where the text ends, which more text may undo ("b "); but " ", (?!b )
+    # before "a" (no text after undoes it: "a" is no "b"), then "a" is " a" too, settled. So " a" is
+    # the stop, met with the "a". The check of that second way asked each (?!b ) for 2 characters
+    # after it, so it was taken as open too, and the settled " " (two (?!b ) before "a") was chosen
+    pattern = r" (?:[ab]|(?!b )){2}"
+    assert reference_stop(pattern, " a ", False, _FOLLOWERS) == (0, " a")
+    for pieces in ([" a", " "], [" ", "a", " "], [" a "]):
+        assert _feed(pattern, pieces, False) == ((0, " a"), 0), pieces
