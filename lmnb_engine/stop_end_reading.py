@@ -72,10 +72,32 @@ def end_reading(pattern: str) -> EndReading:
 # What makes a whole match at the text's end, in a search that is not partial, one that more text
 # may undo though no assertion in it reads past that end, found in the pattern's text erring towards
 # yes: what commits to the first way it matches and takes what more text adds (an atomic group, a
-# possessive repeat, \X, \R, a verb: "[ab](?>a*)(?<=b)" matches "b", not "ba"), a lookbehind (a
-# negative one is left as written, its end assertions unrelaxed: "a(?<!a\B)" matches "a", not
-# "ab"), a call of a group, a backreference, a fuzzy constraint (the best match is chosen)
-_NOT_SETTLED = re.compile(r"\(\?>|[*+?}]\+|\\[XRgk1-9]|\(\*|\(\?<[=!]|\(\?(?:R|&|P>|P=|[+-]?\d)|\{(?!\d*(?:,\d*)?\})")
+# possessive repeat, \X, \R, a verb: "[ab](?>a*)(?<=b)" matches "b", not "ba"), a call of a group, a
+# backreference, a fuzzy constraint (the best match is chosen); and a lookbehind that holds what may
+# read the text's end (_READING_LOOKBEHIND)
+_NOT_SETTLED = re.compile(r"\(\?>|[*+?}]\+|\\[XRgk1-9]|\(\*|\(\?(?:R|&|P>|P=|[+-]?\d)|\{(?!\d*(?:,\d*)?\})")
+# In a lookbehind's body, what may read the text's end, found erring towards yes (an escaped "\$"
+# too): an end or word-boundary assertion, a lookaround, a conditional. Left as written in the
+# settled form, its end assertions unrelaxed: "a(?<!a\B)" matches "a", not "ab". A lookbehind
+# without them reads only text before its place, there already, as the whole search does
+_END_IN_LOOKBEHIND = re.compile(r"\\[bBZzmM]|\$|\(\?[=!(<]")
+
+
+def _reading_lookbehind(pattern: str) -> bool:
+    """Whether a lookbehind in ``pattern`` holds what may read the text's end (``_END_IN_LOOKBEHIND``)."""
+    from lmnb_engine.regex_parts import pattern_parts
+
+    opened: list[int | None] = []  # per open group: where its body starts where it is a lookbehind
+    parts = list(pattern_parts(pattern))
+    for k, part in enumerate(parts):
+        if part.kind == "(":
+            head = pattern[parts[k + 1].start:parts[k + 1].end] if k + 1 < len(parts) else ""
+            opened.append(parts[k + 1].start + 3 if head.startswith(("?<=", "?<!")) else None)
+        elif part.kind == ")" and opened:
+            start = opened.pop()
+            if start is not None and _END_IN_LOOKBEHIND.search(pattern, start, part.start):
+                return True
+    return False
 
 
 def _settled_form(pattern: str) -> Any:
@@ -88,7 +110,7 @@ def _settled_form(pattern: str) -> Any:
     does not compile."""
     import regex
 
-    if _NOT_SETTLED.search(pattern):
+    if _NOT_SETTLED.search(pattern) or _reading_lookbehind(pattern):
         return None
     lookaheads: list[str] = []
     form = relax(pattern, lookaheads=lookaheads, partial=False)

@@ -91,3 +91,16 @@ def test_a_match_that_one_way_settles_is_the_stop_though_the_regex_packages_way_
     assert reference_stop(pattern, " a ", False, _FOLLOWERS) == (0, " a")
     for pieces in ([" a", " "], [" ", "a", " "], [" a "]):
         assert _feed(pattern, pieces, False) == ((0, " a"), 0), pieces
+
+
+def test_a_match_that_one_way_settles_is_the_stop_in_a_pattern_with_a_lookbehind():
+    # Worked by hand: "ab(?!c)|a(?<=a)b" after "ab". The regex package matches "ab" by the first
+    # alternative, whose (?!c) more text may undo; the second matches "ab" too, and its lookbehind
+    # reads only the "a" before it: settled, so "ab" is the stop, met with the "b". A pattern with
+    # any lookbehind got no form that tries the other ways (stop_end_reading._settled_form), so
+    # the stop was met only with the next character, or where the output ends
+    pattern = r"ab(?!c)|a(?<=a)b"
+    assert reference_stop(pattern, "xab", False, _FOLLOWERS) == (1, "ab")
+    for pieces in (["x", "ab"], ["x", "a", "b"], ["xab"]):
+        hit, shown = _feed(pattern, pieces, False)
+        assert hit == (1, "ab") and shown <= 1, pieces
