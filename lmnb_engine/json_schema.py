@@ -1186,30 +1186,57 @@ def _keyword_type(error: Any) -> Optional[str]:
         return None
     meaning = _KEYWORD_VALUES.get(path[-1])
     fix = f": write [{given}]" if wanted == ["array"] and not isinstance(error.instance, (list, dict)) else ""
-    number = _number_in_string(error.instance, wanted, counts=path[-1] in _COUNTED,
-                               positive=path[-1] == "multipleOf")
-    if number is not None:
-        fix = f": write {json_value(path[-1])}: {number}"
+    fix = _number_fix(error.instance, path[-1], wanted) or fix
     return f"{json_value(path[-1])} must be {takes}{f' ({meaning})' if meaning else ''}, not {given}{fix}"
 
 
-def _number_in_string(value: Any, wanted: list, counts: bool, positive: bool = False) -> Optional[str]:
-    """The number a string ``value`` holds (``"3"``, the value of a keyword of JSON type ``wanted``,
-    ``["integer"]`` or ``["number"]``, quoted), written as JSON writes it, where it is of that type
-    (an integer: one with no fraction, as JSON Schema counts 3.0) and, for a keyword that ``counts``
-    (``_COUNTED``), not below 0; for one that must be ``positive`` (``multipleOf``), above 0; else None. ``"minLength": "3"`` was told only that "minLength" must
-    be an integer, not "3", without the fix: the quotes off."""
-    if wanted not in (["integer"], ["number"]) or not isinstance(value, str):
+# Keywords whose value bounds the value or its size, which a bound left out leaves unbounded
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", *_COUNTED)
+
+
+def _number_fix(value: Any, key: str, wanted: list) -> Optional[str]:
+    """The fix, after the message's "not VALUE", for ``value`` given to the keyword ``key``, which
+    takes a number of JSON type ``wanted`` (``["integer"]`` or ``["number"]``): a number in quotes
+    (``"3"``, as JSON reads it) or a number of the wrong type (``3.5`` for an integer). Where the
+    number is one the keyword takes, the quotes off (``: write "minLength": 3``); else what is
+    wrong with it and the fix: a count (``_COUNTED``) below 0, a fraction for an integer (the whole
+    numbers on either side), ``multipleOf`` not above 0, NaN and the infinities (Python's json
+    reads ``"NaN"``, ``"Infinity"`` and ``"1e400"`` as such; JSON has none of them). None for a
+    value that holds no number (``"abc"``). ``"minLength": "3"`` was told only that it must be an
+    integer, not "3", and ``"3.5"``, ``"-1"`` and ``"NaN"`` not even what would do."""
+    if wanted not in (["integer"], ["number"]) or isinstance(value, bool):
         return None
-    try:
-        number = json.loads(value)
-    except ValueError:  # (no JSON, or an integer of more digits than Python reads)
-        return None
+    number = value
+    if isinstance(value, str):
+        try:
+            number = json.loads(value)
+        except ValueError:  # (no JSON, or an integer of more digits than Python reads)
+            return None
     if isinstance(number, bool) or not isinstance(number, (int, float)):
         return None
-    if isinstance(number, float) and not (math.isfinite(number) and (wanted == ["number"] or number.is_integer())):
-        return None  # (json reads "NaN" and "Infinity", which JSON has not)
-    return None if (counts and number < 0) or (positive and number <= 0) else json_value(number)
+    name, counted = json_value(key), _COUNTED.get(key)
+    leave = f"leave {name} out" + (" for no bound" if key in _BOUNDS else "")
+    takes = "a whole number, 0 or more" if counted else "a number above 0" if key == "multipleOf" else "a number"
+    if isinstance(number, float) and math.isnan(number):
+        return f": NaN is not a number (JSON has no NaN); write {takes}, or {leave}"
+    if isinstance(number, float) and math.isinf(number):
+        spelt = str(value).strip().lstrip("+-") in ("Infinity", "inf")  # (a dict's float("inf"): Python's word)
+        why = "JSON has no Infinity" if spelt else "it is past the largest number a double holds (about 1.8e308)"
+        return f": {why}; write {takes}, or {leave}"
+    if counted and number < 0:
+        return f": a number of {counted} cannot be negative; write 0 or more, or {leave}"
+    if wanted == ["integer"] and isinstance(number, float):
+        if not number.is_integer():
+            what = f"a number of {counted}" if counted else name
+            low = math.floor(number)
+            return f": {what} is a whole number; write {name}: {low} or {name}: {low + 1}"
+        if abs(number) < 2**53:  # ("3.0": 3, as JSON Schema counts it; a float past 2**53 as written)
+            number = int(number)
+    if key == "multipleOf" and number <= 0:
+        if number == 0:
+            return f": it must be above 0 (only 0 is a multiple of 0); write a number above 0, or {leave}"
+        return f": it must be above 0; write {name}: {json_value(-number)}, whose multiples are the same"
+    return f": write {name}: {json_value(number)}" if isinstance(value, str) else None
 
 
 def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool:

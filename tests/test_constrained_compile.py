@@ -1314,14 +1314,40 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
                                                       '"maxItems" must be an integer, not " 2 ": write "maxItems": 2'),
     ({"type": "number", "maximum": "-1.5"}, 'JSON schema at #/maximum is not a valid JSON Schema: "maximum" must be a '
                                             'number, not "-1.5": write "maximum": -1.5'),
+    # (a number in quotes that the keyword does not take: what is wrong with it and the fix; each
+    # had no fix, "must be an integer, not "3.5"", as if no number were there)
     ({"type": "string", "maxLength": "3.5"}, 'JSON schema at #/maxLength is not a valid JSON Schema: "maxLength" must '
-                                             'be an integer, not "3.5"'),  # (no integer to write)
+                                             'be an integer, not "3.5": a number of characters is a whole number; '
+                                             'write "maxLength": 3 or "maxLength": 4'),
+    ({"type": "string", "maxLength": 3.5}, 'JSON schema at #/maxLength is not a valid JSON Schema: "maxLength" must '
+                                           'be an integer, not 3.5: a number of characters is a whole number; write '
+                                           '"maxLength": 3 or "maxLength": 4'),  # (unquoted: the same fix)
+    ({"type": "string", "minLength": "3.0"}, 'JSON schema at #/minLength is not a valid JSON Schema: "minLength" must '
+                                             'be an integer, not "3.0": write "minLength": 3'),
     ({"type": "string", "minLength": "-1"}, 'JSON schema at #/minLength is not a valid JSON Schema: "minLength" must '
-                                            'be an integer, not "-1"'),  # (-1 is refused too: no count below 0)
+                                            'be an integer, not "-1": a number of characters cannot be negative; '
+                                            'write 0 or more, or leave "minLength" out for no bound'),
+    ({"type": "array", "maxItems": "-1"}, 'JSON schema at #/maxItems is not a valid JSON Schema: "maxItems" must be '
+                                          'an integer, not "-1": a number of items cannot be negative; write 0 or '
+                                          'more, or leave "maxItems" out for no bound'),
     ({"type": "number", "minimum": "NaN"}, 'JSON schema at #/minimum is not a valid JSON Schema: "minimum" must be a '
-                                           'number, not "NaN"'),  # (Python's json reads it; JSON has no NaN)
+                                           'number, not "NaN": NaN is not a number (JSON has no NaN); write a number, '
+                                           'or leave "minimum" out for no bound'),  # (Python's json reads it)
+    ({"type": "string", "minLength": "NaN"}, 'JSON schema at #/minLength is not a valid JSON Schema: "minLength" must '
+                                             'be an integer, not "NaN": NaN is not a number (JSON has no NaN); write a '
+                                             'whole number, 0 or more, or leave "minLength" out for no bound'),
+    ({"type": "number", "maximum": "-Infinity"}, 'JSON schema at #/maximum is not a valid JSON Schema: "maximum" must '
+                                                 'be a number, not "-Infinity": JSON has no Infinity; write a number, or '
+                                                 'leave "maximum" out for no bound'),
+    ({"type": "number", "maximum": "1e400"}, 'JSON schema at #/maximum is not a valid JSON Schema: "maximum" must be a '
+                                             'number, not "1e400": it is past the largest number a double holds (about '
+                                             '1.8e308); write a number, or leave "maximum" out for no bound'),
     ({"type": "integer", "multipleOf": "0"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
-                                             'must be a number, not "0"'),  # (0 is refused too: it must be above 0)
+                                             'must be a number, not "0": it must be above 0 (only 0 is a multiple of '
+                                             '0); write a number above 0, or leave "multipleOf" out'),
+    ({"type": "number", "multipleOf": "-2.5"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
+                                               'must be a number, not "-2.5": it must be above 0; write "multipleOf": '
+                                               '2.5, whose multiples are the same'),
     ({"type": "integer", "multipleOf": "2"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
                                              'must be a number, not "2": write "multipleOf": 2'),
     ({"type": "array", "items": 5}, 'JSON schema at #/items is not a valid JSON Schema: a schema must be an object or a '
@@ -1336,7 +1362,8 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
      "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
 ], ids=["type strng", "properties 5", "type 5", "type holds null", "type []", "type twice", "format 5", "pattern 5",
          "required a", "required 1", "properties []", "enum 5", "minLength 3", "maxItems 2", "maximum -1.5",
-         "maxLength 3.5", "minLength -1", "minimum NaN", "multipleOf 0", "multipleOf 2", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
+         "maxLength 3.5", "maxLength 3.5 unquoted", "minLength 3.0", "minLength -1", "maxItems -1", "minimum NaN", "minLength NaN",
+         "maximum -Infinity", "maximum 1e400", "multipleOf 0", "multipleOf -2.5", "multipleOf 2", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
 def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
     """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
     the program ran and the engine compiled it. It is refused at the call now, with the engine's
