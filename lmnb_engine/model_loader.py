@@ -21,6 +21,7 @@ from torch import nn
 
 from lmnb_engine import is_demo_name
 from lmnb_engine import tokenizer as tok
+from lmnb_engine.byte_size import byte_size
 from lmnb_engine.checkpoint_path import DEMO_MODEL_PATH, local_checkpoint, looked_in
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.cuda_presence import missing_cuda, no_cuda_error
@@ -337,8 +338,8 @@ def _check_fits(net: nn.Module, config: ModelConfig) -> None:
     free = torch.cuda.mem_get_info(config.device)[0]
     if need > free:
         raise ValueError(
-            f"the model's weights need {need / 2**30:.1f} GiB in {str(config.dtype).replace('torch.', '')} but "
-            f"only {free / 2**30:.1f} GiB of memory is free on {config.device}; free the GPU, choose a smaller "
+            f"the model's weights need {byte_size(need)} in {str(config.dtype).replace('torch.', '')} but "
+            f"only {byte_size(free)} of memory is free on {config.device}; free the GPU, choose a smaller "
             "model, or use bfloat16/float16 instead of float32"
         )
 

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.byte_size import byte_size
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.forward_batch import ForwardBatch
 from lmnb_engine.kv_pool import ReqToTokenPool, TokenToKVPool
@@ -37,11 +38,12 @@ def _free_memory_bytes(device: torch.device) -> int:
 
 
 def _bytes(n: int) -> str:
-    """``n`` bytes as a message says them: exactly, with GiB to read them by (an int too long to
-    write or to make a float of, from a size of thousands of digits, in ``shown_number``'s form)."""
+    """``n`` bytes as a message says them: exactly, with the size in KiB, MiB or GiB to read them
+    by from 1 KiB up (``byte_size``; an int too long to write or to make a float of, from a size of
+    thousands of digits, in ``shown_number``'s form alone)."""
     from lmnb_engine.params import shown_number
 
-    return f"{shown_number(n)} bytes" + (f" ({n / 2**30:.1f} GiB)" if n < 2**1000 else "")
+    return f"{shown_number(n)} bytes" + (f" ({byte_size(n)})" if 1024 <= n < 2**1000 else "")
 
 
 def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: bool, free: int) -> None:

@@ -410,6 +410,39 @@ def _kv_bytes_per_token(checkpoint) -> int:
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 4
 
 
+@pytest.mark.parametrize("n, shown", [
+    (0, "0 B"), (1000, "1000 B"), (1023, "1023 B"),
+    (1024, "1.0 KiB"), (1536, "1.5 KiB"), (8704, "8.5 KiB"),  # (8704 / 1024 = 8.5)
+    (1_000_000, "976.6 KiB"),  # (10**6 / 1024 = 976.5625)
+    (2**20 - 52, "1023.9 KiB"), (2**20 - 1, "1.0 MiB"),  # (1023.999 KiB rounds to 1024.0: the next unit)
+    (320 << 20, "320.0 MiB"), (3 * 2**30 // 2, "1.5 GiB"),
+    (5 * 2**40, "5120.0 GiB"),  # (GiB at most)
+    (1023.6, "1.0 KiB"), (-2048, "-2.0 KiB"),
+])
+def test_byte_size_writes_each_size_in_the_largest_binary_unit_it_fills(n, shown):
+    """Memory errors gave sizes in GiB alone: 2048 bytes read "(0.0 GiB)"."""
+    from lmnb_engine.byte_size import byte_size
+
+    assert byte_size(n) == shown
+
+
+def test_weights_past_free_gpu_memory_are_said_in_units_that_show_them(monkeypatch):
+    """The model loader's refusal of weights that do not fit said "need 0.0 GiB ... only 0.0 GiB
+    of memory is free" for a small model on a nearly full GPU. (No GPU is needed: the check reads
+    the free memory from ``torch.cuda.mem_get_info``, faked here.)"""
+    from types import SimpleNamespace
+
+    from lmnb_engine import model_loader
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000, 2**30))
+    net = torch.nn.Linear(16, 16)  # (16 x 16 weights + 16 biases = 272 float32s: 1088 bytes, 1.0625 KiB)
+    config = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
+    with pytest.raises(ValueError) as e:
+        model_loader._check_fits(net, config)
+    assert str(e.value) == ("the model's weights need 1.1 KiB in float32 but only 1000 B of memory is free on cuda; "
+                            "free the GPU, choose a smaller model, or use bfloat16/float16 instead of float32")
+
+
 def test_a_kv_pool_past_free_memory_is_refused_with_its_bytes_before_any_allocation(tiny_llama, monkeypatch):
     """max_total_tokens=10**20 failed in torch's words ("Overflow when unpacking long long", with a
     C++ stack); 10**12 in its allocator's, cut mid-number. The pool's bytes (one padding slot with
@@ -424,10 +457,12 @@ def test_a_kv_pool_past_free_memory_is_refused_with_its_bytes_before_any_allocat
         Engine(str(tiny_llama), max_total_tokens=10**20)
     free, = measured
     need = (10**20 + 1) * per_token
+    # (each size in the largest unit it fills: the machine's free RAM in GiB, or MiB on a small one)
+    free_shown = f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
     assert str(e.value) == (
         f"a KV pool of 100000000000000000000 tokens needs {need} bytes ({need / 2**30:.1f} GiB): 512 bytes a token "
         "(2 layers x 2 KV heads x 16 dims x 4-byte float32, K and V), one padding token included; cpu has "
-        f"{free} bytes ({free / 2**30:.1f} GiB) free; pass max_total_tokens={free // 512 - 1} or less, or leave "
+        f"{free} bytes ({free_shown}) free; pass max_total_tokens={free // 512 - 1} or less, or leave "
         "max_total_tokens unset to size the pool from free memory")
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**6)
     with pytest.raises(ValueError) as e:
@@ -435,15 +470,17 @@ def test_a_kv_pool_past_free_memory_is_refused_with_its_bytes_before_any_allocat
     assert str(e.value) == (
         "a KV pool of 1.000e+5000 (an integer of 5001 digits) tokens needs 5.120e+5002 (an integer of 5003 digits) "
         "bytes: 512 bytes a token (2 layers x 2 KV heads x 16 dims x 4-byte float32, K and V), one padding token "
-        # (10**6 // 512 = 1953 slots, one of them padding)
-        "included; cpu has 1000000 bytes (0.0 GiB) free; pass max_total_tokens=1952 or less, or leave "
+        # (10**6 // 512 = 1953 slots, one of them padding; 10**6 / 1024 = 976.5625 KiB)
+        "included; cpu has 1000000 bytes (976.6 KiB) free; pass max_total_tokens=1952 or less, or leave "
         "max_total_tokens unset to size the pool from free memory")
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
     with pytest.raises(ValueError) as e:  # (no size of 2 or more fits: the fix that is left)
         Engine(str(tiny_llama), max_total_tokens=3)
+    # (it said "2048 bytes (0.0 GiB)" and "1000 bytes (0.0 GiB)": 2048 bytes are 2 KiB, and under 1 KiB
+    # the bytes alone are the size)
     assert str(e.value) == (
-        "a KV pool of 3 tokens needs 2048 bytes (0.0 GiB): 512 bytes a token (2 layers x 2 KV heads x 16 dims x "
-        "4-byte float32, K and V), one padding token included; cpu has 1000 bytes (0.0 GiB) free; leave "
+        "a KV pool of 3 tokens needs 2048 bytes (2.0 KiB): 512 bytes a token (2 layers x 2 KV heads x 16 dims x "
+        "4-byte float32, K and V), one padding token included; cpu has 1000 bytes free; leave "
         "max_total_tokens unset to size the pool from free memory")
 
 
@@ -506,8 +543,8 @@ def test_a_kv_pool_that_fits_the_free_memory_but_fails_to_allocate_names_its_opt
         "__init__": refused, "bytes_per_token": staticmethod(model_runner.TokenToKVPool.bytes_per_token)}))
     with pytest.raises(ValueError) as e:
         Engine(str(tiny_llama), max_total_tokens=16)
-    # (16 tokens and the padding slot, 512 bytes each)
-    assert str(e.value) == (f"a KV pool of 16 tokens needs 8704 bytes (0.0 GiB) on cpu, and allocating it failed "
+    # (16 tokens and the padding slot, 512 bytes each: 8704 bytes, 8.5 KiB)
+    assert str(e.value) == (f"a KV pool of 16 tokens needs 8704 bytes (8.5 KiB) on cpu, and allocating it failed "
                             f"({said}); lower max_total_tokens, or free some memory")
     with pytest.raises(ValueError) as e:
         Engine(str(tiny_llama), mem_fraction=0.001)
@@ -524,11 +561,12 @@ def test_a_request_table_past_free_memory_names_the_max_running_requests_that_fi
     with pytest.raises(ValueError) as e:
         Engine(str(tiny_llama), max_total_tokens=100, max_running_requests=10**20)
     # 100 rows (the cap) x 512 positions x 4 bytes = 204800; the pool 101 x 512 = 51712; and
-    # (100000 - 51712) // (512 x 4) = 23 rows fit beside it
+    # (100000 - 51712) // (512 x 4) = 23 rows fit beside it; in KiB: 204800 / 1024 = 200,
+    # 51712 / 1024 = 50.5, 100000 / 1024 = 97.66 (each said "0.0 GiB")
     assert str(e.value) == (
-        "the request-to-token table of 100 rows x 512 positions (the context length) needs 204800 bytes (0.0 GiB) "
-        "at 4 bytes a position, beside the 51712 bytes (0.0 GiB) of a KV pool of 100 tokens; cpu has 100000 bytes "
-        "(0.0 GiB) free; pass max_running_requests=23 or less, or lower max_total_tokens")
+        "the request-to-token table of 100 rows x 512 positions (the context length) needs 204800 bytes (200.0 KiB) "
+        "at 4 bytes a position, beside the 51712 bytes (50.5 KiB) of a KV pool of 100 tokens; cpu has 100000 bytes "
+        "(97.7 KiB) free; pass max_running_requests=23 or less, or lower max_total_tokens")
     with Engine(str(tiny_llama), max_total_tokens=100, max_running_requests=23) as eng:  # (23 x 2048 + 51712 fit)
         assert eng.model_info()["max_running_requests"] == 23
 

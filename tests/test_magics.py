@@ -491,7 +491,7 @@ def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, t
             in load_failure(f"%lm load {awq} --device cpu"))
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**6)  # (1953 slots of 512 bytes)
     assert ("a KV pool of 10000000000 tokens needs 5120000000512 bytes (4768.4 GiB): 512 bytes a token (2 layers x 2 KV "
-            "heads x 16 dims x 4-byte float32, K and V), one padding token included; cpu has 1000000 bytes (0.0 GiB) "
+            "heads x 16 dims x 4-byte float32, K and V), one padding token included; cpu has 1000000 bytes (976.6 KiB) "
             "free; pass --max-total-tokens 1952 or less, or leave --max-total-tokens unset to size the pool from free "
             "memory\n") in load_failure(f"%lm load {tiny_llama} --device cpu --max-total-tokens 10000000000")
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)

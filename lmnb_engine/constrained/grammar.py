@@ -53,6 +53,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from lmnb_engine.byte_size import byte_size
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.regex_check import MAX_NESTING, nesting_depth
@@ -322,7 +323,7 @@ def compile_grammar(
         if e.reason == "timeout":
             raise GrammarCompileStopped(too_slow_message(regex, timeout_s)) from None
         if e.reason == "memory":
-            limit = f" (limit {memory_bytes / 2**30:.3g} GiB)" if memory_bytes else ""
+            limit = f" (limit {byte_size(memory_bytes)})" if memory_bytes else ""
             raise GrammarCompileStopped(
                 f"compiling the constraint {shown_regex(regex)} ran out of memory{limit}, so {_TOO_LARGE}"
             ) from None

@@ -14,6 +14,8 @@ import html
 import math
 from typing import Optional
 
+from lmnb_engine.byte_size import byte_size
+
 # Colours (hex only: the sanitizer's colour grammar has no hsl()/var()).
 CACHED_BG = "#c8ecd0"  # radix-cache hit: KV reused
 COMPUTED_BG = "#ffe1bd"  # prefilled by this cell
@@ -89,14 +91,8 @@ def badge(text: str, *, color: str = MUTED, cls: str = "lmnb-badge", title: Opti
 
 
 def human_bytes(n: Optional[float]) -> str:
-    """``1536 -> "1.5 KiB"``; None -> ``"–"``."""
-    if n is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover - loop always returns
+    """``1536 -> "1.5 KiB"`` (``byte_size``, as the engine's messages say sizes); None -> ``"–"``."""
+    return "–" if n is None else byte_size(n)
 
 
 def swatch(label: str, style: str) -> str:
