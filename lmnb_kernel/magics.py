@@ -39,7 +39,7 @@ from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
-from lmnb_kernel.session import NO_TREE_ROUTE, NOT_STARTED, get_session
+from lmnb_kernel.session import NO_TREE_ROUTE, NOT_STARTED, Session, get_session
 from lmnb_kernel.tables import cell_summary
 
 # The engine's words for a prompt that fits the context but not with its new tokens (a gen's
@@ -130,6 +130,26 @@ def _help(parser, words: list[str]) -> str | None:
         return None
     subcommand = _subcommands(parser).get(words[0])
     return _shown_help(subcommand or parser)
+
+
+def _stopped_state(command: str, session: Session) -> str:
+    """What a Ctrl-C during ``%lm COMMAND`` left as it was, said after "%lm COMMAND was stopped":
+    whether the cache is whole and whether the command can be run again ("" where there is nothing
+    to say). A stopped flush or stats said "was stopped" alone, and a user could not tell whether
+    the cache was flushed, half flushed, or broken. A flush waits for the engine (or the server)
+    to run it; the engine runs a flush it was handed between its steps, wait or no wait, and one it
+    was not is not run, so the cache is flushed or as it was, never part of each."""
+    if command == "pin":
+        return "; the state's pin is as it was"
+    if command == "flush" and session.remote is not None:
+        return (f" while it waited for {session.remote}; the server's cache is flushed if the request reached it, "
+                "else as it was; %lm flush can be run again")
+    if command == "flush":
+        return ("; the radix cache is whole: a flush the engine was handed still runs between its steps, else the "
+                "cache is as it was (pinned prefixes stay either way); %lm flush can be run again")
+    if command == "stats":
+        return "; it only reads figures, so nothing changed; %lm stats can be run again"
+    return ""
 
 
 def _help_word(words: list[str]) -> list[str]:
@@ -259,8 +279,7 @@ class LMMagics(Magics):
         except KeyboardInterrupt as e:  # e.g. %lm pin of a long state, waiting for its prefill
             if hasattr(e, "_render_traceback_"):  # one line already (a load that finished first)
                 raise
-            kept = "; the state's pin is as it was" if args.command == "pin" else ""
-            raise cell_interrupt(f"%lm {args.command} was stopped{kept}") from None
+            raise cell_interrupt(f"%lm {args.command} was stopped{_stopped_state(args.command, self.session)}") from None
         if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
             self.recent_cells.clear()
             self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)

@@ -1353,6 +1353,72 @@ def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while it was being read; nothing ran"]
 
 
+def test_ctrl_c_while_lm_flush_waits_says_the_cache_is_whole_and_the_flush_runs_all_the_same(ip, monkeypatch):
+    """Ctrl-C while %lm flush waited for the engine (the flush is a call run between the
+    scheduler's steps) said "%lm flush was stopped" alone: whether the cache was flushed, half
+    flushed or broken was not said. The engine runs a flush it was handed all the same, so the
+    stop says the cache is whole and the flush can be run again; here the flush sends the SIGINT
+    itself, while %lm flush waits, and the cache is then flushed and consistent."""
+    import signal
+
+    engine = get_session().backend().engine
+    cache = engine.scheduler.cache
+    evict = cache.evict
+
+    def evict_after_ctrl_c(n):  # (on the scheduler thread, inside the flush)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return evict(n)
+
+    assert run(ip, "%%lm --temperature 0\nThe quick brown fox{gen to_flush max_tokens=2}")[0].success
+    assert engine.cache_stats()["evictable_tokens"] > 0  # (the cell's prefix is cached)
+    monkeypatch.setattr(cache, "evict", evict_after_ctrl_c)
+    magics = ip.magics_manager.registry["LMMagics"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            magics.run_command("flush")
+        monkeypatch.setattr(cache, "evict", evict)
+        assert e.value._render_traceback_() == [
+            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm flush was stopped; the radix cache is whole: a flush the engine "
+            "was handed still runs between its steps, else the cache is as it was (pinned prefixes stay either way); "
+            "%lm flush can be run again"]
+        assert engine.cache_stats()["evictable_tokens"] == 0  # (the flush ran; the stats call comes after it)
+        engine.check_invariants()
+        assert run(ip, "%lm flush")[0].success
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_lm_stats_waits_says_nothing_changed(ip, monkeypatch):
+    """Ctrl-C while %lm stats waited for the engine's figures said "%lm stats was stopped" alone;
+    it now says that stats only reads, so nothing changed, and it can be run again (it does). The
+    figures' call sends the SIGINT itself, while %lm stats waits."""
+    import signal
+
+    scheduler = get_session().backend().engine.scheduler
+    stats = scheduler.stats
+
+    def stats_after_ctrl_c():  # (on the scheduler thread)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return stats()
+
+    assert run(ip, "%%lm --temperature 0\nThe quick brown fox{gen x max_tokens=2}")[0].success  # (the engine is started)
+    monkeypatch.setattr(scheduler, "stats", stats_after_ctrl_c)
+    magics = ip.magics_manager.registry["LMMagics"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            magics.run_command("stats")
+        monkeypatch.setattr(scheduler, "stats", stats)
+        assert e.value._render_traceback_() == [
+            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm stats was stopped; it only reads figures, so nothing changed; "
+            "%lm stats can be run again"]
+        result, out = run(ip, "%lm stats")
+        assert result.success and "hit rate" in out.outputs[0].data["text/plain"]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_during_a_line_magic_is_one_line(ip, monkeypatch):
     # %lm pin of a long state waits for its prefill; Ctrl-C there showed the engine's and threading's frames
     from lmnb_kernel import commands

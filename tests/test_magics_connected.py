@@ -53,6 +53,39 @@ def test_flush_while_connected_flushes_the_servers_cache(server, shown):  # noqa
     session.close()
 
 
+def test_ctrl_c_while_flush_waits_for_the_server_says_what_became_of_its_cache(server, shown):  # noqa: F811
+    """Ctrl-C while %lm flush waited for the server's answer said "%lm flush was stopped" alone; it
+    now says that the server's cache is flushed if the request reached it (here it did: the server
+    sends the SIGINT as it takes the request), else as it was, and that the flush can be run again."""
+    import signal
+    import threading
+
+    posts = []
+
+    def stop_then_flush(h, b):  # (on the server's thread)
+        posts.append(h.path)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        send(h, 200, b"Cache flushed.\n", "text/plain")
+
+    server.answer = stop_then_flush
+    what = f"SGLang-protocol server {server.url}"
+    session = _connected(lmnb.RuntimeEndpoint(server.url), what)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            LMMagics.run_command(types.SimpleNamespace(session=session), "flush")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert e.value._render_traceback_() == [
+        f"\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm flush was stopped while it waited for {what}; the server's cache is "
+        "flushed if the request reached it, else as it was; %lm flush can be run again"]
+    assert posts == ["/flush_cache"]
+    server.answer = lambda h, b: (posts.append(h.path), send(h, 200, b"Cache flushed.\n", "text/plain"))
+    commands.flush(None, session)  # (run again: it flushes)
+    assert posts == ["/flush_cache"] * 2 and shown[-1].startswith("the server's radix cache flushed")
+    session.close()
+
+
 def test_flush_on_an_openai_server_and_pin_and_tree_on_any_server_refuse_saying_why(server, shown):  # noqa: F811
     posts = []
     server.answer = lambda h, b: (posts.append(h.path), send(h, 200, b"{}"))
