@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -295,7 +296,8 @@ class Session:
         with held_interrupts() as held:
             old, named.pin = named.pin, handle
             released = engine.queue_unpin(old) if old is not None else None
-        if _stopped_in(released) or held:  # (a Run-All stops here all the same)
+        # (a press held while the release was posted stops it at once: a long step held it until it ended)
+        if held or _stopped_in(released):  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm pin was stopped once state {name!r} was pinned")
         return len(ids)
 
@@ -326,20 +328,30 @@ class Session:
         # release is posted and the handle dropped while Ctrl-C is held, and waited for after)
         with held_interrupts() as held:
             released, named.pin = engine.queue_unpin(named.pin), None
-        if _stopped_in(released) or held:  # (a Run-All stops here all the same)
+        if held or _stopped_in(released):  # (as %lm pin: a press held meanwhile stops it at once)
             raise cell_interrupt(f"%lm unpin was stopped; state {name!r}'s pin is released all the same, between "
                                  "the engine's steps")
 
 
 def _stopped_in(released) -> bool:
     """Wait for ``released`` (an ``Engine.queue_unpin`` future, or None); True if Ctrl-C stopped
-    the wait (the release still happens). Its ``ValueError`` (an unknown handle) is raised."""
+    the wait (the release still happens). Its ``ValueError`` (an unknown handle) is raised.
+
+    The wait is in slices of ``_WAIT_SLICE_S``: a SIGINT that reaches the main thread as it goes
+    to sleep on the future's lock (after Python's last check for signals, before the lock's wait
+    begins) does not wake it, so a press was held until the release came, after the engine's
+    whole step (seen on a loaded machine); each slice's end runs the handler of a press that came."""
     try:
-        if released is not None:
-            released.result()
+        while released is not None:
+            with contextlib.suppress(FutureTimeout):
+                released.result(_WAIT_SLICE_S)
+                break
     except KeyboardInterrupt:
         return True
     return False
+
+
+_WAIT_SLICE_S = 0.1  # (a press lost as the wait began is raised at most this long after)
 
 
 class SessionBackend:

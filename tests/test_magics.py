@@ -1353,6 +1353,52 @@ def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while it was being read; nothing ran"]
 
 
+@pytest.mark.parametrize("command", ["unpin", "pin"])
+def test_ctrl_c_pressed_as_lm_pin_or_unpin_posts_the_release_stops_it_at_once(ip, monkeypatch, command):
+    """A press that came while %lm unpin (or %lm pin over an old pin) posted the release, with
+    Ctrl-C held, was held, and the wait for the release came first: while the engine ran a long
+    step the magic waited for it to end, the press swallowed. A held press now stops it at once.
+    Here the press comes as the release is posted, and the release is the long step: it waits
+    until the main thread has raised (10 s at most)."""
+    import signal
+
+    engine = get_session().backend().engine
+    release, queue_unpin = engine._release_pin, engine.queue_unpin
+    returned, released = threading.Event(), threading.Event()
+
+    def long_release(handle):  # (on the scheduler thread)
+        returned.wait(10)
+        release(handle)
+        released.set()
+
+    def queue_then_ctrl_c(handle):  # (on the main thread, Ctrl-C held)
+        future = queue_unpin(handle)
+        signal.raise_signal(signal.SIGINT)
+        return future
+
+    assert run(ip, "%%lm --state to_hold\nThe quick brown fox")[0].success
+    before = engine.cache_stats()["pinned_prefixes"]
+    assert run(ip, "%lm pin to_hold")[0].success
+    monkeypatch.setattr(engine, "_release_pin", long_release)
+    monkeypatch.setattr(engine, "queue_unpin", queue_then_ctrl_c)
+    magics = ip.magics_manager.registry["LMMagics"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            magics.run_command(f"{command} to_hold")
+        stopped_before_the_release = not released.is_set()
+        returned.set()
+        assert released.wait(10)
+        monkeypatch.setattr(engine, "_release_pin", release)
+        monkeypatch.setattr(engine, "queue_unpin", queue_unpin)
+        assert stopped_before_the_release
+        assert engine.cache_stats()["pinned_prefixes"] == before + (command == "pin")
+    finally:
+        returned.set()
+        signal.signal(signal.SIGINT, previous)
+        run(ip, "%lm reset to_hold")
+
+
 def test_ctrl_c_while_lm_flush_waits_says_the_cache_is_whole_and_the_flush_runs_all_the_same(ip, monkeypatch):
     """Ctrl-C while %lm flush waited for the engine (the flush is a call run between the
     scheduler's steps) said "%lm flush was stopped" alone: whether the cache was flushed, half
