@@ -2686,9 +2686,23 @@ def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
     mine.write_text("# jupytext pairing\nprint('my code')\n")
     assert main(["export", str(nb_path)]) == 2
     assert mine.read_text() == "# jupytext pairing\nprint('my code')\n"
-    assert capsys.readouterr().err == (
-        f"lmnb export: {mine} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), "
-        f"so it is left as it is; give another -o, e.g. -o {tmp_path / 'qa_job.py'}, or move it away first\n")
+    said = (f"lmnb export: {mine} exists and was not written by lmnb export (a script of yours, or a jupytext "
+            "pairing?); the script would replace it, so it is left as it is: give another -o, e.g. -o {}, or move "
+            f"or delete {mine} first\n")
+    assert capsys.readouterr().err == said.format(tmp_path / "qa_job.py")
+    # the name suggested is one the export would write: qa_job.py was suggested where a file of the
+    # user's was there too, to be refused in the same words; an earlier export there is replaced
+    (tmp_path / "qa_job.py").write_text("# mine too\n")
+    assert main(["export", str(nb_path)]) == 2
+    assert capsys.readouterr().err == said.format(tmp_path / "qa_job2.py")
+    (tmp_path / "qa_job2.py").write_text("# and this\n")
+    assert main(["export", str(nb_path)]) == 2
+    assert capsys.readouterr().err == said.format(tmp_path / "qa_job3.py")
+    (tmp_path / "qa_job2.py").write_text(export_notebook(QA, "qa.ipynb", "qa_job2.py")[0])  # (an earlier export)
+    assert main(["export", str(nb_path)]) == 2
+    assert capsys.readouterr().err == said.format(tmp_path / "qa_job2.py")
+    for name in ("qa_job.py", "qa_job2.py"):
+        (tmp_path / name).unlink()
     expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "job.py",
                                reexport="lmnb export qa.ipynb -o job.py --inputs NAMES")[0]
     job = tmp_path / "job.py"
@@ -2714,8 +2728,9 @@ def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
         assert run.returncode == 1 and out.read_text() == mine
         assert run.stderr.rstrip().endswith(
             f"Error while converting '{nb_path}': {out} exists and was not written by jupyter nbconvert --to lmnb or lmnb "
-            "export (a script of yours, or a jupytext pairing?), so it is left as it is; give another name with --output, e.g. --output qa_job, or run lmnb "
-            "export with -o, or move the file away first")
+            "export (a script of yours, or a jupytext pairing?); the script would replace it, so it is left as it is: "
+            f"give another name with --output, e.g. --output qa_job, or run lmnb export with -o, or move or delete {out} "
+            "first")
     (tmp_path / "qa.py").write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0] + "# an earlier export\n")
     run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(nb_path)],
                          capture_output=True, text=True, timeout=120)

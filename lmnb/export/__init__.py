@@ -401,6 +401,19 @@ def not_an_export(path: Path) -> bool:
     return not any(f"exported by `{tool}` from " in head for tool in EXPORTERS)
 
 
+def free_job_name(out: Path) -> Path:
+    """A file beside ``out`` to suggest in the refusal to write over ``out`` (``not_an_export``):
+    ``NAME_job.py``, else ``NAME_job2.py``, ``NAME_job3.py``, ... , the first that is not there or
+    is an earlier export (which the export replaces): one the user's file holds too was suggested,
+    to be refused again in the same words."""
+    stem, n = out.stem, 1
+    while True:
+        name = out.with_name(f"{stem}_job{n if n > 1 else ''}.py")
+        if not not_an_export(name):
+            return name
+        n += 1
+
+
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``lmnb export``."""
     parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%%%lm cells")
@@ -459,8 +472,8 @@ def export(args: argparse.Namespace) -> int:
         return 0
     if not_an_export(out):
         print(f"lmnb export: {out} exists and was not written by lmnb export (a script of yours, or a jupytext "
-              f"pairing?), so it is left as it is; give another -o, e.g. -o {out.with_name(out.stem + '_job.py')}, "
-              "or move it away first", file=sys.stderr)
+              f"pairing?); the script would replace it, so it is left as it is: give another -o, e.g. -o "
+              f"{free_job_name(out)}, or move or delete {out} first", file=sys.stderr)
         return 2
     try:
         made = make_folders(out)

@@ -23,8 +23,8 @@ from nbconvert.utils.exceptions import ConversionException
 from nbconvert.writers import FilesWriter, StdoutWriter
 from traitlets import List, Unicode
 
-from lmnb.export import (LMNB_EXPORT, NBCONVERT, ExportError, export_notebook, not_an_export, not_utf8,
-                         notebook_from_text, reexport_command, reexport_output)
+from lmnb.export import (LMNB_EXPORT, NBCONVERT, ExportError, export_notebook, free_job_name, not_an_export,
+                         not_utf8, notebook_from_text, reexport_command, reexport_output)
 from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
 from lmnb.output_paths import make_folders, why_unwritable
 
@@ -129,8 +129,8 @@ class LMScriptExporter(Exporter):
         if out is not None and not_an_export(out):  # (lmnb export refuses it too)
             raise NotebookExportError(
                 f"{out} exists and was not written by {NBCONVERT} or {LMNB_EXPORT} (a script of yours, or a jupytext "
-                f"pairing?), so it is left as it is; give another name with --output, e.g. --output {script}_job, or "
-                "run lmnb export with -o, or move the file away first")
+                f"pairing?); the script would replace it, so it is left as it is: give another name with --output, "
+                f"e.g. --output {free_job_name(out).stem}, or run lmnb export with -o, or move or delete {out} first")
         if out is not None:
             self._ready_to_write(out, script)
         # (the copy's unknown cells are raw cells, which the export leaves out without a note)
