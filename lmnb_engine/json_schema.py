@@ -82,7 +82,7 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
             where, value = long_int
             raise ValueError(f"JSON schema at {where} holds {shown_number(value)}, "
                              f"{past_digit_limit(verb='writes')}; give a smaller number") from None
-        raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
+        raise ValueError(_non_finite(schema) or f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
         raise ValueError("JSON schema at #/$schema must be a string (a draft's URI), not "
                          f"{json_value(schema['$schema'], SHOWN_CHARS)}")
@@ -135,15 +135,39 @@ def _negative_count(error: Any, where: str) -> Optional[str]:
 def _long_integer(schema: Any) -> Optional[tuple[str, int]]:
     """The place (``#/maximum``) and value of the first int in ``schema`` (dicts, lists and tuples
     as built in Python) of more digits than Python writes (``params.digits_over_limit``), which
-    ``json.dumps`` refuses, or None. Each container is looked in once: one that holds itself
-    (which ``json.dumps`` refuses too) is no endless walk."""
+    ``json.dumps`` refuses, or None."""
     from lmnb_engine.params import decimal_digits, digits_over_limit  # (it imports this module)
 
+    return _first_value(schema, lambda v: isinstance(v, int) and not isinstance(v, bool)
+                        and digits_over_limit(decimal_digits(v)))
+
+
+def _non_finite(schema: Any) -> Optional[str]:
+    """lmnb's refusal of the first NaN or infinity in ``schema`` (``{"maximum": float("nan")}``,
+    or JSON text's ``NaN``, which Python's json reads), naming its place and the fix, or None: it
+    said "json_schema holds a value JSON cannot represent (Out of range float values are not JSON
+    compliant)", naming neither."""
+    found = _first_value(schema, lambda v: isinstance(v, float) and not math.isfinite(v))
+    if found is None:
+        return None
+    where, value = found
+    parent, key = where.split("/")[-2:] if where.count("/") > 1 else ("", where.split("/")[-1])
+    word = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    bound = key in _BOUNDS and parent not in ("properties", "enum", "const")  # (not a property so named)
+    leave = f", or leave {json_value(key)} out for no bound" if bound else ""
+    return f"JSON schema at {where} is {word}, which is no JSON number; write a number{leave}"
+
+
+def _first_value(schema: Any, wanted: Callable[[Any], bool]) -> Optional[tuple[str, Any]]:
+    """The place (``#/maximum``) and value of the first value in ``schema`` (dicts, lists and
+    tuples as built in Python) that is ``wanted``, in the order they stand, or None. Each
+    container is looked in once: one that holds itself (which ``json.dumps`` refuses too) is no
+    endless walk."""
     todo: list[tuple[str, Any]] = [("#", schema)]
     seen: set[int] = set()
     while todo:
         where, value = todo.pop()
-        if isinstance(value, int) and not isinstance(value, bool) and digits_over_limit(decimal_digits(value)):
+        if wanted(value):
             return where, value
         if not isinstance(value, (dict, list, tuple)) or id(value) in seen:
             continue

@@ -680,7 +680,16 @@ def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
         # a pointer that only the rewritten copy held (jsonschema: PointerToNowhere on every output)
         ({"properties": {"a": {"type": ["integer", "string"], "minimum": 5}, "b": {"$ref": "#/properties/a/anyOf/1"}}},
          ['points at nothing in this schema (no "anyOf" there)']),
-        ({"const": float("nan")}, ["a value JSON cannot represent"]),
+        # (NaN and the infinities: "a value JSON cannot represent (Out of range float values are not JSON
+        # compliant)", naming neither the place nor the fix)
+        ({"const": float("nan")}, ["JSON schema at #/const is NaN, which is no JSON number; write a number"]),
+        ({"type": "number", "maximum": float("inf")}, ['JSON schema at #/maximum is Infinity, which is no JSON number; '
+                                                       'write a number, or leave "maximum" out for no bound']),
+        ({"properties": {"a": {"type": "array", "maxItems": -float("inf")}}},
+         ['JSON schema at #/properties/a/maxItems is -Infinity, which is no JSON number; write a number, or leave '
+          '"maxItems" out for no bound']),
+        ({"properties": {"minimum": {"enum": [1, float("nan")]}}},
+         ["JSON schema at #/properties/minimum/enum/1 is NaN, which is no JSON number; write a number"]),
         ({"const": 2**64 + 1}, ["lists the integer 18446744073709551617, beyond 2**53"]),  # written as 1.8e+19
         ({"type": "array", "minItems": 3, "maxItems": 1}, ["minItems 3 above maxItems 1"]),  # "error building NFA"
         # classes are written out, case folding is not: (?i)^[^a-z]+$ let '"K"' through
