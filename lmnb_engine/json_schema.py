@@ -101,7 +101,7 @@ def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
         if refused:
             raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
-        negative = _negative_count(e, where)
+        negative = _negative_count(e, where) or _multiple_not_above_0(e, where)
         if negative:
             raise ValueError(negative) from None
         message = (_type_typo(e) or _type_shape(e) or _keyword_type(e)
@@ -130,6 +130,18 @@ def _negative_count(error: Any, where: str) -> Optional[str]:
 
     return (f"JSON schema at {where} is {shown_number(error.instance)}, a number of {_COUNTED[key]} below 0; "
             f"give 0 or more, or leave {key} out")
+
+
+def _multiple_not_above_0(error: Any, where: str) -> Optional[str]:
+    """lmnb's refusal of a ``multipleOf`` of 0 or below (the meta-schema's ``error`` at ``where``),
+    with the fix (``_number_fix``), or None: jsonschema's words were "0 is less than or equal to
+    the minimum of 0"."""
+    key = error.path[-1] if error.path else None
+    if (key != "multipleOf" or error.validator not in ("exclusiveMinimum", "minimum")
+            or isinstance(error.instance, bool) or not isinstance(error.instance, (int, float))):
+        return None
+    return (f"JSON schema at {where} is not a valid JSON Schema: \"multipleOf\" is {json_value(error.instance)}"
+            f"{_number_fix(error.instance, key, ['number'])}")
 
 
 def _long_integer(schema: Any) -> Optional[tuple[str, int]]:

@@ -1357,6 +1357,12 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
     ({"type": "number", "multipleOf": "-2.5"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
                                                'must be a number, not "-2.5": it must be above 0; write "multipleOf": '
                                                '2.5, whose multiples are the same'),
+    # (unquoted, jsonschema's words were "0 is less than or equal to the minimum of 0")
+    ({"type": "number", "multipleOf": 0}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" is 0: it '
+                                          'must be above 0 (only 0 is a multiple of 0); write a number above 0, or '
+                                          'leave "multipleOf" out'),
+    ({"type": "integer", "multipleOf": -3}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" is -3: '
+                                            'it must be above 0; write "multipleOf": 3, whose multiples are the same'),
     ({"type": "integer", "multipleOf": "2"}, 'JSON schema at #/multipleOf is not a valid JSON Schema: "multipleOf" '
                                              'must be a number, not "2": write "multipleOf": 2'),
     ({"type": "array", "items": 5}, 'JSON schema at #/items is not a valid JSON Schema: a schema must be an object or a '
@@ -1372,7 +1378,8 @@ def test_an_invalid_regex_re_places_nowhere_is_worded_without_a_position(backend
 ], ids=["type strng", "properties 5", "type 5", "type holds null", "type []", "type twice", "format 5", "pattern 5",
          "required a", "required 1", "properties []", "enum 5", "minLength 3", "maxItems 2", "maximum -1.5",
          "maxLength 3.5", "maxLength 3.5 unquoted", "minLength 3.0", "minLength -1", "maxItems -1", "minimum NaN", "minLength NaN",
-         "maximum -Infinity", "maximum 1e400", "multipleOf 0", "multipleOf -2.5", "multipleOf 2", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
+         "maximum -Infinity", "maximum 1e400", "multipleOf 0", "multipleOf -2.5", "multipleOf 0 unquoted",
+         "multipleOf -3 unquoted", "multipleOf 2", "items 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
 def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
     """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
     the program ran and the engine compiled it. It is refused at the call now, with the engine's
