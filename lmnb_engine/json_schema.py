@@ -1256,7 +1256,8 @@ def _number_fix(value: Any, key: str, wanted: list) -> Optional[str]:
     if isinstance(number, float) and math.isnan(number):
         return f": NaN is not a number (JSON has no NaN); write {takes}, or {leave}"
     if isinstance(number, float) and math.isinf(number):
-        spelt = str(value).strip().lstrip("+-") in ("Infinity", "inf")  # (a dict's float("inf"): Python's word)
+        # (a string's: a float inf in the schema itself is refused before, by _non_finite)
+        spelt = not isinstance(value, str) or value.strip().lstrip("+-") == "Infinity"
         why = "JSON has no Infinity" if spelt else "it is past the largest number a double holds (about 1.8e308)"
         return f": {why}; write {takes}, or {leave}"
     if counted and number < 0:
