@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import gzip
 import itertools
+import os
 import json
 import re
 import socket
@@ -3568,6 +3569,40 @@ def test_echoed_prompt_tokens_and_offsets_index_the_prompt_as_given(tiny_llama):
         lp = _choice_logprobs(engine, req, result, prompt, ids)
         assert (lp["tokens"], lp["text_offset"]) == (tokens, offsets)
         assert b"".join(_token_bytes(t) for t in tokens) == prompt.encode()
+
+
+def test_echoed_prompt_that_spells_the_bos_the_tokenizer_adds_keeps_the_bos_of_no_width():
+    """A tokenizer that adds a BOS (the demo model's) encodes the prompt "<s>" as the BOS, offsets
+    (0, 0), then the "<s>" written, (0, 3). The echo read the BOS first along the prompt, so it took
+    the written "<s>", and the written token was left the empty text after it: ``("<s>", 0), ("",
+    3)``. The BOS stands for no text: it is ``("<s>", 0)`` with no width, and the written one
+    ``("<s>", 0)`` too, its characters; the tokens after it index the prompt as given (worked by
+    hand from the tokenizer's offsets)."""
+    import lmnb_engine
+    from transformers import AutoTokenizer
+
+    from lmnb_engine.http_server.openai_api import _choice_logprobs
+    from lmnb_engine.outputs import TokenLogprob
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(lmnb_engine.__file__), "demo_model"))
+    engine = types.SimpleNamespace(tokenizer=tok, decode=tok.decode)
+    req = types.SimpleNamespace(echo=True, logprobs=0)
+    bos = tok.bos_token_id
+    cases = {
+        "<s>": (["<s>", "<s>"], [0, 0]),
+        "<s>hi": (["<s>", "<s>", "h", "i"], [0, 0, 3, 4]),
+        "<s><s>": (["<s>", "<s>", "<s>"], [0, 0, 3]),
+        "hi<s>": (["<s>", "h", "i", "<s>"], [0, 0, 1, 2]),
+        "</s>x": (["<s>", "</s>", "x"], [0, 0, 4]),
+    }
+    for prompt, (tokens, offsets) in cases.items():
+        ids = tok.encode(prompt)
+        assert ids[0] == bos and tok.decode(ids, skip_special_tokens=True) != prompt  # (the case)
+        result = types.SimpleNamespace(prompt_logprobs=[None] + [TokenLogprob(i, -1.0, ()) for i in ids[1:]],
+                                       logprobs=[])
+        lp = _choice_logprobs(engine, req, result, prompt, ids)
+        assert (lp["tokens"], lp["text_offset"]) == (tokens, offsets), prompt
+        assert b"".join(_token_bytes(t) for t in tokens[1:]) == prompt.encode()  # (all but the BOS)
 
 
 def _token_bytes(token: str) -> bytes:
