@@ -187,6 +187,39 @@ def test_a_stream_cut_before_its_end_is_an_error_not_a_short_output(server, endp
     assert [d for d, _ in _stream(endpoint)] == ["Hel"]
 
 
+def _drop(handler, body, reset: bool) -> None:
+    """Close the request's connection without an answer: with a reset (SO_LINGER 0: a server that
+    shut down while the request came, its client's ReadError), or as a plain close (a crash before
+    the answer, its client's RemoteProtocolError 'Server disconnected ...')."""
+    import socket
+    import struct
+
+    if reset:
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        handler.connection.close()  # (now: the server's own close would shut the sending side first)
+    handler.close_connection = True
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "closed"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_connection_the_server_drops_before_answering_says_what_to_do(server, endpoint, reset, stream):
+    """A server stopped while a run_batch's requests were in flight failed some rows with only
+    "POST URL/generate failed: ReadError: [Errno 104] Connection reset by peer" (no cause, no fix);
+    a dropped connection now says the server stopped or crashed, and to check it and run the call
+    again, for a whole answer and a stream alike."""
+    server.answer = lambda h, b: _drop(h, b, reset)
+    kind = "ReadError" if reset else "RemoteProtocolError"
+    what = f"POST {server.url}/generate" + (" stream" if stream else "")
+    with pytest.raises(BackendError, match=f"^{what}: the server at {server.url} dropped the "
+                                           f"connection before its answer was complete \\({kind}: .*\\); it stopped, "
+                                           "restarted or crashed \\(see its log\\), or is no HTTP server: check "
+                                           "that it runs at that URL, then run the call again$"):
+        if stream:
+            _stream(endpoint)
+        else:
+            endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+
+
 def test_a_stream_of_disjoint_pieces_is_refused_not_garbled(server, endpoint):
     """A server streaming each piece alone (not the whole text so far) lost text: 'He', 'llo' read
     as cumulative gave 'He' and then nothing."""

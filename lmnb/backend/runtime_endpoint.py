@@ -389,6 +389,12 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if isinstance(e, self._httpx.ConnectError):  # refused: no server (any more) at that host and port
             return BackendUnreachable(f"{what}: nothing answers at {self.base_url} ({type(e).__name__}: {e}); is the "
                                 "server running, and are the host and port right?")
+        if isinstance(e, (self._httpx.ReadError, self._httpx.WriteError, self._httpx.RemoteProtocolError)):
+            # the server took the connection, then dropped it mid-exchange: it stopped or crashed
+            # (a shut-down server resets the requests it was reading), or speaks no HTTP there
+            return BackendError(f"{what}: the server at {self.base_url} dropped the connection before its answer was "
+                                f"complete ({type(e).__name__}: {e}); it stopped, restarted or crashed (see its "
+                                "log), or is no HTTP server: check that it runs at that URL, then run the call again")
         return BackendError(f"{what} failed: {type(e).__name__}: {e}")
 
     def get_chat_template(self) -> ChatTemplate:
