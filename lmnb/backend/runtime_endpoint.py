@@ -319,7 +319,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             raise self._failure(what, e, quick) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
-            raise _http_failure(what, r.status_code, _error_text(content), hint, _error_reason(content), self.key_fix)
+            raise _http_failure(what, r.status_code, _error_text(content), hint, _error_field(content), self.key_fix,
+                                _error_field(content, "param"))
         _refuse_redirect(r, what)
         if not reply:
             return None
@@ -507,7 +508,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     content = _read_body(r, f"POST {self.base_url}/generate")
                     raise _http_failure(f"POST {self.base_url}/generate", r.status_code,
                                         in_gen_names(_error_text(content)), _busy() if r.status_code == 503 else "",
-                                        _error_reason(content), self.key_fix)
+                                        _error_field(content), self.key_fix)
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 incremental = self._incremental_output()
@@ -649,7 +650,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         start = max(n_prompt - SCORE_WINDOW, 0)
         # (an empty prompt has no tokens to compare with, and the server refuses an empty text)
         head = [text] if text else []
-        items, start = self._choice_windows(head + [text + c for c in choices], start, rid, call, images)
+        try:
+            items, start = self._choice_windows(head + [text + c for c in choices], start, rid, call, images)
+        except BackendError as e:
+            raise _refused_choice(e, choices, len(head)) or e from None
         p_ids = self._entries(items[0])[0] if text else []
         items = items[len(head):]
         out = []
@@ -872,28 +876,48 @@ def _read_body(r: Any, what: str) -> bytes:
     return b"".join(parts)
 
 
+def _refused_choice(e: BackendError, choices: Sequence[str], skip: int) -> Optional[BackendError]:
+    """``e`` said of the select choice it is about, where the server refused one text of a select's
+    scoring request, naming it in the error's ``param`` (lmnb serve's ``text[i]`` of the texts sent
+    in one request, the first ``skip`` of them no choice's: a choice too long for the context); else
+    None. The server's words name a text the program never wrote ("text[2]: prompt of 613 tokens
+    exceeds ..."); the in-process engine names the choice."""
+    named = re.fullmatch(r"text\[(\d+)\]", getattr(e, "param", None) or "")
+    if not named or not 0 <= int(named[1]) - skip < len(choices) or skip + len(choices) > MAX_BATCH_PROMPTS:
+        return None  # (another field, or texts sent in parts, whose indices restart)
+    c = choices[int(named[1]) - skip]
+    shown = repr(c) if len(c) <= 40 else repr(c[:30]) + "..."
+    words = str(e).replace(f"{e.param}: ", "", 1)
+    return BackendError(f"select choice {shown}: the server refused its scoring text (the prompt, then the choice): "
+                        f"{words}", e.reason)
+
+
 def _http_failure(what: str, status: int, words: str, hint: str = "", reason: Optional[str] = None,
-                  key_fix: str = "") -> BackendError:
+                  key_fix: str = "", param: Optional[str] = None) -> BackendError:
     """The error of the call ``what`` that the server answered with HTTP ``status`` (>= 400) and
-    ``words`` and ``reason`` (the error's, ``_error_reason``): a ``BackendAuthError`` for 401 (its
-    API key), its message ending with ``key_fix`` (how to give the key), else a ``BackendError``."""
+    ``words``, ``reason`` and ``param`` (the error's, ``_error_field``; ``param`` is kept as the
+    error's attribute of that name): a ``BackendAuthError`` for 401 (its API key), its message ending
+    with ``key_fix`` (how to give the key), else a ``BackendError``."""
     if status != 401:
-        return BackendError(f"{what}: HTTP {status}: {words}{hint}", reason)
-    auth = BackendAuthError(f"{what}: HTTP {status}: {words}{hint}{key_fix}", reason)
-    auth.key_fix = key_fix
-    return auth
+        err = BackendError(f"{what}: HTTP {status}: {words}{hint}", reason)
+    else:
+        err = BackendAuthError(f"{what}: HTTP {status}: {words}{hint}{key_fix}", reason)
+        err.key_fix = key_fix
+    err.param = param
+    return err
 
 
-def _error_reason(content: bytes) -> Optional[str]:
-    """The ``"reason"`` of the server's JSON error in ``content`` (an lmnb serve extension), None
+def _error_field(content: bytes, name: str = "reason") -> Optional[str]:
+    """The string ``name`` of the server's JSON error in ``content``: its ``"reason"`` (an lmnb
+    serve extension) or ``"param"`` (the request's field it names, OpenAI's: ``text[1]``); None
     where it gives none (SGLang's server, a proxy, a body that is not JSON)."""
     try:
         body = json.loads(content)
     except ValueError:
         return None
     error = body.get("error") if isinstance(body, dict) else None
-    reason = error.get("reason") if isinstance(error, dict) else None
-    return reason if isinstance(reason, str) else None
+    value = error.get(name) if isinstance(error, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _error_text(content: bytes) -> str:
