@@ -967,13 +967,16 @@ def test_native_select_scores_from_token_0_when_a_choice_is_shorter_than_the_win
     assert _select_through_both(backends, monkeypatch, QUESTIO, ["n", " mark"]) == [n - 2, 0]
 
 
-def test_native_select_a_choice_too_long_for_the_context_is_named(backends, engines):
+@pytest.mark.parametrize("kind", ["runtime", "openai"])
+def test_a_select_choice_too_long_for_the_context_is_named_over_http(backends, engines, kind):
     """A choice that takes the prompt past the model's context length: lmnb serve refuses its
-    scoring text, which RuntimeEndpoint said in the server's words alone, naming "text[2]" (the
-    third text of the scoring request: the prompt, then each choice), which the program never
-    wrote. It names the choice now, as the in-process engine does; the counts are the server's
+    scoring prompt, which the backends said in the server's words alone, naming "text[2]"
+    (RuntimeEndpoint's /generate) or "prompt[2]" (a completion model's /v1/completions): the
+    third prompt of the scoring request (the prompt, then each choice), which the program never
+    wrote. They name the choice now, as the in-process engine does; the counts are the server's
     (worked from the tokenizer here), and the program's next select runs."""
     local, remote, url = backends
+    backend = remote if kind == "runtime" else sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
     context = engines[1].model_info()["context_len"]
     prompt, fits = "Is the bird green? Answer:", " yes"
     long_choice = " maybe" * context  # (each " maybe" at least one token: past the context alone)
@@ -984,14 +987,17 @@ def test_native_select_a_choice_too_long_for_the_context_is_named(backends, engi
 
     n = len(engines[1].encode(prompt + long_choice))
     assert n > context
-    err = pick.run(choices=[fits, long_choice], backend=remote).error()
+    err = pick.run(choices=[fits, long_choice], backend=backend).error()
     assert err is not None
     assert str(err).startswith(f"Select('c', choices=[{fits!r}, {long_choice[:20]!r}"[:-1])
+    field, where = ("text", f"POST {url}/generate") if kind == "runtime" else ("prompt", f"{url}/v1/")
     assert str(err).split("]) failed: ", 1)[1] == (
-        f"BackendError: select choice {long_choice[:30]!r}...: the server refused its scoring text (the prompt, then "
-        f"the choice): POST {url}/generate: HTTP 400: prompt of {n} tokens exceeds the model's context length of "
-        f"{context} tokens; shorten the text by at least {n - context} tokens")
-    assert pick.run(choices=[fits, " no"], backend=remote).error() is None
+        f"BackendError: select choice {long_choice[:30]!r}...: the server refused its scoring {field} (the prompt, "
+        f"then the choice): {where}: HTTP 400: prompt of {n} tokens exceeds the model's context length of {context} "
+        f"tokens; shorten the {field} by at least {n - context} tokens")
+    assert pick.run(choices=[fits, " no"], backend=backend).error() is None
+    if backend is not remote:
+        backend.shutdown()
 
 
 @pytest.mark.parametrize("choices", [["bq", "u b"], ["nnu\U0001F642", "q\u00e9b\u4e2d"], ["ab", "abc", "a b"]])

@@ -70,11 +70,31 @@ DELTA_TOKENS = "delta_tokens"
 
 class BackendError(RuntimeError):
     """A backend call failed (server error, bad response); the message names the call and cause.
-    ``reason``: the server's JSON error's ``"reason"`` (lmnb serve's ``DOES_NOT_FIT``), else None."""
+    ``reason``: the server's JSON error's ``"reason"`` (lmnb serve's ``DOES_NOT_FIT``), else None;
+    ``param``: its ``"param"``, the request's field it refused (``text[2]``), else None."""
 
-    def __init__(self, message: str = "", reason: Optional[str] = None):
+    def __init__(self, message: str = "", reason: Optional[str] = None, param: Optional[str] = None):
         super().__init__(message)
         self.reason = reason
+        self.param = param
+
+
+def refused_choice(e: BackendError, field: str, choices: Sequence[str], first: int) -> Optional[BackendError]:
+    """``e`` said of the select choice it is about, where the server refused one prompt of a
+    select's scoring request, naming it in the error's ``param`` (``field[i]``: ``text[i]``, lmnb
+    serve's /generate; ``prompt[i]``, its /v1/completions), the request's prompt ``first`` being
+    ``choices[0]``'s (those before it: the select's prompt alone); else None. The server's words
+    name a prompt the program never wrote ("text[2]: prompt of 613 tokens exceeds ..."), where the
+    in-process engine names the choice (a choice too long for the context)."""
+    named = re.fullmatch(rf"{field}\[(\d+)\]", e.param or "")
+    if not named or not 0 <= int(named[1]) - first < len(choices):
+        return None
+    c = choices[int(named[1]) - first]
+    shown = repr(c) if len(c) <= 40 else repr(c[:30]) + "..."
+    said = str(e)
+    said = said.replace(f"{e.param}: ", "", 1) if f"{e.param}: " in said else said.replace(e.param, field, 1)
+    return BackendError(f"select choice {shown}: the server refused its scoring {field} (the prompt, then the "
+                        f"choice): {said}", e.reason)
 
 
 def reworded(e: Exception, message: str) -> Exception:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
     Completion, GuessedTemplate, Prompt, aborted_reason, check_api_key, check_sendable, check_timeout, check_utf8, given,
-    key_advice,
+    key_advice, refused_choice,
     tell_guessed_template,
 )
 from lmnb.backend.media import data_url, frames
@@ -391,11 +391,12 @@ class OpenAI(BaseBackend):
                 message += (f"; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
                             f"base_url={root + '/v1'!r}")
             reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
+            param = body.get("param") if isinstance(body.get("param"), str) else None  # (the field refused)
             if e.status_code == 401:
-                auth = BackendAuthError(f"{self.client.base_url}: HTTP 401: {message}{self.key_fix}", reason)
+                auth = BackendAuthError(f"{self.client.base_url}: HTTP 401: {message}{self.key_fix}", reason, param)
                 auth.key_fix = self.key_fix
                 raise auth from None
-            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason) from None
+            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason, param) from None
         except self._openai.APITimeoutError as e:
             if connect_timed_out(e):  # (a firewalled host that never answers: no server was reached)
                 raise self._connect_timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
@@ -708,7 +709,11 @@ class OpenAI(BaseBackend):
         rows = []
         for at in range(0, len(texts), MAX_BATCH_PROMPTS):  # (in order: the prompt first, then its choices)
             part = texts[at:at + MAX_BATCH_PROMPTS]
-            ret = self._call(rid, model=self.model_name, prompt=part, echo=True, max_tokens=0, logprobs=0, temperature=0)
+            try:
+                ret = self._call(rid, model=self.model_name, prompt=part, echo=True, max_tokens=0, logprobs=0,
+                                 temperature=0)
+            except BackendError as e:
+                raise refused_choice(e, "prompt", choices, len(head) - at) or e from None
             if ret is _ABORTED:
                 raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
             got = self._choices(ret)

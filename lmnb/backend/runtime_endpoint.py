@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
     BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_sendable, check_utf8, finish_reason_dict,
-    check_api_key, check_timeout, in_gen_names, key_advice,
+    check_api_key, check_timeout, in_gen_names, key_advice, refused_choice,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -653,7 +653,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         try:
             items, start = self._choice_windows(head + [text + c for c in choices], start, rid, call, images)
         except BackendError as e:
-            raise _refused_choice(e, choices, len(head)) or e from None
+            if len(head) + len(choices) > MAX_BATCH_PROMPTS:  # (sent in parts, whose indices restart)
+                raise
+            raise refused_choice(e, "text", choices, len(head)) or e from None
         p_ids = self._entries(items[0])[0] if text else []
         items = items[len(head):]
         out = []
@@ -876,35 +878,16 @@ def _read_body(r: Any, what: str) -> bytes:
     return b"".join(parts)
 
 
-def _refused_choice(e: BackendError, choices: Sequence[str], skip: int) -> Optional[BackendError]:
-    """``e`` said of the select choice it is about, where the server refused one text of a select's
-    scoring request, naming it in the error's ``param`` (lmnb serve's ``text[i]`` of the texts sent
-    in one request, the first ``skip`` of them no choice's: a choice too long for the context); else
-    None. The server's words name a text the program never wrote ("text[2]: prompt of 613 tokens
-    exceeds ..."); the in-process engine names the choice."""
-    named = re.fullmatch(r"text\[(\d+)\]", getattr(e, "param", None) or "")
-    if not named or not 0 <= int(named[1]) - skip < len(choices) or skip + len(choices) > MAX_BATCH_PROMPTS:
-        return None  # (another field, or texts sent in parts, whose indices restart)
-    c = choices[int(named[1]) - skip]
-    shown = repr(c) if len(c) <= 40 else repr(c[:30]) + "..."
-    words = str(e).replace(f"{e.param}: ", "", 1)
-    return BackendError(f"select choice {shown}: the server refused its scoring text (the prompt, then the choice): "
-                        f"{words}", e.reason)
-
-
 def _http_failure(what: str, status: int, words: str, hint: str = "", reason: Optional[str] = None,
                   key_fix: str = "", param: Optional[str] = None) -> BackendError:
     """The error of the call ``what`` that the server answered with HTTP ``status`` (>= 400) and
-    ``words``, ``reason`` and ``param`` (the error's, ``_error_field``; ``param`` is kept as the
-    error's attribute of that name): a ``BackendAuthError`` for 401 (its API key), its message ending
-    with ``key_fix`` (how to give the key), else a ``BackendError``."""
+    ``words``, ``reason`` and ``param`` (the error's, ``_error_field``): a ``BackendAuthError`` for
+    401 (its API key), its message ending with ``key_fix`` (how to give the key), else a ``BackendError``."""
     if status != 401:
-        err = BackendError(f"{what}: HTTP {status}: {words}{hint}", reason)
-    else:
-        err = BackendAuthError(f"{what}: HTTP {status}: {words}{hint}{key_fix}", reason)
-        err.key_fix = key_fix
-    err.param = param
-    return err
+        return BackendError(f"{what}: HTTP {status}: {words}{hint}", reason, param)
+    auth = BackendAuthError(f"{what}: HTTP {status}: {words}{hint}{key_fix}", reason, param)
+    auth.key_fix = key_fix
+    return auth
 
 
 def _error_field(content: bytes, name: str = "reason") -> Optional[str]:
