@@ -863,7 +863,8 @@ class Engine:
             raise error
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={shown_number(params.logprob_start_len)} is past the prompt's {n} "
-                             "tokens")
+                             f"tokens; give at most {n} (0: the logprobs of every prompt token; -1, the default: "
+                             "none)")
 
     def _check_grammar(self, params: SamplingParams, abandoned: Optional[Future] = None) -> Any:
         """Compile (waiting) ``params``' grammar, if any, and refuse it as ``_grammar`` does, or if

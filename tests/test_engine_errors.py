@@ -356,7 +356,8 @@ def test_an_id_or_value_of_over_4300_digits_is_named_in_scientific_form_by_the_e
             (lambda: engine.generate([5, 6], GREEDY.copy(stop_token_ids=[big])), ValueError,
              f"stop_token_ids [{shown}] are outside the vocabulary [0, {vocab})"),
             (lambda: engine.generate([5, 6], GREEDY.copy(logprob_start_len=big)), ValueError,
-             f"logprob_start_len={shown} is past the prompt's 2 tokens"),
+             f"logprob_start_len={shown} is past the prompt's 2 tokens; give at most 2 (0: the logprobs of every "
+             "prompt token; -1, the default: none)"),
             (lambda: engine.submit([5, 6], GREEDY, rid=big), TypeError,
              f"rid={shown} must be a string (or None for a random one)"),
             (lambda: engine.generate([5, 6], GREEDY.copy(json_schema={"type": "integer", "maximum": big})), ValueError,
@@ -365,6 +366,18 @@ def test_an_id_or_value_of_over_4300_digits_is_named_in_scientific_form_by_the_e
         with pytest.raises(kind) as e:
             call()
         assert str(e.value) == said
+    assert_idle_accounting(engine)
+
+
+def test_a_logprob_start_len_past_the_prompt_names_the_starts_it_may_take(engine):
+    """``logprob_start_len`` past the prompt was refused as "logprob_start_len=3 is past the
+    prompt's 2 tokens", without the fix (lmnb serve's 400 the same): a start from 0 to the prompt's
+    length (2 here, which scores no prompt token), or -1 for none; the start of 2 runs."""
+    with pytest.raises(ValueError) as e:
+        engine.generate([5, 6], GREEDY.copy(max_new_tokens=1, logprob_start_len=3))
+    assert str(e.value) == ("logprob_start_len=3 is past the prompt's 2 tokens; give at most 2 (0: the logprobs of "
+                            "every prompt token; -1, the default: none)")
+    assert engine.generate([5, 6], GREEDY.copy(max_new_tokens=1, logprob_start_len=2)).token_ids
     assert_idle_accounting(engine)
 
 
