@@ -145,6 +145,13 @@ def test_the_default_is_ten_seconds_to_connect_and_ten_minutes_to_answer(stallin
     ("127.0.0.1:30000", ValueError, "takes the server's http(s) URL, e.g. http://127.0.0.1:30000; got '127.0.0.1:30000'"),
     ("ftp://host:1", ValueError, "takes the server's http(s) URL, e.g. http://HOST:PORT; got 'ftp://host:1'"),
     (30000, TypeError, "takes the server's URL as a string, e.g. 'http://127.0.0.1:30000'; got int"),
+    # an empty URL's example was "http://"; a query was kept, the routes' paths put after it
+    # ("GET http://127.0.0.1:30000?x=1/get_model_info": a 404 naming the route /)
+    ("", ValueError, "takes the server's http(s) URL, e.g. http://HOST:PORT; got ''"),
+    ("http://127.0.0.1:30000?x=1", ValueError, "takes the server's root URL, without a query or fragment, e.g. "
+                                               "http://127.0.0.1:30000; got 'http://127.0.0.1:30000?x=1'"),
+    ("https://h:1/sg/#top", ValueError, "takes the server's root URL, without a query or fragment, e.g. https://h:1; "
+                                        "got 'https://h:1/sg/#top'"),
 ])
 def test_a_base_url_that_is_no_http_url_is_refused_naming_the_fix(url, error, message):
     # it came as httpx's UnsupportedProtocol, a failed GET of the model info (an AttributeError for a number)

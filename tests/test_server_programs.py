@@ -761,6 +761,12 @@ def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_g
         "POST /v1/chat/completions; RuntimeEndpoint takes the server's root URL "
         "(http://HOST:PORT), where SGLang's native routes are: drop the /v1, or use lmnb.OpenAI(model, "
         "base_url=...) for the OpenAI API it serves")
+    # a route's URL given for the server's (the hint ended "where SGLang's native routes are", no fix)
+    with pytest.raises(sgl.BackendError) as e:
+        sgl.RuntimeEndpoint(f"{url}/generate/")
+    assert str(e.value).startswith(f"GET {url}/generate/get_model_info: HTTP 404: the server has no route ")
+    assert str(e.value).endswith("POST /v1/chat/completions; RuntimeEndpoint takes the server's root URL "
+                                 f"(http://HOST:PORT), where SGLang's native routes are: drop the /generate ({url})")
     for chat in (False, True):  # (a template named: the roles' format is not what this test is about)
         backend = sgl.OpenAI("tiny", base_url=url, is_chat_model=chat, max_retries=0,
                              chat_template=sgl.get_chat_template("chatml"))

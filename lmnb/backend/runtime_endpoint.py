@@ -130,10 +130,14 @@ def _check_url(base_url: Any) -> None:
     if not isinstance(base_url, str):
         raise TypeError(f"RuntimeEndpoint takes the server's URL as a string, e.g. 'http://127.0.0.1:30000'; "
                         f"got {type(base_url).__name__}")
-    scheme, sep, _ = base_url.partition("://")
+    scheme, sep, rest = base_url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
-        example = f"http://{base_url}" if not sep else "http://HOST:PORT"
+        example = f"http://{base_url}" if not sep and base_url.strip() else "http://HOST:PORT"
         raise ValueError(f"RuntimeEndpoint takes the server's http(s) URL, e.g. {example}; got {base_url!r}")
+    if "?" in rest or "#" in rest:  # (the routes' paths were put after it: "...:30000?x=1/generate")
+        root = f"{scheme}://{re.split(r'[/?#]', rest, maxsplit=1)[0]}"
+        raise ValueError(f"RuntimeEndpoint takes the server's root URL, without a query or fragment, e.g. {root}; "
+                         f"got {base_url!r}")
 
 
 class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
@@ -211,8 +215,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             hint = f"; is {self.base_url} an SGLang or lmnb server? It has no /get_model_info"
         else:
             hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
-        if self.base_url.endswith("/v1"):
-            hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
+            if self.base_url.endswith("/v1"):
+                hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
+            else:  # (a route's URL, /generate, given for the server's)
+                root = str(self.client.base_url.copy_with(path="/")).rstrip("/")
+                hint += f": drop the {self.client.base_url.path.rstrip('/')} ({root})"
         try:
             self.model_info = self._request("GET", "/get_model_info", not_found=hint, quick=self._quick_timeout())
             if not isinstance(self.model_info, dict) or not isinstance(self.model_info.get("model_path"), str):
