@@ -248,3 +248,34 @@ def test_a_backend_argument_of_the_wrong_type_names_the_argument_what_was_given_
         with pytest.raises(TypeError) as e:
             call()
         assert str(e.value) == said
+
+
+def test_an_openai_base_url_that_is_no_http_url_of_the_api_is_refused_naming_one_to_give():
+    """lmnb.OpenAI(base_url="127.0.0.1:30000/v1") failed each gen as "APIConnectionError: Connection
+    error. (UnsupportedProtocol: ...)", a query had the routes put after it, and base_url="" went to
+    OpenAI's own API (the client reads "" as none) to fail for its key. Each is refused as made,
+    with the URL to give (as RuntimeEndpoint refuses its own); the /v1 URL a route's URL points
+    into, as the 404 hint gives it, is worked by hand."""
+    import pytest
+
+    cases = [
+        ("127.0.0.1:30000/v1", "the API's http(s) URL, e.g. 'http://127.0.0.1:30000/v1', or None for OpenAI's; got "
+                               "'127.0.0.1:30000/v1'"),
+        ("", "the API's http(s) URL, e.g. 'http://HOST:PORT/v1', or None for OpenAI's; got ''"),
+        ("ftp://h:1/v1", "the API's http(s) URL, e.g. 'http://HOST:PORT/v1', or None for OpenAI's; got 'ftp://h:1/v1'"),
+        ("http://h:1/v1?x=1", "the API's URL without a query or fragment, e.g. 'http://h:1/v1'; got "
+                              "'http://h:1/v1?x=1'"),
+        ("https://h/v1/chat/completions#a", "the API's URL without a query or fragment, e.g. 'https://h/v1'; got "
+                                            "'https://h/v1/chat/completions#a'"),
+    ]
+    for url, said in cases:
+        with pytest.raises(ValueError) as e:
+            sgl.OpenAI("m", base_url=url, api_key="k")
+        assert str(e.value) == "lmnb.OpenAI base_url must be " + said
+    # the 404 hint's URL: it appended /v1 to a route's URL under /v1 (".../v1/chat/completions/v1")
+    from lmnb.backend.openai import _api_root
+
+    assert _api_root("http://h:1/v1/chat/completions") == "http://h:1/v1"
+    assert _api_root("http://h:1/v1/completions/") == "http://h:1/v1"
+    assert _api_root("http://h:1") == "http://h:1/v1"
+    assert _api_root("http://h:1/proxy/") == "http://h:1/proxy/v1"

@@ -777,6 +777,11 @@ def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_g
         assert str(state.error().__cause__).endswith(
             "POST /v1/chat/completions; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under "
             f"/v1: base_url='{url}/v1'")
+    # a route's URL given for the API's: the hint appended /v1 to it (".../v1/chat/completions/v1")
+    backend = sgl.OpenAI("tiny", base_url=f"{url}/v1/chat/completions", is_chat_model=True, max_retries=0,
+                         chat_template=sgl.get_chat_template("chatml"))
+    state = multi_turn_chat.run("a", "b", backend=backend)
+    assert str(state.error().__cause__).endswith(f"serve this API under /v1: base_url='{url}/v1'")
     # a 404 of the /v1 API itself names its own cause only
     state = multi_turn_chat.run("a", "b", backend=sgl.OpenAI("nope", base_url=f"{url}/v1", max_retries=0))
     assert str(state.error().__cause__).endswith('HTTP 404: model "nope" is not served here; use "tiny"')

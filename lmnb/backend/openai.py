@@ -389,7 +389,7 @@ class OpenAI(BaseBackend):
             if e.status_code == 404 and not self.is_official and not root.endswith("/v1"):
                 # the server's root URL given as base_url: its OpenAI routes are one level down
                 message += (f"; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
-                            f"base_url={root + '/v1'!r}")
+                            f"base_url={_api_root(root)!r}")
             reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
             param = body.get("param") if isinstance(body.get("param"), str) else None  # (the field refused)
             if e.status_code == 401:
@@ -891,8 +891,36 @@ def _check_arguments(model_name: Any, is_chat_model: Any, chat_template: Any, ba
     if base_url is not None and not isinstance(base_url, (str, httpx.URL)):
         raise TypeError(f"lmnb.OpenAI base_url must be a string, the API's URL (e.g. 'http://127.0.0.1:30000/v1'), "
                         f"or None for OpenAI's; got {given(base_url)}")
+    if isinstance(base_url, str):
+        _check_base_url(base_url)
     if "timeout" in client_kwargs:
         client_kwargs["timeout"] = _client_timeout(client_kwargs["timeout"], openai)
+
+
+def _check_base_url(base_url: str) -> None:
+    """Refuse a ``base_url`` string that is no http(s) URL of the API: a host and port without
+    ``http://`` failed each call as "APIConnectionError: Connection error. (UnsupportedProtocol:
+    ...)", a query or fragment had the routes' paths put after it, and an empty one went to
+    OpenAI's own API (the client reads "" as no URL), to fail for its key.
+
+    Raises:
+        ValueError: naming the URL and one to give."""
+    scheme, sep, rest = base_url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        example = f"'http://{base_url}'" if not sep and base_url.strip() else "'http://HOST:PORT/v1'"
+        raise ValueError(f"lmnb.OpenAI base_url must be the API's http(s) URL, e.g. {example}, or None for OpenAI's; "
+                         f"got {base_url!r}")
+    if "?" in rest or "#" in rest:
+        raise ValueError(f"lmnb.OpenAI base_url must be the API's URL without a query or fragment, e.g. "
+                         f"{_api_root(base_url)!r}; got {base_url!r}")
+
+
+def _api_root(url: str) -> str:
+    """The ``/v1`` URL of the OpenAI-compatible API that ``url`` (a server's root, or a route's URL
+    under its /v1) points into: ``http://h:8000/v1/chat/completions`` is ``http://h:8000/v1``."""
+    url = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    head, v1, _ = url.partition("/v1/")
+    return head + "/v1" if v1 else url if url.endswith("/v1") else url + "/v1"
 
 
 # The waits of an httpx.Timeout, in its constructor's order.
