@@ -619,6 +619,22 @@ class Engine:
             raise TypeError(f"encode takes a text (a string), got {type(text).__name__}")
         return encode_text(self.tokenizer, text, add_special_tokens=add_special_tokens, verbose=False)
 
+    def prompt_ids(self, text: str) -> list[int]:
+        """The token ids a text prompt runs as: ``encode(text)``, less the tokenizer's BOS where the
+        text writes its own ("<s>..." on a tokenizer that adds one: ``apply_chat_template``'s output,
+        a rendered template sent to /generate), which would be one too many. Every text prompt is
+        read so, whether its ids are wanted before it is submitted (its prompt logprobs from token
+        0, a select's scoring, ``/v1/completions``) or not: "<s>hi" was 3 tokens run alone and 4
+        where its logprobs were asked, so a select scored it apart from a gen.
+
+        Raises:
+            as ``encode``."""
+        ids = self.encode(text)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is not None and ids[:2] == [bos, bos] and text.startswith(self.tokenizer.bos_token):
+            ids = ids[1:]  # (the text wrote its own BOS: the tokenizer's is one too many)
+        return ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of token ``ids`` (a list of ints, or a 1-D numpy or torch array; the tokenizer's
         ``decode``).
@@ -705,11 +721,7 @@ class Engine:
             if too_long:  # (by at least what its lower bound lacks: more, were it counted)
                 said, at_least = too_long
                 raise _past_context_error(f"{said}{self._window_note()}", max_new_tokens, self.context_len, at_least)
-            ids = self.encode(prompt)
-            bos = getattr(self.tokenizer, "bos_token_id", None)
-            if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
-                # the text wrote its own BOS (apply_chat_template's output): the tokenizer's is one too many
-                ids = ids[1:]
+            ids = self.prompt_ids(prompt)
         elif (items := _id_items(prompt)) is not None:
             if is_prompt_batch(items):  # (submit, stream, score, pin_prefix: else "item 0 is 'the cat'")
                 raise TypeError(f"one prompt is taken here (a string or a list of token ids), got a list of "

@@ -252,6 +252,9 @@ class RecordingEngine:
     def encode(self, text, add_special_tokens=True):
         return [ord(c) for c in text]
 
+    def prompt_ids(self, text):  # (Engine's: this tokenizer adds no BOS, so the text's own ids)
+        return self.encode(text)
+
     def decode(self, ids, skip_special_tokens=False):
         return "".join(chr(i) for i in ids)
 

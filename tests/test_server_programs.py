@@ -1583,3 +1583,48 @@ def test_speculative_gens_with_byte_tokens_in_the_call_are_cut_as_the_same_gens_
         assert [t[2] for t in got["output_token_logprobs"]] == [t[2] for t in want["output_token_logprobs"]]
     first = sgl.function(num_api_spec_tokens=16)(body).run(backend=completion, temperature=0, return_logprob=True)
     assert any(t[2].startswith("bytes:") for t in first.get_meta_info("a")["output_token_logprobs"])  # (the case)
+
+
+def test_a_text_that_writes_its_own_bos_runs_as_the_same_ids_whatever_is_asked_of_it():
+    """On a tokenizer that adds a BOS (the demo model's), "<s>Is the sky blue? Answer:" ran as 13
+    tokens (the tokenizer's BOS left out: the text writes its own) on /generate, but as 14 where its
+    prompt logprobs from token 0 were asked (the server encoded it up front, with both BOS), and on
+    /v1/completions; so RuntimeEndpoint's select (prompt_tokens of a plain request) and the
+    in-process one (which encodes the choices itself) scored it apart. Every text prompt runs as
+    Engine.prompt_ids now: the tokenizer's ids less its BOS (worked from the tokenizer here)."""
+    import httpx
+
+    from lmnb_engine import Engine
+
+    engine = Engine(device="cpu", max_total_tokens=8192)  # no model: the demo checkpoint
+    try:
+        text = "<s>Is the sky blue? Answer:"
+        encoded = engine.encode(text)
+        bos = engine.tokenizer.bos_token_id
+        assert encoded[:2] == [bos, bos]  # (the case: the tokenizer adds one, the text writes one)
+        want = encoded[1:]
+        with live_server(engine) as url:
+            plain = httpx.post(f"{url}/generate", json={"text": text, "sampling_params": {"max_new_tokens": 0}})
+            scored = httpx.post(f"{url}/generate", json={
+                "text": text, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0})
+            assert plain.json()["meta_info"]["prompt_tokens"] == len(want)
+            assert [e[1] for e in scored.json()["meta_info"]["input_token_logprobs"]] == want
+            echo = httpx.post(f"{url}/v1/completions", json={"prompt": text, "max_tokens": 0, "echo": True,
+                                                              "logprobs": 0}).json()
+            assert echo["usage"]["prompt_tokens"] == len(want)
+            # the echo: the text's own "<s>" is the one BOS, the tokens after it where the text has them
+            lp = echo["choices"][0]["logprobs"]
+            assert lp["tokens"][0] == "<s>" and lp["text_offset"][:2] == [0, 3]
+            assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+
+            @sgl.function
+            def pick(s):
+                s += text + sgl.select("c", choices=[" yes", " no"])
+
+            remote, local = pick.run(backend=sgl.RuntimeEndpoint(url)), pick.run(backend=sgl.Engine(engine=engine))
+            g, w = remote.get_meta_info("c"), local.get_meta_info("c")
+            assert g["prefix_len"] == w["prefix_len"] == [len(want)] * 2
+            assert g["normalized_prompt_logprobs"] == pytest.approx(w["normalized_prompt_logprobs"], abs=1e-4)
+        assert engine.prompt_ids(text) == want
+    finally:
+        engine.shutdown()

@@ -3571,13 +3571,13 @@ def test_echoed_prompt_tokens_and_offsets_index_the_prompt_as_given(tiny_llama):
         assert b"".join(_token_bytes(t) for t in tokens) == prompt.encode()
 
 
-def test_echoed_prompt_that_spells_the_bos_the_tokenizer_adds_keeps_the_bos_of_no_width():
-    """A tokenizer that adds a BOS (the demo model's) encodes the prompt "<s>" as the BOS, offsets
-    (0, 0), then the "<s>" written, (0, 3). The echo read the BOS first along the prompt, so it took
-    the written "<s>", and the written token was left the empty text after it: ``("<s>", 0), ("",
-    3)``. The BOS stands for no text: it is ``("<s>", 0)`` with no width, and the written one
-    ``("<s>", 0)`` too, its characters; the tokens after it index the prompt as given (worked by
-    hand from the tokenizer's offsets)."""
+def test_echoed_prompt_that_writes_the_bos_the_tokenizer_adds_reads_its_one_bos_as_written():
+    """A tokenizer that adds a BOS (the demo model's) encodes the prompt "<s>" as its BOS, offsets
+    (0, 0), then the "<s>" written, (0, 3); the echo read the BOS first along the prompt, so it took
+    the written characters, and the written token was left the empty text after them: ``("<s>",
+    0), ("", 3)``. A text prompt now runs without the tokenizer's BOS where it writes its own
+    (``Engine.prompt_ids``), and the echo reads its one BOS as the "<s>" written; the tokens after
+    it index the prompt as given (worked by hand from the tokenizer's offsets)."""
     import lmnb_engine
     from transformers import AutoTokenizer
 
@@ -3588,21 +3588,23 @@ def test_echoed_prompt_that_spells_the_bos_the_tokenizer_adds_keeps_the_bos_of_n
     engine = types.SimpleNamespace(tokenizer=tok, decode=tok.decode)
     req = types.SimpleNamespace(echo=True, logprobs=0)
     bos = tok.bos_token_id
-    cases = {
-        "<s>": (["<s>", "<s>"], [0, 0]),
-        "<s>hi": (["<s>", "<s>", "h", "i"], [0, 0, 3, 4]),
-        "<s><s>": (["<s>", "<s>", "<s>"], [0, 0, 3]),
-        "hi<s>": (["<s>", "h", "i", "<s>"], [0, 0, 1, 2]),
-        "</s>x": (["<s>", "</s>", "x"], [0, 0, 4]),
+    cases = {  # (the text writes its BOS first: Engine.prompt_ids leaves the tokenizer's out)
+        "<s>": (["<s>"], [0], True),
+        "<s>hi": (["<s>", "h", "i"], [0, 3, 4], True),
+        "<s><s>": (["<s>", "<s>"], [0, 3], True),
+        "hi<s>": (["<s>", "h", "i", "<s>"], [0, 0, 1, 2], False),
+        "</s>x": (["<s>", "</s>", "x"], [0, 0, 4], False),
     }
-    for prompt, (tokens, offsets) in cases.items():
+    for prompt, (tokens, offsets, own_bos) in cases.items():
         ids = tok.encode(prompt)
-        assert ids[0] == bos and tok.decode(ids, skip_special_tokens=True) != prompt  # (the case)
+        assert ids[:2] == [bos, bos] if own_bos else ids[0] == bos  # (the case)
+        ids = ids[1:] if own_bos else ids
         result = types.SimpleNamespace(prompt_logprobs=[None] + [TokenLogprob(i, -1.0, ()) for i in ids[1:]],
                                        logprobs=[])
         lp = _choice_logprobs(engine, req, result, prompt, ids)
         assert (lp["tokens"], lp["text_offset"]) == (tokens, offsets), prompt
-        assert b"".join(_token_bytes(t) for t in tokens[1:]) == prompt.encode()  # (all but the BOS)
+        joined = b"".join(_token_bytes(t) for t in (tokens if own_bos else tokens[1:]))  # (but an added BOS)
+        assert joined == prompt.encode()
 
 
 def _token_bytes(token: str) -> bytes:

@@ -296,7 +296,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
         if not params.return_logprob or params.logprob_start_len != 0:
             return ids, None
         if isinstance(ids, str):
-            ids = self.engine.encode(ids)
+            ids = self.engine.prompt_ids(ids)  # (as the engine runs the text: prompt_ids)
         return ids, (int(ids[0]) if len(ids) else None)
 
     def generate(self, prompt: Any = None, params: Any = None, rid: Optional[str] = None, **offline: Any) -> Any:
@@ -520,7 +520,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
             text, images, counts = self._frames(prompt)
             mm = eng.multimodal.prepare(MultimodalPrompt(text, images))
-        p_ids = eng.encode(text)
+        encode = eng.encode if mm is not None else eng.prompt_ids  # (the ids a gen of the text runs as)
+        p_ids = encode(text)
         prefill = None
         if p_ids:  # its meta_info says [issue 10] how each image's KV was got, as a gen's does
             # under the select's own request id, so that an abort while the prompt is prefilled stops it
@@ -531,7 +532,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
             prefill = self._meta(done, GenParams(), mm, counts, prompt.text)
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
-            c_ids = eng.encode(text + c)
+            c_ids = encode(text + c)
             d = first_difference(p_ids, c_ids)
             if mm is not None:
                 c_ids, d = _extend_multimodal(mm, p_ids, c_ids, d, c, eng.multimodal.image_token_id)

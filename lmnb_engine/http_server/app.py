@@ -761,8 +761,10 @@ def check_rid(rid: str, param: str = "rid") -> None:
 
 def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool = True,
                   fix: Optional[Callable[..., tuple[str, Optional[str]]]] = None) -> list[int]:
-    """``engine.encode(text)``; a text certainly longer than the context is refused (a 400 naming
-    ``param``) without encoding it: a 20 MB prompt took 20 s to encode, to be refused then. On a
+    """The ids the engine runs ``text`` as, ``engine.prompt_ids(text)`` (without
+    ``add_special_tokens``, a rendered chat template's: ``engine.encode(text, False)``); a text
+    certainly longer than the context is refused (a 400 naming ``param``) without encoding it: a
+    20 MB prompt took 20 s to encode, to be refused then. On a
     worker thread: the first look at a vocabulary takes a moment. ``fix``: the refusal's message
     and reason made of what it says of the text and the lower bound on its tokens
     (``params.past_context_refusal`` and its ``prompt_len``: by how much to shorten it at least,
@@ -773,7 +775,7 @@ def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool =
         said, at_least = too_long
         message, reason = fix(said, prompt_len=at_least) if fix else (f"{said}; shorten the {param}", None)
         raise RequestError(message, param=param, reason=reason)
-    return engine.encode(text, add_special_tokens)
+    return engine.prompt_ids(text) if add_special_tokens else engine.encode(text, False)
 
 
 _UNKNOWN = object()
