@@ -175,13 +175,17 @@ def generation_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
 def covered_chars(engine: Any, text: str, n_tokens: int) -> int:
     """The characters of ``text`` that the first ``n_tokens`` tokens of its encoding cover (what a
     cache hit of ``n_tokens`` prompt tokens means in the text a user wrote): ``text`` is encoded as
-    ``engine.encode`` encodes a prompt, the tokens encoding adds before any text (a BOS, counted
-    in ``cached_tokens`` but not in ``text``) are passed over, and the rest are decoded back with
-    their special tokens, which a chat prompt's text holds (``<|user|>``). Exact for byte-level BPE
-    tokenizers; a token cut inside a character counts that character."""
-    ids = list(engine.encode(text))
+    the engine runs a prompt (``engine.prompt_ids``; a bare tokenizer's ``encode``, where that is
+    what ``engine`` is), the tokens encoding adds before any text (a
+    BOS, counted in ``cached_tokens`` but not in ``text``; none where the text writes its own BOS,
+    which ``prompt_ids`` keeps in their place: "<s>hi" counted its BOS's 3 characters short) are
+    passed over, and the rest are decoded back with their special tokens, which a chat prompt's text
+    holds (``<|user|>``). Exact for byte-level BPE tokenizers; a token cut inside a character counts
+    that character."""
+    encoded = list(engine.encode(text))
+    ids = list(engine.prompt_ids(text)) if hasattr(engine, "prompt_ids") else encoded
     added = list(engine.encode(""))
-    start = len(added) if ids[: len(added)] == added else 0
+    start = len(added) if ids[: len(added)] == added and ids == encoded else 0
     return min(len(engine.decode(ids[start : max(n_tokens, start)], skip_special_tokens=False)), len(text))
 
 

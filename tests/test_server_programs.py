@@ -1590,8 +1590,9 @@ def test_a_text_that_writes_its_own_bos_runs_as_the_same_ids_whatever_is_asked_o
     tokens (the tokenizer's BOS left out: the text writes its own) on /generate, but as 14 where its
     prompt logprobs from token 0 were asked (the server encoded it up front, with both BOS), and on
     /v1/completions; so RuntimeEndpoint's select (prompt_tokens of a plain request) and the
-    in-process one (which encodes the choices itself) scored it apart. Every text prompt runs as
-    Engine.prompt_ids now: the tokenizer's ids less its BOS (worked from the tokenizer here)."""
+    in-process one (which encodes the choices itself) scored it apart; and its cached_chars were
+    counted from the ids with both BOS. Every text prompt runs as Engine.prompt_ids now: the
+    tokenizer's ids less its BOS (worked from the tokenizer here)."""
     import httpx
 
     from lmnb_engine import Engine
@@ -1625,6 +1626,10 @@ def test_a_text_that_writes_its_own_bos_runs_as_the_same_ids_whatever_is_asked_o
             g, w = remote.get_meta_info("c"), local.get_meta_info("c")
             assert g["prefix_len"] == w["prefix_len"] == [len(want)] * 2
             assert g["normalized_prompt_logprobs"] == pytest.approx(w["normalized_prompt_logprobs"], abs=1e-4)
+            # the cached tokens, all but ":", cover the text but ":" (the text's "<s>" too: 22 before)
+            again = httpx.post(f"{url}/generate", json={"text": text, "sampling_params": {"max_new_tokens": 0}})
+            assert again.json()["meta_info"]["cached_tokens"] == len(want) - 1
+            assert again.json()["meta_info"]["cached_chars"] == len(text) - 1
         assert engine.prompt_ids(text) == want
     finally:
         engine.shutdown()
