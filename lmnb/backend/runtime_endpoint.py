@@ -640,7 +640,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         The prompt's token count, which the window's start (SGLang's ``logprob_start_len``, counted
         from token 0) needs before the choices are sent, comes from the request that prefills the
         prompt alone, as in SGLang's frontend: the client has no tokenizer, and the protocol has no
-        start counted from the end (SGLang's -1 means the output's tokens only)."""
+        start counted from the end (SGLang's -1 means the output's tokens only). Caching the prompt
+        is that request's lesser part: ``lmnb serve`` shares a prefix of 32 tokens or more among a
+        batch's prompts anyway (its in-batch prefix caching), and the prompt is mostly cached by the
+        program's earlier calls; without the count, the window would start at token 0, which
+        recomputes the whole prompt for every choice."""
         with self._calling(rid) as call:
             return self._score_choices(prompt, choices, unconditional, rid, call)
 
