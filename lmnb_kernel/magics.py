@@ -319,7 +319,7 @@ class LMMagics(Magics):
             try:  # [issue 10] with its images: the text holds one placeholder token per image
                 ids = self.session.prompt_ids(state) if text else []
             except ValueError:  # an image that cannot be read any more
-                ids = engine.encode(text)
+                ids = engine.prompt_ids(text)
             match = engine.match_node(ids) if ids else None
             if match is not None and match[1] < len(ids):
                 label += f" · {match[1]}/{len(ids)} tok cached"

@@ -303,7 +303,7 @@ class Session:
 
     def prompt_ids(self, state) -> list:
         """The prompt of ``state`` (a ``ProgramState``) as the in-process engine takes it: its
-        text's token ids, or [issue 10] with its images the prepared ids (``MultimodalTokens``),
+        text's token ids (``Engine.prompt_ids``), or [issue 10] with its images the prepared ids (``MultimodalTokens``),
         where each image is as many placeholder tokens as the model gives it (the text holds one
         per image).
 
@@ -311,7 +311,7 @@ class Session:
         engine = self.engine("the state's prompt")
         text, images = state.text(), tuple(state.stream_executor.images_)
         if not images:
-            return engine.encode(text)
+            return engine.prompt_ids(text)  # (a text writing its own BOS runs with that one alone)
         from lmnb.backend.base import Prompt
 
         return self._backend._engine_prompt(Prompt(text, images=images))[0]

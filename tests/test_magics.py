@@ -2171,3 +2171,25 @@ def test_an_image_or_video_the_model_cannot_take_is_named_by_its_hole_as_written
         error = str(failed.error_in_exec)
         assert error.startswith(f"line 3, col 1: {hole} failed: "), error
         assert f"\n    {hole}\n    ^" in error and "0x" not in error, error
+
+
+def test_a_state_that_writes_its_own_bos_is_pinned_as_the_ids_it_runs_as():
+    """On a tokenizer that adds a BOS (the demo model's), a state whose text writes its own "<s>"
+    runs as the tokenizer's ids less the added BOS (``Engine.prompt_ids``), but ``%lm pin`` (and
+    ``%lm tree``) encoded it with both: the pin held a prefix no request of the state ever uses,
+    and its count was one token too many. Worked from the tokenizer here."""
+    from types import SimpleNamespace
+
+    session = Session()
+    session.load(EngineConfig(device="cpu", max_total_tokens=2048))  # no model: the demo checkpoint
+    try:
+        engine = session.backend().engine
+        text = "<s>Is the sky blue? Answer:"
+        encoded = engine.encode(text)
+        assert encoded[:2] == [engine.tokenizer.bos_token_id] * 2  # (the case)
+        state = SimpleNamespace(text=lambda: text, stream_executor=SimpleNamespace(images_=[]))
+        session.keep("bos", state, cell=1)
+        assert session.pin("bos") == len(encoded) - 1
+        assert engine.match_node(encoded[1:])[1] == len(encoded) - 1  # the ids a request of it runs as
+    finally:
+        session.close()
