@@ -9,8 +9,11 @@ in-process backend: it records every request it receives and answers from a scri
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 import time
+import types
 import uuid
 from typing import Callable, Optional
 
@@ -105,10 +108,13 @@ class InterruptingBackend(ScriptedBackend):
 
     def __init__(self, at: str, ready: Optional[Callable[[], bool]] = None, **kwargs):
         """``ready``: polled before the SIGINT is sent (up to 10 s), for a test whose outcome depends
-        on where the main thread is when the signal lands."""
+        on where the main thread is when the signal lands; by default, once the main thread is
+        blocked in a wait (``main_thread_blocked_in``): sent as the request starts, it could come
+        while the main thread was on its way into its wait, and then took effect only when the
+        request ended on its own, 30 s later, as if it had never been aborted."""
         super().__init__(lambda p, params: "done", delay=30, **kwargs)
         self.at = at
-        self.ready = ready
+        self.ready = ready if ready is not None else (lambda: main_thread_blocked_in(in_a_threading_wait))
         self._marked: set[str] = set()
 
     def generate(self, prompt: Prompt, params, rid):
@@ -122,7 +128,7 @@ class InterruptingBackend(ScriptedBackend):
         if rid not in self._marked:
             return False
         deadline = time.monotonic() + 10
-        while self.ready is not None and not self.ready() and time.monotonic() < deadline:
+        while not self.ready() and time.monotonic() < deadline:
             time.sleep(0.001)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         return super()._wait(rid)
@@ -132,7 +138,8 @@ class InterruptingBackend(ScriptedBackend):
 def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0):
     """While the with-block runs, send SIGINT to the main thread once ``ready()`` holds (polled by a
     thread every 10 ms), not after a fixed delay: a loaded machine may not have made the requests
-    to abort by then. Never after the block: its end stops the thread, so a signal that was not
+    to abort by then. Where the main thread is to be stopped in a wait, ``ready`` must check that
+    it is blocked there (``main_thread_blocked_in``), not only that the requests were made. Never after the block: its end stops the thread, so a signal that was not
     needed (the block ended otherwise) or never ready within ``timeout`` cannot land in a later test
     of the same process, where pytest's own handler ends the whole run."""
     import signal
@@ -160,22 +167,19 @@ def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0):
         thread.join()
 
 
-def main_thread_waits_on_a_future() -> bool:
-    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` now (read from its
-    frames), e.g. a run_batch waiting for its next item. Blocked, not only inside it: its innermost
-    frame must stand still over 50 ms while this thread sleeps (leaving it the GIL). A SIGINT sent
-    while it is still on its way to the lock's wait only marks the signal, which Python then acts on
-    when the wait ends (an item finished, a release done), not at once."""
-    import sys
+def main_thread_blocked_in(where: Callable[[types.FrameType], bool]) -> bool:
+    """Whether the main thread is blocked now in a wait that ``where(innermost_frame)`` finds in its
+    frames. Blocked, not only inside it: a SIGINT sent while the main thread is still on its way to
+    the lock's wait only marks the signal, and Python acts on it when the wait ends (the request
+    finished, the release done), not at once; and the frames alone cannot tell the two apart, the
+    innermost one being the same call. So the thread must also be asleep in the kernel (state S in
+    /proc/self/task/TID/stat, where its way to the wait is R), and its innermost frame must stand
+    still over 50 ms while this thread sleeps (leaving it the GIL), so that it is not merely
+    between two waits. Where /proc is missing (not Linux), the stillness alone is the test."""
 
     def innermost():
         frame = sys._current_frames().get(threading.main_thread().ident)
-        top = frame
-        while frame is not None:
-            if frame.f_code.co_name == "result" and "concurrent" in frame.f_code.co_filename:
-                return top.f_code, top.f_lasti
-            frame = frame.f_back
-        return None
+        return (frame.f_code, frame.f_lasti) if frame is not None and where(frame) else None
 
     first = innermost()
     if first is None:
@@ -184,7 +188,35 @@ def main_thread_waits_on_a_future() -> bool:
         time.sleep(0.01)
         if innermost() != first:
             return False
-    return True
+    stat = f"/proc/self/task/{threading.main_thread().native_id}/stat"
+    if os.path.exists(stat):
+        with open(stat) as f:  # (the state follows the name in parentheses, which may hold spaces)
+            if f.read().rsplit(")", 1)[1].split()[0] != "S":
+                return False
+    return innermost() == first
+
+
+def called_from(frame: Optional[types.FrameType], name: str, filename: str) -> bool:
+    """Whether ``frame`` or one of its callers runs function ``name`` of file ``filename``."""
+    while frame is not None:
+        if frame.f_code.co_name == name and frame.f_code.co_filename == filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def in_a_threading_wait(frame: types.FrameType) -> bool:
+    """For ``main_thread_blocked_in``: a wait of the threading module (a Condition's, an Event's,
+    so a Future's result and a Thread's join too)."""
+    return called_from(frame, "wait", threading.__file__) or called_from(frame, "join", threading.__file__)
+
+
+def main_thread_waits_on_a_future() -> bool:
+    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` now
+    (``main_thread_blocked_in``), e.g. a run_batch waiting for its next item."""
+    import concurrent.futures._base as futures
+
+    return main_thread_blocked_in(lambda frame: called_from(frame, "result", futures.__file__))
 
 
 def pace_stream(backend, monkeypatch) -> threading.Event:

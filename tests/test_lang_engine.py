@@ -1480,7 +1480,7 @@ def test_ctrl_c_in_run_does_not_wait_for_the_engines_step_to_abort(backend, tiny
     # press meanwhile was swallowed. Here the scheduler is held in a "step" that only ends once run()
     # has raised (or after 30 s, which is the failure), and the gen's request waits behind it: the
     # abort is queued, and ends the request at the scheduler's next pause.
-    from helpers_lang import interrupt_main_when
+    from helpers_lang import in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
 
     gate, held, ended = threading.Event(), threading.Event(), threading.Event()
 
@@ -1497,7 +1497,10 @@ def test_ctrl_c_in_run_does_not_wait_for_the_engines_step_to_abort(backend, tiny
     try:
         tiny_engine.scheduler.call(hold_the_scheduler)
         assert held.wait(30)
-        with interrupt_main_when(lambda: tiny_engine.scheduler._inbox.qsize() > 0):  # (the gen's submit waits)
+        # (once the gen's submit waits, and run() is blocked waiting for the gen: a SIGINT that came
+        # on its way there took effect only when the held step ended)
+        ready = lambda: tiny_engine.scheduler._inbox.qsize() > 0 and main_thread_blocked_in(in_a_threading_wait)  # noqa: E731
+        with interrupt_main_when(ready):
             with pytest.raises(KeyboardInterrupt, match="^run was stopped"):
                 prog.run(backend=backend)
         assert not ended.is_set()  # it raised while the scheduler was still in its step

@@ -26,23 +26,29 @@ from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
 
-from helpers_lang import InterruptingBackend, ScriptedBackend, interrupt_main_when, main_thread_waits_on_a_future
+from helpers_lang import (
+    InterruptingBackend, ScriptedBackend, called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in,
+    main_thread_waits_on_a_future,
+)
 from helpers_multimodal import png_bytes, random_image
 
 
 def _main_thread_waits_in_lmnb() -> bool:
-    """Whether the main thread is blocked in a wait of the threading module (a Condition's or an
-    Event's) called from lmnb: where a read of a streamed state waits for its gen (not, say, in the
-    wait of Thread.start)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None and not (frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__):
-        frame = frame.f_back
-    lmnb_dir = os.path.dirname(sgl.__file__) + os.sep
-    while frame is not None and not frame.f_code.co_filename.startswith(lmnb_dir):
-        if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
-            return False  # (Thread.start's wait for the new thread: lmnb's submit starting a state's worker)
-        frame = frame.f_back
-    return frame is not None
+    """Whether the main thread is blocked (``main_thread_blocked_in``) in a wait of the threading
+    module (a Condition's or an Event's) called from lmnb: where a read of a streamed state waits
+    for its gen (not, say, in the wait of Thread.start)."""
+
+    def waits_in_lmnb(frame) -> bool:
+        while frame is not None and not (frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__):
+            frame = frame.f_back
+        lmnb_dir = os.path.dirname(sgl.__file__) + os.sep
+        while frame is not None and not frame.f_code.co_filename.startswith(lmnb_dir):
+            if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
+                return False  # (Thread.start's wait for the new thread: lmnb's submit starting a state's worker)
+            frame = frame.f_back
+        return frame is not None
+
+    return main_thread_blocked_in(waits_in_lmnb)
 
 
 CHATML = get_chat_template("chatml")
@@ -1797,8 +1803,10 @@ def test_ctrl_c_during_a_gen_of_run_use_thread_false_aborts_it_and_stops_the_pro
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        # (once the gen runs, on this thread)
-        with interrupt_main_when(lambda: be.calls), pytest.raises(KeyboardInterrupt):
+        # (once the gen runs, on this thread, blocked in the backend's wait: a SIGINT that came on
+        # its way there took effect only when the gen ended on its own, 60 s later)
+        ready = lambda: be.calls and main_thread_blocked_in(in_a_threading_wait)  # noqa: E731
+        with interrupt_main_when(ready), pytest.raises(KeyboardInterrupt):
             prog.run(backend=be, use_thread=False)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -3729,8 +3737,9 @@ def test_ctrl_c_in_run_batch_aborts_the_running_items_and_starts_no_more():
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        # (once the 4 running items' gens are in flight)
-        with interrupt_main_when(lambda: be.kinds().count("generate") >= 4), pytest.raises(KeyboardInterrupt):
+        # (once the 4 running items' gens are in flight and the main thread waits for the first)
+        ready = lambda: be.kinds().count("generate") >= 4 and main_thread_waits_on_a_future()  # noqa: E731
+        with interrupt_main_when(ready), pytest.raises(KeyboardInterrupt):
             prog.run_batch([(i,) for i in range(10)], num_threads=4, backend=be)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -4000,11 +4009,8 @@ def test_a_second_ctrl_c_while_the_first_aborts_the_requests_still_aborts_them_a
 
 
 def _main_thread_joins_a_thread() -> bool:
-    """Whether the main thread waits in ``Thread.join`` now (read from its frames)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None and not (frame.f_code.co_name == "join" and frame.f_code.co_filename == threading.__file__):
-        frame = frame.f_back
-    return frame is not None
+    """Whether the main thread is blocked in ``Thread.join`` now (``main_thread_blocked_in``)."""
+    return main_thread_blocked_in(lambda frame: called_from(frame, "join", threading.__file__))
 
 
 @pytest.mark.timeout(60)

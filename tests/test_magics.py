@@ -613,6 +613,8 @@ def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypa
     import sys
     import time
 
+    from helpers_lang import main_thread_waits_on_a_future
+
     engine = get_session().backend().engine
     scheduler, real_pin = engine.scheduler, engine.scheduler.pin
 
@@ -623,6 +625,9 @@ def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypa
         return frame is not None
 
     def pin_after_ctrl_c(key):  # (on the scheduler thread)
+        deadline = time.monotonic() + 10
+        while not main_thread_waits_on_a_future() and time.monotonic() < deadline:
+            pass  # (sent on its way into the wait, the SIGINT took effect only once the pin was made)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         deadline = time.monotonic() + 10
         while main_thread_in_pin_prefix() and time.monotonic() < deadline:
@@ -677,13 +682,21 @@ def test_ctrl_c_while_lm_unpin_waits_still_releases_the_pin_and_says_so(ip, monk
     """Ctrl-C while %lm unpin waited for the engine to release the pin (a call run between the
     scheduler's steps) said "%lm unpin was stopped", but the engine released it all the same while
     the state kept the handle: the next %lm unpin failed with "unknown pin handle". Now the release
-    ends first and the stop says so. The release sends the SIGINT itself, while %lm unpin waits."""
+    ends first and the stop says so. The release sends the SIGINT itself, once %lm unpin is blocked
+    waiting for it: sent at once, it could land while the release was posted, with Ctrl-C held, or
+    just after (test_a_ctrl_c_just_outside_the_hold_of_lm_pin_and_unpin_is_told_as_what_it_stopped),
+    not in the wait this test is about."""
     import signal
+
+    from helpers_lang import main_thread_waits_on_a_future
 
     engine = get_session().backend().engine
     release = engine._release_pin
 
     def release_after_ctrl_c(handle):  # (on the scheduler thread)
+        deadline = time.monotonic() + 10
+        while not main_thread_waits_on_a_future() and time.monotonic() < deadline:
+            pass
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         release(handle)
 
@@ -1278,7 +1291,6 @@ def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_en
     every later load failed until the kernel restarted."""
     import os
     import signal
-    import time
 
     class Backend:
         def shutdown(self):
@@ -1287,8 +1299,9 @@ def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_en
     loaded = []
 
     def engine(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # the kernel's interrupt, arriving mid-load
-        time.sleep(0.3)  # Python runs the signal handler here, while the load goes on
+        # the kernel's interrupt, arriving mid-load: sent by this very thread, its handler runs as
+        # the call returns, while the load goes on
+        os.kill(os.getpid(), signal.SIGINT)
         loaded.append(True)
         return Backend()
 
