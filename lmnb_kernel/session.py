@@ -12,7 +12,6 @@ import contextlib
 import os
 import sys
 import threading
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -293,11 +292,17 @@ class Session:
             raise CellError(f"could not pin state {name!r}: {self._backend._worded(e)}") from e
         # (a stop between the two lost a handle, whose pin was never released; the old pin's release
         # is only posted while Ctrl-C is held, and waited for after: a long step held every press)
-        with held_interrupts() as held:
+        def take_the_new_pin():
             old, named.pin = named.pin, handle
-            released = engine.queue_unpin(old) if old is not None else None
-        # (a press held while the release was posted stops it at once: a long step held it until it ended)
-        if held or _stopped_in(released):  # (a Run-All stops here all the same)
+            return engine.queue_unpin(old) if old is not None else None
+
+        try:
+            stopped = _changed_with_ctrl_c_held(take_the_new_pin)
+        except KeyboardInterrupt:  # (before the hold: the state keeps its pin, and no one holds the new one)
+            with contextlib.suppress(RuntimeError):  # (shut down meanwhile: its pins went with it)
+                engine.queue_unpin(handle)
+            raise
+        if stopped:  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm pin was stopped once state {name!r} was pinned")
         return len(ids)
 
@@ -326,32 +331,39 @@ class Session:
         # (the engine releases the pin between its steps, waited for or not: a stop in that wait left
         # the state holding the handle, and the next %lm unpin failed on it as unknown; so the
         # release is posted and the handle dropped while Ctrl-C is held, and waited for after)
-        with held_interrupts() as held:
+        def drop_the_pin():
             released, named.pin = engine.queue_unpin(named.pin), None
-        if held or _stopped_in(released):  # (as %lm pin: a press held meanwhile stops it at once)
+            return released
+
+        if _changed_with_ctrl_c_held(drop_the_pin):  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm unpin was stopped; state {name!r}'s pin is released all the same, between "
                                  "the engine's steps")
 
 
-def _stopped_in(released) -> bool:
-    """Wait for ``released`` (an ``Engine.queue_unpin`` future, or None); True if Ctrl-C stopped
-    the wait (the release still happens). Its ``ValueError`` (an unknown handle) is raised.
+def _changed_with_ctrl_c_held(change) -> bool:
+    """Run ``change()``, which changes a named state's pin and returns the future of the engine's
+    release of the old one (``Engine.queue_unpin``, or None), with Ctrl-C held; then wait for that
+    release. Returns whether Ctrl-C came meanwhile, or once the hold had ended (the release still
+    happens): a press there was raised bare before, and said the pin was as it was.
 
-    The wait is in slices of ``_WAIT_SLICE_S``: a SIGINT that reaches the main thread as it goes
-    to sleep on the future's lock (after Python's last check for signals, before the lock's wait
-    begins) does not wake it, so a press was held until the release came, after the engine's
-    whole step (seen on a loaded machine); each slice's end runs the handler of a press that came."""
+    Raises:
+        KeyboardInterrupt: Ctrl-C came before the hold began: ``change`` did not run.
+        ValueError: the release's (an unknown handle).
+    """
+    changed = False
     try:
-        while released is not None:
-            with contextlib.suppress(FutureTimeout):
-                released.result(_WAIT_SLICE_S)
-                break
+        with held_interrupts() as held:
+            released = change()
+            changed = True
+        if held:  # (a press held while the release was posted stops it at once: a long step held it to its end)
+            return True
+        if released is not None:
+            released.result()
     except KeyboardInterrupt:
+        if not changed:
+            raise
         return True
     return False
-
-
-_WAIT_SLICE_S = 0.1  # (a press lost as the wait began is raised at most this long after)
 
 
 class SessionBackend:

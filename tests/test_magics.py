@@ -770,6 +770,55 @@ def test_ctrl_c_stops_lm_pin_and_unpin_while_the_engine_is_in_a_long_step(ip, mo
         run(ip, "%lm reset to_hold")
 
 
+@pytest.mark.parametrize("command, when", [("pin", "before"), ("pin", "after"), ("unpin", "after")])
+def test_a_ctrl_c_just_outside_the_hold_of_lm_pin_and_unpin_is_told_as_what_it_stopped(ip, monkeypatch, command,
+                                                                                        when):
+    """%lm pin and unpin change the state's pin, and post the release of the old one, with Ctrl-C
+    held. A press that came just after the hold ended, before the wait for the release began, was
+    raised bare: %lm pin then said "the state's pin is as it was" of a state pinned anew, and %lm
+    unpin left out that the pin is released all the same. One that came just before the hold began
+    left the new pin made with no state holding its handle: a prefix never evictable again. Each
+    press is raised here as the hold begins or ends (as a signal landing there is)."""
+    from lmnb_kernel import session as session_module
+
+    engine = get_session().backend().engine
+    real_hold = session_module.held_interrupts
+
+    @contextmanager
+    def ctrl_c_next_to_the_hold():
+        if when == "before":
+            raise KeyboardInterrupt
+        with real_hold() as held:
+            yield held
+        raise KeyboardInterrupt
+
+    assert run(ip, "%%lm --state to_stop\nThe quick brown fox")[0].success
+    before = engine.cache_stats()["pinned_prefixes"]
+    assert run(ip, "%lm pin to_stop")[0].success
+    old = get_session().states["to_stop"].pin
+    monkeypatch.setattr(session_module, "held_interrupts", ctrl_c_next_to_the_hold)
+    magics = ip.magics_manager.registry["LMMagics"]
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            magics.run_command(f"{command} to_stop")
+        monkeypatch.undo()
+        pin = get_session().states["to_stop"].pin
+        said = {("pin", "before"): "%lm pin was stopped; the state's pin is as it was",
+                ("pin", "after"): "%lm pin was stopped once state 'to_stop' was pinned",
+                ("unpin", "after"): "%lm unpin was stopped; state 'to_stop''s pin is released all the same, between "
+                                    "the engine's steps"}[command, when]
+        assert e.value._render_traceback_() == [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {said}"]
+        engine.scheduler.call(lambda: None).result(10)  # (the engine's steps in between: the releases posted ran)
+        if command == "unpin":
+            assert pin is None and engine.cache_stats()["pinned_prefixes"] == before
+        else:  # one pin either way: the old one kept (before), or the new one made in its place (after)
+            assert (pin == old) == (when == "before") and pin is not None
+            assert engine.cache_stats()["pinned_prefixes"] == before + 1
+    finally:
+        monkeypatch.undo()
+        run(ip, "%lm reset to_stop")
+
+
 def test_a_state_too_large_to_pin_names_lm_loads_option(ip, tiny_llama):
     """%lm pin of a state that did not fit the KV pool was told to "raise max_total_tokens", the Python
     API's keyword, where a cell's request says "raise %lm load's --max-total-tokens" (the kernel's pool is
