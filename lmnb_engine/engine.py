@@ -1482,26 +1482,34 @@ class Engine:
 
     def _pin(self, key: Sequence[Any]) -> Optional[int]:
         """``Scheduler.pin(key)``, on the scheduler thread (``pin_prefix`` is refused there). An
-        interrupt (Ctrl-C) while waiting for it leaves behind no pin whose handle no caller holds:
-        the scheduler makes the pin all the same, and it is released as soon as it is made."""
-        future = self.scheduler.call(lambda: self.scheduler.pin(key))
-        try:
-            return future.result()
-        except KeyboardInterrupt:
-            future.add_done_callback(self._release_unheld_pin)
-            raise
+        interrupt (Ctrl-C) while waiting for it, or as it is posted, leaves behind no pin whose
+        handle no caller holds: the scheduler makes the pin all the same, and it is released as
+        soon as it is made, or, made before the interrupt came, between the scheduler's next steps.
+        (The wait's future is not enough to find it: an interrupt that comes inside
+        ``Scheduler.call``, once the pin is posted, leaves the caller without it.)"""
+        lock = threading.Lock()
+        made: list[int] = []  # the pin's handle, once made for a caller still waiting
+        given_up = False
 
-    def _release_unheld_pin(self, done: Future) -> None:
-        """Release the pin ``done`` (a ``Scheduler.pin`` call's future) made, if any: here, on the
-        scheduler thread that made it, or, made before the interrupt came, between its next steps."""
-        handle = None if done.cancelled() or done.exception() is not None else done.result()
-        if handle is None:
-            return
-        if self.scheduler.on_loop_thread:
-            self._release_pin(handle)
-        else:
-            with contextlib.suppress(RuntimeError):  # (shut down meanwhile: its pins went with it)
-                self.queue_unpin(handle)
+        def pin() -> Optional[int]:  # (on the scheduler thread)
+            handle = self.scheduler.pin(key)
+            with lock:
+                if handle is not None and given_up:
+                    self._release_pin(handle)
+                    return None
+                if handle is not None:
+                    made.append(handle)
+            return handle
+
+        try:
+            return self.scheduler.call(pin).result()
+        except KeyboardInterrupt:
+            with lock:
+                given_up = True
+            if made:
+                with contextlib.suppress(RuntimeError):  # (shut down meanwhile: its pins went with it)
+                    self.queue_unpin(made[0])
+            raise
 
     def _release_pin(self, handle: Any) -> None:
         """(On the scheduler thread.) Release pin ``handle``; ``ValueError`` if unknown."""

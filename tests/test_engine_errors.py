@@ -2103,6 +2103,36 @@ def test_an_interrupt_before_the_post_leaves_nothing_registered(engine, monkeypa
     assert len(engine.submit("the cat", GREEDY, rid=handle.rid).result(timeout=60).token_ids) == 8  # its rid is free
 
 
+@pytest.mark.parametrize("made", [False, True])
+def test_an_interrupt_as_pin_prefix_posts_its_pin_leaves_no_pin_behind(engine, monkeypatch, made):
+    """A KeyboardInterrupt that came once pin_prefix had posted its pin to the scheduler, but before
+    its wait for the pin began (as Scheduler.call returned), left the pin made with no caller
+    holding its handle: a prefix never evictable again. ``made``: the interrupt comes once the
+    scheduler has made the pin, or (the scheduler held in a step meanwhile) before."""
+    real_call, gate = engine.scheduler.call, threading.Event()
+
+    def pin_call_then_interrupted(fn):  # (Ctrl-C lands just after the pin's post)
+        if not fn.__qualname__.startswith("Engine._pin."):
+            return real_call(fn)
+        if not made:
+            real_call(lambda: gate.wait(30))
+        future = real_call(fn)
+        if made:
+            future.result(60)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.scheduler, "call", pin_call_then_interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.pin_prefix("the cat sat on the mat")
+    finally:
+        gate.set()
+    monkeypatch.undo()
+    engine.scheduler.call(lambda: None).result(60)  # (after the pin, and the release a caller posted)
+    assert engine.cache_stats()["pinned_prefixes"] == 0
+    assert_idle_accounting(engine)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
