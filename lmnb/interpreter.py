@@ -27,7 +27,7 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
     derived_seed,
 )
-from lmnb.interrupt import held_interrupts, item_ranges, stopped
+from lmnb.interrupt import MARKED_STOP_POLL_S, future_result, held_interrupts, item_ranges, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
     role_message, shown_value,
@@ -419,7 +419,7 @@ class ProgramStateGroup:
                 failed = {i: ex.read_error() for i, ex in enumerate(exes) if ex.error_ is not None}
                 if failed or all(ex.idle() for ex in exes):
                     return failed
-                wake.wait()
+                wake.wait(MARKED_STOP_POLL_S)  # (woken or not, it looks again: a Ctrl-C marked meanwhile takes effect)
         finally:
             for ex in exes:
                 ex.unwatch(wake)
@@ -755,7 +755,7 @@ def run_program_batch(
                         if held:
                             raise KeyboardInterrupt
                     for f in futures:
-                        yield f.result()
+                        yield future_result(f)
                         yielded += 1
                 except KeyboardInterrupt:  # raised again below, saying what it stopped, once the items have ended
                     finished = [i for i, f in enumerate(futures) if f.done() and not f.cancelled()]

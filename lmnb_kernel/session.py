@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from lmnb.interrupt import held_interrupts
+from lmnb.interrupt import future_result, held_interrupts
 from lmnb_engine import MODEL_ENV, model_or_env
 from lmnb_engine.cli_options import UNPIN, in_option_syntax
 from lmnb_kernel.errors import CellError, cell_interrupt
@@ -358,7 +358,7 @@ def _changed_with_ctrl_c_held(change) -> bool:
         if held:  # (a press held while the release was posted stops it at once: a long step held it to its end)
             return True
         if released is not None:
-            released.result()
+            future_result(released)
     except KeyboardInterrupt:
         if not changed:
             raise

@@ -135,13 +135,16 @@ class InterruptingBackend(ScriptedBackend):
 
 
 @contextlib.contextmanager
-def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0):
+def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0, marked_only: bool = False):
     """While the with-block runs, send SIGINT to the main thread once ``ready()`` holds (polled by a
     thread every 10 ms), not after a fixed delay: a loaded machine may not have made the requests
     to abort by then. Where the main thread is to be stopped in a wait, ``ready`` must check that
     it is blocked there (``main_thread_blocked_in``), not only that the requests were made. Never after the block: its end stops the thread, so a signal that was not
     needed (the block ended otherwise) or never ready within ``timeout`` cannot land in a later test
-    of the same process, where pytest's own handler ends the whole run."""
+    of the same process, where pytest's own handler ends the whole run. With ``marked_only`` the
+    SIGINT is only marked for Python to act on, as one is that lands while the main thread is on
+    its way into a wait (``_thread.interrupt_main``): a wait that has blocked meanwhile goes on."""
+    import _thread
     import signal
 
     done = threading.Event()
@@ -152,7 +155,11 @@ def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0):
         while not done.is_set() and time.monotonic() < deadline:
             if ready():
                 with sending:
-                    if not done.is_set():
+                    if done.is_set():
+                        pass
+                    elif marked_only:
+                        _thread.interrupt_main(signal.SIGINT)
+                    else:
                         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
                 return
             time.sleep(0.01)
@@ -212,11 +219,13 @@ def in_a_threading_wait(frame: types.FrameType) -> bool:
 
 
 def main_thread_waits_on_a_future() -> bool:
-    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` now
-    (``main_thread_blocked_in``), e.g. a run_batch waiting for its next item."""
+    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` or
+    ``concurrent.futures.wait`` now (``main_thread_blocked_in``), e.g. a run_batch waiting for its
+    next item (``lmnb.interrupt.future_result`` waits with the latter)."""
     import concurrent.futures._base as futures
 
-    return main_thread_blocked_in(lambda frame: called_from(frame, "result", futures.__file__))
+    return main_thread_blocked_in(
+        lambda frame: called_from(frame, "result", futures.__file__) or called_from(frame, "wait", futures.__file__))
 
 
 def pace_stream(backend, monkeypatch) -> threading.Event:

@@ -4109,6 +4109,43 @@ def test_ctrl_c_in_the_prefill_of_a_programs_prefix_aborts_it_and_says_so(call):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("call", ["run", "run_batch", "join"])
+def test_a_ctrl_c_that_lands_as_the_wait_begins_still_stops_it_at_once(call):
+    """A SIGINT that lands while the main thread is on its way into a lock's wait is only marked,
+    and Python acts on it when the wait ends: run()'s, run_batch's and a join's waits for their
+    gens ended only with the requests (30 s here; a long generation's minutes), so the stop came
+    once they had run to their end, and aborted nothing. Those waits now wake every so often to act
+    on a marked stop. The SIGINT is marked here (``marked_only``) once the main thread is blocked."""
+    import signal
+
+    be = ScriptedBackend(lambda p, params: "never", delay=30)  # every gen runs until aborted
+
+    @sgl.function
+    def item(s, n):
+        s += f"{n}: " + sgl.gen("a")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        requests = 1 if call == "run" else 2
+        ready = lambda: be.kinds().count("generate") == requests and main_thread_blocked_in(  # noqa: E731
+            in_a_threading_wait)
+        with interrupt_main_when(ready, marked_only=True), pytest.raises(KeyboardInterrupt) as caught:
+            if call == "run":
+                item.run(0, backend=be)
+            elif call == "run_batch":
+                item.run_batch([(0,), (1,)], num_threads=2, backend=be)
+            else:
+                st = sgl.function(lambda s: None).run(backend=be)
+                forks = st.fork(2)
+                for i, f in enumerate(forks):
+                    f += f"{i}: " + sgl.gen("a")
+                forks.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(set(be.aborted)) == requests and "stopped" in str(caught.value)  # each request, with lmnb's own message
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("wait", ["fork", "join"])
 def test_ctrl_c_in_a_fork_or_join_outside_a_program_aborts_what_it_waited_for_and_says_so(wait):
     """A notebook cell forking a state run() returned waits in fork() for the state's queued gen, and
