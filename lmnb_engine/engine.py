@@ -36,7 +36,7 @@ from lmnb_engine.sampler import min_new_tokens_conflict
 from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
 from lmnb_engine.stop_matcher import StopRegexes
-from lmnb_engine.tokenizer import encode_text, text_too_long
+from lmnb_engine.tokenizer import encode_text, text_too_long, without_added_bos
 
 # [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models
 Prompt = Union[str, Sequence[int], MultimodalPrompt, dict]
@@ -627,13 +627,11 @@ class Engine:
         0, a select's scoring, ``/v1/completions``) or not: "<s>hi" was 3 tokens run alone and 4
         where its logprobs were asked, so a select scored it apart from a gen.
 
+        A prompt with images reads its text so too (``multimodal.prepare``: ``without_added_bos``).
+
         Raises:
             as ``encode``."""
-        ids = self.encode(text)
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if bos is not None and ids[:2] == [bos, bos] and text.startswith(self.tokenizer.bos_token):
-            ids = ids[1:]  # (the text wrote its own BOS: the tokenizer's is one too many)
-        return ids
+        return without_added_bos(self.tokenizer, text, self.encode(text))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of token ``ids`` (a list of ints, or a 1-D numpy or torch array; the tokenizer's

@@ -71,6 +71,16 @@ def encode_text(tokenizer: Any, text: str, **kwargs: Any) -> list[int]:
     return list(tokenizer.encode(text, **kwargs))
 
 
+def without_added_bos(tokenizer: Any, text: str, ids: list[int]) -> list[int]:
+    """The token ids a text prompt runs as (``Engine.prompt_ids``; a prompt with images has its
+    text read so too): ``ids``, the tokenizer's encoding of ``text``, less the tokenizer's BOS where
+    the text writes its own ("<s>..." on a tokenizer that adds one), which would be one too many."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and ids[:2] == [bos, bos] and text.startswith(tokenizer.bos_token):
+        ids = ids[1:]  # (the text wrote its own BOS: the tokenizer's is one too many)
+    return ids
+
+
 def has_tokenizer(path: Path) -> bool:
     """True if ``path`` holds tokenizer files ``AutoTokenizer`` can load."""
     return any((path / f).is_file() for f in _TOKENIZER_FILES)

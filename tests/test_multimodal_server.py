@@ -449,3 +449,72 @@ def test_a_vision_model_without_its_processor_config_is_not_called_text_only(lla
             assert text.status_code == 200, text.text
     finally:
         engine.shutdown()
+
+
+def test_an_image_prompt_that_writes_its_own_bos_runs_as_the_same_ids_on_every_path(llava_ckpt, tmp_path):
+    """A text prompt that writes the BOS its tokenizer adds runs with that one BOS
+    (``Engine.prompt_ids``); a prompt with images did not: ``multimodal.prepare`` encoded its text
+    with both BOS, so /generate ran "<s><image> what is it?" one token longer than where its prompt
+    logprobs from token 0 were asked (the server read the text as ``prompt_ids`` first), and the
+    in-process gen and select ran it with both. Every path reads it as ``prompt_ids`` now: the
+    tokenizer's ids less its BOS, each placeholder expanded to the image's 16 tokens ((28 // 7) ** 2
+    patches, CLIP's CLS dropped: the "default" strategy), worked from the tokenizer here."""
+    import shutil
+
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    from lmnb_engine import Engine
+
+    path = tmp_path / "llava-bos"  # the tiny LLaVA, its tokenizer adding a BOS as Llama's does
+    shutil.copytree(llava_ckpt, path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    bos = tok.bos_token_id
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    tok.save_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    image_id = tok.convert_tokens_to_ids("<image>")
+
+    def runs_as(text):  # (the text's own BOS the one BOS; the placeholder as the image's tokens)
+        ids = tok.encode(text)
+        assert ids[:2] == [bos, bos]  # (the case: the tokenizer adds one, the text writes one)
+        return [t for i in ids[1:] for t in ([i] * 16 if i == image_id else [i])]
+
+    text = "<s><image> what is it? Answer:"
+    want = runs_as(text)
+    img = random_image(47)
+
+    @sgl.function
+    def ask(s, logprobs):
+        s += "<s>" + sgl.image(img) + " what is it? Answer:"
+        s += sgl.gen("a", max_tokens=1, temperature=0, return_logprob=logprobs, logprob_start_len=0)
+
+    @sgl.function
+    def pick(s):
+        s += "<s>" + sgl.image(img) + " what is it? Answer:" + sgl.select("c", choices=[" red", " a blue"])
+
+    local = Engine(model=str(path), device="cpu", max_total_tokens=4096)
+    remote = Engine(model=str(path), device="cpu", max_total_tokens=4096)
+    try:
+        backend = sgl.Engine(engine=local)
+        for logprobs in (False, True):
+            meta = ask.run(logprobs=logprobs, backend=backend).get_meta_info("a")
+            assert meta["prompt_tokens"] == len(want), logprobs
+        assert [e[1] for e in meta["input_token_logprobs"]] == want
+        meta = pick.run(backend=backend).get_meta_info("c")
+        for c, start, scored in zip([" red", " a blue"], meta["prefix_len"], meta["input_token_logprobs"]):
+            c_ids = runs_as(text + c)
+            d = next(i for i, (a, b) in enumerate(zip(want + [None], c_ids)) if a != b)
+            assert (start, [e[1] for e in scored]) == (d, c_ids[d:]), c
+
+        raw = base64.b64encode(png_bytes(img)).decode()
+        with live_server(remote, served_model_name="llava") as url:
+            plain, scored = (httpx.post(f"{url}/generate", timeout=60, json={
+                "text": text, "image_data": raw, "sampling_params": {"max_new_tokens": 0}, **extra}).json()
+                for extra in ({}, {"return_logprob": True, "logprob_start_len": 0}))
+        assert plain["meta_info"]["prompt_tokens"] == scored["meta_info"]["prompt_tokens"] == len(want)
+        assert [e[1] for e in scored["meta_info"]["input_token_logprobs"]] == want
+    finally:
+        local.shutdown()
+        remote.shutdown()

@@ -520,8 +520,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
             text, images, counts = self._frames(prompt)
             mm = eng.multimodal.prepare(MultimodalPrompt(text, images))
-        encode = eng.encode if mm is not None else eng.prompt_ids  # (the ids a gen of the text runs as)
-        p_ids = encode(text)
+        p_ids = eng.prompt_ids(text)  # (the ids a gen of the text runs as: prepare reads a text so too)
         prefill = None
         if p_ids:  # its meta_info says [issue 10] how each image's KV was got, as a gen's does
             # under the select's own request id, so that an abort while the prompt is prefilled stops it
@@ -532,7 +531,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
             prefill = self._meta(done, GenParams(), mm, counts, prompt.text)
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
-            c_ids = encode(text + c)
+            c_ids = eng.prompt_ids(text + c)
             d = first_difference(p_ids, c_ids)
             if mm is not None:
                 c_ids, d = _extend_multimodal(mm, p_ids, c_ids, d, c, eng.multimodal.image_token_id)

@@ -25,7 +25,7 @@ from lmnb_engine.multimodal.inputs import (
     MultimodalTokens,
     as_multimodal_prompt,
 )
-from lmnb_engine.tokenizer import encode_text
+from lmnb_engine.tokenizer import encode_text, without_added_bos
 
 _PIXEL_CACHE_SIZE = 64  # preprocessed images kept by content hash (repeat questions skip resizing)
 
@@ -102,7 +102,8 @@ class MultimodalProcessor:
         """
         p = as_multimodal_prompt(prompt)
         if isinstance(p.text, str):
-            ids = encode_text(self.tokenizer, p.text)
+            # (as a text prompt runs: one BOS where the text writes its own)
+            ids = without_added_bos(self.tokenizer, p.text, encode_text(self.tokenizer, p.text))
         elif isinstance(p.text, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                        for t in p.text):
             ids = [int(t) for t in p.text]  # numpy integers too, as a text-only prompt's ids
