@@ -281,7 +281,7 @@ def test_rows_that_could_not_reach_the_backend_are_not_blamed_on_the_input(tmp_p
         assert code == 1
         assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["error", "error"]
         # (the connection's error, "ConnectError: All connection attempts failed", is httpx's words)
-        assert re.search(re.escape(f"  2 rows failed because the backend could not be reached ({gone}/: nothing "
+        assert re.search(re.escape(f"  2 rows failed because the backend could not be reached ({gone}/completions: nothing "
                                    "answers there (ConnectError: ") + "[^;]+" + re.escape(
             "; 3 tries); is the server running, and are the host and port right?); once it answers, run the same "
             "command again with --retry-errors to rerun the failed rows (rows already done are kept)\n") + r"\Z",
@@ -2896,7 +2896,7 @@ def test_a_rows_gen_refused_for_the_key_says_the_jobs_option_once(tmp_path, caps
                                           "--backend", url, "--openai", "m", "--completion", "--no-progress", *key])
         assert job.run(run_row, programs=[echo]) == 1
     [record] = read_results(tmp_path / "out.jsonl")
-    words = f"{url}/: HTTP 401: missing or wrong API key (send Authorization: Bearer <key>)"
+    words = f"{url}/completions: HTTP 401: missing or wrong API key (send Authorization: Bearer <key>)"
     assert record["error"].startswith(f"ProgramError: Gen('answer') failed: BackendAuthError: {words}{advice} ("), record
     assert capsys.readouterr().err.endswith(
         f"  1 row failed because {summary.format(words=words)}, then run the same command again with --retry-errors "

@@ -293,7 +293,7 @@ def test_an_aborted_openai_call_that_is_not_streamed_closes_its_connection(serve
         assert (completion.text, completion.meta_info) == (
             "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}})
     else:
-        assert got == [f"{server.url}/v1/: the scoring request of select() was aborted"]
+        assert got == [f"{server.url}/v1/completions: the scoring request of select() was aborted"]
     _wait_for(lambda: outcome)
     assert outcome == ["saw its client leave"] and posts == [f"/v1/{'chat/' * (call == 'generate')}completions"]
     backend.shutdown()

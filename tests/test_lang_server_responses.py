@@ -510,7 +510,7 @@ def test_text_async_iter_with_meta_data_says_the_finish_reason_once(server, chat
 def test_an_openai_response_of_another_shape_is_named(server, chat, body):
     """A TypeError ('NoneType' object is not iterable) or AttributeError escaped; a numeric content passed."""
     server.answer = lambda h, b: send(h, 200, body)
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ returned .*, not an OpenAI response \\(a 'choices' "
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions returned .*, not an OpenAI response \\(a 'choices' "
                                            "list, each with a 'message.content' string\\); is it an OpenAI-compatible"):
         chat.generate(CHAT, PARAMS, "r1")
 
@@ -518,7 +518,7 @@ def test_an_openai_response_of_another_shape_is_named(server, chat, body):
 def test_an_openai_response_with_too_few_choices_is_named(server, chat):
     """No choice at all returned an empty list, and the program failed with an IndexError."""
     server.answer = lambda h, b: send(h, 200, b'{"id": "x", "choices": []}')
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ returned 0 choices for n=1$"):
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions returned 0 choices for n=1$"):
         chat.generate(CHAT, PARAMS, "r1")
 
 
@@ -757,7 +757,7 @@ def test_a_schema_above_the_engines_regex_limit_reaches_an_openai_api_and_an_sgl
 def test_an_openai_body_that_is_not_utf8_json_is_named(server, chat, body, problem):
     """The client's JSONDecodeError / UnicodeDecodeError escaped bare."""
     server.answer = lambda h, b: send(h, 200, body)
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ returned a body that is not UTF-8 JSON \\({problem}: "):
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions returned a body that is not UTF-8 JSON \\({problem}: "):
         chat.generate(CHAT, PARAMS, "r1")
 
 
@@ -772,7 +772,7 @@ def test_an_openai_stream_cut_before_its_finish_reason_is_an_error(server, chat)
     """A stream whose connection closed after 'He' returned 'He' as the whole output."""
     server.answer = lambda h, b: events(h, [_chunk("He")], done=False)
     got = []
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream ended after 2 characters with no finish "
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions stream ended after 2 characters with no finish "
                                            "reason: the connection was cut mid-output"):
         for delta, _ in chat.generate_stream(CHAT, PARAMS, "r1"):
             got.append(delta)
@@ -788,7 +788,7 @@ def test_an_openai_stream_cut_before_its_finish_reason_is_an_error(server, chat)
 def test_an_openai_stream_event_of_another_shape_is_named(server, chat, event, problem):
     """A JSONDecodeError, UnicodeDecodeError or AttributeError escaped."""
     server.answer = lambda h, b: events(h, [event])
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream {problem}"):
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions stream {problem}"):
         list(chat.generate_stream(CHAT, PARAMS, "r1"))
 
 
@@ -797,10 +797,10 @@ def test_an_openai_lone_surrogate_is_named_where_it_comes_in(server, chat):
     body = {"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "a\ud800"},
                                     "finish_reason": "stop"}]}
     server.answer = lambda h, b: send(h, 200, json.dumps(body).encode())
-    with pytest.raises(BackendError, match=r"/v1/ returned text with the lone surrogate '\\ud800'"):
+    with pytest.raises(BackendError, match=r"/v1/chat/completions returned text with the lone surrogate '\\ud800'"):
         chat.generate(CHAT, PARAMS, "r1")
     server.answer = lambda h, b: events(h, [_chunk("a\ud800", "stop")])
-    with pytest.raises(BackendError, match=r"/v1/ stream returned text with the lone surrogate '\\ud800'"):
+    with pytest.raises(BackendError, match=r"/v1/chat/completions stream returned text with the lone surrogate '\\ud800'"):
         list(chat.generate_stream(CHAT, PARAMS, "r1"))
 
 
@@ -855,7 +855,7 @@ def test_openai_select_logprobs_that_do_not_match_their_tokens_are_named(server)
                  "logprobs": {"tokens": list(t), "token_logprobs": logprobs, "top_logprobs": None, "text_offset": []}}
                 for i, t in enumerate(("Hi", "Hia", "Hib"))]
         server.answer = lambda h, b: send(h, 200, json.dumps({"id": "x", "choices": rows}).encode())
-        with pytest.raises(BackendError, match=r"/v1/ returned no echoed prompt logprobs \(a token_logprobs entry per "
+        with pytest.raises(BackendError, match=r"/v1/completions returned no echoed prompt logprobs \(a token_logprobs entry per "
                                                r"token\); it cannot run select\(\)$"):
             backend.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
     backend.shutdown()
@@ -878,13 +878,13 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     server.answer = stall
     backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=0.3)
     fix = "; check that the server is not stuck or overloaded, or change the limits with OpenAI\\(\\.\\.\\., timeout=SECONDS"
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s, in 2 tries{fix}"):
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions: no answer within the read timeout of 0.3 s, in 2 tries{fix}"):
         backend.generate(CHAT, PARAMS, "r1")
     backend.shutdown()
     # (the stream's first chunk must come within the timeout: where it was 0.3 s, the stub on a loaded
     # machine answered 0.35 s late, and the stream failed as one that never began)
     backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=PATIENT_S)
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no chunk \\(keep-alive comments and empty "
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions stream: no chunk \\(keep-alive comments and empty "
                                            f"lines do not count\\) within the read timeout of {PATIENT_S} s{fix}"):
         list(backend.generate_stream(CHAT, PARAMS, "r2"))  # (a stream that began is not tried again)
     release.set()
@@ -912,12 +912,12 @@ def test_an_openai_timeout_given_as_an_httpx_timeout_is_the_clients_read_timeout
     fix = "; check that the server is not stuck or overloaded, or change the limits with OpenAI\\(\\.\\.\\., timeout=SECONDS"
     backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=httpx.Timeout(0.3, connect=5.0))
     assert backend.client.timeout == backend._openai.Timeout(connect=5.0, read=0.3, write=0.3, pool=0.3)
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s{fix}"):
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions: no answer within the read timeout of 0.3 s{fix}"):
         backend.generate(CHAT, PARAMS, "r1")
     backend.shutdown()
     backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0,
                           timeout=httpx.Timeout(None, read=PATIENT_S))  # (no limit on the others)
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no chunk \\(keep-alive comments and empty "
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/chat/completions stream: no chunk \\(keep-alive comments and empty "
                                            f"lines do not count\\) within the read timeout of {PATIENT_S} s{fix}"):
         list(backend.generate_stream(CHAT, PARAMS, "r2"))
     release.set()
@@ -957,7 +957,7 @@ def test_an_openai_connect_timeout_is_named_unreachable_not_a_read_timeout(monke
             list(backend.generate_stream(CHAT, PARAMS, "r1"))
         else:
             backend.generate(CHAT, PARAMS, "r1")
-    assert str(e.value) == (f"{url}/: no connection within the connect timeout of 4 s, in 2 tries; is the server "
+    assert str(e.value) == (f"{url}/chat/completions: no connection within the connect timeout of 4 s, in 2 tries; is the server "
                             "running at that URL, and are the host and port right (a firewall that drops the "
                             "connection looks the same)?")
     backend.shutdown()
@@ -968,12 +968,15 @@ def test_an_openai_connect_timeout_is_named_unreachable_not_a_read_timeout(monke
     ("ConnectError", "nothing answers there (ConnectError: [Errno 111] Connection refused; 2 tries); is the server "
                      "running, and are the host and port right?"),
     # a connection the server took, then dropped: something answers there
-    ("RemoteProtocolError", "APIConnectionError: Connection error. (RemoteProtocolError: [Errno 111] Connection "
-                            "refused; 2 tries)"),
+    ("RemoteProtocolError", "the server dropped the connection before its answer was complete (RemoteProtocolError: "
+                            "[Errno 111] Connection refused; 2 tries); it stopped, restarted or crashed (see its log), "
+                            "or is no HTTP server: check that it runs at that URL, then run the call again"),
 ])
 def test_an_openai_connection_that_fails_says_nothing_answers_and_why(monkeypatch, stream, kind, said):
     """lmnb.OpenAI at a port nothing listens on said only "APIConnectionError: Connection error.",
-    where RuntimeEndpoint says "nothing answers at ...; is the server running" and why."""
+    where RuntimeEndpoint says "nothing answers at ...; is the server running" and why; a connection
+    the server dropped is no unreachable server (BackendError), and says what to do, as
+    RuntimeEndpoint's does. Either names the route it failed on."""
     import importlib
 
     from lmnb.backend.base import BackendUnreachable
@@ -994,13 +997,68 @@ def test_an_openai_connection_that_fails_says_nothing_answers_and_why(monkeypatc
         monkeypatch.setattr(module.AsyncHTTPTransport, "handle_async_request", refuse_async)
     url = "http://127.0.0.1:9/v1"  # (never reached: the transports fail first)
     backend = lmnb.OpenAI("m", base_url=url, max_retries=1)
-    with pytest.raises(BackendUnreachable) as e:
+    with pytest.raises(BackendError) as e:
         if stream:
             list(backend.generate_stream(CHAT, PARAMS, "r1"))
         else:
             backend.generate(CHAT, PARAMS, "r1")
-    assert str(e.value) == f"{url}/: {said}"
+    assert str(e.value) == f"{url}/chat/completions: {said}"
+    assert isinstance(e.value, BackendUnreachable) == (kind == "ConnectError")
     backend.shutdown()
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "closed"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_openai_connection_the_server_drops_says_so_after_its_tries(server, reset, stream):
+    """A server that took each try's connection and dropped it (a crash while it read the request)
+    was "URL/v1/: APIConnectionError: Connection error. (RemoteProtocolError: ...; 2 tries)": neither
+    the route nor what happened nor what to do. It says so now, as RuntimeEndpoint does."""
+    tries = []
+    server.answer = lambda h, b: tries.append(b) or _drop(h, b, reset)
+    kind = "ReadError" if reset else "RemoteProtocolError"
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=PATIENT_S)
+    with pytest.raises(BackendError) as e:
+        if stream:
+            list(backend.generate_stream(CHAT, PARAMS, "r1"))
+        else:
+            backend.generate(CHAT, PARAMS, "r1")
+    assert re.fullmatch(re.escape(f"{server.url}/v1/chat/completions: the server dropped the connection before its "
+                                  f"answer was complete ({kind}: ") + ".*" + re.escape(
+        "; 2 tries); it stopped, restarted or crashed (see its log), or is no HTTP server: check that it runs at that "
+        "URL, then run the call again"), str(e.value)), str(e.value)
+    assert len(tries) == 2 and type(e.value) is BackendError  # (it was reached: not BackendUnreachable)
+    backend.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_openai_server_that_crashes_mid_request_is_not_said_to_be_at_the_wrong_address(stream):
+    """A server that dropped the request's connection as it went down (a crash), so that the
+    client's try again found nothing listening, was "URL/v1/: nothing answers there (ConnectError:
+    ...; 2 tries); is the server running, and are the host and port right?": the drop was not said,
+    and the fix blamed an address that was right. It says the server dropped the connection and
+    that nothing answers since, and to start it again, naming the route."""
+    from lmnb.backend.base import BackendUnreachable
+
+    def crash(handler):  # (stop listening, then drop the request: the try again is refused)
+        handler.server.shutdown()
+        handler.server.server_close()
+        _drop(handler, None, reset=False)
+
+    server = Scripted()
+    server.answer = lambda h, b: crash(h)
+    with serve_http(server.handler) as url:
+        backend = lmnb.OpenAI("m", base_url=url + "/v1", max_retries=1, timeout=PATIENT_S)
+        with pytest.raises(BackendUnreachable) as e:
+            if stream:
+                list(backend.generate_stream(CHAT, PARAMS, "r1"))
+            else:
+                backend.generate(CHAT, PARAMS, "r1")
+        backend.shutdown()
+    assert re.fullmatch(re.escape(f"{url}/v1/chat/completions: the server dropped the connection before its answer "
+                                  "was complete (RemoteProtocolError: Server disconnected without sending a response.), "
+                                  "and nothing answers there since (ConnectError: ") + ".*" + re.escape(
+        "; 2 tries); it stopped or crashed (see its log): start it again, then run the call again"),
+        str(e.value)), str(e.value)
 
 
 def test_an_openai_backend_at_a_port_nothing_listens_on_says_so():
@@ -1014,7 +1072,7 @@ def test_an_openai_backend_at_a_port_nothing_listens_on_says_so():
         backend = lmnb.OpenAI("m", base_url=gone, max_retries=0)
         for call in (lambda: backend.generate(CHAT, PARAMS, "r1"),
                      lambda: list(backend.generate_stream(CHAT, PARAMS, "r2"))):
-            with pytest.raises(BackendUnreachable, match=re.escape(f"{gone}/: nothing answers there (ConnectError: ")):
+            with pytest.raises(BackendUnreachable, match=re.escape(f"{gone}/chat/completions: nothing answers there (ConnectError: ")):
                 call()
     backend.shutdown()
 
@@ -1149,7 +1207,7 @@ def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(
             got.append(delta)
     assert time.monotonic() - t0 > PATIENT_S and got == ["He"]
     assert str(e.value) == (
-        f"{server.url}/v1/ stream: no chunk (keep-alive comments and empty lines do not count) within the read "
+        f"{server.url}/v1/chat/completions stream: no chunk (keep-alive comments and empty lines do not count) within the read "
         f"timeout of {PATIENT_S} s; check that the server is not stuck or overloaded, or change the limits with "
         "OpenAI(..., timeout=SECONDS, max_retries=N)")
     told.wait(60)  # (the server notices at its next writes)
@@ -1455,7 +1513,7 @@ def test_an_openai_server_that_refuses_the_key_says_how_to_give_it(server, monke
         else:
             with pytest.raises(BackendAuthError) as e:
                 run()
-            assert str(e.value) == (f"{server.url}/v1/: HTTP 401: missing or wrong API key (send Authorization: "
+            assert str(e.value) == (f"{server.url}/v1/{'chat/' * chat}completions: HTTP 401: missing or wrong API key (send Authorization: "
                                     f"Bearer <key>){refusal}")
             assert e.value.key_fix == refusal
     finally:
@@ -1495,7 +1553,7 @@ def test_an_azure_backend_sends_the_key_in_its_own_variable_and_a_401_names_that
             backend.generate(prompt, PARAMS, "r")
     finally:
         backend.shutdown()
-    assert str(e.value) == (f"{url}/: HTTP 401: Access denied due to invalid subscription key.; the server refused "
+    assert str(e.value) == (f"{url}/chat/completions: HTTP 401: Access denied due to invalid subscription key.; the server refused "
                             "the key in $AZURE_OPENAI_API_KEY: check it")
     assert seen == ["az-key"]
     monkeypatch.delenv("AZURE_OPENAI_API_KEY")  # (no key at all: the client says so, naming the variable)

@@ -249,7 +249,7 @@ def test_a_cells_gen_refused_for_the_key_says_how_connect_gives_it(key, env, adv
         error = str(_gen.run(backend=session.backend()).error())
     finally:
         session.close()
-    assert error == (f"Gen('a') failed: BackendAuthError: {url}/: HTTP 401: missing or wrong API key (send "
+    assert error == (f"Gen('a') failed: BackendAuthError: {url}/completions: HTTP 401: missing or wrong API key (send "
                      f"Authorization: Bearer <key>); {advice}")
 
 

@@ -1001,7 +1001,7 @@ def test_a_select_choice_too_long_for_the_context_is_named_over_http(backends, e
     err = pick.run(choices=[fits, long_choice], backend=backend).error()
     assert err is not None
     assert str(err).startswith(f"Select('c', choices=[{fits!r}, {long_choice[:20]!r}"[:-1])
-    field, where = ("text", f"POST {url}/generate") if kind == "runtime" else ("prompt", f"{url}/v1/")
+    field, where = ("text", f"POST {url}/generate") if kind == "runtime" else ("prompt", f"{url}/v1/completions")
     assert str(err).split("]) failed: ", 1)[1] == (
         f"BackendError: select choice {long_choice[:30]!r}...: the server refused its scoring {field} (the prompt, "
         f"then the choice): {where}: HTTP 400: prompt of {n} tokens exceeds the model's context length of {context} "

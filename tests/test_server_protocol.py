@@ -146,7 +146,7 @@ def test_openai_backend_errors_give_the_servers_message_once(served):
 
     with pytest.raises(sgl.ProgramError) as e:
         prog.run(backend=completion).text()
-    assert "/v1/: HTTP 400: logprobs=21 is out of range: give 0 to 20 top logprobs per token" in str(e.value)
+    assert "/v1/completions: HTTP 400: logprobs=21 is out of range: give 0 to 20 top logprobs per token" in str(e.value)
     assert "Error code" not in str(e.value)  # the openai client's own prefix, which repeated the status
 
 

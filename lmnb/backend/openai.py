@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
+import functools
 import json
 import numbers
 import os
@@ -26,7 +28,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
     MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
@@ -50,6 +52,13 @@ _ABORTED = object()
 _loop_lock = threading.Lock()
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_thread: Optional[threading.Thread] = None
+# The errors of the tries the openai client made again in the current call (_noting_failed_tries):
+# the client raises the last one's only, and a call whose server crashed was then "nothing answers".
+_failed_tries: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("lmnb_openai_failed_tries",
+                                                                               default=None)
+# What to do about a server that took a request's connection, then dropped it (RuntimeEndpoint's words)
+_DROP_FIX = ("it stopped, restarted or crashed (see its log), or is no HTTP server: check that it runs at that URL, "
+             "then run the call again")
 
 
 @dataclasses.dataclass
@@ -183,7 +192,8 @@ class OpenAI(BaseBackend):
         # blocking call cannot be stopped (its response's headers come with the whole answer),
         # while a cancelled one closes its connection, so the server sees its client leave, and is
         # not tried again. An httpx.Client given is for blocking calls only.
-        self._clients = (cls(**kwargs), None if "http_client" in kwargs else async_cls(**kwargs))
+        self._clients = (_noting_failed_tries(cls)(**kwargs),
+                         None if "http_client" in kwargs else _noting_failed_tries(async_cls)(**kwargs))
         self._unclosed[:] = [] if "http_client" in kwargs else [self._clients]  # (one given is the caller's)
         return self._clients
 
@@ -195,6 +205,13 @@ class OpenAI(BaseBackend):
     @property
     def _async_client(self) -> Any:
         return (self._clients or self._open_clients())[1]
+
+    @property
+    def _route(self) -> str:
+        """The URL this backend's requests go to (``.../v1/chat/completions`` for a chat model,
+        ``.../v1/completions`` else, select's scoring too), which its errors name: they named the
+        API's root, ``.../v1/``, where no request went."""
+        return f"{self.client.base_url}{'chat/completions' if self.is_chat_model else 'completions'}"
 
     def _forget_requests(self) -> None:
         # request id -> its open stream, or the future of its call that is not streamed, which
@@ -369,6 +386,8 @@ class OpenAI(BaseBackend):
             BackendError: the server refused the request, did not answer, or sent no JSON;
                 ``BackendAuthError`` for its API key (HTTP 401), the message ending with ``key_fix``.
         """
+        failed: list = []  # the errors of the tries the client made again (_noting_failed_tries)
+        token = _failed_tries.set(failed)
         try:
             if rid is not None and self._async_client is not None:
                 return self._abortable_call(rid, kw)
@@ -393,21 +412,23 @@ class OpenAI(BaseBackend):
             reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
             param = body.get("param") if isinstance(body.get("param"), str) else None  # (the field refused)
             if e.status_code == 401:
-                auth = BackendAuthError(f"{self.client.base_url}: HTTP 401: {message}{self.key_fix}", reason, param)
+                auth = BackendAuthError(f"{self._route}: HTTP 401: {message}{self.key_fix}", reason, param)
                 auth.key_fix = self.key_fix
                 raise auth from None
-            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason, param) from None
+            raise BackendError(f"{self._route}: HTTP {e.status_code}: {message}", reason, param) from None
         except self._openai.APITimeoutError as e:
             if connect_timed_out(e):  # (a firewalled host that never answers: no server was reached)
-                raise self._connect_timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
-            raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
+                raise self._connect_timeout_error(self._route, self.client.max_retries + 1) from None
+            raise self._timeout_error(self._route, self.client.max_retries + 1) from None
         except self._openai.APIConnectionError as e:  # (not a timeout: caught above) refused, unknown host, ...
-            raise self._connection_error(str(self.client.base_url), e, self.client.max_retries + 1) from None
+            raise self._connection_error(self._route, e, self.client.max_retries + 1, failed) from None
         except self._openai.APIError as e:
-            raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
+            raise BackendError(f"{self._route}: {type(e).__name__}: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (the client's json.loads of the body)
-            raise BackendError(f"{self.client.base_url} returned a body that is not UTF-8 JSON "
+            raise BackendError(f"{self._route} returned a body that is not UTF-8 JSON "
                                f"({type(e).__name__}: {e})") from None
+        finally:
+            _failed_tries.reset(token)
 
     def _begin(self, rid: str) -> bool:
         """Register the call of request ``rid`` as starting, for ``abort``; False if ``abort(rid)``
@@ -458,7 +479,7 @@ class OpenAI(BaseBackend):
         field = "message.content" if self.is_chat_model else "text"
         if not isinstance(choices, list) or not all(isinstance(_text(c, self.is_chat_model), (str, type(None)))
                                                     for c in choices):
-            raise BackendError(f"{self.client.base_url} returned {_shown(ret)}, not an OpenAI response (a 'choices' "
+            raise BackendError(f"{self._route} returned {_shown(ret)}, not an OpenAI response (a 'choices' "
                                f"list, each with a '{field}' string); is it an OpenAI-compatible API?")
         return sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)
 
@@ -490,15 +511,33 @@ class OpenAI(BaseBackend):
                                   "and are the host and port right (a firewall that drops the connection looks the "
                                   "same)?")
 
-    def _connection_error(self, where: str, e: BaseException, tries: int) -> BackendUnreachable:
+    def _connection_error(self, where: str, e: BaseException, tries: int, failed: Sequence[BaseException] = ()
+                          ) -> BackendError:
         """The error for a call whose connection failed, ``e`` (an ``openai.APIConnectionError``), in
-        ``tries`` tries: the client's own words, "Connection error.", said neither that nothing
-        answers at the URL nor why (its cause: httpx's ``ConnectError``, "Connection refused" or an
-        unknown host), as ``RuntimeEndpoint``'s does."""
+        ``tries`` tries, the tries before the last having failed with ``failed`` (httpx's errors, as
+        ``_noting_failed_tries`` notes them): the client's own words, "Connection error.", said
+        neither that nothing answers at the URL nor why (its cause: httpx's ``ConnectError``,
+        "Connection refused" or an unknown host), as ``RuntimeEndpoint``'s does; nor, where the
+        server took the connection and dropped it (a crash mid-request: ``RemoteProtocolError``,
+        ``ReadError``), that it did and what to do, and where nothing answered the tries after such
+        a drop, the last words blamed the host and port of a server that was there.
+
+        Returns:
+            ``BackendUnreachable`` where nothing answers (the last try's connection was refused),
+            else a ``BackendError`` (the server was reached), as ``RuntimeEndpoint``'s."""
         cause = e.__cause__
-        said = f" ({type(cause).__name__}: {cause}{f'; {tries} tries' if tries > 1 else ''})" if cause else ""
+        of_tries = f"; {tries} tries" if tries > 1 else ""
+        said = f" ({type(cause).__name__}: {cause}{of_tries})" if cause else ""
         if not _caused_by(e, "ConnectError"):  # (a connection the server took, then dropped)
-            return BackendUnreachable(f"{where}: {type(e).__name__}: {e}{said}")
+            if not _dropped(cause):  # (a proxy's refusal, a scheme the transport lacks, ...)
+                return BackendUnreachable(f"{where}: {type(e).__name__}: {e}{said}")
+            return BackendError(f"{where}: the server dropped the connection before its answer was complete{said}; "
+                                f"{_DROP_FIX}")
+        drop = next((x for x in failed if _dropped(x)), None)
+        if drop is not None:  # (it answered, then went: the host and port were right)
+            return BackendUnreachable(f"{where}: the server dropped the connection before its answer was complete "
+                                      f"({type(drop).__name__}: {drop}), and nothing answers there since{said}; it "
+                                      "stopped or crashed (see its log): start it again, then run the call again")
         return BackendUnreachable(f"{where}: nothing answers there{said}; is the server running, and are the host "
                                   "and port right?")
 
@@ -554,7 +593,7 @@ class OpenAI(BaseBackend):
             return
         if not matched:
             raise BackendError(
-                f"{self.client.base_url} returned {text!r}, which does not match the regex {params.regex!r} "
+                f"{self._route} returned {text!r}, which does not match the regex {params.regex!r} "
                 "it was to follow: the server ignores the 'regex' field (lmnb and SGLang servers read it; "
                 "vLLM reads guided_regex); use such a server, or lmnb.RuntimeEndpoint"
             )
@@ -569,10 +608,10 @@ class OpenAI(BaseBackend):
         choices = self._choices(ret)
         self._count_usage(ret.usage)
         if len(choices) != (params.n or 1):  # (the executor reads one sample per asked one)
-            raise BackendError(f"{self.client.base_url} returned {len(choices)} choices for n={params.n or 1}")
+            raise BackendError(f"{self._route} returned {len(choices)} choices for n={params.n or 1}")
         out = []
         for choice in choices:
-            text = check_utf8(_text(choice, self.is_chat_model) or "", str(self.client.base_url))
+            text = check_utf8(_text(choice, self.is_chat_model) or "", self._route)
             self._check_regex(text, choice.finish_reason, params)
             meta = self._usage_meta(ret.id, ret.usage)
             meta["finish_reason"] = _finish_reason(choice)
@@ -583,7 +622,7 @@ class OpenAI(BaseBackend):
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         meta: dict[str, Any] = {"finish_reason": None}  # None until the last, as RuntimeEndpoint's chunks have it
         text = ""
-        where = f"{self.client.base_url} stream"
+        where = f"{self._route} stream"
         if not self._begin(rid):
             yield "", {"finish_reason": aborted_reason()}
             return
@@ -715,16 +754,16 @@ class OpenAI(BaseBackend):
             except BackendError as e:
                 raise refused_choice(e, "prompt", choices, len(head) - at) or e from None
             if ret is _ABORTED:
-                raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
+                raise BackendError(f"{self._route}: the scoring request of select() was aborted")
             got = self._choices(ret)
             self._count_usage(ret.usage)
             if len(got) != len(part):
-                raise BackendError(f"{self.client.base_url} returned {len(got)} choices for {len(part)} prompts; "
+                raise BackendError(f"{self._route} returned {len(got)} choices for {len(part)} prompts; "
                                    "it cannot run select()")
             rows += got
         if any(r.logprobs is None or not r.logprobs.tokens or len(r.logprobs.token_logprobs or ()) != len(r.logprobs.tokens)
                for r in rows):  # (zip below would drop the tokens beyond the logprobs)
-            raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs (a token_logprobs entry "
+            raise BackendError(f"{self._route} returned no echoed prompt logprobs (a token_logprobs entry "
                                "per token); it cannot run select()")
         p_tokens = rows[0].logprobs.tokens if head else []
         out = []
@@ -801,8 +840,47 @@ def connect_timed_out(error: BaseException) -> bool:
 
 def _caused_by(error: BaseException, kind: str) -> bool:
     """Whether the cause of ``error`` (an openai error) is httpx's (or httpx2's) exception ``kind``."""
-    kinds = tuple(getattr(m, kind) for m in map(sys.modules.get, ("httpx", "httpx2")) if m is not None)
-    return isinstance(error.__cause__, kinds)
+    return _is(error.__cause__, kind)
+
+
+def _is(error: Any, *kinds: str) -> bool:
+    """Whether ``error`` is one of httpx's (or httpx2's) exceptions ``kinds``."""
+    classes = tuple(getattr(m, k) for m in map(sys.modules.get, ("httpx", "httpx2")) if m is not None for k in kinds)
+    return isinstance(error, classes)
+
+
+def _dropped(error: Any) -> bool:
+    """Whether ``error`` (httpx's) is of a connection the server took, then dropped mid-exchange (a
+    server that stopped or crashed resets the requests it was reading), as ``RuntimeEndpoint`` reads it."""
+    return _is(error, "ReadError", "WriteError", "RemoteProtocolError")
+
+
+@functools.lru_cache(maxsize=None)
+def _noting_failed_tries(cls: type) -> type:
+    """``cls`` (an openai client class) noting the error of each try it makes again in the list
+    ``_failed_tries`` holds in the calling context (a call on the shared loop runs in a copy of its
+    caller's, the same list): the client raises the last try's error only. Its retry loop calls
+    ``_sleep_for_retry`` within the except clause of the failed try, where ``sys.exc_info`` is its
+    error; a client without that method (openai before 1.7x) is ``cls`` itself, and notes none."""
+    sleep = getattr(cls, "_sleep_for_retry", None)
+    if sleep is None:
+        return cls
+
+    def note() -> None:
+        failed, error = _failed_tries.get(), sys.exc_info()[1]
+        if failed is not None and error is not None:
+            failed.append(error)
+
+    if asyncio.iscoroutinefunction(sleep):
+        async def _sleep_for_retry(self: Any, *args: Any, **kwargs: Any) -> Any:
+            note()
+            return await sleep(self, *args, **kwargs)
+    else:
+        def _sleep_for_retry(self: Any, *args: Any, **kwargs: Any) -> Any:
+            note()
+            return sleep(self, *args, **kwargs)
+    return type(cls.__name__, (cls,), {"_sleep_for_retry": _sleep_for_retry, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
 
 
 def _top_n(top: Optional[dict], n: int) -> list:
