@@ -411,10 +411,9 @@ class LMMagics(Magics):
                 outcome = run_cell(state, listener, feeder, view)
             except KeyboardInterrupt as interrupt:
                 outcome = getattr(interrupt, "lmnb_outcome", None)  # None: a second Ctrl-C cut the abort short
-                if outcome is not None:
-                    self.finish(args, view, outcome, count, cell_id, rerun)
-                raise cell_interrupt("the cell was stopped; its output so far and the variables it finished are "
-                                      "kept") from None
+                refusal = self.finish(args, view, outcome, count, cell_id, rerun) if outcome is not None else None
+                raise cell_interrupt(_with(refusal, "the cell was stopped; its output so far and the variables it "
+                                                    "finished are kept")) from None
             message = None
             if outcome.error is not None:
                 message = _describe(outcome.error, filename, None if args.python else template)
@@ -423,12 +422,14 @@ class LMMagics(Magics):
                     message += self._overflow_hint(args.state, start)
                 elif start is not None and "exceeds the model's context length" in message:
                     message += self._state_and_tokens_hint(args.state, start, message)
-            self.finish(args, view, outcome, count, cell_id, rerun, message)
+            refusal = self.finish(args, view, outcome, count, cell_id, rerun, message)
             if message is not None:
-                raise CellError(message) from outcome.error
+                raise CellError(_with(refusal, message)) from outcome.error
             if outcome.status == "interrupted":  # the view's Stop button: a Run-All stops here, as at Ctrl-C
-                raise cell_interrupt("the cell was stopped by its Stop button; its output so far and the variables it "
-                                     "finished are kept")
+                raise cell_interrupt(_with(refusal, "the cell was stopped by its Stop button; its output so far and "
+                                                    "the variables it finished are kept"))
+            if refusal is not None:
+                raise UsageError(refusal)
 
     def _overflow_hint(self, name: str, state) -> str:
         """What to do about a ``--state`` cell whose prompt went past the model's context: the state
@@ -491,7 +492,8 @@ class LMMagics(Magics):
 
         return prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
 
-    def finish(self, args, view, outcome: CellOutcome, count, cell_id, rerun, message: Optional[str] = None) -> None:
+    def finish(self, args, view, outcome: CellOutcome, count, cell_id, rerun,
+               message: Optional[str] = None) -> Optional[str]:
         """Put the results in the kernel namespace and keep the named state, then freeze the view
         and show the summary: a Ctrl-C while the view draws stops the cell in one line and loses
         no result. ``cell_id``: the cell's Jupyter id (None: none was sent); ``rerun``: what a re-run
@@ -499,9 +501,17 @@ class LMMagics(Magics):
         summary says. ``message``: the failed cell's error as its ``CellError`` says it, which the
         view shows too (the raw error read "ProgramError: the body of program 'cell' failed:
         TemplateRuntimeError: line 2, ...", the same error in lmnb's inner words); None: the
-        outcome's own error, if any."""
+        outcome's own error, if any.
+
+        Returns:
+            The refusal of the results whose names, computed as a ``--python`` body ran, the
+            checks before the cell ran could not see (``_refused``), None where there are none:
+            the caller raises it once the cell is finished."""
         # Variables the program finished are results even if a later part failed or was stopped.
         variables = _readable(outcome.captured)
+        refused = _refused(variables, args.out)
+        variables = {name: value for name, value in variables.items() if name not in refused}
+        refusal = _refusal(refused, variables, args.out)
         self.shell.push(variables, interactive=False)
         if args.out:
             self.shell.push({args.out: outcome.state}, interactive=False)
@@ -522,7 +532,9 @@ class LMMagics(Magics):
                 note = _rerun_note(rerun, args.state) if outcome.status == "done" else None
                 display(cell_summary(variables, tokens, args.state, note), raw=True, metadata=meta)
         except KeyboardInterrupt:
-            raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
+            raise cell_interrupt(_with(refusal, "the cell was stopped while its view was drawn; its results are "
+                                                "kept")) from None
+        return refusal
 
 
 def _rerun(named, cell_id, append: bool):
@@ -563,6 +575,39 @@ def _readable(captured: dict) -> dict:
                              f"cell's state only (st[{name!r}] reads it after %%lm --out st); name it "
                              f"{variable_name_for(name)!r} to have the variable\n")
     return readable
+
+
+def _refused(variables: dict, out: Optional[str]) -> dict:
+    """``{name: why}`` of the results of ``variables`` that may not become kernel variables, by the
+    checks the cell's names pass before it runs (``check_cell_names``: Python's builtins,
+    ``get_ipython``, ``lmnb``, the ``--out`` name ``out``): a ``--python`` body's name computed as it
+    ran (``gen(f"{x}")``) is known only now, and ``print`` hid print() from every later cell."""
+    refused = {}
+    for name in variables:
+        try:
+            check_cell_names(out, [name])
+        except CellLineError as e:
+            refused[name] = str(e)
+    return refused
+
+
+def _refusal(refused: dict, pushed: dict, out: Optional[str]) -> Optional[str]:
+    """The error for the ``refused`` results (``_refused``), each with where it is kept, and the
+    kernel variables the cell did set (``pushed``, and ``out``'s state): none of its work is lost.
+    None where none was refused."""
+    if not refused:
+        return None
+    lines = [f"{why} (its name was computed as the body ran: the result is kept in the cell's state only, "
+             f"{out or 'st'}[{name!r}] reads it{'' if out else ' after %%lm --out st'})" for name, why in refused.items()]
+    set_ = [*pushed, *([f"{out} (--out)"] if out else [])]
+    lines.append(f"the cell's other results are set: {', '.join(set_)}" if set_ else
+                 "the cell set no other kernel variable")
+    return "\n".join(lines)
+
+
+def _with(refusal: Optional[str], message: str) -> str:
+    """``message``, then ``refusal`` (``_refusal``) on the lines after it, if any."""
+    return message if refusal is None else f"{message}\n{refusal}"
 
 
 def _tokens(model) -> dict:

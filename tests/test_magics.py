@@ -411,6 +411,42 @@ def test_a_result_named_like_a_builtin_is_refused_before_the_cell_runs(ip, cell,
     assert name not in ip.user_ns
 
 
+@pytest.mark.parametrize("name, refusal", [
+    ("print", "the result 'print' would hide Python's builtin print: it becomes a kernel variable, which every later "
+              "cell reads instead, and a later hole of this cell calling print(...) would call the result; rename it, "
+              "e.g. print_"),
+    ("lmnb", "the result 'lmnb' would replace the lmnb module, which %%lm --python bodies call (lmnb.gen, "
+             "lmnb.select), so every later --python cell would fail; rename it, e.g. lmnb_")])
+def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_its_other_results_kept(ip, name,
+                                                                                                     refusal):
+    """A --python body's result named as the body ran (gen(name), name = "pri" + "nt") is known only
+    then, so the check before the cell runs passed it, and it became a kernel variable that hid
+    print() from every later cell (or replaced the lmnb module), without a word. It is refused as
+    the results go in the namespace, in the words of that check, and the cell's other results go in
+    as before; the refusal names them, and where the refused one is kept."""
+    body = (f'name = "{name[:2]}" + "{name[2:]}"\ns += "Q:" + lmnb.gen("fine", max_tokens=2)\n'
+            's += lmnb.gen(name, max_tokens=3)')
+    try:
+        result, out = run(ip, "%%lm --python --static --temperature 0\n" + body)
+        assert type(result.error_in_exec).__name__ == "UsageError"
+        fine = greedy(ip, "Q:", 2)
+        assert ip.user_ns["fine"] == fine and ip.user_ns.get("print", print) is print and ip.user_ns["lmnb"] is lmnb
+        assert str(result.error_in_exec) == (
+            f"{refusal} (its name was computed as the body ran: the result is kept in the cell's state only, "
+            f"st[{name!r}] reads it after %%lm --out st)\nthe cell's other results are set: fine")
+        [summary] = summaries(out)
+        assert summary["captured"] == ["fine"]
+        result, out = run(ip, "%%lm --python --static --temperature 0 --out st\n" + body)
+        assert str(result.error_in_exec) == (
+            f"{refusal} (its name was computed as the body ran: the result is kept in the cell's state only, "
+            f"st[{name!r}] reads it)\nthe cell's other results are set: fine, st (--out)")
+        assert ip.user_ns["st"][name] == greedy(ip, "Q:" + fine, 3) and ip.user_ns["lmnb"] is lmnb
+    finally:  # (the module's other tests share this shell)
+        ip.user_ns["lmnb"] = lmnb
+        for key in ("print", "fine", "st"):
+            ip.user_ns.pop(key, None)
+
+
 @pytest.mark.parametrize("cell, what", [("%%lm --quiet --temperature 0\nSay:{gen lmnb max_tokens=1}", "the result"),
                                         ("%%lm --quiet --out lmnb\nSay:{gen ok max_tokens=1}", "--out"),
                                         # (a --python body's gen("lmnb") replaced the module, without a word)
