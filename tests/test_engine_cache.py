@@ -512,7 +512,7 @@ def test_a_request_of_a_model_with_no_eos_ids_is_refused_beside_pins_as_one_that
     for name, key in (("config.json", "eos_token_id"), ("tokenizer_config.json", "eos_token")):
         cfg = json.loads((ck / name).read_text())
         (ck / name).write_text(json.dumps({**cfg, key: None}))  # (a missing eos_token_id is LlamaConfig's 2)
-    with engine(ck, max_total_tokens=150) as eng:
+    with pytest.warns(UserWarning, match="no EOS token id is known"), engine(ck, max_total_tokens=150) as eng:
         assert eng.eos_token_ids == frozenset()
         rng = random.Random(2)
         a, b, pins = _pin_50_and_30(eng, rng)
