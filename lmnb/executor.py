@@ -34,7 +34,7 @@ from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, reworded
 from lmnb.backend.media import check_source
 from lmnb.chat_template import ChatTemplate
-from lmnb.interrupt import MARKED_STOP_POLL_S, held_interrupts
+from lmnb.interrupt import held_interrupts
 from lmnb.user_site import running_for, user_site
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -690,8 +690,8 @@ class StreamExecutor:
 
     def _wait(self, timeout: Optional[float] = None) -> None:
         """(Lock held.) Wait for a change of this state, or ``timeout`` seconds; with none, at most
-        ``MARKED_STOP_POLL_S`` (callers look again and wait on), so that a Ctrl-C that landed as the
-        wait began takes effect.
+        ``lmnb_engine.waits.MARKED_STOP_POLL_S`` (callers look again and wait on), so that a Ctrl-C
+        that landed as the wait began takes effect.
 
         Raises:
             RuntimeError: called on the thread that runs this state's primitives (in an
@@ -701,6 +701,8 @@ class StreamExecutor:
             raise RuntimeError("this program state was read (text(), s[name], sync(), ...) on the thread that runs its "
                                "primitives, from an lmnb.observe callback: it would wait for itself forever; use the "
                                "event's fields, or read the state on another thread")
+        from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
+
         self._cv.wait(MARKED_STOP_POLL_S if timeout is None else timeout)
 
     def wait_idle(self) -> None:

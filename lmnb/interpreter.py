@@ -27,7 +27,7 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
     derived_seed,
 )
-from lmnb.interrupt import MARKED_STOP_POLL_S, future_result, held_interrupts, item_ranges, stopped
+from lmnb.interrupt import held_interrupts, item_ranges, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
     role_message, shown_value,
@@ -407,6 +407,8 @@ class ProgramStateGroup:
         """Wait until every branch has run what was submitted to it, or until one has failed;
         ``{branch index: error}`` of those failed then (each counted as told, ``read_error``),
         empty where none failed."""
+        from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
+
         exes = [st.stream_executor for st in self.states]
         if any(ex._drainer == threading.get_ident() for ex in exes):
             return {}  # (an lmnb.observe callback on a branch's worker: join refuses to wait for itself)
@@ -754,6 +756,8 @@ def run_program_batch(
                             futures.append(pool.submit(one, i, kw))
                         if held:
                             raise KeyboardInterrupt
+                    from lmnb_engine.waits import future_result  # torch-free (import lmnb loads no engine)
+
                     for f in futures:
                         yield future_result(f)
                         yielded += 1

@@ -10,28 +10,13 @@ only, ending at the call that was stopped, as a ``%%lm`` cell's stop is shown as
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import signal
 import threading
 import types
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 _PACKAGES = ("lmnb", "lmnb_engine")
-
-# How often a wait for requests wakes when nothing else wakes it, so that a Ctrl-C that landed as it
-# began to wait takes effect: Python only marks a signal that comes while the main thread is on its
-# way into a lock's wait, and acts on it when the wait ends, which for a long generation was minutes
-# later, once the requests the press was to abort had run to their end.
-MARKED_STOP_POLL_S = 0.25
-
-
-def future_result(future: concurrent.futures.Future) -> Any:
-    """``future.result()``, waited for in slices of ``MARKED_STOP_POLL_S`` (a Ctrl-C marked as the
-    wait began takes effect within one). Raises what ``result`` raises."""
-    while not future.done():
-        concurrent.futures.wait([future], timeout=MARKED_STOP_POLL_S)
-    return future.result()
 
 
 def stopped(message: str) -> KeyboardInterrupt:

@@ -37,6 +37,7 @@ from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
 from lmnb_engine.stop_matcher import StopRegexes
 from lmnb_engine.tokenizer import encode_text, text_too_long, without_added_bos
+from lmnb_engine.waits import future_result, sliced_wait
 
 # [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models
 Prompt = Union[str, Sequence[int], MultimodalPrompt, dict]
@@ -85,7 +86,8 @@ class _Subscription:
 
 class RequestHandle:
     """A submitted request (all ``n`` samples). Thread-safe; events are kept, so ``events()`` can
-    be iterated by several consumers and ``result()`` called at any time.
+    be iterated by several consumers and ``result()`` called at any time. Their waits are sliced
+    (``lmnb_engine.waits``): a Ctrl-C stops them at once, even one that landed as the wait began.
 
     Attributes:
         rid: request id (``Engine.abort(rid)`` ends it).
@@ -190,7 +192,7 @@ class RequestHandle:
                     if self.done:
                         return
                     self._refuse_waiting_on_the_scheduler("the events")
-                    if not self._cond.wait(timeout):
+                    if not sliced_wait(lambda s: self._cond.wait_for(lambda: i < len(self._events), s), timeout):
                         raise TimeoutError(_timed_out(f"no event for request {self.rid}", "the events there are",
                                                       timeout))
                 event = self._events[i]
@@ -210,7 +212,7 @@ class RequestHandle:
         with self._cond:
             if not self.done:
                 self._refuse_waiting_on_the_scheduler("the result")
-            if not self._cond.wait_for(lambda: self.done, timeout):
+            if not sliced_wait(lambda s: self._cond.wait_for(lambda: self.done, s), timeout):
                 raise TimeoutError(_timed_out(f"request {self.rid} did not finish", "a finished request's result",
                                               timeout))
         out = [self._results[i] for i in range(self.n)]
@@ -1358,9 +1360,11 @@ class Engine:
 
     # --- cache control and observability -----------------------------------------------------
     def _call(self, fn, timeout: Optional[float] = None):
+        """``fn()`` run on the scheduler thread between its steps (here, on that thread), its
+        answer waited for within ``timeout`` seconds (None: no limit; sliced, ``lmnb_engine.waits``)."""
         if self.scheduler.on_loop_thread:
             return fn()
-        return self.scheduler.call(fn).result(timeout)
+        return future_result(self.scheduler.call(fn), timeout)
 
     def cache_stats(self) -> dict:
         """Cache and pool figures: hit_rate (cumulative cached / prompt tokens, paper §3, of the
@@ -1500,7 +1504,7 @@ class Engine:
             return handle
 
         try:
-            return self.scheduler.call(pin).result()
+            return future_result(self.scheduler.call(pin))
         except KeyboardInterrupt:
             with lock:
                 given_up = True

@@ -15,9 +15,10 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from lmnb.interrupt import future_result, held_interrupts
+from lmnb.interrupt import held_interrupts
 from lmnb_engine import MODEL_ENV, model_or_env
 from lmnb_engine.cli_options import UNPIN, in_option_syntax
+from lmnb_engine.waits import future_result
 from lmnb_kernel.errors import CellError, cell_interrupt
 
 

@@ -219,13 +219,13 @@ def in_a_threading_wait(frame: types.FrameType) -> bool:
 
 
 def main_thread_waits_on_a_future() -> bool:
-    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` or
-    ``concurrent.futures.wait`` now (``main_thread_blocked_in``), e.g. a run_batch waiting for its
-    next item (``lmnb.interrupt.future_result`` waits with the latter)."""
+    """Whether the main thread is blocked in ``concurrent.futures.Future.result`` or ``exception``,
+    or ``concurrent.futures.wait``, now (``main_thread_blocked_in``), e.g. a run_batch waiting for
+    its next item (``lmnb_engine.waits.future_result`` waits in ``exception``)."""
     import concurrent.futures._base as futures
 
     return main_thread_blocked_in(
-        lambda frame: called_from(frame, "result", futures.__file__) or called_from(frame, "wait", futures.__file__))
+        lambda frame: any(called_from(frame, name, futures.__file__) for name in ("result", "exception", "wait")))
 
 
 def pace_stream(backend, monkeypatch) -> threading.Event:

@@ -3918,11 +3918,8 @@ def test_shutdown_refuses_a_compile_that_is_about_to_start_and_spares_another_en
             def __init__(self, fut):
                 self._fut = fut
 
-            def result(self, timeout=None):
+            def __getattr__(self, name):  # (done(), result(), or the state concurrent.futures.wait reads)
                 waiting.set()
-                return self._fut.result(timeout)
-
-            def __getattr__(self, name):
                 return getattr(self._fut, name)
 
         b.submit = lambda regex: Watched(real_submit(regex))

@@ -2133,6 +2133,113 @@ def test_an_interrupt_as_pin_prefix_posts_its_pin_leaves_no_pin_behind(engine, m
     assert_idle_accounting(engine)
 
 
+@pytest.fixture()
+def marked_ctrl_c():
+    """``interrupt_main_when`` with ``marked_only`` (the SIGINT marked for Python to act on, as one
+    is that lands while the main thread is on its way into a wait), under Python's own SIGINT
+    handler, which raises ``KeyboardInterrupt``."""
+    import signal
+
+    from helpers_lang import interrupt_main_when
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield lambda ready: interrupt_main_when(ready, marked_only=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("call", ["result", "events", "cache_stats", "pin_prefix"])
+def test_a_ctrl_c_that_lands_as_a_wait_for_the_scheduler_begins_stops_the_wait_at_once(engine, marked_ctrl_c,
+                                                                                         monkeypatch, call):
+    """A SIGINT that lands while the main thread is on its way into a lock's wait is only marked,
+    and Python acts on it when the wait ends. A handle's result(), a loop over its events, and a
+    call the scheduler answers between its steps (Engine._call: cache_stats, %lm stats,
+    flush_cache, ...; pin_prefix's wait for its pin) each waited in one lock wait, so such a stop
+    came only once the scheduler had answered: here once a step held for 30 s had ended (a long
+    prefill's, a first kernel compile's). Those waits now wake every
+    lmnb_engine.waits.MARKED_STOP_POLL_S to act on a marked stop."""
+    from helpers_lang import in_a_threading_wait, main_thread_blocked_in
+
+    real_call, gate, held, ended = engine.scheduler.call, threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_scheduler():
+        held.set()
+        gate.wait(30)
+        ended.set()
+
+    def held_before_the_pin(fn):
+        if fn.__qualname__.startswith("Engine._pin."):
+            real_call(hold_the_scheduler)
+        return real_call(fn)
+
+    if call == "pin_prefix":
+        monkeypatch.setattr(engine.scheduler, "call", held_before_the_pin)
+    else:
+        real_call(hold_the_scheduler)
+        assert held.wait(30)
+    handle = engine.submit("the cat", GREEDY) if call in ("result", "events") else None  # (queued behind the step)
+    try:
+        with marked_ctrl_c(lambda: held.is_set() and main_thread_blocked_in(in_a_threading_wait)):
+            with pytest.raises(KeyboardInterrupt):
+                if call == "result":
+                    handle.result()
+                elif call == "events":
+                    for _ in handle.events():
+                        pass
+                elif call == "cache_stats":
+                    engine.cache_stats()
+                else:
+                    engine.pin_prefix("the cat sat on the mat")
+        assert not ended.is_set()  # stopped while the scheduler was still in its step
+    finally:
+        gate.set()
+    monkeypatch.undo()
+    if handle is not None:
+        assert len(handle.result(timeout=60).token_ids) == 8  # (the stopped wait left the request as it was)
+    engine.scheduler.call(lambda: None).result(60)  # (after the step, the pin, and its release)
+    assert engine.cache_stats()["pinned_prefixes"] == 0
+    assert_idle_accounting(engine)
+
+
+@pytest.mark.parametrize("call", ["generate", "submit"])
+def test_a_ctrl_c_that_lands_as_a_wait_for_a_grammar_compile_begins_stops_the_wait_at_once(engine, marked_ctrl_c,
+                                                                                             monkeypatch, call):
+    """As the scheduler's waits: a regex request's wait for its grammar's compile (up to
+    grammar_compile_timeout_s, 60 s) stopped for a SIGINT that landed as it began only once the
+    compile had ended (here it ends, cancelled, after 30 s), and submit's (which also ends early
+    for an abort) too. It is now waited for in slices."""
+    from concurrent.futures import Future
+
+    from helpers_lang import in_a_threading_wait, main_thread_blocked_in
+
+    engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
+    compiling, finished = Future(), threading.Event()
+
+    def end_the_compile():  # (after 30 s, which the old wait outlasted, or once the test is done)
+        finished.wait(30)
+        compiling.cancel()
+
+    monkeypatch.setattr(engine._grammar_backend, "submit", lambda regex: compiling)
+    watchdog = threading.Thread(target=end_the_compile, daemon=True)
+    watchdog.start()
+    params = SamplingParams(max_new_tokens=8, regex="[ab]{5}")
+    try:
+        with marked_ctrl_c(lambda: main_thread_blocked_in(in_a_threading_wait)):
+            with pytest.raises(KeyboardInterrupt):
+                if call == "generate":
+                    engine.generate("the cat", params)
+                else:
+                    engine.submit("the cat", params, rid="compiling")
+        assert not compiling.done()  # stopped while the compile still ran
+    finally:
+        finished.set()
+        watchdog.join()
+    monkeypatch.undo()
+    assert engine.abort("compiling") is False  # nothing was queued, nor left registered
+    assert_idle_accounting(engine)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'

@@ -35,6 +35,7 @@ from lmnb_engine.regex_errors import long_count_problem, regex_problem
 from lmnb_engine.regex_parts import classes_held
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_tree import parser as _p
+from lmnb_engine.waits import future_result, sliced_wait
 
 
 class GrammarCache:
@@ -264,10 +265,16 @@ class GrammarBackend:
         """``fut``'s grammar within ``compile_timeout_s`` (``FutureTimeout`` past it), or None as soon
         as ``abandoned`` completes (a compile still running then is left to finish for the cache).
         An abandoned wait returns None whatever the compile came to by then, its failure too: the
-        request it was for has ended, and its caller is answered by that end."""
+        request it was for has ended, and its caller is answered by that end. Waited for in slices
+        (``lmnb_engine.waits``): a Ctrl-C that landed as the wait began stops it within one."""
         if abandoned is None:
-            return fut.result(timeout=self.compile_timeout_s)
-        wait_first([fut, abandoned], timeout=self.compile_timeout_s, return_when=FIRST_COMPLETED)
+            return future_result(fut, self.compile_timeout_s)
+
+        def either_done(seconds: float) -> bool:
+            wait_first([fut, abandoned], timeout=seconds, return_when=FIRST_COMPLETED)
+            return fut.done() or abandoned.done()  # (wait never sees a compile cancelled by a shutdown as done)
+
+        sliced_wait(either_done, self.compile_timeout_s)
         if abandoned.done():
             return None
         return fut.result(timeout=0)  # (done, or FutureTimeout: the limit passed with neither done)
