@@ -299,6 +299,45 @@ def test_an_aborted_openai_call_that_is_not_streamed_closes_its_connection(serve
     backend.shutdown()
 
 
+def test_a_ctrl_c_that_lands_as_an_openai_call_begins_to_wait_closes_its_connection(server):  # noqa: F811
+    """A gen on the main thread (run(use_thread=False), a direct backend.generate) waits for the
+    async client's answer; a SIGINT that landed as that wait began was only marked, and Python acted
+    on it when the wait ended: once the server had answered, the whole generation billed. The wait
+    now wakes every lmnb_engine.waits.MARKED_STOP_POLL_S, and the stop closes the connection."""
+    import signal
+    import socket
+
+    import lmnb
+    from helpers_lang import interrupt_main_when, main_thread_waits_on_a_future
+
+    received, outcome = threading.Event(), []
+
+    def answer_unless_the_client_leaves(h, b):
+        received.set()
+        h.connection.settimeout(30)
+        try:  # the client sends nothing more: only its leaving ends the wait early
+            left = h.connection.recv(1, socket.MSG_PEEK) == b""
+        except socket.timeout:
+            left = False
+        outcome.append("saw its client leave" if left else "answered")
+        if not left:
+            send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", "text": "Hello"}]}
+                                    ).encode())
+
+    server.answer = answer_unless_the_client_leaves
+    backend = lmnb.OpenAI("m", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=60)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt_main_when(lambda: received.is_set() and main_thread_waits_on_a_future(), marked_only=True):
+            with pytest.raises(KeyboardInterrupt):
+                backend.generate(Prompt("Hi"), PARAMS, "r1")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    _wait_for(lambda: outcome, 60)
+    assert outcome == ["saw its client leave"] and backend._requests == {}
+    backend.shutdown()
+
+
 @pytest.mark.parametrize("http_client", [False, True], ids=["async", "own-http-client"])
 def test_an_openai_call_whose_id_was_aborted_before_it_began_sends_nothing(server, http_client):  # noqa: F811
     """As RuntimeEndpoint's: the executor names a request id before its call reaches the backend,

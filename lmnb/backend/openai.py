@@ -451,6 +451,8 @@ class OpenAI(BaseBackend):
     def _abortable_call(self, rid: str, kw: dict) -> Any:
         """The async client's answer to ``kw``, waited for here; ``_ABORTED`` if ``abort(rid)``
         cancelled it."""
+        from lmnb_engine.waits import future_result  # torch-free (import lmnb loads no engine)
+
         if not self._begin(rid):
             return _ABORTED
         api = self._async_client.chat.completions if self.is_chat_model else self._async_client.completions
@@ -459,7 +461,7 @@ class OpenAI(BaseBackend):
         if not self._started(rid, future):  # aborted while the call was made
             future.cancel()
         try:
-            return future.result()
+            return future_result(future)  # (in slices: a Ctrl-C that landed as the wait began stops it)
         except concurrent.futures.CancelledError:
             return _ABORTED
         except KeyboardInterrupt:  # (a call on the main thread) no one will read its answer
