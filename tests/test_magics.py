@@ -755,38 +755,49 @@ def test_ctrl_c_while_lm_unpin_waits_still_releases_the_pin_and_says_so(ip, monk
         run(ip, "%lm reset to_unpin")
 
 
+@pytest.mark.parametrize("press", ["in_the_wait", "as_posted"])
 @pytest.mark.parametrize("command", ["unpin", "pin"])
-def test_ctrl_c_stops_lm_pin_and_unpin_while_the_engine_is_in_a_long_step(ip, monkeypatch, command):
+def test_ctrl_c_stops_lm_pin_and_unpin_while_the_engine_is_in_a_long_step(ip, monkeypatch, command, press):
     """%lm unpin (and %lm pin over an old pin) waited for the engine's release with Ctrl-C held, so
     while the scheduler ran a long step (a long prefill, a first kernel compile) every press was
     swallowed until the step ended, forever for a wedged one. The release is now posted with Ctrl-C
     held and waited for after: the stop ends the wait at once, the release still happens, and the
-    state does not keep the handle. Here the release itself is the long step: once the main thread
-    is blocked waiting for it, it sends the SIGINT, then waits until the main thread has raised (10 s
-    at most). (Sent at once, it could land while the release was being posted, with Ctrl-C held: the
-    stop then came after the release, as it should, and the test failed on an idle machine.)"""
+    state does not keep the handle. A press held while the release was posted was then looked at
+    only after the wait for it: it now stops at once too. Here the release itself is the long step,
+    which waits until the main thread has raised (10 s at most); the press comes once the main
+    thread is blocked waiting for it (``in_the_wait``: sent at once, it could land while the
+    release was being posted, and the test failed on an idle machine), or as it is posted
+    (``as_posted``, Ctrl-C held)."""
     import signal
 
     from helpers_lang import main_thread_waits_on_a_future
 
     engine = get_session().backend().engine
-    release = engine._release_pin
+    release, queue_unpin = engine._release_pin, engine.queue_unpin
     returned, released = threading.Event(), threading.Event()
 
     def long_release(handle):  # (on the scheduler thread)
-        deadline = time.monotonic() + 10
-        while not main_thread_waits_on_a_future() and time.monotonic() < deadline:
-            pass
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        if press == "in_the_wait":
+            deadline = time.monotonic() + 10
+            while not main_thread_waits_on_a_future() and time.monotonic() < deadline:
+                pass
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         returned.wait(10)
         release(handle)
         released.set()
+
+    def queue_then_ctrl_c(handle):  # (on the main thread, Ctrl-C held)
+        future = queue_unpin(handle)
+        signal.raise_signal(signal.SIGINT)
+        return future
 
     assert run(ip, "%%lm --state to_hold\nThe quick brown fox")[0].success
     before = engine.cache_stats()["pinned_prefixes"]
     assert run(ip, "%lm pin to_hold")[0].success
     old = get_session().states["to_hold"].pin
     monkeypatch.setattr(engine, "_release_pin", long_release)
+    if press == "as_posted":
+        monkeypatch.setattr(engine, "queue_unpin", queue_then_ctrl_c)
     magics = ip.magics_manager.registry["LMMagics"]
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -796,6 +807,7 @@ def test_ctrl_c_stops_lm_pin_and_unpin_while_the_engine_is_in_a_long_step(ip, mo
         returned.set()
         assert released.wait(10)
         monkeypatch.setattr(engine, "_release_pin", release)
+        monkeypatch.setattr(engine, "queue_unpin", queue_unpin)
         assert stopped_before_the_release
         pin = get_session().states["to_hold"].pin
         assert (pin is None) if command == "unpin" else (pin is not None and pin != old)
@@ -1449,52 +1461,6 @@ def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
     assert e.value.__cause__ is None and e.value.__suppress_context__
     assert e.value._render_traceback_() == [
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while it was being read; nothing ran"]
-
-
-@pytest.mark.parametrize("command", ["unpin", "pin"])
-def test_ctrl_c_pressed_as_lm_pin_or_unpin_posts_the_release_stops_it_at_once(ip, monkeypatch, command):
-    """A press that came while %lm unpin (or %lm pin over an old pin) posted the release, with
-    Ctrl-C held, was held, and the wait for the release came first: while the engine ran a long
-    step the magic waited for it to end, the press swallowed. A held press now stops it at once.
-    Here the press comes as the release is posted, and the release is the long step: it waits
-    until the main thread has raised (10 s at most)."""
-    import signal
-
-    engine = get_session().backend().engine
-    release, queue_unpin = engine._release_pin, engine.queue_unpin
-    returned, released = threading.Event(), threading.Event()
-
-    def long_release(handle):  # (on the scheduler thread)
-        returned.wait(10)
-        release(handle)
-        released.set()
-
-    def queue_then_ctrl_c(handle):  # (on the main thread, Ctrl-C held)
-        future = queue_unpin(handle)
-        signal.raise_signal(signal.SIGINT)
-        return future
-
-    assert run(ip, "%%lm --state to_hold\nThe quick brown fox")[0].success
-    before = engine.cache_stats()["pinned_prefixes"]
-    assert run(ip, "%lm pin to_hold")[0].success
-    monkeypatch.setattr(engine, "_release_pin", long_release)
-    monkeypatch.setattr(engine, "queue_unpin", queue_then_ctrl_c)
-    magics = ip.magics_manager.registry["LMMagics"]
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            magics.run_command(f"{command} to_hold")
-        stopped_before_the_release = not released.is_set()
-        returned.set()
-        assert released.wait(10)
-        monkeypatch.setattr(engine, "_release_pin", release)
-        monkeypatch.setattr(engine, "queue_unpin", queue_unpin)
-        assert stopped_before_the_release
-        assert engine.cache_stats()["pinned_prefixes"] == before + (command == "pin")
-    finally:
-        returned.set()
-        signal.signal(signal.SIGINT, previous)
-        run(ip, "%lm reset to_hold")
 
 
 def test_ctrl_c_while_lm_flush_waits_says_the_cache_is_whole_and_the_flush_runs_all_the_same(ip, monkeypatch):
