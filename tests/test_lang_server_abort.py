@@ -244,30 +244,40 @@ def test_an_abort_of_a_select_reaches_its_scoring_requests_on_the_server(server,
     assert posted[:4] == ["r1", "r1-0", "r1-1", "r1-2"]
 
 
-@pytest.mark.parametrize("call", ["generate", "select"])
-def test_an_aborted_openai_call_that_is_not_streamed_closes_its_connection(server, call):  # noqa: F811
-    """lmnb.OpenAI's abort() stopped only streamed calls: a gen or select that was not streamed
-    waited for the whole answer, which the server generated (a hosted API billed) to its end."""
+def _answer_unless_the_client_leaves(received: threading.Event, outcome: list, wait_s: float, choice: dict,
+                                     posts: list | None = None):
+    """A stub server's answer to an OpenAI call: set ``received``, then wait up to ``wait_s`` for the
+    client to leave (it sends nothing more, so only its leaving ends the wait early); note in
+    ``outcome`` which came, and answer with one choice holding ``choice`` if the client stayed.
+    With ``posts``, each request's path is noted there."""
     import socket
 
-    import lmnb
-
-    received, posts, outcome = threading.Event(), [], []
-
-    def answer_unless_the_client_leaves(h, b):
-        posts.append(h.path)
+    def answer(h, b):
+        if posts is not None:
+            posts.append(h.path)
         received.set()
-        h.connection.settimeout(10)
-        try:  # the client sends nothing more: only its leaving ends the wait early
+        h.connection.settimeout(wait_s)
+        try:
             left = h.connection.recv(1, socket.MSG_PEEK) == b""
         except socket.timeout:
             left = False
         outcome.append("saw its client leave" if left else "answered")
         if not left:
-            text = {"text": "Hello"} if call == "select" else {"message": {"role": "assistant", "content": "Hello"}}
-            send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", **text}]}).encode())
+            send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", **choice}]}).encode())
 
-    server.answer = answer_unless_the_client_leaves
+    return answer
+
+
+@pytest.mark.parametrize("call", ["generate", "select"])
+def test_an_aborted_openai_call_that_is_not_streamed_closes_its_connection(server, call):  # noqa: F811
+    """lmnb.OpenAI's abort() stopped only streamed calls: a gen or select that was not streamed
+    waited for the whole answer, which the server generated (a hosted API billed) to its end."""
+
+    import lmnb
+
+    received, posts, outcome = threading.Event(), [], []
+    text = {"text": "Hello"} if call == "select" else {"message": {"role": "assistant", "content": "Hello"}}
+    server.answer = _answer_unless_the_client_leaves(received, outcome, 10, text, posts)
     # (max_retries: a call stopped so is not tried again; timeout: longer than the server waits)
     backend = lmnb.OpenAI("m", is_chat_model=call == "generate", base_url=server.url + "/v1", max_retries=2,
                           timeout=30)
@@ -305,26 +315,12 @@ def test_a_ctrl_c_that_lands_as_an_openai_call_begins_to_wait_closes_its_connect
     on it when the wait ended: once the server had answered, the whole generation billed. The wait
     now wakes every lmnb_engine.waits.MARKED_STOP_POLL_S, and the stop closes the connection."""
     import signal
-    import socket
 
     import lmnb
     from helpers_lang import interrupt_main_when, main_thread_waits_on_a_future
 
     received, outcome = threading.Event(), []
-
-    def answer_unless_the_client_leaves(h, b):
-        received.set()
-        h.connection.settimeout(30)
-        try:  # the client sends nothing more: only its leaving ends the wait early
-            left = h.connection.recv(1, socket.MSG_PEEK) == b""
-        except socket.timeout:
-            left = False
-        outcome.append("saw its client leave" if left else "answered")
-        if not left:
-            send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", "text": "Hello"}]}
-                                    ).encode())
-
-    server.answer = answer_unless_the_client_leaves
+    server.answer = _answer_unless_the_client_leaves(received, outcome, 30, {"text": "Hello"})
     backend = lmnb.OpenAI("m", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=60)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
