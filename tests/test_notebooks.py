@@ -690,8 +690,11 @@ def test_a_kernel_whose_cell_does_not_stop_is_shut_down(tmp_path, signals, messa
     from lmnb_kernel.run import CtrlC
 
     assert CtrlC.GRACE_S == 30.0
-    cell = ("import pathlib, time\npathlib.Path({marker!r}).touch()\n"
-            "for _ in range(600):\n    try:\n        time.sleep(0.2)\n    except KeyboardInterrupt:\n        pass")
+    # A cell that does not stop: the interrupt's SIGINT runs a handler that does nothing, and the sleep
+    # goes on. (A loop that caught KeyboardInterrupt around a short sleep ended the cell when the
+    # SIGINT landed between two sleeps, outside the try: then the run said the cell was interrupted.)
+    cell = ("import pathlib, signal, time\nsignal.signal(signal.SIGINT, lambda signum, frame: None)\n"
+            "pathlib.Path({marker!r}).touch()\ntime.sleep(120)")
     status, err, done, _ = _run_and_interrupt(tmp_path, cell, signals, grace_s=5)
     assert status == 130, err
     assert message in err
