@@ -289,6 +289,7 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
     failed, status = None, 0
     still_running = False  # a cell nbclient stopped waiting for (--timeout) may still run in the kernel
     timed_out = None  # the cell nbclient stopped at --timeout (its error is the KeyboardInterrupt that stopped it)
+    found = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         # With -o -, the kernel's own fd 1 (native code's prints, not a cell's output) goes to
         # stderr, so that stdout holds the notebook alone.
@@ -326,35 +327,41 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
         failed, status = "interrupted while the lmnb kernel was starting; no cell ran", 130
     finally:
-        # Saved before the shutdown (which may take seconds), and again after it: the run's reader
-        # of the kernel's output (left running on its event loop, which the shutdown's wait runs)
-        # adds what the kernel sent until it exited: a cell still running past --timeout, which
-        # the shutdown interrupts and waits for, its KeyboardInterrupt and an %%lm view's last
-        # state; a thread's late print; output still on its way. (To stdout it is written once,
-        # after the shutdown.)
-        saved = None
-        try:
-            if not to_stdout:
-                saved = save(nb, out)
-        finally:
+        # From here the run ends on its own within seconds (the saves, the kernel's shutdown, the last
+        # read): a Ctrl-C or SIGTERM is ignored, and the run's report and status stand. nbclient's end
+        # had put Python's defaults back: one in the first save (a large notebook's takes a while)
+        # ended the process, a SIGTERM silently with 143 and the kernel orphaned, a Ctrl-C with
+        # "lmnb: interrupted" and no report. The handlers the run found are given back after it.
+        with _signals_ignored(signal.SIGINT, signal.SIGTERM, restore=found):
+            # Saved before the shutdown (which may take seconds), and again after it: the run's reader
+            # of the kernel's output (left running on its event loop, which the shutdown's wait runs)
+            # adds what the kernel sent until it exited: a cell still running past --timeout, which
+            # the shutdown interrupts and waits for, its KeyboardInterrupt and an %%lm view's last
+            # state; a thread's late print; output still on its way. (To stdout it is written once,
+            # after the shutdown.)
+            saved = None
             try:
-                # (after the shutdowns a Ctrl-C, SIGTERM or nbclient's handler started, which it awaits)
-                _shutdown(km, busy=failed is not None, running=still_running,
-                          pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
+                if not to_stdout:
+                    saved = save(nb, out)
             finally:
                 try:
-                    # (a Ctrl-C or SIGTERM ends the read, and the run goes on to its report and status:
-                    # it ended the process with neither; the handlers it had are given back after it)
-                    with _signals_ignored(signal.SIGINT, signal.SIGTERM):
-                        run_sync(client.read_last_output)()
-                    saved = save(nb, out if saved is None else saved)  # (again where the first save went)
+                    # (after the shutdowns a Ctrl-C, SIGTERM or nbclient's handler started, which it awaits)
+                    _shutdown(km, busy=failed is not None, running=still_running,
+                              pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
                 finally:
-                    if client.kc is not None:  # (nbclient stops its channels only for a manager it owns)
-                        client.kc.stop_channels()
-                    km.cleanup_connection_dir()
-                    # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
-                    # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
-                    atexit.unregister(client._cleanup_kernel)
+                    try:
+                        # (a Ctrl-C or SIGTERM ends the read, and the run goes on to its report and status:
+                        # it ended the process with neither; the handlers it had are given back after it)
+                        with _signals_ignored(signal.SIGINT, signal.SIGTERM):
+                            run_sync(client.read_last_output)()
+                        saved = save(nb, out if saved is None else saved)  # (again where the first save went)
+                    finally:
+                        if client.kc is not None:  # (nbclient stops its channels only for a manager it owns)
+                            client.kc.stop_channels()
+                        km.cleanup_connection_dir()
+                        # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
+                        # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
+                        atexit.unregister(client._cleanup_kernel)
     where = "stdout" if to_stdout and saved == out else saved
     cut_short = {number: unfinished_view(nb.cells[number - 1]) for number in ended}
     cut_short = {number: said for number, said in cut_short.items() if said is not None}
@@ -538,9 +545,11 @@ def _shutdown(km, busy: bool, running: bool = False, pending=()) -> None:
 
 
 @contextlib.contextmanager
-def _signals_ignored(*signals: signal.Signals):
+def _signals_ignored(*signals: signal.Signals, restore: dict | None = None):
     """Ignore ``signals`` inside the block (in the main thread only: elsewhere Python sets no
-    handlers), giving their handlers back after it."""
+    handlers), giving their handlers back after it: the ones found, or those ``restore`` (signal
+    number -> handler, as ``signal.getsignal`` gives; None: one not set from Python, left ignored)
+    names."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -548,8 +557,9 @@ def _signals_ignored(*signals: signal.Signals):
     try:
         yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        for number, handler in {**previous, **(restore or {})}.items():
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 STOP_S = 5.0  # how long a cell still running at --timeout is given to end after the interrupt
