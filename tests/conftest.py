@@ -16,6 +16,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True)
+def _signal_handlers_put_back(request):
+    # A test (or the code it runs) that leaves SIGINT ignored breaks every later Ctrl-C test of its
+    # xdist worker, and the subprocesses they start inherit it: one CI run had 9 such failures in
+    # one worker, none of them the cause. Each test's handlers are put back after it, with a warning
+    # naming the test that changed them, so the one that leaks shows in the summary and no other.
+    import signal
+    import warnings
+
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    before = {n: signal.getsignal(n) for n in numbers}
+    yield
+    changed = {n: signal.getsignal(n) for n in numbers if signal.getsignal(n) is not before[n]}
+    for number in changed:
+        if before[number] is not None:  # (None: a handler set outside Python, which cannot be put back)
+            signal.signal(number, before[number])
+    if changed:
+        warnings.warn(f"{request.node.nodeid} left " + ", ".join(
+            f"{signal.Signals(n).name}'s handler {h!r} (was {before[n]!r})" for n, h in changed.items()) + "; put back")
+
+
+@pytest.fixture(autouse=True)
 def _stop_regex_search_budget(monkeypatch):
     # A stop-regex search may run REGEX_TIMEOUT_S (50 ms) of wall-clock time before its pattern is
     # given up and its request aborted: on a loaded CI machine a pause of the process (its CPU quota
