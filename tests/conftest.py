@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -13,6 +14,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The tests of Ctrl-C are a terminal's user's: a process started in the background (`cmd &` in a
+# script, nohup) inherits SIGINT ignored, which Python then leaves ignored, so those tests raised
+# nothing and the lmnb serve children they start inherited it too (9 failures in one worker).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
