@@ -1651,3 +1651,26 @@ def test_an_endpoint_is_named_by_its_url(server):
     endpoint = lmnb.RuntimeEndpoint(server.url + "/")
     assert repr(endpoint) == f"lmnb.RuntimeEndpoint('{server.url}')"
     endpoint.shutdown()
+
+
+def test_an_openai_error_names_the_route_of_a_base_url_with_no_path():
+    """A base_url with no path (http://HOST:PORT, no /v1) was named glued to the route,
+    'http://127.0.0.1:PORTcompletions', in every error of that backend (found by a new user)."""
+    import socket
+
+    import lmnb
+    from lmnb.backend.base import BackendUnreachable, Prompt
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # (nothing listens there now)
+    chat = lmnb.OpenAI("m", base_url=f"http://127.0.0.1:{port}", is_chat_model=True, api_key="k")
+    assert chat._route == f"http://127.0.0.1:{port}/chat/completions"
+    backend = lmnb.OpenAI("m", base_url=f"http://127.0.0.1:{port}", is_chat_model=False, max_retries=0, api_key="k")
+    try:
+        with pytest.raises(BackendUnreachable, match=re.escape(f"http://127.0.0.1:{port}/completions: nothing answers")):
+            backend.generate(Prompt("Hi"), PARAMS, None)
+    finally:
+        backend.shutdown()
+        chat.shutdown()

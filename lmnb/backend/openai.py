@@ -211,7 +211,8 @@ class OpenAI(BaseBackend):
         """The URL this backend's requests go to (``.../v1/chat/completions`` for a chat model,
         ``.../v1/completions`` else, select's scoring too), which its errors name: they named the
         API's root, ``.../v1/``, where no request went."""
-        return f"{self.client.base_url}{'chat/completions' if self.is_chat_model else 'completions'}"
+        root = str(self.client.base_url).rstrip("/")  # (a base_url with no path has no "/" to end it)
+        return f"{root}/{'chat/completions' if self.is_chat_model else 'completions'}"
 
     def _forget_requests(self) -> None:
         # request id -> its open stream, or the future of its call that is not streamed, which
