@@ -19,7 +19,8 @@ def load_ipython_extension(shell) -> None:
     import lmnb
 
     from lmnb_kernel.errors import CellError, show_cell_error
-    from lmnb_kernel.magics import LMMagics, define_lmnb
+    from lmnb_kernel.lmnb_name import put_lmnb
+    from lmnb_kernel.magics import LMMagics
     from lmnb_kernel.session import SessionBackend, get_session
     from lmnb_kernel.transforms import refuse_cell_magic_below_comments
 
@@ -35,7 +36,7 @@ def load_ipython_extension(shell) -> None:
     shell._lmnb_magics = magics
     if refuse_cell_magic_below_comments not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(refuse_cell_magic_below_comments)
-    shell._lmnb_pushed = define_lmnb(shell)
+    shell._lmnb_name_watch = put_lmnb(shell)
     session = getattr(getattr(shell, "kernel", None), "session", None)  # (a terminal IPython has none)
     if session is not None:
         from lmnb_kernel.surrogates import make_session_surrogate_safe
@@ -48,10 +49,12 @@ def load_ipython_extension(shell) -> None:
 def unload_ipython_extension(shell) -> None:
     """Remove ``%%lm`` / ``%lm``, the hook, the error handler, the input transform, the session's
     backend as lmnb's default (a backend the user set with ``lmnb.set_default_backend`` stays), the
-    ``lmnb`` name and the kernel session's surrogate-safe packer (set at load); the session
-    (engine, states) stays for a reload."""
+    ``lmnb`` name (unless a cell bound it, e.g. the user's own ``import lmnb``:
+    ``lmnb_kernel.lmnb_name``) and the kernel session's surrogate-safe packer (set at load); the
+    session (engine, states) stays for a reload."""
     import lmnb
 
+    from lmnb_kernel.lmnb_name import take_lmnb
     from lmnb_kernel.transforms import refuse_cell_magic_below_comments
 
     replaced = getattr(shell, "_lmnb_replaced_pack", None)
@@ -61,10 +64,10 @@ def unload_ipython_extension(shell) -> None:
         if getattr(session.pack, "surrogate_safe", False):
             session.pack = replaced
 
-    if getattr(shell, "_lmnb_pushed", False):
-        del shell._lmnb_pushed
-        if shell.user_ns.get("lmnb") is lmnb:
-            shell.drop_by_id({"lmnb": lmnb})
+    watch = getattr(shell, "_lmnb_name_watch", None)
+    if watch is not None:
+        del shell._lmnb_name_watch
+        take_lmnb(shell, watch)
     magics = getattr(shell, "_lmnb_magics", None)
     if magics is not None:
         shell.events.unregister("post_run_cell", magics.refresh_tree)

@@ -39,6 +39,7 @@ from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
+from lmnb_kernel.lmnb_name import define_lmnb
 from lmnb_kernel.session import NO_TREE_ROUTE, NOT_STARTED, Session, get_session
 from lmnb_kernel.tables import cell_summary
 
@@ -182,17 +183,6 @@ def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
         return suggest_option(message, subcommands[words[0]], f"%lm {words[0]} --help")
     close = close_subcommand(words[0], subcommands)
     return message + (f" (did you mean: %lm {close}?)" if "invalid choice" in message and close else "")
-
-
-def define_lmnb(shell) -> bool:
-    """Put ``lmnb`` in the namespace unless the name is taken (``%%lm --python`` bodies write
-    ``lmnb.gen(...)``; hidden from ``%who``). True if it was put there now."""
-    if "lmnb" in shell.user_ns:
-        return False
-    import lmnb
-
-    shell.push({"lmnb": lmnb}, interactive=False)
-    return True
 
 
 def _cell_number(shell) -> int:

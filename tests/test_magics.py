@@ -1598,6 +1598,61 @@ def test_unloading_the_extension_keeps_a_default_backend_the_user_set(ip):
     assert type(lmnb.global_config.default_backend).__name__ == "SessionBackend"
 
 
+def test_unloading_the_extension_removes_its_own_lmnb_name_but_not_one_the_user_imported(ip):
+    # %unload_ext lmnb_kernel removed a user's own `import lmnb` (run after the load): it binds the
+    # same module object the extension had put there, and the unload took the name whenever it was
+    # still that module; the user's next `lmnb.gen(...)` was a NameError
+    extensions = ip.extension_manager
+    extensions.unload_extension("lmnb_kernel")
+    try:
+        ip.user_ns.pop("lmnb", None)  # (a fresh namespace: the extension puts the name there)
+        extensions.load_extension("lmnb_kernel")
+        assert ip.user_ns["lmnb"] is lmnb
+        result, _ = run(ip, "from lmnb import gen as lmnb_gen\nlmnb_gen_name = lmnb.gen.__name__")
+        assert result.success and ip.user_ns["lmnb_gen_name"] == "gen"  # uses the name, binds it not
+        extensions.unload_extension("lmnb_kernel")
+        assert "lmnb" not in ip.user_ns  # the extension's own: removed
+
+        extensions.load_extension("lmnb_kernel")
+        result, _ = run(ip, "import lmnb")
+        assert result.success and ip.user_ns["lmnb"] is lmnb
+        extensions.unload_extension("lmnb_kernel")
+        assert ip.user_ns["lmnb"] is lmnb  # the user's: kept
+        extensions.load_extension("lmnb_kernel")  # the name is taken now: never the extension's
+        extensions.unload_extension("lmnb_kernel")
+        assert ip.user_ns["lmnb"] is lmnb
+
+        del ip.user_ns["lmnb"]  # imported in the very cell that loads the extension, below the magic
+        result, _ = run(ip, "%load_ext lmnb_kernel\nimport lmnb")
+        assert result.success and "lmnb_kernel" in extensions.loaded
+        extensions.unload_extension("lmnb_kernel")
+        assert ip.user_ns["lmnb"] is lmnb
+    finally:
+        for name in ("lmnb_gen", "lmnb_gen_name"):
+            ip.user_ns.pop(name, None)
+        if "lmnb_kernel" not in extensions.loaded:
+            extensions.load_extension("lmnb_kernel")
+        ip.user_ns["lmnb"] = lmnb  # (as the module's other tests find it)
+
+
+@pytest.mark.parametrize("code, bound", [
+    ("import lmnb", True), ("import lmnb.api", True), ("import numpy as lmnb", True),
+    ("from lmnb import gen as lmnb", True), ("lmnb = 1", True), ("lmnb, x = 1, 2", True),
+    ("for lmnb in []: pass", True), ("with open('f') as lmnb: pass", True), ("(lmnb := 1)", True),
+    ("del lmnb", True), ("def lmnb(): pass", True), ("class lmnb: pass", True),
+    ("try: pass\nexcept E as lmnb: pass", True), ("match x:\n    case {**lmnb}: pass", True),
+    ("def f():\n    global lmnb\n    lmnb = 1", True),
+    ("lmnb.gen('x')", False), ("from lmnb import gen", False), ("import lmnb_kernel", False),
+    ("from lmnb import *", False), ("x = lmnb", False), ("lmnb.x = 1", False), ("lmnbx = 1", False),
+])
+def test_the_lmnb_name_watch_sees_every_way_code_binds_the_name(code, bound):
+    import ast
+
+    from lmnb_kernel.lmnb_name import binds
+
+    assert binds(ast.parse(code), "lmnb") is bound
+
+
 def test_a_comment_above_the_lm_line_is_named_and_code_above_it_is_left_to_ipython(ip):
     # IPython read the cell as Python ("%lm" line magic, then the prompt) and said only
     # "invalid syntax. Perhaps you forgot a comma?" for the prompt's text
