@@ -105,7 +105,11 @@ class OpenAI(BaseBackend):
             from the model name. When no name matches, the generic ``default`` format is used and
             the first prompt with chat roles warns (``UserWarning``) naming the fixes.
         is_azure: use ``openai.AzureOpenAI``, whose key defaults from ``$AZURE_OPENAI_API_KEY``.
-        base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
+        base_url: the API's root URL, ``/v1`` included: ``http://127.0.0.1:30000/v1`` for
+            ``lmnb serve`` or SGLang, ``http://localhost:1234/v1`` for LM Studio; None = the official
+            API. The openai client puts each route right after it (``BASE_URL/chat/completions``)
+            and adds no ``/v1``, so a server's bare root (``http://localhost:1234``) is answered
+            404, and that error names the URL with ``/v1``.
         api_key: default ``$OPENAI_API_KEY`` (with ``is_azure``, ``$AZURE_OPENAI_API_KEY``, and no
             ``"EMPTY"``: Azure takes an Azure AD token instead, ``azure_ad_token``); servers that
             need none get ``"EMPTY"``.
