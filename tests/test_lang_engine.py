@@ -421,6 +421,34 @@ def test_api_speculative_gen_whose_stop_regex_reads_the_end_stops_where_its_outp
     assert own(spec, "b") == own(plain, "b")  # (settled: the tokens up to the stop)
 
 
+def test_a_dollar_in_a_stop_regex_is_the_end_of_the_whole_output_as_language_md_says():
+    """language.md's stop_regex examples on the demo model: ``$`` outside ``(?m)`` is the end of the
+    whole output, as Python's re.search over the finished output reads it, not the end of the text
+    so far (which the "." after "harbor" ends once): such a stop ends no gen sooner, and where max
+    tokens or the EOS ends the output it cuts a match ending there, its finish reason ``stop``, no
+    longer ``length``. Reference: the same gens without stop_regex, cut where Python's re finds the
+    match in their whole text."""
+    def prog(s, stop_regex, max_tokens):
+        s += "A fruit:" + sgl.gen("a", max_tokens=max_tokens, stop_regex=stop_regex)
+
+    backend = sgl.Engine()
+    try:
+        runs = {(pattern, n): sgl.function(prog).run(pattern, n, backend=backend, temperature=0)
+                for pattern, n in [(None, 64), (None, 3), (r"\.$", 64), (r"\.", 64), (r"harbor$", 3)]}
+    finally:
+        backend.shutdown()
+    whole, three = runs[None, 64], runs[None, 3]
+    assert whole["a"] == " see the harbor. Travel west to reach Yarrow." and own(whole, "a")[1]["type"] == "stop"  # (EOS)
+    assert three["a"] == " see the harbor" and own(three, "a") == (3, {"type": "length", "length": 3})
+    ends = runs[r"\.$", 64]
+    assert ends["a"] == whole["a"][:re.search(r"\.$", whole["a"]).start()] == " see the harbor. Travel west to reach Yarrow"
+    assert own(ends, "a") == (own(whole, "a")[0], {"type": "stop", "matched": "."})  # (every token generated)
+    assert runs[r"\.", 64]["a"] == " see the harbor"  # (without $: the first ".")
+    cut = runs["harbor$", 3]
+    assert cut["a"] == three["a"][:re.search("harbor$", three["a"]).start()] == " see the "
+    assert own(cut, "a") == (3, {"type": "stop", "matched": "harbor"})
+
+
 def test_api_speculative_execution_keeps_special_tokens_after_a_fill_for_the_next_gen():
     """On the demo model: the leftover after a fill dropped the "</s>" "<s>" right after it under
     ignore_eos (the text skips them), so gen("b", max_tokens=1) got "Q" where without speculation
