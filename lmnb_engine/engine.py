@@ -1167,7 +1167,8 @@ class Engine:
         before any is queued, and a prompt that fails later on (a tensor-parallel worker found
         dead) fails the call with nothing of it queued or registered. An interrupt
         (KeyboardInterrupt) once the requests may be queued, while waiting or just before, ends them
-        (finish reason abort, ``outputs.ABORT_INTERRUPTED``) before it propagates.
+        (finish reason abort, ``outputs.ABORT_INTERRUPTED``) before it propagates; a second one while
+        that end waits behind a long step propagates at once, the end coming with the step.
 
         Shutdown: a call made once the engine is shut down raises ``RuntimeError`` ("the engine is
         shut down; create a new Engine"). A request the engine accepted, even just before another
@@ -1250,16 +1251,18 @@ class Engine:
         From the post on, an interrupt (KeyboardInterrupt) may have come after the requests went in,
         and no caller would hold their handles: so the scheduler ends them, aborted, wherever they
         are (``Scheduler.end_requests``, which also drops them if they come later); waited for,
-        except on the scheduler thread, where it comes between steps. Once the engine is shut down
-        (the post failed so, or the stop came meanwhile) the stop answered whatever it had: the
-        handles are forgotten."""
+        except on the scheduler thread, where it comes between steps. The wait is sliced
+        (``waits.future_result``): it may sit behind a long step, and a second Ctrl-C meanwhile
+        stops it at once, the end being posted already (the requests still end with that step).
+        Once the engine is shut down (the post failed so, or the stop came meanwhile) the stop
+        answered whatever it had: the handles are forgotten."""
         scheduler = self.scheduler
         if posted:
             reqs, reason = [r for h in handles for r in h._reqs], FinishReason("abort", message=ABORT_INTERRUPTED)
             try:
                 ended = scheduler.call(lambda: scheduler.end_requests(reqs, reason))
                 if not scheduler.on_loop_thread:
-                    ended.result()
+                    future_result(ended)
                 return
             except Exception:  # noqa: BLE001 - shut down (answered by the stop, or never queued), or a
                 # request's clean-up failed (answered with it): the caller hears of its own error, not this

@@ -2240,6 +2240,53 @@ def test_a_ctrl_c_that_lands_as_a_wait_for_a_grammar_compile_begins_stops_the_wa
     assert_idle_accounting(engine)
 
 
+def test_a_second_ctrl_c_while_the_first_ones_abort_waits_behind_a_step_stops_that_wait_at_once(engine, marked_ctrl_c,
+                                                                                                monkeypatch):
+    """A Ctrl-C stops generate's wait for its result at once; generate then waits for the scheduler
+    to end its requests (Engine._withdraw), which comes only between steps. A second Ctrl-C during
+    that wait, landing as it began, was acted on only when the step had ended (here one held for
+    30 s: a long prefill's, a first kernel compile's), the notebook's stop button dead meanwhile.
+    That wait is now sliced: the second press stops it at once, and the requests still end,
+    aborted, once the step is over (the abort was posted before the wait), leaving the engine
+    idle and serving."""
+    from lmnb_engine import engine as engine_module
+    from lmnb_engine.outputs import ABORT_INTERRUPTED
+
+    from helpers_lang import called_from, in_a_threading_wait, main_thread_blocked_in
+
+    gate, held, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_scheduler():
+        held.set()
+        gate.wait(30)
+        ended.set()
+
+    def in_the_withdraw(frame) -> bool:
+        return called_from(frame, "_withdraw", engine_module.__file__)
+
+    registered = []
+    real_register = engine._register
+    monkeypatch.setattr(engine, "_register", lambda handles: (registered.extend(handles), real_register(handles))[1])
+    engine.scheduler.call(hold_the_scheduler)
+    assert held.wait(30)
+    first = lambda: main_thread_blocked_in(lambda f: in_a_threading_wait(f) and not in_the_withdraw(f))  # noqa: E731
+    second = lambda: main_thread_blocked_in(lambda f: in_a_threading_wait(f) and in_the_withdraw(f))  # noqa: E731
+    try:
+        with marked_ctrl_c(second), marked_ctrl_c(first):
+            with pytest.raises(KeyboardInterrupt):
+                engine.generate("the cat", GREEDY)
+        assert not ended.is_set()  # stopped while the scheduler was still in its step
+    finally:
+        gate.set()
+    monkeypatch.undo()
+    (handle,) = registered
+    r = handle.result(timeout=60)
+    assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
+    engine.scheduler.call(lambda: None).result(60)  # (after the step and the requests' end)
+    assert_idle_accounting(engine)
+    assert len(engine.generate("the cat", GREEDY).token_ids) == 8
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
