@@ -12,6 +12,7 @@ no torch.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -51,3 +52,14 @@ def future_result(future: concurrent.futures.Future, timeout: Optional[float] = 
 
     sliced_wait(done_within, timeout)
     return future.result(timeout=0)
+
+
+def thread_join(thread: threading.Thread, timeout: Optional[float] = None) -> bool:
+    """``thread.join(timeout)``, waited for with ``sliced_wait``; returns whether ``thread`` has
+    ended (``Thread.join`` itself says not)."""
+
+    def ended_within(seconds: float) -> bool:
+        thread.join(seconds)
+        return not thread.is_alive()
+
+    return sliced_wait(ended_within, timeout)

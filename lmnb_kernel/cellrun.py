@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from lmnb import ProgramAborted, ProgramError
 from lmnb.interrupt import held_interrupts
+from lmnb_engine.waits import thread_join
 
 _DONE = object()
 
@@ -209,7 +210,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
         t0 = time.monotonic()
         stop()
         try:
-            waiter.join(interrupt_wait_s)
+            thread_join(waiter, interrupt_wait_s)  # (sliced: a second press that lands as it begins stops it)
             stop_body(state)
         except KeyboardInterrupt:  # Ctrl-C again (a double press): wait no longer, but still stop the
             stop_body(state, grace_s=0)  # body and report the outcome (the body ran on for the kernel's life)

@@ -412,3 +412,54 @@ def test_a_python_body_whose_gen_failed_stops_its_unjoined_fork_branches_and_cou
     # the fork's prefill of "Q:" (a character a token, none cached), then each branch's stopped request
     assert (view.model.cell.prompt_tokens, view.model.cell.cached_tokens) == (2 + 2 * 7, 2 * 5)
     assert view.model.unfinished_gens == 0
+
+
+def test_a_second_ctrl_c_that_lands_as_the_cell_waits_for_its_stop_takes_effect_at_once():
+    """After a Ctrl-C the cell waits (up to ``interrupt_wait_s``) for its stopped requests to
+    report; a second Ctrl-C stops that wait (a double press). One that landed as the wait began
+    was only marked, and Python acted on it when the wait ended: here once a backend that takes
+    30 s to end an aborted request had ended it, the double press dead meanwhile. The wait is now
+    sliced (lmnb_engine.waits), and the second press still reports the cell's outcome."""
+    import signal
+    import time
+
+    from helpers_lang import called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
+
+    from lmnb_kernel import cellrun
+
+    started, gate, ended = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowToAbort(ScriptedBackend):  # (a server still in a long step when its abort came)
+        def _wait(self, rid):
+            started.set()
+            gate.wait(30)
+            ended.set()
+            return True  # (answered as aborted)
+
+    class CtrlCOnceGenerating(_CtrlC):
+        def apply(self, event):
+            assert started.wait(20)  # (the gen is in flight: the stop has a request to wait for)
+            super().apply(event)
+
+    @lmnb.function
+    def body(s):
+        s += "Q:" + lmnb.gen("a")
+
+    backend = SlowToAbort()
+    listener = Listener()
+    state = start_run(body, {}, backend, {}, listener)
+    waits_for_the_stop = lambda: main_thread_blocked_in(  # noqa: E731
+        lambda frame: in_a_threading_wait(frame) and called_from(frame, "run_cell", cellrun.__file__))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt_main_when(waits_for_the_stop, marked_only=True):
+            with pytest.raises(KeyboardInterrupt) as e:
+                run_cell(state, listener, CtrlCOnceGenerating(), _View(), interrupt_wait_s=60)
+        assert not ended.is_set()  # stopped while the request was still being aborted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        gate.set()
+    assert e.value.lmnb_outcome.status == "interrupted"
+    assert len(backend.aborted) == 1  # the gen's request, aborted by the first press
+    assert state.stream_executor.settle(time.monotonic() + 30)  # (it ends once the backend answers)
+    assert isinstance(state.error(), lmnb.ProgramAborted)
