@@ -334,24 +334,18 @@ def test_an_abort_does_not_wait_for_a_wedged_server(server, endpoint):
 
 def _record_retry_waits(monkeypatch) -> list[tuple[float, bool]]:
     """The waits between a busy server's 503 and the request sent again, as (seconds asked, woken by
-    an abort), filled in as the backend waits: each call's ``aborted`` Event (what ``_send`` waits
-    on) records its waits."""
-    from lmnb.backend import runtime_endpoint
+    an abort), filled in as the backend waits: ``_send`` waits on its call's ``aborted`` Event with
+    ``lmnb_engine.waits.sliced_wait`` (imported as it runs), whose calls are recorded."""
+    from lmnb_engine import waits as waits_module
 
-    waits = []
+    waits, real = [], waits_module.sliced_wait
 
-    class Recorded(threading.Event):
-        def wait(self, timeout=None):
-            woken = super().wait(timeout)
-            waits.append((timeout, woken))
-            return woken
+    def recorded(wait, timeout=None):
+        woken = real(wait, timeout)
+        waits.append((timeout, woken))
+        return woken
 
-    class Call(runtime_endpoint._Call):
-        def __init__(self):
-            super().__init__()
-            self.aborted = Recorded()
-
-    monkeypatch.setattr(runtime_endpoint, "_Call", Call)
+    monkeypatch.setattr(waits_module, "sliced_wait", recorded)
     return waits
 
 
@@ -431,6 +425,42 @@ def test_a_request_aborted_while_it_waits_for_a_busy_server_is_not_sent_again(se
     assert str(failed[0].value) == (f"POST {server.url}/generate: aborted while waiting to send it again to a busy "
                                     "server (HTTP 503)")
     assert endpoint._calls == {}
+
+
+def test_a_ctrl_c_that_lands_as_the_wait_for_a_busy_server_begins_stops_it_at_once(server, endpoint, monkeypatch):
+    """A request made on the main thread (flush_cache: %lm flush; the model info of the
+    constructor: %lm connect) that the server answered 503 waits, before it is sent again, up to
+    the next of RETRY_503_DELAYS_S (or a Retry-After of up to RETRY_AFTER_MAX_S). A Ctrl-C that
+    landed as that wait began was only marked, and Python acted on it when the wait ended (here
+    60 s later). The wait is now sliced (lmnb_engine.waits): the Ctrl-C stops it at once, and the
+    request is not sent again."""
+    import signal
+
+    from helpers_lang import called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
+
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "RETRY_503_DELAYS_S", (60.0,))
+    tries = []
+    server.answer = lambda h, b: (tries.append(h.path), send(h, 503, b'{"error": "The request queue is full."}'))
+    waits_to_retry = lambda: tries and main_thread_blocked_in(  # noqa: E731
+        lambda frame: in_a_threading_wait(frame) and called_from(frame, "_send", runtime_endpoint.__file__))
+    half_way = threading.Event()
+    timer = threading.Timer(30, half_way.set)  # (half of the wait: set long before an old wait let the Ctrl-C act)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with interrupt_main_when(waits_to_retry, marked_only=True):
+            with pytest.raises(KeyboardInterrupt):
+                endpoint.flush_cache()
+        assert not half_way.is_set()  # stopped long before the wait's end
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert tries == ["/flush_cache"]  # (not sent again)
+    server.answer = lambda h, b: (tries.append(h.path), send(h, 200, b""))
+    assert endpoint.flush_cache() is True and tries == ["/flush_cache"] * 2
+
 
 # --- the OpenAI-compatible backend ------------------------------------------------------------
 

@@ -158,8 +158,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             stream that sends only those for ``timeout`` seconds fails as one that sends nothing.
 
     A request the server answers with HTTP 503 (busy, or not ready) is sent again after each of
-    ``RETRY_503_DELAYS_S`` in turn, unless ``abort`` is called for it meanwhile. A call whose
-    request id was aborted before it began sends nothing (``abort``).
+    ``RETRY_503_DELAYS_S`` in turn, unless ``abort`` is called for it meanwhile; a Ctrl-C during
+    that wait (on the main thread: the model info, ``flush_cache``) stops it at once, even one that
+    lands as it begins (it waits in slices, ``lmnb_engine.waits``). A call whose request id was
+    aborted before it began sends nothing (``abort``).
 
     A gen the server refuses for its API key (HTTP 401: the server restarted with another key,
     or a proxy guards /generate only) raises a ``BackendAuthError`` too, ending with
@@ -350,6 +352,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             BackendError: ``abort`` was called for the request's call before it was sent, or while
                 it waited to be sent again.
         """
+        from lmnb_engine.waits import sliced_wait  # torch-free (not at the top: import lmnb loads no engine)
+
         aborted = call.aborted if call is not None else threading.Event()
         batch_rids = body["rid"] if isinstance(body, dict) and isinstance(body.get("rid"), list) else []
         for delay in (*RETRY_503_DELAYS_S, None):
@@ -374,7 +378,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 return r
             r.close()
             after = r.headers.get("retry-after", "")
-            if aborted.wait(min(float(after), RETRY_AFTER_MAX_S) if after.isascii() and after.isdigit() else delay):
+            wait_s = min(float(after), RETRY_AFTER_MAX_S) if after.isascii() and after.isdigit() else delay
+            if sliced_wait(aborted.wait, wait_s):  # (sliced: a Ctrl-C that lands as it begins, on the main thread)
                 raise BackendError(f"{method} {self.base_url}{path}: aborted while waiting to send it again to "
                                    "a busy server (HTTP 503)")
 
