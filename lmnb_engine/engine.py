@@ -760,6 +760,18 @@ class Engine:
                 f"{token} (a MultimodalPrompt, lmnb's image(), or /generate's image_data), or remove the "
                 "placeholder from the text")
 
+    def _check_bias_in_vocabulary(self, params: SamplingParams) -> None:
+        """Raises ``SamplingParamsError`` (field ``logit_bias``) naming the ``logit_bias`` keys of
+        validated ``params`` outside ``[0, vocab_size)``: no logit of the model is theirs to bias."""
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in params.logit_bias or () if t >= vocab]
+        if bad:
+            ids = ", ".join(map(shown_number, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            raise SamplingParamsError(
+                f"SamplingParams.logit_bias is invalid: token id{'s' * (len(bad) > 1)} {ids} "
+                f"{'are' if len(bad) > 1 else 'is'} outside this model's vocabulary [0, {vocab}); remove "
+                f"{'them' if len(bad) > 1 else 'it'}, or take the ids from this model's tokenizer", "logit_bias")
+
     def _check_in_vocabulary(self, ids: Sequence[int], what: str) -> None:
         """Raises ``ValueError`` naming the ids of ``ids`` outside ``[0, vocab_size)``."""
         vocab = self.loaded.config.vocab_size
@@ -816,6 +828,7 @@ class Engine:
         params.validate()
         # a stop token outside the vocabulary can never be sampled, so the stop would never happen
         self._check_in_vocabulary(params.stop_token_ids or (), "stop_token_ids")
+        self._check_bias_in_vocabulary(params)
         n = len(ids)
         prompt = f"prompt of {n} token{'s' * (n != 1)}"
         # a prompt too long by itself is not fixed by fewer new tokens (a select's or a fork's

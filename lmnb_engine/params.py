@@ -53,6 +53,12 @@ TEMPERATURE_RULE = "must be a finite number >= 0 (0 is greedy)"
 # OpenAI API and an SGLang server drop it without a word).
 TOP_LOGPROBS_RULE = ("the top alternatives come only with the logprobs: also ask for return_logprob, or leave "
                      "top_logprobs_num out")
+# Bound on a ``logit_bias`` value, OpenAI's API's: +100 makes a token all but certain and -100 all
+# but banned whatever the model's logits, so a larger bias changes nothing more.
+MAX_LOGIT_BIAS = 100.0
+# A token id written as text, as OpenAI's API and SGLang's ``logit_bias`` take them (JSON's keys
+# are strings): decimal digits, a sign allowed so that "-1" is told it is out of range, not no id.
+_ID_TEXT = re.compile(r"[-+]?[0-9]+")
 
 
 def finite_number(v: Any) -> bool:
@@ -421,6 +427,15 @@ class SamplingParams:
         regex, json_schema: constrained decoding (see ``lmnb_engine.constrained``); at most one.
         extra: ``{"whitespace_pattern": regex}``, the whitespace a ``json_schema`` output may have
             between JSON tokens (``lmnb_engine.constrained``); no other keys.
+        logit_bias: ``{token id: bias}``, added to that token's logit at every output token
+            (OpenAI's ``logit_bias``; SGLang's, which adds it as a dense vector): after the
+            penalties, before the ``min_new_tokens`` and grammar masks (a masked token stays
+            masked: -inf plus a bias is -inf), the greedy argmax and temperature / top_k / top_p /
+            min_p. A bias is a number in [-100, 100] (``MAX_LOGIT_BIAS``, OpenAI's range: -100
+            bans a token in effect, +100 forces it); a key is an int, or its decimal text as
+            OpenAI's API and SGLang's JSON send it (``validate`` makes it an int); the engine
+            refuses ids outside its vocabulary. Returned logprobs stay the model's own, before the
+            bias, as they are before the penalties and temperature (``lmnb_engine.sampler``).
     """
 
     max_new_tokens: int = 128
@@ -445,6 +460,7 @@ class SamplingParams:
     json_schema: str | dict | bool | None = None
     stop_regex: str | list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    logit_bias: dict[int, float] | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -553,6 +569,45 @@ class SamplingParams:
             bad("extra", "must be a dict whose only key is 'whitespace_pattern' (a regex string)")
         if not isinstance(self.extra.get("whitespace_pattern", ""), (str, type(None))):
             bad("extra", "whitespace_pattern must be a regex string")
+        if self.logit_bias is not None:
+            self.logit_bias = logit_bias_value(self.logit_bias)
+
+
+def logit_bias_value(bias: Any) -> dict[int, float]:
+    """``bias`` (a ``logit_bias``: a dict of token ids, or their decimal text, to numbers) as
+    ``{int id: float bias}``. The vocabulary's bound is the engine's to check (``Engine``).
+
+    Raises:
+        SamplingParamsError: ``bias`` is no dict, a key is no token id (a bool, a negative int, a
+            text of no integer), or a bias is no finite number in [-100, 100]; the message names
+            the key and the fix."""
+    def bad(rule: str, entry: Any = None) -> None:
+        raise SamplingParamsError(f"SamplingParams.logit_bias is invalid: {rule}", "logit_bias", entry)
+
+    if not isinstance(bias, dict):
+        bad(f"must be a dict mapping token ids to biases, e.g. {{1234: -100}}; got a {type(bias).__name__}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key.item() if _is_numpy_scalar(key) else key
+        written = isinstance(key, str) and _ID_TEXT.fullmatch(key)
+        if written:
+            token = None if digits_over_limit(len(key.lstrip("+-"))) else int(key)
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            shown = shown_integer_text(key) if written and too_many_digits(key) else shown_number(key)
+            bad(f"the key {shown} is not a token id: keys are token ids (ints >= 0, or their decimal text as in "
+                "OpenAI's API, \"1234\"); to bias a word, encode it to its token ids first", {key: value})
+        if not finite_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            what = "is not a number" if not isinstance(value, (int, float)) or isinstance(value, bool) else \
+                "is not a finite number" if not finite_number(value) else \
+                f"is outside [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+            bad(f"the bias of token {shown_number(token)}, {shown_number(value)}, {what}: give a number from "
+                f"{-MAX_LOGIT_BIAS:g} (bans the token in effect) to {MAX_LOGIT_BIAS:g} (forces it in effect)",
+                {key: value})
+        if token in out:  # (one id written both as an int and as its text)
+            bad(f"token {shown_number(token)} is given twice (as {shown_number(key)} and as another key "
+                "naming the same id); give each token one bias", {key: value})
+        out[token] = float(value)
+    return out
 
 
 def as_list(value: str | list[str] | tuple[str, ...] | None) -> list[str]:

@@ -4,15 +4,19 @@ Order of operations per row (SGLang's ``Sampler`` and penalizers; HF's logits pr
 repetition penalty):
 1. penalties on the raw logits: CTRL repetition penalty over prompt + output tokens (divide
    positive logits, multiply negative ones), OpenAI frequency/presence penalties over output tokens;
-2. masks: EOS and stop token ids while fewer than ``min_new_tokens`` exist; the row's grammar mask
+   then the row's ``logit_bias`` is added (OpenAI's; SGLang adds it as a dense [B, V] vector, here
+   one scatter-add of the biased rows' entries: ``apply_logit_bias``);
+2. masks (after the bias, so that a masked token stays masked): EOS and stop token ids while fewer than ``min_new_tokens`` exist; the row's grammar mask
    (constrained decoding hook, ``Req.grammar``);
 3. greedy rows (temperature 0 or top_k 1) take the argmax;
 4. other rows: divide by temperature, softmax, sort, drop by top_k / top_p / min_p (as SGLang's
    ``top_k_top_p_min_p_sampling_from_probs_torch``: top_p on the un-renormalised sorted probs), then
    draw by inverse CDF with one uniform number from the row's own ``torch.Generator``, so a seeded
    request samples the same tokens whatever else is in the batch.
-Returned logprobs are ``log_softmax`` of the raw model logits (before penalties and temperature), as
-in vLLM's default and SGLang's ``return_logprob``.
+Returned logprobs are ``log_softmax`` of the raw model logits (before penalties, ``logit_bias`` and
+temperature), as in vLLM's default (its ``raw_logprobs`` mode) and SGLang's ``return_logprob``:
+they say what the model thinks of the token, whatever steered its choice. OpenAI's API reports
+them after the bias instead; a client that wants those adds the bias and renormalises.
 
 Rows whose raw logits are not all finite (NaN or +inf from a forward pass that overflowed, a broken
 kernel or checkpoint; or every logit -inf) are flagged in ``SampleOutput.bad_rows``: any token drawn
@@ -86,6 +90,21 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         penalized = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         penalized.clamp_(max=torch.finfo(logits.dtype).max)
         logits.copy_(torch.where(seen, penalized, logits))
+
+
+def apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    """Add each request's ``logit_bias`` to its row of ``logits`` (float32 [B, V]) in place: one
+    ``index_put_`` with accumulation of the (row, token id, bias) entries of the rows that have
+    one (``Req.logit_bias``, host tensors made once per request), so the cost grows with the
+    entries, not with the vocabulary, and rows without a bias are not touched."""
+    rows = [i for i, r in enumerate(reqs) if r.logit_bias is not None]
+    if not rows:
+        return
+    dev = logits.device
+    ids = torch.cat([reqs[i].logit_bias[0] for i in rows])
+    bias = torch.cat([reqs[i].logit_bias[1] for i in rows])
+    at = torch.repeat_interleave(torch.tensor(rows), torch.tensor([len(reqs[i].logit_bias[0]) for i in rows]))
+    logits.index_put_((at.to(dev), ids.to(dev)), bias.to(dev, logits.dtype), accumulate=True)
 
 
 def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -331,6 +350,9 @@ def sample_async(
     if any(r.params.repetition_penalty != 1 or r.params.frequency_penalty or r.params.presence_penalty for r in reqs):
         x = x.clone()
         apply_penalties(x, reqs)
+    if any(r.logit_bias is not None for r in reqs):
+        x = x.clone() if x is logits else x
+        apply_logit_bias(x, reqs)
     if grammar_bitmask is not None:
         from lmnb_engine.constrained.masks import apply_token_bitmask_
 

@@ -495,6 +495,42 @@ def test_stop_token_ids_eos_min_and_max_new_tokens(engine, hf):
     assert r.token_ids[0] != ref[0] and len(r.token_ids) >= 3
 
 
+def _hf_biased_greedy(hf, ids: list[int], bias: dict[int, float], steps: int) -> list[int]:
+    """Argmax decoding with the HF model, ``bias`` added by hand to each step's logits (EOS ignored)."""
+    import torch
+
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = hf.model(torch.tensor([seq]), use_cache=False).logits[0, -1].float()
+            for t, b in bias.items():
+                logits[t] += b
+            seq.append(int(logits.argmax()))
+    return seq[len(ids):]
+
+
+def test_logit_bias_steers_greedy_decoding_as_the_hf_logits_say(engine, hf):
+    """lmnb had no logit_bias. +100 on a token makes it every greedy output (the tiny model's
+    logits are a few units wide); -100 on the greedy first token makes the first token the second
+    best of HF's logits there, and the rest HF's argmax with that bias added by hand. In one batch
+    with an unbiased request, which keeps HF's plain greedy output."""
+    import torch
+
+    p = prompts(engine)[0]
+    plain = hf.greedy_ignore_eos(p, 6)
+    forced = engine.encode("cat")[-1]
+    assert forced != plain[0]
+    with torch.no_grad():
+        second_best = int(hf.model(torch.tensor([p])).logits[0, -1].topk(2).indices[1])
+    params = GREEDY.copy(max_new_tokens=6, ignore_eos=True)
+    banned, up, free = engine.generate(
+        [p, p, p], [params.copy(logit_bias={plain[0]: -100}), params.copy(logit_bias={str(forced): 100}), params])
+    assert banned.token_ids[0] == second_best
+    assert banned.token_ids == _hf_biased_greedy(hf, p, {plain[0]: -100.0}, 6)
+    assert up.token_ids == [forced] * 6
+    assert free.token_ids == plain
+
+
 def test_a_stop_string_inside_the_min_new_tokens_is_passed_over(engine, hf):
     # a short stop string written within min_new_tokens was matched once they were done when a
     # longer stop string was also given, and the cut dropped tokens already streamed

@@ -99,6 +99,11 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ([], GREEDY, "empty prompt"),
         ([1, 2, 10**6], GREEDY, "outside the vocabulary"),
         ([5] * 10, GREEDY.copy(stop_token_ids=[3, 10**6]), r"stop_token_ids \[1000000\] are outside the vocabulary"),
+        # (lmnb had no logit_bias): a key past the 512 tokens of the model, named, with the fix
+        ([5] * 10, GREEDY.copy(logit_bias={3: 1, 512: -5}), r"^SamplingParams\.logit_bias is invalid: token id 512 is "
+                                                            r"outside this model's vocabulary \[0, 512\); remove it, or "
+                                                            r"take the ids from this model's tokenizer$"),
+        ([5] * 10, GREEDY.copy(logit_bias={"600": 1, 10**6: -5}), r"token ids 600, 1000000 are outside"),
         ([5] * 10, GREEDY.copy(extra={"whitespace": " "}), r"extra=.* whose only key is 'whitespace_pattern'"),
         ([5] * 10, GREEDY.copy(json_schema={"type": "object"}, extra={"whitespace_pattern": "(["}),
          r'whitespace_pattern "\(\[" is not a valid regular expression \(unterminated character set'),

@@ -91,7 +91,7 @@ def test_repetition_penalty_is_in_sglangs_range():
 
 FIELDS = ("max_new_tokens, min_new_tokens, temperature, top_p, top_k, min_p, frequency_penalty, presence_penalty, "
           "repetition_penalty, stop, stop_token_ids, ignore_eos, skip_special_tokens, seed, n, return_logprob, "
-          "top_logprobs_num, logprob_start_len, regex, json_schema, stop_regex, extra")
+          "top_logprobs_num, logprob_start_len, regex, json_schema, stop_regex, extra, logit_bias")
 
 
 @pytest.mark.parametrize("keywords, said", [
@@ -339,3 +339,98 @@ def test_a_stop_regex_of_the_outputs_start_or_end_alone_is_refused_for_what_it_w
             assert kept == output[:-1]
         else:
             assert kept == output
+
+
+def test_logit_bias_shifts_the_greedy_argmax_of_its_own_rows_only():
+    """lmnb had no logit_bias. Row 0: token 0's 0.1 + 5 = 5.1 beats token 1's 2.0; row 1 has no
+    bias (argmax 0); row 2: token 2's 3.0 - 100 leaves token 1's 2.0 the largest; row 3 biases
+    two tokens, one of them down, one up: 1.0 + 1.5 = 2.5 > 2.0. The caller's logits are kept."""
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 2.9, 0.0], [1.0, 2.0, 3.0], [1.0, 2.0, 0.0]])
+    kept = logits.clone()
+    rows = [req(temperature=0.0, logit_bias={0: 5.0}), req(temperature=0.0),
+            req(temperature=0.0, logit_bias={2: -100.0}), req(top_k=1, logit_bias={1: -0.5, 0: 1.5})]
+    assert sample(logits, rows, frozenset()).token_ids == [0, 0, 1, 0]
+    assert torch.equal(logits, kept)
+
+
+def test_logit_bias_draws_as_from_the_biased_logits():
+    """A sampled row with a bias draws what the same seeds draw from logits with the bias added
+    by hand (temperature, top_p after the bias); +100 on one token of five equal ones takes every draw."""
+    torch.manual_seed(3)
+    logits = torch.randn(1, 30)
+    bias = {4: 2.0, 17: -1.5, 29: 3.0}
+    by_hand = logits.clone()
+    for t, b in bias.items():
+        by_hand[0, t] += b
+    biased = [req(seed=s, temperature=0.8, top_p=0.9, logit_bias=bias) for s in range(64)]
+    plain = [req(seed=s, temperature=0.8, top_p=0.9) for s in range(64)]
+    drawn = sample(logits.expand(64, 30), biased, frozenset()).token_ids
+    assert drawn == sample(by_hand.expand(64, 30), plain, frozenset()).token_ids
+    assert drawn != sample(logits.expand(64, 30), plain, frozenset()).token_ids
+    forced = [req(seed=s, temperature=1.0, logit_bias={3: 100.0}) for s in range(20)]
+    assert sample(torch.zeros(20, 5), forced, frozenset()).token_ids == [3] * 20
+
+
+def test_a_masked_token_stays_masked_whatever_its_logit_bias():
+    """+100 on EOS while min_new_tokens bans it, and on a token the grammar forbids: neither is
+    taken (-inf plus a bias is -inf); the next best allowed token is."""
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0]])  # 0 = EOS
+    r = req(output=[3], temperature=0.0, min_new_tokens=2, logit_bias={0: 100.0})
+    assert sample(logits, [r], frozenset({0})).token_ids == [1]
+
+    class OnlyOdd:
+        def allowed_token_mask(self, vocab_size):
+            return torch.arange(vocab_size) % 2 == 1
+
+        def accept_token(self, token_id):
+            pass
+
+    constrained = req(temperature=0.0, logit_bias={2: 100.0, 3: 0.5})
+    constrained.grammar = OnlyOdd()
+    assert sample(logits, [constrained], frozenset()).token_ids == [1]  # 4.0 > 0.0 + 0.5; 2 masked
+    out = sample(logits, [constrained], frozenset(), grammar_bitmask=torch.tensor([[0b1010]], dtype=torch.int32))
+    assert out.token_ids == [1]  # (jump-forward verification's bitmask: the same)
+
+
+def test_logprobs_with_a_logit_bias_are_the_models_own():
+    """The bias chose token 2, but its reported logprob, and the top alternatives, are those of
+    the raw logits, as with the penalties and temperature (module docstring)."""
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    r = req(temperature=0.0, return_logprob=True, top_logprobs_num=1, logit_bias={2: 10.0})
+    lp = sample(logits, [r], frozenset()).logprobs[0]
+    z = math.log(math.exp(2.0) + math.exp(1.0) + 1.0)
+    assert lp.token_id == 2
+    assert lp.logprob == pytest.approx(0.0 - z, abs=1e-6)
+    assert lp.top[0][0] == 0 and lp.top[0][1] == pytest.approx(2.0 - z, abs=1e-6)
+
+
+@pytest.mark.parametrize("bias, said", [
+    ([1, 2], "must be a dict mapping token ids to biases, e.g. {1234: -100}; got a list"),
+    ({"abc": 1}, "the key 'abc' is not a token id: keys are token ids (ints >= 0, or their decimal text as in "
+                 "OpenAI's API, \"1234\"); to bias a word, encode it to its token ids first"),
+    ({-1: 1}, "the key -1 is not a token id"),
+    ({"-1": 1}, "the key '-1' is not a token id"),
+    ({True: 1}, "the key True is not a token id"),
+    ({5: 100.5}, "the bias of token 5, 100.5, is outside [-100, 100]: give a number from -100 (bans the token in "
+                 "effect) to 100 (forces it in effect)"),
+    ({"5": -101}, "the bias of token 5, -101, is outside [-100, 100]"),
+    ({5: float("nan")}, "the bias of token 5, nan, is not a finite number"),
+    ({5: float("-inf")}, "the bias of token 5, -inf, is not a finite number"),
+    ({5: "1"}, "the bias of token 5, '1', is not a number"),
+    ({5: True}, "the bias of token 5, True, is not a number"),
+    ({"5": 1, 5: 2}, "token 5 is given twice"),
+])
+def test_a_bad_logit_bias_is_refused_naming_the_key_and_the_fix(bias, said):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(logit_bias=bias).validate()
+    assert str(e.value).startswith("SamplingParams.logit_bias is invalid: " + said)
+    assert e.value.field == "logit_bias"
+
+
+def test_a_logit_bias_of_token_id_text_becomes_int_ids():
+    import numpy as np
+
+    p = SamplingParams(logit_bias={"7": -100, 3: 2.5, np.int64(4): np.float32(1.5), "+0": 0})
+    p.validate()
+    assert p.logit_bias == {7: -100.0, 3: 2.5, 4: 1.5, 0: 0.0}
+    assert all(type(k) is int and type(v) is float for k, v in p.logit_bias.items())
