@@ -229,7 +229,7 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [], "bogus": 1}, 400,
          'unknown field "bogus"; /v1/chat/completions takes ["chat_template_kwargs", "frequency_penalty", '),
         ("/v1/completions", {"model": "other", "prompt": "a"}, 404, "not served"),
-        ("/v1/completions", {"model": "rec", "prompt": "a", "logit_bias": {"1": 5}}, 400, "logit_bias"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "logit_bias": {"1": 101}}, 400, "logit_bias"),
         ("/v1/chat/completions", {"model": "rec", "messages": "hi"}, 400, "messages"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "tools": [{}]}, 400, "tool"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text-only"),
@@ -1234,9 +1234,6 @@ _USER = [{"role": "user", "content": "a"}]
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 5}},
-     "logit_bias is not supported by lmnb serve; leave it out (to hold the reply to given forms, constrain it with "
-     "response_format or regex)"),
     ("/v1/completions", {"prompt": "a", "suffix": "b"}, "suffix is not supported by lmnb serve; leave it out"),
     ("/v1/completions", {"prompt": "a", "n": 2, "best_of": 3},
      "best_of=3 is not supported by lmnb serve: it must equal n (2); leave it out"),
@@ -1251,7 +1248,7 @@ _USER = [{"role": "user", "content": "a"}]
      "true)"),
 ])
 def test_a_field_lmnb_serve_does_not_support_is_refused_with_the_fix(served, path, body, message):
-    # "logit_bias is not supported by lmnb", "suffix is not supported": no word of what to do instead
+    # "suffix is not supported": no word of what to do instead
     _, url = served
     r = _post(url, path, {"model": "rec", **body} if path.startswith("/v1") else body)
     assert r.status_code == 400 and r.json()["error"]["message"] == message, r.json()
@@ -3706,3 +3703,68 @@ def test_a_regex_repeat_count_of_more_digits_than_python_reads_is_the_regex_fiel
             assert err["param"] == param and refusal in err["message"], err
     with pytest.raises(ValueError, match=r'^regex "a\{9+… ' + re.escape(refusal)):
         sgl.gen("a", regex=regex)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 5, "20": -100, "7": 0.5}}),
+    ("/v1/chat/completions", {"messages": _USER, "logit_bias": {"1": 5, "20": -100, "7": 0.5}}),
+    ("/generate", {"text": "a", "sampling_params": {"logit_bias": {"1": 5, "20": -100, "7": 0.5}}}),
+])
+def test_logit_bias_reaches_the_engine_with_int_token_ids(served, path, body):
+    """lmnb serve refused logit_bias with a 400 ("not supported"); OpenAI's API and SGLang take it,
+    keyed by token ids as strings. The engine gets it with int ids and float biases."""
+    engine, url = served
+    engine.received.clear()
+    r = _post(url, path, {"model": "rec", "max_tokens": 2, **body} if path.startswith("/v1") else body)
+    assert r.status_code == 200, r.text
+    (params,) = engine.received
+    assert params.logit_bias == {1: 5.0, 20: -100.0, 7: 0.5}
+    assert all(type(k) is int for k in params.logit_bias)
+
+
+@pytest.mark.parametrize("path, body, param, message", [
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"abc": 1}}, "logit_bias",
+     'logit_bias is invalid: the key "abc" is not a token id: keys are token ids (ints >= 0, or their decimal text '
+     'as in OpenAI\'s API, "1234"); to bias a word, encode it to its token ids first'),
+    ("/v1/chat/completions", {"messages": _USER, "logit_bias": {"5": 150}}, "logit_bias",
+     "logit_bias is invalid: the bias of token 5, 150, is outside [-100, 100]: give a number from -100 (bans the "
+     "token in effect) to 100 (forces it in effect)"),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"-3": 1}}, "logit_bias",
+     'logit_bias is invalid: the key "-3" is not a token id'),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": "x"}}, "logit_bias",
+     'logit_bias is invalid: the bias of token 5, "x", is not a number'),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": True}}, "logit_bias",
+     "logit_bias is invalid: the bias of token 5, true, is not a number"),
+    ("/generate", {"text": "a", "sampling_params": {"logit_bias": {"5": -100.5}}}, "sampling_params.logit_bias",
+     "sampling_params.logit_bias is invalid: the bias of token 5, -100.5, is outside [-100, 100]"),
+    ("/generate", {"text": "a", "sampling_params": {"logit_bias": [5]}}, "sampling_params.logit_bias",
+     "sampling_params.logit_bias is invalid: must be a dict mapping token ids to biases"),
+])
+def test_a_bad_logit_bias_is_a_400_naming_it_and_the_key(served, path, body, param, message):
+    _, url = served
+    r = _post(url, path, {"model": "rec", **body} if path.startswith("/v1") else body)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["message"].startswith(message), err
+
+
+def test_logit_bias_steers_lmnb_serves_greedy_reply_and_ids_past_the_vocabulary_are_a_400(tiny_llama):
+    """On the tiny model (512 tokens): +100 on a token makes it each of the 3 greedy tokens of a
+    completion and of a /generate; a token id the model has not is refused, naming logit_bias."""
+    from lmnb_engine import Engine
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=64) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        forced = engine.encode("cat")[-1]
+        bias = {str(forced): 100}
+        r = _post(url, "/v1/completions", {"prompt": "the dog", "max_tokens": 3, "temperature": 0,
+                                           "logit_bias": bias, "ignore_eos": True, "logprobs": 0})
+        g = _post(url, "/generate", {"text": "the dog", "sampling_params": {
+            "max_new_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": bias}})
+        far = _post(url, "/v1/chat/completions", {"messages": _USER, "logit_bias": {"3": 1, "512": -100}})
+        expected = engine.decode([forced] * 3, skip_special_tokens=True)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected, r.text
+    assert g.status_code == 200 and g.json()["text"] == expected and g.json()["meta_info"]["completion_tokens"] == 3
+    err = far.json()["error"]
+    assert far.status_code == 400 and err["param"] == "logit_bias", err
+    assert err["message"] == ("logit_bias is invalid: token id 512 is outside this model's vocabulary [0, 512); "
+                              "remove it, or take the ids from this model's tokenizer"), err

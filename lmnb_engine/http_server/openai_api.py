@@ -10,7 +10,10 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``SamplingParams`` unchanged. Unknown fields are rejected with a 400 naming them rather than
 ignored; fields OpenAI defines that leave the reply unchanged here (``store``, ``metadata``,
 ``user``, ``verbosity``...: ``ChatRequest.IGNORED``) are accepted and ignored, and those asking for
-what lmnb does not do (tools, audio, web search, ``logit_bias``) are refused by name. A response's
+what lmnb does not do (tools, audio, web search) are refused by name. ``logit_bias`` (its keys
+token ids as strings, as OpenAI's API has them; biases in [-100, 100]) reaches
+``SamplingParams.logit_bias``, which reads the keys as ints; the logprobs of a biased reply are
+the model's own, before the bias (``lmnb_engine.sampler``), where OpenAI reports them after it. A response's
 ``id`` is its request's rid, as in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices,
 which end with finish reason ``abort`` (and lmnb's ``finish_message``: ``_finish``). A client names
 the rid itself with SGLang's ``rid`` field (a non-empty string), so that it can abort a request that
@@ -121,7 +124,8 @@ class _SamplingRequest(_Strict):
     frequency_penalty: float = 0.0
     seed: Optional[int] = None
     user: Optional[str] = None
-    logit_bias: Optional[dict[str, float]] = None
+    # {token id as a string: bias}; Any values, so that SamplingParams' check names a bad one's key
+    logit_bias: Optional[dict[str, Any]] = None
     response_format: Optional[ResponseFormat] = None
     # extensions (SGLang / vLLM names)
     top_k: int = -1
@@ -415,9 +419,6 @@ def _response_id(req: _SamplingRequest, prefix: str) -> str:
 
 
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
-    if req.logit_bias:
-        raise RequestError("logit_bias is not supported by lmnb serve; leave it out (to hold the reply to given "
-                           "forms, constrain it with response_format or regex)", param="logit_bias")
     if req.stream_options is not None and not req.stream:  # (OpenAI's and vLLM's 400 too: it would do nothing)
         raise RequestError("stream_options is only allowed with stream=true; drop it, or stream the reply",
                            param="stream_options")
@@ -449,6 +450,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
             return_logprob=logprobs,
             top_logprobs_num=top,
             logprob_start_len=start,
+            logit_bias=req.logit_bias,
             **_constraint(req),
         )
         params.validate()

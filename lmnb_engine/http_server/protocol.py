@@ -117,6 +117,7 @@ _SAMPLING_KEYS = {
     "sampling_seed": "seed",
     "regex": "regex",
     "json_schema": "json_schema",
+    "logit_bias": "logit_bias",  # ({token id as a string: bias}, as SGLang's)
 }
 # SamplingParams fields that /generate takes beside sampling_params, at the request's top level.
 _REQUEST_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
@@ -222,8 +223,9 @@ def sampling_params_error(e: SamplingParamsError, d: Optional[dict]) -> RequestE
 
 def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
     """The field that the engine's refusal ``e`` of a request with ``params`` is about: a
-    ``SamplingParams`` field (its own error's, ``regex`` or ``json_schema`` for a grammar that
-    does not compile, ``stop_token_ids`` outside the vocabulary, ``logprob_start_len`` past the
+    ``SamplingParams`` field (its own error's, ``logit_bias`` keys outside the vocabulary among
+    them, ``regex`` or ``json_schema`` for a grammar that does not compile, ``stop_token_ids``
+    outside the vocabulary, ``logprob_start_len`` past the
     prompt, ``max_new_tokens`` the context's length or more), ``rid`` (in use), or None for the
     prompt (too long, or too long for a ``max_new_tokens`` that fits alone: OpenAI's
     ``context_length_exceeded`` names the messages, ids outside the vocabulary)."""
