@@ -633,11 +633,12 @@ def gen(
     regex: Optional[str] = None,
     json_schema: Any = None,
     seed: Optional[int] = None,
+    logit_bias: Optional[dict[int, float]] = None,
 ):
     """Generate text into variable ``name``. Arguments left None inherit the ``run`` defaults.
 
-    The arguments are in SGLang's order (``sgl.gen("x", 16, None, None, "\\n")``), ``seed``
-    (lmnb's) last.
+    The arguments are in SGLang's order (``sgl.gen("x", 16, None, None, "\\n")``), then lmnb's
+    ``seed`` and ``logit_bias``.
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
     fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class; a string or
@@ -656,6 +657,14 @@ def gen(
     such as a numpy array or a pandas Series) this is ``select`` (SGLang: greedy, scored
     with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
     scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
+    ``logit_bias`` (OpenAI's API's and SGLang's server's; not in SGLang's ``gen``) maps token ids
+    of the backend's model (``{1234: -100}``; their decimal text, ``{"1234": -100}``, too) to a
+    bias in [-100, 100] added to their logits at every token, before the greedy argmax or the
+    temperature and top_k / top_p / min_p (-100 bans a token in effect, +100 forces it; a regex's or
+    JSON schema's masked tokens stay masked): the in-process engine and an lmnb or SGLang server
+    (``RuntimeEndpoint``, in ``sampling_params``) apply it, and ``OpenAI`` sends it as the API's
+    ``logit_bias``. Logprobs asked for are the model's own, before the bias, on the engine and
+    lmnb serve (OpenAI's API reports them after it).
 
     An argument's own problem is raised before a problem of two together, as a ``%%lm`` cell tells
     them (a dict as choices before ``max_tokens`` beside choices).
@@ -670,10 +679,13 @@ def gen(
             choices, or with choices another option a pick cannot use (``max_tokens``, ``stop``,
             ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
             that ``select`` refuses, a ``top_logprobs_num`` that is not an integer >= 0 (its upper
-            bound is the backend's: the engine's is 20).
+            bound is the backend's: the engine's is 20), a ``logit_bias`` key that is no token id
+            or bias that is no number in [-100, 100] (the key named; ids past the model's
+            vocabulary are the backend's to refuse).
         TypeError: ``name`` is not a string or None (an empty one is a ValueError); a ``choices_method`` other than None that is no
             ``ChoicesSamplingMethod``, with choices or without them; ``ignore_eos``,
-            ``return_logprob`` or ``return_text_in_logprobs`` is not True, False or None; a number option holds no
+            ``return_logprob`` or ``return_text_in_logprobs`` is not True, False or None; a ``logit_bias``
+            that is no dict; a number option holds no
             int (``max_tokens``, ``n``, ``top_k``, ...) or no int or float (``temperature``, ...):
             every backend refuses it, a server's after it failed to encode the request as JSON.
     """
@@ -700,7 +712,7 @@ def gen(
         temperature=None if pick is not None else temperature,  # (a pick's: select()'s rule, checked above)
         ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-        regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
+        regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype, logit_bias=logit_bias,
     )
     chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}
     clash = output_clash([k for k in OUTPUT_OPTIONS if chosen[k] is not None])
@@ -716,7 +728,7 @@ def gen(
                   "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
                   "ignore_eos": ignore_eos, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
                   "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs,
-                  "seed": seed}
+                  "seed": seed, "logit_bias": logit_bias}
         given = [k for k, v in unused.items() if v is not None]
         if given:
             raise ValueError(f"gen(..., choices=...) scores the choices and generates nothing, so {', '.join(given)} "

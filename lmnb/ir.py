@@ -92,6 +92,7 @@ _PARAM_FIELDS = (
     "regex",
     "json_schema",
     "dtype",
+    "logit_bias",
 )
 
 
@@ -198,7 +199,10 @@ class GenParams:
     the same way (see ``lmnb_engine.SamplingParams``); ``logprob_start_len`` is a
     prompt-token index. ``regex`` and ``json_schema`` (a JSON string or a dict) constrain the output
     and are passed to the backend unchanged. ``dtype`` (``int``, ``float``, ``bool``, ``str``)
-    becomes a regex and, for int/float/bool, a parsed value (see ``dtype_regex``).
+    becomes a regex and, for int/float/bool, a parsed value (see ``dtype_regex``). ``logit_bias``
+    (OpenAI's and SGLang's, an lmnb extension in the language) is ``{token id: bias in [-100, 100]}``,
+    read as the engine reads it (``lmnb_engine.params.logit_bias_value``: ids given as their decimal
+    text become ints).
     """
 
     max_new_tokens: Optional[int] = None
@@ -222,6 +226,7 @@ class GenParams:
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict, bool]] = None
     dtype: Optional[Any] = None
+    logit_bias: Optional[dict[int, float]] = None
 
     def __post_init__(self) -> None:
         for f in _PARAM_FIELDS:  # numpy scalars as Python values, as the engine takes them (and for JSON)
@@ -257,6 +262,14 @@ class GenParams:
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
             raise ValueError(f"top_logprobs_num={shown_value(k)} is invalid: give a count of top alternatives per token, "
                              "an integer >= 0")
+        if self.logit_bias is not None:  # (a plain gen() loads nothing of the engine)
+            from lmnb_engine.params import logit_bias_value  # torch-free: the engine's own rule
+
+            try:
+                self.logit_bias = logit_bias_value(self.logit_bias)
+            except ValueError as e:  # (in gen()'s name for it, which is the engine's)
+                raise (TypeError if not isinstance(self.logit_bias, dict) else ValueError)(
+                    str(e).replace("SamplingParams.", "", 1)) from None
 
     def merged_over(self, defaults: "GenParams") -> "GenParams":
         """These values where set, ``defaults`` elsewhere (a new object; lists are copied)."""
@@ -267,6 +280,8 @@ class GenParams:
         for key in ("stop", "stop_regex"):
             if isinstance(out[key], (list, tuple)):
                 out[key] = list(out[key])
+        if out["logit_bias"] is not None:
+            out["logit_bias"] = dict(out["logit_bias"])
         return GenParams(**out)
 
     @property
@@ -317,7 +332,7 @@ class GenParams:
         keys = (
             "max_new_tokens", "min_new_tokens", "n", "stop_token_ids", "temperature", "top_p",
             "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed",
-            "regex", "json_schema",
+            "regex", "json_schema", "logit_bias",
         )
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.stop_list:
@@ -331,7 +346,7 @@ class GenParams:
 # cell's parser checks a literal one so (``param_problem``), for the same words.
 CHECKED_ALONE = ("max_tokens", "min_tokens", "n", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
                  "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob", "logprob_start_len",
-                 "top_logprobs_num", "return_text_in_logprobs")
+                 "top_logprobs_num", "return_text_in_logprobs", "logit_bias")
 
 
 def param_problem(key: str, value: Any) -> Optional[str]:

@@ -38,11 +38,13 @@ class Speculation:
     ``follows``: what the call wrote after ``text``: "" where its output ended there (an EOS or a
     stop token), the stop string it stopped at, None where more text would follow (its max
     tokens) or it is not known; a ``stop_regex`` match that reads the text's end (``a$``) is a
-    stop only where what follows settles it (``_stop_in``)."""
+    stop only where what follows settles it (``_stop_in``). ``logit_bias``: the call's (None for
+    none): its text was drawn with that bias, so it serves only gens with the same."""
 
     text: str = ""
     ends: Optional[tuple[int, ...]] = None
     ignore_eos: bool = False
+    logit_bias: Optional[dict] = None
     logprobs: dict = dataclasses.field(default_factory=dict, compare=False)
     follows: Optional[str] = None
 
@@ -207,6 +209,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         serves = False
     elif params.stop_token_ids:  # the leftover was not generated to stop at them: its own call does
         serves = False
+    elif (params.logit_bias or None) != left.logit_bias:  # drawn with another bias (or none): its own call
+        serves = False
     elif stops:  # the leftover serves this gen if it holds one of its stops or max_tokens tokens (SGLang
         # serves a gen with stops from any leftover, cut at max_tokens characters or where the leftover ends)
         serves = _stop_in(params, left, None) is not None or (
@@ -225,7 +229,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         ex._check_finish([comps[0].meta_info])
         token_text = getattr(ex.backend, "token_text", None)  # (the in-process engine reads a token's bytes)
         left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info, token_text),
-                                   ignore_eos=bool(params.ignore_eos), follows=_follows(comps[0].meta_info, spec.stop))
+                                   ignore_eos=bool(params.ignore_eos), follows=_follows(comps[0].meta_info, spec.stop),
+                                   logit_bias=params.logit_bias or None)
         call = comps[0].meta_info
     end = left.end_of_tokens(limit) if limit is not None else None
     hit = _stop_in(params, left, end) if stops else None  # (one that ends by end, where known)

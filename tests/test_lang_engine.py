@@ -1468,6 +1468,57 @@ def test_api_speculative_gen_with_stop_token_ids_stops_at_them_as_without_specul
     assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
 
 
+def test_gen_logit_bias_on_the_engine_steers_greedy_tokens_as_the_hf_logits_say(backend, hf, tiny_engine):
+    """gen() had no logit_bias. On the tiny model, +100 on a token makes it each of the gen's
+    greedy tokens; -100 on the greedy first token makes the first token the second best of HF's
+    logits there, and its reported logprob is HF's raw one (logprobs are the model's own, before
+    the bias)."""
+    tok, model = hf
+    prompt = "the cat is red"
+    ids = tiny_engine.prompt_ids(prompt)
+    with torch.no_grad():
+        lps = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+    best, second = lps.topk(2).indices.tolist()
+    forced = tok.encode(" dog", add_special_tokens=False)[-1]
+    assert forced != best
+
+    @sgl.function
+    def prog(s):
+        s += prompt
+        s += sgl.gen("up", max_tokens=3, ignore_eos=True, logit_bias={forced: 100})
+
+    @sgl.function
+    def ban(s):
+        s += prompt + sgl.gen("down", max_tokens=1, ignore_eos=True, logit_bias={str(best): -100}, return_logprob=True)
+
+    state = prog.run(backend=backend, temperature=0)
+    assert state["up"] == tiny_engine.decode([forced] * 3, skip_special_tokens=True)
+    [(logprob, token, _)] = ban.run(backend=backend, temperature=0).get_meta_info("down")["output_token_logprobs"]
+    assert token == second and logprob == pytest.approx(lps[second].item(), abs=1e-4)
+
+
+def test_api_speculative_gen_with_a_logit_bias_gets_what_it_gets_without_speculation():
+    """A gen with its own logit_bias served from the leftover of an earlier gen's call would take
+    text drawn without its bias (and a gen without one, text drawn with the caller's): such a gen
+    makes its own call. Here -100 bans " Travel", which the demo model writes after " the harbor.";
+    reference: the same program without speculation."""
+    travel = []
+
+    def prog(s):  # the demo model writes " see", " the", " harbor", ".", " Travel", " west", " to", ...
+        s += "A fruit:" + sgl.gen("a", max_tokens=1) + sgl.gen("b", max_tokens=6, logit_bias=dict.fromkeys(travel, -100))
+        s += sgl.gen("c", max_tokens=2)
+
+    backend = sgl.Engine()
+    try:
+        travel.extend(backend.engine.tokenizer.encode(" Travel", add_special_tokens=False)[-1:])
+        plain, spec = (f.run(backend=backend, temperature=0)
+                       for f in (sgl.function(prog), sgl.function(num_api_spec_tokens=16)(prog)))
+    finally:
+        backend.shutdown()
+    assert plain["b"].startswith(" the harbor.") and " Travel" not in plain["b"]
+    assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
+
+
 def test_a_gen_under_the_models_chat_template_ends_at_its_end_of_message_token(backend, tiny_engine):
     """The tiny model's own chat template ends a message with "<|end|>", a special token that is not
     the model's EOS; the template adds it to every unconstrained gen's stops, but the engine read

@@ -5344,7 +5344,7 @@ def test_gen_with_choices_refuses_the_options_a_pick_cannot_use_naming_them():
     for key, value in [("min_tokens", 1), ("stop_token_ids", [2]), ("stop_regex", "x"), ("top_k", 5),
                        ("min_p", 0.1), ("frequency_penalty", 0.5), ("presence_penalty", 0.5), ("ignore_eos", True),
                        ("return_logprob", True), ("logprob_start_len", 0), ("top_logprobs_num", 2),
-                       ("return_text_in_logprobs", True)]:
+                       ("return_text_in_logprobs", True), ("logit_bias", {1: 5})]:
         with pytest.raises(ValueError, match=f"so {key} would do nothing"):
             sgl.gen("x", choices=["a", "b"], **{key: value})
     # what a pick does use is still taken
@@ -6857,3 +6857,29 @@ def test_a_failure_whose_report_raises_still_ends_the_run_with_an_error():
     assert str(e.value) == ("gen(..., choices=...) choices must be non-empty strings: choice 2 of 2 is <a BadValue "
                             "whose repr raised ValueError>")
 
+
+
+@pytest.mark.parametrize("bias, error, said", [
+    ([3], TypeError, "logit_bias is invalid: must be a dict mapping token ids to biases, e.g. {1234: -100}; got a list"),
+    ({"the": 1}, ValueError, "logit_bias is invalid: the key 'the' is not a token id: keys are token ids (ints >= 0, "
+                             "or their decimal text as in OpenAI's API, \"1234\"); to bias a word, encode it to its "
+                             "token ids first"),
+    ({4: -100.5}, ValueError, "logit_bias is invalid: the bias of token 4, -100.5, is outside [-100, 100]"),
+    ({4: float("inf")}, ValueError, "logit_bias is invalid: the bias of token 4, inf, is not a finite number"),
+])
+def test_gen_refuses_a_bad_logit_bias_where_it_is_called(bias, error, said):
+    """gen() had no logit_bias; a bad one is refused by gen() itself, in the engine's words, for
+    every backend (an OpenAI API would refuse it only once the program ran)."""
+    with pytest.raises(error) as e:
+        sgl.gen("x", logit_bias=bias)
+    assert str(e.value).startswith(said)
+
+
+def test_gen_logit_bias_reads_ids_as_ints_and_merging_copies_it():
+    import numpy as np
+
+    node = sgl.gen("x", logit_bias={"12": -100, np.int64(3): np.float32(0.5)})
+    assert node.params.logit_bias == {12: -100.0, 3: 0.5}
+    merged = node.params.merged_over(sgl.gen("y").params)
+    assert merged.logit_bias == node.params.logit_bias and merged.logit_bias is not node.params.logit_bias
+    assert "logit_bias" not in sgl.gen("y").params.sampling_kwargs()

@@ -162,6 +162,32 @@ def test_openai_official_api_refuses_regex_instead_of_dropping_it():
         prog.run(backend=official).text()
 
 
+def test_gen_logit_bias_reaches_the_engine_through_every_backend(served):
+    """gen() had no logit_bias. The in-process engine takes it as SamplingParams.logit_bias, a
+    RuntimeEndpoint sends it in sampling_params (SGLang's name), the OpenAI backend as the API's
+    logit_bias (chat and completions); each arrives as {int id: float bias}. The official OpenAI
+    API gets it as its own field, its keys the ids as strings."""
+    from lmnb.ir import GenParams
+
+    engine, url = served
+
+    @sgl.function
+    def prog(s, chat):
+        gen = sgl.gen("x", max_tokens=2, logit_bias={7: -100, "9": 2.5})
+        s += sgl.user("Q") + sgl.assistant(gen) if chat else "Q:" + gen
+
+    backends = (sgl.Engine(engine=engine), sgl.RuntimeEndpoint(url), sgl.OpenAI("rec", base_url=f"{url}/v1"),
+                sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False))
+    for backend in backends:
+        engine.received.clear()
+        prog.run(chat=backend.is_chat_model, backend=backend).sync()
+        assert [p.logit_bias for p in engine.received] == [{7: -100.0, 9: 2.5}], backend
+    for backend in backends[1:]:
+        backend.shutdown()
+    official = sgl.OpenAI("gpt-4o-mini", api_key="sk-test-not-used")
+    assert official._kwargs(GenParams(max_new_tokens=1, logit_bias={50256: -100}))["logit_bias"] == {"50256": -100.0}
+
+
 def test_api_speculative_execution_through_lmnb_serve_makes_one_call(served):
     engine, url = served
     engine.reply = lambda text, params: " Alice\nAge: 30\nCity: Paris\n"

@@ -1656,6 +1656,7 @@ def test_a_choices_method_that_is_no_method_is_refused_with_or_without_choices(b
     ("top_k", 2.5), ("min_p", "a"), ("frequency_penalty", "a"), ("presence_penalty", None), ("ignore_eos", "yes"),
     ("ignore_eos", 1), ("seed", 2.5), ("seed", "a"), ("return_logprob", 1), ("logprob_start_len", "a"),
     ("top_logprobs_num", 2.5), ("return_text_in_logprobs", "x"), ("max_tokens", -1), ("seed", 2**64),
+    ("logit_bias", [3]), ("logit_bias", {"a": 1}), ("logit_bias", {5: 200}),
 ])
 def test_a_literal_option_is_refused_in_the_words_gen_refuses_it_with(key, bad):
     """The cell worded a value of the wrong type its own way ("max_tokens must be an integer >= 0,

@@ -241,6 +241,7 @@ def check_sendable(params: GenParams) -> None:
     values = [(f, getattr(params, f)) for f in ("max_new_tokens", "min_new_tokens", "top_k", "logprob_start_len",
                                                  "top_logprobs_num")]
     values += [("stop_token_ids", t) for t in params.stop_token_ids or ()]
+    values += [("logit_bias", t) for t in params.logit_bias or ()]  # (its keys: ids of any size)
     for f, value in values:
         if not isinstance(value, int) or not digits_over_limit(decimal_digits(value)):
             continue
@@ -250,7 +251,7 @@ def check_sendable(params: GenParams) -> None:
                            "model's context length")
             e.reason = DOES_NOT_FIT
             raise e
-        said = f"{name} holds {shown}" if f == "stop_token_ids" else f"{name}={shown}"
+        said = f"{name} holds {shown}" if f in ("stop_token_ids", "logit_bias") else f"{name}={shown}"
         raise ValueError(f"{said} has {past_digit_limit(verb='writes')}, so no request to the server can carry it; "
                          "give a smaller number")
 

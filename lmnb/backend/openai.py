@@ -307,6 +307,8 @@ class OpenAI(BaseBackend):
                 kw[key] = getattr(params, key)
         if params.stop_list:
             kw["stop"] = params.stop_list
+        if params.logit_bias:  # (the API's own field: its keys are the ids as strings)
+            kw["logit_bias"] = {str(t): b for t, b in params.logit_bias.items()}
         if params.n is not None and params.n != 1:  # n=0 too: the server refuses it, as the other backends do
             kw["n"] = params.n
         extra: dict[str, Any] = {}
