@@ -151,8 +151,9 @@ class Req:
         # sampling state
         self.seed = seed  # output token j is sampled with ``sample_draw(seed, j)``
         self.stop_token_ids = frozenset(params.stop_token_ids or ())
-        # the validated logit_bias as host tensors (ids int64 [k], biases float32 [k]), made once:
-        # the sampler adds them to this request's row every step (``sampler.apply_logit_bias``)
+        # the validated logit_bias as tensors (ids int64 [k], biases float32 [k]), made once: the
+        # sampler moves them to the logits' device once and adds them to this request's row every
+        # step (``sampler.apply_logit_bias``)
         self.logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         if params.logit_bias:
             self.logit_bias = (torch.tensor(list(params.logit_bias), dtype=torch.int64),

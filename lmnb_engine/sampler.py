@@ -95,16 +95,21 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
 def apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
     """Add each request's ``logit_bias`` to its row of ``logits`` (float32 [B, V]) in place: one
     ``index_put_`` with accumulation of the (row, token id, bias) entries of the rows that have
-    one (``Req.logit_bias``, host tensors made once per request), so the cost grows with the
-    entries, not with the vocabulary, and rows without a bias are not touched."""
+    one (``Req.logit_bias``, moved to the logits' device once per request), so the cost grows
+    with the entries, not with the vocabulary, and rows without a bias are not touched."""
     rows = [i for i, r in enumerate(reqs) if r.logit_bias is not None]
     if not rows:
         return
     dev = logits.device
+    for i in rows:
+        if reqs[i].logit_bias[0].device != dev:  # (kept there: a later step copies nothing of it)
+            reqs[i].logit_bias = tuple(t.to(dev) for t in reqs[i].logit_bias)
     ids = torch.cat([reqs[i].logit_bias[0] for i in rows])
     bias = torch.cat([reqs[i].logit_bias[1] for i in rows])
-    at = torch.repeat_interleave(torch.tensor(rows), torch.tensor([len(reqs[i].logit_bias[0]) for i in rows]))
-    logits.index_put_((at.to(dev), ids.to(dev)), bias.to(dev, logits.dtype), accumulate=True)
+    counts = [len(reqs[i].logit_bias[0]) for i in rows]
+    at = torch.repeat_interleave(torch.tensor(rows, device=dev), torch.tensor(counts, device=dev),
+                                 output_size=sum(counts))  # (its size given: no wait for the device)
+    logits.index_put_((at, ids), bias.to(logits.dtype), accumulate=True)
 
 
 def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
