@@ -689,9 +689,10 @@ class StreamExecutor:
             return not self._queue and not self._draining
 
     def _wait(self, timeout: Optional[float] = None) -> None:
-        """(Lock held.) Wait for a change of this state, or ``timeout`` seconds; with none, at most
+        """(Lock held.) Wait for a change of this state, or ``timeout`` seconds, at most
         ``lmnb_engine.waits.MARKED_STOP_POLL_S`` (callers look again and wait on), so that a Ctrl-C
-        that landed as the wait began takes effect.
+        that landed as the wait began takes effect (``settle``'s wait for the reports of a Stop's
+        aborted requests, up to 5 s on the cell's main thread, held a press for all of it).
 
         Raises:
             RuntimeError: called on the thread that runs this state's primitives (in an
@@ -703,7 +704,7 @@ class StreamExecutor:
                                "event's fields, or read the state on another thread")
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
-        self._cv.wait(MARKED_STOP_POLL_S if timeout is None else timeout)
+        self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
 
     def wait_idle(self) -> None:
         """Block until every submitted primitive has run (or was skipped after an error)."""

@@ -159,7 +159,9 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     still stops what runs on (fork branches a ``--python`` body left unjoined). A program that
     failed (``"error"``) with such branches, or programs its body started, still running has
     them aborted as a Stop would. Stopped either way, the cell waits at most ``interrupt_wait_s``
-    seconds for its stopped requests to report (``settle_tree``).
+    seconds for its stopped requests to report (``settle_tree``); a Ctrl-C in that wait, or as the
+    body is stopped, after a Stop, is met as one in the pump: the body is stopped and the outcome
+    attached to the ``KeyboardInterrupt``.
     ``view.tick()`` runs whenever no event arrived for ``poll_s`` seconds, so throttled updates
     are never held back.
     """
@@ -206,6 +208,14 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
 
     try:
         _pump(listener, feeder, view, poll_s, on_stop=stop)
+        if view.stop_requested.is_set():  # (a click as the pump took the end: fork branches left unjoined may run on)
+            stop()
+        if stopping.is_set() and not settled.is_set():  # stopped after the waiter looked: wait for the reports here
+            settle_tree(state, listener, interrupt_wait_s)  # (sliced: a Ctrl-C there is met as one in the pump)
+            _drain(listener, feeder)
+        listener.close()
+        if stopping.is_set():
+            stop_body(state)
     except KeyboardInterrupt as interrupt:
         t0 = time.monotonic()
         stop()
@@ -219,14 +229,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
         listener.close()
         interrupt.lmnb_outcome = CellOutcome(state, "interrupted", None, dict(feeder.captured), interrupt_s)
         raise
-    if view.stop_requested.is_set():  # (a click as the pump took the end: fork branches left unjoined may run on)
-        stop()
-    if stopping.is_set() and not settled.is_set():  # stopped after the waiter looked: wait for the reports here
-        settle_tree(state, listener, interrupt_wait_s)
-        _drain(listener, feeder)
-    listener.close()
     if stopping.is_set():  # the view's Stop button: like Ctrl-C (the magic raises its interrupt)
-        stop_body(state)
         if failure and not isinstance(failure[0], ProgramAborted):  # it had failed before the Stop (its
             return CellOutcome(state, "error", failure[0], dict(feeder.captured))  # body ran on): say why
         return CellOutcome(state, "interrupted", None, dict(feeder.captured))

@@ -463,3 +463,69 @@ def test_a_second_ctrl_c_that_lands_as_the_cell_waits_for_its_stop_takes_effect_
     assert len(backend.aborted) == 1  # the gen's request, aborted by the first press
     assert state.stream_executor.settle(time.monotonic() + 30)  # (it ends once the backend answers)
     assert isinstance(state.error(), lmnb.ProgramAborted)
+
+
+def test_a_ctrl_c_as_the_cell_waits_for_what_its_stop_button_stopped_still_reports_the_outcome():
+    """A Stop clicked as the program's end reached the cell (a ``--python`` body that returned
+    with a program it started still generating) has the cell's main thread wait, up to
+    ``interrupt_wait_s``, for the stopped request to report. That wait was one lock wait: a Ctrl-C
+    that landed as it began was acted on only when it ended (here once a backend that takes 30 s
+    to end an aborted request had ended it), and then raised with no outcome, the listener never
+    closed and the body never stopped. The wait is now sliced, and a Ctrl-C there is met as one
+    in the pump: at once, with the outcome, and the listener closed."""
+    import signal
+    import time
+
+    from helpers_lang import called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
+
+    from lmnb_kernel import cellrun
+
+    streaming, gate, ended = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowToAbort(ScriptedBackend):  # (a server still in a long step when its abort came)
+        def generate_stream(self, prompt, params, rid):
+            self._record("stream", (prompt, params))
+            counts = {"id": rid, "prompt_tokens": 7, "cached_tokens": 5}
+            yield "x", {**counts, "completion_tokens": 1}
+            streaming.set()
+            assert self._abort_events.setdefault(rid, threading.Event()).wait(20), "the request was not aborted"
+            gate.wait(30)
+            ended.set()
+            yield "", {**counts, "completion_tokens": 1, "finish_reason": {"type": "abort", "message": "aborted"}}
+
+    class StopAsItEndsWithTheRequestInFlight(_StopAsItEnds):
+        def put(self, item, block=True, timeout=None):
+            if item is cellrun._DONE:  # (the nested request in flight: the stop has it to wait for)
+                assert streaming.wait(20)
+            super().put(item, block, timeout)
+
+    backend, view, listener, started = SlowToAbort(), _View(), Listener(), []
+
+    @lmnb.function
+    def inner(s):
+        s += "Q:" + lmnb.gen("a", max_tokens=50)
+
+    @lmnb.function
+    def body(s):
+        s += "start"
+        started.append(inner.run(stream=True, backend=backend))  # returns at once; not read, so not waited for
+
+    listener.queue = StopAsItEndsWithTheRequestInFlight(view)
+    state = start_run(body, {}, backend, {}, listener)
+    waits_for_the_stopped = lambda: main_thread_blocked_in(  # noqa: E731
+        lambda frame: in_a_threading_wait(frame) and called_from(frame, "settle_tree", cellrun.__file__))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt_main_when(waits_for_the_stopped, marked_only=True):
+            with pytest.raises(KeyboardInterrupt) as e:
+                run_cell(state, listener, _Feeder(), view, interrupt_wait_s=60)
+        assert not ended.is_set()  # stopped while the request was still being aborted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        gate.set()
+    assert view.stop_requested.is_set()
+    assert e.value.lmnb_outcome.status == "interrupted"
+    assert len(backend.aborted) == 1  # the nested run's request, aborted by the Stop
+    assert started[0].stream_executor.settle(time.monotonic() + 30)  # (it ends once the backend answers)
+    assert isinstance(started[0].error(), lmnb.ProgramAborted)
+    assert listener.queue.empty()  # its report, after the cell, is not queued for it: the listener is closed
