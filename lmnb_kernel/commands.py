@@ -71,9 +71,22 @@ def connect(args, session: Session) -> None:
             hint += f"; {_key_advice(args)}"
         raise CellError(f"could not connect to {args.url}: {without_key_fix(e)}{hint}") from e
     if args.openai:
-        what += _served_models_note(backend, args, v1)
+        try:
+            what += _served_models_note(backend, args, v1)
+        except BaseException:  # (refused, or Ctrl-C as it waited for the server: the session keeps its backend)
+            backend.shutdown()  # (else its client was left to the garbage collector to close)
+            raise
     dropped = sorted(session.states)  # they ran on the old backend, as %lm load says
-    session.connect(backend, what)
+    try:
+        session.connect(backend, what)
+    except KeyboardInterrupt as e:
+        if hasattr(e, "_render_traceback_"):  # stopped once connected (Session.connect): still say what it
+            _show_connected(what, dropped)  # connected to and which states went with the old backend
+        raise
+    _show_connected(what, dropped)
+
+
+def _show_connected(what: str, dropped: list[str]) -> None:
     msg = f"connected: {what}" + (f"; named states dropped: {', '.join(dropped)}" if dropped else "")
     display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
 

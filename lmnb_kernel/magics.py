@@ -150,6 +150,8 @@ def _stopped_state(command: str, session: Session) -> str:
                 "cache is as it was (pinned prefixes stay either way); %lm flush can be run again")
     if command == "stats":
         return "; it only reads figures, so nothing changed; %lm stats can be run again"
+    if command == "connect":  # (one once connected says so itself: Session.connect)
+        return f" before it connected; cells still run on {session.current()}"
     return ""
 
 

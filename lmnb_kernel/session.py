@@ -18,7 +18,7 @@ from typing import Any, Optional
 from lmnb.interrupt import held_interrupts
 from lmnb_engine import MODEL_ENV, model_or_env
 from lmnb_engine.cli_options import UNPIN, in_option_syntax
-from lmnb_engine.waits import future_result
+from lmnb_engine.waits import future_result, thread_join
 from lmnb_kernel.errors import CellError, cell_interrupt
 
 
@@ -212,11 +212,39 @@ class Session:
             self.close()
             self.config, self._backend, self.remote = config, backend, None
 
-    def connect(self, backend, description: str) -> None:
-        """Replace the backend with ``backend`` (an lmnb backend for a server, described for users)."""
-        with self._lock:
-            self.close()
-            self._backend, self.remote = backend, description
+    def connect(self, backend, description: str, timeout: float = 2.0) -> None:
+        """Replace the backend with ``backend`` (an lmnb backend for a server, described for users),
+        dropping the named states, then shut the old one down, waiting at most ``timeout`` seconds.
+
+        A Ctrl-C leaves one of two states, and says which; never none (the old backend's shutdown
+        was waited for first, and a press in that wait left the session with no backend: the next
+        ``%%lm`` cell loaded an in-process engine, and the new server's client was never closed).
+
+        Raises:
+            KeyboardInterrupt: bare, for a press before the swap, which is made with Ctrl-C held:
+                the connect is cancelled, the old backend and the named states are kept, and
+                ``backend`` is shut down. As ``cell_interrupt`` (one line saying so) for a press
+                during or after the swap: ``backend`` is in place, and the old backend's shutdown,
+                no longer waited for, goes on in the background.
+        """
+        swapped = False
+        try:
+            with self._lock:
+                with held_interrupts() as held:
+                    old, self._backend, self.remote = self._backend, backend, description
+                    self.states.clear()
+                    swapped = True
+                    shutting = _shut_down_in_background(old)
+                if not held:
+                    if shutting is not None:
+                        thread_join(shutting, timeout)  # (sliced: a press that lands as it begins stops it)
+                    return
+        except KeyboardInterrupt:
+            if not swapped:
+                _shut_down_in_background(backend)  # (its client: it was never used)
+                raise
+        raise cell_interrupt(f"%lm connect was stopped as the old backend shut down; cells run on {description} now "
+                             "(the old backend's shutdown goes on in the background)")
 
     def close(self, timeout: float = 2.0) -> None:
         """Drop named states and shut the backend down, waiting at most ``timeout`` seconds.
@@ -226,11 +254,9 @@ class Session:
         with self._lock:
             backend, self._backend = self._backend, None
             self.states.clear()
-        if backend is None:
-            return
-        done = threading.Thread(target=backend.shutdown, name="lmnb-shutdown", daemon=True)
-        done.start()
-        done.join(timeout)
+        done = _shut_down_in_background(backend)
+        if done is not None:
+            done.join(timeout)
 
     # -- named states -----------------------------------------------------------------------------
     def state(self, name: str) -> NamedState:
@@ -339,6 +365,17 @@ class Session:
         if _changed_with_ctrl_c_held(drop_the_pin):  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm unpin was stopped; state {name!r}'s pin is released all the same, between "
                                  "the engine's steps")
+
+
+def _shut_down_in_background(backend) -> Optional[threading.Thread]:
+    """Start ``backend.shutdown()`` on a daemon thread of its own (a server's waits for an abort in
+    flight, a wedged one's up to its timeout), returned for the caller to wait for as long as it
+    will; None where ``backend`` is None."""
+    if backend is None:
+        return None
+    done = threading.Thread(target=backend.shutdown, name="lmnb-shutdown", daemon=True)
+    done.start()
+    return done
 
 
 def _changed_with_ctrl_c_held(change) -> bool:

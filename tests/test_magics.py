@@ -1322,6 +1322,110 @@ def test_connect_says_which_named_states_it_drops(ip, monkeypatch):
         assert out.outputs[0].data["text/plain"] == "connected: SGLang-protocol server http://127.0.0.1:2"
 
 
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_ctrl_c_as_connect_waits_for_the_old_backend_to_shut_down_leaves_the_new_one_in_place(ip, monkeypatch,
+                                                                                              marked):
+    """%lm connect shut the old backend down first, waiting for it (a server's client waits for an
+    abort in flight): a Ctrl-C in that wait left the session with no backend at all, the new
+    server's client dropped unclosed, and the next %%lm cell silently loaded an in-process engine.
+    Now the new backend is put in place first, with Ctrl-C held, and a press in the wait that
+    follows only stops the wait: cells run on the new server, and the stop and the connected line
+    say so. ``marked``: the press landed as the wait began (Python only marks it)."""
+    import signal
+
+    from helpers_lang import called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
+
+    from lmnb_kernel import session as session_module
+
+    gate, closed = threading.Event(), []
+
+    class Server:
+        def __init__(self, url, **kwargs):
+            self.url = url
+
+        def shutdown(self):
+            closed.append(self.url)
+            if self.url.endswith(":1"):  # (the old one: its shutdown waits, as for a wedged server's abort)
+                gate.wait(30)
+
+    monkeypatch.setattr(lmnb, "RuntimeEndpoint", Server)
+    magics = ip.magics_manager.registry["LMMagics"]
+    connecting = lambda: main_thread_blocked_in(  # noqa: E731
+        lambda frame: in_a_threading_wait(frame) and called_from(frame, "connect", session_module.__file__))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with separate_session(ip) as session:
+            assert run(ip, "%lm connect http://127.0.0.1:1")[0].success
+            session.states["chat"] = object()
+            with capture_output() as out, interrupt_main_when(connecting, marked_only=marked):
+                with pytest.raises(KeyboardInterrupt) as e:
+                    magics.run_command("connect http://127.0.0.1:2")
+            assert not gate.is_set()  # (stopped while the old one still shut down)
+            assert session.remote == "SGLang-protocol server http://127.0.0.1:2" and session.states == {}
+            assert session.backend().url == "http://127.0.0.1:2"  # the server's, no in-process engine started
+            assert closed == ["http://127.0.0.1:1"]  # the old one only
+            assert e.value._render_traceback_() == [
+                "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm connect was stopped as the old backend shut down; cells run "
+                "on SGLang-protocol server http://127.0.0.1:2 now (the old backend's shutdown goes on in the background)"]
+            assert out.outputs[0].data["text/plain"] == (
+                "connected: SGLang-protocol server http://127.0.0.1:2; named states dropped: chat")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        gate.set()
+
+
+def test_a_ctrl_c_as_connect_waits_for_the_openai_servers_models_keeps_the_old_backend(ip, monkeypatch):
+    """%lm connect --openai asks the server for its models before it connects; a Ctrl-C in that
+    wait said only "%lm connect was stopped", and the new backend was dropped with its client open
+    (left to the garbage collector). Now that client is closed, and the stop says the cells still
+    run on the old backend, which is kept with its named states."""
+    import signal
+    import types
+
+    from helpers_lang import called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
+
+    from lmnb_kernel import commands
+
+    gate, closed = threading.Event(), []
+
+    class Server:
+        def __init__(self, url, **kwargs):
+            self.url = url
+
+        def shutdown(self):
+            closed.append(self.url)
+
+    class OpenAI(Server):  # its model list waits for the server (here until the test ends)
+        def __init__(self, model, base_url, **kwargs):
+            super().__init__(base_url)
+            models = types.SimpleNamespace(list=lambda: gate.wait(30) and [])
+            self.client = types.SimpleNamespace(with_options=lambda **kw: types.SimpleNamespace(models=models))
+
+    monkeypatch.setattr(lmnb, "RuntimeEndpoint", Server)
+    monkeypatch.setattr(lmnb, "OpenAI", OpenAI)
+    magics = ip.magics_manager.registry["LMMagics"]
+    listing = lambda: main_thread_blocked_in(  # noqa: E731
+        lambda frame: in_a_threading_wait(frame) and called_from(frame, "_served_models_note", commands.__file__))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with separate_session(ip) as session:
+            assert run(ip, "%lm connect http://127.0.0.1:1")[0].success
+            session.states["chat"] = kept = object()
+            with capture_output() as out, interrupt_main_when(listing):
+                with pytest.raises(KeyboardInterrupt) as e:
+                    magics.run_command("connect http://127.0.0.1:2/v1 --openai m")
+            assert not gate.is_set()
+            assert session.backend().url == "http://127.0.0.1:1" and session.states == {"chat": kept}
+            assert closed == ["http://127.0.0.1:2/v1"]  # the new one's client, closed
+            assert e.value._render_traceback_() == [
+                "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm connect was stopped before it connected; cells still run on "
+                "SGLang-protocol server http://127.0.0.1:1"]
+            assert out.outputs == []  # (no "connected" line)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        gate.set()
+
+
 @pytest.mark.parametrize("cause, refused", [("ConnectTimeout", True), ("ReadTimeout", False)])
 def test_connect_tells_a_host_that_never_answers_from_a_server_that_is_slow_to(ip, monkeypatch, cause, refused):
     """A connect timeout (a firewalled host) is refused at connect time; a read timeout (a server
