@@ -798,6 +798,11 @@ class StreamExecutor:
         reader = threading.get_ident() if reader is None else reader
         return body is not None and body != reader and not _waits_for(body, reader)
 
+    def settled_for_caller(self) -> bool:
+        """Whether ``wait_body`` and then ``wait_idle`` would return at once on this thread."""
+        with self._cv:
+            return not self._queue and not self._draining and not self._body_elsewhere()
+
     def wait_body(self) -> None:
         """Block until a streamed program body running on another thread has returned."""
         with self._cv:

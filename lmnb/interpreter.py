@@ -278,12 +278,24 @@ class ProgramState:
         ``ProgramAborted``)."""
         self.stream_executor.abort()
 
-    def __repr__(self) -> str:
+    def __str__(self) -> str:
         """``ProgramState(<text>)``, SGLang's form: waits like ``text()`` (programs print
         ``str(state)`` to show a branch's finished text), but shows a failed state's text so far
         instead of raising."""
         self._wait_done()
         return f"ProgramState({self.stream_executor.text_})"
+
+    def __repr__(self) -> str:
+        """``str(state)`` once nothing more will come (what ``text()`` would not wait for);
+        before, ``<ProgramState running text='<text so far>'>`` at once, as a running future's repr
+        is. SGLang's repr waits; reprs are made where no one asked to wait (Python 3.11's
+        ``signal.getsignal`` in ``asyncio.run``'s end makes the main task's, its result's with it,
+        so a coroutine returning a running state hung ``asyncio.run`` until the program ended;
+        debuggers, logs), so lmnb's only ``str`` waits."""
+        ex = self.stream_executor
+        if ex.settled_for_caller():
+            return str(self)
+        return f"<ProgramState running text={ex.text_!r}>"
 
 
 def _check_join_mode(mode: str) -> None:

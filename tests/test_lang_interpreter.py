@@ -5874,6 +5874,42 @@ def test_stopping_text_async_iter_ends_its_worker_thread_at_once(how):
     assert len(be.aborted) == 1 and not be.timed_out
 
 
+@pytest.mark.timeout(60)
+def test_asyncio_run_returning_a_state_whose_reader_it_cancelled_returns_while_the_program_runs():
+    """A coroutine that cancels its text_async_iter reader and returns the state: asyncio.run
+    came back only when the program ended (here the gen's 20 s, ``timed_out``; a long gen's whole
+    run): on its way out, Python 3.11's asyncio.run reads the SIGINT handler, whose repr holds
+    the main task's, whose result is the state, and the state's repr waited like text(). Now the
+    repr of a running state waits for nothing, so asyncio.run returns with the program running
+    (the reader's cancel is a break: it aborts nothing)."""
+    be = _HeldStream()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a", max_tokens=8)
+
+    async def main():
+        st = prog.run(backend=be, stream=True)
+
+        async def read():
+            return [c async for c in st.text_async_iter("a")]
+
+        task = asyncio.create_task(read())
+        while not (be.calls and _threads_in_iter_text()):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return st
+
+    st = asyncio.run(main())
+    assert not be.timed_out and be.aborted == [] and not st.stream_executor.idle()  # (the gen runs on)
+    assert repr(st) == "<ProgramState running text='Q: '>"
+    st.abort()
+    assert str(st) == "ProgramState(Q: )"  # (waits for the abort to end the gen, and the body to return)
+    assert repr(st) == str(st) and isinstance(st.error(), sgl.ProgramAborted) and len(be.aborted) == 1
+
+
 def test_text_async_iter_of_the_whole_text_yields_strings_even_with_return_meta_data():
     # SGLang's return_meta_data pairs a variable's chunks with its meta info; for the whole text
     # (no variable) it yields the text chunks alone. lmnb yielded (chunk, None) tuples there.
