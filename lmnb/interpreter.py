@@ -27,7 +27,7 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
     derived_seed,
 )
-from lmnb.interrupt import held_interrupts, item_ranges, stopped
+from lmnb.interrupt import ReadInterrupts, held_interrupts, item_ranges, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
     role_message, shown_value,
@@ -143,15 +143,19 @@ class ProgramState:
         try:
             yield
         except KeyboardInterrupt:
-            ex = self.stream_executor
-            finished = ex._finished()
-            ex.abort()
-            if finished:
-                what = "the program had finished, so nothing was aborted"
-            else:
-                what = ("its requests were aborted and the backend is free for the next call; the text it had "
-                        "written is in state.error().partial_text")
-            raise stopped(f"the program was stopped while its state was read: {what}") from None
+            raise stopped(self._abort_for_interrupt()) from None
+
+    def _abort_for_interrupt(self) -> str:
+        """Abort this state for a Ctrl-C that stopped a read of it; returns what to tell the user."""
+        ex = self.stream_executor
+        finished = ex._finished()
+        ex.abort()
+        if finished:
+            what = "the program had finished, so nothing was aborted"
+        else:
+            what = ("its requests were aborted and the backend is free for the next call; the text it had "
+                    "written is in state.error().partial_text")
+        return f"the program was stopped while its state was read: {what}"
 
     def sync(self) -> None:
         """Wait until every submitted primitive has run (and, called outside the body of a
@@ -252,23 +256,37 @@ class ProgramState:
         ``(chunk, meta_info of var_name)``, the meta info as of that chunk (the whole text has no
         meta info: its chunks come alone, as in SGLang).
 
-        Cancelled while it waits for text (``task.cancel()``; Ctrl-C in ``asyncio.run``, which
-        cancels the main task), it stops at once, the worker thread waiting for it too (else
-        ``asyncio.run``, which waits for those threads on its way out, hung until more text came).
-        As a ``break`` out of the loop does, that leaves the program running (another reader may
-        want it): ``state.abort()``, e.g. in an ``except asyncio.CancelledError``, stops its gens."""
+        Cancelled while it waits for text (``task.cancel()``), it stops at once, the worker thread
+        waiting for it too (else ``asyncio.run``, which waits for those threads on its way out,
+        hung until more text came). As a ``break`` out of the loop does, that leaves the program
+        running (another reader may want it; ``asyncio.run`` returns meanwhile):
+        ``state.abort()``, e.g. in an ``except asyncio.CancelledError``, stops its gens.
+
+        A Ctrl-C while it waits for text stops the program, as in every other wait on a state:
+        its requests are aborted and the reading task ends. Under ``asyncio.run`` (or a
+        notebook's cell, which ipykernel cancels) the cancel they make ends it; under
+        ``loop.run_until_complete`` (IPython's autoawait), where Python's handler would raise
+        ``KeyboardInterrupt`` out of the loop with the task pending, the task is cancelled and
+        the ``KeyboardInterrupt`` (saying what was aborted) is raised once it ended
+        (``lmnb.interrupt.ReadInterrupts``)."""
         # steps run on worker threads, for this thread: an event loop that a streamed body runs
         # (asyncio.run in the body) reads as the body, which cannot add text while it reads
         # (with meta data, each chunk's own: read with it, under the state's lock)
         stop = threading.Event()
         it = self._text_iter(var_name, threading.get_ident(), return_meta_data and var_name is not None, stop)
         end = object()
+        interrupts = ReadInterrupts(asyncio.current_task())
         try:
             while True:
-                chunk = await asyncio.to_thread(next, it, end)
+                with interrupts:
+                    chunk = await asyncio.to_thread(next, it, end)
                 if chunk is end:
                     return
                 yield chunk
+        except asyncio.CancelledError:
+            if interrupts.interrupted:
+                interrupts.message = self._abort_for_interrupt()
+            raise
         finally:  # (a cancel lands in the await while a step runs: that step ends now)
             stop.set()
             self.stream_executor.wake_readers()

@@ -296,6 +296,67 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     assert reply["content"]["status"] == "ok"
 
 
+_HELD_READ = """
+import sys, threading, time
+sys.path.insert(0, {tests!r})
+import lmnb as sgl
+from helpers_lang import ScriptedBackend
+from lmnb import executor
+
+class Held(ScriptedBackend):  # sends nothing until aborted, or after 20 s "late" (timed_out)
+    timed_out = False
+
+    def generate_stream(self, prompt, params, rid):
+        if self._abort_events.setdefault(rid, threading.Event()).wait(20):
+            yield "", {{"id": rid, "finish_reason": {{"type": "abort", "message": "aborted"}}}}
+            return
+        self.timed_out = True
+        yield "late", {{"id": rid, "completion_tokens": 1, "finish_reason": {{"type": "length"}}}}
+
+def _in_iter_text(frame):
+    while frame is not None:
+        if frame.f_code is executor.StreamExecutor.iter_text.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+def say_when_read():  # once a step of text_async_iter waits for the gen's text
+    while not any(_in_iter_text(top) for top in sys._current_frames().values()):
+        time.sleep(0.01)
+    print("reading", flush=True)
+
+be = Held()
+
+@sgl.function
+def prog(s):
+    s += "Q: " + sgl.gen("a", max_tokens=8)
+
+st = prog.run(backend=be, stream=True)
+"""
+
+
+def test_stopping_a_cell_awaiting_text_async_iter_ends_it_at_once_and_aborts_the_program(kernel):
+    """ipykernel turns a Ctrl-C (the stop button) in a cell that awaits into a cancel of the cell,
+    but scheduled it with nothing to wake the loop: a cell awaiting text_async_iter of a gen that
+    sent nothing was cancelled only when the gen ended (here 20 s: ``timed_out``; a held gen,
+    never), and its program ran on, generating for no one. The reader now wakes the loop for the
+    cancel, which aborts the program, as a stop does in every wait on a state."""
+    km, kc = kernel
+    reply, _ = execute(kc, _HELD_READ.format(tests=str(Path(__file__).parent)))
+    assert reply["content"]["status"] == "ok"
+
+    def stop_once_reading(msg):
+        if msg["msg_type"] == "stream" and "reading" in msg["content"]["text"]:
+            km.interrupt_kernel()
+
+    reply, messages = execute(kc, "threading.Thread(target=say_when_read, daemon=True).start()\n"
+                                  "async for c in st.text_async_iter('a'):\n    print(c)",
+                              on_message=stop_once_reading)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "CancelledError"
+    _, out = execute(kc, "print(be.timed_out, len(be.aborted), type(st.error()).__name__, repr(st.error().partial_text))")
+    assert stdout(out).split() == ["False", "1", "ProgramAborted", "'Q:", "'"]
+
+
 def _reply(kc, request: str, **content) -> dict:
     """The content of the kernel's reply to a complete_request / is_complete_request."""
     msg_id = getattr(kc, request)(**content)

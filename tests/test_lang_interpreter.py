@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -5841,8 +5842,10 @@ def test_stopping_text_async_iter_ends_its_worker_thread_at_once(how):
     waited (Ctrl-C in asyncio.run, which cancels the main task, or a cancel of the task reading)
     left its step waiting for the next text, so asyncio.run, which waits for the loop's worker
     threads on its way out, hung until the gen sent more (here 20 s, ``timed_out``; for a gen that
-    never does, for ever). Now the step ends at once, and the program runs on, as after a break
-    out of the loop (a reader does not stop the program for other readers): state.abort() stops it."""
+    never does, for ever). Now the step ends at once. After a cancel the program runs on, as after
+    a break out of the loop (a reader does not stop the program for other readers): state.abort()
+    stops it; a Ctrl-C stops the program, as in every wait on a state (it ran on, generating for no
+    one: the Ctrl-C came as a cancel)."""
     be = _HeldStream()
 
     @sgl.function
@@ -5865,13 +5868,58 @@ def test_stopping_text_async_iter_ends_its_worker_thread_at_once(how):
     if how == "ctrl-c":
         with interrupt_main_when(lambda: be.calls and _threads_in_iter_text()), pytest.raises(KeyboardInterrupt):
             asyncio.run(read())
-    else:
-        asyncio.run(cancelled())
+        assert not be.timed_out and _threads_in_iter_text() == [] and len(be.aborted) == 1
+        assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Q: "
+        return
+    asyncio.run(cancelled())
     assert not be.timed_out and _threads_in_iter_text() == []
     assert be.aborted == [] and not st.stream_executor.idle()  # (the gen runs on)
     st.abort()
     assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Q: "
     assert len(be.aborted) == 1 and not be.timed_out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("reader", ["main task", "task it awaits"])
+def test_ctrl_c_in_run_until_complete_ends_the_text_async_iter_task_and_aborts_the_program(reader):
+    """loop.run_until_complete (IPython's autoawait; a script's own loop) sets no SIGINT handler:
+    Python's raised KeyboardInterrupt in the loop, out of run_until_complete, with the reading task
+    left pending (it read on when the loop ran again: the next cell) and its step waiting on a
+    worker thread, the gen generating for no one. Now the Ctrl-C cancels the task, and once it has
+    ended (its program aborted, as a Ctrl-C in text_iter aborts it), run_until_complete raises the
+    KeyboardInterrupt, saying so."""
+    be = _HeldStream()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a", max_tokens=8)
+
+    st = prog.run(backend=be, stream=True)
+
+    async def read():
+        return [c async for c in st.text_async_iter("a")]
+
+    tasks = []
+
+    async def awaiting():
+        tasks.append(asyncio.ensure_future(read()))
+        return await tasks[0]
+
+    loop = asyncio.new_event_loop()
+    try:
+        main = loop.create_task(read() if reader == "main task" else awaiting())
+        reading = main if reader == "main task" else None
+        with interrupt_main_when(lambda: be.calls and _threads_in_iter_text()), \
+                pytest.raises(KeyboardInterrupt, match="its requests were aborted"):
+            loop.run_until_complete(main)
+        reading = reading or tasks[0]
+        assert reading.cancelled() and not be.timed_out and len(be.aborted) == 1
+        assert isinstance(st.error(), sgl.ProgramAborted) and st.error().partial_text == "Q: "
+        loop.run_until_complete(loop.shutdown_default_executor())  # (waits for the worker threads)
+        assert _threads_in_iter_text() == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        st.abort()
+        loop.close()
 
 
 @pytest.mark.timeout(60)
