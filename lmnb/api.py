@@ -596,7 +596,10 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
     """Decorator making ``func(s, ...)`` an LM program (``SglFunction``).
 
     ``num_api_spec_tokens``: API speculative execution (paper §2/§6) for API backends — one call
-    generates this many tokens past the first ``gen`` and later ``gen``s are matched from it.
+    generates this many tokens past the first ``gen`` and later ``gen``s are matched from it. On a
+    chat model one call writes each assistant message, with its first gen's sampling parameters: a
+    later gen of the role whose own differ is refused (a ``ValueError`` naming it, the option and the
+    fix) before the call, as SGLang refuses it (docs/language.md, Backends: "API speculative execution").
     """
     if func is not None:
         return SglFunction(func, num_api_spec_tokens)

@@ -3,8 +3,9 @@
 For models served only through an API, a program's consecutive ``gen`` calls each cost a request.
 With ``@function(num_api_spec_tokens=N)`` one call generates past the first ``gen`` and later fills
 and gens are matched from that text. Completion models follow SGLang's ``StreamExecutor._spec_gen``;
-chat models defer the gens of an assistant role to one call at the role's end and split the
-reply along the role's pattern (SGLang's ``OpenAI.role_end_generate``/``spec_pattern_match``),
+chat models defer the gens of an assistant role to one call at the role's end, made with the first
+gen's sampling parameters (a later gen whose own differ is refused: ``spec_role_check``), and split
+the reply along the role's pattern (SGLang's ``OpenAI.role_end_generate``/``spec_pattern_match``),
 keeping the state per program instead of per backend so ``run_batch`` threads do not mix.
 """
 
@@ -17,7 +18,7 @@ import re
 from typing import TYPE_CHECKING, Callable, Optional
 
 from lmnb.backend.base import BackendError, finish_reason_dict, reworded
-from lmnb.ir import Gen, GenParams
+from lmnb.ir import GEN_NAMES, Gen, GenParams, shown_value
 
 if TYPE_CHECKING:
     from lmnb.executor import StreamExecutor
@@ -282,9 +283,81 @@ def _textless(entry: list) -> list:
     return [logprob, token_id, None if token_id is not None else text]
 
 
+# GenParams fields that stay each gen's own in a chat model's speculative call: the call's max_tokens
+# is num_api_spec_tokens, the reply is split at each gen's stop and stop_regex, and the logprob
+# options change what is reported, not what is drawn. The others are the call's, the first gen's.
+_OWN_IN_CHAT_CALL = frozenset({"max_new_tokens", "stop", "stop_regex", "return_logprob", "logprob_start_len",
+                               "top_logprobs_num", "return_text_in_logprobs"})
+_SHOWN_CHARS = 60  # of a differing value in spec_role_check's message (a schema, a regex may be long)
+
+
+def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
+    """Refuse a chat model's deferred gen ``expr`` (with its resolved ``params``) whose sampling
+    parameters differ from the first gen's of its assistant role (``terms``: the role's fills and
+    gens so far, ``StreamExecutor._spec_terms``), before the role's one call is made.
+
+    That call (``spec_role_end``) writes the whole assistant message with the first gen's
+    parameters, so a later gen's own ``temperature``, ``logit_bias``, ``seed`` etc. would be
+    silently ignored; a call of its own is no way out, as a chat API cannot continue a half-written
+    assistant message. SGLang's OpenAI backend refuses the same (an assertion in
+    ``_prepare_spec_execution``; it compares the OpenAI arguments, lmnb every option that changes
+    what is drawn). Not compared (``_OWN_IN_CHAT_CALL``): ``stop`` and ``stop_regex``, each gen's
+    own (the reply is split at them), ``max_tokens`` (the call's is ``num_api_spec_tokens``) and the
+    logprob options (the first gen's meta_info has the whole reply's logprobs where it asks for
+    them, a later gen's none).
+
+    Raises:
+        ValueError: naming both gens, the differing options with both values, and the fix.
+    """
+    first = next((t for t in terms if t[0] == "gen"), None)
+    if first is None:
+        return
+    _, first_expr, first_params, _ = first
+    fields = [f.name for f in dataclasses.fields(GenParams)
+              if f.name not in _OWN_IN_CHAT_CALL and getattr(params, f.name) != getattr(first_params, f.name)]
+    if not fields:
+        return
+    gen_k = sum(t[0] == "gen" for t in terms)  # (expr is the role's gen number gen_k + 1)
+    this, that = _gen_named(expr, gen_k + 1), _gen_named(first_expr, 1)
+    names = " and ".join(dict.fromkeys(_option_name(f, expr) for f in fields))
+    raise ValueError(
+        f"{this} has {_options(fields, expr, params, expr)} where {that}, the first gen of its assistant role, has "
+        f"{_options(fields, first_expr, first_params, expr)}: under API speculative execution (num_api_spec_tokens) "
+        f"a chat model writes the whole assistant message in one call, with the first gen's sampling parameters, "
+        f"and a chat API cannot continue a half-written assistant message to draw {this} with its own; give the "
+        f"role's gens the same {names}, or put {this} in an assistant role of its own"
+    )
+
+
+def _gen_named(expr: Gen, k: int) -> str:
+    return f"gen {expr.name!r}" if expr.name is not None else f"the role's unnamed gen #{k}"
+
+
+def _option_name(field: str, expr: Gen) -> str:
+    """gen()'s name of ``field``: ``dtype`` where the gen's regex came from its dtype."""
+    return "dtype" if field == "regex" and expr.params.dtype is not None else GEN_NAMES.get(field, field)
+
+
+def _options(fields: list[str], expr: Gen, params: GenParams, refused: Gen) -> str:
+    """``temperature=0.9, seed=3`` of ``params``' ``fields`` (gen ``expr``'s); one not set is
+    ``no seed``, named as the ``refused`` gen's message names it (``no dtype``, not ``no regex``)."""
+    out = []
+    for f in fields:
+        name = _option_name(f, expr)
+        value = expr.params.dtype if name == "dtype" else getattr(params, f)
+        if value is None:
+            out.append(f"no {_option_name(f, refused)}")
+            continue
+        shown = getattr(value, "__name__", None) if name == "dtype" else None
+        shown = shown or shown_value(value)
+        out.append(f"{name}={shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS - 3] + '...'}")
+    return ", ".join(out)
+
+
 def spec_role_end(ex: "StreamExecutor") -> None:
     """Chat-model API speculative execution: the assistant role's gens were deferred; one chat
-    call (``max_tokens=num_api_spec_tokens``) answers them all, and its reply is matched
+    call (``max_tokens=num_api_spec_tokens``, the first gen's other sampling parameters, which
+    ``spec_role_check`` made sure are every gen's) answers them all, and its reply is matched
     against the role's pattern of fills and gens (up to ``SPEC_MAX_TRIES`` calls). The first gen's
     meta_info is the call's, the others' only ``speculative``.
 

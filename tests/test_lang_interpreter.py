@@ -3272,6 +3272,63 @@ def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     assert be_bad.kinds() == ["generate"] * 3
 
 
+_SPEC_CHAT_WHY = ("under API speculative execution (num_api_spec_tokens) a chat model writes the whole assistant "
+                  "message in one call, with the first gen's sampling parameters, and a chat API cannot continue a "
+                  "half-written assistant message to draw gen 'age' with its own; give the role's gens the same ")
+
+
+@pytest.mark.parametrize("age, said", [
+    (dict(temperature=0.9), "temperature=0.9 where gen 'name', the first gen of its assistant role, has temperature=0: "
+                            + _SPEC_CHAT_WHY + "temperature"),
+    (dict(logit_bias={"7": -100}), "logit_bias={7: -100.0} where gen 'name', the first gen of its assistant role, has "
+                                   "no logit_bias: " + _SPEC_CHAT_WHY + "logit_bias"),
+    # (top_p's default is 1.0, SGLang's; seed has none)
+    (dict(top_p=0.5, seed=3), "top_p=0.5, seed=3 where gen 'name', the first gen of its assistant role, has top_p=1.0, "
+                              "no seed: " + _SPEC_CHAT_WHY + "top_p and seed"),
+    (dict(min_tokens=2), "min_tokens=2 where gen 'name', the first gen of its assistant role, has no min_tokens: "
+                         + _SPEC_CHAT_WHY + "min_tokens"),
+    # (a dtype is a regex by the time the gen runs: named as the program wrote it)
+    (dict(dtype=int), "dtype=int where gen 'name', the first gen of its assistant role, has no dtype: "
+                      + _SPEC_CHAT_WHY + "dtype"),
+])
+def test_a_speculated_chat_gen_whose_sampling_parameters_differ_from_its_roles_first_is_refused_before_the_call(
+        age, said):
+    """One chat call answers all of an assistant role's gens, drawn with the first gen's sampling
+    parameters: a later gen's own temperature, logit_bias, seed... were silently ignored (its text
+    was the call's, drawn at temperature 0). A call of its own cannot continue the half-written
+    assistant message over a chat API, so the gen is refused, as SGLang's OpenAI backend asserts,
+    before any call is made, naming both gens, both values and the fix."""
+    be = ScriptedBackend(lambda p, params: "Name: Carol\nAge: 41", chat_template=CHATML, is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", stop="\n", **age))
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=be, temperature=0).text()
+    assert f"gen 'age' has {said}, or put gen 'age' in an assistant role of its own" in str(e.value)
+    assert be.kinds() == []
+
+
+def test_a_speculated_chat_roles_gens_keep_their_own_stops_max_tokens_and_logprob_options():
+    """What stays each gen's own under one chat call: its stop (the reply is split at it), its
+    max_tokens (the call's is num_api_spec_tokens) and its logprob options; and a value inherited
+    from run() is the same as one given to the gen."""
+    be = ScriptedBackend(lambda p, params: "Name: Carol\nAge: 41.", chat_template=CHATML, is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n", temperature=0.5, logit_bias={7: 1}) + "\nAge: "
+                           + sgl.gen("age", stop=".", max_tokens=3, return_logprob=True, logit_bias={"7": 1.0}))
+
+    st = prog.run(backend=be, temperature=0.5)
+    assert (st["name"], st["age"]) == ("Carol", "41")
+    [(kind, (_, params))] = be.calls
+    assert (kind, params.temperature, params.logit_bias, params.max_new_tokens) == ("generate", 0.5, {7: 1.0}, 32)
+
+
 @pytest.mark.parametrize("reply, finish, want", [
     ("x END", {"type": "stop", "matched": 2}, "x "),  # an EOS ends the reply after "END"
     ("x END", {"type": "stop", "matched": "<|im_end|>"}, "x "),  # so does the chat stop string

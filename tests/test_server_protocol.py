@@ -219,6 +219,33 @@ def test_api_speculative_execution_through_lmnb_serve_makes_one_call(served):
         engine.reply = RecordingEngine().reply
 
 
+def test_a_speculated_chat_gen_with_its_own_logit_bias_is_refused_through_the_openai_backend(served):
+    """Over a chat API one call answered all of an assistant role's gens with the first gen's
+    parameters: the second gen's logit_bias never reached the server (the one request carried none)
+    and the gen's text was drawn without it. It is refused before any request."""
+    engine, url = served
+    chat = sgl.OpenAI("rec", base_url=f"{url}/v1")
+
+    @sgl.function(num_api_spec_tokens=32)
+    def person(s):
+        s += sgl.user("Describe someone.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n") + "\nAge: "
+                           + sgl.gen("age", stop="\n", logit_bias={"15": -100}))
+
+    engine.received.clear()
+    engine.reply = lambda text, params: "Name: Bob\nAge: 7"  # (the role's pattern: the old code ran it)
+    try:
+        with pytest.raises(sgl.ProgramError, match=r"gen 'age' has logit_bias=\{15: -100\.0\} where gen 'name', the "
+                                                   r"first gen of its assistant role, has no logit_bias: .* give the "
+                                                   "role's gens the same logit_bias, or put gen 'age' in an assistant "
+                                                   "role of its own"):
+            person.run(backend=chat, temperature=0).text()
+        assert engine.received == []
+    finally:
+        engine.reply = RecordingEngine().reply
+        chat.shutdown()
+
+
 def _post(url, path, body, **kw):
     return httpx.post(url + path, content=body if isinstance(body, str) else json.dumps(body), **kw)
 
