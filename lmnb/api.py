@@ -661,7 +661,9 @@ def gen(
     with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
     scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
     ``logit_bias`` (OpenAI's API's and SGLang's server's; not in SGLang's ``gen``) maps token ids
-    of the backend's model (``{1234: -100}``; their decimal text, ``{"1234": -100}``, too) to a
+    of the backend's model (``{1234: -100}``; their decimal text, ``{"1234": -100}``, too: no words,
+    as the language has no backend-neutral encoder; ``lmnb.Engine(...).get_tokenizer().encode(word,
+    add_special_tokens=False)`` in process, the model's ``transformers.AutoTokenizer`` for a served one) to a
     bias in [-100, 100] added to their logits at every token, before the greedy argmax or the
     temperature and top_k / top_p / min_p (-100 bans a token in effect, +100 forces it; a regex's or
     JSON schema's masked tokens stay masked): the in-process engine and an lmnb or SGLang server

@@ -1497,6 +1497,31 @@ def test_gen_logit_bias_on_the_engine_steers_greedy_tokens_as_the_hf_logits_say(
     assert token == second and logprob == pytest.approx(lps[second].item(), abs=1e-4)
 
 
+def test_a_word_as_a_logit_bias_key_is_refused_naming_tokenizers_whose_ids_bias_it(backend, tiny_engine, tiny_llama):
+    """A word as a key was refused with "encode it to its token ids first", though the language has
+    no encoder of its own: the refusal names where the model's tokenizer comes from. Each one it
+    names gives the same ids (the HF tokenizer loaded from the checkpoint is the reference), and
+    +100 on the word's last id makes the gen write it, as the message promises."""
+    from transformers import AutoTokenizer
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", logit_bias={" dog": 100})
+    assert str(e.value).startswith("logit_bias is invalid: the key ' dog' is not a token id: ")
+    assert ("to bias a word, give its token ids from the model's own tokenizer: tokenizer.encode(word, "
+            "add_special_tokens=False), where tokenizer is lmnb.Engine(...).get_tokenizer() or "
+            "lmnb_engine.Engine(...).tokenizer in process, or transformers.AutoTokenizer.from_pretrained(the "
+            "model's path or hub id) for a served model") in str(e.value)
+    ids = [tok.encode(" dog", add_special_tokens=False)
+           for tok in (backend.get_tokenizer(), tiny_engine.tokenizer, AutoTokenizer.from_pretrained(tiny_llama))]
+    assert ids[0] == ids[1] == ids[2] and ids[0]
+
+    @sgl.function
+    def prog(s):
+        s += "the cat is red" + sgl.gen("up", max_tokens=2, ignore_eos=True, logit_bias={ids[0][-1]: 100})
+
+    assert prog.run(backend=backend, temperature=0)["up"] == tiny_engine.decode([ids[0][-1]] * 2, skip_special_tokens=True)
+
+
 def test_api_speculative_gen_with_a_logit_bias_gets_what_it_gets_without_speculation():
     """A gen with its own logit_bias served from the leftover of an earlier gen's call would take
     text drawn without its bias (and a gen without one, text drawn with the caller's): such a gen

@@ -7003,8 +7003,12 @@ def test_a_failure_whose_report_raises_still_ends_the_run_with_an_error():
 @pytest.mark.parametrize("bias, error, said", [
     ([3], TypeError, "logit_bias is invalid: must be a dict mapping token ids to biases, e.g. {1234: -100}; got a list"),
     ({"the": 1}, ValueError, "logit_bias is invalid: the key 'the' is not a token id: keys are token ids (ints >= 0, "
-                             "or their decimal text as in OpenAI's API, \"1234\"); to bias a word, encode it to its "
-                             "token ids first"),
+                             "or their decimal text as in OpenAI's API, \"1234\"); to bias a word, give its token "
+                             "ids from the model's own tokenizer: tokenizer.encode(word, add_special_tokens=False), "
+                             "where tokenizer is lmnb.Engine(...).get_tokenizer() or lmnb_engine.Engine(...).tokenizer "
+                             "in process, or transformers.AutoTokenizer.from_pretrained(the model's path or hub id) "
+                             "for a served model (for OpenAI's own models, "
+                             "tiktoken.encoding_for_model(name).encode(word))"),
     ({4: -100.5}, ValueError, "logit_bias is invalid: the bias of token 4, -100.5, is outside [-100, 100]"),
     ({4: float("inf")}, ValueError, "logit_bias is invalid: the bias of token 4, inf, is not a finite number"),
 ])

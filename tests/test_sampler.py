@@ -407,7 +407,11 @@ def test_logprobs_with_a_logit_bias_are_the_models_own():
 @pytest.mark.parametrize("bias, said", [
     ([1, 2], "must be a dict mapping token ids to biases, e.g. {1234: -100}; got a list"),
     ({"abc": 1}, "the key 'abc' is not a token id: keys are token ids (ints >= 0, or their decimal text as in "
-                 "OpenAI's API, \"1234\"); to bias a word, encode it to its token ids first"),
+                 "OpenAI's API, \"1234\"); to bias a word, give its token ids from the model's own tokenizer: "
+                 "tokenizer.encode(word, add_special_tokens=False), where tokenizer is lmnb.Engine(...).get_tokenizer() "
+                 "or lmnb_engine.Engine(...).tokenizer in process, or transformers.AutoTokenizer.from_pretrained(the "
+                 "model's path or hub id) for a served model (for OpenAI's own models, "
+                 "tiktoken.encoding_for_model(name).encode(word))"),
     ({-1: 1}, "the key -1 is not a token id"),
     ({"-1": 1}, "the key '-1' is not a token id"),
     ({True: 1}, "the key True is not a token id"),

@@ -3778,7 +3778,10 @@ def test_logit_bias_reaches_the_engine_with_int_token_ids(served, path, body):
 @pytest.mark.parametrize("path, body, param, message", [
     ("/v1/completions", {"prompt": "a", "logit_bias": {"abc": 1}}, "logit_bias",
      'logit_bias is invalid: the key "abc" is not a token id: keys are token ids (ints >= 0, or their decimal text '
-     'as in OpenAI\'s API, "1234"); to bias a word, encode it to its token ids first'),
+     'as in OpenAI\'s API, "1234"); to bias a word, give its token ids from the model\'s own tokenizer: '
+     "tokenizer.encode(word, add_special_tokens=False), where tokenizer is lmnb.Engine(...).get_tokenizer() or "
+     "lmnb_engine.Engine(...).tokenizer in process, or transformers.AutoTokenizer.from_pretrained(the model's path "
+     "or hub id) for a served model (for OpenAI's own models, tiktoken.encoding_for_model(name).encode(word))"),
     ("/v1/chat/completions", {"messages": _USER, "logit_bias": {"5": 150}}, "logit_bias",
      "logit_bias is invalid: the bias of token 5, 150, is outside [-100, 100]: give a number from -100 (bans the "
      "token in effect) to 100 (forces it in effect)"),
