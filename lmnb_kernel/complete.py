@@ -8,7 +8,8 @@ cell magic (incomplete until a blank line). Here the names come from where the m
 select's options from ``lmnb.template.options.allowed`` (the options the parser checks against)
 and a video's ``frames=`` (none of them where the line or hole gives it already); a Python
 expression a construct takes (an image's or video's source, a fork's count or items, an option's
-value) from IPython's completion of that expression alone (or of its innermost part: ``[ti``); no
+value), and a hole that is one (``{person.na``), from IPython's completion of that expression alone,
+in brackets (or of its innermost part: ``[ti``); no
 IPython magic name in a hole, and no name at all in a hole's string; whether a cell is finished from
 the cell parser itself (``UnclosedError``).
 """
@@ -149,9 +150,9 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         ours = [n for n in names if n.startswith(slash + word)]
         if slash:
             return _reply(ours, cursor_pos, cursor_pos - len(word) - 1)
-        reply = python(code, cursor_pos)  # (kernel variables; not IPython's magic names, which a hole cannot hold)
-        theirs = [m for m in reply["matches"] if not m.startswith("%") and m not in ours]
-        if reply.get("cursor_start") != cursor_pos - len(word):  # another word than ours: ours alone
+        reply = _python_alone(hole, cursor_pos, python)  # (kernel variables)
+        theirs = [m for m in reply["matches"] if m not in ours]
+        if reply["cursor_start"] != cursor_pos - len(word):  # another word than ours: ours alone
             theirs = []
         return _reply(ours + theirs, cursor_pos, cursor_pos - len(word))
     media = _MEDIA_SOURCE.match(hole)
@@ -168,23 +169,24 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     expression = _expression(hole)
     if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone
         return _python_alone(expression, cursor_pos, python)
-    reply = python(code, cursor_pos)  # a hole that is a Python expression: IPython's, less its magic names
-    return _reply([m for m in reply["matches"] if not m.startswith("%")], cursor_pos,
-                  reply.get("cursor_start", cursor_pos))
+    return _python_alone(hole, cursor_pos, python)  # a hole that is a Python expression
 
 
 def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> dict:
     """IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
-    alone: IPython reading the hole's whole line as Python found no expression there (``{fork tips``
-    and ``{image ca`` got nothing; ``{fork tip in `` and ``{image `` its magic names, ``%%latex``,
-    which no hole can hold, and those are left out here too). Where that gives no name, the
-    innermost expression being typed is asked alone (IPython reads ``[ti`` as magic names)."""
+    alone and in brackets, as the hole's braces hold it. IPython reading the hole's whole cell as
+    Python found no expression there (``{fork tips`` and ``{image ca`` got nothing; ``{fork tip in ``
+    and ``{image `` its magic names, ``%%latex``, which no hole can hold, and those are left out here
+    too), nor after a quote in the prompt's text (``it's {person.na`` got nothing: the rest of the
+    line read as a string); unbracketed, a hole's new line (``{name\n .up``) is no expression and
+    ``{fo`` offers the statement ``for``. Where that gives no name, the innermost expression being
+    typed is asked alone (IPython without Jedi reads ``[ti`` as magic names)."""
     for text in dict.fromkeys((source, _innermost(source))):
-        reply = python(text, len(text))
+        reply = python("(" + text, len(text) + 1)
         matches = [m for m in reply["matches"] if not m.startswith("%")]
         if matches:
             break
-    return _reply(matches, cursor_pos, cursor_pos - len(text) + reply.get("cursor_start", len(text)))
+    return _reply(matches, cursor_pos, cursor_pos - len(text) - 1 + reply.get("cursor_start", len(text) + 1))
 
 
 def _innermost(source: str) -> str:

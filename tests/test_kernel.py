@@ -449,6 +449,30 @@ def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipy
     assert (python["matches"], python["cursor_start"]) == (["person_s35"], 0)
 
 
+# (code, cursor or None for its end, the matches, the text they replace) for a hole that is Python
+_PYTHON_HOLES = [
+    ("%%lm\nit's {guest_s39.na", None, ["name", "nationality"], "na"),
+    ('%%lm\nsay "{guest_s39.na', None, ["name", "nationality"], "na"),
+    ("%%lm\nit's {guest_s", None, ["guest_s39"], "guest_s"),  # (a hole's first word: a kernel variable)
+    ("%%lm\nit's {guest_s39.na} and {gen x}", 23, ["name", "nationality"], "na"),  # (the cursor mid-cell)
+    ("%%lm\n{guest_s39.name\n  .up", None, ["upper"], "up"),  # (a hole over two lines)
+    ("%%lm\nQ: {'}' + guest_s39.na", None, ["name", "nationality"], "na"),  # (a "}" in the hole's string)
+]
+
+
+def test_completion_in_a_python_hole_is_of_the_holes_expression(kernel):
+    """IPython was asked for the whole cell: a quote in the prompt text before the hole (it's, say ")
+    read the rest of the line as a string, so "it's {guest_s39.na" and "it's {guest_s" offered
+    nothing; now the hole's text is asked alone, and the reply replaces only the word in the hole
+    (the last two cases passed before too: they pin the hole's own lines and strings)."""
+    kc = kernel[1]
+    execute(kc, "class _Guest:\n    name = 'Arvel'\n    nationality = 'Welsh'\nguest_s39 = _Guest()")
+    for code, cursor, matches, word in _PYTHON_HOLES:
+        cursor = len(code) if cursor is None else cursor
+        reply = _reply(kc, "complete", code=code, cursor_pos=cursor)
+        assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (matches, cursor - len(word), cursor), code
+
+
 @pytest.mark.parametrize("code, cursor, matches", [
     ("%%lm --st --state chat", 9, ["--static"]),
     ("%lm load --d --dtype float32", 12, ["--device"]),
@@ -479,17 +503,18 @@ def test_completion_leaves_out_the_options_given_after_the_cursor(code, cursor, 
 ])
 def test_completion_of_a_fork_expression_or_an_option_value_is_of_that_expression_alone(code, source):
     """IPython read the hole's whole line as Python: "{fork tips_s" got nothing, "{fork tip in "
-    and "{gen x max_tokens=" its magic names (%%latex), which no hole can hold."""
+    and "{gen x max_tokens=" its magic names (%%latex), which no hole can hold. The expression is
+    asked in brackets, as the hole's braces hold it."""
     from lmnb_kernel.complete import lm_completions
 
     asked = []
 
     def python(c, p):
         asked.append((c, p))
-        return {"matches": ["%%latex", source + "_s35"], "cursor_start": 0}
+        return {"matches": ["%%latex", source + "_s35"], "cursor_start": 1}  # (after the "(")
 
     reply = lm_completions(code, len(code), python)
-    assert asked == [(source, len(source))]
+    assert asked == [("(" + source, len(source) + 1)]
     assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == ([source + "_s35"],
                                                                           len(code) - len(source), len(code))
 
@@ -507,8 +532,8 @@ def test_completion_of_the_first_item_after_an_open_bracket_asks_for_that_item_a
     offered nothing: where the expression gives no name, its innermost part is asked alone."""
     from lmnb_kernel.complete import lm_completions
 
-    def python(c, p):  # (IPython's way: magic names for a "[" or "(" it reads no expression after)
-        return {"matches": ["%time"] if c != inner else ["tips"], "cursor_start": 0}
+    def python(c, p):  # (IPython's way without Jedi: magic names for a "[" it reads no expression after)
+        return {"matches": ["%time"] if c != "(" + inner else ["tips"], "cursor_start": p - len(inner)}
 
     reply = lm_completions(code, len(code), python)
     assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (["tips"], len(code) - 2, len(code))
