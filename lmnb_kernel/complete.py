@@ -4,9 +4,11 @@ and is_complete_request).
 IPython completes a ``%lm`` line as Python (magic names, builtins) and reads a ``%%lm`` cell as a
 cell magic (incomplete until a blank line). Here the names come from where the magics take them:
 ``%lm`` subcommands and their options from ``magics.line_parser``, ``%%lm`` options from
-``magics.cell_parser``, a hole's first word from the cell parser's ``KEYWORDS``, a gen's or
-select's options from ``lmnb.template.options.allowed`` (the options the parser checks against)
-and a video's ``frames=`` (none of them where the line or hole gives it already); a Python
+``magics.cell_parser``, a state's name (``%lm pin NAME``, ``--state NAME``) from the session's
+named states, file names (IPython's) for ``%lm load``'s model path alone, a hole's first word from
+the cell parser's ``KEYWORDS``, a gen's or select's options from ``lmnb.template.options.allowed``
+(the options the parser checks against) and a video's ``frames=`` (none of them where the line or
+hole gives it already); a Python
 expression a construct takes (an image's or video's source, a fork's count or items, an option's
 value), and a hole that is one (``{person.na``), from IPython's completion of that expression alone,
 in brackets (or of its innermost part: ``[ti``); no
@@ -31,6 +33,10 @@ _MEDIA_SOURCE = re.compile(r"^\s*(image|video)\s+(.*)\Z", re.DOTALL)  # {image c
 _FORK = re.compile(r"^\s*fork\s+(.*)\Z", re.DOTALL)  # {fork 2, {fork tip in ti: an expression
 _PRIMITIVE = re.compile(r"^\s*(?:gen|select|image|video)\s+(.*)\Z", re.DOTALL)  # its options' values
 _MEDIA_OPTIONS = {"image": (), "video": ("frames",)}  # (as the cell parser's media() takes them)
+# (command, argument dest): the values that are a file path, whose completion is IPython's (file
+# names), and those that name a state (%%lm's options are command "")
+_PATH_VALUES = {("load", "model")}
+_STATE_VALUES = {("reset", "name"), ("pin", "name"), ("unpin", "name"), ("", "state")}
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 _IN_STRING = -2  # _open_hole's: the cursor is in a string of the open hole
 
@@ -80,8 +86,9 @@ def _cell_options(line: str, after: str, cursor_pos: int) -> Optional[dict]:
     word = _WORD_BEFORE.search(line).group()
     if line.lstrip().startswith("%%lm") and len(line.lstrip()) == len(word):  # still the magic's name
         return None
-    if word and not word.startswith("-"):  # a value (--state NAME): nothing to offer
-        return _reply([], cursor_pos, cursor_pos - len(word))
+    words = line[: len(line) - len(word)].split()[1:]  # (the words after %%lm)
+    if word and not word.startswith("-") or "=" in word:  # a value (--state NAME, --seed=4)
+        return _value(cell_parser(), "", words, word, cursor_pos)
     given = (line[: len(line) - len(word)] + " " + after).split()
     return _reply([o for o in _options(cell_parser(), given) if o.startswith(word)], cursor_pos, cursor_pos - len(word))
 
@@ -99,10 +106,51 @@ def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
         return _reply([s for s in subcommands if s.startswith(word)], cursor_pos, cursor_pos - len(word))
     if words == ["help"]:  # %lm help SUBCOMMAND
         return _reply([s for s in subcommands if s.startswith(word) and s != "help"], cursor_pos, cursor_pos - len(word))
-    if words[0] in subcommands and word.startswith("-"):
+    if words[0] not in subcommands:
+        return None
+    if word.startswith("-") and "=" not in word:
         options = _options(subcommands[words[0]], words[1:] + after.split())
         return _reply([o for o in options if o.startswith(word)], cursor_pos, cursor_pos - len(word))
-    return None  # a value (a model path, a state name): IPython's (file names)
+    return _value(subcommands[words[0]], words[0], words[1:], word, cursor_pos)
+
+
+def _value(parser, command: str, words: list[str], word: str, cursor_pos: int) -> Optional[dict]:
+    """Completion of ``word``, a value of the ``%lm COMMAND`` (``command``; "" for the ``%%lm``
+    line) whose ``parser`` read ``words`` before it: IPython's (file names: None here) for a file
+    path alone (``%lm load MODEL``), the named states for a state's name (``%lm pin NAME``,
+    ``%%lm --state NAME``), nothing for another value (IPython offered file names for ``%lm
+    connect --api-key "ab`` and a URL). ``--opt=value`` reads as ``--opt value``."""
+    from lmnb_kernel.session import get_session
+
+    key, eq, value = word.partition("=") if word.startswith("-") else ("", "", word)
+    if eq:
+        action = next((a for a in parser._actions if key in a.option_strings), None)
+    else:
+        action = _value_of(parser, words)
+    where = (command, action.dest if action is not None else None)
+    if where in _PATH_VALUES:
+        return None
+    names = sorted(get_session().states) if where in _STATE_VALUES else []
+    return _reply([n for n in names if n.startswith(value)], cursor_pos, cursor_pos - len(value))
+
+
+def _value_of(parser, words: list[str]) -> Optional[argparse.Action]:
+    """The argument of ``parser`` that the word after ``words`` is the value of: the option just
+    before it where that option takes a value, else the first positional argument not yet given;
+    None where there is none (a word too many)."""
+    options = {s: a for a in parser._actions for s in a.option_strings}
+    positionals = [a for a in parser._actions if not a.option_strings]
+    given, takes_value = 0, False
+    for w in words:
+        if takes_value:
+            takes_value = False
+        elif w in options:
+            takes_value = options[w].nargs != 0
+        elif not w.startswith("-"):
+            given += 1
+    if takes_value:
+        return options[words[-1]]
+    return positionals[given] if given < len(positionals) else None
 
 
 def _open_hole(body: str) -> Optional[int]:

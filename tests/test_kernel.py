@@ -473,6 +473,42 @@ def test_completion_in_a_python_hole_is_of_the_holes_expression(kernel):
         assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (matches, cursor - len(word), cursor), code
 
 
+@pytest.mark.parametrize("code, matches, word", [
+    ('%lm connect --api-key "ab', [], '"ab'),  # (IPython's file names were offered for these three)
+    ("%lm connect --openai gp", [], "gp"),
+    ('%lm connect "http', [], '"http'),  # (the URL)
+    ("%lm load --device cu", [], "cu"),
+    ("%lm connect --api-key=ab", [], "ab"),
+    ("%lm stats x", [], "x"),  # (a word too many)
+    ("%lm reset ch", ["chat_s39"], "ch"),  # a state's name: the named states
+    ("%lm pin ", ["chat_s39", "notes_s39"], ""),
+    ("%lm unpin n", ["notes_s39"], "n"),
+    ("%%lm --state ch", ["chat_s39"], "ch"),
+    ("%%lm --quiet --state=n", ["notes_s39"], "n"),
+    ("%%lm --out ch", [], "ch"),  # (a new variable's name)
+    ("%%lm --seed=", [], ""),
+    ("%lm load --nosuch=ck", [], "ck"),  # (no option: no model path either)
+])
+def test_completion_of_an_options_value_offers_a_states_name_and_no_file_name(monkeypatch, code, matches, word):
+    """IPython completed every %lm value, so an API key, a model name, a URL or a device got the
+    file names of the kernel's directory, and a state's name no state: a state's name offers the
+    named states, other values (but a model's path, below) nothing."""
+    from lmnb_kernel.complete import lm_completions
+    from lmnb_kernel.session import get_session
+
+    monkeypatch.setattr(get_session(), "states", {"notes_s39": None, "chat_s39": None})
+    reply = lm_completions(code, len(code), lambda c, p: {"matches": ["%time"], "cursor_start": p})
+    assert reply == {"matches": matches, "cursor_start": len(code) - len(word), "cursor_end": len(code),
+                     "metadata": {}, "status": "ok"}
+
+
+@pytest.mark.parametrize("code", ['%lm load "ck', "%lm load ./ck", "%lm load --device cuda ck", "%lm load --random-weights ck"])
+def test_completion_of_a_models_path_is_ipythons_file_names(code):
+    from lmnb_kernel.complete import lm_completions
+
+    assert lm_completions(code, len(code), lambda c, p: {"matches": [], "cursor_start": p}) is None
+
+
 @pytest.mark.parametrize("code, cursor, matches", [
     ("%%lm --st --state chat", 9, ["--static"]),
     ("%lm load --d --dtype float32", 12, ["--device"]),
