@@ -4,16 +4,16 @@ and is_complete_request).
 IPython completes a ``%lm`` line as Python (magic names, builtins) and reads a ``%%lm`` cell as a
 cell magic (incomplete until a blank line). Here the names come from where the magics take them:
 ``%lm`` subcommands and their options from ``magics.line_parser``, ``%%lm`` options from
-``magics.cell_parser``, a state's name (``%lm pin NAME``, ``--state NAME``) from the session's
-named states, file names (IPython's) for ``%lm load``'s model path alone, a hole's first word from
-the cell parser's ``KEYWORDS``, a gen's or select's options from ``lmnb.template.options.allowed``
-(the options the parser checks against) and a video's ``frames=`` (none of them where the line or
-hole gives it already); a Python
-expression a construct takes (an image's or video's source, a fork's count or items, an option's
-value), and a hole that is one (``{person.na``), from IPython's completion of that expression alone,
-in brackets (or of its innermost part: ``[ti``); no
-IPython magic name in a hole, and no name at all in a hole's string; whether a cell is finished from
-the cell parser itself (``UnclosedError``).
+``magics.cell_parser``, a state's name (``%lm pin NAME``, ``--state NAME``) from the session's named
+states, file names (IPython's) for ``%lm load``'s model path alone, a hole's first word from the
+cell parser's ``KEYWORDS``, a gen's or select's options from ``lmnb.template.options.allowed`` (the
+options the parser checks against) and a video's ``frames=`` (none of them where the line or hole
+gives it already); a Python expression a construct takes (an image's or video's source, a fork's
+count or items, an option's value), and a hole that is one (``{person.na``), from IPython's
+completion of that expression alone, in brackets (or of its innermost part: ``[ti``); no IPython
+magic name in a hole, and no name in a hole's string but file names (IPython's) in an image's or
+video's literal path (``{image "ca``); whether a cell is finished from the cell parser itself
+(``UnclosedError``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ _MEDIA_OPTIONS = {"image": (), "video": ("frames",)}  # (as the cell parser's me
 _PATH_VALUES = {("load", "model")}
 _STATE_VALUES = {("reset", "name"), ("pin", "name"), ("unpin", "name"), ("", "state")}
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
-_IN_STRING = -2  # _open_hole's: the cursor is in a string of the open hole
+# {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
+_PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
 
 
 def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
@@ -153,9 +154,9 @@ def _value_of(parser, words: list[str]) -> Optional[argparse.Action]:
     return positionals[given] if given < len(positionals) else None
 
 
-def _open_hole(body: str) -> Optional[int]:
-    """The offset of the ``{`` of the hole still open at the end of ``body``; -1 where ``body`` ends
-    in the prompt's text; ``_IN_STRING`` where it ends in a string of that hole (``{gen x stop="a``,
+def _open_hole(body: str) -> Optional[tuple[int, bool]]:
+    """The offset of the ``{`` of the hole still open at the end of ``body`` (-1 where ``body`` ends
+    in the prompt's text) and whether ``body`` ends in a string of that hole (``{gen x stop="a``,
     ``stop='''a``, ``stop=“a``); None where that cannot be told (a hole the cell parser refuses
     before it). A lone ``}`` in the text, which the cell's run refuses, is passed over: the holes
     after it are read as the parser reads them."""
@@ -170,11 +171,11 @@ def _open_hole(body: str) -> Optional[int]:
         try:
             i = hole_end(body, m.start())
         except UnclosedError as e:  # (the hole, or a triple-quoted string in it, left open)
-            return m.start() if e.offset == m.start() else _IN_STRING
+            return m.start(), e.offset != m.start()
         except TemplateSyntaxError as e:  # (a one-line string ends at its line: open only on the last)
             unterminated = e.message == "unterminated string literal in hole" and "\n" not in body[e.offset:]
-            return _IN_STRING if unterminated else None
-    return -1
+            return (m.start(), True) if unterminated else None
+    return -1, False
 
 
 def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
@@ -185,12 +186,16 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     from lmnb.template.scanner import top_level
 
     body = code[body_start:cursor_pos]
-    start = _open_hole(body)
-    if start is None:
+    open_hole = _open_hole(body)
+    if open_hole is None:
         return None
-    if start < 0:  # the cursor is in the prompt's text or a string: no name to offer there
-        return _reply([], cursor_pos, cursor_pos)
+    start, in_string = open_hole
     hole = body[start + 1 :]
+    path = _PATH_SOURCE.match(hole) if in_string else None
+    if path:  # {image "ca: an image's or video's path: file names (IPython's, in the kernel's directory)
+        return _python_alone(path.group(1), cursor_pos, python)
+    if start < 0 or in_string:  # the prompt's text or another string: no name to offer there
+        return _reply([], cursor_pos, cursor_pos)
     first = _HOLE_WORD.match(hole)
     if first:
         slash, word = first.group(1), first.group(2) or ""

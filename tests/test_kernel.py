@@ -509,6 +509,20 @@ def test_completion_of_a_models_path_is_ipythons_file_names(code):
     assert lm_completions(code, len(code), lambda c, p: {"matches": [], "cursor_start": p}) is None
 
 
+def test_completion_in_an_images_or_videos_path_offers_file_names(kernel, tmp_path):
+    """A string in a hole offered nothing, also an image's or video's source, which a string gives
+    as a file path ({image "cat.png"}): there the file names, in no other string (a stop)."""
+    kc = kernel[1]
+    (tmp_path / "cat_s39.png").write_bytes(b"")
+    (tmp_path / "clips").mkdir()
+    for code, matches in [(f'%%lm\nQ: {{image "{tmp_path}/ca', [f"{tmp_path}/cat_s39.png"]),
+                          (f"%%lm\n{{video '{tmp_path}/cl", [f"{tmp_path}/clips/"]),
+                          (f'%%lm\n{{gen x stop="{tmp_path}/ca', [])]:
+        reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+        start = len(code) - len(f"{tmp_path}/ca") if matches else len(code)
+        assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (matches, start, len(code)), code
+
+
 @pytest.mark.parametrize("code, cursor, matches", [
     ("%%lm --st --state chat", 9, ["--static"]),
     ("%lm load --d --dtype float32", 12, ["--device"]),
