@@ -217,7 +217,8 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         kind, word = option.group(1), option.group(2) or ""
         keys = _MEDIA_OPTIONS[kind] if kind in _MEDIA_OPTIONS else allowed(kind)
         given = {key for at, key, _ in _option_starts(_whole_hole(hole, code[cursor_pos:])) if at != space + 1}
-        return _reply([k + "=" for k in keys if k.startswith(word) and k not in given], cursor_pos,
+        eq = "" if code.startswith("=", cursor_pos) else "="  # (max_to|=4: the "=" is there already)
+        return _reply([k + eq for k in keys if k.startswith(word) and k not in given], cursor_pos,
                       cursor_pos - len(word))
     expression = _expression(hole)
     if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone

@@ -528,9 +528,13 @@ def test_completion_in_an_images_or_videos_path_offers_file_names(kernel, tmp_pa
     ("%lm load --d --dtype float32", 12, ["--device"]),
     ("%%lm\n{gen x st stop=\"a\"}", 14, ["stop_token_ids=", "stop_regex="]),
     ("%%lm\n{gen x st}{gen y stop=\"a\"}", 14, ["stop=", "stop_token_ids=", "stop_regex="]),  # (another hole's)
+    # an "=" after the cursor is kept: "max_tokens=" made "max_tokens==4"
+    ("%%lm\n{gen x max_to=4}", 18, ["max_tokens"]),
+    ("%%lm\n{video clip fr=4}", 19, ["frames"]),
 ])
 def test_completion_leaves_out_the_options_given_after_the_cursor(code, cursor, matches):
-    """An option the line or the hole gives after the cursor was offered again."""
+    """An option the line or the hole gives after the cursor was offered again, and an option's
+    "=" after the cursor written again (max_to|=4 became max_tokens==4)."""
     from lmnb_kernel.complete import lm_completions
 
     reply = lm_completions(code, cursor, lambda c, p: {"matches": [], "cursor_start": p})
