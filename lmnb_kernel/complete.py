@@ -88,7 +88,7 @@ def _cell_options(line: str, after: str, cursor_pos: int) -> Optional[dict]:
     if line.lstrip().startswith("%%lm") and len(line.lstrip()) == len(word):  # still the magic's name
         return None
     words = line[: len(line) - len(word)].split()[1:]  # (the words after %%lm)
-    if word and not word.startswith("-") or "=" in word:  # a value (--state NAME, --seed=4)
+    if (word and not word.startswith("-")) or "=" in word:  # a value (--state NAME, --seed=4)
         return _value(cell_parser(), "", words, word, cursor_pos)
     given = (line[: len(line) - len(word)] + " " + after).split()
     return _reply([o for o in _options(cell_parser(), given) if o.startswith(word)], cursor_pos, cursor_pos - len(word))
