@@ -500,10 +500,11 @@ class LMMagics(Magics):
             checks before the cell ran could not see (``_refused``), None where there are none:
             the caller raises it once the cell is finished."""
         # Variables the program finished are results even if a later part failed or was stopped.
-        variables = _readable(outcome.captured)
+        kept_in = args.state if outcome.status == "done" else None  # (a failed cell leaves the state as it was)
+        variables = _readable(outcome.captured, args.out, kept_in)
         refused = _refused(variables, args.out)
         variables = {name: value for name, value in variables.items() if name not in refused}
-        refusal = _refusal(refused, variables, args.out)
+        refusal = _refusal(refused, variables, args.out, kept_in)
         self.shell.push(variables, interactive=False)
         if args.out:
             self.shell.push({args.out: outcome.state}, interactive=False)
@@ -550,11 +551,24 @@ def _rerun_note(rerun, name: str):
     return None
 
 
-def _readable(captured: dict) -> dict:
+def _where_kept(name: str, out: Optional[str], state: Optional[str]) -> str:
+    """Where the result ``name``, which became no kernel variable, can be read: in ``out``'s
+    state (the cell's ``--out``), or in the named state ``state`` (the cell's ``--state``, None
+    where the state was not kept: a failed cell leaves it as it was), else nowhere any more."""
+    if out:
+        return f"the result is kept in the cell's state only, {out}[{name!r}] reads it"
+    if state:
+        return (f"the result is kept in state {state!r} only, which a later %%lm --state {state} --out st cell "
+                f"reads as st[{name!r}]")
+    return f"the result was kept nowhere: run the cell again with --out st, and st[{name!r}] reads it"
+
+
+def _readable(captured: dict, out: Optional[str], state: Optional[str]) -> dict:
     """The results of ``captured`` that code can read back as kernel variables. A ``--python``
     body's name computed as it ran (``gen(f"my {x}")``; a literal one is refused as the cell is
-    read) may be no Python name: that result is kept in the state only, and said so on stderr
-    (it became a variable no code could read, without a word)."""
+    read) may be no Python name: that result is kept in the state only, and said so on stderr,
+    with where it can be read (``_where_kept``: ``out``, ``state``); it became a variable no code
+    could read, without a word."""
     from lmnb.template.python_cell import result_name_problem, variable_name_for
 
     readable = {}
@@ -563,9 +577,9 @@ def _readable(captured: dict) -> dict:
         if problem is None:
             readable[name] = value
         else:
-            sys.stderr.write(f"lmnb: the result {name!r} is in no kernel variable: {problem}; it is kept in the "
-                             f"cell's state only (st[{name!r}] reads it after %%lm --out st); name it "
-                             f"{variable_name_for(name)!r} to have the variable\n")
+            sys.stderr.write(f"lmnb: the result {name!r} is in no kernel variable: {problem} ("
+                             f"{_where_kept(name, out, state)}); name it {variable_name_for(name)!r} to have the "
+                             f"variable\n")
     return readable
 
 
@@ -583,14 +597,14 @@ def _refused(variables: dict, out: Optional[str]) -> dict:
     return refused
 
 
-def _refusal(refused: dict, pushed: dict, out: Optional[str]) -> Optional[str]:
-    """The error for the ``refused`` results (``_refused``), each with where it is kept, and the
-    kernel variables the cell did set (``pushed``, and ``out``'s state): none of its work is lost.
-    None where none was refused."""
+def _refusal(refused: dict, pushed: dict, out: Optional[str], state: Optional[str]) -> Optional[str]:
+    """The error for the ``refused`` results (``_refused``), each with where it is kept
+    (``_where_kept``: ``out``, ``state``), and the kernel variables the cell did set (``pushed``,
+    and ``out``'s state). None where none was refused."""
     if not refused:
         return None
-    lines = [f"{why} (its name was computed as the body ran: the result is kept in the cell's state only, "
-             f"{out or 'st'}[{name!r}] reads it{'' if out else ' after %%lm --out st'})" for name, why in refused.items()]
+    lines = [f"{why} (its name was computed as the body ran: {_where_kept(name, out, state)})"
+             for name, why in refused.items()]
     set_ = [*pushed, *([f"{out} (--out)"] if out else [])]
     lines.append(f"the cell's other results are set: {', '.join(set_)}" if set_ else
                  "the cell set no other kernel variable")

@@ -362,9 +362,22 @@ def test_a_python_cells_result_that_no_variable_can_hold_is_refused_or_kept_in_t
     # the summary lists the variables the cell set: 'my answer = ...' named one that is not there
     [summary] = [o for o in out.outputs if "tokens" in (o.metadata or {}).get("lmnb", {})]
     assert summary.metadata["lmnb"]["captured"] == ["fine"] and "my answer" not in summary.data["text/plain"]
-    assert out.stderr == ("lmnb: the result 'my answer' is in no kernel variable: 'my answer' is no Python name; it is "
-                          "kept in the cell's state only (st['my answer'] reads it after %%lm --out st); name it "
-                          "'my_answer' to have the variable\n")
+    # (it said "st['my answer'] reads it after %%lm --out st", whatever the cell's --out and --state)
+    assert out.stderr == ("lmnb: the result 'my answer' is in no kernel variable: 'my answer' is no Python name (the "
+                          "result is kept in the cell's state only, st['my answer'] reads it); name it 'my_answer' to "
+                          "have the variable\n")
+    computed = 'name = "my " + "answer"\ns += "Q:"\ns += lmnb.gen(name, max_tokens=3)'
+    result, out = run(ip, "%%lm --python --static --temperature 0\n" + computed)
+    assert result.success and out.stderr == (
+        "lmnb: the result 'my answer' is in no kernel variable: 'my answer' is no Python name (the result was kept "
+        "nowhere: run the cell again with --out st, and st['my answer'] reads it); name it 'my_answer' to have the "
+        "variable\n")
+    result, out = run(ip, "%%lm --python --static --temperature 0 --state talk\n" + computed)
+    assert result.success and out.stderr == (
+        "lmnb: the result 'my answer' is in no kernel variable: 'my answer' is no Python name (the result is kept in "
+        "state 'talk' only, which a later %%lm --state talk --out st cell reads as st['my answer']); name it "
+        "'my_answer' to have the variable\n")
+    run(ip, "%lm reset talk")
     del ip.user_ns["st"], ip.user_ns["fine"]
 
 
@@ -423,7 +436,9 @@ def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_it
     then, so the check before the cell runs passed it, and it became a kernel variable that hid
     print() from every later cell (or replaced the lmnb module), without a word. It is refused as
     the results go in the namespace, in the words of that check, and the cell's other results go in
-    as before; the refusal names them, and where the refused one is kept."""
+    as before; the refusal names them, and where the refused one is kept: without --out, the state
+    that held it is gone (it said "st['print'] reads it after %%lm --out st"), so a re-run with
+    --out reads it; with --state, the named state holds it."""
     body = (f'name = "{name[:2]}" + "{name[2:]}"\ns += "Q:" + lmnb.gen("fine", max_tokens=2)\n'
             's += lmnb.gen(name, max_tokens=3)')
     try:
@@ -432,8 +447,8 @@ def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_it
         fine = greedy(ip, "Q:", 2)
         assert ip.user_ns["fine"] == fine and ip.user_ns.get("print", print) is print and ip.user_ns["lmnb"] is lmnb
         assert str(result.error_in_exec) == (
-            f"{refusal} (its name was computed as the body ran: the result is kept in the cell's state only, "
-            f"st[{name!r}] reads it after %%lm --out st)\nthe cell's other results are set: fine")
+            f"{refusal} (its name was computed as the body ran: the result was kept nowhere: run the cell again with "
+            f"--out st, and st[{name!r}] reads it)\nthe cell's other results are set: fine")
         [summary] = summaries(out)
         assert summary["captured"] == ["fine"]
         result, out = run(ip, "%%lm --python --static --temperature 0 --out st\n" + body)
@@ -441,8 +456,15 @@ def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_it
             f"{refusal} (its name was computed as the body ran: the result is kept in the cell's state only, "
             f"st[{name!r}] reads it)\nthe cell's other results are set: fine, st (--out)")
         assert ip.user_ns["st"][name] == greedy(ip, "Q:" + fine, 3) and ip.user_ns["lmnb"] is lmnb
+        result, out = run(ip, "%%lm --python --static --temperature 0 --state conv\n" + body)
+        assert str(result.error_in_exec) == (
+            f"{refusal} (its name was computed as the body ran: the result is kept in state 'conv' only, which a "
+            f"later %%lm --state conv --out st cell reads as st[{name!r}])\nthe cell's other results are set: fine")
+        result, out = run(ip, "%%lm --python --static --state conv --out st\ns += '!'")  # (what the hint says)
+        assert result.success and ip.user_ns["st"][name] == greedy(ip, "Q:" + fine, 3)
     finally:  # (the module's other tests share this shell)
         ip.user_ns["lmnb"] = lmnb
+        run(ip, "%lm reset conv")
         for key in ("print", "fine", "st"):
             ip.user_ns.pop(key, None)
 
