@@ -338,17 +338,18 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
      "cell 2 (%%lm): the result 'print' would hide Python's builtin print: it becomes a kernel variable, which every "
      "later cell reads instead, and a later hole of this cell calling print(...) would call the result; rename "
      "it, e.g. print_"),
+    # (a Python body has no holes: it said "and a later hole of this cell calling type(...) would call the result")
     ("%%lm --python\ns += 'Q:' + lmnb.select('type', choices=['a', 'b'])",
      "cell 2 (%%lm): the result 'type' would hide Python's builtin type: it becomes a kernel variable, which every "
-     "later cell reads instead, and a later hole of this cell calling type(...) would call the result; rename "
-     "it, e.g. type_"),
+     "later cell reads instead; rename it, e.g. type_"),
     ("%%lm --out vars\nQ: {gen a max_tokens=1}",
      "cell 2 (%%lm): --out 'vars' would hide Python's builtin vars: it becomes a kernel variable, which every "
      "later cell reads instead; rename it, e.g. vars_"),
-    ("%%lm\nQ: {gen display max_tokens=1}",  # (IPython's, a builtin in the kernel only: refused here too)
-     "cell 2 (%%lm): the result 'display' would hide Python's builtin display: it becomes a kernel variable, which "
-     "every later cell reads instead, and a later hole of this cell calling display(...) would call the result; "
-     "rename it, e.g. display_"),
+    # (IPython's, a builtin in the kernel only: refused here too; the message called it Python's)
+    ("%%lm\nQ: {gen display max_tokens=1}",
+     "cell 2 (%%lm): the result 'display' would hide IPython's display, which a kernel adds to the builtins: it "
+     "becomes a kernel variable, which every later cell reads instead, and a later hole of this cell calling "
+     "display(...) would call the result; rename it, e.g. display_"),
 ])
 def test_cells_the_kernel_refuses_are_refused_at_export_with_its_message(cell, message):
     with pytest.raises(ExportError) as e:

@@ -416,8 +416,9 @@ def test_a_result_named_like_a_builtin_is_refused_before_the_cell_runs(ip, cell,
     runs now, with the fix, and the builtin stays."""
     result, out = run(ip, cell)
     assert not result.success and type(result.error_in_exec).__name__ == "UsageError"
+    # (a --python body has no holes: it said "a later hole of this cell calling len(...)" there too)
     holes = (f", and a later hole of this cell calling {name}(...) would call the result"
-             if what == "the result" else "")
+             if what == "the result" and "--python" not in cell else "")
     assert str(result.error_in_exec) == (f"{what} {name!r} would hide Python's builtin {name}: it becomes a kernel "
                                          f"variable, which every later cell reads instead{holes}; rename it, "
                                          f"e.g. {name}_")
@@ -425,9 +426,9 @@ def test_a_result_named_like_a_builtin_is_refused_before_the_cell_runs(ip, cell,
 
 
 @pytest.mark.parametrize("name, refusal", [
+    # (it said "and a later hole of this cell calling print(...) would call the result": a Python body has no holes)
     ("print", "the result 'print' would hide Python's builtin print: it becomes a kernel variable, which every later "
-              "cell reads instead, and a later hole of this cell calling print(...) would call the result; rename it, "
-              "e.g. print_"),
+              "cell reads instead; rename it, e.g. print_"),
     ("lmnb", "the result 'lmnb' would replace the lmnb module, which %%lm --python bodies call (lmnb.gen, "
              "lmnb.select), so every later --python cell would fail; rename it, e.g. lmnb_")])
 def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_its_other_results_kept(ip, name,
@@ -467,6 +468,16 @@ def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_it
         run(ip, "%lm reset conv")
         for key in ("print", "fine", "st"):
             ip.user_ns.pop(key, None)
+
+
+def test_a_hole_calling_ipythons_display_says_whose_it_is(ip):
+    # "'display' is a Python builtin that a hole does not provide": IPython adds it to the builtins
+    ip.user_ns["x"] = 1
+    result, out = run(ip, "%%lm --quiet\nSay:{display(x)}")
+    assert type(result.error_in_exec).__name__ == "CellError"
+    assert str(result.error_in_exec).startswith(
+        "line 2, col 6: 'display' is IPython's display, which a kernel adds to the builtins and a hole does not "
+        "provide\n")
 
 
 @pytest.mark.parametrize("cell, what", [("%%lm --quiet --temperature 0\nSay:{gen lmnb max_tokens=1}", "the result"),

@@ -845,6 +845,23 @@ def test_a_python_builtin_a_hole_does_not_provide_is_told_so(cell, name, col):
         "whose Python has every builtin")
 
 
+def test_ipythons_display_in_a_hole_is_told_whose_it_is(monkeypatch):
+    """A kernel's builtins hold IPython's display: {display(x)} said "'display' is a Python builtin
+    that a hole does not provide", or, where lmnb.template was imported before the shell added it,
+    "name 'display' is not defined"; a process without IPython's has none, and says that."""
+    import builtins
+
+    monkeypatch.setattr(builtins, "display", print, raising=False)  # (as InteractiveShell does)
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Q: {display(x)}").bind({"x": 1})
+    assert ((e.value.line, e.value.col), e.value.message) == (
+        (1, 5), "'display' is IPython's display, which a kernel adds to the builtins and a hole does not provide")
+    monkeypatch.delattr(builtins, "display")
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Q: {display(x)}").bind({"x": 1})
+    assert e.value.message == "name 'display' is not defined"
+
+
 def test_a_misspelt_name_in_a_plain_hole_is_offered_no_function():
     # IPython puts open, exit, quit and get_ipython in every kernel's namespace: {persn}, with no
     # variable close, was offered 'open', which a prompt hole never means

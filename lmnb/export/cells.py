@@ -374,7 +374,7 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
     try:  # the kernel's checks, which refuse the cell before it runs (a --python body's literal names too)
-        check_cell_names(options.out, program.captures if options.python else cell.captures)
+        check_cell_names(options.out, program.captures if options.python else cell.captures, options.python)
     except CellLineError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
     return cell

@@ -248,25 +248,27 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
     return out
 
 
-# Names a result or --out may not take: Python's builtins, and IPython's display, which a kernel has
-# among them (a plain Python run of the exporter has not: listed, so both refuse the same names).
-_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_")) | {"display"}
+# Names a result or --out may not take: Python's builtins, and IPython's display, which a kernel adds
+# to them (a plain Python run of the exporter has not: listed, so both refuse the same names).
+_KERNEL_BUILTINS = frozenset({"display"})
+_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_")) | _KERNEL_BUILTINS
 
 
-def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
+def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
     (``checked_out``), ``captures`` the variables its prompt template captures (a ``--python``
     body's: those it names with a string literal, ``PythonCell.captures``; others are known only
-    as it runs).
+    as it runs); ``python``: the body is Python (``--python``).
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
             every magic, so no later ``%%lm`` or ``%lm`` cell could run) or ``lmnb`` (it replaced the
             module that ``--python`` bodies call, so every later one failed); one named like a Python
-            builtin (``{gen print}``, ``--out type``): the kernel variable would hide the builtin in
-            every later cell (``print(...)`` called the text; it was only warned about), and a later
-            hole of the cell calling it (``{len(xs)}`` after ``{gen len}``) would call the result; an
+            builtin (``{gen print}``, ``--out type``) or IPython's ``display``: the kernel variable
+            would hide the builtin in every later cell (``print(...)`` called the text; it was only
+            warned about), and a later hole of a template cell calling it (``{len(xs)}`` after
+            ``{gen len}``) would call the result; an
             ``--out`` that is also a captured variable (the state would overwrite the value).
     """
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
@@ -279,10 +281,13 @@ def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
                                 f"(lmnb.gen, lmnb.select), so every later --python cell would fail; rename it, "
                                 f"e.g. {name}_")
         if name in _BUILTIN_NAMES:
+            # (a --python body's results go in the state as it runs: only a template's later holes read them)
             holes = (f", and a later hole of this cell calling {name}(...) would call the result"
-                     if what == "the result" else "")
-            raise CellLineError(f"{what} {name!r} would hide Python's builtin {name}: it becomes a kernel variable, "
-                                f"which every later cell reads instead{holes}; rename it, e.g. {name}_")
+                     if what == "the result" and not python else "")
+            hidden = (f"IPython's {name}, which a kernel adds to the builtins" if name in _KERNEL_BUILTINS else
+                      f"Python's builtin {name}")
+            raise CellLineError(f"{what} {name!r} would hide {hidden}: it becomes a kernel variable, which every "
+                                f"later cell reads instead{holes}; rename it, e.g. {name}_")
     if out is not None and out in captures:
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "

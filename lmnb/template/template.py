@@ -69,8 +69,12 @@ def _tag_meant(name: str, source: str, offset: int) -> Optional[str]:
 
 
 # Python's builtins that a hole reads as kernel variables (those parser.BUILTIN_NAMES leaves out):
-# where the kernel defines none, the error says so rather than "define it".
-_HOLELESS_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_")) - BUILTIN_NAMES
+# where the kernel defines none, the error says so rather than "define it". In a kernel, the
+# builtins hold IPython's too (_IPYTHON_BUILTINS: its shell adds display, and get_ipython while a
+# cell runs), which are not Python's: looked up as the error is made, not at this import, which
+# may come before the shell.
+_IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
+_HOLELESS_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_")) - BUILTIN_NAMES - _IPYTHON_BUILTINS
 
 
 def _did_you_mean(name: str, namespace: Mapping[str, Any], called: bool = False) -> str:
@@ -143,7 +147,8 @@ class Template:
         calls = calls_of(self.body, name)
         offset = calls[0][0] if at_call and calls else self.argument_offsets.get(name, 0)
         hint = f"define {name} in a Python cell first"
-        builtin = name in _HOLELESS_BUILTINS
+        ipythons = name in _IPYTHON_BUILTINS and hasattr(builtins, name)
+        builtin = name in _HOLELESS_BUILTINS or ipythons
         if builtin:  # ({frozenset(xs)}: a name Python has everywhere, so "define it" is no fix)
             hint = (f"compute the value in a Python cell (v = {name}(...)) and write {{v}}, or write the cell as "
                     "%%lm --python, whose Python has every builtin")
@@ -169,7 +174,9 @@ class Template:
             tag = construct
         meant = f"; did you mean {tag}?" if tag else _did_you_mean(name, namespace or {}, called=bool(calls))
         if builtin and problem is None:
-            problem, meant = f"{name!r} is a Python builtin that a hole does not provide", ""
+            problem = (f"{name!r} is IPython's {name}, which a kernel adds to the builtins and a hole does not provide"
+                       if ipythons else f"{name!r} is a Python builtin that a hole does not provide")
+            meant = ""
         return TemplateRuntimeError(f"{problem or f'name {name!r} is not defined'}{meant}",
                                     self.source, offset, self.first_line, indent=self.indent, hint=hint)
 
