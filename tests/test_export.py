@@ -350,6 +350,19 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
      "cell 2 (%%lm): the result 'display' would hide IPython's display, which a kernel adds to the builtins: it "
      "becomes a kernel variable, which every later cell reads instead, and a later hole of this cell calling "
      "display(...) would call the result; rename it, e.g. display_"),
+    # (each broke the kernel's later cells, {gen __builtins__} every Python cell, or was overwritten by IPython)
+    ("%%lm\nQ: {gen __builtins__ max_tokens=1}",
+     "cell 2 (%%lm): the result '__builtins__' is a dunder name (__...__), which Python and IPython keep for "
+     "themselves: as a kernel variable it could break every later cell (__builtins__ made each one fail); rename "
+     "it, e.g. builtins"),
+    ("%%lm --out Out\nQ: {gen a max_tokens=1}",
+     "cell 2 (%%lm): --out 'Out' would replace IPython's Out, one of the names it defines for itself (In, Out, _ih, "
+     "_oh, _dh, exit, quit), which IPython and later cells read ({gen Out} made every cell that shows a value fail); "
+     "rename it, e.g. Out_"),
+    ("%%lm --python\ns += 'Q:' + lmnb.gen('_i2', max_tokens=1)",
+     "cell 2 (%%lm): the result '_i2' is one of IPython's history names (_, __, ___, _i, _ii, _iii, _iN, _N), which "
+     "IPython sets itself as cells run: it would overwrite the result, or the result its history; rename it, e.g. "
+     "i2"),
 ])
 def test_cells_the_kernel_refuses_are_refused_at_export_with_its_message(cell, message):
     with pytest.raises(ExportError) as e:

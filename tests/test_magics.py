@@ -470,6 +470,87 @@ def test_a_python_cells_result_named_like_a_builtin_as_it_runs_is_refused_and_it
             ip.user_ns.pop(key, None)
 
 
+_IPYTHONS = ("would replace IPython's {name}, one of the names it defines for itself (In, Out, _ih, _oh, _dh, exit, "
+             "quit), which IPython and later cells read ({{gen Out}} made every cell that shows a value fail); "
+             "rename it, e.g. {free}")
+_DUNDER = ("is a dunder name (__...__), which Python and IPython keep for themselves: as a kernel variable it could "
+           "break every later cell (__builtins__ made each one fail); rename it, e.g. {free}")
+_HISTORY = ("is one of IPython's history names (_, __, ___, _i, _ii, _iii, _iN, _N), which IPython sets itself as "
+            "cells run: it would overwrite the result, or the result its history; rename it, e.g. {free}")
+
+
+@pytest.mark.parametrize("cell, what, name, refusal, free", [
+    ("\nSay:{gen __builtins__ max_tokens=1}", "the result", "__builtins__", _DUNDER, "builtins"),
+    ("\nSay:{gen Out max_tokens=1}", "the result", "Out", _IPYTHONS, "Out_"),
+    ("\nSay:{gen _oh max_tokens=1}", "the result", "_oh", _IPYTHONS, "oh"),
+    ("\nSay:{select In choices=['a', 'b']}", "the result", "In", _IPYTHONS, "In_"),
+    ("\nSay:{gen _ih max_tokens=1}", "the result", "_ih", _IPYTHONS, "ih"),
+    ("\nSay:{gen quit max_tokens=1}", "the result", "quit", _IPYTHONS, "quit_"),
+    ("\nSay:{gen exit max_tokens=1}", "the result", "exit", _IPYTHONS, "exit_"),
+    ("\nSay:{gen _i1 max_tokens=1}", "the result", "_i1", _HISTORY, "i1"),
+    ("\nSay:{gen _ii max_tokens=1}", "the result", "_ii", _HISTORY, "ii"),
+    ("\nSay:{gen _ max_tokens=1}", "the result", "_", _HISTORY, "value"),
+    ("\nSay:{gen _7 max_tokens=1}", "the result", "_7", _HISTORY, "value7"),
+    ("\nSay:{gen __import__ max_tokens=1}", "the result", "__import__", _DUNDER, "import_"),  # ("import": a keyword)
+    ("--out __name__\nSay:{gen ok max_tokens=1}", "--out", "__name__", _DUNDER, "name"),
+    ("--python\ns += 'Say:' + lmnb.gen('Out', max_tokens=1)", "the result", "Out", _IPYTHONS, "Out_"),
+])
+def test_a_result_named_as_ipythons_own_is_refused_before_the_cell_runs(ip, cell, what, name, refusal, free):
+    """{gen __builtins__} made every later Python cell fail (TypeError: string indices must be
+    integers), {gen Out} / {gen _oh} every cell that shows a value; In, _ih, quit, exit, dunder and
+    history names (_i1, which IPython overwrites as cells run) were taken without a word. Each is
+    refused before the cell runs now, with a name that is free, and Python cells still run."""
+    before = ip.user_ns.get(name, "unset")
+    result, out = run(ip, f"%%lm --quiet --temperature 0 {cell}")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec) == f"{what} {name!r} " + refusal.format(name=name, free=free)
+    assert ip.user_ns.get(name, "unset") is before and summaries(out) == []  # (nothing ran)
+    shown, out = run(ip, "1 + 1")
+    assert shown.success and ip.user_ns["Out"][ip.execution_count - 1] == 2
+
+
+def test_a_result_named_as_a_name_the_shell_keeps_for_itself_is_refused_before_the_cell_runs(ip):
+    # IPython's user_ns_hidden: what the kernel's start-up, %pylab or an extension set (here pushed
+    # as an extension does); the shell's own are refused as above
+    ip.push({"plot": print}, interactive=False)
+    try:
+        result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen plot max_tokens=1}")
+        assert str(result.error_in_exec) == (
+            "the result 'plot' would replace plot, one of the names the IPython shell keeps for itself (hidden from "
+            "%who: set as the kernel started, by %pylab or by an extension), which later cells may read; rename it, "
+            "e.g. plot_")
+        assert ip.user_ns["plot"] is print
+    finally:
+        ip.drop_by_id({"plot": print})
+
+
+def test_a_result_the_cell_set_is_the_users_variable_and_its_rerun_runs(ip):
+    # its results went in the namespace hidden from %who (IPython's user_ns_hidden), which holds the
+    # shell's own names: they were not listed by %who, and the check of those names refused a re-run
+    for _ in range(2):
+        result, out = run(ip, "%%lm --quiet --temperature 0 --out mine_st\nSay:{gen mine max_tokens=1}")
+        assert result.success, out.stdout
+    assert ip.user_ns["mine"] == greedy(ip, "Say:", 1)
+    assert {"mine", "mine_st"} <= set(ip.run_line_magic("who_ls", ""))
+    del ip.user_ns["mine"], ip.user_ns["mine_st"]
+
+
+def test_a_python_cells_result_named_as_ipythons_own_as_it_runs_is_refused_and_its_other_results_kept(ip):
+    """A name computed as the body ran (name = "__built" + "ins__") passed the check before the cell
+    ran, and the result replaced __builtins__: every later Python cell failed."""
+    body = ('name = "__built" + "ins__"\ns += "Q:" + lmnb.gen("fine", max_tokens=2)\n'
+            's += lmnb.gen(name, max_tokens=3)')
+    result, out = run(ip, "%%lm --python --static --temperature 0 --out st\n" + body)
+    assert str(result.error_in_exec) == (
+        "the result '__builtins__' " + _DUNDER.format(free="builtins") + " (its name was computed as the body ran: "
+        "the result is kept in the cell's state only, st['__builtins__'] reads it)\nthe cell's other results are set: "
+        "fine, st (--out)")
+    assert ip.user_ns["st"]["__builtins__"] == greedy(ip, "Q:" + ip.user_ns["fine"], 3)
+    shown, out = run(ip, "len('abc')")
+    assert shown.success and ip.user_ns["Out"][ip.execution_count - 1] == 3
+    del ip.user_ns["st"], ip.user_ns["fine"]
+
+
 def test_a_hole_calling_ipythons_display_says_whose_it_is(ip):
     # "'display' is a Python builtin that a hole does not provide": IPython adds it to the builtins
     ip.user_ns["x"] = 1

@@ -14,7 +14,7 @@ import re
 import shlex
 import unicodedata
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
 from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
@@ -250,16 +250,78 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
 
 # Names a result or --out may not take: Python's builtins, and IPython's display, which a kernel adds
 # to them (a plain Python run of the exporter has not: listed, so both refuse the same names).
+_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_"))
 _KERNEL_BUILTINS = frozenset({"display"})
-_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_")) | _KERNEL_BUILTINS
+# The names every IPython shell defines for itself (InteractiveShell.init_user_ns, less get_ipython,
+# refused with its own words, and open, a builtin), listed for the exporter, which has no shell.
+_IPYTHON_NAMES = frozenset({"In", "Out", "_ih", "_oh", "_dh", "exit", "quit"})
+# IPython's history names, which it sets as cells run: _, __, ___ (the last outputs), _i, _ii, _iii
+# (the last inputs), _iN and _N (cell N's input and output).
+_HISTORY_NAME = re.compile(r"_{1,3}|_i{1,3}|_i?[0-9]+")
 
 
-def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False) -> None:
+def _is_dunder(name: str) -> bool:
+    """``__name__``-shaped: Python's and IPython's own names (``__builtins__``, ``__name__``)."""
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _name_problem(what: str, name: str, python: bool, shell_names) -> Optional[str]:
+    """Why the result or ``--out`` (``what``) ``name`` may not be a kernel variable, without the fix;
+    None if it may (``check_cell_names``)."""
+    if name == "get_ipython":
+        return (f"{what} {name!r} would replace IPython's get_ipython, which every magic (%%lm and %lm included) "
+                f"calls, so no magic could run after this cell")
+    if name == "lmnb":
+        return (f"{what} {name!r} would replace the lmnb module, which %%lm --python bodies call (lmnb.gen, "
+                f"lmnb.select), so every later --python cell would fail")
+    if name in _IPYTHON_NAMES:  # (before the builtins: Python's exit and quit are IPython's in a kernel)
+        return (f"{what} {name!r} would replace IPython's {name}, one of the names it defines for itself (In, Out, "
+                f"_ih, _oh, _dh, exit, quit), which IPython and later cells read ({{gen Out}} made every cell that "
+                f"shows a value fail)")
+    if name in _BUILTIN_NAMES or name in _KERNEL_BUILTINS:
+        # (a --python body's results go in the state as it runs: only a template's later holes read them)
+        holes = (f", and a later hole of this cell calling {name}(...) would call the result"
+                 if what == "the result" and not python else "")
+        hidden = (f"IPython's {name}, which a kernel adds to the builtins" if name in _KERNEL_BUILTINS else
+                  f"Python's builtin {name}")
+        return (f"{what} {name!r} would hide {hidden}: it becomes a kernel variable, which every later cell reads "
+                f"instead{holes}")
+    if _is_dunder(name):
+        return (f"{what} {name!r} is a dunder name (__...__), which Python and IPython keep for themselves: as a "
+                f"kernel variable it could break every later cell (__builtins__ made each one fail)")
+    if _HISTORY_NAME.fullmatch(name):
+        return (f"{what} {name!r} is one of IPython's history names (_, __, ___, _i, _ii, _iii, _iN, _N), which "
+                f"IPython sets itself as cells run: it would overwrite the result, or the result its history")
+    if name in shell_names:
+        return (f"{what} {name!r} would replace {name}, one of the names the IPython shell keeps for itself (hidden "
+                f"from %who: set as the kernel started, by %pylab or by an extension), which later cells may read")
+    return None
+
+
+def _free_name(name: str, python: bool, shell_names) -> str:
+    """A name like ``name`` that ``check_cell_names`` takes (``print_``, ``builtins`` for
+    ``__builtins__``, ``i1`` for ``_i1``), for the fix of a refusal."""
+    from lmnb.template.parser import is_reserved
+
+    free = name.strip("_") or "value"
+    if free == name:
+        free += "_"
+    elif not free.isidentifier():  # (_5: cell 5's output)
+        free = f"value{free}"
+    while is_reserved(free) or _name_problem("", free, python, shell_names) is not None:
+        free += "_"
+    return free
+
+
+def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False,
+                     shell_names: Collection[str] = frozenset()) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
     (``checked_out``), ``captures`` the variables its prompt template captures (a ``--python``
     body's: those it names with a string literal, ``PythonCell.captures``; others are known only
-    as it runs); ``python``: the body is Python (``--python``).
+    as it runs); ``python``: the body is Python (``--python``); ``shell_names``: the names the
+    kernel's IPython shell keeps for itself (its ``user_ns_hidden``, which lmnb cannot read
+    without importing IPython; the exporter has no shell and passes none).
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
@@ -268,26 +330,18 @@ def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool =
             builtin (``{gen print}``, ``--out type``) or IPython's ``display``: the kernel variable
             would hide the builtin in every later cell (``print(...)`` called the text; it was only
             warned about), and a later hole of a template cell calling it (``{len(xs)}`` after
-            ``{gen len}``) would call the result; an
-            ``--out`` that is also a captured variable (the state would overwrite the value).
+            ``{gen len}``) would call the result; a dunder name (``{gen __builtins__}`` made every
+            later Python cell fail), one of IPython's history names (``_``, ``_i``, ``_i3``, ``_3``)
+            or a name of IPython's own (``In``, ``Out``, ``exit``) or of ``shell_names`` (``{gen Out}``
+            made every cell that shows a value fail); an ``--out`` that is also a captured variable
+            (the state would overwrite the value). Each message ends with a name that would be taken.
     """
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
-        if name == "get_ipython":
-            raise CellLineError(f"{what} {name!r} would replace IPython's get_ipython, which every magic "
-                                f"(%%lm and %lm included) calls, so no magic could run after this cell; "
-                                f"rename it, e.g. {name}_")
-        if name == "lmnb":
-            raise CellLineError(f"{what} {name!r} would replace the lmnb module, which %%lm --python bodies call "
-                                f"(lmnb.gen, lmnb.select), so every later --python cell would fail; rename it, "
-                                f"e.g. {name}_")
-        if name in _BUILTIN_NAMES:
-            # (a --python body's results go in the state as it runs: only a template's later holes read them)
-            holes = (f", and a later hole of this cell calling {name}(...) would call the result"
-                     if what == "the result" and not python else "")
-            hidden = (f"IPython's {name}, which a kernel adds to the builtins" if name in _KERNEL_BUILTINS else
-                      f"Python's builtin {name}")
-            raise CellLineError(f"{what} {name!r} would hide {hidden}: it becomes a kernel variable, which every "
-                                f"later cell reads instead{holes}; rename it, e.g. {name}_")
+        if name is None:
+            continue
+        problem = _name_problem(what, name, python, shell_names)
+        if problem is not None:
+            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python, shell_names)}")
     if out is not None and out in captures:
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "
