@@ -370,7 +370,7 @@ class LMMagics(Magics):
             raise cell_interrupt("the cell was stopped while it was being read; nothing ran") from None
         captures = python.captures if args.python else template.captures  # (a --python body's literal names)
         try:
-            check_cell_names(args.out, captures, args.python, _shell_names(self.shell))
+            check_cell_names(args.out, captures, args.python)
         except CellLineError as e:
             raise UsageError(str(e)) from None
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
@@ -502,11 +502,10 @@ class LMMagics(Magics):
         # Variables the program finished are results even if a later part failed or was stopped.
         kept_in = args.state if outcome.status == "done" else None  # (a failed cell leaves the state as it was)
         variables = _readable(outcome.captured, args.out, kept_in)
-        refused = _refused(variables, args.out, _shell_names(self.shell))
+        refused = _refused(variables, args.out)
         variables = {name: value for name, value in variables.items() if name not in refused}
         refusal = _refusal(refused, variables, args.out, kept_in)
-        # (interactive: the user's variables, listed by %who; hidden ones, user_ns_hidden, are the
-        # shell's own, which check_cell_names refuses, so a re-run of the cell was refused)
+        # (interactive: the user's variables, listed by %who, as a Python cell's assignments are)
         self.shell.push(variables, interactive=True)
         if args.out:
             self.shell.push({args.out: outcome.state}, interactive=True)
@@ -553,13 +552,6 @@ def _rerun_note(rerun, name: str):
     return None
 
 
-def _shell_names(shell) -> frozenset:
-    """The names ``shell`` keeps for itself (``check_cell_names``' ``shell_names``): IPython's
-    ``user_ns_hidden``, which holds IPython's own (``In``, ``Out``, ``_ih``), what the kernel's
-    start-up and ``%pylab`` defined, and ``lmnb`` (refused in its own words)."""
-    return frozenset(shell.user_ns_hidden)
-
-
 def _where_kept(name: str, out: Optional[str], state: Optional[str]) -> str:
     """Where the result ``name``, which became no kernel variable, can be read: in ``out``'s
     state (the cell's ``--out``), or in the named state ``state`` (the cell's ``--state``, None
@@ -592,16 +584,16 @@ def _readable(captured: dict, out: Optional[str], state: Optional[str]) -> dict:
     return readable
 
 
-def _refused(variables: dict, out: Optional[str], shell_names: frozenset) -> dict:
+def _refused(variables: dict, out: Optional[str]) -> dict:
     """``{name: why}`` of the results of ``variables`` that may not become kernel variables, by the
     checks the cell's names pass before it runs (``check_cell_names``: Python's builtins,
-    ``get_ipython``, ``lmnb``, dunder names, IPython's and ``shell_names``, the ``--out`` name
+    ``get_ipython``, ``lmnb``, dunder names, IPython's own, the ``--out`` name
     ``out``): a ``--python`` body's name computed as it ran (``gen(f"{x}")``) is known only now,
     and ``print`` hid print() from every later cell."""
     refused = {}
     for name in variables:
         try:
-            check_cell_names(out, [name], python=True, shell_names=shell_names)
+            check_cell_names(out, [name], python=True)
         except CellLineError as e:
             refused[name] = str(e)
     return refused

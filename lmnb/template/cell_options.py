@@ -14,7 +14,7 @@ import re
 import shlex
 import unicodedata
 from dataclasses import dataclass
-from typing import Collection, Optional, Sequence
+from typing import Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
 from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
@@ -265,7 +265,7 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
-def _name_problem(what: str, name: str, python: bool, shell_names) -> Optional[str]:
+def _name_problem(what: str, name: str, python: bool) -> Optional[str]:
     """Why the result or ``--out`` (``what``) ``name`` may not be a kernel variable, without the fix;
     None if it may (``check_cell_names``)."""
     if name == "get_ipython":
@@ -292,13 +292,10 @@ def _name_problem(what: str, name: str, python: bool, shell_names) -> Optional[s
     if _HISTORY_NAME.fullmatch(name):
         return (f"{what} {name!r} is one of IPython's history names (_, __, ___, _i, _ii, _iii, _iN, _N), which "
                 f"IPython sets itself as cells run: it would overwrite the result, or the result its history")
-    if name in shell_names:
-        return (f"{what} {name!r} would replace {name}, one of the names the IPython shell keeps for itself (hidden "
-                f"from %who: set as the kernel started, by %pylab or by an extension), which later cells may read")
     return None
 
 
-def _free_name(name: str, python: bool, shell_names) -> str:
+def _free_name(name: str, python: bool) -> str:
     """A name like ``name`` that ``check_cell_names`` takes (``print_``, ``builtins`` for
     ``__builtins__``, ``i1`` for ``_i1``), for the fix of a refusal."""
     from lmnb.template.parser import is_reserved
@@ -308,20 +305,20 @@ def _free_name(name: str, python: bool, shell_names) -> str:
         free += "_"
     elif not free.isidentifier():  # (_5: cell 5's output)
         free = f"value{free}"
-    while is_reserved(free) or _name_problem("", free, python, shell_names) is not None:
+    while is_reserved(free) or _name_problem("", free, python) is not None:
         free += "_"
     return free
 
 
-def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False,
-                     shell_names: Collection[str] = frozenset()) -> None:
+def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
     (``checked_out``), ``captures`` the variables its prompt template captures (a ``--python``
     body's: those it names with a string literal, ``PythonCell.captures``; others are known only
-    as it runs); ``python``: the body is Python (``--python``); ``shell_names``: the names the
-    kernel's IPython shell keeps for itself (its ``user_ns_hidden``, which lmnb cannot read
-    without importing IPython; the exporter has no shell and passes none).
+    as it runs); ``python``: the body is Python (``--python``). IPython's own names are listed here,
+    not read from a shell, so the exporter, which has none, refuses the same names. The names a
+    kernel's start-up or an extension hid from ``%who`` (``user_ns_hidden``) are the user's to
+    replace, as a Python cell may.
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
@@ -332,16 +329,16 @@ def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool =
             warned about), and a later hole of a template cell calling it (``{len(xs)}`` after
             ``{gen len}``) would call the result; a dunder name (``{gen __builtins__}`` made every
             later Python cell fail), one of IPython's history names (``_``, ``_i``, ``_i3``, ``_3``)
-            or a name of IPython's own (``In``, ``Out``, ``exit``) or of ``shell_names`` (``{gen Out}``
+            or a name of IPython's own (``In``, ``Out``, ``exit``; ``{gen Out}``
             made every cell that shows a value fail); an ``--out`` that is also a captured variable
             (the state would overwrite the value). Each message ends with a name that would be taken.
     """
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
         if name is None:
             continue
-        problem = _name_problem(what, name, python, shell_names)
+        problem = _name_problem(what, name, python)
         if problem is not None:
-            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python, shell_names)}")
+            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python)}")
     if out is not None and out in captures:
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "
