@@ -219,15 +219,16 @@ def test_a_gen_the_engine_refuses_in_fork_branches_points_at_its_hole(ip):
         assert out.stdout.rstrip().endswith(f"    {line}\n       ^"), out.stdout
         if branches:
             assert re.search(branches, out.stdout), out.stdout
-    # branch 1's first gen asks for 4000 tokens, which the engine refuses too (512-token context):
-    # when branch 0's refusal ends the join, branch 1 has been refused already (both failed at the
-    # hole of gen a) or not yet (it is aborted); either way its second gen, which the engine would
-    # refuse at another hole, never runs, and the hole of gen a is told
+    # both branches' first gen asks for more than the 512-token context, which the engine refuses:
+    # when the first refusal (either branch's: they run at once) ends the join, the other branch has
+    # been refused already (both failed at the hole of gen a) or not yet (it is aborted); either
+    # way its second gen, which the engine would refuse at another hole, never runs, and the hole
+    # of gen a is told
     failed, out = run(ip, f"%%lm --static\nHi\n{{fork n in [{over}, 4000]}}\n{{gen a max_tokens=n ignore_eos=True}}"
                           f"{{gen b max_tokens={over + 4000} - n}}\n{{join}}")
     assert not failed.success
-    assert re.search(r"CellError\x1b\[0m: line 4, col 1: (1 of 2 fork branches failed: branch 0: Gen\('a'\) failed: "
-                     r".*; the branch still running \(1\) was aborted\n|2 of 2 fork branches failed: branch 0: "
+    assert re.search(r"CellError\x1b\[0m: line 4, col 1: (1 of 2 fork branches failed: branch ([01]): Gen\('a'\) "
+                     r"failed: .*; the branch still running \((?!\2)[01]\) was aborted\n|2 of 2 fork branches failed: branch 0: "
                      r"Gen\('a'\) failed: .*; branch 1: Gen\('a'\) failed: )", out.stdout), out.stdout
 
 
