@@ -380,13 +380,14 @@ class SamplingParams:
             as soon as the text so far holds it, as in SGLang's check, but one that reads the end
             of the text so far (``foo\\b``, ``\\.$``, a negative lookahead) only once what follows
             settles it, or where the output ends there (a max tokens, EOS or stop token finish
-            then becomes a stop: ``StopStringMatcher.find``'s ``at_end``). What follows settles a
-            match as one way of matching it reads what follows: a match that two ways settle only
-            together (``a(?:\\B|(?!\\w))`` after "a": ``\\B`` holds where a word character comes,
-            ``(?!\\w)`` where any other does) is met only once text comes that settles one of them
-            (a character late, and then as the regex package matches the longer text), or where the
-            output ends (``tests/stop_regex_reference.py``, which tries every continuation, meets
-            it at once). Streaming holds back text
+            then becomes a stop: ``StopStringMatcher.find``'s ``at_end``). A match that two ways
+            settle only together (``a(?:\\B|(?!\\w))`` after "a": ``\\B`` holds where a word
+            character comes, ``(?!\\w)`` where any other does) is met at once, as
+            ``tests/stop_regex_reference.py``, which tries every continuation, meets it, where the
+            pattern reads at most ``stop_together.MAX_REACH`` characters from a start and names only
+            ASCII characters and the classes (``stop_together.together``); another such match is
+            met once text comes that settles one of the ways (a character late), or where the
+            output ends. Streaming holds back text
             that could still become the start of a match (for a pattern with a lookbehind after its
             start, ``a.*?(?<!a)``, whose match starts the ``regex`` package's partial search may miss,
             from where the pattern with those lookbehinds left out may match, a larger language; with

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from lmnb_engine.regex_parts import global_flags
 from lmnb_engine.regex_reach import assertion_reach, reach
 from lmnb_engine.stop_relaxed import LOOKAHEAD_MARK, ending_by, relax
+from lmnb_engine.stop_together import settled_together
 
 
 class EndReading(NamedTuple):
@@ -379,7 +380,10 @@ class EndReadingChecks:
         (``_lookahead_open``); else, where the regex package's partial match took an earlier way
         that reads past ``end`` and so hid a later one that does not (``\\w(?!a)|x`` on "x": the
         partial ``\\w(?!a)``, not ``x``), the match of ``EndReading.settled`` there, which tries
-        every way. Only a regex with ``EndReading.relaxed``.
+        every way; else, where no way alone is settled but several may be together
+        (``StopRegexes.together``: ``a(?:\\B|(?!\\w))`` after "a"), the match that every text
+        that can follow keeps (``stop_together.settled_together``). Only a regex with
+        ``EndReading.relaxed``.
 
         Raises:
             TimeoutError: a match ran past ``_budget()`` seconds.
@@ -390,10 +394,13 @@ class EndReadingChecks:
         f = None if exact is None else exact.match(text, start, end, partial=True, timeout=budget)
         if f is not None and not f.partial and not self._lookahead_open(lookaheads, f, text, end):
             return f
-        if f is None or settled is None:  # (no way from start to e at all, or no form to try them)
+        if f is None:  # (no way from start to e at all)
             return None
-        exact = ending_by(settled.pattern, end - e, exact=True)
-        return None if exact is None else exact.match(text, start, end, timeout=budget)
+        if settled is not None and (exact := ending_by(settled.pattern, end - e, exact=True)) is not None \
+                and (g := exact.match(text, start, end, timeout=budget)) is not None:
+            return g
+        how = self._shared.together[k]
+        return None if how is None else settled_together(how, self._regexes[k].pattern, text, start, e, end, budget)
 
     def _unheld(self, k: int, text: str, start: int, end: int) -> bool:
         """Whether a match of regex ``k`` in ``text`` from ``start`` to ``end`` is new past the text
@@ -433,7 +440,7 @@ class EndReadingChecks:
         """
         budget = self._budget()
         window = self._shared.windows[k]
-        if window is None:
+        if window is None or self._shared.together[k] is not None:  # (the window tries one way at a time)
             return False
         parts = self._shared.branches[k] or (Branch(window, self._regexes[k], self._shared.tails[k]),)
         since = max(floor, end - self._shared.assertion_reach[k])

@@ -21,6 +21,7 @@ from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, se
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 from lmnb_engine.stop_end_reading import EndReadingChecks, branches, end_reading, ending_assertions, windowed
 from lmnb_engine.stop_relaxed import MULTILINE_FLAG, ending_by, relax
+from lmnb_engine.stop_together import together
 
 # How long one search of a stop regex may take, in seconds. A search over an output's tail takes
 # microseconds, well under a millisecond for a linear pattern over tens of thousands of characters;
@@ -150,6 +151,12 @@ class StopRegexes:
         # is final before the output ends (ends_at_text_end): find searches it only then, as the
         # search from each start after each character, every one still open, grows with the square
         # of the output (.+\Z ran past REGEX_TIMEOUT_S at ~1000 characters)
+        # per pattern whose match may read the text's end: where several ways of one match may
+        # settle it together though none does alone, what tries every text that may follow
+        # (stop_together.together; None where that cannot be or need not be tried): _final meets
+        # such a match at once, where it was met a character late
+        self.together = [None if r is None or r.relaxed is None else together(p)
+                         for p, r in zip(patterns or (), self.end_readings)]
         self.end_only = [r is not None and ends_at_text_end(p) for p, r in zip(patterns or (), self.end_readings)]
         # per pattern whose matches find checks with _final: its relaxed form whole, ending within
         # its assertion reach of the text's end, where both are known (StopStringMatcher._none_final)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from lmnb_engine.params import stop_regex_problem
 from lmnb_engine.stop_matcher import StopStringMatcher
 from stop_regex_reference import reference_stop
@@ -68,17 +70,55 @@ def test_stop_regexes_stop_where_the_brute_force_reference_does_on_random_patter
             assert shown <= (len(text) if want is None else want[0]), (pattern, split, ended, shown)
 
 
-def test_a_match_that_only_two_ways_together_settle_is_met_once_one_settles_it():
+def test_a_match_that_only_two_ways_together_settle_is_met_at_once():
     # Worked by hand: a(?:\B|(?!\w)) after "a" holds "a" whatever comes (\B where a word character
-    # follows, (?!\w) where any other does), but neither way alone is settled: the matcher meets it
-    # only with the next character or where the output ends (SamplingParams.stop_regex says so),
-    # where the reference, trying every continuation, meets it at once
+    # follows, (?!\w) where any other does, and where the output ends), though neither way alone is
+    # settled: the stop is met with the "a", as the reference, trying every continuation, meets it.
+    # The matcher tried one way at a time and met it only with the next character
     pattern = r"a(?:\B|(?!\w))"
     assert reference_stop(pattern, "xa", False, _FOLLOWERS) == (1, "a")
-    assert _feed(pattern, ["x", "a"], False) == (None, 1)  # (nothing of the match shown)
-    assert _feed(pattern, ["x", "a"], True) == ((1, "a"), 1)
-    for after in ("b", " ", "\n", "-"):
+    for ended in (False, True):
+        assert _feed(pattern, ["x", "a"], ended) == ((1, "a"), 1), ended
+        assert _feed(pattern, ["xa"], ended)[0] == (1, "a"), ended
+    for after in ("b", " ", "\n", "-", "\u00e9"):
         assert _feed(pattern, ["x", "a", after], False) == ((1, "a"), 1), after
+
+
+def test_two_ways_that_only_a_character_outside_ascii_undoes_do_not_settle_a_match():
+    # Worked by hand: in each pattern the two ways after "a" keep it for every ASCII character that
+    # may follow and where the output ends, but one character outside ASCII undoes both: "é" (a
+    # word character, no [a-zA-Z0-9_]), "٣" (ARABIC-INDIC DIGIT THREE, a \d, no [0-9]), a no-break
+    # space (a \s, none of the ASCII ones). So the match is not settled after "a": met with an
+    # ASCII character that comes next, not met with that one
+    for pattern, outside in ((r"a(?:(?=[a-zA-Z0-9_])|(?!\w))", "\u00e9"), (r"a(?:(?!\d)|(?=[0-9]))", "\u0663"),
+                             (r"a(?:(?!\s)|(?=[ \t\n\r\f\v]))", "\u00a0")):
+        assert _feed(pattern, ["x", "a"], False) == (None, 1), pattern
+        assert _feed(pattern, ["x", "a", outside], False)[0] is None, pattern
+        assert _feed(pattern, ["x", "a", "b"], False) == ((1, "a"), 1), pattern
+        assert _feed(pattern, ["x", "a"], True) == ((1, "a"), 1), pattern
+
+
+# Cases a longer run of the random test above found (seeds 1000 on, 1000 cases each), where the
+# matcher met a match that two ways settle only together a character late, or another match
+# after it; each stop worked by hand (and the reference agrees): (pattern, pieces, whether the
+# output ends there, the stop)
+_FOUND = [
+    # "a" by [ab], then (?!b ) where "b " does not follow, or (?=[ab]) where it does: met with "a"
+    (r"[ab](?:(?:(?!b )|.)|(?=[ab]))", ["a"], False, (0, "a")),
+    # the "b" at 3 by \w, then (?!\w) or \B: met with it; the matcher met "\nba" from 2 with the "a"
+    (r"(?:\w(?:(?!\w)|\B)|(?:[ab]|\s)[ab]a)", ["\n ", "\n", "ba", " "], False, (3, "b")),
+    # " " by ., no \w, then (?!\w) where no word character follows, \b where one does: met with " "
+    (r"(?s).(?:\w){0,2}(?:(?:(?!\w)|a)|\b)", [" "], False, (0, " ")),
+]
+
+
+@pytest.mark.parametrize("pattern, pieces, ended, stop", _FOUND)
+def test_matches_two_ways_settle_together_found_by_a_longer_random_run(pattern, pieces, ended, stop):
+    text = "".join(pieces)
+    assert reference_stop(pattern, text, ended, _FOLLOWERS) == stop
+    for split in (pieces, list(text)):
+        hit, shown = _feed(pattern, split, ended)
+        assert hit == stop and shown <= stop[0], (split, hit, shown)
 
 
 def test_a_match_that_one_way_settles_is_the_stop_though_the_regex_packages_way_is_open():

@@ -1,0 +1,130 @@
+"""Whether a stop regex's match that reads the text's end is settled by several ways together.
+
+A match that reads the end of the text so far (``a(?:\\B|(?!\\w))`` after "a") may be undone by
+no text that can follow though each way of matching it alone may be: ``\\B`` holds where a word
+character follows, ``(?!\\w)`` where any other does, and one of them where the output ends. Such a
+match is final at once (``tests/stop_regex_reference.py``, which tries every continuation, meets
+it so). The checks of ``stop_end_reading`` try one way at a time; this one tries every text that
+can follow instead, as that reference does, over a set of characters that stands for all of
+them, for a pattern where that set is small and known (``together``).
+
+What can follow is told apart by a pattern only through what it tests a character for: the
+characters and ranges it names, the classes ``\\w``, ``\\d``, ``\\s`` and the newline (for ``.``,
+``$``, ``^``). Two characters that pass the same of those tests are read alike, so one of each
+such kind stands for all (``Together.alphabet``). Its assertions read at most its assertion reach
+``A`` characters past a match (``regex_reach.assertion_reach``), so every text of up to ``A`` of
+those characters, ended there, stands for every text that can follow.
+
+This module imports neither ``stop_matcher`` nor ``stop_end_reading``, which use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from typing import Any, NamedTuple
+
+from lmnb_engine.regex_reach import Unreadable, assertion_reach, parse_as_python, reach
+from lmnb_engine.regex_tree import walk
+from lmnb_engine.stop_relaxed import ending_by
+
+# The most characters a match attempt of a pattern tried so may read (regex_reach.reach): the
+# starts tried before each check lie within it of the text's end, and each is tried per text that
+# can follow, so a longer pattern is left to the checks of one way at a time
+MAX_REACH = 64
+# The most texts that can follow a match tried per match (every one when it is settled)
+MAX_CONTINUATIONS = 2000
+# One character outside ASCII per kind of them that a pattern naming only ASCII characters can tell
+# apart: a word character, a digit (a word character too), a space, none of these. (The newline,
+# which "." and "$" test for, is ASCII.)
+_BEYOND_ASCII = "\u00e9\u0663\u00a0\u00b6"
+# The operations of a pattern this module reads (Python's parser's names); any other (a backreference,
+# a conditional) may read the text otherwise, and the pattern is left out
+_READ = {"LITERAL", "NOT_LITERAL", "ANY", "IN", "SUBPATTERN", "BRANCH", "MAX_REPEAT", "MIN_REPEAT", "AT",
+         "ASSERT", "ASSERT_NOT", "NEGATE", "RANGE", "CATEGORY"}
+# Where a match may be made more than one way (a choice between alternatives or of a repeat's count)
+_CHOICE = {"BRANCH", "MAX_REPEAT", "MIN_REPEAT"}
+# The assertions that read forward: an end or word-boundary one, a lookahead
+_BACKWARD_AT = {"AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"}
+
+
+class Together(NamedTuple):
+    """What ``settled_together`` tries for one stop regex: ``alphabet``, one character of each kind
+    the pattern tells apart; ``ahead``, its assertion reach (the most characters past a match
+    that it reads)."""
+
+    alphabet: str
+    ahead: int
+
+
+@functools.lru_cache(maxsize=256)
+def together(pattern: str) -> Together | None:
+    """``Together`` of ``pattern``, where several ways of matching one span may read what follows
+    (a choice between alternatives or of a repeat's count, and an assertion that reads forward),
+    its reach is at most ``MAX_REACH`` and the texts to try at most ``MAX_CONTINUATIONS``; None
+    otherwise, or where the pattern is read otherwise than by characters, ASCII ranges and classes
+    (``_READ``; Python's parser must read it as the ``regex`` package does, ``parse_as_python``),
+    or is case-insensitive (a folded character may lie outside ASCII: "K", KELVIN SIGN)."""
+    try:
+        parsed = parse_as_python(pattern)
+    except Unreadable:
+        return None
+    ahead, width = assertion_reach(pattern), reach(pattern)
+    if not ahead or width is None or width > MAX_REACH or parsed.state.flags & re.IGNORECASE:
+        return None
+    chars: set[int] = set()
+    ranges: list[tuple[int, int]] = []
+    choice = forward = False
+    for op, av in walk(parsed):
+        name = op.name
+        if name not in _READ:
+            return None
+        choice = choice or (name in _CHOICE and (name == "BRANCH" or av[0] != av[1]))
+        forward = forward or (name == "AT" and av.name not in _BACKWARD_AT) or (name in ("ASSERT", "ASSERT_NOT") and av[0] > 0)
+        if name in ("LITERAL", "NOT_LITERAL"):
+            chars.add(av)
+        elif name == "RANGE":
+            ranges.append(av)
+    if not (choice and forward) or any(c > 127 for c in chars) or any(hi > 127 for _, hi in ranges):
+        return None
+    alphabet = _kinds(chars, ranges)
+    if sum(len(alphabet) ** n for n in range(1, ahead + 1)) > MAX_CONTINUATIONS:
+        return None
+    return Together(alphabet, ahead)
+
+
+def _kinds(chars: set[int], ranges: list[tuple[int, int]]) -> str:
+    """One character of each kind that the characters ``chars`` and ranges ``ranges`` (all ASCII)
+    and the classes tell apart: every ASCII character, grouped by what it passes, and one of each
+    kind beyond ASCII, which none of those names."""
+    import regex
+
+    classes = [regex.compile(c) for c in (r"\w", r"\d", r"\s", "\n")]
+    seen: dict[tuple, str] = {}
+    for ch in [chr(i) for i in range(128)] + list(_BEYOND_ASCII):
+        kind = (ord(ch) if ord(ch) in chars else None, tuple(lo <= ord(ch) <= hi for lo, hi in ranges),
+                tuple(c.fullmatch(ch) is not None for c in classes))
+        seen.setdefault(kind, ch)
+    return "".join(seen.values())
+
+
+def settled_together(how: Together, pattern: str, text: str, start: int, e: int, end: int, budget: float) -> Any:
+    """The match of ``pattern`` (one ``together`` gives ``how``) from ``start`` to ``e`` in
+    ``text[:end]`` where it matches so whatever text follows, else None: where nothing follows,
+    and after every text of up to ``how.ahead`` characters of ``how.alphabet`` (the shortest first:
+    one of them most often undoes a match that is not settled).
+
+    Raises:
+        TimeoutError: a match ran past ``budget`` seconds.
+    """
+    head, found = text[:end], None
+    for n in range(0, how.ahead + 1):
+        exact = ending_by(pattern, end - e + n, exact=True)
+        if exact is None:
+            return None
+        for more in itertools.product(how.alphabet, repeat=n):
+            if (m := exact.match(head + "".join(more), start, timeout=budget)) is None:
+                return None
+            found = found or m
+    return found

@@ -1,0 +1,40 @@
+"""stop_together: which stop regexes are tried by every text that may follow, and over what."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmnb_engine.stop_together import MAX_REACH, Together, together
+
+
+def test_a_pattern_two_ways_may_settle_together_is_tried_over_one_character_of_each_kind():
+    # Worked by hand: a(?:\B|(?!\w)) names "a" and reads \w (and, as every pattern, \d, \s and the
+    # newline are told apart): the kinds are "a", another word character, a digit, a space other
+    # than the newline, the newline, and none of these; characters outside ASCII add no kind. Its
+    # assertions read 2 characters past a match (\B's: the next character and whether one follows)
+    how = together(r"a(?:\B|(?!\w))")
+    assert how is not None and how.ahead == 2
+    kinds = sorted(("a" if c == "a" else "newline" if c == "\n" else "digit" if c.isdigit() else
+                    "word" if c.isalnum() or c == "_" else "space" if c.isspace() else "other") for c in how.alphabet)
+    assert kinds == ["a", "digit", "newline", "other", "space", "word"]
+    # [a-c] and "x" split the letters: "a", "b" or "c" alike, "x", another letter
+    assert len(together(r"[a-c](?:\B|(?!x))").alphabet) == 7
+    assert isinstance(how, Together)
+
+
+@pytest.mark.parametrize("pattern, why", [
+    (r"a\b", "one way only: no alternative or repeat"),
+    (r"a(?:b|c)", "no assertion that reads forward"),
+    (r"\w+(?:\b|x)", "unbounded reach"),
+    (r"a{1,63}(?:\B|(?!\w))", "reach 65"),
+    (r"(?i)a(?:\B|(?!\w))", "case-insensitive"),
+    ("\u00e9(?:\\B|(?!\\w))", "a character outside ASCII"),
+    (r"(a)(?:\B|(?!\1))", "a backreference"),
+])
+def test_patterns_not_tried_by_every_text_that_may_follow(pattern, why):
+    assert together(pattern) is None, why
+
+
+def test_a_pattern_of_the_longest_reach_is_tried():
+    # a{1,62}: 62 characters, then \B or (?!\w) read 2 more: 64
+    assert MAX_REACH == 64 and together(r"a{1,62}(?:\B|(?!\w))") is not None
