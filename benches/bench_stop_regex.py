@@ -33,7 +33,12 @@ ends, none final until a non-letter comes, or one a lookahead for a letter not i
 at each of ``RUN_LENGTHS`` characters (each token's least of ``--repeats`` runs, over the 10
 tokens ending there), "given up" past the length where a search ran over ``REGEX_TIMEOUT_S``.
 
-    python benches/bench_stop_regex.py [--threads | --fallback | --run] [--out benches/results/<date>-cpu-stop-regex.md]
+``--ends`` measures instead stop regexes the regex package searches whose match stays open over a
+long run, where what the match must end with never comes (``ENDS_CASES``: patterns ending in a
+lookbehind, ``\w+(?<=ing)``, and long bounded repeats, ``a{1,500}b``), alone, as ``--run`` does at
+each of ``ENDS_LENGTHS`` characters.
+
+    python benches/bench_stop_regex.py [--threads | --fallback | --run | --ends] [--out benches/results/<date>-cpu-stop-regex.md]
 """
 
 from __future__ import annotations
@@ -84,6 +89,12 @@ FALLBACK_CASES = [
 # --run: patterns whose match stays open over a run of letters, and the run's lengths measured
 RUN_CASES = [r"\w+\b", r"(?m)\w+$", r"[a-z]+\b(?!-)", r"a\w*(?!\w)", r"\w+(?<=ing)\b", r"\w+\b|x", r"a[^z]*(?=z)"]
 RUN_LENGTHS = (250, 500, 1000, 2000, 4000, 8000)
+# --ends: (pattern, the first token's text, every later token's text), none of whose matches the run
+# holds, and the run's lengths measured
+ENDS_CASES = [(r"\w+(?<=ing)", "abcd", "abcd"), (r"[a-z]+(?<=zz)", "abcd", "abcd"), (r"a.*(?<!a)", "aaaa", "aaaa"),
+              (r"x[a-z]*(?<=q)", "xabc", "abcd"), (r"a{1,500}b", "aaaa", "aaaa"), (r"a{1,1000}b", "aaaa", "aaaa"),
+              (r"[a-z]{1,300}[0-9]", "abcd", "abcd"), (r"[a-z]{1,200}(?<=zz)", "abcd", "abcd")]
+ENDS_LENGTHS = (200, 800, 3200)
 
 
 def pieces(n: int, first: str | None) -> list[str]:
@@ -153,13 +164,17 @@ def measure_threads(repeats: int) -> list[str]:
     return lines
 
 
-def measure_run(repeats: int) -> list[str]:
-    """The ``--run`` table: per pattern, ms per token at each of ``RUN_LENGTHS`` characters of a run."""
-    tokens = ["abcd"] * (max(RUN_LENGTHS) // 4)
-    lines = [f"a run of letters, 4 a token, no stop strings; ms per token over the 10 tokens ending at each "
+def measure_run(repeats: int, cases: list[tuple[str, str, str]] | None = None,
+                lengths: tuple[int, ...] = RUN_LENGTHS) -> list[str]:
+    """The ``--run`` table: per pattern, ms per token at each of ``lengths`` characters of a run;
+    ``cases``: (pattern, first token's text, later tokens' text), each ``RUN_CASES`` over "abcd"
+    tokens where not given (``--ends``)."""
+    cases = cases or [(p, "abcd", "abcd") for p in RUN_CASES]
+    lines = [f"a run, 4 characters a token, no stop strings; ms per token over the 10 tokens ending at each "
              f"length, each token's least of {repeats} runs", "",
-             "| pattern | " + " | ".join(str(n) for n in RUN_LENGTHS) + " |", "|---|" + "---:|" * len(RUN_LENGTHS)]
-    for pattern in RUN_CASES:
+             "| pattern | run | " + " | ".join(str(n) for n in lengths) + " |", "|---|---|" + "---:|" * len(lengths)]
+    for pattern, first, later in cases:
+        tokens = [first] + [later] * (max(lengths) // 4 - 1)
         runs = []
         for _ in range(repeats):
             matcher, text, times = StopStringMatcher([], [pattern]), "", []
@@ -169,17 +184,17 @@ def measure_run(repeats: int) -> list[str]:
                 hit = matcher.find(text, checked)
                 matcher.safe_len(text)
                 times.append(None if matcher.problem else time.perf_counter() - t)
-                assert hit is None, hit  # (no non-letter comes: no match is final)
+                assert hit is None, hit  # (no match in the run is final)
                 if matcher.problem:
                     break
             runs.append(times + [None] * (len(tokens) - len(times)))
         least = [None if None in ts else min(ts) for ts in zip(*runs)]
         cells = []
-        for n in RUN_LENGTHS:
+        for n in lengths:
             window = least[n // 4 - 10:n // 4]
             cells.append("given up" if None in window else f"{sum(window) / len(window) * 1e3:.2f}")
         cell = pattern.replace("|", r"\|")  # (a "|" would end the table's cell)
-        lines.append(f"| `{cell}` | " + " | ".join(cells) + " |")
+        lines.append(f"| `{cell}` | {first}{later}... | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     return lines
 
@@ -191,6 +206,8 @@ def main() -> None:
     ap.add_argument("--threads", action="store_true", help="the many-threads patterns, automaton vs searched")
     ap.add_argument("--fallback", action="store_true", help="patterns the automaton does not take")
     ap.add_argument("--run", action="store_true", help="patterns whose match stays open over a run of letters")
+    ap.add_argument("--ends", action="store_true",
+                    help="patterns ending in a lookbehind, and long bounded repeats, open over a run")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
     import regex
@@ -210,9 +227,11 @@ def main() -> None:
         if args.out:
             args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + "\n".join(lines) + "\n")
         return
-    if args.run or args.threads:
+    if args.run or args.threads or args.ends:
+        table = (measure_run(args.repeats) if args.run else measure_run(args.repeats, ENDS_CASES, ENDS_LENGTHS)
+                 if args.ends else measure_threads(args.repeats))
         report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]
-                           + (measure_run if args.run else measure_threads)(args.repeats))
+                           + table)
         if args.out:
             args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + report + "\n")
         return

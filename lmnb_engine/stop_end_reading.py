@@ -210,10 +210,26 @@ def ending_assertions(pattern: str, after: int) -> Tail | None:
     pattern decides its form (a multiline flag turned off there), more loosely. Searched over the
     places a match may end (``_none_final``: the window's last ``after`` + 1), where they find none
     the pattern has no match, found without reading every start. None where the pattern is not of
-    that form, or holds an inline flag after its global ones, or is verbose, or either form of its
-    tail cannot be made."""
+    that form (``top_level_tail``), or either form of its tail cannot be made."""
     import regex
 
+    found = top_level_tail(pattern)
+    if found is None:
+        return None
+    tail, _ = found
+    window = windowed(tail, end_reading(tail), after)
+    try:
+        return None if window is None else Tail(window, regex.compile(tail))
+    except regex.error:  # (a reference to a group of the pattern's head)
+        return None
+
+
+def top_level_tail(pattern: str) -> tuple[str, list] | None:
+    """Where ``pattern``'s top level is one sequence that ends in assertions (end, boundary or
+    start ones, lookarounds) after something that consumes: those assertions alone, its global
+    flags kept first, and them as Python's parser reads them (``(op, av)`` pairs); None where it
+    is not of that form, or holds an inline flag after its global ones, or is verbose, or Python's
+    parser reads its last items otherwise."""
     from lmnb_engine.regex_parts import pattern_parts
     from lmnb_engine.regex_reach import Unreadable, parse_as_python
 
@@ -254,11 +270,7 @@ def ending_assertions(pattern: str, after: int) -> Tail | None:
         return None
     if len(whole) != len(head) + len(last) or any(op.name not in ("AT", "ASSERT", "ASSERT_NOT") for op, _ in last):
         return None
-    window = windowed(lead + tail, end_reading(lead + tail), after)
-    try:
-        return None if window is None else Tail(window, regex.compile(lead + tail))
-    except regex.error:  # (a reference to a group of the pattern's head)
-        return None
+    return lead + tail, last
 
 
 # What in a pattern reads across its top-level alternatives: a recursion or a call of a group

@@ -16,10 +16,12 @@ import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_parts import global_flags, pattern_parts
+from lmnb_engine.regex_last import last_characters
 from lmnb_engine.regex_python_error import shown_regex
 from lmnb_engine.regex_reach import assertion_reach, ends_at_text_end, reach, settled_width, unbounded_lookahead
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
-from lmnb_engine.stop_end_reading import EndReadingChecks, branches, end_reading, ending_assertions, windowed
+from lmnb_engine.stop_end_reading import (EndReadingChecks, branches, end_reading, ending_assertions, top_level_tail,
+                                          windowed)
 from lmnb_engine.stop_relaxed import MULTILINE_FLAG, ending_by, relax
 from lmnb_engine.stop_together import together
 
@@ -172,6 +174,20 @@ class StopRegexes:
         # (\w+\b|x) is not read from every start through the others
         self.branches = [None if w is None else branches(p, c, a)
                          for p, c, w, a in zip(patterns or (), self.compiled, self.windows, self.assertion_reach)]
+        # per pattern searched that reads nothing past its match (no end assertion, no lookahead:
+        # _reads_past_match) and whose matches all end in lookbehinds (\w+(?<=ing), a.*(?<!a)):
+        # those alone (_lookbehind_tail), None otherwise. A new match ends past the text checked,
+        # where they hold: where they hold nowhere there, find need not search it (the search
+        # from every start of an open run read each start to the run's end: ~100 ms a token at
+        # 800 characters of a run, given up at ~1100)
+        self.back_tails = [_lookbehind_tail(p) if a is None and not sensitive else None
+                           for p, a, sensitive in zip(patterns or (), self.automata, self.end_sensitive)]
+        # ... and of those, one class of every character a match may end with (regex_last), None
+        # where not known: a new match ends with one in the text past what was checked, so where
+        # none is there, find need not search it (a{1,500}b over a run of "a"s: each of the last
+        # 500 starts read to the run's end, a cost per token growing with the square of the bound)
+        self.last_characters = [last_characters(p) if a is None and not sensitive and not _reads_past_match(p) else None
+                                for p, a, sensitive in zip(patterns or (), self.automata, self.end_sensitive)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -296,6 +312,24 @@ def _reads_past_match(pattern: str) -> bool:
     """Whether ``pattern`` may read past its match's end, found in its text erring towards yes: a
     lookahead, an end assertion, or what takes more text whole (``_END_SENSITIVE``)."""
     return bool(_END_SENSITIVE.search(pattern)) or "(?=" in pattern
+
+
+def _lookbehind_tail(pattern: str) -> Any:
+    """``StopRegexes.back_tails`` of ``pattern``: where it reads nothing past its match's end
+    (``_reads_past_match``) and its top level ends in lookbehinds only
+    (``stop_end_reading.top_level_tail``), those lookbehinds, compiled with its global flags; else
+    None. Each match of the pattern ends where they hold."""
+    import regex
+
+    if _reads_past_match(pattern) or (found := top_level_tail(pattern)) is None:
+        return None
+    tail, items = found
+    if any(op.name not in ("ASSERT", "ASSERT_NOT") or av[0] > 0 for op, av in items):
+        return None
+    try:
+        return regex.compile(tail)
+    except regex.error:  # (a reference to a group of the pattern's head)
+        return None
 
 
 # A class of every character ([\s\S] and its like), as written in a pattern
@@ -620,6 +654,11 @@ class StopStringMatcher(EndReadingChecks):
                 continue  # (nor of the pattern without its assertions: none in the text or a prefix of it)
             floor, longest = self._floor(k, text, new_from), self._shared.longest[k]
             try:
+                if ((tail := self._shared.back_tails[k]) is not None and tail.search(
+                        text, min(new_from + 1, len(text)), timeout=REGEX_TIMEOUT_S) is None) or (
+                        (last := self._shared.last_characters[k]) is not None
+                        and last.search(text, new_from, timeout=REGEX_TIMEOUT_S) is None):
+                    continue  # (no match ends past the text checked)
                 if (run is not None and run.first_end > new_from
                         and (m := _new_match(rx, longest, text, floor, new_from, run.first_end)) is not None):
                     # no match ends by new_from, so the first to end is new and met where it ends,

@@ -2666,18 +2666,19 @@ def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_ever
 
 
 def test_a_stop_regex_that_backtracks_catastrophically_aborts_its_own_request(engine, monkeypatch):
-    # "(x|x)+(?<=y)" searched on n x's takes ~2**n steps (a lookbehind: stop_automaton does not read it);
+    # "(x|x)+(?<=y)x" searched on n x's takes ~2**n steps (a lookbehind: stop_automaton does not read it;
+    # a match ends with an "x", which each token is, so find searches it);
     # it was searched on the scheduler's thread on every token, which stalled every request for
     # seconds, then hours (found by a review helper).
     # The first search past the limit aborts every sample of the request (they share the pattern).
     from lmnb_engine import stop_matcher
 
     monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 0.02)
-    params = SamplingParams(max_new_tokens=24, temperature=0.0, regex="x{24}", stop_regex="(x|x)+(?<=y)", n=3)
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, regex="x{24}", stop_regex="(x|x)+(?<=y)x", n=3)
     results = engine.generate("the cat", params)
     for r in results:
         assert r.finish_reason.type == "abort"
-        assert 'stop_regex "(x|x)+(?<=y)" took over 0.02 s' in r.finish_reason.message  # (as JSON, as its refusals)
+        assert 'stop_regex "(x|x)+(?<=y)x" took over 0.02 s' in r.finish_reason.message  # (as JSON, as its refusals)
         assert "catastrophic backtracking" in r.finish_reason.message
         assert r.finish_reason.field == "stop_regex"  # (the caller's pattern: the OpenAI routes end the choice)
         assert 0 < len(r.token_ids) < 24  # given up part-way, not at the end

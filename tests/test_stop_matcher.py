@@ -1189,10 +1189,11 @@ def test_a_regex_given_up_by_one_sample_leaves_the_others_searching_the_rest(mon
     from lmnb_engine.stop_matcher import StopRegexes
 
     monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 0.01)
-    # (a lookbehind: searched, not read by an automaton, and the loosened one, (x|x)+, matches "x")
-    shared = StopRegexes(["END", "(x|x)+(?<=y)"])
+    # (a lookbehind: searched, not read by an automaton, and the loosened one, (x|x)+x, matches "xx";
+    # a match ends with an "x", which the text holds, and not in the lookbehind: find searches it)
+    shared = StopRegexes(["END", "(x|x)+(?<=y)x"])
     first, second = StopStringMatcher([], shared), StopStringMatcher([], shared)
-    assert first.find("x" * 40, 39) is None and '"(x|x)+(?<=y)" took over 0.01 s' in first.problem
+    assert first.find("x" * 40, 39) is None and '"(x|x)+(?<=y)x" took over 0.01 s' in first.problem
     assert second.problem == first.problem and shared.given_up == {1}
     assert second.find("abc END", 6) == (4, "END")
     assert second.safe_len("abc EN") == 0  # the given-up pattern might match anywhere it was not yet searched
