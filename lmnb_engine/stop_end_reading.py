@@ -10,7 +10,8 @@ first where a match may end (``ending_assertions``), per top-level alternative w
 (``branches``); per match, the checks ``StopStringMatcher`` inherits
 (``EndReadingChecks``), which read its state: ``_shared`` (``StopRegexes``), ``_regexes``,
 ``_held_to`` (the length of the text not checked, the first ``min_new_tokens``) and ``_pending``
-(where a match that reads the text's end begins, which ``safe_len`` holds back), and call its
+(where a match that reads the text's end begins, which ``safe_len`` holds back) and ``_undoing``
+(per pattern, the character ``_none_final`` last found to settle no match), and call its
 ``_budget()``: the seconds one search may take (``stop_matcher.REGEX_TIMEOUT_S``, where callers and
 tests set it, read at each check), past which a search raises ``TimeoutError``.
 
@@ -27,7 +28,7 @@ from typing import Any, NamedTuple
 from lmnb_engine.regex_parts import global_flags
 from lmnb_engine.regex_reach import assertion_reach, reach
 from lmnb_engine.stop_relaxed import LOOKAHEAD_MARK, ending_by, relax
-from lmnb_engine.stop_together import settled_together
+from lmnb_engine.stop_together import settled_together, undone_by_one
 
 
 class EndReading(NamedTuple):
@@ -445,14 +446,16 @@ class EndReadingChecks:
         characters): where the pattern's matches all end in assertions, those alone are searched
         first over the places a match in the window may end (``StopRegexes.tails``), and where
         none holds the window has no match; a pattern of top-level alternatives so each alternative
-        (``StopRegexes.branches``: ``\\w+\\b|x``).
+        (``StopRegexes.branches``: ``\\w+\\b|x``). Where several ways may settle a match
+        together (``StopRegexes.together``), the window, which tries one way at a time, does not
+        tell: a character after which no match ends there does (``stop_together.undone_by_one``).
 
         Raises:
             TimeoutError: a search ran past ``_budget()`` seconds.
         """
         budget = self._budget()
         window = self._shared.windows[k]
-        if window is None or self._shared.together[k] is not None:  # (the window tries one way at a time)
+        if window is None:
             return False
         parts = self._shared.branches[k] or (Branch(window, self._regexes[k], self._shared.tails[k]),)
         since = max(floor, end - self._shared.assertion_reach[k])
@@ -460,6 +463,11 @@ class EndReadingChecks:
             if ((part.tail is None or part.tail.window.search(text, since, end, timeout=budget) is not None)
                     and part.window.search(text, floor, end, timeout=budget) is not None):
                 return False
+        if (how := self._shared.together[k]) is not None:  # (the window tries one way at a time)
+            undone = undone_by_one(how, self._regexes[k].pattern, text, floor, end, budget, self._undoing.get(k, ""))
+            if undone is None:  # (every character that may follow leaves a match: several ways may settle it)
+                return False
+            self._undoing[k] = undone
         # (the earliest match anywhere: where its tail holds nowhere, none, found in one pass)
         starts = [m.start() for part in parts
                   if end == len(text)

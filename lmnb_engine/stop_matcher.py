@@ -479,6 +479,9 @@ class StopStringMatcher(EndReadingChecks):
         # reads its end, where one does: safe_len holds it back
         self._pending: dict[int, int] = {}
         self._pending_text = ""
+        # per regex with StopRegexes.together: the character that last showed no match near the
+        # text's end settled (_none_final), tried first next time
+        self._undoing: dict[int, str] = {}
         # whether a match of a regex may read the text's end: find(at_end=True) is asked where the output ends
         self.reads_end = any(r is not None for r in self._shared.end_readings)
 

@@ -25,6 +25,7 @@ import itertools
 import re
 from typing import Any, NamedTuple
 
+from lmnb_engine.regex_parts import global_flags
 from lmnb_engine.regex_reach import Unreadable, assertion_reach, parse_as_python, reach
 from lmnb_engine.regex_tree import walk
 from lmnb_engine.stop_relaxed import ending_by
@@ -128,3 +129,33 @@ def settled_together(how: Together, pattern: str, text: str, start: int, e: int,
                 return None
             found = found or m
     return found
+
+
+def undone_by_one(how: Together, pattern: str, text: str, floor: int, end: int, budget: float,
+                  order: str) -> str | None:
+    """A character that, following ``text[:end]``, leaves no match of ``pattern`` (one ``together``
+    gives ``how``) from ``floor`` on that ends within ``how.ahead`` characters of ``end``, None
+    where each of ``how.alphabet`` leaves one. Where one does, no match ending there is settled,
+    together or not (each would hold after it too), as one search per character tells, not one
+    check per start and end. ``order``: the characters to try first (the one that told it last:
+    over an open run, the same one tells it again).
+
+    Raises:
+        TimeoutError: a search ran past ``budget`` seconds.
+    """
+    probe, head = _ending_within_after_one(pattern, how.ahead), text[:end]
+    for c in order + "".join(c for c in how.alphabet if c not in order):
+        if probe.search(head + c, floor, timeout=budget) is None:
+            return c
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _ending_within_after_one(pattern: str, ahead: int) -> Any:
+    """``pattern`` matching only where 1 to ``ahead`` + 1 characters follow its match (its match
+    ending within ``ahead`` characters of the text's end before one more character)."""
+    import regex
+
+    lead = global_flags(pattern)
+    end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""  # (a verbose "#" comment ends there)
+    return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{{1,{ahead + 1}}}\\Z)")

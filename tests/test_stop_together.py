@@ -38,3 +38,29 @@ def test_patterns_not_tried_by_every_text_that_may_follow(pattern, why):
 def test_a_pattern_of_the_longest_reach_is_tried():
     # a{1,62}: 62 characters, then \B or (?!\w) read 2 more: 64
     assert MAX_REACH == 64 and together(r"a{1,62}(?:\B|(?!\w))") is not None
+
+
+def test_an_open_run_that_one_character_leaves_unsettled_is_not_checked_start_by_start(monkeypatch):
+    # \w{1,60}(?:\b|(?=x)) over a run of letters: every match near the text's end is undone by a
+    # word character other than "x" that follows (\b fails, (?=x) too), so none is final; one search
+    # per check tells so (stop_together.undone_by_one). Trying every text that may follow, each
+    # start and end of the run was checked through _final after each character instead (~20 times
+    # the matcher's time a token over the run). The stop then comes where the run ends
+    from lmnb_engine.stop_matcher import StopStringMatcher
+
+    checked_one_by_one = []
+    final = StopStringMatcher._final
+
+    def counting(self, *args):
+        checked_one_by_one.append(args)
+        return final(self, *args)
+
+    monkeypatch.setattr(StopStringMatcher, "_final", counting)
+    m, text = StopStringMatcher([], [r"\w{1,60}(?:\b|(?=x))"]), ""
+    for _ in range(50):
+        checked, text = len(text), text + "abcd"
+        assert m.find(text, checked) is None
+        assert m.safe_len(text) <= max(0, len(text) - 60)  # (the last 60 letters may begin a stop)
+    assert checked_one_by_one == []
+    # " " settles \b after the run: the leftmost match that holds, from 140, the 60 letters before it
+    assert m.find(text + " ", len(text)) == (140, text[140:])
