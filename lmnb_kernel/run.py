@@ -5,7 +5,9 @@ Python, installed or not), the executed notebook is saved — also when a cell f
 lost — and a summary is printed: cells run, tokens and the radix-cache hit rate, read from the ``lmnb`` metadata that each
 ``%%lm`` cell's summary output carries. ``-p`` injects parameters after the cell tagged
 ``parameters``, as papermill does (research/jupyter.md §4.4). Ctrl-C interrupts the running cell,
-as JupyterLab's stop button does, and ends the run; a second Ctrl-C shuts the kernel down.
+as JupyterLab's stop button does, and ends the run; a second Ctrl-C shuts the kernel down. One
+that comes while no cell's code runs (before the first cell, or once a cell's reply is in) ends
+the run before the next cell, and one after the last cell's reply stops nothing (``CtrlC``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised);
                  "the kernel died or did not start, or a %%lm cell's view is saved unfinished (the kernel's last "
                  "update of it never came: the kernel was killed); 2 the notebook cannot be read, the output cannot be "
                  f"written, or a -p cannot be used; {EXIT_CELL_ERROR} a cell raised an error (the "
-                 "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C or SIGTERM")
+                 "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C or SIGTERM "
+                 "before the last cell finished (one that comes after it stops nothing, and the status is the run's "
+                 "own, as without it: the notebook is saved whole)")
 
 
 def run_arguments(parser) -> None:
@@ -264,7 +268,7 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
     # on an assertion. Its signal handler still shuts the kernel down on a Ctrl-C or SIGTERM before
     # the kernel is up, when CtrlC takes both over; the end of the run, we do.
     km = kernel_manager()
-    ctrl_c = CtrlC(km)
+    ctrl_c = CtrlC(km, cell_name)
     # cell number -> error name of each cell whose execute reply was an error: a UsageError (a
     # misspelt %%lm option, an unknown %lm subcommand) leaves no error output, only stderr text
     errors: dict[int, str] = {}
@@ -276,13 +280,13 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
 
     def on_cell_executed(cell, cell_index, **kwargs) -> None:
         ended.append(cell_index + 1)
-        ctrl_c.check(cell, cell_index, **kwargs)
+        ctrl_c.ended(cell, cell_index)
 
     client = Client(
         nb, km=km, timeout=cell_timeout(args.timeout), startup_timeout=120, allow_errors=args.allow_errors,
         iopub_timeout=cell_timeout(args.timeout), resources={"metadata": {"path": str(src.resolve().parent)}},
-        on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=on_cell_executed,
-        on_cell_error=on_cell_error,
+        on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.starting, on_cell_executed=on_cell_executed,
+        on_cell_error=on_cell_error, on_notebook_complete=ctrl_c.complete,
     )
     ctrl_c.client = client
     t0 = time.monotonic()
@@ -306,22 +310,22 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
         # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (CtrlC's handler,
         # or nbclient's at start-up, which notes the future it started), the kernel is shut down, so
         # the cell then ends as if the kernel had died.
-        which = "a cell" if ctrl_c.cell_number is None else cell_name(ctrl_c.cell_number)
+        # (before the first cell: in nbclient's wait for the kernel's info, once CtrlC has taken over)
+        which = None if ctrl_c.cell_number is None else cell_name(ctrl_c.cell_number)
+        during = "before any cell ran" if which is None else f"while {which} ran"
         if ctrl_c.forced:
             failed, status = (f"interrupted (Ctrl-C); {which} did not stop within "
                               f"{CtrlC.GRACE_S:g} s, so the kernel was shut down"), 130
         elif ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
             how = "SIGTERM" if ctrl_c.terminated else "Ctrl-C twice" if ctrl_c.count > 1 else "Ctrl-C or SIGTERM"
-            failed, status = f"interrupted ({how}) while {which} ran; the kernel was shut down", 130
+            failed, status = f"interrupted ({how}) {during}; the kernel was shut down", 130
         else:
-            failed, status = f"the kernel died while {which} ran (out of memory, or a crash in native code)", 1
-    except (CellExecutionError, Interrupted) as e:  # the cell raised (KeyboardInterrupt after a Ctrl-C)
-        if ctrl_c.count:
-            failed, status = (f"interrupted ({ctrl_c.name}) in {cell_name(ctrl_c.cell_number)}; the cells after it did "
-                              "not run"), 130
-        else:  # (the cell hooks noted the cell it raised in)
-            cell = nb.cells[ctrl_c.cell_number - 1]
-            failed, status = describe_failure(cell, cell_name(ctrl_c.cell_number), e.ename, e.evalue), EXIT_CELL_ERROR
+            failed, status = f"the kernel died {during} (out of memory, or a crash in native code)", 1
+    except Interrupted:  # a Ctrl-C or SIGTERM stopped the run (CtrlC's hooks)
+        failed, status = ctrl_c.where_stopped("written out" if to_stdout else "saved"), 130
+    except CellExecutionError as e:  # the cell raised (on its own: one a Ctrl-C interrupted is Interrupted)
+        cell = nb.cells[ctrl_c.cell_number - 1]  # (the cell hooks noted the cell it raised in)
+        failed, status = describe_failure(cell, cell_name(ctrl_c.cell_number), e.ename, e.evalue), EXIT_CELL_ERROR
     except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
         failed, status = f"the lmnb kernel failed: {e}", 1
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
@@ -367,6 +371,8 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
     cut_short = {number: said for number, said in cut_short.items() if said is not None}
     print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors, cut_short, injected),
           file=sys.stderr if to_stdout else sys.stdout)
+    if failed is None and ctrl_c.came is not None:  # (it stopped nothing: the run's own status stands)
+        print(f"lmnb run: {ctrl_c.came_after_the_last()}", file=sys.stderr)
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
               f"{where})", file=sys.stderr)
@@ -595,23 +601,34 @@ class CtrlC:
     partial output, and the run stops there, with ``--allow-errors`` too. A second one shuts the
     kernel down, for a cell that does not stop; so does a cell still running ``GRACE_S`` after
     the first (an interrupt that lands in ipykernel outside the cell's code loses the cell's
-    reply, which nbclient would wait for until ``--timeout``). A cell whose reply has come, its
-    output still awaited (up to ``--timeout``), ends at once (``stop_output_wait`` of ``client``).
-    (nbclient's own handler shuts the kernel down at once: the cell's reply was lost and the
-    kernel printed a ZMQ traceback.) The
+    reply, which nbclient would wait for until ``--timeout``). (nbclient's own handler shuts the
+    kernel down at once: the cell's reply was lost and the kernel printed a ZMQ traceback.) The
     kernel runs in a session of its own, so the terminal's Ctrl-C reaches only this process.
     SIGTERM counts as the second Ctrl-C: nbclient's handler asked a busy kernel to shut down
     (it printed a ZMQ traceback when the cell ended) while the run's own shutdown of the same
-    kernel ran, and failed on ZMQError without a summary."""
+    kernel ran, and failed on ZMQError without a summary.
+
+    Where no cell's code runs, nothing is interrupted, and the run stops before the next cell
+    (``where_stopped`` says where): before the first one (the kernel has started), or once a
+    cell's reply has come (its code has ended in the kernel), whose output, still awaited (up to
+    ``--timeout``), is awaited no longer (``stop_output_wait`` of ``client``). One after the last
+    cell's reply, or in nbclient's end of the run, stops nothing: every cell ran, and the run ends
+    as it would have, saying so (``came``, ``came_after_the_last``). ``cell_name(number)`` names
+    the cell at 1-based ``number``, as ``run`` reports it."""
 
     GRACE_S = 30.0  # long enough for an %%lm cell to abort its requests, or a model load to end
 
-    def __init__(self, km):
-        self.km, self.count, self.cell_number = km, 0, None
+    def __init__(self, km, cell_name=lambda number: f"cell {number}"):
+        self.km, self.count, self.cell_number = km, 0, None  # cell_number: the cell started last (1-based)
+        self.cell_name = cell_name
         self.forced = self.terminated = False
         self._grace = None
         self.stopping = None  # the task that kills the kernel, once one was started
         self.client = None  # the notebook's client (run_client.Client), whose wait for a cell's output a Ctrl-C ends
+        self._cell = None  # the running cell (between its on_cell_execute and on_cell_executed), else None
+        self.interrupted = None  # the number of the cell the first Ctrl-C or SIGTERM came in, before its reply
+        self.before = None  # the number of the cell whose start the run stopped at, after a Ctrl-C outside a cell
+        self.came = None  # "Ctrl-C" or "SIGTERM": the first signal, where it came outside a cell (it stopped none)
 
     def install(self, notebook) -> None:
         """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT and SIGTERM handlers."""
@@ -622,29 +639,116 @@ class CtrlC:
         except (NotImplementedError, RuntimeError):  # no signal handlers (Windows, not the main thread)
             pass
 
-    def check(self, cell, cell_index, **_) -> None:
-        """``on_cell_execute`` / ``on_cell_executed``: remember the cell; after a Ctrl-C, end the run."""
+    def starting(self, cell, cell_index, **_) -> None:
+        """``on_cell_execute``: remember the cell, which now runs; after a Ctrl-C, end the run before it."""
         if self.count:
             if self._grace is not None:
                 self._grace.cancel()
-            raise Interrupted(f"interrupted in cell {self.cell_number}")
-        self.cell_number = cell_index + 1
+            self.before = cell_index + 1
+            raise Interrupted(f"interrupted before cell {self.before}")
+        self.cell_number, self._cell = cell_index + 1, cell
+
+    def ended(self, cell, cell_index, **_) -> None:
+        """``on_cell_executed``: the cell has ended; if a Ctrl-C came while its code ran, end the run."""
+        self._cell = None
+        if self.interrupted == cell_index + 1:
+            if self._grace is not None:
+                self._grace.cancel()
+            raise Interrupted(f"interrupted in cell {self.interrupted}")
+
+    def complete(self, notebook) -> None:
+        """``on_notebook_complete``, in nbclient's end of the run (every cell ran, or the run
+        stopped): from here a Ctrl-C or SIGTERM is noted (``came``) and stops nothing, as in the
+        run's own end after it. nbclient's removal of its handlers, which follows, put Python's
+        defaults back, under which one raised KeyboardInterrupt (reported as an interrupt while the
+        kernel started, no cell run) or ended the process by SIGTERM, with no report: the loop's
+        handlers are removed here, so that nbclient's removal finds none and leaves these."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        with contextlib.suppress(RuntimeError):  # (no event loop running: nothing to remove)
+            loop = asyncio.get_running_loop()
+            for number in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(number)
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, self._noted)
+
+    def _noted(self, signum, frame) -> None:
+        if self.came is None and not self.count:
+            self.came = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
 
     def _on_sigint(self) -> None:
         self.count += 1
         if self.count == 1:
-            print("lmnb run: interrupting the running cell (Ctrl-C again shuts the kernel down)", file=sys.stderr)
-            if self.client is not None:  # (a cell whose reply came has ended: its output is not waited for)
-                self.client.stop_output_wait()
-            asyncio.ensure_future(self.km.interrupt_kernel())
-            self._grace = asyncio.get_running_loop().call_later(self.GRACE_S, self._force)
+            if self._in_a_cell():
+                print("lmnb run: interrupting the running cell (Ctrl-C again shuts the kernel down)", file=sys.stderr)
+                asyncio.ensure_future(self.km.interrupt_kernel())
+                self._grace = asyncio.get_running_loop().call_later(self.GRACE_S, self._force)
+            else:
+                print(f"lmnb run: {self._outside_a_cell()}", file=sys.stderr)
         elif self.count == 2:
             self._stop_kernel()
 
     def _on_sigterm(self) -> None:
         self.terminated = True
+        if not self.count:
+            self._in_a_cell()
         self.count = max(self.count, 2)
         self._stop_kernel()
+
+    def _in_a_cell(self) -> bool:
+        """Whether the first Ctrl-C (or SIGTERM) came while a cell's code ran (its request sent, its
+        reply not yet in), noted as ``interrupted``. Else it stops no cell (``came``): it came before
+        the first cell, or after a cell's reply, whose output is then waited for no longer."""
+        if self._cell is not None and (self.client is None or self.client.replied is not self._cell):
+            self.interrupted = self.cell_number
+            return True
+        self.came = self.name
+        if self.client is not None:  # (a cell whose reply came has ended: its output is not waited for)
+            self.client.stop_output_wait()
+        return False
+
+    def _outside_a_cell(self) -> str:
+        """What the run does after a Ctrl-C that stopped no cell (``_in_a_cell``), said at once."""
+        following = self._next_cell()
+        if self.cell_number is None:
+            return "stopping before the first cell runs"
+        done = self.cell_name(self.cell_number)
+        if following is None:
+            return f"Ctrl-C after the last cell, {done}, had finished: the run ends as it would have"
+        return f"stopping: {done} has finished, and {self.cell_name(following)} will not run"
+
+    def _next_cell(self) -> int | None:
+        """The number of the code cell nbclient runs next (one of code that is not blank, nor
+        tagged to be skipped), None if none is left; None where there is no client to ask."""
+        if self.client is None:
+            return None
+        after = self.cell_number or 0
+        for number, cell in enumerate(self.client.nb.cells[after:], start=after + 1):
+            if (cell.cell_type == "code" and cell.source.strip()
+                    and self.client.skip_cells_with_tag not in cell.metadata.get("tags", [])):
+                return number
+        return None
+
+    def where_stopped(self, saved: str = "saved") -> str:
+        """The report of a run ``Interrupted``: in the cell the Ctrl-C interrupted, or between
+        the cell that had finished and the one that did not start (before the first). ``saved``:
+        how the notebook's outputs were kept, "saved" or "written out" (to stdout)."""
+        name = self.name
+        if self.interrupted is not None:
+            return f"interrupted ({name}) in {self.cell_name(self.interrupted)}; the cells after it did not run"
+        following = self.cell_name(self.before)
+        if self.cell_number is None:
+            return f"interrupted ({name}) before any cell ran; {following} and the cells after it did not run"
+        done = self.cell_name(self.cell_number)
+        return (f"interrupted ({name}) between {done} and {following}: {done} had finished, and its outputs are "
+                f"{saved}; {following} and the cells after it did not run")
+
+    def came_after_the_last(self) -> str:
+        """What a run that ``came`` says: the signal stopped nothing."""
+        if self.cell_number is None:
+            return f"{self.came} came when no cell was left to run; it stopped nothing"
+        return (f"{self.came} came after the last cell, {self.cell_name(self.cell_number)}, had finished; it stopped "
+                "nothing, and the run ends as it would have")
 
     @property
     def name(self) -> str:

@@ -55,6 +55,9 @@ class Client(NotebookClient):
         self._last_read = False  # read_last_output: stop at the first quiet QUIET_S
         self._awaited_output: asyncio.Future | None = None  # the reader of a cell whose reply has come
         self._stopped_output: asyncio.Future | None = None  # the one stop_output_wait ended
+        # the cell whose execute reply came last: its code has ended in the kernel (lmnb run's
+        # Ctrl-C then interrupts no cell)
+        self.replied = None
 
     def stop_output_wait(self) -> bool:
         """End the wait for the running cell's output after its reply (a Ctrl-C then: the
@@ -74,15 +77,16 @@ class Client(NotebookClient):
         ``iopub_timeout``), which ``stop_output_wait`` ends. (A private method of nbclient, as
         the reader below.)"""
         # a coroutine, not a task: nbclient's wait starts it once the reply has come
-        output = self._output_after_reply(task_poll_output_msg)
+        output = self._output_after_reply(task_poll_output_msg, cell)
         try:
             return await super()._async_poll_for_reply(msg_id, cell, timeout, output, task_poll_kernel_alive)
         finally:
             output.close()  # (never started where no reply came: no "never awaited" warning)
 
-    async def _output_after_reply(self, reader: asyncio.Future) -> None:
-        """Wait for the end of a cell's output, its reply in: the kernel's idle status for it
-        (``reader``, the wait of ``_async_poll_output_msg``), or ``stop_output_wait``."""
+    async def _output_after_reply(self, reader: asyncio.Future, cell) -> None:
+        """Wait for the end of ``cell``'s output, its reply in (``replied``): the kernel's idle
+        status for it (``reader``, the wait of ``_async_poll_output_msg``), or ``stop_output_wait``."""
+        self.replied = cell
         self._awaited_output = reader
         try:
             await asyncio.wait([reader])

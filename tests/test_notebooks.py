@@ -615,6 +615,8 @@ def test_the_exit_statuses_are_in_the_help(capsys):
         main(["run", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "exit status: 0 every cell ran" in shown and "3 a cell raised an error" in shown
+    # (a signal once the last cell has finished stops nothing: the run's status is its own)
+    assert "130 Ctrl-C or SIGTERM before the last cell finished (one that comes after it stops nothing" in shown
 
 
 def test_lmnb_version_prints_the_installed_version_without_loading_torch():
@@ -884,7 +886,7 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
     import lmnb_kernel.run_client as run_client
 
     go = tmp_path / "go"
-    made, check, Client = [], run_module.CtrlC.check, run_client.Client
+    made, starting, Client = [], run_module.CtrlC.starting, run_client.Client
 
     def client(nb, **kwargs):
         made.append(Client(nb, **kwargs))
@@ -899,13 +901,13 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
 
         await asyncio.wait_for(printed(), 60)  # (cell 2 is sent once the print has come)
 
-    def checking(self, cell, cell_index, **kwargs):
-        check(self, cell, cell_index, **kwargs)
-        if cell_index == 1 and "execute_reply" not in kwargs:  # (on_cell_execute: cell 2 is about to be sent)
+    def starting_cell_2_once_cell_1_printed(self, cell, cell_index, **kwargs):  # (on_cell_execute)
+        starting(self, cell, cell_index, **kwargs)
+        if cell_index == 1:  # (cell 2 is about to be sent)
             return let_cell_1_print_first()
 
     monkeypatch.setattr(run_client, "Client", client)
-    monkeypatch.setattr(run_module.CtrlC, "check", checking)
+    monkeypatch.setattr(run_module.CtrlC, "starting", starting_cell_2_once_cell_1_printed)
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     src = _notebook(tmp_path / "nb.ipynb",
                     "import os, sys, threading, time\n"
@@ -1129,7 +1131,8 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
     ends with the kernel's idle status; where that is long in coming (a flood of output the run has
     yet to read ahead of it; here it never comes: the kernel sends nothing after the reply), a Ctrl-C interrupted
     an idle kernel and the run waited CtrlC.GRACE_S (30 s) to shut it down, saying the cell "did not
-    stop". The Ctrl-C now ends the wait: the cell ends with its reply, and CtrlC.check ends the run.
+    stop". The Ctrl-C now ends the wait: the cell ends with its reply, and the run stops before the
+    next cell (CtrlC.starting). The kernel, whose cell's code has ended, is not interrupted.
     Kernel client scripted: the reply of "r1" at once, no iopub message ever."""
     from types import SimpleNamespace
 
@@ -1157,25 +1160,26 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
             return True
 
         async def interrupt_kernel():
-            pass
+            interrupts.append(1)
 
-        client = Client(nb, iopub_timeout=None)
+        interrupts = []
+        ctrl_c = CtrlC(SimpleNamespace(interrupt_kernel=interrupt_kernel))
+        client = Client(nb, iopub_timeout=None, on_cell_execute=ctrl_c.starting, on_cell_executed=ctrl_c.ended)
         client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive,
                                     iopub_channel=SimpleNamespace(get_msg=no_output),
                                     shell_channel=SimpleNamespace(get_msg=the_reply))
-        ctrl_c = CtrlC(SimpleNamespace(interrupt_kernel=interrupt_kernel))
         ctrl_c.client = client
         cell = asyncio.ensure_future(client.async_execute_cell(nb.cells[0], 0, execution_count=1))
         await replied.wait()
         for _ in range(5):  # (a few turns of the loop: nbclient goes on to wait for the output)
             await asyncio.sleep(0)
         ctrl_c._on_sigint()
-        try:
-            return await asyncio.wait_for(cell, 60)
-        finally:
-            ctrl_c._grace.cancel()
+        done = await asyncio.wait_for(cell, 60)
+        await asyncio.sleep(0)  # (where an interrupt was asked for, its task has run)
+        return done, interrupts
 
-    assert asyncio.run(scenario()).execution_count == 1
+    done, interrupts = asyncio.run(scenario())
+    assert done.execution_count == 1 and interrupts == []
 
 
 def test_output_a_cell_sends_after_a_ctrl_c_ended_the_wait_for_it_still_lands_in_that_cell():
@@ -1308,18 +1312,19 @@ def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_
 
 
 def _lmnb_run_in_its_own_process(src: Path, hook: str, as_the_command: bool = False,
-                                 timeout: float = 300) -> subprocess.CompletedProcess:
-    """``lmnb run src`` in a Python process of its own (a signal's default would end pytest),
+                                 timeout: float = 300, options: tuple = ()) -> subprocess.CompletedProcess:
+    """``lmnb run src [options]`` in a Python process of its own (a signal's default would end pytest),
     which first runs ``hook`` (Python source, with ``os``, ``signal``, ``sys`` and ``lmnb_kernel``'s
     ``cli`` imported): it sends the process a signal at the moment the test is about. The run is
-    ``cli.main(["run", src])``, or with ``as_the_command`` ``cli.main()``, as the ``lmnb`` command
+    ``cli.main(["run", src, *options])``, or with ``as_the_command`` ``cli.main()``, as the ``lmnb`` command
     calls it (with no argv: the process exits when it returns). Its output is captured as text."""
     code = ("import os, signal, sys\n"
             "from lmnb_kernel import cli\n"
             + hook +
-            "sys.argv = ['lmnb', 'run', sys.argv[1]]\n"
+            "sys.argv = ['lmnb', 'run', *sys.argv[1:]]\n"
             + ("sys.exit(cli.main())\n" if as_the_command else "sys.exit(cli.main(sys.argv[1:]))\n"))
-    return subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", code, str(src), *options], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.mark.parametrize("sig, said", [(signal.SIGINT, "lmnb: interrupted"),
@@ -1398,6 +1403,126 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
     assert proc.returncode == 3, proc.stderr
     assert "cells run: 1 of 1" in proc.stdout and "ValueError: boom" in proc.stderr
     assert nbformat.read(tmp_path / "nb.out.ipynb", as_version=4).cells[0].outputs[0].ename == "ValueError"
+
+
+# A hook of _lmnb_run_in_its_own_process: the process sends itself the signal {sig} once the kernel
+# has started and lmnb run's Ctrl-C handling has taken over (CtrlC.install), before the first cell
+SIGNAL_ONCE_THE_KERNEL_IS_UP = """
+import lmnb_kernel.run as run
+install = run.CtrlC.install
+def signalled(self, notebook):
+    install(self, notebook)
+    os.kill(os.getpid(), {sig})
+run.CtrlC.install = signalled
+"""
+
+# ... as the reply of the cell {at} (0-based, of those run) has come: its code has ended in the kernel, and
+# the run waits for the rest of its output (run_client.Client._output_after_reply)
+SIGNAL_AS_A_CELLS_REPLY_CAME = """
+import lmnb_kernel.run_client as run_client
+after_reply, replies = run_client.Client._output_after_reply, []
+async def signalled(self, *args):
+    if len(replies) == {at}:
+        os.kill(os.getpid(), {sig})
+    replies.append(args)
+    await after_reply(self, *args)
+run_client.Client._output_after_reply = signalled
+"""
+
+# ... in nbclient's end of the run, the last thing it does: as it has removed its SIGTERM handler (after
+# its SIGINT one) from the event loop, which put Python's default handlers back
+SIGNAL_IN_NBCLIENTS_END = """
+import asyncio.unix_events
+loop_class = asyncio.unix_events._UnixSelectorEventLoop
+remove = loop_class.remove_signal_handler
+def signalled(self, number):
+    removed = remove(self, number)
+    if number == signal.SIGTERM and sys._getframe(1).f_code.co_name == 'async_setup_kernel':
+        os.kill(os.getpid(), {sig})
+    return removed
+loop_class.remove_signal_handler = signalled
+"""
+
+
+def _parameters_notebook(path: Path) -> Path:
+    """A notebook whose cell 1, tagged ``parameters``, sets ``x``, and cell 2 prints it."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell("print(x)")]
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("sig, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+@pytest.mark.parametrize("options", [(), ("-p", "x", "2")])
+def test_a_signal_before_the_first_cell_says_that_no_cell_ran(tmp_path, sig, name, options):
+    """A Ctrl-C once the kernel was up, before the first cell ran (nbclient asks the kernel for its
+    info first), was reported "interrupted (Ctrl-C) in cell None", after "interrupting the running
+    cell" had interrupted an idle kernel; with -p (a parameters cell injected) naming the cell None
+    was a TypeError traceback. Now the run stops before the first cell, and says so. (A SIGTERM
+    there kills the kernel, whose info may or may not have come: either way, no cell ran.)"""
+    src = _parameters_notebook(tmp_path / "nb.ipynb")
+    proc = _lmnb_run_in_its_own_process(src, SIGNAL_ONCE_THE_KERNEL_IS_UP.format(sig=int(sig)),
+                                        options=options)
+    assert proc.returncode == 130, proc.stderr
+    assert f"lmnb run: interrupted ({name}) before any cell ran" in proc.stderr
+    if sig == signal.SIGINT:  # (the kernel answers its info: the run stops at the first cell's start)
+        assert "before any cell ran; cell 1 and the cells after it did not run\n" in proc.stderr
+        assert "lmnb run: stopping before the first cell runs\n" in proc.stderr
+    assert "Traceback" not in proc.stderr and "interrupting the running cell" not in proc.stderr, proc.stderr
+    assert "cells run: 0 of 2" in proc.stdout
+    done = nbformat.read(tmp_path / "nb.out.ipynb", as_version=4)
+    assert [c.get("execution_count") for c in done.cells] == [None] * (2 + bool(options))
+
+
+@pytest.mark.parametrize("sig, name, options", [(signal.SIGINT, "Ctrl-C", ()), (signal.SIGTERM, "SIGTERM", ()),
+                                                (signal.SIGINT, "Ctrl-C", ("-o", "-"))])
+def test_a_signal_once_a_cells_reply_came_stops_the_run_between_it_and_the_next(tmp_path, sig, name, options):
+    """A Ctrl-C after cell 1's code had ended (its reply in, the rest of its output awaited), which
+    interrupts nothing, was reported "interrupted (Ctrl-C) in cell 1", as if cell 1 had been
+    stopped (a SIGTERM there likewise).
+    Now the run says that it stopped between cell 1, which finished with its output kept, and the
+    next cell to run, cell 3 (cell 2 is markdown), which did not start. The signal is sent as cell
+    1's reply came. (With -o -, the notebook is written to stdout, the report to stderr.)"""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('first')"), nbformat.v4.new_markdown_cell("# notes"),
+                nbformat.v4.new_code_cell("print('never')")]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    hook = SIGNAL_AS_A_CELLS_REPLY_CAME.format(sig=int(sig), at=0)
+    proc = _lmnb_run_in_its_own_process(tmp_path / "nb.ipynb", hook, options=options)
+    assert proc.returncode == 130, proc.stderr
+    kept = "written out" if options else "saved"
+    assert (f"lmnb run: interrupted ({name}) between cell 1 and cell 3: cell 1 had finished, and its outputs are "
+            f"{kept}; cell 3 and the cells after it did not run\n") in proc.stderr
+    assert "Traceback" not in proc.stderr and "interrupting the running cell" not in proc.stderr, proc.stderr
+    assert "cells run: 1 of 2" in (proc.stderr if options else proc.stdout)
+    done = nbformat.reads(proc.stdout, as_version=4) if options else nbformat.read(tmp_path / "nb.out.ipynb",
+                                                                                     as_version=4)
+    assert [o.get("text") for o in done.cells[0].outputs] == ["first\n"]  # (no KeyboardInterrupt: not interrupted)
+    assert done.cells[2].get("execution_count") is None
+
+
+@pytest.mark.parametrize("sig, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+@pytest.mark.parametrize("when", ["reply", "end"])
+def test_a_signal_after_the_last_cells_reply_stops_nothing_and_the_run_ends_as_it_would_have(tmp_path, sig, name,
+                                                                                           when):
+    """Once the last cell's code has ended (its reply in: ``reply``), every cell has run: a Ctrl-C
+    there was reported "interrupted (Ctrl-C) in cell 2; the cells after it did not run" with 130, a
+    SIGTERM likewise. In nbclient's end of the run (``end``), after it had put Python's handlers
+    back, a Ctrl-C was a KeyboardInterrupt, reported as "interrupted while the lmnb kernel was
+    starting; no cell ran" (130), and a SIGTERM ended the process with no report (-15). Now either
+    stops nothing: the run says so, and ends with its own status (0: every cell ran), as one whose
+    work is done; its report and saved notebook are whole."""
+    src = _notebook(tmp_path / "nb.ipynb", "print('first')", "print('second')")
+    hook = SIGNAL_AS_A_CELLS_REPLY_CAME.format(sig=int(sig), at=1) if when == "reply" else \
+        SIGNAL_IN_NBCLIENTS_END.format(sig=int(sig))
+    proc = _lmnb_run_in_its_own_process(src, hook)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.endswith(f"lmnb run: {name} came after the last cell, cell 2, had finished; it stopped "
+                                "nothing, and the run ends as it would have\n"), proc.stderr
+    assert "Traceback" not in proc.stderr and "interrupt" not in proc.stderr, proc.stderr
+    assert "cells run: 2 of 2" in proc.stdout
+    done = nbformat.read(tmp_path / "nb.out.ipynb", as_version=4)
+    assert [[o.get("text") for o in c.outputs] for c in done.cells] == [["first\n"], ["second\n"]]
 
 
 SCENARIO_OF_A_KERNEL_THAT_KEEPS_SENDING = """
