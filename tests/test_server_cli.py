@@ -188,9 +188,9 @@ def test_lmnb_serve_stopped_outside_its_server_says_what_it_was_doing(monkeypatc
             shut_down.append(self)
             at("shutting down")
 
-    def make_server(app, **config):
-        at("serving")
-        return types.SimpleNamespace(run=lambda sockets: None, stop_signal=getattr(signal, other))
+    def make_server(app, stopped, **config):
+        at("serving")  # (stopped: the phase's end, which a server calls as it stops, app.Server.run)
+        return types.SimpleNamespace(run=lambda sockets: stopped(), stop_signal=getattr(signal, other))
 
     monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
     monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
@@ -203,6 +203,60 @@ def test_lmnb_serve_stopped_outside_its_server_says_what_it_was_doing(monkeypatc
     assert len(served) == (phase != "loading") and all(s.startswith("lmnb serve: serving m on http://127.0.0.1:")
                                                        for s in served)
     assert len(shut_down) == (phase != "loading")
+
+
+@pytest.mark.parametrize("name, other, code", [("SIGTERM", "SIGINT", 143), ("SIGINT", "SIGTERM", 130)])
+def test_lmnb_serve_signal_as_its_server_gives_the_handlers_back_says_it_came_while_shutting_down(
+        monkeypatch, capsys, name, other, code):
+    """The server (app.Server), stopped by one signal, gives the handlers from before back as its run
+    ends; ``serve`` said "shutting down" only after that run had returned, so a second signal in
+    between (main's handler) was said as the one that stopped the server: "lmnb serve: stopped
+    (SIGTERM)", where it came while the engine was to shut down. The server now ends the phase
+    before it gives the handlers back. The real app.Server runs, its uvicorn run a stand-in that
+    stops by the other signal (``handle_exit``, as uvicorn's handler calls it); the second signal
+    is sent as the last handler from before is put back."""
+    import os
+    import types
+
+    import uvicorn
+
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    import lmnb_engine.http_server.app as http_app
+    from lmnb_kernel import cli
+
+    monkeypatch.setattr(http_server, "phase", http_server.phase)  # (restored for later tests)
+    shut_down = []
+
+    class Engine:
+        def __init__(self, **kwargs):
+            pass
+
+        def shutdown(self):
+            shut_down.append(self)
+
+    def stopped_by_the_other(self, sockets=None):
+        self.handle_exit(getattr(signal, other), None)
+
+    calls = []
+
+    def set_handler(number, handler):  # Server.run's signal.signal: its 4th call puts back SIGTERM's handler
+        previous = signal.signal(number, handler)
+        calls.append(number)
+        if len(calls) == 4:
+            os.kill(os.getpid(), getattr(signal, name))
+        return previous
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
+    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: types.SimpleNamespace(
+        state=types.SimpleNamespace(ctx=types.SimpleNamespace(engine=engine))))
+    monkeypatch.setattr(uvicorn.Server, "run", stopped_by_the_other)
+    monkeypatch.setattr(http_app, "signal", types.SimpleNamespace(SIGINT=signal.SIGINT, SIGTERM=signal.SIGTERM,
+                                                                  signal=set_handler))
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == code
+    assert calls == [signal.SIGINT, signal.SIGTERM] * 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"lmnb serve: stopped ({name}) while shutting down"
+    assert len(shut_down) == 1
 
 
 def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_serve_says_before_serving(
@@ -230,8 +284,8 @@ def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_ser
 
     monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
     monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
-    monkeypatch.setattr(http_app, "Server", lambda app, **config: types.SimpleNamespace(
-        run=lambda sockets: None, stop_signal=None))
+    monkeypatch.setattr(http_app, "Server", lambda app, stopped, **config: types.SimpleNamespace(
+        run=lambda sockets: stopped(), stop_signal=None))
     assert cli.main(["serve", "--model", "m", "--port", "0"]) == 0
     assert http_server.phase == "shutting down"
     lazy = lmnb_engine.__getattr__

@@ -93,6 +93,12 @@ def bind(host: str, port: int):
     return sock
 
 
+def _shutting_down() -> None:
+    """``phase``: the server has stopped, and the engine is to be shut down."""
+    global phase
+    phase = "shutting down"
+
+
 def serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted (Ctrl-C, SIGTERM: the open requests are
     aborted, each told that the server shut down: ``app.Server``). Returns the exit status: 0,
@@ -162,11 +168,12 @@ def serve(args: argparse.Namespace) -> int:
             phase = "serving"
             print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr,
                   flush=True)
-            server = Server(app, log_level=args.log_level)
+            # "shutting down" as the server has stopped, before it gives the handlers from before back:
+            # set after its run, a signal in between (main's handler) was said as the one that stopped
+            # it. (Not in `finally`: a signal raised before the server's handlers keeps the phase it
+            # came in, which main's line says.)
+            server = Server(app, stopped=_shutting_down, log_level=args.log_level)
             server.run(sockets=[sock])
-            # (not in `finally`: a signal raised before the server's handlers keeps the phase it
-            # came in, which main's line says)
-            phase = "shutting down"
         finally:
             engine.shutdown()
     if server.stop_signal is None:

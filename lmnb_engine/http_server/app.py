@@ -433,10 +433,12 @@ class Server(uvicorn.Server):
     down first, which aborts every request (``ABORTED_BY_SHUTDOWN``): each stream sends its last
     event (/generate's finish reason abort, an OpenAI stream's error) and ``[DONE]``, each
     unstreamed request its answer, and a response still open ``SHUTDOWN_GRACE_S`` later (its
-    client reads nothing) is cut off: its connection is closed (``_cut_off``). ``config``:
+    client reads nothing) is cut off: its connection is closed (``_cut_off``). ``stopped``: called
+    once it has stopped serving, before ``run`` gives the signal handlers from before back (a signal
+    from then on meets them, and the caller's phase should say it came after the stop). ``config``:
     ``uvicorn.Config``'s keywords."""
 
-    def __init__(self, app: FastAPI, **config: Any) -> None:
+    def __init__(self, app: FastAPI, stopped: Optional[Callable[[], None]] = None, **config: Any) -> None:
         # uvicorn's own limit cancels the tasks still running, and logs each one's CancelledError
         # with its traceback: here only a backstop for a task that outlives its closed connection,
         # a fixed time after the cut-off (a task on a loaded machine takes a while to see it).
@@ -446,6 +448,7 @@ class Server(uvicorn.Server):
                                         lifespan="off", **config))
         self.engine = app.state.ctx.engine
         self.stop_signal: Optional[int] = None  # the signal that stopped it (handle_exit), if one did
+        self._stopped = stopped
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         """uvicorn's handler of SIGINT and SIGTERM (stop; a second Ctrl-C forces the exit), which
@@ -459,15 +462,26 @@ class Server(uvicorn.Server):
         while, the handlers from before back after it (on the main thread: no other can set
         them). uvicorn sets its own handlers only while it serves, and after its clean stop raises
         the signal again under the handlers it found: these, not Python's, which ended the process
-        by SIGTERM with no word, and made SIGINT a KeyboardInterrupt ("lmnb: interrupted")."""
+        by SIGTERM with no word, and made SIGINT a KeyboardInterrupt ("lmnb: interrupted"). Once
+        it has stopped, ``stopped`` (the constructor's) is called, before those handlers are back."""
         if threading.current_thread() is not threading.main_thread():
-            return super().run(sockets)
+            try:
+                return super().run(sockets)
+            finally:
+                self._call_stopped()
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             super().run(sockets)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            try:
+                self._call_stopped()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    def _call_stopped(self) -> None:
+        if self._stopped is not None:
+            self._stopped()
 
     async def shutdown(self, sockets: Optional[list] = None) -> None:
         """Shut the engine down (off the event loop, which meanwhile sends the streams' last
