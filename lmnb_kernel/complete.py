@@ -13,7 +13,8 @@ count or items, an option's value), and a hole that is one (``{person.na``), fro
 completion of that expression alone, in brackets (or of its innermost part: ``[ti``); no IPython
 magic name in a hole, and no name in a hole's string but file names (IPython's) in an image's or
 video's literal path (``{image "ca``); whether a cell is finished from the cell parser itself
-(``UnclosedError``).
+(``UnclosedError``). Each match has its type in the reply's metadata, as ipykernel's reply from
+IPython has (JupyterLab shows it): IPython's own for its matches, one in IPython's words for lmnb's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ _STATE_VALUES = {("reset", "name"), ("pin", "name"), ("unpin", "name"), ("", "st
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 # {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
 _PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
+_TYPES = "_jupyter_types_experimental"  # (complete_reply's metadata key for the matches' types)
+# The type shown beside each of lmnb's own matches, in IPython's words: "param" for an option (its
+# type for a keyword argument and for a magic's argument, %colors NAME), "magic" for a %lm
+# subcommand (what the docs call a line magic), "keyword" for a hole's construct, "instance" for a
+# named state (a ProgramState)
+Offer = tuple[str, str, str]  # a match: (text, type, signature)
 
 
 def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
@@ -67,8 +74,28 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
     return None
 
 
-def _reply(matches, cursor_pos: int, start: int) -> dict:
-    return {"matches": list(matches), "cursor_start": start, "cursor_end": cursor_pos, "metadata": {}, "status": "ok"}
+def _reply(offers: list[Offer], cursor_pos: int, start: int) -> dict:
+    """The complete_reply content offering ``offers`` for the text from ``start`` to ``cursor_pos``,
+    with each one's type in the metadata as ipykernel's reply from IPython carries it
+    (``_jupyter_types_experimental``: an entry per match, in the same order, since JupyterLab reads
+    match i's type from entry i; its span is the one the match replaces, in the cell's offsets)."""
+    types = [{"start": start, "end": cursor_pos, "text": text, "type": kind, "signature": signature}
+             for text, kind, signature in offers]
+    return {"matches": [text for text, _, _ in offers], "cursor_start": start, "cursor_end": cursor_pos,
+            "metadata": {_TYPES: types}, "status": "ok"}
+
+
+def _typed(names, kind: str) -> list[Offer]:
+    """``names`` offered as matches of the type ``kind`` (no signature)."""
+    return [(name, kind, "") for name in names]
+
+
+def _ipython_offers(reply: dict) -> list[Offer]:
+    """The matches of IPython's complete_reply ``reply``, each with the type and signature its
+    metadata gives it (IPython's ``<unknown>`` where it gives none)."""
+    types = {entry["text"]: entry for entry in reply.get("metadata", {}).get(_TYPES, [])}
+    return [(m, types[m]["type"], types[m].get("signature", "")) if m in types else (m, "<unknown>", "")
+            for m in reply["matches"]]
 
 
 def _options(parser, given=()) -> list[str]:
@@ -91,7 +118,8 @@ def _cell_options(line: str, after: str, cursor_pos: int) -> Optional[dict]:
     if (word and not word.startswith("-")) or "=" in word:  # a value (--state NAME, --seed=4)
         return _value(cell_parser(), "", words, word, cursor_pos)
     given = (line[: len(line) - len(word)] + " " + after).split()
-    return _reply([o for o in _options(cell_parser(), given) if o.startswith(word)], cursor_pos, cursor_pos - len(word))
+    return _reply(_typed([o for o in _options(cell_parser(), given) if o.startswith(word)], "param"), cursor_pos,
+                  cursor_pos - len(word))
 
 
 def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
@@ -101,17 +129,18 @@ def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
     words = text[: len(text) - len(word)].split()
     subcommands = _subcommands(line_parser())
     if not words and word.startswith("-"):  # %lm --help
-        return _reply([o for o in _options(line_parser(), after.split()) if o.startswith(word)], cursor_pos,
+        return _reply(_typed([o for o in _options(line_parser(), after.split()) if o.startswith(word)], "param"), cursor_pos,
                       cursor_pos - len(word))
     if not words:
-        return _reply([s for s in subcommands if s.startswith(word)], cursor_pos, cursor_pos - len(word))
+        return _reply(_typed([s for s in subcommands if s.startswith(word)], "magic"), cursor_pos, cursor_pos - len(word))
     if words == ["help"]:  # %lm help SUBCOMMAND
-        return _reply([s for s in subcommands if s.startswith(word) and s != "help"], cursor_pos, cursor_pos - len(word))
+        return _reply(_typed([s for s in subcommands if s.startswith(word) and s != "help"], "magic"), cursor_pos,
+                      cursor_pos - len(word))
     if words[0] not in subcommands:
         return None
     if word.startswith("-") and "=" not in word:
         options = _options(subcommands[words[0]], words[1:] + after.split())
-        return _reply([o for o in options if o.startswith(word)], cursor_pos, cursor_pos - len(word))
+        return _reply(_typed([o for o in options if o.startswith(word)], "param"), cursor_pos, cursor_pos - len(word))
     return _value(subcommands[words[0]], words[0], words[1:], word, cursor_pos)
 
 
@@ -132,7 +161,7 @@ def _value(parser, command: str, words: list[str], word: str, cursor_pos: int) -
     if where in _PATH_VALUES:
         return None
     names = sorted(get_session().states) if where in _STATE_VALUES else []
-    return _reply([n for n in names if n.startswith(value)], cursor_pos, cursor_pos - len(value))
+    return _reply(_typed([n for n in names if n.startswith(value)], "instance"), cursor_pos, cursor_pos - len(value))
 
 
 def _value_of(parser, words: list[str]) -> Optional[argparse.Action]:
@@ -200,12 +229,12 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     if first:
         slash, word = first.group(1), first.group(2) or ""
         names = ["/" + r for r in ROLES] if slash else KEYWORDS
-        ours = [n for n in names if n.startswith(slash + word)]
+        ours = _typed([n for n in names if n.startswith(slash + word)], "keyword")
         if slash:
             return _reply(ours, cursor_pos, cursor_pos - len(word) - 1)
-        reply = _python_alone(hole, cursor_pos, python)  # (kernel variables)
-        theirs = [m for m in reply["matches"] if m not in ours]
-        if reply["cursor_start"] != cursor_pos - len(word):  # another word than ours: ours alone
+        theirs, at = _python_offers(hole, cursor_pos, python)  # (kernel variables)
+        theirs = [o for o in theirs if o[0] not in {text for text, _, _ in ours}]
+        if at != cursor_pos - len(word):  # another word than ours: ours alone
             theirs = []
         return _reply(ours + theirs, cursor_pos, cursor_pos - len(word))
     media = _MEDIA_SOURCE.match(hole)
@@ -218,7 +247,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         keys = _MEDIA_OPTIONS[kind] if kind in _MEDIA_OPTIONS else allowed(kind)
         given = {key for at, key, _ in _option_starts(_whole_hole(hole, code[cursor_pos:])) if at != space + 1}
         eq = "" if code.startswith("=", cursor_pos) else "="  # (max_to|=4: the "=" is there already)
-        return _reply([k + eq for k in keys if k.startswith(word) and k not in given], cursor_pos,
+        return _reply(_typed([k + eq for k in keys if k.startswith(word) and k not in given], "param"), cursor_pos,
                       cursor_pos - len(word))
     expression = _expression(hole)
     if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone
@@ -227,6 +256,12 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
 
 
 def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> dict:
+    """The complete_reply content of ``_python_offers``."""
+    offers, start = _python_offers(source, cursor_pos, python)
+    return _reply(offers, cursor_pos, start)
+
+
+def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> tuple[list[Offer], int]:
     """IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
     alone and in brackets, as the hole's braces hold it. IPython reading the hole's whole cell as
     Python found no expression there (``{fork tips`` and ``{image ca`` got nothing; ``{fork tip in ``
@@ -234,13 +269,14 @@ def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dic
     too), nor after a quote in the prompt's text (``it's {person.na`` got nothing: the rest of the
     line read as a string); unbracketed, a hole's new line (``{name\n .up``) is no expression and
     ``{fo`` offers the statement ``for``. Where that gives no name, the innermost expression being
-    typed is asked alone (IPython without Jedi reads ``[ti`` as magic names)."""
+    typed is asked alone (IPython without Jedi reads ``[ti`` as magic names). Returns the matches,
+    with their types, and the offset in the cell where the text they replace starts."""
     for text in dict.fromkeys((source, _innermost(source))):
         reply = python("(" + text, len(text) + 1)
-        matches = [m for m in reply["matches"] if not m.startswith("%")]
-        if matches:
+        offers = [o for o in _ipython_offers(reply) if not o[0].startswith("%")]
+        if offers:
             break
-    return _reply(matches, cursor_pos, cursor_pos - len(text) - 1 + reply.get("cursor_start", len(text) + 1))
+    return offers, cursor_pos - len(text) - 1 + reply.get("cursor_start", len(text) + 1)
 
 
 def _innermost(source: str) -> str:

@@ -370,46 +370,59 @@ def _reply(kc, request: str, **content) -> dict:
 # from the magics' parsers (docs/language.md's constructs, lmnb.gen's keyword options). IPython
 # offered magic names (%%latex) for "%lm l", Python builtins for "--d", "--st" and in text.
 _COMPLETIONS = [
-    ("%lm l", "l", ["load"]),
-    ("%lm fl", "fl", ["flush"]),
-    ("%lm ", "", ["load", "connect", "stats", "tree", "states", "reset", "flush", "pin", "unpin", "help"]),
-    ("%lm load --d", "--d", ["--device", "--dtype"]),
-    ("%lm load --max", "--max", ["--max-total-tokens"]),
-    ("%lm connect --ti", "--ti", ["--timeout"]),
-    ("%lm help st", "st", ["stats", "states"]),
-    ("x = 1\n%lm un", "un", ["unpin"]),
-    ("%%lm --st", "--st", ["--state", "--static"]),
-    ("%%lm --state chat --a", "--a", ["--append"]),
-    ("%%lm\nhi {sel", "sel", ["select"]),
-    ("%%lm\nhi {jo", "jo", ["join"]),
-    ("%%lm\nhi {fo", "fo", ["fork", "format"]),  # the keyword first, then Python's names (a builtin)
-    ("%%lm\n{user}hi{/u", "/u", ["/user"]),
-    ("%%lm\n{gen x max_to", "max_to", ["max_tokens="]),
-    ("%%lm\n{gen x json_sch", "json_sch", ["json_schema="]),
-    ("%%lm\n{gen x max_tokens=4 st", "st", ["stop=", "stop_token_ids=", "stop_regex="]),
-    ("%%lm\n{select pick temp", "temp", ["temperature="]),
-    ("%%lm\n{gen x} and then", "", []),  # prompt text: nothing to complete
-    ("%%time\n%%lm --q", "--q", ["--quiet"]),
+    ("%lm l", "l", ["load"], "magic"),
+    ("%lm fl", "fl", ["flush"], "magic"),
+    ("%lm ", "", ["load", "connect", "stats", "tree", "states", "reset", "flush", "pin", "unpin", "help"], "magic"),
+    ("%lm load --d", "--d", ["--device", "--dtype"], "param"),
+    ("%lm load --max", "--max", ["--max-total-tokens"], "param"),
+    ("%lm connect --ti", "--ti", ["--timeout"], "param"),
+    ("%lm help st", "st", ["stats", "states"], "magic"),
+    ("x = 1\n%lm un", "un", ["unpin"], "magic"),
+    ("%%lm --st", "--st", ["--state", "--static"], "param"),
+    ("%%lm --state chat --a", "--a", ["--append"], "param"),
+    ("%%lm\nhi {sel", "sel", ["select"], "keyword"),
+    ("%%lm\nhi {jo", "jo", ["join"], "keyword"),
+    ("%%lm\n{user}hi{/u", "/u", ["/user"], "keyword"),
+    ("%%lm\n{gen x max_to", "max_to", ["max_tokens="], "param"),
+    ("%%lm\n{gen x json_sch", "json_sch", ["json_schema="], "param"),
+    ("%%lm\n{gen x max_tokens=4 st", "st", ["stop=", "stop_token_ids=", "stop_regex="], "param"),
+    ("%%lm\n{select pick temp", "temp", ["temperature="], "param"),
+    ("%%lm\n{gen x} and then", "", [], ""),  # prompt text: nothing to complete
+    ("%%time\n%%lm --q", "--q", ["--quiet"], "param"),
     # the breaker's: "%lm -" offered nothing; options the line or hole gives already were offered again;
     # a lone "}" in the text turned completion off for the rest of the cell; {video clip fr offered nothing
-    ("%lm -", "-", ["--help"]),
-    ("%lm load --device cuda --d", "--d", ["--dtype"]),
-    ("%lm connect http://h --timeout=3 --", "--", ["--openai", "--completion", "--api-key", "--help"]),
-    ("%%lm --state chat --st", "--st", ["--static"]),
-    ("%%lm\n{gen x max_tokens=4 stop=\"a\" st", "st", ["stop_token_ids=", "stop_regex="]),
-    ("%%lm\nhi } there\n{sel", "sel", ["select"]),
-    ("%%lm\nhi } there {gen x max_to", "max_to", ["max_tokens="]),
-    ("%%lm\n{video clip fr", "fr", ["frames="]),
-    ("%%lm\n{video clip frames=4 ", "", []),
-    ("%%lm\n{image cat ", "", []),  # (an image takes no option)
+    ("%lm -", "-", ["--help"], "param"),
+    ("%lm load --device cuda --d", "--d", ["--dtype"], "param"),
+    ("%lm connect http://h --timeout=3 --", "--", ["--openai", "--completion", "--api-key", "--help"], "param"),
+    ("%%lm --state chat --st", "--st", ["--static"], "param"),
+    ("%%lm\n{gen x max_tokens=4 stop=\"a\" st", "st", ["stop_token_ids=", "stop_regex="], "param"),
+    ("%%lm\nhi } there\n{sel", "sel", ["select"], "keyword"),
+    ("%%lm\nhi } there {gen x max_to", "max_to", ["max_tokens="], "param"),
+    ("%%lm\n{video clip fr", "fr", ["frames="], "param"),
+    ("%%lm\n{video clip frames=4 ", "", [], ""),
+    ("%%lm\n{image cat ", "", [], ""),  # (an image takes no option)
 ]
 
 
-@pytest.mark.parametrize("code, word, matches", _COMPLETIONS, ids=[c for c, _, _ in _COMPLETIONS])
-def test_completion_in_lm_lines_and_cells_offers_the_magics_own_names(kernel, code, word, matches):
+def _typed_reply(matches, types, start: int, end: int) -> dict:
+    """The complete_reply content offering ``matches`` for the text from ``start`` to ``end``, match
+    i of the type ``types[i]`` (one type for all where a string; a pair: the type and a signature)
+    in the metadata JupyterLab reads (ipykernel's ``_jupyter_types_experimental``: an entry per
+    match with its span, and no signature but a pair's)."""
+    types = [types] * len(matches) if isinstance(types, str) else types
+    types = [t if isinstance(t, tuple) else (t, "") for t in types]
+    entries = [{"start": start, "end": end, "text": m, "type": t, "signature": sig} for m, (t, sig) in zip(matches, types)]
+    return {"matches": matches, "cursor_start": start, "cursor_end": end,
+            "metadata": {"_jupyter_types_experimental": entries}, "status": "ok"}
+
+
+@pytest.mark.parametrize("code, word, matches, types", _COMPLETIONS, ids=[c[0] for c in _COMPLETIONS])
+def test_completion_in_lm_lines_and_cells_offers_the_magics_own_names(kernel, code, word, matches, types):
+    """The names, and their types as IPython words them (the metadata was empty, so JupyterLab
+    showed no type): a %lm subcommand a "magic", an option a "param" (IPython's for a keyword
+    argument or a magic's argument), a hole's construct a "keyword"."""
     content = _reply(kernel[1], "complete", code=code, cursor_pos=len(code))
-    assert content == {"matches": matches, "cursor_start": len(code) - len(word), "cursor_end": len(code),
-                       "metadata": {}, "status": "ok"}
+    assert content == _typed_reply(matches, types, len(code) - len(word), len(code))
 
 
 def test_completion_in_a_hole_still_offers_kernel_variables_and_elsewhere_is_ipythons(kernel):
@@ -473,6 +486,32 @@ def test_completion_in_a_python_hole_is_of_the_holes_expression(kernel):
         assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (matches, cursor - len(word), cursor), code
 
 
+# (a %%lm cell ending in a Python expression, that expression, lmnb's own matches before IPython's)
+_IPYTHON_TYPED = [
+    ("%%lm\nhi {fo", "fo", [("fork", "keyword")]),  # the keyword first, then Python's names (a builtin)
+    ("%%lm\nit's {guest_t39.na", "guest_t39.na", []),
+    ("%%lm\n{gen x max_tokens=len(guest_t", "len(guest_t", []),
+    ("%%lm\n{fork g in [guest_t", "guest_t", []),
+]
+
+
+def test_completion_from_ipython_keeps_its_types_in_the_cells_offsets(kernel):
+    """The metadata of a %%lm cell's reply was empty, so JupyterLab showed no type where the names
+    came from IPython: each match now has the type and signature IPython's reply for the
+    expression alone gives it (a Python cell's reference: in brackets, as the hole's braces hold it,
+    "(fo" offers no statement "for"), its span moved to the cell's offsets."""
+    kc = kernel[1]
+    execute(kc, "class _GuestT:\n    name = 'Arvel'\n    nationality = 'Welsh'\nguest_t39 = _GuestT()")
+    for code, expression, ours in _IPYTHON_TYPED:
+        python = _reply(kc, "complete", code="(" + expression, cursor_pos=len(expression) + 1)
+        shift = len(code) - len(expression) - 1
+        theirs = [(e["text"], (e["type"], e["signature"])) for e in python["metadata"]["_jupyter_types_experimental"]]
+        assert theirs, expression  # (IPython has names there, with types)
+        matches, types = zip(*ours, *theirs)
+        reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+        assert reply == _typed_reply(list(matches), list(types), python["cursor_start"] + shift, len(code)), code
+
+
 @pytest.mark.parametrize("code, matches, word", [
     ('%lm connect --api-key "ab', [], '"ab'),  # (IPython's file names were offered for these three)
     ("%lm connect --openai gp", [], "gp"),
@@ -498,8 +537,7 @@ def test_completion_of_an_options_value_offers_a_states_name_and_no_file_name(mo
 
     monkeypatch.setattr(get_session(), "states", {"notes_s39": None, "chat_s39": None})
     reply = lm_completions(code, len(code), lambda c, p: {"matches": ["%time"], "cursor_start": p})
-    assert reply == {"matches": matches, "cursor_start": len(code) - len(word), "cursor_end": len(code),
-                     "metadata": {}, "status": "ok"}
+    assert reply == _typed_reply(matches, "instance", len(code) - len(word), len(code))  # (a ProgramState's name)
 
 
 @pytest.mark.parametrize("code", ['%lm load "ck', "%lm load ./ck", "%lm load --device cuda ck", "%lm load --random-weights ck"])
