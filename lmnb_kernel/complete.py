@@ -10,7 +10,8 @@ cell parser's ``KEYWORDS``, a gen's or select's options from ``lmnb.template.opt
 options the parser checks against) and a video's ``frames=`` (none of them where the line or hole
 gives it already); a Python expression a construct takes (an image's or video's source, a fork's
 count or items, an option's value), and a hole that is one (``{person.na``), from IPython's
-completion of that expression alone, in brackets (or of its innermost part: ``[ti``); no IPython
+completion of that expression alone, in brackets (or of its innermost part: ``[ti``), after the
+names the cell binds there (an enclosing fork's target, an earlier gen's result); no IPython
 magic name in a hole, and no name in a hole's string but file names (IPython's) in an image's or
 video's literal path (``{image "ca``); whether a cell is finished from the cell parser itself
 (``UnclosedError``). Each match has its type in the reply's metadata, as ipykernel's reply from
@@ -41,11 +42,12 @@ _STATE_VALUES = {("reset", "name"), ("pin", "name"), ("unpin", "name"), ("", "st
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 # {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
 _PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
+_NAME_END = re.compile(r"(?<![\w.])(?:[^\W\d]\w*)?\Z")  # the name a Python text ends in ("" after "len(")
 _TYPES = "_jupyter_types_experimental"  # (complete_reply's metadata key for the matches' types)
 # The type shown beside each of lmnb's own matches, in IPython's words: "param" for an option (its
 # type for a keyword argument and for a magic's argument, %colors NAME), "magic" for a %lm
 # subcommand (what the docs call a line magic), "keyword" for a hole's construct, "instance" for a
-# named state (a ProgramState)
+# named state (a ProgramState) and a name the cell binds (a fork's target, a gen's result)
 Offer = tuple[str, str, str]  # a match: (text, type, signature)
 
 
@@ -211,7 +213,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     """Completion in the hole still open at ``cursor_pos`` of the cell ``code``, whose template body
     starts at ``body_start``; none in text. Options the hole gives after the cursor are not offered."""
     from lmnb.template.options import allowed
-    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts
+    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, names_bound
     from lmnb.template.scanner import top_level
 
     body = code[body_start:cursor_pos]
@@ -220,6 +222,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         return None
     start, in_string = open_hole
     hole = body[start + 1 :]
+    bound = lambda: names_bound(body[:start])  # noqa: E731 (the cell's own names, read only for an expression)
     path = _PATH_SOURCE.match(hole) if in_string else None
     if path:  # {image "ca: an image's or video's path: file names (IPython's, in the kernel's directory)
         return _python_alone(path.group(1), cursor_pos, python)
@@ -232,14 +235,14 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         ours = _typed([n for n in names if n.startswith(slash + word)], "keyword")
         if slash:
             return _reply(ours, cursor_pos, cursor_pos - len(word) - 1)
-        theirs, at = _python_offers(hole, cursor_pos, python)  # (kernel variables)
+        theirs, at = _python_offers(hole, cursor_pos, python, bound())  # (the cell's names, kernel variables)
         theirs = [o for o in theirs if o[0] not in {text for text, _, _ in ours}]
         if at != cursor_pos - len(word):  # another word than ours: ours alone
             theirs = []
         return _reply(ours + theirs, cursor_pos, cursor_pos - len(word))
     media = _MEDIA_SOURCE.match(hole)
     if media and not any(c.isspace() for _, c in top_level(media.group(2))):  # {image ca: the source
-        return _python_alone(media.group(2), cursor_pos, python)
+        return _python_alone(media.group(2), cursor_pos, python, bound())
     option = _OPTION.match(hole)
     space = len(hole) - len(option.group(2) or "") - 1 if option else -1
     if option and (space, hole[space]) in top_level(hole):  # (not in a string: stop="a b)
@@ -251,32 +254,43 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
                       cursor_pos - len(word))
     expression = _expression(hole)
     if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone
-        return _python_alone(expression, cursor_pos, python)
-    return _python_alone(hole, cursor_pos, python)  # a hole that is a Python expression
+        return _python_alone(expression, cursor_pos, python, bound())
+    return _python_alone(hole, cursor_pos, python, bound())  # a hole that is a Python expression
 
 
-def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> dict:
+def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict], names=()) -> dict:
     """The complete_reply content of ``_python_offers``."""
-    offers, start = _python_offers(source, cursor_pos, python)
+    offers, start = _python_offers(source, cursor_pos, python, names)
     return _reply(offers, cursor_pos, start)
 
 
-def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], dict]) -> tuple[list[Offer], int]:
-    """IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
+def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], dict],
+                   names=()) -> tuple[list[Offer], int]:
+    """Those of ``names``, the names the cell binds where the hole is (``names_bound``), that the
+    name ``source`` ends in begins (none after a ``.``: an attribute), then IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
     alone and in brackets, as the hole's braces hold it. IPython reading the hole's whole cell as
     Python found no expression there (``{fork tips`` and ``{image ca`` got nothing; ``{fork tip in ``
     and ``{image `` its magic names, ``%%latex``, which no hole can hold, and those are left out here
     too), nor after a quote in the prompt's text (``it's {person.na`` got nothing: the rest of the
     line read as a string); unbracketed, a hole's new line (``{name\n .up``) is no expression and
     ``{fo`` offers the statement ``for``. Where that gives no name, the innermost expression being
-    typed is asked alone (IPython without Jedi reads ``[ti`` as magic names). Returns the matches,
-    with their types, and the offset in the cell where the text they replace starts."""
+    typed is asked alone (IPython without Jedi reads ``[ti`` as magic names). IPython knew no name
+    the cell binds, not being the kernel's (``{fork t in stops}{gen x max_tokens=len(t`` offered
+    ``tuple``, ``type``, not ``t``). Returns the matches, with their types, and the offset in the
+    cell where the text they replace starts."""
     for text in dict.fromkeys((source, _innermost(source))):
         reply = python("(" + text, len(text) + 1)
         offers = [o for o in _ipython_offers(reply) if not o[0].startswith("%")]
         if offers:
             break
-    return offers, cursor_pos - len(text) - 1 + reply.get("cursor_start", len(text) + 1)
+    start = cursor_pos - len(text) - 1 + reply.get("cursor_start", len(text) + 1)
+    word = _NAME_END.search(source)
+    ours = _typed([n for n in names if n.startswith(word.group())], "instance") if word else []
+    if not ours:
+        return offers, start
+    at = cursor_pos - len(word.group())
+    theirs = [o for o in offers if o[0] not in names] if start == at else []  # (IPython's other word: ours alone)
+    return ours + theirs, at
 
 
 def _innermost(source: str) -> str:

@@ -611,6 +611,56 @@ def test_completion_of_a_fork_expression_or_an_option_value_is_of_that_expressio
                                                                           len(code) - len(source), len(code))
 
 
+# (a cell, the names it binds at the cursor that are offered, the matches: a hole's constructs,
+# those names, then IPython's, here those of _KERNEL_NAMES that start with the word).
+# docs/CELL_LANGUAGE.md, "Where names come from".
+_CELL_NAMES = [
+    ("{fork t in stops}{gen x max_tokens=len(t", ["t"], ["t", "tips", "tuple"]),  # (IPython's: tuple, type, not t)
+    ("{fork t in stops}{t", ["t"], ["t", "tips", "tuple"]),  # (a hole's first word)
+    ("{fork t in stops}{fork u in t", ["t"], ["t", "tips", "tuple"]),  # (a nested fork's items)
+    ("{fork t in stops}{image t", ["t"], ["t", "tips", "tuple"]),  # (an image's source)
+    ("{fork i, (t, u) in xs}{gen b}{fork v in t}{gen c}{x + (", ["v", "i", "t", "u", "b", "c"],
+     ["v", "i", "t", "u", "b", "c", "tips", "tuple"]),  # (the innermost fork's target first)
+    ("{gen answer}{fork t in xs}{a", ["answer"], ["assistant", "answer"]),  # (the keyword first)
+    ("{fork t in xs}{gen b}{join}{len(", ["b"], ["b", "tips", "tuple"]),  # (t's fork is joined: b is its list)
+    ("{fork t in xs}{gen b}{join}{t", [], ["tips", "tuple"]),
+    ("{gen t max_tokens=len(t", [], ["tips", "tuple"]),  # (the hole's own result is not yet captured)
+    ("{fork t in stops}{t.u", [], []),  # (an attribute: IPython's alone)
+    ("{fork tips in stops}{ti", ["tips"], ["tips"]),  # (a kernel variable of that name: once)
+    ("{fork t in stops}{gen x stop=t", ["t"], ["t", "tips", "tuple"]),
+    ("{gen x max_toks=3}{fork t in xs}{t", [], ["tips", "tuple"]),  # (the parser refuses the cell before)
+]
+_KERNEL_NAMES = ["tips", "tuple"]
+
+
+@pytest.mark.parametrize("code, bound, matches", _CELL_NAMES, ids=[c for c, _, _ in _CELL_NAMES])
+def test_completion_in_a_hole_offers_the_names_the_cell_binds_there(code, bound, matches):
+    """IPython knew only the kernel's names, so a fork's target in its branch (the brief's case),
+    a result captured earlier in the cell, was never offered: they now come first."""
+    import re
+
+    from lmnb_kernel.complete import lm_completions
+
+    def python(c, p):
+        word = re.search(r"\w*$", c[:p]).group()
+        return {"matches": [n for n in _KERNEL_NAMES if n.startswith(word)], "cursor_start": p - len(word)}
+
+    code = "%%lm\n" + code
+    word = re.search(r"\w*$", code).group()
+    reply = lm_completions(code, len(code), python)
+    assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (matches, len(code) - len(word), len(code))
+    instances = [e["text"] for e in reply["metadata"]["_jupyter_types_experimental"] if e["type"] == "instance"]
+    assert instances == bound  # (IPython's have its type, here none: "<unknown>")
+
+
+def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
+    kc = kernel[1]
+    execute(kc, "stops_s39 = ['.', '!']")
+    code = "%%lm\n{fork t in stops_s39}{gen x max_tokens=len(t"
+    reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+    assert reply["matches"][:3] == ["t", "tuple", "type"] and reply["cursor_start"] == len(code) - 1
+
+
 @pytest.mark.parametrize("code, inner", [
     ("%%lm\n{select x choices=[ti", "ti"),
     ("%%lm\n{fork t in [ti", "ti"),

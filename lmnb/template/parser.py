@@ -97,6 +97,25 @@ def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>", inden
     return Template(**_Parser(source, first_line, filename, indent).run())
 
 
+def names_bound(source: str) -> list[str]:
+    """The names a hole written at the end of ``source``, a cell body whose blocks may still be
+    open, reads from the cell rather than the kernel (docs/CELL_LANGUAGE.md, "Where names come
+    from"): the targets of the forks open there, the innermost fork's first, then the results
+    captured before it that a hole there reads (earlier gens' and selects', a joined fork's lists,
+    its own branch's), alphabetically. Empty where the parser refuses ``source`` before its end
+    (the scopes past a bad hole are not known). For completion in a hole being typed."""
+    parser = _Parser(source.replace("\r\n", "\n").replace("\r", "\n"), 1, "<%%lm cell>")
+    try:
+        parser.run()
+    except UnclosedError:  # (the blocks still open at the end: the scope there is the hole's)
+        pass
+    except TemplateSyntaxError:
+        return []
+    targets = [n for b in reversed(parser.stack) if b.kind == "fork" and b.fork["target"] is not None
+               for n in target_names(b.fork["target"])]
+    return list(dict.fromkeys(targets)) + sorted(parser.scope.vars - set(targets))
+
+
 class _Parser:
     def __init__(self, source: str, first_line: int, filename: str, indent: str = ""):
         self.src = source
