@@ -13,7 +13,8 @@ count or items, an option's value), and a hole that is one (``{person.na``), fro
 completion of that expression alone, in brackets (or of its innermost part: ``[ti``), after the
 names the cell binds there (an enclosing fork's target, an earlier gen's result); no IPython
 magic name in a hole, and no name in a hole's string but file names (IPython's) in an image's or
-video's literal path (``{image "ca``); whether a cell is finished from the cell parser itself
+video's literal path (``{image "ca``) and the names of an f-string's replacement field, a Python
+expression (``{f"{person.na``); whether a cell is finished from the cell parser itself
 (``UnclosedError``). Each match has its type in the reply's metadata, as ipykernel's reply from
 IPython has (JupyterLab shows it): IPython's own for its matches, one in IPython's words for lmnb's.
 """
@@ -43,6 +44,7 @@ _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 # {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
 _PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
 _NAME_END = re.compile(r"(?<![\w.])(?:[^\W\d]\w*)?\Z")  # the name a Python text ends in ("" after "len(")
+_FSTRING_PREFIX = re.compile(r"(?<!\w)(?:[fF][rR]?|[rR][fF])\Z")  # the prefix of an f-string's quote
 _TYPES = "_jupyter_types_experimental"  # (complete_reply's metadata key for the matches' types)
 # The type shown beside each of lmnb's own matches, in IPython's words: "param" for an option (its
 # type for a keyword argument and for a magic's argument, %colors NAME), "magic" for a %lm
@@ -185,11 +187,11 @@ def _value_of(parser, words: list[str]) -> Optional[argparse.Action]:
     return positionals[given] if given < len(positionals) else None
 
 
-def _open_hole(body: str) -> Optional[tuple[int, bool]]:
+def _open_hole(body: str) -> Optional[tuple[int, Optional[int]]]:
     """The offset of the ``{`` of the hole still open at the end of ``body`` (-1 where ``body`` ends
-    in the prompt's text) and whether ``body`` ends in a string of that hole (``{gen x stop="a``,
-    ``stop='''a``, ``stop=“a``); None where that cannot be told (a hole the cell parser refuses
-    before it). A lone ``}`` in the text, which the cell's run refuses, is passed over: the holes
+    in the prompt's text) and that of the quote of the string of that hole which ``body`` ends in
+    (``{gen x stop="a``, ``stop='''a``, ``stop=“a``; None where it ends in none); None where that
+    cannot be told (a hole the cell parser refuses before it). A lone ``}`` in the text, which the cell's run refuses, is passed over: the holes
     after it are read as the parser reads them."""
     from lmnb.template.errors import TemplateSyntaxError, UnclosedError
     from lmnb.template.scanner import hole_end
@@ -202,11 +204,11 @@ def _open_hole(body: str) -> Optional[tuple[int, bool]]:
         try:
             i = hole_end(body, m.start())
         except UnclosedError as e:  # (the hole, or a triple-quoted string in it, left open)
-            return m.start(), e.offset != m.start()
+            return m.start(), (e.offset if e.offset != m.start() else None)
         except TemplateSyntaxError as e:  # (a one-line string ends at its line: open only on the last)
             unterminated = e.message == "unterminated string literal in hole" and "\n" not in body[e.offset:]
-            return (m.start(), True) if unterminated else None
-    return -1, False
+            return (m.start(), e.offset) if unterminated else None
+    return -1, None
 
 
 def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, int], dict]) -> Optional[dict]:
@@ -220,13 +222,16 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     open_hole = _open_hole(body)
     if open_hole is None:
         return None
-    start, in_string = open_hole
+    start, string = open_hole
     hole = body[start + 1 :]
     bound = lambda: names_bound(body[:start])  # noqa: E731 (the cell's own names, read only for an expression)
-    path = _PATH_SOURCE.match(hole) if in_string else None
+    field = _fstring_field(body, string) if string is not None else None
+    if field is not None:  # {f"{person.na: the expression of an f-string's replacement field
+        return _python_alone(field, cursor_pos, python, bound())
+    path = _PATH_SOURCE.match(hole) if string is not None else None
     if path:  # {image "ca: an image's or video's path: file names (IPython's, in the kernel's directory)
         return _python_alone(path.group(1), cursor_pos, python)
-    if start < 0 or in_string:  # the prompt's text or another string: no name to offer there
+    if start < 0 or string is not None:  # the prompt's text or another string: no name to offer there
         return _reply([], cursor_pos, cursor_pos)
     first = _HOLE_WORD.match(hole)
     if first:
@@ -291,6 +296,59 @@ def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], di
     at = cursor_pos - len(word.group())
     theirs = [o for o in offers if o[0] not in names] if start == at else []  # (IPython's other word: ours alone)
     return ours + theirs, at
+
+
+def _fstring_field(text: str, quote: int) -> Optional[str]:
+    """The Python expression being typed in a replacement field of the f-string whose quote is at
+    ``quote`` in ``text``, which ``text`` ends in: ``person.na`` of ``f"{person.na``, ``w`` of
+    ``f"{x:>{w`` (a field nested in a format spec). None where that string is no f-string or
+    ``text`` ends in its literal text, in a field's conversion or format spec, or in a string
+    inside a field. Read as Python 3.11 reads an f-string (PEP 498): ``{{`` and ``}}`` are literal
+    braces, and so is the brace of a named escape ``\\N{...}`` outside a raw string; a field's
+    expression ends at a ``!`` (not ``!=``), ``:`` or ``}`` outside its brackets."""
+    from lmnb.template.errors import TemplateSyntaxError
+    from lmnb.template.scanner import string_end
+
+    prefix = _FSTRING_PREFIX.search(text, 0, quote)
+    if text[quote] not in "'\"" or prefix is None:
+        return None
+    raw = "r" in prefix.group().lower()
+    i = quote + (3 if text.startswith(text[quote] * 3, quote) else 1)
+    fields = []  # each open field: [where its expression starts, still in it?, its brackets open]
+    while i < len(text):
+        c = text[i]
+        if fields and fields[-1][1]:  # a field's expression
+            field = fields[-1]
+            if c in "'\"":  # (a string in it, of the other quote: nothing to complete where it is open)
+                try:
+                    i = string_end(text, i)
+                except TemplateSyntaxError:
+                    return None
+                continue
+            if c in "([{":
+                field[2] += 1
+            elif c in ")]}" and field[2]:
+                field[2] -= 1
+            elif c == "}":
+                fields.pop()
+            elif c in "!:" and not field[2] and not text.startswith("!=", i):
+                field[1] = False
+        elif c == "\\" and not raw:  # (a backslash escapes the next character, but not a brace)
+            if text.startswith("N{", i + 1):
+                end = text.find("}", i)
+                if end < 0:
+                    return None
+                i = end
+            elif text[i + 1 : i + 2] not in ("{", "}"):
+                i += 1
+        elif text.startswith(("{{", "}}"), i) and not fields:
+            i += 1
+        elif c == "{":
+            fields.append([i + 1, True, 0])
+        elif c == "}" and fields:  # (the end of a format spec)
+            fields.pop()
+        i += 1
+    return text[fields[-1][0] :] if fields and fields[-1][1] else None
 
 
 def _innermost(source: str) -> str:

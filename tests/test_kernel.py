@@ -681,6 +681,60 @@ def test_completion_of_the_first_item_after_an_open_bracket_asks_for_that_item_a
     assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (["tips"], len(code) - 2, len(code))
 
 
+# (a hole ending in an f-string, the expression of the replacement field the cursor is in, asked
+# alone; None: the cursor is in the string's text, a conversion or a format spec, as PEP 498 reads it)
+_FSTRING_FIELDS = [
+    ('{f"{person.na', "person.na"),
+    ('Q: {f"hi {x!r} and {person.na', "person.na"),  # (after a closed field)
+    ("{gen x stop=f'{sep", "sep"),  # (an option's value)
+    ('{F"{len(na', "len(na"),
+    ('{f"{x:>{wi', "wi"),  # (a field nested in a format spec)
+    ('{rf"\\d{3} {pe', "pe"),  # (in a raw string, a field after a backslash)
+    ('{f"\\N{DASH} {pe', "pe"),  # (a named escape's braces are no field)
+    ('{f"""a\n{pe', "pe"),
+    ('{f"{a != pe', "a != pe"),  # (!= is no conversion)
+    ('{f"{d[\'k\'].up', "d['k'].up"),
+    ('{f"hi na', None),
+    ('{f"{{na', None),  # (a literal brace)
+    ('{f"{x!r} na', None),
+    ('{f"{x:>na', None),
+    ('{f"\\N{DA', None),
+    ('{f"{d[\'k', None),  # (a string in the field)
+    ('{"{na', None),  # (no f-string)
+    ('{b"{na', None),
+    ('{elf"{na', None),
+]
+
+
+@pytest.mark.parametrize("code, source", _FSTRING_FIELDS, ids=[c for c, _ in _FSTRING_FIELDS])
+def test_completion_in_an_f_strings_field_is_of_its_expression(code, source):
+    """An f-string in a hole was read as any string, which offers nothing: {f"{person.na<TAB>
+    completed nothing. The field's expression is now asked alone, in brackets."""
+    from lmnb_kernel.complete import lm_completions
+
+    asked = []
+
+    def python(c, p):
+        asked.append((c, p))
+        return {"matches": [source + "_s39"], "cursor_start": 1}  # (after the "(")
+
+    code = "%%lm\n" + code
+    reply = lm_completions(code, len(code), python)
+    if source is None:
+        assert (asked, reply["matches"], reply["cursor_start"]) == ([], [], len(code))
+    else:
+        assert asked == [("(" + source, len(source) + 1)]
+        assert (reply["matches"], reply["cursor_start"]) == ([source + "_s39"], len(code) - len(source))
+
+
+def test_completion_in_an_f_string_in_a_hole_offers_the_fields_names(kernel):
+    kc = kernel[1]
+    execute(kc, "class _GuestF:\n    name = 'Arvel'\n    nationality = 'Welsh'\nguest_f39 = _GuestF()")
+    for code in ('%%lm\n{f"{guest_f39.na', "%%lm\nQ: {f'hi {guest_f39.name!r} and {guest_f39.na"):
+        reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+        assert (reply["matches"], reply["cursor_start"]) == (["name", "nationality"], len(code) - 2), code
+
+
 @pytest.mark.parametrize("code", ['%%lm\n{gen x stop="a ma', "%%lm\n{gen x stop='ti", "%%lm\n{gen x stop=“a ti",
                                   '%%lm\n{gen x stop="""a\nti', '%%lm\n{f(“a”, "b ti'])
 def test_completion_in_a_string_of_a_hole_offers_nothing(code):
