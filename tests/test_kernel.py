@@ -559,6 +559,7 @@ def test_completion_in_an_images_or_videos_path_offers_file_names(kernel, tmp_pa
         reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
         start = len(code) - len(f"{tmp_path}/ca") if matches else len(code)
         assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (matches, start, len(code)), code
+        assert reply == _typed_reply(matches, "path", start, len(code))  # (IPython's type for a file name)
 
 
 @pytest.mark.parametrize("code, cursor, matches", [
