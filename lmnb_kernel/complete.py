@@ -133,10 +133,11 @@ def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
     words = text[: len(text) - len(word)].split()
     subcommands = _subcommands(line_parser())
     if not words and word.startswith("-"):  # %lm --help
-        return _reply(_typed([o for o in _options(line_parser(), after.split()) if o.startswith(word)], "param"), cursor_pos,
-                      cursor_pos - len(word))
+        options = [o for o in _options(line_parser(), after.split()) if o.startswith(word)]
+        return _reply(_typed(options, "param"), cursor_pos, cursor_pos - len(word))
     if not words:
-        return _reply(_typed([s for s in subcommands if s.startswith(word)], "magic"), cursor_pos, cursor_pos - len(word))
+        return _reply(_typed([s for s in subcommands if s.startswith(word)], "magic"), cursor_pos,
+                      cursor_pos - len(word))
     if words == ["help"]:  # %lm help SUBCOMMAND
         return _reply(_typed([s for s in subcommands if s.startswith(word) and s != "help"], "magic"), cursor_pos,
                       cursor_pos - len(word))
@@ -191,8 +192,8 @@ def _open_hole(body: str) -> Optional[tuple[int, Optional[int]]]:
     """The offset of the ``{`` of the hole still open at the end of ``body`` (-1 where ``body`` ends
     in the prompt's text) and that of the quote of the string of that hole which ``body`` ends in
     (``{gen x stop="a``, ``stop='''a``, ``stop=“a``; None where it ends in none); None where that
-    cannot be told (a hole the cell parser refuses before it). A lone ``}`` in the text, which the cell's run refuses, is passed over: the holes
-    after it are read as the parser reads them."""
+    cannot be told (a hole the cell parser refuses before it). A lone ``}`` in the text, which the
+    cell's run refuses, is passed over: the holes after it are read as the parser reads them."""
     from lmnb.template.errors import TemplateSyntaxError, UnclosedError
     from lmnb.template.scanner import hole_end
 
@@ -224,7 +225,10 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         return None
     start, string = open_hole
     hole = body[start + 1 :]
-    bound = lambda: names_bound(body[:start])  # noqa: E731 (the cell's own names, read only for an expression)
+
+    def bound() -> list[str]:  # (the names the cell binds at the hole: parsed only for an expression)
+        return names_bound(body[:start])
+
     field = _fstring_field(body, string) if string is not None else None
     if field is not None:  # {f"{person.na: the expression of an f-string's replacement field
         return _python_alone(field, cursor_pos, python, bound())
@@ -272,8 +276,9 @@ def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dic
 def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], dict],
                    names=()) -> tuple[list[Offer], int]:
     """Those of ``names``, the names the cell binds where the hole is (``names_bound``), that the
-    name ``source`` ends in begins (none after a ``.``: an attribute), then IPython's completion of ``source``, the Python text the cursor at ``cursor_pos`` ends, read
-    alone and in brackets, as the hole's braces hold it. IPython reading the hole's whole cell as
+    name ``source`` ends in begins (none after a ``.``: an attribute), then IPython's completion of
+    ``source``, the Python text the cursor at ``cursor_pos`` ends, read alone and in brackets, as
+    the hole's braces hold it. IPython reading the hole's whole cell as
     Python found no expression there (``{fork tips`` and ``{image ca`` got nothing; ``{fork tip in ``
     and ``{image `` its magic names, ``%%latex``, which no hole can hold, and those are left out here
     too), nor after a quote in the prompt's text (``it's {person.na`` got nothing: the rest of the

@@ -411,7 +411,8 @@ def _typed_reply(matches, types, start: int, end: int) -> dict:
     match with its span, and no signature but a pair's)."""
     types = [types] * len(matches) if isinstance(types, str) else types
     types = [t if isinstance(t, tuple) else (t, "") for t in types]
-    entries = [{"start": start, "end": end, "text": m, "type": t, "signature": sig} for m, (t, sig) in zip(matches, types)]
+    entries = [{"start": start, "end": end, "text": m, "type": t, "signature": sig}
+               for m, (t, sig) in zip(matches, types)]
     return {"matches": matches, "cursor_start": start, "cursor_end": end,
             "metadata": {"_jupyter_types_experimental": entries}, "status": "ok"}
 

@@ -2175,3 +2175,19 @@ def test_a_hole_calling_a_result_the_cell_captured_is_refused_before_it_runs(cel
     t = parse("{gen len} {len} {len_(xs)} {[str(x) for x in xs]}")
     assert t.arguments == ("len_", "xs") and t.captures == ("len",)
     assert parse("{len(xs)}{gen len}").captures == ("len",)  # (called before the capture: the builtin)
+
+
+@pytest.mark.parametrize("body, names", [
+    ("{fork t in stops}", ["t"]),
+    ("{gen a}{fork i, (t, u) in xs}{gen b}{fork v in t}", ["v", "i", "t", "u", "a", "b"]),  # (innermost first)
+    ("{fork t in xs}{gen b}{join}", ["b"]),  # (the fork joined: its target gone, b its list)
+    ("{user}{gen a}{/user}{fork 2}", ["a"]),
+    ("{gen a}{bad hole=}", []),  # (a hole the parser refuses: no scope known past it)
+    ("", []),
+])
+def test_names_bound_are_those_a_hole_at_the_end_reads_from_the_cell(body, names):
+    """docs/CELL_LANGUAGE.md, "Where names come from": a fork's target, then a result captured
+    earlier in the cell (completion offers them)."""
+    from lmnb.template.parser import names_bound
+
+    assert names_bound(body) == names
