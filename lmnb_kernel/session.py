@@ -249,10 +249,13 @@ class Session:
     def close(self, timeout: float = 2.0) -> None:
         """Drop named states and shut the backend down, waiting at most ``timeout`` seconds.
 
-        Named states belong to the backend they ran on, so they go with it.
+        Named states belong to the backend they ran on, so they go with it. A server the session was
+        connected to is forgotten too: the next ``%%lm`` cell starts the in-process engine on
+        ``config``, as ``current()`` then says (it named the closed server, and ``%lm stats`` said
+        cells ran on it).
         """
         with self._lock:
-            backend, self._backend = self._backend, None
+            backend, self._backend, self.remote = self._backend, None, None
             self.states.clear()
         done = _shut_down_in_background(backend)
         if done is not None:

@@ -1436,6 +1436,30 @@ def test_connect_says_which_named_states_it_drops(ip, monkeypatch):
         assert out.outputs[0].data["text/plain"] == "connected: SGLang-protocol server http://127.0.0.1:2"
 
 
+def test_a_closed_session_no_longer_names_the_server_it_was_connected_to(ip, monkeypatch):
+    # close() shut the server's client down but kept its description: current() and %lm stats said cells
+    # ran on the server, though the next %%lm cell would start the in-process engine
+    class Server:
+        def __init__(self, url, **kwargs):
+            self.closed = False
+
+        def shutdown(self):
+            self.closed = True
+
+    monkeypatch.setattr(lmnb, "RuntimeEndpoint", Server)
+    monkeypatch.delenv("LMNB_MODEL", raising=False)
+    with separate_session(ip) as session:
+        assert run(ip, "%lm connect http://127.0.0.1:1")[0].success
+        server = session.backend()
+        session.close()
+        assert server.closed and not session.started and session.remote is None
+        assert session.current() == "the in-process engine on the built-in demo model (it starts with the first %%lm cell)"
+        result, out = run(ip, "%lm stats")
+        assert result.success and out.outputs[0].data["text/plain"].startswith(
+            "lmnb engine: not started yet; it starts with the first %%lm cell (or %lm load MODEL)")
+        assert not session.started  # (nothing was loaded by asking)
+
+
 @pytest.mark.parametrize("marked", [False, True])
 def test_a_ctrl_c_as_connect_waits_for_the_old_backend_to_shut_down_leaves_the_new_one_in_place(ip, monkeypatch,
                                                                                               marked):
