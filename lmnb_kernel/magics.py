@@ -260,6 +260,7 @@ class LMMagics(Magics):
         name = getattr(args, "name", None)
         if name is not None and not STATE_NAME.match(name):
             raise UsageError(f"{name!r} is not a valid state name: {STATE_NAME_RULE}")
+        before = self.session.made_backend
         try:
             if args.command == "tree":
                 return self.show_tree()
@@ -272,9 +273,12 @@ class LMMagics(Magics):
             if hasattr(e, "_render_traceback_"):  # one line already (a load that finished first)
                 raise
             raise cell_interrupt(f"%lm {args.command} was stopped{_stopped_state(args.command, self.session)}") from None
-        if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
-            self.recent_cells.clear()
-            self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)
+        finally:
+            # a new backend (%lm load, %lm connect; also one a Ctrl-C stopped once the backend was
+            # swapped): the old cells' paths are gone with the old one
+            if self.session.made_backend is not before:
+                self.recent_cells.clear()
+                self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)
 
     def show_tree(self) -> None:
         """Display the radix tree view (``%lm tree``)."""

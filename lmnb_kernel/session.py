@@ -145,6 +145,11 @@ class Session:
         """Whether a backend (engine or server) has been made."""
         return self._backend is not None
 
+    @property
+    def made_backend(self):
+        """The backend cells run on now, None before one is made; unlike ``backend()``, it starts none."""
+        return self._backend
+
     def current(self) -> str:
         """What cells run on now, in words (for messages)."""
         if self.remote is not None:

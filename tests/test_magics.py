@@ -1495,6 +1495,9 @@ def test_a_ctrl_c_as_connect_waits_for_the_old_backend_to_shut_down_leaves_the_n
         with separate_session(ip) as session:
             assert run(ip, "%lm connect http://127.0.0.1:1")[0].success
             session.states["chat"] = object()
+            # (as an in-process engine's would be: the stop was raised before run_command forgot them)
+            monkeypatch.setattr(magics, "recent_cells", {"cell [1]": object()})
+            monkeypatch.setattr(magics, "tree_view", object())
             with capture_output() as out, interrupt_main_when(connecting, marked_only=marked):
                 with pytest.raises(KeyboardInterrupt) as e:
                     magics.run_command("connect http://127.0.0.1:2")
@@ -1502,6 +1505,7 @@ def test_a_ctrl_c_as_connect_waits_for_the_old_backend_to_shut_down_leaves_the_n
             assert session.remote == "SGLang-protocol server http://127.0.0.1:2" and session.states == {}
             assert session.backend().url == "http://127.0.0.1:2"  # the server's, no in-process engine started
             assert closed == ["http://127.0.0.1:1"]  # the old one only
+            assert magics.recent_cells == {} and magics.tree_view is None  # the old backend's paths, gone with it
             assert e.value._render_traceback_() == [
                 "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm connect was stopped as the old backend shut down; cells run "
                 "on SGLang-protocol server http://127.0.0.1:2 now (the old backend's shutdown goes on in the background)"]
@@ -2131,6 +2135,38 @@ def test_ctrl_c_during_a_load_still_shows_what_loaded_and_the_states_it_dropped(
         shown = out.outputs[0].data["text/plain"]
         assert "named states dropped: chat" in shown and "/models/x" in shown
         assert session.states == {}
+
+
+def test_a_load_stopped_once_the_new_engine_loaded_forgets_the_old_engines_cells_and_tree(ip, tiny_llama,
+                                                                                          monkeypatch):
+    """A Ctrl-C during %lm load is held until the engine has loaded, then raised in one line; that
+    line was raised before run_command forgot the old engine's recent cells and its tree view, so the
+    next cell redrew the old view over the new engine, with paths labelled by the old engine's cells."""
+    import os
+    import signal
+
+    magics = ip._lmnb_magics
+    monkeypatch.setattr(magics, "recent_cells", {})
+    monkeypatch.setattr(magics, "tree_view", None)
+    real_engine = lmnb.Engine
+
+    def engine_with_an_interrupt(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the kernel's interrupt, arriving mid-load
+        return real_engine(*args, **kwargs)
+
+    with separate_session(ip) as session:
+        assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")[0].success
+        assert run(ip, "%%lm --static --quiet\nhi{gen k max_tokens=1}")[0].success
+        assert list(magics.recent_cells) and run(ip, "%lm tree")[0].success and magics.tree_view is not None
+        old = session.made_backend
+        monkeypatch.setattr(lmnb, "Engine", engine_with_an_interrupt)
+        result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")
+        monkeypatch.setattr(lmnb, "Engine", real_engine)
+        assert isinstance(result.error_in_exec, KeyboardInterrupt) and "once the model had loaded" in out.stdout
+        assert session.made_backend is not old  # the new engine is in place
+        assert magics.recent_cells == {} and magics.tree_view is None
+        _, out = run(ip, "%%lm --static --quiet\nhi{gen k max_tokens=1}")
+        assert out.outputs == []  # no tree of the old engine redrawn
 
 
 def test_ctrl_c_while_the_view_is_drawn_keeps_the_results_and_is_one_line(ip, monkeypatch):
