@@ -65,6 +65,17 @@ class EngineConfig:
         """The model to load: the given one, else ``$LMNB_MODEL``; None means the demo model."""
         return model_or_env(self.model)
 
+    def load_line(self) -> str:
+        """The ``%lm load`` line that builds this configuration again, e.g. ``%lm load /models/x
+        --dtype bfloat16`` (plain ``%lm load`` for the default one, which reads ``$LMNB_MODEL`` again)."""
+        import shlex
+
+        words = ["%lm load"] + ([shlex.quote(self.model)] if self.model else [])
+        for name in ("device", "dtype", "max_total_tokens"):
+            if getattr(self, name) is not None:
+                words.append(f"--{name.replace('_', '-')} {shlex.quote(str(getattr(self, name)))}")
+        return " ".join(words + (["--random-weights"] if self.random_weights else []))
+
     def describe(self) -> str:
         """The model in words, for messages (one taken from ``$LMNB_MODEL`` says so: a broken
         variable made the first cell, and every ``%lm load``, fail on a path the notebook never named);
@@ -205,7 +216,8 @@ class Session:
             api = "SGLang's server API" if isinstance(self._backend, RuntimeEndpoint) else "the OpenAI-compatible API"
             why = why.format(api=api)
             raise CellError(f"{what} needs the in-process engine{f' ({why})' if why else ''}; this kernel is "
-                            f"connected to {self.remote} (use %lm load to go back to an in-process engine)")
+                            f"connected to {self.remote} (use {self.config.load_line()} to go back to an in-process "
+                            "engine)")
         if self._backend is None:
             raise CellError(f"{what}: the engine starts with the first %%lm cell (or %lm load MODEL); none is running yet")
         return self._backend.engine

@@ -1460,6 +1460,42 @@ def test_a_closed_session_no_longer_names_the_server_it_was_connected_to(ip, mon
         assert not session.started  # (nothing was loaded by asking)
 
 
+def test_connected_the_way_back_named_is_the_load_of_the_engine_the_session_had(ip, tiny_llama, monkeypatch):
+    # "use %lm load to go back" loaded $LMNB_MODEL or the demo model, not the engine the notebook had
+    class Server:
+        def __init__(self, url, **kwargs):
+            pass
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(lmnb, "RuntimeEndpoint", Server)
+    with separate_session(ip) as session:
+        assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")[0].success
+        assert run(ip, "%lm connect http://127.0.0.1:1")[0].success
+        result, out = run(ip, "%lm tree")
+        back = f"%lm load {tiny_llama} --max-total-tokens 4096"
+        assert not result.success and f"(use {back} to go back to an in-process engine)" in out.stdout
+        result, out = run(ip, back)
+        assert result.success and session.remote is None
+        assert session.backend().engine.model_info()["max_total_tokens"] == 4096
+
+
+@pytest.mark.parametrize("config", [EngineConfig(), EngineConfig(model="/my models/x", dtype="bfloat16"),
+                                    EngineConfig(model="tiny", device="cuda:1", max_total_tokens=512, random_weights=True)])
+def test_an_engine_configs_load_line_loads_that_configuration(config):
+    import shlex
+
+    from lmnb_kernel.magics import line_parser
+
+    line = config.load_line()
+    args = line_parser().parse_args(shlex.split(line.removeprefix("%lm ")))
+    assert EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens,
+                        random_weights=args.random_weights) == config
+    assert line == {"": "%lm load", "/my models/x": "%lm load '/my models/x' --dtype bfloat16",
+                    "tiny": "%lm load tiny --device cuda:1 --max-total-tokens 512 --random-weights"}[config.model or ""]
+
+
 @pytest.mark.parametrize("marked", [False, True])
 def test_a_ctrl_c_as_connect_waits_for_the_old_backend_to_shut_down_leaves_the_new_one_in_place(ip, monkeypatch,
                                                                                               marked):
