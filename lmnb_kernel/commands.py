@@ -157,7 +157,7 @@ def _served_models_note(backend, args, v1: bool) -> str:
 
 def stats(args, session: Session) -> None:
     """``%lm stats``: the engine's cache and pool figures and this kernel's token totals (only the
-    totals before the engine starts, or when cells run on a server)."""
+    totals before the engine starts, or when cells run on a server); its title says what cells run on."""
     totals = [
         ("%%lm cells run", session.totals.cells),
         ("cell tokens: prompt / cached / completion",
@@ -182,7 +182,9 @@ def stats(args, session: Session) -> None:
         ("running / waiting requests", f"{s['running_requests']} / {s['waiting_requests']}"),
         *totals,
     ]
-    display(table("lmnb engine", ("", "value"), rows), raw=True, metadata={"lmnb": {"stats": s}})
+    # (the model named: nothing else said which engine cells run on after a few %lm load / connect lines)
+    display(table(f"lmnb engine on {session.config.describe()}", ("", "value"), rows), raw=True,
+            metadata={"lmnb": {"stats": s}})
 
 
 def states(args, session: Session) -> None:

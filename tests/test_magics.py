@@ -1276,6 +1276,17 @@ def test_stats_and_tree_show_the_engine(ip):
     assert result.success and "radix tree" in out.outputs[0].data["text/plain"]
 
 
+def test_stats_name_the_model_cells_run_on(ip, tiny_llama):
+    # the title said "lmnb engine" alone: after a few %lm load and %lm connect lines nothing said which
+    # model cells ran on (a server, and an engine not started yet, were named)
+    with separate_session(ip):
+        assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096 --random-weights")[0].success
+        result, out = run(ip, "%lm stats")
+        assert result.success
+        assert out.outputs[0].data["text/plain"].splitlines()[0] == (
+            f"lmnb engine on {tiny_llama}, with random weights (--random-weights)")
+
+
 def test_stats_say_the_hit_rate_counts_since_the_last_flush(ip):
     """%lm flush resets the engine's counters (Engine.flush_cache), but %lm stats labelled the hit
     rate "cumulative": after a flush it read n/a, as if nothing had run."""
