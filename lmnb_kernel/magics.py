@@ -133,13 +133,15 @@ def _help(parser, words: list[str]) -> str | None:
     return _shown_help(subcommand or parser)
 
 
-def _stopped_state(command: str, session: Session) -> str:
+def _stopped_state(command: str, session: Session, swapped: bool = False) -> str:
     """What a Ctrl-C during ``%lm COMMAND`` left as it was, said after "%lm COMMAND was stopped":
     whether the cache is whole and whether the command can be run again ("" where there is nothing
     to say). A stopped flush or stats said "was stopped" alone, and a user could not tell whether
     the cache was flushed, half flushed, or broken. A flush waits for the engine (or the server)
     to run it; the engine runs a flush it was handed between its steps, wait or no wait, and one it
-    was not is not run, so the cache is flushed or as it was, never part of each."""
+    was not is not run, so the cache is flushed or as it was, never part of each. ``swapped``: the
+    session's backend changed meanwhile (a load or connect stopped as it said so: "%lm load was
+    stopped" alone left a user to guess which model the next cell would run on)."""
     if command == "pin":
         return "; the state's pin is as it was"
     if command == "flush" and session.remote is not None:
@@ -150,8 +152,10 @@ def _stopped_state(command: str, session: Session) -> str:
                 "cache is as it was (pinned prefixes stay either way); %lm flush can be run again")
     if command == "stats":
         return "; it only reads figures, so nothing changed; %lm stats can be run again"
-    if command == "connect":  # (one once connected says so itself: Session.connect)
-        return f" before it connected; cells still run on {session.current()}"
+    if command in ("load", "connect"):  # (one stopped in Session.connect's wait says so itself)
+        done = "loaded" if command == "load" else "connected"
+        return (f" once it had {done}; cells run on {session.current()} now" if swapped else
+                f" before it {done}; cells still run on {session.current()}")
     return ""
 
 
@@ -272,7 +276,9 @@ class LMMagics(Magics):
         except KeyboardInterrupt as e:  # e.g. %lm pin of a long state, waiting for its prefill
             if hasattr(e, "_render_traceback_"):  # one line already (a load that finished first)
                 raise
-            raise cell_interrupt(f"%lm {args.command} was stopped{_stopped_state(args.command, self.session)}") from None
+            swapped = self.session.made_backend is not before
+            raise cell_interrupt(f"%lm {args.command} was stopped"
+                                 f"{_stopped_state(args.command, self.session, swapped)}") from None
         finally:
             # a new backend (%lm load, %lm connect; also one a Ctrl-C stopped once the backend was
             # swapped): the old cells' paths are gone with the old one

@@ -2216,6 +2216,38 @@ def test_a_load_stopped_once_the_new_engine_loaded_forgets_the_old_engines_cells
         assert out.outputs == []  # no tree of the old engine redrawn
 
 
+@pytest.mark.parametrize("where, said", [
+    ("Session.load", "%lm load was stopped before it loaded; cells still run on SGLang-protocol server http://127.0.0.1:1"),
+    ("_show_loaded", "%lm load was stopped once it had loaded; cells run on the in-process engine on {ckpt} now"),
+    ("_show_connected", "%lm connect was stopped once it had connected; cells run on SGLang-protocol server "
+                        "http://127.0.0.1:2 now")])
+def test_a_ctrl_c_outside_the_hold_of_load_or_connect_says_where_cells_run(ip, tiny_llama, monkeypatch, where, said):
+    """A Ctrl-C that %lm load does not hold (before its engine starts, or as it shows what it loaded)
+    said "%lm load was stopped" alone; one as %lm connect showed the connected line said "before it
+    connected; cells still run on" the new server, though it had connected."""
+    from lmnb_kernel import commands
+
+    class Server:
+        def __init__(self, url, **kwargs):
+            pass
+
+        def shutdown(self):
+            pass
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lmnb, "RuntimeEndpoint", Server)
+    with separate_session(ip):
+        assert run(ip, "%lm connect http://127.0.0.1:1")[0].success
+        monkeypatch.setattr(*(Session, "load") if where == "Session.load" else (commands, where), pressed)
+        line = f"%lm load {tiny_llama}" if "load" in where.lower() else "%lm connect http://127.0.0.1:2"
+        result, out = run(ip, line)
+        assert isinstance(result.error_in_exec, KeyboardInterrupt)
+        assert result.error_in_exec._render_traceback_() == [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: "
+                                                             f"{said.format(ckpt=tiny_llama)}"]
+
+
 def test_ctrl_c_while_the_view_is_drawn_keeps_the_results_and_is_one_line(ip, monkeypatch):
     # the view was drawn before the results were pushed: a Ctrl-C there lost the cell's variables
     # and showed the widget's frames
