@@ -168,7 +168,7 @@ def stats(args, session: Session) -> None:
         totals.append(("Python programs run on", f"{default!r} (lmnb.set_default_backend), not counted here"))
     if session.remote is not None or not session.started:  # informational: never stop a Run-All
         why = (f"cells run on {session.remote}, whose cache figures are not shown here" if session.remote
-               else "not started yet; it starts with the first %%lm cell (or %lm load MODEL)")
+               else f"not started yet; the first %%lm cell starts it on {session.config.describe()} (or %lm load MODEL)")
         display(table(f"lmnb engine: {why}", ("", "value"), totals), raw=True)
         return
     s = session.engine("%lm stats").cache_stats()

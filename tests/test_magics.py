@@ -1276,10 +1276,15 @@ def test_stats_and_tree_show_the_engine(ip):
     assert result.success and "radix tree" in out.outputs[0].data["text/plain"]
 
 
-def test_stats_name_the_model_cells_run_on(ip, tiny_llama):
+def test_stats_name_the_model_cells_run_on(ip, tiny_llama, monkeypatch):
     # the title said "lmnb engine" alone: after a few %lm load and %lm connect lines nothing said which
-    # model cells ran on (a server, and an engine not started yet, were named)
+    # model cells ran on (a server was named), nor which one the first cell would load
+    monkeypatch.setenv("LMNB_MODEL", str(tiny_llama))
     with separate_session(ip):
+        result, out = run(ip, "%lm stats")
+        assert result.success and out.outputs[0].data["text/plain"].splitlines()[0] == (
+            f"lmnb engine: not started yet; the first %%lm cell starts it on {tiny_llama} (from $LMNB_MODEL) "
+            "(or %lm load MODEL)")
         assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096 --random-weights")[0].success
         result, out = run(ip, "%lm stats")
         assert result.success
@@ -1467,7 +1472,7 @@ def test_a_closed_session_no_longer_names_the_server_it_was_connected_to(ip, mon
         assert session.current() == "the in-process engine on the built-in demo model (it starts with the first %%lm cell)"
         result, out = run(ip, "%lm stats")
         assert result.success and out.outputs[0].data["text/plain"].startswith(
-            "lmnb engine: not started yet; it starts with the first %%lm cell (or %lm load MODEL)")
+            "lmnb engine: not started yet; the first %%lm cell starts it on the built-in demo model (or %lm load MODEL)")
         assert not session.started  # (nothing was loaded by asking)
 
 
