@@ -1565,6 +1565,24 @@ class Engine:
         if backend is not None:
             backend.shutdown()
 
+    def release_memory(self) -> None:
+        """``shutdown``, then free the memory the engine holds on its device: the weights, the KV
+        pool and the captured CUDA graphs (``ModelRunner.release_memory``; on CUDA given back to
+        the driver, so that a model loaded next in this process finds it free). ``shutdown`` alone
+        leaves them to the garbage collector, which frees nothing while anything still refers to the
+        engine (a ``ProgramState`` run on it, a notebook variable, a traceback): on a GPU a second
+        model was then refused for memory the first one's idle engine held. Idempotent.
+
+        Raises:
+            RuntimeError: the scheduler thread is still in a step it did not leave within
+                ``shutdown``'s wait (its memory is left as it is: the step still uses it).
+        """
+        self.shutdown()
+        if not self.scheduler.ended:
+            raise RuntimeError("the engine's scheduler is still in a step after its shutdown; its memory is kept "
+                               "while that step runs (restart the process to free it)")
+        self.runner.release_memory()
+
     def __enter__(self) -> "Engine":
         return self
 

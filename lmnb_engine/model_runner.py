@@ -230,6 +230,29 @@ class ModelRunner:
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()
 
+    def release_memory(self) -> None:
+        """Free the device memory this runner holds: the captured decode graphs, the KV and
+        request pools, and the model's weights and buffers (each tensor left empty, 0 elements, on
+        its device), then hand the freed blocks back to the driver on CUDA
+        (``torch.cuda.empty_cache``: ``mem_get_info``, which the next model's weight check and KV
+        pool sizing read, counts blocks torch's allocator keeps cached as taken). The runner cannot
+        run again; call it only once nothing runs on it (the engine's scheduler has stopped)."""
+        if self.graph_runner is not None:  # (its graphs write into the pools freed below)
+            self.graph_runner.release()
+            self.graph_runner = None
+        if self.kv_pool is not None:  # (cleared in place: the scheduler's caches refer to the pool)
+            self.kv_pool.k_buffer.clear()
+            self.kv_pool.v_buffer.clear()
+        pool = self.req_to_token_pool
+        pool.host, pool.req_to_token = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32, device=self.device)
+        with torch.no_grad():
+            for module in self.model.modules():
+                # (in place, not replaced: whatever else refers to a tensor, its storage goes)
+                for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                    t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logits_indices), vocab_size] for ``batch``; writes its KV."""
         with torch.inference_mode():

@@ -289,6 +289,11 @@ class Scheduler:
         """Whether the loop thread runs and was not stopped."""
         return self._thread is not None and self._thread.is_alive() and not self._stopped.is_set()
 
+    @property
+    def ended(self) -> bool:
+        """Whether the loop thread has ended, or never started: nothing runs on the model runner."""
+        return self._thread is None or not self._thread.is_alive()
+
     def submit(self, reqs: list[Req]) -> None:
         """Queue requests (thread-safe)."""
         self._post("add", reqs)

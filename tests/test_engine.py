@@ -849,3 +849,21 @@ def test_a_text_that_writes_its_own_bos_gets_no_second_one():
         assert doubled.meta.prompt_tokens == len(body) + 2
     finally:
         eng.shutdown()
+
+
+def test_release_memory_frees_the_weights_and_pools_while_the_engine_is_still_referred_to(tiny_llama):
+    """shutdown() left the weights and the KV pool to the garbage collector, which freed nothing
+    while anything (a notebook's ProgramState) still referred to the engine: on a GPU the next model
+    loaded in the process was refused for memory the idle engine held (lmnb_kernel's %lm load)."""
+    eng = Engine(str(tiny_llama), device="cpu", max_total_tokens=256)
+    assert eng.generate([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=0)).token_ids
+    runner = eng.runner
+    tensors = list(runner.model.parameters()) + list(runner.model.buffers())
+    assert len(runner.kv_pool.k_buffer) == len(runner.kv_pool.v_buffer) == runner.config.num_layers
+    eng.release_memory()
+    assert all(t.numel() == 0 for t in tensors) and runner.graph_runner is None
+    assert runner.kv_pool.k_buffer == runner.kv_pool.v_buffer == []
+    assert runner.req_to_token_pool.req_to_token.numel() == runner.req_to_token_pool.host.numel() == 0
+    with pytest.raises(RuntimeError):  # shut down: it takes no more requests
+        eng.generate([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=0))
+    eng.release_memory()  # again: nothing more to do
