@@ -272,7 +272,10 @@ class LMMagics(Magics):
         except CellError as e:
             if args.command not in ("load", "connect"):
                 raise
-            raise CellError(f"{e}\ncells still run on {self.session.current()}") from e.__cause__
+            # (a load that closed the old engine first, to free its GPU, and then failed: the next
+            # cell starts the old one again, not "still" runs on it)
+            still = " still" if self.session.made_backend is before else ""
+            raise CellError(f"{e}\ncells{still} run on {self.session.current()}") from e.__cause__
         except KeyboardInterrupt as e:  # e.g. %lm pin of a long state, waiting for its prefill
             if hasattr(e, "_render_traceback_"):  # one line already (a load that finished first)
                 raise

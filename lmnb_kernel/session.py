@@ -223,11 +223,53 @@ class Session:
         return self._backend.engine
 
     def load(self, config: EngineConfig) -> None:
-        """Replace the backend with a new in-process engine built from ``config`` (loaded now)."""
+        """Replace the backend with a new in-process engine built from ``config`` (loaded now),
+        dropping the named states (they ran on the old backend, whose cache goes with it).
+
+        Where the old backend is an in-process engine on the GPU the new one is to load on
+        (``shared_accelerator``), the old engine is closed and its memory freed first
+        (``lmnb_engine.Engine.release_memory``): it held its weights and a KV pool of most of the
+        GPU's free memory (``mem_fraction``, 0.8 on CUDA), so the new engine's weights were refused
+        ("free the GPU") or its pool sized from what little was left, and only a kernel restart
+        helped. Loading first and closing the old engine on a memory refusal alone would not
+        catch the second case, a load that succeeds with a pool too small for the work, and
+        loads twice. Elsewhere (CPU, another GPU, a server) the new backend loads first and a
+        failed load keeps the old one: on CPU the pool takes a tenth of the available RAM, capped,
+        and no weight check refuses a second model.
+
+        Raises:
+            CellError: the load failed (the message names the model and why); where the old engine
+                was closed first it says so and gives the ``%lm load`` line that brings it back,
+                and ``config`` stays the old engine's, which the next ``%%lm`` cell starts again.
+        """
         with self._lock, interrupt_after():
-            backend = self._start_engine(config)
-            self.close()
+            device = shared_accelerator(self._backend, config) if self.remote is None else None
+            if device is None:
+                backend = self._start_engine(config)
+                self.close()
+            else:
+                dropped = sorted(self.states)
+                kept = self._close_and_free()
+                try:
+                    backend = self._start_engine(config)
+                except CellError as e:
+                    states = f"; named states dropped: {', '.join(dropped)}" if dropped else ""
+                    raise CellError(f"{e}\nthe engine on {self.config.describe()} was closed first, to free {device} "
+                                    f"for the new model{kept}{states}; {self.config.load_line()} loads it again"
+                                    ) from e.__cause__
             self.config, self._backend, self.remote = config, backend, None
+
+    def _close_and_free(self) -> str:
+        """Drop named states and shut the in-process engine down, waiting for it, then free its
+        device memory (``release_memory``), whatever still refers to it. Returns "" or, where a
+        step it was in kept its memory, a clause saying so (for the message of a load that fails)."""
+        backend, self._backend = self._backend, None
+        self.states.clear()
+        try:
+            backend.engine.release_memory()
+        except RuntimeError as e:
+            return f" (its memory is still held: {e})"
+        return ""
 
     def connect(self, backend, description: str, timeout: float = 2.0) -> None:
         """Replace the backend with ``backend`` (an lmnb backend for a server, described for users),
@@ -385,6 +427,31 @@ class Session:
         if _changed_with_ctrl_c_held(drop_the_pin):  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm unpin was stopped; state {name!r}'s pin is released all the same, between "
                                  "the engine's steps")
+
+
+def shared_accelerator(backend, config: EngineConfig) -> Optional[str]:
+    """The CUDA device (e.g. ``"cuda:0"``) that ``backend``, an in-process engine, runs on and that
+    an engine built from ``config`` would load on too; None where they share none (no backend, a
+    server's, CPU, another GPU, or a ``config.device`` the engine will refuse: that load fails
+    before it takes any memory, so the old engine is kept). ``config.device`` None is the engine's
+    default, CUDA where torch sees it; a bare ``"cuda"`` is the current CUDA device."""
+    runner = getattr(getattr(backend, "engine", None), "runner", None)
+    old = getattr(runner, "device", None)
+    if old is None or old.type != "cuda":
+        return None
+    import torch  # (only with an engine on CUDA: torch is imported already)
+
+    try:
+        new = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except (RuntimeError, TypeError):
+        return None
+    if new.type != "cuda":
+        return None
+
+    def index(device) -> int:
+        return torch.cuda.current_device() if device.index is None else device.index
+
+    return f"cuda:{index(old)}" if index(old) == index(new) else None
 
 
 def _shut_down_in_background(backend) -> Optional[threading.Thread]:

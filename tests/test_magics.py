@@ -1670,6 +1670,96 @@ def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_
             assert result.success and session.backend().engine.model_info()["model_path"] == str(tiny_llama)
 
 
+class _RecordedEngine:
+    """An in-process engine's stand-in on a device (``runner.device``) that records, in ``order``,
+    when it is shut down and when its memory is released."""
+
+    def __init__(self, order: list, name: str, device: str = "cuda:0") -> None:
+        import torch
+
+        self.order, self.name = order, name
+        self.engine = self  # (lmnb's backend and the lmnb_engine engine at once)
+        self.runner = type("Runner", (), {"device": torch.device(device)})()
+
+    def shutdown(self):
+        self.order.append(f"shut down {self.name}")
+
+    def release_memory(self):
+        self.order.append(f"free {self.name}")
+
+
+@pytest.mark.parametrize("shared, expected", [
+    ("cuda:0", ["free old", "start new"]),  # the GPU the new engine loads on holds the old one: freed first
+    (None, ["start new", "shut down old"]),  # CPU, another GPU: the new one loads first, the old one is kept till then
+])
+def test_a_load_onto_the_old_engines_gpu_frees_it_first(monkeypatch, shared, expected):
+    """On CUDA the old engine held its weights and a KV pool of 0.8 of the GPU's free memory while
+    the new one loaded, so a second %lm load on the same GPU was refused ("free the GPU") or got a
+    tiny KV pool, and only a kernel restart helped."""
+    from lmnb_kernel import session as session_module
+
+    order = []
+
+    def engine(*args, **kwargs):
+        order.append("start new")
+        return _RecordedEngine(order, "new")
+
+    monkeypatch.setattr(lmnb, "Engine", engine)
+    monkeypatch.setattr(session_module, "shared_accelerator", lambda backend, config: shared)
+    session = Session()
+    session._backend = _RecordedEngine(order, "old")
+    session.states["chat"] = object()
+    session.load(EngineConfig(model="/models/new", device="cuda:0"))
+    assert order == expected and session.made_backend.name == "new" and session.states == {}
+    assert session.config.model == "/models/new"
+
+
+def test_shared_accelerator_is_the_gpu_of_an_in_process_engine_that_the_new_config_loads_on(monkeypatch):
+    import torch
+
+    from lmnb_kernel.session import shared_accelerator
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    on = {name: _RecordedEngine([], name, name) for name in ("cuda", "cuda:0", "cuda:1", "cpu")}
+    assert shared_accelerator(on["cuda:1"], EngineConfig(device="cuda:1")) == "cuda:1"
+    assert shared_accelerator(on["cuda"], EngineConfig(device="cuda:1")) == "cuda:1"  # (bare: the current one)
+    assert shared_accelerator(on["cuda:0"], EngineConfig(device="cuda")) is None
+    assert shared_accelerator(on["cuda:0"], EngineConfig(device="cuda:1")) is None
+    assert shared_accelerator(on["cuda:0"], EngineConfig(device="cpu")) is None
+    assert shared_accelerator(on["cpu"], EngineConfig(device="cpu")) is None  # (host RAM: the old one is kept)
+    assert shared_accelerator(on["cuda:0"], EngineConfig(device="gpu")) is None  # refused before it takes memory
+    assert shared_accelerator(None, EngineConfig(device="cuda:0")) is None
+    assert shared_accelerator(object(), EngineConfig(device="cuda:0")) is None  # a server's client
+    for available, expected in ((True, "cuda:1"), (False, None)):  # no --device: the engine's default
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        assert shared_accelerator(on["cuda:1"], EngineConfig()) == expected
+
+
+def test_a_failed_load_after_freeing_the_gpu_says_so_and_how_to_load_the_old_engine_again(ip, tiny_llama, monkeypatch):
+    from lmnb_kernel import session as session_module
+
+    with separate_session(ip) as session:
+        assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")[0].success
+        assert run(ip, "%%lm --static --quiet --state kept\nhi{gen k max_tokens=1}")[0].success
+        old = session.made_backend.engine
+        # (this machine's CPU engine stands for one on the GPU that the next load asks for)
+        monkeypatch.setattr(session_module, "shared_accelerator", lambda backend, config: "cuda:0")
+        result, out = run(ip, "%lm load /no/such/checkpoint")
+        text = out.stdout + out.stderr
+        assert not result.success and "Traceback" not in text
+        assert "CellError\x1b[0m: could not load /no/such/checkpoint: FileNotFoundError" in text
+        assert text.endswith(
+            f"\nthe engine on {tiny_llama} was closed first, to free cuda:0 for the new model; named states dropped: "
+            f"kept; %lm load {tiny_llama} --max-total-tokens 4096 loads it again\n"
+            f"cells run on the in-process engine on {tiny_llama} (it starts with the first %%lm cell)\n")
+        assert not session.started and session.states == {}
+        assert all(p.numel() == 0 for p in old.runner.model.parameters())  # its memory is freed
+        monkeypatch.setattr(session_module, "shared_accelerator", lambda backend, config: None)
+        assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")[0].success  # the line it gave
+        assert session.backend().engine.model_info()["max_total_tokens"] == 4096
+        assert run(ip, "%%lm --static --quiet\nhi{gen k max_tokens=1}")[0].success
+
+
 def test_a_load_with_random_weights_says_so(ip, tiny_llama):
     # it said "loaded <model>" as for the checkpoint's own weights, so its nonsense output read as the model's
     with separate_session(ip) as session:
