@@ -109,19 +109,7 @@ def load_model(
             do not fit the config or the GPU;
             with ``tp``: heads that do not divide, or a multimodal model.
     """
-    dev = _resolve_device(device)
-    dt = _resolve_dtype(dtype, dev)
-    if isinstance(model, str) and model in PRESETS and not Path(model).exists():
-        if not random_weights:
-            raise option_error(ValueError, f"{model!r} is a shape preset without weights",
-                               ("pass {}", "random_weights", True), ("give a checkpoint directory or hub id",))
-        hf_config, path = preset_hf_config(model), None
-    else:
-        path = _resolve_path(model, random_weights)
-        hf_config = _read_hf_config(path)
-        if not random_weights:
-            _refuse_quantized(hf_config, path)
-    config = ModelConfig.from_hf(hf_config, dt, dev)
+    path, hf_config, config = _checked_config(model, device, dtype, random_weights)
     tokenizer, tok_dir = _tokenizer_for(path)  # before the weights: a missing tokenizer fails fast
     net = _instantiate(config, tp)
     if random_weights:
@@ -152,6 +140,39 @@ def load_model(
         generation_defaults=tok.generation_defaults(gen_cfg),
         path=path,
     )
+
+
+def check_model(model: str | os.PathLike | None = None, device: str | torch.device | None = None,
+                dtype: str | torch.dtype | None = None, random_weights: bool = False) -> None:
+    """The checks ``load_model`` makes before it takes any memory: the device and dtype, the
+    checkpoint (found locally or in the hub cache, downloaded where online), its config.json (a
+    supported, unquantized architecture). For a caller that must free memory before a load (the
+    kernel's ``%lm load`` onto the GPU its old engine holds), so that a mistyped path does not
+    cost it the old engine.
+
+    Raises:
+        The errors ``load_model`` raises for these (``FileNotFoundError``, ``ValueError``,
+        ``TypeError``), with the same messages.
+    """
+    _checked_config(model, device, dtype, random_weights)
+
+
+def _checked_config(model, device, dtype, random_weights: bool) -> tuple[Path | None, dict, ModelConfig]:
+    """``(checkpoint directory or None for a preset, its HF config dict, ModelConfig)`` of
+    ``load_model``'s arguments, checked (``check_model``)."""
+    dev = _resolve_device(device)
+    dt = _resolve_dtype(dtype, dev)
+    if isinstance(model, str) and model in PRESETS and not Path(model).exists():
+        if not random_weights:
+            raise option_error(ValueError, f"{model!r} is a shape preset without weights",
+                               ("pass {}", "random_weights", True), ("give a checkpoint directory or hub id",))
+        hf_config, path = preset_hf_config(model), None
+    else:
+        path = _resolve_path(model, random_weights)
+        hf_config = _read_hf_config(path)
+        if not random_weights:
+            _refuse_quantized(hf_config, path)
+    return path, hf_config, ModelConfig.from_hf(hf_config, dt, dev)
 
 
 def _written_eos_token_id(path: Path) -> Any:

@@ -186,17 +186,8 @@ class Session:
         first ``%%lm`` cell starts the engine)."""
         import lmnb
 
-        try:
+        with _load_errors(config, command):
             backend = lmnb.Engine(config.model_name(), **config.engine_kwargs())
-        except (OSError, ValueError, RuntimeError, ImportError) as e:
-            # Only a checkpoint that cannot be found calls for another model, and only where the
-            # engine's message has no fix of its own (dtype, memory, a hub id to download...).
-            hint = ("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
-                    if isinstance(e, OSError) and "Fix: " not in str(e) else "")
-            if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
-                hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
-                         f"demo model (del os.environ['{MODEL_ENV}'])")
-            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, _LOAD_OPTIONS, command)}{hint}") from e
         # (a cell's request errors: they show in the cell, where the kernel's states are pinned by magics)
         backend.front_end_options = (_LOAD_OPTIONS, "%lm load", {
             UNPIN: "unpin a state with %lm unpin NAME (%lm states shows which are pinned)"})
@@ -233,7 +224,9 @@ class Session:
         ("free the GPU") or its pool sized from what little was left, and only a kernel restart
         helped. Loading first and closing the old engine on a memory refusal alone would not
         catch the second case, a load that succeeds with a pool too small for the work, and
-        loads twice. Elsewhere (CPU, another GPU, a server) the new backend loads first and a
+        loads twice. What can fail before any memory is taken (``check_model``: no such
+        checkpoint, an unsupported architecture, a bad dtype or device) is checked before that
+        close, so it keeps the old engine. Elsewhere (CPU, another GPU, a server) the new backend loads first and a
         failed load keeps the old one: on CPU the pool takes a tenth of the available RAM, capped,
         and no weight check refuses a second model.
 
@@ -248,6 +241,10 @@ class Session:
                 backend = self._start_engine(config)
                 self.close()
             else:
+                from lmnb_engine.model_loader import check_model  # (torch is imported: an engine is on CUDA)
+
+                with _load_errors(config):  # (a mistyped path, a bad --dtype must not cost the old engine)
+                    check_model(config.model_name(), config.device, config.dtype, config.random_weights)
                 dropped = sorted(self.states)
                 kept = self._close_and_free()
                 try:
@@ -427,6 +424,24 @@ class Session:
         if _changed_with_ctrl_c_held(drop_the_pin):  # (a Run-All stops here all the same)
             raise cell_interrupt(f"%lm unpin was stopped; state {name!r}'s pin is released all the same, between "
                                  "the engine's steps")
+
+
+@contextlib.contextmanager
+def _load_errors(config: EngineConfig, command: str = ""):
+    """Turn a failed load of ``config`` (or its ``check_model``) into a ``CellError`` naming the
+    model and the load options, as ``command``'s where it shows up elsewhere."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, ImportError) as e:
+        # Only a checkpoint that cannot be found calls for another model, and only where the
+        # engine's message has no fix of its own (dtype, memory, a hub id to download...).
+        hint = ("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
+                if isinstance(e, OSError) and "Fix: " not in str(e) else "")
+        if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
+            hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
+                     f"demo model (del os.environ['{MODEL_ENV}'])")
+        raise CellError(f"could not load {config.describe()}: {type(e).__name__}: "
+                        f"{in_option_syntax(e, _LOAD_OPTIONS, command)}{hint}") from e
 
 
 def shared_accelerator(backend, config: EngineConfig) -> Optional[str]:

@@ -1689,7 +1689,8 @@ class _RecordedEngine:
 
 
 @pytest.mark.parametrize("shared, expected", [
-    ("cuda:0", ["free old", "start new"]),  # the GPU the new engine loads on holds the old one: freed first
+    # the GPU the new engine loads on holds the old one: freed first, once the new checkpoint is found
+    ("cuda:0", ["check new", "free old", "start new"]),
     (None, ["start new", "shut down old"]),  # CPU, another GPU: the new one loads first, the old one is kept till then
 ])
 def test_a_load_onto_the_old_engines_gpu_frees_it_first(monkeypatch, shared, expected):
@@ -1706,6 +1707,7 @@ def test_a_load_onto_the_old_engines_gpu_frees_it_first(monkeypatch, shared, exp
 
     monkeypatch.setattr(lmnb, "Engine", engine)
     monkeypatch.setattr(session_module, "shared_accelerator", lambda backend, config: shared)
+    monkeypatch.setattr("lmnb_engine.model_loader.check_model", lambda *args: order.append("check new"))
     session = Session()
     session._backend = _RecordedEngine(order, "old")
     session.states["chat"] = object()
@@ -1735,19 +1737,32 @@ def test_shared_accelerator_is_the_gpu_of_an_in_process_engine_that_the_new_conf
         assert shared_accelerator(on["cuda:1"], EngineConfig()) == expected
 
 
-def test_a_failed_load_after_freeing_the_gpu_says_so_and_how_to_load_the_old_engine_again(ip, tiny_llama, monkeypatch):
+def test_a_failed_load_after_freeing_the_gpu_says_so_and_how_to_load_the_old_engine_again(ip, tiny_llama, monkeypatch,
+                                                                                          tmp_path):
+    import shutil
+
     from lmnb_kernel import session as session_module
 
+    # a checkpoint that passes the checks made before the old engine is closed (its config.json is
+    # a supported one) and fails as its weights load: it has none
+    weightless = tmp_path / "weightless"
+    shutil.copytree(tiny_llama, weightless, ignore=shutil.ignore_patterns("*.safetensors"))
     with separate_session(ip) as session:
         assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")[0].success
         assert run(ip, "%%lm --static --quiet --state kept\nhi{gen k max_tokens=1}")[0].success
         old = session.made_backend.engine
         # (this machine's CPU engine stands for one on the GPU that the next load asks for)
         monkeypatch.setattr(session_module, "shared_accelerator", lambda backend, config: "cuda:0")
+        # a path that is no checkpoint is told before the old engine is closed: it stays, with its states
         result, out = run(ip, "%lm load /no/such/checkpoint")
         text = out.stdout + out.stderr
-        assert not result.success and "Traceback" not in text
+        assert not result.success and "Traceback" not in text and "closed first" not in text
         assert "CellError\x1b[0m: could not load /no/such/checkpoint: FileNotFoundError" in text
+        assert session.made_backend.engine is old and set(session.states) == {"kept"}
+        result, out = run(ip, f"%lm load {weightless}")
+        text = out.stdout + out.stderr
+        assert not result.success and "Traceback" not in text
+        assert f"CellError\x1b[0m: could not load {weightless}: FileNotFoundError" in text
         assert text.endswith(
             f"\nthe engine on {tiny_llama} was closed first, to free cuda:0 for the new model; named states dropped: "
             f"kept; %lm load {tiny_llama} --max-total-tokens 4096 loads it again\n"

@@ -293,6 +293,27 @@ def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):
     assert all(a in str(e.value) for a in SUPPORTED_ARCHITECTURES)
 
 
+def test_check_model_refuses_what_load_model_refuses_before_any_weight_and_takes_a_weightless_checkpoint(
+        tiny_llama, tmp_path):
+    # the kernel's %lm load runs it before it frees the GPU its old engine holds: each refusal here
+    # is load_model's own, word for word; a checkpoint whose weights are missing passes (only the
+    # weights' load tells), which is what it leaves to load_model
+    gpt2 = shutil.copytree(tiny_llama, tmp_path / "gpt2")
+    cfg = json.loads((gpt2 / "config.json").read_text())
+    (gpt2 / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
+    for model, kwargs in ((tmp_path / "nothing", {}), (gpt2, {}), (tiny_llama, {"dtype": "int8"}),
+                          (tiny_llama, {"device": "gpu"}), ("llama-3-8b", {})):
+        with pytest.raises((OSError, ValueError)) as checked:
+            loader.check_model(model, **kwargs)
+        with pytest.raises(type(checked.value)) as loaded:
+            load_model(model, **kwargs)
+        assert str(checked.value) == str(loaded.value)
+    weightless = shutil.copytree(tiny_llama, tmp_path / "weightless", ignore=shutil.ignore_patterns("*.safetensors"))
+    assert loader.check_model(weightless) is None
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(weightless)
+
+
 def test_broken_checkpoint_files_are_named_with_the_fix(tiny_llama, tmp_path):
     ck = shutil.copytree(tiny_llama, tmp_path / "ck")
     weights = next(ck.glob("*.safetensors"))
