@@ -202,10 +202,17 @@ class IncrementalDetokenizer:
         tokenizer: a Hugging Face tokenizer (``decode(ids, skip_special_tokens=...)``).
         prompt_ids: the prompt (only its last few ids are used, as decoding context).
         skip_special_tokens: passed to ``decode``.
+        marked: ids whose place in ``text`` is recorded in ``marks`` as they are added (the special
+            tokens ``text`` leaves out, for ``stop_special.SpecialTextStops``); none by default.
     """
 
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], skip_special_tokens: bool = True,
+                 marked: frozenset[int] = frozenset()) -> None:
         self._tokenizer = tokenizer
+        self._marked = marked
+        # (output token index, token id, where in ``text`` it sits: newest_text_start as it was
+        # added) per token of ``marked``, in order; rollback drops those of the tokens it forgets
+        self.marks: list[tuple[int, int, int]] = []
         self._decode_ids = _decoder(tokenizer, skip_special_tokens)
         self._holders = _run_holders(tokenizer, skip_special_tokens)
         # (a decode that cleans up spaces may rewrite a run's text: its bytes do not tell it)
@@ -262,6 +269,8 @@ class IncrementalDetokenizer:
                 self.text += delta
                 self._prefix, self._read = self._read, end
         self._history.append((self._prefix, self._read, len(self.text)))
+        if token_id in self._marked:
+            self.marks.append((self.num_tokens - 1, token_id, self.newest_text_start()))
         return delta
 
     def _final_end(self) -> int:
@@ -419,3 +428,5 @@ class IncrementalDetokenizer:
         self._run = None  # (it read tokens that may be gone)
         self._prefix, self._read, text_len = self._history[-1]
         self.text = self.text[:text_len]
+        while self.marks and self.marks[-1][0] >= num_kept:
+            self.marks.pop()

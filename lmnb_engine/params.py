@@ -371,7 +371,9 @@ class SamplingParams:
             ``MAX_STOP_STRINGS`` strings of ``MAX_STOP_CHARS`` characters in all, none of them empty.
             A stop string that is the whole text of a special token, which ``skip_special_tokens``
             leaves out of the output, also ends the output when that token is sampled (``matched``
-            is the stop string; ``lmnb_engine.stop_special``).
+            is the stop string); one holding such a token's text among other text is read in the
+            output text with those tokens' text put back, the text returned ending where it begins
+            (``lmnb_engine.stop_special``).
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
         stop_regex: a regular expression (the ``regex`` package's syntax: Python ``re``'s, plus
             ``\\p{L}``, POSIX classes ...) or a list of them; the output ends

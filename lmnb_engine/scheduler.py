@@ -1023,6 +1023,9 @@ class Scheduler:
             hit = None
             if len(req.output_ids) >= p.min_new_tokens:
                 hit = req.stop_matcher.find(req.detokenizer.text, checked)
+                if req.special_text is not None:  # (stops holding a special token's text: stop_special)
+                    d = req.detokenizer
+                    hit = req.special_text.find(d.text, d.marks, checked, d.num_tokens - 1, hit)
             if hit is not None:  # before the grammar's end: the stop text is never output
                 req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
                 reason = FinishReason("stop", matched=hit[1])
@@ -1069,7 +1072,10 @@ class Scheduler:
         else:
             text = req.detokenizer.text
             # what may begin a stop string is held back, and a token goes out with all its text
-            upto, cut = req.detokenizer.whole_tokens(req.stop_matcher.safe_len(text))
+            safe = req.stop_matcher.safe_len(text)
+            if req.special_text is not None:
+                safe = min(safe, req.special_text.safe_len(text, req.detokenizer.marks))
+            upto, cut = req.detokenizer.whole_tokens(safe)
             visible = text[:cut]
         delta = visible[req.sent_text_len :]
         req.sent_text_len = max(req.sent_text_len, len(visible))
@@ -1126,7 +1132,8 @@ class Scheduler:
     def _end(self, req: Req, reason: FinishReason) -> None:
         """``_finish`` of a request in no waiting queue (``end_requests`` took a batch out at once)."""
         self._drop_draft(req)
-        if reason.type != "abort" and req.final_text is None and req.stop_matcher.reads_end:
+        if reason.type != "abort" and req.final_text is None and (req.stop_matcher.reads_end
+                                                                  or req.special_text is not None):
             reason = self._stop_at_end(req) or reason
         if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
             reason = replace(reason, length=len(req.output_ids))
@@ -1144,14 +1151,21 @@ class Scheduler:
         """The stop at the end of ``req``'s output (its max tokens, an EOS or stop token, its
         grammar's end), where a stop regex's match reads the end of the text: such a match is a
         stop only once what follows it is known (``StopStringMatcher.find``), and here nothing
-        does. Sets ``final_text`` cut there, as for any stop; None where there is none. Where a
+        does; or where a stop string holding a special token's text may read text held back before
+        the token (``stop_special``), which the output's end settles. Sets ``final_text`` cut
+        there, as for any stop; None where there is none. Where a
         stop regex's search ran too long (``StopStringMatcher.problem``), an abort naming it, the
         text cut where the stream stood, as at a token (what was held back may be a stop)."""
         if len(req.output_ids) < req.params.min_new_tokens:  # (no text was checked)
             return None
         checked = len(req.detokenizer.text)
         req.detokenizer.flush()
-        hit = req.stop_matcher.find(req.detokenizer.text, checked, at_end=True)
+        # (a stop string the flushed text completes is met by a stop regex reading the end only;
+        # one holding a special token's text may read text held back before the token: stop_special)
+        hit = req.stop_matcher.find(req.detokenizer.text, checked, at_end=True) if req.stop_matcher.reads_end else None
+        if req.special_text is not None:
+            d = req.detokenizer
+            hit = req.special_text.find(d.text, d.marks, checked, d.num_tokens, hit)
         if hit is None and req.stop_matcher.problem:
             req.final_text = req.detokenizer.text[: req.sent_text_len]
             return FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")

@@ -608,10 +608,12 @@ def test_a_stop_string_that_is_a_special_tokens_text_ends_at_that_token(engine):
     r = engine.generate(p, params.copy(stop="<|end|>", skip_special_tokens=False))
     assert r.token_ids == ref[: k + 1] and r.text == tok.decode(ref[:k], skip_special_tokens=False)
     assert r.finish_reason.matched == "<|end|>"
-    # a stop string holding the token's text among other text is read in the output text alone,
-    # which leaves the token out: it does not stop there (stop_special's module docstring)
-    r = engine.generate(p, params.copy(stop=expected[-1] + "<|end|>", max_new_tokens=k + 3, ignore_eos=True))
-    assert r.token_ids == ref[: k + 3] and r.finish_reason.type == "length"
+    # a stop string holding the token's text among other text is read in the text with the token's
+    # text put back: it stops there too, its text cut where the stop begins (it ran on before)
+    stop = expected[-1] + "<|end|>"
+    r = engine.generate(p, params.copy(stop=stop, max_new_tokens=k + 3, ignore_eos=True))
+    assert r.token_ids == ref[: k + 1] and r.text == expected[:-1]
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": stop}
 
 
 def test_a_stop_string_that_is_the_eos_text_ends_an_ignore_eos_request(tiny_llama):

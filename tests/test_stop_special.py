@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_the_stops_that_are_a_skipped_tokens_text_map_to_its_id(tiny_llama):
     """The tiny tokenizer's special tokens (tiny_checkpoint.SPECIAL_TOKENS, ids 0-6 in that order)
@@ -21,3 +23,175 @@ def test_the_stops_that_are_a_skipped_tokens_text_map_to_its_id(tiny_llama):
     assert special_stops(tok, stops, skip_special_tokens=True) == {6: "<|end|>", 1: "</s>"}
     assert special_stops(tok, stops, skip_special_tokens=False) == {}
     assert tok.decode([plain], skip_special_tokens=True) == "<plain>"
+
+
+# --- stop strings holding a special token's text among other text ---------------------------------
+
+_END, _USER = "<|end|>", "<|user|>"
+_TEXTS = {6: _END, 4: _USER}  # (the tiny tokenizer's ids of these two: tiny_checkpoint.SPECIAL_TOKENS)
+
+
+def test_special_text_stops_read_the_text_with_the_tokens_text_put_back_and_cut_before_the_stop():
+    """Hand-made output: "Hi\\n", then <|end|> (token 3) sitting at 3, then "ok" (token 4). The
+    text read is "Hi\\n<|end|>ok"; "\\n<|end|>" begins at 2 of the output text, and ends at 3 (the
+    token's place); the first listed of two stops ending there wins, and a stop beginning inside a
+    token's text begins where the token sits."""
+    from lmnb_engine.stop_special import SpecialTextStops
+
+    marks = [(3, 6, 3)]
+    stops = SpecialTextStops(["\n<|end|>"], ["\n<|end|>"], _TEXTS)
+    assert stops.find("Hi\n", [], 2, 2) is None
+    assert stops.safe_len("Hi\n", []) == 2  # ("\n" may begin the stop)
+    assert stops.find("Hi\n", marks, 3, 3) == (2, "\n<|end|>")
+    # the plain matcher's stop "Hi" ends first; one ending at the same place ranks by list order
+    assert stops.find("Hi\n", marks, 3, 3, hit=(0, "Hi")) == (0, "Hi")
+    listed = ["\n", "\n<|end|>"]
+    assert SpecialTextStops(["\n<|end|>"], listed, _TEXTS).find("Hi\n", marks, 3, 3, hit=(2, "\n")) == (2, "\n")
+    both = SpecialTextStops(["<|end|>", "\n<|end|>"], ["\n<|end|>", "<|end|>"], _TEXTS)
+    assert both.find("Hi\n", marks, 3, 3) == (2, "\n<|end|>")
+    both = SpecialTextStops(["<|end|>", "\n<|end|>"], ["<|end|>", "\n<|end|>"], _TEXTS)
+    assert both.find("Hi\n", marks, 3, 3) == (3, "<|end|>")
+    # after the token: "<|end|>ok" begins at the token's place; "d|>o" inside its text, there too
+    after = SpecialTextStops(["<|end|>ok"], ["<|end|>ok"], _TEXTS)
+    assert after.safe_len("Hi\n", marks) == 3 and after.safe_len("Hi\no", marks) == 3
+    assert after.safe_len("Hi\nox", marks) == 5  # (all of it)
+    inside = SpecialTextStops(["d|>o"], ["d|>o"], _TEXTS)
+    assert inside.find("Hi\no", marks, 3, 4) == (3, "d|>o")
+    assert after.find("Hi\nok", marks, 4, 4) == (3, "<|end|>ok")
+    # a stop met in text read before (the first `checked` characters, older tokens' text) is not new
+    assert after.find("Hi\nok", marks, 5, 5) is None
+
+
+def test_special_text_stops_wait_for_text_held_back_before_a_token_and_read_again_after_a_rollback():
+    """A token sitting past the text's end (the text before it held back: SentencePiece byte tokens
+    of "\\n" before <|end|>, which a skipped token does not end) is put back once the text gets
+    there; another special token between the parts is no match; a rollback is read again."""
+    from lmnb_engine.stop_special import SpecialTextStops
+
+    stops = SpecialTextStops(["\n<|end|>"], ["\n<|end|>"], _TEXTS)
+    held = [(3, 6, 3)]  # "\n" of tokens 1-2 held: <|end|> (token 3) sits at 3 of "Hi\n"
+    assert stops.find("Hi", held, 2, 3) is None
+    assert stops.safe_len("Hi", held) == 2
+    assert stops.find("Hi\n", held, 2, 4) == (2, "\n<|end|>")  # (the text came with token 4)
+    between = [(3, 4, 3), (4, 6, 3)]  # "Hi\n<|user|><|end|>"
+    assert stops.find("Hi\n", between, 3, 4) is None and stops.safe_len("Hi\n", between) == 3
+    # rolled back to "Hi\n" and <|end|>: read anew, not as an extension of the last text
+    assert stops.find("Hi\n", held, 3, 3) == (2, "\n<|end|>")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    from lmnb_engine.engine import Engine
+
+    # (each step sampled once the last one's token is in: the scripted sampler reads the output's length)
+    with Engine(str(tiny_llama), max_total_tokens=2048, disable_overlap_schedule=True) as eng:
+        yield eng
+
+
+def _scripted(engine, monkeypatch, pieces: list) -> list[int]:
+    """Make ``engine`` sample the ids of ``pieces`` (text, encoded alone, or a special token's id), one
+    a step and then EOS, in every request with a ``logit_bias``: the bias step adds 1e4 to the
+    scripted id of the row's next output position instead (a scripted sampler; greedy requests
+    pick it). Returns the ids."""
+    from lmnb_engine import sampler
+
+    tok = engine.tokenizer
+    script = [i for p in pieces for i in ([p] if isinstance(p, int) else tok.encode(p, add_special_tokens=False))]
+    script.append(tok.convert_tokens_to_ids("</s>"))
+
+    def forced(logits, reqs):  # (in place of the bias, which _run makes 0)
+        for row, req in enumerate(reqs):
+            if req.logit_bias is not None:
+                logits[row, script[min(len(req.output_ids), len(script) - 1)]] += 1e4
+
+    monkeypatch.setattr(sampler, "apply_logit_bias", forced)
+    return script
+
+
+def _run(engine, stop, **options):
+    from lmnb_engine.params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=20, temperature=0.0, stop=stop, logit_bias={0: 0.0}, **options)
+    events = list(engine.stream("the cat", params))
+    r = events[-1].result
+    assert "".join(e.text_delta for e in events) == r.text  # (the stream never showed what the text cut)
+    return r
+
+
+def test_a_stop_string_holding_a_special_tokens_text_among_other_text_ends_the_output_before_it(engine, monkeypatch):
+    """The tiny model's <|end|> (id 6) is a special token the output text leaves out, so "\\n<|end|>"
+    was never in the text read and the output ran on to its EOS ("Hi\\nmore" read, finish reason
+    the EOS id). It is now read in the text with <|end|> put back, "Hi\\n<|end|>more": the stop is
+    met at <|end|>, the text returned (and streamed) is the text before the stop, "Hi", and the
+    finish reason names it, as SGLang's (which reads stops in its output's tail decoded with special
+    tokens kept)."""
+    end = engine.tokenizer.convert_tokens_to_ids(_END)
+    assert end == 6
+    script = _scripted(engine, monkeypatch, ["Hi", "\n", end, "more"])
+    k = script.index(end)
+    r = _run(engine, "\n<|end|>")
+    assert r.token_ids == script[: k + 1] and r.text == "Hi"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n<|end|>"}
+    r = _run(engine, ["Hi\n<|end|>"])  # (from the output's start)
+    assert r.token_ids == script[: k + 1] and r.text == "" and r.finish_reason.matched == "Hi\n<|end|>"
+    # with the stop that is the token's text: the first listed of two ending at <|end|> wins
+    r = _run(engine, ["\n<|end|>", "<|end|>"])
+    assert r.token_ids == script[: k + 1] and r.text == "Hi" and r.finish_reason.matched == "\n<|end|>"
+    r = _run(engine, ["<|end|>", "\n<|end|>"])
+    assert r.token_ids == script[: k + 1] and r.text == "Hi\n" and r.finish_reason.matched == "<|end|>"
+    # a stop string without a special token's text ending first still wins, as before
+    r = _run(engine, ["\n<|end|>", "\n"])
+    assert r.token_ids == script[:k] and r.text == "Hi" and r.finish_reason.matched == "\n"
+    # with special tokens kept, the output text holds the stop, found there as before
+    r = _run(engine, "\n<|end|>", skip_special_tokens=False)
+    assert r.token_ids == script[: k + 1] and r.text == "Hi" and r.finish_reason.matched == "\n<|end|>"
+
+
+def test_a_stop_string_beginning_with_a_special_tokens_text_ends_the_output_at_that_token(engine, monkeypatch):
+    """"<|end|>\\nUser:" in "Hi" <|end|> "\\nUser: x": met at ":", the text before <|end|>, "Hi";
+    "\\nUse" after the token was held back from the stream meanwhile (it may begin the stop). A special
+    token between the parts is no match (the text read is "Hi<|user|><|end|>\\nUser: x" for
+    "<|user|>\\nUser:"... and "Hi<|end|><|user|>\\nUser: x" for the stop "<|end|>\\nUser:"): the output
+    runs on to its EOS, its text "Hi\\nUser: x"."""
+    tok = engine.tokenizer
+    end, user = tok.convert_tokens_to_ids(_END), tok.convert_tokens_to_ids(_USER)
+    script = _scripted(engine, monkeypatch, ["Hi", end, "\nUser:", " x"])
+    r = _run(engine, "<|end|>\nUser:")
+    assert r.token_ids == script[: script.index(tok.convert_tokens_to_ids(":")) + 1] and r.text == "Hi"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "<|end|>\nUser:"}
+    script = _scripted(engine, monkeypatch, ["Hi", end, user, "\nUser:", " x"])
+    r = _run(engine, "<|end|>\nUser:")
+    assert r.token_ids == script and r.text == "Hi\nUser: x" and r.finish_reason.matched == script[-1]
+    r = _run(engine, "<|end|><|user|>\nUser:")
+    assert r.text == "Hi" and r.finish_reason.matched == "<|end|><|user|>\nUser:"
+
+
+def test_a_stop_reading_text_held_back_before_a_special_token_is_met_once_the_text_comes(tmp_path, monkeypatch):
+    """Llama 2's tokenizer form writes "\\n" as the byte token <0x0A>, whose run a skipped special
+    token does not end: at <s> (a special token here) the "\\n" is still held back, so "\\n<s>" is met
+    one token later, as the text comes (" ok" <0x0A> <s> " ok": the text " ok", the ids through the
+    second " ok"), or where the output ends before then (its EOS next: the ids through <s>, the EOS
+    too, and the text " ok", where the EOS's own id was the finish reason and the text " ok\\n")."""
+    import torch
+    import transformers
+
+    from lmnb_engine.engine import Engine
+    from lmnb_engine.testing.byte_fallback import byte_fallback_tokenizer
+    from lmnb_engine.testing.tiny_checkpoint import _config, randomize_weights_
+
+    tok = byte_fallback_tokenizer()
+    torch.manual_seed(0)
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": None}
+    model = transformers.AutoModelForCausalLM.from_config(_config("llama", len(tok), ids))
+    randomize_weights_(model)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    tok.save_pretrained(tmp_path)
+    ok, newline, bos = tok.convert_tokens_to_ids(["▁ok", "<0x0A>", "<s>"])
+    assert tok.decode([ok, newline, bos, ok], skip_special_tokens=False) == "ok\n<s> ok"
+    with Engine(str(tmp_path), max_total_tokens=1024, disable_overlap_schedule=True) as engine:
+        script = _scripted(engine, monkeypatch, [ok, newline, bos, ok])
+        r = _run(engine, "\n<s>")
+        assert r.token_ids == script[:4] and r.text == " ok" and r.finish_reason.matched == "\n<s>"
+        script = _scripted(engine, monkeypatch, [ok, newline, bos])
+        r = _run(engine, "\n<s>")
+        assert r.token_ids == script and r.text == " ok" and r.finish_reason.matched == "\n<s>"
