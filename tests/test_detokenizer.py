@@ -697,3 +697,22 @@ def test_a_long_run_of_byte_tokens_is_decoded_once_not_once_a_token(byte_fallbac
     text += d.add(ids[-1]) + d.flush()
     assert d.text == text == byte_fallback.decode([ok] + ids)[len("ok"):] == "中" * 200 + " ok"
     assert sum(decoded) <= 4 * len(ids), sum(decoded)
+
+
+def test_marked_tokens_record_where_they_sit_in_the_text_and_a_rollback_drops_theirs(byte_fallback):
+    """A marked token (a skipped special token, for stop_special) sits past the whole characters
+    before it, text still held back there too: "ok" <0x0A> </s> " ok" puts </s> at 3, after "ok\\n",
+    while the text is still "ok" (the byte run goes on past the skipped token); a rollback forgets
+    the marks of the tokens it drops, and adding them again records them again."""
+    tok = byte_fallback
+    ok, newline, eos = tok.convert_tokens_to_ids(["▁ok", "<0x0A>", "</s>"])
+    detok = IncrementalDetokenizer(tok, [], marked=frozenset({eos}))
+    for t in (ok, newline, eos):
+        detok.add(t)
+    assert detok.text == "ok" and detok.marks == [(2, eos, 3)]
+    detok.add(ok)
+    assert detok.text == "ok\n ok" and detok.marks == [(2, eos, 3)]
+    detok.rollback(2)
+    assert detok.marks == []
+    detok.add(eos)
+    assert detok.marks == [(2, eos, 3)]
