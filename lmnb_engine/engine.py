@@ -661,13 +661,18 @@ class Engine:
         return ""
 
     def apply_chat_template(self, messages: list, add_generation_prompt: bool = True,
-                            chat_template_kwargs: Optional[dict] = None) -> str:
+                            chat_template_kwargs: Optional[dict] = None, continue_final_message: bool = False) -> str:
         """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template. A message
         may also be a pydantic model (the OpenAI SDK's ``ChatCompletionMessage``, a reply's
         ``choices[0].message``) or a dataclass with those fields (``chat_messages.message_dicts``).
         ``chat_template_kwargs``: extra variables for the template (vLLM's and SGLang's field of
         that name, e.g. Qwen3's ``{"enable_thinking": False}``, gpt-oss's ``reasoning_effort``),
         rendered as transformers' ``apply_chat_template(..., **chat_template_kwargs)`` renders them.
+        ``continue_final_message``: the prompt ends inside the last message, after its content and
+        before whatever the template writes to end the turn, so that the model continues it (a
+        partial assistant reply, "prefill"); transformers' ``apply_chat_template(...,
+        continue_final_message=True)`` renders it, and vLLM's and SGLang's chat field of that name
+        asks for it. It needs ``add_generation_prompt=False``: a new turn's header cannot follow.
 
         Raises:
             ValueError: the checkpoint has no chat template, or ``messages`` is empty, or the template
@@ -677,10 +682,13 @@ class Engine:
                 a content other than a string or text parts (as the server refuses it:
                 ``chat_messages.text_message``, which renders "developer" as "system" as the server does),
                 or ``chat_template_kwargs`` sets a variable the render sets itself (``messages``,
-                ``add_generation_prompt``...: ``chat_messages.template_kwargs``).
+                ``add_generation_prompt``...: ``chat_messages.template_kwargs``), or
+                ``continue_final_message`` is set with ``add_generation_prompt`` or with a template
+                that does not write the last message's content as it is (one that cuts or changes
+                it), so that no prompt ends with it.
             TypeError: ``messages`` is not a list of messages (a string, one message), or a message
                 is not one (``chat_messages.message_dicts``), or ``chat_template_kwargs`` is not a dict,
-                or ``add_generation_prompt`` is not True or False.
+                or ``add_generation_prompt`` or ``continue_final_message`` is not True or False.
         """
         from jinja2 import TemplateError  # (transformers renders with jinja2)
 
@@ -688,9 +696,14 @@ class Engine:
             raise ValueError(
                 f"the model at {self.model_path} has no chat template; format the prompt yourself"
             )
-        add_generation_prompt = python_value(add_generation_prompt)
-        if not isinstance(add_generation_prompt, bool):  # (a truthy "no" added the assistant's header)
-            raise TypeError(f"add_generation_prompt={add_generation_prompt!r} must be True or False")
+        add_generation_prompt, continue_final_message = flags = (python_value(add_generation_prompt),
+                                                                 python_value(continue_final_message))
+        for name, flag in zip(("add_generation_prompt", "continue_final_message"), flags):
+            if not isinstance(flag, bool):  # (a truthy "no" added the assistant's header)
+                raise TypeError(f"{name}={flag!r} must be True or False")
+        if add_generation_prompt and continue_final_message:  # (transformers refuses it too, from inside)
+            raise ValueError("continue_final_message=True continues the last message, and add_generation_prompt=True "
+                             "starts a new assistant turn after it: pass add_generation_prompt=False with it")
         extra = template_kwargs(chat_template_kwargs)
         # (rendered as the server renders them: text parts joined, not written as a Python list)
         messages = [text_message(i, m) for i, m in enumerate(message_dicts(messages))]
@@ -699,10 +712,18 @@ class Engine:
         try:
             return self.tokenizer.apply_chat_template(
                 messages, chat_template=self.chat_template, tokenize=False,
-                add_generation_prompt=add_generation_prompt, **extra,
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message, **extra,
             )
         except TemplateError as e:  # the template's own checks, raised from inside jinja2's sandbox
             raise ValueError(f"{TEMPLATE_REJECTED}: {e}") from None
+        except ValueError:
+            if not continue_final_message:
+                raise
+            # transformers finds the content's end by a marker appended to it; a template that cuts or
+            # changes the content (or reads no "content") loses it. Its message prints the whole prompt.
+            raise ValueError(f"{TEMPLATE_REJECTED}: continue_final_message needs the prompt to end with the last "
+                             "message's content, and this chat template does not write that content as it is; "
+                             "format the prompt yourself") from None
 
     # --- requests ------------------------------------------------------------------------------
     def _to_ids(self, prompt: Prompt, max_new_tokens: Any = None) -> list[int]:

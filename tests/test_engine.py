@@ -818,6 +818,37 @@ def test_apply_chat_template_refuses_no_messages_a_refused_conversation_and_a_no
     assert engine.apply_chat_template(hi, add_generation_prompt=True) == "<|user|>hi<|assistant|>"
 
 
+def test_apply_chat_template_continues_the_final_message_as_transformers_renders_it(engine, tiny_llama, monkeypatch):
+    """continue_final_message (transformers', vLLM's and SGLang's name) had no parameter here: a
+    partial assistant reply could not be rendered for the model to continue. The prompt now ends
+    with the last message's content, without the turn's end (the tiny template writes
+    ``<|role|>content<|end|>\n``, by hand), as transformers renders it; with add_generation_prompt,
+    a flag that is no bool and a template that cuts the content are refused in words of their own."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+    got = engine.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert got == "<s><|user|>hi<|end|>\n<|assistant|>Once upon"
+    hf_tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    assert got == hf_tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert engine.apply_chat_template(messages, False) == "<s><|user|>hi<|end|>\n<|assistant|>Once upon<|end|>\n"
+    with pytest.raises(ValueError) as e:
+        engine.apply_chat_template(messages, continue_final_message=True)
+    assert str(e.value) == ("continue_final_message=True continues the last message, and add_generation_prompt=True "
+                            "starts a new assistant turn after it: pass add_generation_prompt=False with it")
+    with pytest.raises(TypeError) as e:
+        engine.apply_chat_template(messages, False, continue_final_message="yes")
+    assert str(e.value) == "continue_final_message='yes' must be True or False"
+    # a template that writes a content's first 3 characters loses the rest: no prompt ends with it
+    cutting = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'][:3] }}{% endfor %}"
+    monkeypatch.setattr(engine, "loaded", dataclasses.replace(engine.loaded, chat_template=cutting))
+    with pytest.raises(ValueError) as e:
+        engine.apply_chat_template(messages, False, continue_final_message=True)
+    assert str(e.value) == ("the chat template rejected the messages: continue_final_message needs the prompt to end "
+                            "with the last message's content, and this chat template does not write that content as "
+                            "it is; format the prompt yourself")
+
+
 def test_changing_params_after_submit_changes_no_queued_request(engine, hf):
     # One SamplingParams reused in a loop: each request runs with the values it was submitted with.
     p = engine.encode("the red cat")
