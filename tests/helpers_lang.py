@@ -302,8 +302,11 @@ class RecordingEngine:
     def model_info(self):
         return {"model_path": self.model_path, "context_len": self.context_len}
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
+    def apply_chat_template(self, messages, add_generation_prompt=True, chat_template_kwargs=None,
+                            continue_final_message=False):
         text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
+        if continue_final_message:  # (transformers' render: the text ends with the last content)
+            return text[:-1]
         return text + ("[assistant]" if add_generation_prompt else "")
 
     def submit(self, prompt, params, rid=None):

@@ -61,8 +61,8 @@ class _Rendering:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def apply_chat_template(self, *args):
-        text = self._engine.apply_chat_template(*args)
+    def apply_chat_template(self, *args, **kwargs):
+        text = self._engine.apply_chat_template(*args, **kwargs)
         self.rendered.append(text)
         return text
 

@@ -280,7 +280,8 @@ def _post(url, path, body, **kw):
         ("/generate", {"text": "a", "sampling_param": {}}, 400,
          'unknown field "sampling_param" (did you mean "sampling_params"?); /generate takes ['),
         ("/v1/chat/completions", {"model": "rec", "messages": [], "bogus": 1}, 400,
-         'unknown field "bogus"; /v1/chat/completions takes ["chat_template_kwargs", "frequency_penalty", '),
+         'unknown field "bogus"; /v1/chat/completions takes ["add_generation_prompt", "chat_template_kwargs", '
+         '"continue_final_message", "frequency_penalty", '),
         ("/v1/completions", {"model": "other", "prompt": "a"}, 404, "not served"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "logit_bias": {"1": 101}}, 400, "logit_bias"),
         ("/v1/chat/completions", {"model": "rec", "messages": "hi"}, 400, "messages"),
@@ -444,7 +445,7 @@ def test_a_conversation_the_chat_template_refuses_is_named_once_in_a_400(refusal
     """Engine.apply_chat_template now says "the chat template rejected the messages: ..." itself;
     the server, which said so of any error the render raised, must not say it twice."""
     class Refusing(RecordingEngine):
-        def apply_chat_template(self, *args):
+        def apply_chat_template(self, *args, **kwargs):
             raise refusal
 
     with live_server(Refusing(), served_model_name="rec") as url:
@@ -657,9 +658,9 @@ def test_a_tool_call_turn_reaches_the_chat_template_with_its_calls_as_sglang_han
     empty assistant turn. They now reach it, each call's arguments text read into its object, as
     SGLang's and vLLM's servers hand them over (transformers' form); text that is no JSON is a 400."""
     class Engine(RecordingEngine):
-        def apply_chat_template(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
+        def apply_chat_template(self, messages, *args, **kwargs):
             self.messages = messages
-            return super().apply_chat_template(messages, add_generation_prompt, chat_template_kwargs)
+            return super().apply_chat_template(messages, *args, **kwargs)
 
     call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
     body = {"model": "rec", "max_tokens": 2, "messages": [
@@ -3824,3 +3825,96 @@ def test_logit_bias_steers_lmnb_serves_greedy_reply_and_ids_past_the_vocabulary_
     assert far.status_code == 400 and err["param"] == "logit_bias", err
     assert err["message"] == ("logit_bias is invalid: token id 512 is outside this model's vocabulary [0, 512); "
                               "remove it, or take the ids from this model's tokenizer"), err
+
+
+_PREFILL = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+
+
+class _Submitting:
+    """``engine`` as the server sees it, keeping the token ids of each prompt it is given."""
+
+    def __init__(self, engine):
+        self._engine, self.prompts = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def submit(self, prompt, *args, **kwargs):
+        self.prompts.append(list(prompt))
+        return self._engine.submit(prompt, *args, **kwargs)
+
+
+def test_continue_final_message_and_add_generation_prompt_end_the_chat_prompt_as_transformers_renders_it(tiny_llama):
+    """vLLM's and SGLang's continue_final_message and add_generation_prompt were 400s (unknown
+    fields), so a client could not prefill the assistant's reply. The prompt the engine runs is now
+    the ids transformers' apply_chat_template renders with them (the partial reply last, with no
+    <|end|> after it, by hand), continue_final_message alone (SGLang's form) as vLLM's pair; the
+    reply's content is the continuation alone, streamed alike, and usage counts the whole prompt. The
+    radix cache holds the prefilled prompt: the same prompt again finds all but its last token (the
+    engine computes that one again), and the next turn's prompt, the partial reply ended by <|end|>,
+    finds all 15 of its tokens."""
+    from transformers import AutoTokenizer
+
+    from lmnb_engine import Engine, SamplingParams
+
+    hf_tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    cases = [  # (the request's fields, transformers' arguments, the prompt's text by hand)
+        ({"continue_final_message": True, "add_generation_prompt": False}, {"continue_final_message": True},
+         "<s><|user|>hi<|end|>\n<|assistant|>Once upon"),
+        ({"continue_final_message": True}, {"continue_final_message": True},
+         "<s><|user|>hi<|end|>\n<|assistant|>Once upon"),
+        ({"continue_final_message": True, "add_generation_prompt": None}, {"continue_final_message": True},
+         "<s><|user|>hi<|end|>\n<|assistant|>Once upon"),
+        ({"add_generation_prompt": False}, {}, "<s><|user|>hi<|end|>\n<|assistant|>Once upon<|end|>\n"),
+        ({}, {"add_generation_prompt": True}, "<s><|user|>hi<|end|>\n<|assistant|>Once upon<|end|>\n<|assistant|>"),
+    ]
+    sampling = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    cached = []
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=256) as engine:
+        spy = _Submitting(engine)
+        with live_server(spy, served_model_name="x") as url:
+            for fields, hf_args, text in cases:
+                want = hf_tok.apply_chat_template(_PREFILL, tokenize=True, return_dict=False, **hf_args)
+                assert hf_tok.decode(want) == text
+                body = {"messages": _PREFILL, **sampling, **fields}
+                r = _post(url, "/v1/chat/completions", body, timeout=60)
+                assert r.status_code == 200, r.text
+                assert spy.prompts[-1] == want, fields
+                reply = engine.generate(want, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
+                assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": reply.text}
+                assert r.json()["usage"]["prompt_tokens"] == len(want)
+                cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+                with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True},
+                                  timeout=60) as s:
+                    chunks = [json.loads(line[6:]) for line in s.iter_lines()
+                              if line.startswith("data: {")]
+                assert spy.prompts[-1] == want
+                assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+                assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == reply.text
+    assert cached[1:4] == [15 - 1, 15 - 1, 15]
+
+
+@pytest.mark.parametrize("messages,fields,param,message", [
+    (_PREFILL, {"continue_final_message": True, "add_generation_prompt": True}, "add_generation_prompt",
+     "continue_final_message continues the last message, and add_generation_prompt starts a new assistant turn "
+     "after it; send add_generation_prompt false (or leave it out) with continue_final_message"),
+    (_PREFILL[:1], {"continue_final_message": True, "add_generation_prompt": False}, "messages",
+     'continue_final_message continues the last message as the assistant\'s reply, and messages[0] is a "user" '
+     'message; end the messages with the start of the reply, {"role": "assistant", "content": "..."}, or leave '
+     "continue_final_message out for a new reply"),
+    (_PREFILL, {"add_generation_prompt": "no"}, "add_generation_prompt",
+     'add_generation_prompt must be true or false, not "no"'),
+    (_PREFILL, {"continue_final_message": 1, "add_generation_prompt": False}, "continue_final_message",
+     "continue_final_message must be true or false, not 1"),
+], ids=["both-true", "last-is-the-users", "flag-a-string", "flag-a-number"])
+def test_continue_final_message_with_a_generation_prompt_or_after_no_assistant_message_is_a_400(
+        served, messages, fields, param, message):
+    """vLLM refuses continue_final_message with add_generation_prompt true; a last message of
+    another role would be continued as the assistant's reply (vLLM renders it, SGLang answers a new
+    turn without a word): each is a 400 naming the fix, as is a flag that is no JSON boolean."""
+    engine, url = served
+    engine.prompts.clear()
+    r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": messages, "max_tokens": 2, **fields})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert r.json()["error"]["message"] == message
+    assert engine.prompts == []

@@ -5,7 +5,10 @@ Request and response shapes are the OpenAI API's (what the official ``openai`` c
 parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept (``top_k``,
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``), and on chat their
-``chat_template_kwargs``, extra variables for the chat template (``_template_kwargs``).
+``chat_template_kwargs``, extra variables for the chat template (``_template_kwargs``), and
+``add_generation_prompt`` / ``continue_final_message``: the prompt ends with a new assistant turn's
+header, with neither, or inside the last message, an assistant's partial reply that the model
+continues, its reply's content the continuation alone (``_prompt_end``).
 ``response_format`` ``json_schema`` / ``json_object`` and ``regex`` reach the engine's
 ``SamplingParams`` unchanged. Unknown fields are rejected with a 400 naming them rather than
 ignored; fields OpenAI defines that leave the reply unchanged here (``store``, ``metadata``,
@@ -235,6 +238,10 @@ class ChatRequest(_SamplingRequest):
     # object gets template_kwargs' message. reasoning_effort (OpenAI's) is one more (_template_kwargs)
     chat_template_kwargs: Optional[Any] = None
     reasoning_effort: Optional[str] = None
+    # vLLM's and SGLang's: how the prompt ends, a new assistant turn or the last message continued
+    # (_prompt_end); add_generation_prompt's default (None) is true unless continue_final_message is
+    add_generation_prompt: Optional[bool] = None  # (_validate takes only true, false and null)
+    continue_final_message: StrictBool = False
     functions: Optional[list] = None  # (OpenAI's deprecated tool calling: refused as tools are)
     function_call: Optional[Any] = None
     # OpenAI's fields that ask for what lmnb serve cannot give: refused when set (_refuse_unserved)
@@ -324,6 +331,35 @@ def _template_kwargs(req: ChatRequest) -> dict:
                                f"reasoning_effort {json_value(given, 40)} differ; both set the chat template's "
                                "reasoning_effort: send one of them", param="reasoning_effort")
     return kwargs
+
+
+def _prompt_end(req: ChatRequest) -> dict:
+    """How chat request ``req``'s prompt ends, as ``Engine.apply_chat_template``'s keyword arguments
+    (transformers' ``apply_chat_template``'s): with the assistant's header, for a new reply
+    (``add_generation_prompt``, vLLM's and SGLang's field, true by default), or inside the last
+    message, an assistant's partial reply that the model continues (``continue_final_message``:
+    "prefill"; the reply's content is the continuation alone, as vLLM's and SGLang's). vLLM wants
+    ``add_generation_prompt`` sent false beside it (transformers refuses the two); SGLang's clients
+    send ``continue_final_message`` alone, and here that means the same. A last message of another
+    role is refused: vLLM continues it as the assistant's reply, SGLang answers a new turn without a word.
+
+    Raises:
+        RequestError: both are sent true; or ``continue_final_message`` with a last message that is
+            not the assistant's (``req.messages`` is not empty: the route checks that first).
+    """
+    if not req.continue_final_message:
+        return {"add_generation_prompt": req.add_generation_prompt is not False, "continue_final_message": False}
+    if req.add_generation_prompt:
+        raise RequestError("continue_final_message continues the last message, and add_generation_prompt starts a "
+                           "new assistant turn after it; send add_generation_prompt false (or leave it out) with "
+                           "continue_final_message", param="add_generation_prompt")
+    last = len(req.messages) - 1
+    if req.messages[last].role != "assistant":
+        raise RequestError(f"continue_final_message continues the last message as the assistant's reply, and "
+                           f"messages[{last}] is a {json_value(req.messages[last].role, 40)} message; end the messages "
+                           'with the start of the reply, {"role": "assistant", "content": "..."}, or leave '
+                           "continue_final_message out for a new reply", param="messages")
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 def _constraint(req: _SamplingRequest) -> dict:
@@ -780,18 +816,19 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                                param="messages")
         if not engine.chat_template:
             raise RequestError("this model has no chat template; use /v1/completions", param="messages")
+        how = {"chat_template_kwargs": extra, **_prompt_end(req)}  # (Engine.apply_chat_template's keywords)
         images: list = []  # [issue 10] image_url parts, in order; each left an image token in its message
         messages = [_plain_message(m, i, images, ctx) for i, m in enumerate(req.messages)]
         rid, created = _response_id(req, "chatcmpl-"), int(time.time())
         rids = response_rids(rid, 1)
         with ctx.holding_response(rid, rids):  # (from before the template and the images: a slow prepare)
             try:
-                text = await ctx.run(engine.apply_chat_template, messages, True, extra)
+                text = await ctx.run(functools.partial(engine.apply_chat_template, messages, **how))
             except Exception as e:  # the template's own checks (e.g. roles must alternate)
                 said = str(e) if str(e).startswith(TEMPLATE_REJECTED) else f"{TEMPLATE_REJECTED}: {e}"
                 raise RequestError(said, param="messages") from None
             # add_special_tokens=False: the template wrote any BOS
-            fix = functools.partial(_chat_past_context, engine, messages, extra, _max_name(req), max_tokens)
+            fix = functools.partial(_chat_past_context, engine, messages, how, _max_name(req), max_tokens)
             ids = await ctx.run(encode_prompt, engine, text, "messages", False, fix)
             mm = ctx.multimodal
             token = mm.image_token if mm is not None else None
@@ -819,7 +856,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                     room, where = pool + 1 - len(prompt), f"the server's KV cache of {pool} tokens"
                 if room < 1:  # else the engine's message names a max_new_tokens no one set
                     # (1 - room tokens fewer leave room for one new token, where the template's own fit)
-                    floor = await ctx.run(_template_tokens, engine, messages, extra)
+                    floor = await ctx.run(_template_tokens, engine, messages, how)
                     fix = (shorten_fix(-room, 1, "messages") if len(prompt) - (1 - room) >= floor else
                            f"no messages fit: the chat template alone takes {floor} tokens")
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
@@ -827,7 +864,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 if req.min_tokens > room:  # (the engine's "must not exceed max_tokens=N" names one no one set)
                     over = req.min_tokens - room  # (messages shorter by that leave room for min_tokens,
                     # where the chat template's own tokens stay within what is left)
-                    shorten = len(prompt) - over >= await ctx.run(_template_tokens, engine, messages, extra)
+                    shorten = len(prompt) - over >= await ctx.run(_template_tokens, engine, messages, how)
                     raise RequestError(
                         f"the chat prompt is {len(prompt)} tokens, which leaves room for {room} new "
                         f"token{'s' * (room != 1)} in {where}, fewer than min_tokens={req.min_tokens}; lower min_tokens "
@@ -835,7 +872,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                         param="min_tokens")
                 max_tokens = room
             elif 0 < max_tokens and len(prompt) + max_tokens > engine.context_len:
-                await ctx.run(_refuse_past_the_template, engine, messages, extra, len(prompt), _max_name(req),
+                await ctx.run(_refuse_past_the_template, engine, messages, how, len(prompt), _max_name(req),
                               max_tokens, req.min_tokens)
             if req.top_logprobs and not req.logprobs:
                 raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -855,28 +892,30 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 "choices": choices, "usage": _usage(results), **_served_tier(req)}
 
 
-def _template_tokens(engine: Any, messages: list, extra: dict) -> int:
+def _template_tokens(engine: Any, messages: list, how: dict) -> int:
     """The tokens of the chat prompt for ``messages`` (plain, as the template takes them) with
-    every content empty: what the chat template takes around them alone, which no shortening of
-    their text goes below; 1 (as a plain prompt's shortest) where the template refuses them so."""
+    every content empty, rendered as ``how`` says (``Engine.apply_chat_template``'s keyword
+    arguments: the template's variables, how the prompt ends): what the chat template takes around
+    them alone, which no shortening of their text goes below; 1 (as a plain prompt's shortest)
+    where the template refuses them so."""
     try:
-        text = engine.apply_chat_template([{**m, "content": ""} for m in messages], True, extra)
+        text = engine.apply_chat_template([{**m, "content": ""} for m in messages], **how)
     except ValueError:  # (TEMPLATE_REJECTED: the template's own checks)
         return 1
     return max(1, len(engine.encode(text, False)))
 
 
-def _chat_past_context(engine: Any, messages: list, extra: dict, name: str, max_tokens: Optional[int],
+def _chat_past_context(engine: Any, messages: list, how: dict, name: str, max_tokens: Optional[int],
                        said: str, prompt_len: Optional[int] = None) -> tuple[str, Optional[str]]:
     """``params.past_context_refusal`` for a chat prompt (what ``said`` says of it, of at least
     ``prompt_len`` tokens where known) past the context: the request's ``name`` (``max_tokens``
     or ``max_completion_tokens``) is to be lowered too where it leaves no room for the chat
     template's own tokens (``_template_tokens``)."""
-    floor = _template_tokens(engine, messages, extra) if isinstance(max_tokens, int) else 1
+    floor = _template_tokens(engine, messages, how) if isinstance(max_tokens, int) else 1
     return past_context_refusal(said, max_tokens, engine.context_len, "messages", name, floor, prompt_len)
 
 
-def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, name: str, max_tokens: int,
+def _refuse_past_the_template(engine: Any, messages: list, how: dict, n: int, name: str, max_tokens: int,
                               min_tokens: int) -> None:
     """Refuse a chat request whose ``n``-token prompt and ``max_tokens`` (past the context together)
     leave no room for the chat template's own tokens, so that no shorter messages fit: the
@@ -892,7 +931,7 @@ def _refuse_past_the_template(engine: Any, messages: list, extra: dict, n: int, 
     context = engine.context_len
     if max_tokens >= context > n:
         return
-    floor = _template_tokens(engine, messages, extra)
+    floor = _template_tokens(engine, messages, how)
     if max_tokens + floor <= context:
         return
     if n >= context:  # (at most 0 is no fix: the messages must shrink too)
