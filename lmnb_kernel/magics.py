@@ -297,7 +297,8 @@ class LMMagics(Magics):
             return commands.say(f"no radix tree yet: {NOT_STARTED}")
         engine = self.session.engine("%lm tree", NO_TREE_ROUTE)
         self.tree_view = TreeView(kv_bytes_per_token=kv_bytes_per_token(engine.model_info()))
-        self.tree_view.show(engine.tree_snapshot(), **self.tree_labels(engine))
+        snapshot = engine.tree_snapshot()
+        self.tree_view.show(snapshot, **self.tree_labels(engine, snapshot))
 
     def refresh_tree(self, result=None) -> None:
         """post_run_cell hook: redraw the tree shown by ``%lm tree`` (if any) in place; not in a
@@ -308,13 +309,19 @@ class LMMagics(Magics):
         if os.environ.get(VIEW_ENV) == "headless":
             return
         engine = self.session.engine("%lm tree")
-        self.tree_view.refresh(engine.tree_snapshot(), **self.tree_labels(engine))
+        snapshot = engine.tree_snapshot()
+        self.tree_view.refresh(snapshot, **self.tree_labels(engine, snapshot))
 
-    def tree_labels(self, engine) -> dict:
-        """``TreeView`` arguments besides the snapshot: ``paths`` (label -> radix node where the
-        tokens of each named state and recent unnamed cell end, found with ``Engine.match_node``,
-        which leaves LRU order alone; None when none of it is cached), ``pinned`` node ids and
-        ``stats``. A label says how much of the path is cached when not all of it is."""
+    def tree_labels(self, engine, snapshot=None) -> dict:
+        """``TreeView`` arguments besides ``snapshot`` (``engine.tree_snapshot()``, taken when
+        None): ``paths`` (label -> radix node where the tokens of each named state and recent
+        unnamed cell end, found with ``Engine.match_node``, which leaves LRU order alone; None when
+        none of it is cached), ``pinned`` node ids and ``stats``. A label says how much of the path
+        is cached when not all of it is, and why where that is no eviction (``tree_paths``)."""
+        from lmnb_kernel.tree_paths import cached_note, node_ends
+        from lmnb_kernel.widgets.tree import flatten
+
+        ends = node_ends(flatten(engine.tree_snapshot() if snapshot is None else snapshot))
         states = {f"{n.name} (cell {n.cells[-1]})" if n.cells else n.name: n.state
                   for n in self.session.states.values()}
         states.update(self.recent_cells)
@@ -326,8 +333,7 @@ class LMMagics(Magics):
             except ValueError:  # an image that cannot be read any more
                 ids = engine.prompt_ids(text)
             match = engine.match_node(ids) if ids else None
-            if match is not None and match[1] < len(ids):
-                label += f" · {match[1]}/{len(ids)} tok cached"
+            label += cached_note(state, ids, match, ends)
             paths[label] = match[0] if match is not None else None
         return {"paths": paths, "pinned": engine.pinned_node_ids(), "stats": engine.cache_stats()}
 

@@ -1276,6 +1276,68 @@ def test_stats_and_tree_show_the_engine(ip):
     assert result.success and "radix tree" in out.outputs[0].data["text/plain"]
 
 
+def _tree_paths(ip) -> tuple[dict, dict]:
+    """(label -> node id of the paths, node id -> node) that ``%lm tree`` shows now."""
+    from lmnb_kernel.widgets import VIEW_MIME
+
+    result, out = run(ip, "%lm tree")
+    assert result.success
+    tree = [o.data for o in out.outputs if VIEW_MIME in o.data][-1][VIEW_MIME]
+    return tree["paths"], {n["id"]: n for n in tree["nodes"]}
+
+
+def _common(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_tree_says_a_state_ending_in_a_gen_has_its_last_token_not_run_not_evicted(ip):
+    """A state ending in a gen's text read "23/24 tok cached", as if a token had been evicted: the
+    last sampled token is never run through the model (a finished request caches its prompt and
+    output less that one), so no KV of it exists until the state goes on. A real eviction of part
+    of the path still reads as before, with no such note."""
+    run(ip, "%lm flush")
+    prompt = "User: keep this\nBot:"
+    reference = greedy_result(prompt, 6)
+    engine = get_session().backend().engine
+    ids = engine.prompt_ids(prompt + reference.text)
+    assert ids == engine.prompt_ids(prompt) + reference.token_ids  # (the case: the text encodes back alike)
+    assert run(ip, f"%%lm --quiet --temperature 0 --state unrun\n{prompt}{{gen r max_tokens=6}}")[0].success
+    [label] = [k for k in _tree_paths(ip)[0] if k.startswith("unrun ")]
+    assert label.endswith(f" · {len(ids) - 1}/{len(ids)} tok cached (last token not run yet)"), label
+    engine._call(lambda: engine.scheduler.cache.evict(1))  # (the least recently used leaf: the gen's tokens)
+    paths, nodes = _tree_paths(ip)
+    [label] = [k for k in paths if k.startswith("unrun ")]
+    depth, node = 0, nodes[paths[label]]
+    while node["parent"] is not None:  # the tokens from the root to the end of the node the path ends at
+        depth, node = depth + node["num_tokens"], nodes[node["parent"]]
+    assert depth < len(ids) - 1 and label.endswith(f" · {depth}/{len(ids)} tok cached"), label
+    run(ip, "%lm reset unrun")
+
+
+def test_tree_says_a_gen_whose_text_encodes_to_other_ids_is_no_eviction(ip):
+    """The tiny model's output holds bytes that are no valid UTF-8, decoded as U+FFFD, so the
+    state's text encodes to other ids than the model generated: its path read "6/13 tok cached",
+    as if evicted. The path is matched with the ids the text encodes to (the ids a request
+    continuing the state runs as, so the count is that request's cache hit), and the label says
+    the cache goes on with other tokens."""
+    run(ip, "%lm flush")
+    prompt = "Hello"
+    reference = greedy_result(prompt, 8)
+    engine = get_session().backend().engine
+    generated = engine.prompt_ids(prompt) + reference.token_ids
+    ids = engine.prompt_ids(prompt + reference.text)
+    cached = _common(ids, generated[:-1])  # (the request cached its ids less the last)
+    assert cached < min(len(ids), len(generated)) - 1  # (the case: they part before the last token)
+    assert run(ip, f"%%lm --quiet --temperature 0 --state reencoded\n{prompt}{{gen r max_tokens=8}}")[0].success
+    [label] = [k for k in _tree_paths(ip)[0] if k.startswith("reencoded ")]
+    assert label.endswith(f" · {cached}/{len(ids)} tok cached (the rest encodes to other tokens than the cache "
+                          "holds)"), label
+    # the count is the cache hit of the request that continues the state
+    result, out = run(ip, "%%lm --temperature 0 --state reencoded\n.{gen more max_tokens=1}")
+    assert result.success and summaries(out)[-1]["tokens"]["cached_tokens"] == cached
+    run(ip, "%lm reset reencoded")
+
+
 def test_stats_name_the_model_cells_run_on(ip, tiny_llama, monkeypatch):
     # the title said "lmnb engine" alone: after a few %lm load and %lm connect lines nothing said which
     # model cells ran on (a server was named), nor which one the first cell would load
