@@ -158,18 +158,19 @@ def _served_models_note(backend, args, v1: bool) -> str:
 def stats(args, session: Session) -> None:
     """``%lm stats``: the engine's cache and pool figures and this kernel's token totals (only the
     totals before the engine starts, or when cells run on a server); its title says what cells run on."""
-    totals = [
-        ("%%lm cells run", session.totals.cells),
-        ("cell tokens: prompt / cached / completion",
-         f"{session.totals.prompt_tokens} / {session.totals.cached_tokens} / {session.totals.completion_tokens}"),
+    t = session.totals
+    totals = [  # (a cell that failed or was stopped ran requests too: its tokens are counted)
+        ("%%lm cells run: done / failed / stopped", f"{t.done} / {t.failed} / {t.stopped}"),
+        ("cell tokens: prompt / cached / completion", f"{t.prompt_tokens} / {t.cached_tokens} / {t.completion_tokens}"),
     ]
     default = lmnb.global_config.default_backend  # (read without starting one)
     if default is not None and not isinstance(default, SessionBackend):  # (set_default_backend replaced the kernel's)
         totals.append(("Python programs run on", f"{default!r} (lmnb.set_default_backend), not counted here"))
     if session.remote is not None or not session.started:  # informational: never stop a Run-All
-        why = (f"cells run on {session.remote}, whose cache figures are not shown here" if session.remote
-               else f"not started yet; the first %%lm cell starts it on {session.config.describe()} (or %lm load MODEL)")
-        display(table(f"lmnb engine: {why}", ("", "value"), totals), raw=True)
+        title = (f"cells run on {session.remote}, whose cache figures are not shown here" if session.remote
+                 else f"lmnb engine: not started yet; the first %%lm cell starts it on {session.config.describe()} "
+                      "(or %lm load MODEL)")
+        display(table(title, ("", "value"), totals), raw=True)
         return
     s = session.engine("%lm stats").cache_stats()
     rows = [

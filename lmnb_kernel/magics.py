@@ -537,7 +537,8 @@ class LMMagics(Magics):
         try:
             view.finish(outcome.status, error=message if message is not None else outcome.error)
             tokens = _tokens(view.model)
-            self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
+            self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"],
+                                   outcome.status)
             if not args.quiet:
                 meta = {"lmnb": {"tokens": tokens, "captured": list(variables), "status": outcome.status}}
                 if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took

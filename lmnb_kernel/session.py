@@ -115,16 +115,23 @@ class NamedState:
 
 @dataclass
 class Totals:
-    """Token counts of every ``%%lm`` cell run in this kernel (the ``%lm stats`` figures)."""
+    """Token counts of every ``%%lm`` cell run in this kernel (the ``%lm stats`` figures): the cells
+    by how they ended, the tokens of all of them (a failed or stopped cell's requests ran too)."""
 
-    cells: int = 0
+    done: int = 0
+    failed: int = 0
+    stopped: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
 
-    def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
-        """Count one cell's tokens."""
-        self.cells += 1
+    def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, status: str) -> None:
+        """Count one cell's tokens; ``status``: how it ended, ``"done"``, ``"error"`` or
+        ``"interrupted"`` (``CellOutcome.status``). Raises ``ValueError`` for another status."""
+        field = {"done": "done", "error": "failed", "interrupted": "stopped"}.get(status)
+        if field is None:
+            raise ValueError(f"unknown cell status {status!r}; expected 'done', 'error' or 'interrupted'")
+        setattr(self, field, getattr(self, field) + 1)
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached_tokens
         self.completion_tokens += completion_tokens

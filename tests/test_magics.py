@@ -1267,6 +1267,23 @@ def test_stats_count_the_cells_requests_not_the_prefill_of_a_pin(ip):
     run(ip, "%lm unpin counted")
 
 
+def test_stats_count_the_cells_that_failed_or_were_stopped_apart(ip):
+    """"%%lm cells run" counted a failed cell as run, as a done one: the row now counts the cells by
+    how they ended (their tokens are in the token totals alike: their requests ran)."""
+    def cells() -> list[int]:
+        [row] = [line for line in run(ip, "%lm stats")[1].outputs[0].data["text/plain"].splitlines()
+                 if line.startswith("%%lm cells run")]
+        counts = re.fullmatch(r"%%lm cells run: done / failed / stopped +(\d+) / (\d+) / (\d+)", row)
+        assert counts, row
+        return [int(n) for n in counts.groups()]
+
+    done, failed, stopped = cells()
+    assert run(ip, "%%lm --quiet --temperature 0\nCounted.{gen x max_tokens=1}")[0].success
+    ip.user_ns["lab"] = "ab"
+    assert not run(ip, "%%lm --quiet\n{select x choices=lab}")[0].success
+    assert cells() == [done + 1, failed + 1, stopped]
+
+
 def test_stats_and_tree_show_the_engine(ip):
     result, out = run(ip, "%lm stats")
     assert result.success

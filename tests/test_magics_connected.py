@@ -115,6 +115,17 @@ def test_flush_on_an_openai_server_and_pin_and_tree_on_any_server_refuse_saying_
     session.close()
 
 
+def test_stats_while_connected_name_the_server_not_an_engine(server, shown):  # noqa: F811
+    """Connected to a server, %lm stats was titled "lmnb engine: cells run on SGLang-protocol server
+    ...", as if an engine of the kernel's ran the cells; the title names the server alone."""
+    session = _connected(lmnb.RuntimeEndpoint(server.url), f"SGLang-protocol server {server.url}")
+    commands.stats(None, session)
+    [text] = shown
+    assert text.splitlines()[0] == (f"cells run on SGLang-protocol server {server.url}, whose cache figures are not "
+                                    "shown here")
+    session.close()
+
+
 def test_pin_and_tree_on_an_openai_server_name_the_api_it_speaks(server, shown):  # noqa: F811
     """Connected with --openai, %lm pin and %lm tree said "SGLang's server API, which %lm connect
     speaks, has no route ...": the kernel speaks the OpenAI-compatible API there."""
