@@ -19,6 +19,8 @@ TORCH_ONLY_TYPES = frozenset((
     "mps", "meta", "xpu", "xla", "hip", "ipu", "hpu", "mtia", "maia", "lazy", "vulkan", "ve", "fpga", "ideep",
     "mkldnn", "opengl", "opencl", "privateuseone"))
 
+# the dtypes the engine loads weights in, by torch's names (in the order its messages list them)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # each dtype name the engine takes (torch's attribute names and the usual short ones) → torch's name
 DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16": "float16", "half": "float16",
           "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -73,5 +75,5 @@ def dtype_name(dtype: str) -> str:
     """
     if dtype in DTYPES:
         return DTYPES[dtype]
-    hint = did_you_mean([dtype], ("", ("float32", "bfloat16", "float16")))
-    raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16{hint}")
+    hint = did_you_mean([dtype], ("", DTYPE_NAMES))
+    raise ValueError(f"unsupported dtype {dtype!r}; use {', '.join(DTYPE_NAMES[:-1])} or {DTYPE_NAMES[-1]}{hint}")

@@ -5,7 +5,8 @@ IPython completes a ``%lm`` line as Python (magic names, builtins) and reads a `
 cell magic (incomplete until a blank line). Here the names come from where the magics take them:
 ``%lm`` subcommands and their options from ``magics.line_parser``, ``%%lm`` options from
 ``magics.cell_parser``, a state's name (``%lm pin NAME``, ``--state NAME``) from the session's named
-states, file names (IPython's) for ``%lm load``'s model path alone, a hole's first word from the
+states, the engine's dtype and device names for ``%lm load --dtype`` / ``--device``, file names
+(IPython's) for ``%lm load``'s model path alone, a hole's first word from the
 cell parser's ``KEYWORDS``, a gen's or select's options from ``lmnb.template.options.allowed`` (the
 options the parser checks against) and a video's ``frames=`` (none of them where the line or hole
 gives it already); a Python expression a construct takes (an image's or video's source, a fork's
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from typing import Callable, Optional
 
 _LINE_MAGIC = re.compile(r"^\s*%lm\s+")  # (not %%lm: IPython's own completion of "%lm" stays)
@@ -40,6 +42,33 @@ _MEDIA_OPTIONS = {"image": (), "video": ("frames",)}  # (as the cell parser's me
 # names), and those that name a state (%%lm's options are command "")
 _PATH_VALUES = {("load", "model")}
 _STATE_VALUES = {("reset", "name"), ("pin", "name"), ("unpin", "name"), ("", "state")}
+
+
+def _dtypes(value: str) -> list[str]:
+    """The ``--dtype`` values the engine takes that begin with ``value``: torch's names, or where
+    none does, the short ones (``fp`` → ``fp32``, ``fp16``), from the engine's own table."""
+    from lmnb_engine.device_names import DTYPE_NAMES, DTYPES
+
+    names = [n for n in DTYPE_NAMES if n.startswith(value)]
+    return names or [n for n in DTYPES if n.startswith(value)]
+
+
+def _devices(value: str) -> list[str]:
+    """The ``--device`` values the engine takes that begin with ``value``: ``cuda``, ``cuda:N`` for
+    each CUDA device torch sees, ``cpu``. The devices are asked of torch only where the kernel has
+    imported it already (an engine was loaded): importing it for a completion takes seconds."""
+    from lmnb_engine.device_names import DEVICE_TYPES
+
+    torch = sys.modules.get("torch")
+    count = torch.cuda.device_count() if torch is not None and torch.cuda.is_available() else 0
+    numbered = {"cuda": [f"cuda:{i}" for i in range(count)]}  # (a cpu device's number selects nothing)
+    names = [n for t in DEVICE_TYPES for n in (t, *numbered.get(t, ()))]
+    return [n for n in names if n.startswith(value)]
+
+
+# (command, argument dest) -> the values it takes that begin with a text: the parser has no
+# choices for these (its own checks word the errors), so the values come from the engine's tables
+_CHOICE_VALUES = {("load", "dtype"): _dtypes, ("load", "device"): _devices}
 _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 # {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
 _PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
@@ -153,7 +182,8 @@ def _value(parser, command: str, words: list[str], word: str, cursor_pos: int) -
     """Completion of ``word``, a value of the ``%lm COMMAND`` (``command``; "" for the ``%%lm``
     line) whose ``parser`` read ``words`` before it: IPython's (file names: None here) for a file
     path alone (``%lm load MODEL``), the named states for a state's name (``%lm pin NAME``,
-    ``%%lm --state NAME``), nothing for another value (IPython offered file names for ``%lm
+    ``%%lm --state NAME``), the engine's names for ``%lm load --dtype`` and ``--device``
+    (``_CHOICE_VALUES``), nothing for another value (IPython offered file names for ``%lm
     connect --api-key "ab`` and a URL). ``--opt=value`` reads as ``--opt value``."""
     from lmnb_kernel.session import get_session
 
@@ -165,6 +195,8 @@ def _value(parser, command: str, words: list[str], word: str, cursor_pos: int) -
     where = (command, action.dest if action is not None else None)
     if where in _PATH_VALUES:
         return None
+    if where in _CHOICE_VALUES:
+        return _reply(_typed(_CHOICE_VALUES[where](value), "param"), cursor_pos, cursor_pos - len(value))
     names = sorted(get_session().states) if where in _STATE_VALUES else []
     return _reply(_typed([n for n in names if n.startswith(value)], "instance"), cursor_pos, cursor_pos - len(value))
 

@@ -517,7 +517,6 @@ def test_completion_from_ipython_keeps_its_types_in_the_cells_offsets(kernel):
     ('%lm connect --api-key "ab', [], '"ab'),  # (IPython's file names were offered for these three)
     ("%lm connect --openai gp", [], "gp"),
     ('%lm connect "http', [], '"http'),  # (the URL)
-    ("%lm load --device cu", [], "cu"),
     ("%lm connect --api-key=ab", [], "ab"),
     ("%lm stats x", [], "x"),  # (a word too many)
     ("%lm reset ch", ["chat_s39"], "ch"),  # a state's name: the named states
@@ -539,6 +538,38 @@ def test_completion_of_an_options_value_offers_a_states_name_and_no_file_name(mo
     monkeypatch.setattr(get_session(), "states", {"notes_s39": None, "chat_s39": None})
     reply = lm_completions(code, len(code), lambda c, p: {"matches": ["%time"], "cursor_start": p})
     assert reply == _typed_reply(matches, "instance", len(code) - len(word), len(code))  # (a ProgramState's name)
+
+
+@pytest.mark.parametrize("code, cuda_devices, matches, word", [
+    ("%lm load --dtype ", 0, ["float32", "bfloat16", "float16"], ""),
+    ("%lm load --dtype=bf", 0, ["bfloat16"], "bf"),
+    ("%lm load tiny --dtype f", 0, ["float32", "float16"], "f"),
+    ("%lm load --dtype fp", 0, ["fp32", "fp16"], "fp"),  # (the short names, where no torch name begins so)
+    ("%lm load --dtype int8", 0, [], "int8"),
+    ("%lm load --device ", 0, ["cuda", "cpu"], ""),
+    ("%lm load --device cu", 0, ["cuda"], "cu"),
+    ("%lm load --device ", 2, ["cuda", "cuda:0", "cuda:1", "cpu"], ""),
+    ("%lm load --dtype float16 --device=cuda:", 2, ["cuda:0", "cuda:1"], "cuda:"),
+])
+def test_completion_of_load_dtype_and_device_offers_the_names_the_engine_takes(monkeypatch, code, cuda_devices,
+                                                                                matches, word):
+    """%lm load --dtype and --device offered nothing: the parser checks their values itself (its
+    errors name the fix), so it has no choices to complete from. The dtypes are those
+    lmnb_engine.device_names.dtype_name takes; the devices cuda, cpu and cuda:N for each CUDA device
+    of the torch the kernel imported (here one standing in for it with ``cuda_devices`` devices)."""
+    import sys
+    import types
+
+    from lmnb_engine.device_names import check_device, dtype_name
+    from lmnb_kernel.complete import lm_completions
+
+    cuda = types.SimpleNamespace(is_available=lambda: cuda_devices > 0, device_count=lambda: cuda_devices)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    reply = lm_completions(code, len(code), lambda c, p: {"matches": ["%time"], "cursor_start": p})
+    assert reply == _typed_reply(matches, "param", len(code) - len(word), len(code))
+    check = dtype_name if code.rpartition("--")[2].startswith("dtype") else check_device
+    for value in matches:  # (each one the engine takes: no ValueError)
+        check(value)
 
 
 @pytest.mark.parametrize("code", ['%lm load "ck', "%lm load ./ck", "%lm load --device cuda ck", "%lm load --random-weights ck"])
