@@ -200,11 +200,8 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        dt = dtype
-        if dt not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
-        return dt
+    if isinstance(dtype, torch.dtype):  # (by its name: one rule, device_names, as for a device)
+        dtype = str(dtype).removeprefix("torch.")
     return getattr(torch, dtype_name(str(dtype)))
 
 

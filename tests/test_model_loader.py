@@ -756,6 +756,22 @@ def test_the_torch_free_dtype_check_takes_the_names_torch_gives_a_supported_dtyp
 
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8])
+def test_a_torch_dtype_is_taken_or_refused_as_its_name_is(dtype):
+    # a torch.dtype had a rule of its own, whose refusal repeated the supported names by hand
+    name = str(dtype).removeprefix("torch.")
+    if dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert loader._resolve_dtype(dtype, torch.device("cpu")) is dtype
+    else:
+        from lmnb_engine.device_names import dtype_name
+
+        with pytest.raises(ValueError) as by_name:
+            dtype_name(name)
+        with pytest.raises(ValueError, match=f"^unsupported dtype {name!r}; use float32, bfloat16 or float16") as e:
+            loader._resolve_dtype(dtype, torch.device("cpu"))
+        assert str(e.value) == str(by_name.value)
+
+
 def _without_eos_in_config(tiny_llama, tmp_path) -> Path:
     """``tiny_llama`` copied with no generation_config.json and no ``eos_token_id`` in config.json,
     as some fine-tunes ship."""
