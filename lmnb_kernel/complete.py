@@ -148,10 +148,13 @@ def _cell_options(line: str, after: str, cursor_pos: int) -> Optional[dict]:
     if line.lstrip().startswith("%%lm") and len(line.lstrip()) == len(word):  # still the magic's name
         return None
     words = line[: len(line) - len(word)].split()[1:]  # (the words after %%lm)
-    if (word and not word.startswith("-")) or "=" in word:  # a value (--state NAME, --seed=4)
-        return _value(cell_parser(), "", words, word, cursor_pos)
+    parser = cell_parser()
+    # a value (--state NAME, --seed=4), also where none is typed yet after its option (--state |):
+    # %%lm takes no positional argument, so a value has an option before it
+    if (word and not word.startswith("-")) or "=" in word or (not word and _value_of(parser, words) is not None):
+        return _value(parser, "", words, word, cursor_pos)
     given = (line[: len(line) - len(word)] + " " + after).split()
-    return _reply(_typed([o for o in _options(cell_parser(), given) if o.startswith(word)], "param"), cursor_pos,
+    return _reply(_typed([o for o in _options(parser, given) if o.startswith(word)], "param"), cursor_pos,
                   cursor_pos - len(word))
 
 

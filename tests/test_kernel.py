@@ -527,6 +527,11 @@ def test_completion_from_ipython_keeps_its_types_in_the_cells_offsets(kernel):
     ("%%lm --out ch", [], "ch"),  # (a new variable's name)
     ("%%lm --seed=", [], ""),
     ("%lm load --nosuch=ck", [], "ck"),  # (no option: no model path either)
+    # nothing typed yet after an option that takes a value: its value, not the options (offered before)
+    ("%%lm --state ", ["chat_s39", "notes_s39"], ""),
+    ("%%lm --quiet --state ", ["chat_s39", "notes_s39"], ""),
+    ("%%lm --out ", [], ""),
+    ("%%lm --seed ", [], ""),
 ])
 def test_completion_of_an_options_value_offers_a_states_name_and_no_file_name(monkeypatch, code, matches, word):
     """IPython completed every %lm value, so an API key, a model name, a URL or a device got the
