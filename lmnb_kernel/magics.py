@@ -613,7 +613,7 @@ def _refused(variables: dict, out: Optional[str]) -> dict:
     refused = {}
     for name in variables:
         try:
-            check_cell_names(out, [name], python=True)
+            check_cell_names(out, [name], python=True, taken=variables)
         except CellLineError as e:
             refused[name] = str(e)
     return refused

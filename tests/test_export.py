@@ -321,6 +321,18 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
     ("%%lm --out o\nQ: {gen o max_tokens=1}",
      "cell 2 (%%lm): --out o is also a variable the cell captures ({gen o}/{select o}), which --out would "
      "overwrite with the program state; give --out another name, e.g. --out o_state"),
+    # the name offered is none of the cell's own: it offered o_state, Out_ where the cell captured them too
+    ("%%lm --out o\nQ: {gen o max_tokens=1}{gen o_state max_tokens=1}",
+     "cell 2 (%%lm): --out o is also a variable the cell captures ({gen o}/{select o}), which --out would "
+     "overwrite with the program state; give --out another name, e.g. --out o_state_"),
+    ("%%lm\nQ: {gen Out max_tokens=1} {gen Out_ max_tokens=1}",
+     "cell 2 (%%lm): the result 'Out' would replace IPython's Out, one of the names it defines for itself (In, Out, "
+     "_ih, _oh, _dh, exit, quit), which IPython and later cells read ({gen Out} made every cell that shows a value "
+     "fail); rename it, e.g. Out__"),
+    ("%%lm --out builtins\nQ: {gen __builtins__ max_tokens=1}",
+     "cell 2 (%%lm): the result '__builtins__' is a dunder name (__...__), which Python and IPython keep for "
+     "themselves: as a kernel variable it could break every later cell (__builtins__ made each one fail); rename "
+     "it, e.g. builtins_"),
     ("%%lm\nQ: {select get_ipython choices=['a', 'b']}",
      "cell 2 (%%lm): the result 'get_ipython' would replace IPython's get_ipython, which every magic (%%lm and "
      "%lm included) calls, so no magic could run after this cell; rename it, e.g. get_ipython_"),

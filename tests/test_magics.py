@@ -510,6 +510,20 @@ def test_a_result_named_as_ipythons_own_is_refused_before_the_cell_runs(ip, cell
     assert shown.success and ip.user_ns["Out"][ip.execution_count - 1] == 2
 
 
+def test_the_name_a_refusal_offers_is_none_of_the_cells_other_results(ip):
+    # it offered Out_ for a result the cell (a name computed as the --python body ran) also named
+    # Out_, so the fix made one result overwrite the other
+    body = 'name = "O" + "ut"\ns += "Q:" + lmnb.gen("Out_", max_tokens=1)\ns += lmnb.gen(name, max_tokens=1)'
+    try:
+        result, out = run(ip, "%%lm --python --static --temperature 0\n" + body)
+        assert type(result.error_in_exec).__name__ == "UsageError"
+        first = str(result.error_in_exec).splitlines()[0]
+        assert first.startswith("the result 'Out' would replace IPython's Out") and "; rename it, e.g. Out__ (" in first
+        assert ip.user_ns["Out_"] == greedy(ip, "Q:", 1)  # (the other result, kept)
+    finally:
+        ip.user_ns.pop("Out_", None)
+
+
 def test_a_result_may_replace_a_name_the_start_up_hid_from_who_as_a_python_cell_may(ip):
     # IPython's user_ns_hidden also holds what the kernel's start-up or an extension set (here pushed
     # as an extension does, as a start-up file's `import numpy as np` is): the user's to replace,

@@ -14,7 +14,7 @@ import re
 import shlex
 import unicodedata
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
 from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
@@ -295,9 +295,11 @@ def _name_problem(what: str, name: str, python: bool) -> Optional[str]:
     return None
 
 
-def _free_name(name: str, python: bool) -> str:
+def _free_name(name: str, python: bool, taken: Collection[str] = ()) -> str:
     """A name like ``name`` that ``check_cell_names`` takes (``print_``, ``builtins`` for
-    ``__builtins__``, ``i1`` for ``_i1``), for the fix of a refusal."""
+    ``__builtins__``, ``i1`` for ``_i1``) and that is none of ``taken`` (the cell's other names: a
+    fix that renamed ``{gen Out}`` to an ``Out_`` the cell also captures made one result overwrite
+    the other), for the fix of a refusal."""
     from lmnb.template.parser import is_reserved
 
     free = name.strip("_") or "value"
@@ -305,12 +307,13 @@ def _free_name(name: str, python: bool) -> str:
         free += "_"
     elif not free.isidentifier():  # (_5: cell 5's output)
         free = f"value{free}"
-    while is_reserved(free) or _name_problem("", free, python) is not None:
+    while is_reserved(free) or _name_problem("", free, python) is not None or free in taken:
         free += "_"
     return free
 
 
-def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False) -> None:
+def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False,
+                     taken: Collection[str] = ()) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
     (``checked_out``), ``captures`` the variables its prompt template captures (a ``--python``
@@ -318,7 +321,8 @@ def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool =
     as it runs); ``python``: the body is Python (``--python``). IPython's own names are listed here,
     not read from a shell, so the exporter, which has none, refuses the same names. The names a
     kernel's start-up or an extension hid from ``%who`` (``user_ns_hidden``) are the user's to
-    replace, as a Python cell may.
+    replace, as a Python cell may. ``taken``: the cell's other names (a ``--python`` body's results
+    named as it ran), which, as ``captures`` and ``out``, the name a refusal offers is none of.
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
@@ -333,16 +337,20 @@ def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool =
             made every cell that shows a value fail); an ``--out`` that is also a captured variable
             (the state would overwrite the value). Each message ends with a name that would be taken.
     """
+    names = {*captures, *taken, *([out] if out is not None else [])}  # (the offered name is none of them)
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
         if name is None:
             continue
         problem = _name_problem(what, name, python)
         if problem is not None:
-            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python)}")
+            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python, names)}")
     if out is not None and out in captures:
+        state = out + "_state"
+        while state in names:
+            state += "_"
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "
-                            f"--out {out}_state")
+                            f"--out {state}")
 
 
 def _parse(words: list[str]) -> argparse.Namespace:
