@@ -590,6 +590,7 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
     if not isinstance(bias, dict):
         bad(f"must be a dict mapping token ids to biases, e.g. {{1234: -100}}; got a {type(bias).__name__}")
     out: dict[int, float] = {}
+    keys: dict[int, Any] = {}  # (each id's key as given, which a second key naming it is told apart from)
     for key, value in bias.items():
         token = key.item() if _is_numpy_scalar(key) else key
         written = isinstance(key, str) and _ID_TEXT.fullmatch(key)
@@ -611,10 +612,11 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
             bad(f"the bias of token {shown_number(token)}, {shown_number(value)}, {what}: give a number from "
                 f"{-MAX_LOGIT_BIAS:g} (bans the token in effect) to {MAX_LOGIT_BIAS:g} (forces it in effect)",
                 {key: value})
-        if token in out:  # (one id written both as an int and as its text)
-            bad(f"token {shown_number(token)} is given twice (as {shown_number(key)} and as another key "
-                "naming the same id); give each token one bias", {key: value})
-        out[token] = float(value)
+        if token in out:  # (one id written both as an int and as its text, or as "05" and "5")
+            first = keys[token]
+            bad(f"token {shown_number(token)} is given twice, as the keys {shown_number(first)} and "
+                f"{shown_number(key)}; give each token one bias", {first: bias[first], key: value})
+        out[token], keys[token] = float(value), key
     return out
 
 

@@ -422,7 +422,9 @@ def test_logprobs_with_a_logit_bias_are_the_models_own():
     ({5: float("-inf")}, "the bias of token 5, -inf, is not a finite number"),
     ({5: "1"}, "the bias of token 5, '1', is not a number"),
     ({5: True}, "the bias of token 5, True, is not a number"),
-    ({"5": 1, 5: 2}, "token 5 is given twice"),
+    # (it said "as 5 and as another key naming the same id", naming one key: "05" beside "5" is hard to see)
+    ({"5": 1, 5: 2}, "token 5 is given twice, as the keys '5' and 5; give each token one bias"),
+    ({"05": 1, "5": 2}, "token 5 is given twice, as the keys '05' and '5'; give each token one bias"),
 ])
 def test_a_bad_logit_bias_is_refused_naming_the_key_and_the_fix(bias, said):
     with pytest.raises(ValueError) as e:

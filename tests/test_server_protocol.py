@@ -3796,6 +3796,9 @@ def test_logit_bias_reaches_the_engine_with_int_token_ids(served, path, body):
      "sampling_params.logit_bias is invalid: the bias of token 5, -100.5, is outside [-100, 100]"),
     ("/generate", {"text": "a", "sampling_params": {"logit_bias": [5]}}, "sampling_params.logit_bias",
      "sampling_params.logit_bias is invalid: must be a dict mapping token ids to biases"),
+    # (both keys named, as sent: it said "as \"5\" and as another key naming the same id")
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"05": 1, "5": 2}}, "logit_bias",
+     'logit_bias is invalid: token 5 is given twice, as the keys "05" and "5"; give each token one bias'),
 ])
 def test_a_bad_logit_bias_is_a_400_naming_it_and_the_key(served, path, body, param, message):
     _, url = served
