@@ -304,7 +304,8 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
     what is drawn). Not compared (``_OWN_IN_CHAT_CALL``): ``stop`` and ``stop_regex``, each gen's
     own (the reply is split at them), ``max_tokens`` (the call's is ``num_api_spec_tokens``) and the
     logprob options (the first gen's meta_info has the whole reply's logprobs where it asks for
-    them, a later gen's none).
+    them, a later gen's none). Values are compared as drawn with (``_drawn_with``: ``logit_bias={}``
+    is none).
 
     Raises:
         ValueError: naming both gens, the differing options with both values, and the fix.
@@ -313,8 +314,8 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
     if first is None:
         return
     _, first_expr, first_params, _ = first
-    fields = [f.name for f in dataclasses.fields(GenParams)
-              if f.name not in _OWN_IN_CHAT_CALL and getattr(params, f.name) != getattr(first_params, f.name)]
+    fields = [f.name for f in dataclasses.fields(GenParams) if f.name not in _OWN_IN_CHAT_CALL
+              and _drawn_with(f.name, getattr(params, f.name)) != _drawn_with(f.name, getattr(first_params, f.name))]
     if not fields:
         return
     gen_k = sum(t[0] == "gen" for t in terms)  # (expr is the role's gen number gen_k + 1)
@@ -327,6 +328,17 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
         f"and a chat API cannot continue a half-written assistant message to draw {this} with its own; give the "
         f"role's gens the same {names}, or put {this} in an assistant role of its own"
     )
+
+
+def _drawn_with(field: str, value):
+    """``value`` of GenParams ``field`` as what it changes in the draw, for ``spec_role_check``: an
+    empty ``logit_bias`` or ``stop_token_ids`` and ``min_tokens=0`` are none (they were refused
+    beside a gen without them), and stop token ids are a set (their order changes nothing)."""
+    if field == "stop_token_ids":
+        return frozenset(value) if value else None
+    if field in ("logit_bias", "min_new_tokens"):
+        return value or None
+    return value
 
 
 def _gen_named(expr: Gen, k: int) -> str:

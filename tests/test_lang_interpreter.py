@@ -3311,6 +3311,27 @@ def test_a_speculated_chat_gen_whose_sampling_parameters_differ_from_its_roles_f
     assert be.kinds() == []
 
 
+@pytest.mark.parametrize("name, age", [
+    (dict(logit_bias={}), {}), ({}, dict(logit_bias={})),
+    (dict(min_tokens=0), {}), ({}, dict(min_tokens=0)),
+    (dict(stop_token_ids=[]), {}), (dict(stop_token_ids=()), {}),
+    (dict(stop_token_ids=[5, 9]), dict(stop_token_ids=(9, 5))),
+])
+def test_a_speculated_chat_gen_whose_options_draw_as_the_first_gens_is_not_refused(name, age):
+    """An empty logit_bias or stop_token_ids and min_tokens=0 draw as a gen without them, and stop
+    token ids in another order are the same stops: each was refused as differing from the role's
+    first gen ("gen 'age' has no logit_bias where gen 'name' ... has logit_bias={}")."""
+    be = ScriptedBackend(lambda p, params: "Name: Carol\nAge: 41", chat_template=CHATML, is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n", **name) + "\nAge: " + sgl.gen("age", stop="\n", **age))
+
+    st = prog.run(backend=be, temperature=0)
+    assert (st["name"], st["age"]) == ("Carol", "41") and be.kinds() == ["generate"]
+
+
 def test_a_speculated_chat_roles_gens_keep_their_own_stops_max_tokens_and_logprob_options():
     """What stays each gen's own under one chat call: its stop (the reply is split at it), its
     max_tokens (the call's is num_api_spec_tokens) and its logprob options; and a value inherited
