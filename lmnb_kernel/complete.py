@@ -6,7 +6,7 @@ cell magic (incomplete until a blank line). Here the names come from where the m
 ``%lm`` subcommands and their options from ``magics.line_parser``, ``%%lm`` options from
 ``magics.cell_parser``, a state's name (``%lm pin NAME``, ``--state NAME``) from the session's named
 states, the engine's dtype and device names for ``%lm load --dtype`` / ``--device``, file names
-(IPython's) for ``%lm load``'s model path alone, a hole's first word from the
+(IPython's, not its magic names) for ``%lm load``'s model path alone, a hole's first word from the
 cell parser's ``KEYWORDS``, a gen's or select's options from ``lmnb.template.options.allowed`` (the
 options the parser checks against) and a video's ``frames=`` (none of them where the line or hole
 gives it already); a Python expression a construct takes (an image's or video's source, a fork's
@@ -103,7 +103,12 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
             return None
         return _hole(code, magic.end() + 1, cursor_pos, python)
     if _LINE_MAGIC.match(line):
-        return _line_command(line[_LINE_MAGIC.match(line).end() :], after, cursor_pos)
+        reply = _line_command(line[_LINE_MAGIC.match(line).end() :], after, cursor_pos)
+        if reply is None:  # a model's path (or a word of no subcommand): IPython's file names, not its
+            theirs = python(code, cursor_pos)  # magic names (automagic offered %cat, %%capture for "ca")
+            reply = _reply([o for o in _ipython_offers(theirs) if not o[0].startswith("%")], cursor_pos,
+                           theirs.get("cursor_start", cursor_pos))
+        return reply
     return None
 
 
@@ -183,11 +188,11 @@ def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
 
 def _value(parser, command: str, words: list[str], word: str, cursor_pos: int) -> Optional[dict]:
     """Completion of ``word``, a value of the ``%lm COMMAND`` (``command``; "" for the ``%%lm``
-    line) whose ``parser`` read ``words`` before it: IPython's (file names: None here) for a file
-    path alone (``%lm load MODEL``), the named states for a state's name (``%lm pin NAME``,
-    ``%%lm --state NAME``), the engine's names for ``%lm load --dtype`` and ``--device``
-    (``_CHOICE_VALUES``), nothing for another value (IPython offered file names for ``%lm
-    connect --api-key "ab`` and a URL). ``--opt=value`` reads as ``--opt value``."""
+    line) whose ``parser`` read ``words`` before it: IPython's (file names, less its magic names:
+    None here, which ``lm_completions`` asks IPython for) for a file path alone (``%lm load
+    MODEL``), the named states for a state's name (``%lm pin NAME``, ``%%lm --state NAME``), the
+    engine's names for ``%lm load --dtype`` and ``--device`` (``_CHOICE_VALUES``), nothing for
+    another value (IPython offered file names for ``%lm connect --api-key "ab`` and a URL). ``--opt=value`` reads as ``--opt value``."""
     from lmnb_kernel.session import get_session
 
     key, eq, value = word.partition("=") if word.startswith("-") else ("", "", word)

@@ -579,9 +579,19 @@ def test_completion_of_load_dtype_and_device_offers_the_names_the_engine_takes(m
 
 @pytest.mark.parametrize("code", ['%lm load "ck', "%lm load ./ck", "%lm load --device cuda ck", "%lm load --random-weights ck"])
 def test_completion_of_a_models_path_is_ipythons_file_names(code):
+    """IPython's reply for the whole line, less the magic names its automagic adds for a bare word
+    (%lm load ca offered %cat and %%capture beside cat.png)."""
     from lmnb_kernel.complete import lm_completions
 
-    assert lm_completions(code, len(code), lambda c, p: {"matches": [], "cursor_start": p}) is None
+    asked = []
+
+    def python(c, p):
+        asked.append((c, p))
+        return {"matches": ["%%capture", "ckpt/", "%cat"], "cursor_start": p - 2, "metadata": {"x": 1}}
+
+    assert lm_completions(code, len(code), python) == {
+        "matches": ["ckpt/"], "cursor_start": len(code) - 2, "cursor_end": len(code), "metadata": {}, "status": "ok"}
+    assert asked == [(code, len(code))]
 
 
 def test_completion_in_an_images_or_videos_path_offers_file_names(kernel, tmp_path):
