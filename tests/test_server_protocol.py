@@ -3794,8 +3794,13 @@ def test_logit_bias_reaches_the_engine_with_int_token_ids(served, path, body):
      "logit_bias is invalid: the bias of token 5, true, is not a number"),
     ("/generate", {"text": "a", "sampling_params": {"logit_bias": {"5": -100.5}}}, "sampling_params.logit_bias",
      "sampling_params.logit_bias is invalid: the bias of token 5, -100.5, is outside [-100, 100]"),
+    # (in JSON's words: it said "must be a dict mapping token ids to biases, e.g. {1234: -100}; got a list")
     ("/generate", {"text": "a", "sampling_params": {"logit_bias": [5]}}, "sampling_params.logit_bias",
-     "sampling_params.logit_bias is invalid: must be a dict mapping token ids to biases"),
+     'sampling_params.logit_bias is invalid: must be a JSON object mapping token ids (as strings) to biases, e.g. '
+     '{"1234": -100}; got [5]'),
+    ("/generate", {"text": "a", "sampling_params": {"logit_bias": "x"}}, "sampling_params.logit_bias",
+     'sampling_params.logit_bias is invalid: must be a JSON object mapping token ids (as strings) to biases, e.g. '
+     '{"1234": -100}; got "x"'),
     # (both keys named, as sent: it said "as \"5\" and as another key naming the same id")
     ("/v1/completions", {"prompt": "a", "logit_bias": {"05": 1, "5": 2}}, "logit_bias",
      'logit_bias is invalid: token 5 is given twice, as the keys "05" and "5"; give each token one bias'),

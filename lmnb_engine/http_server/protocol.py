@@ -186,6 +186,11 @@ def sampling_params_from_json(
                                + did_you_mean(key, _SAMPLING_KEYS)  # (max_tokens: OpenAI's name)
                                + f"; supported: {json_value(sorted(_SAMPLING_KEYS))}",
                                param=f"sampling_params.{key}")
+    bias = kwargs.get("logit_bias")
+    if bias is not None and not isinstance(bias, dict):  # (SamplingParams says "a dict ... got a list": Python's words)
+        raise RequestError("sampling_params.logit_bias is invalid: must be a JSON object mapping token ids (as strings) "
+                           f"to biases, e.g. {{\"1234\": -100}}; got {json_value(bias, 40)}",
+                           param="sampling_params.logit_bias")
     return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
     kwargs.update(
         return_logprob=return_logprob,
