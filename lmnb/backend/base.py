@@ -251,7 +251,7 @@ def check_sendable(params: GenParams) -> None:
                            "model's context length")
             e.reason = DOES_NOT_FIT
             raise e
-        said = f"{name} holds {shown}" if f in ("stop_token_ids", "logit_bias") else f"{name}={shown}"
+        said = f"{name} holds {shown}, which" if f in ("stop_token_ids", "logit_bias") else f"{name}={shown}"
         raise ValueError(f"{said} has {past_digit_limit(verb='writes')}, so no request to the server can carry it; "
                          "give a smaller number")
 
