@@ -256,6 +256,24 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
     return checked
 
 
+def _gen_options(unknown: list[str], call: str) -> tuple[list[str], str]:
+    """The keywords of ``unknown`` (given to ``call``, ``run`` or ``run_batch``) that are not gen
+    options of ``call`` but options of ``gen()`` alone (``logit_bias``, ``min_tokens``, ``regex``,
+    ``json_schema``, ``dtype``, ...; SGLang's run takes none of them either), and the end of the
+    refusal that says so: "did you mean" offered ``max_new_tokens`` for ``min_tokens`` and
+    ``stop_regex`` for ``regex``, and nothing for ``logit_bias``. ``max_tokens`` is left to that
+    offer (``max_new_tokens`` is the one meant). Returns (the other keywords, the ending)."""
+    own = set(inspect.signature(gen).parameters) - {"name", "max_tokens"} - _RUN_KEYWORDS
+    found = [k for k in unknown if k in own]
+    if not found:
+        return unknown, ""
+    named = " and ".join(", ".join(found).rsplit(", ", 1))
+    one = len(found) == 1
+    return [k for k in unknown if k not in own], (
+        f"; {named} {'is an option' if one else 'are options'} of gen(), not of {call}(): give "
+        f"{'it' if one else 'them'} to the gens that use {'it' if one else 'them'}, gen(..., {found[0]}=...)")
+
+
 def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options: frozenset) -> None:
     """Refuse a keyword ``run_batch`` has no option for in words that name the program's
     arguments, as ``run`` does (``program 'f': got an unexpected keyword argument ...; its
@@ -275,7 +293,8 @@ def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options
             k in program.arg_names) else ""  # (bind takes only declared arguments)
         raise TypeError(f"program {name!r}: run_batch() got its argument {k!r} by keyword; each item of batch_kwargs "
                         f"gives the program's arguments: put {k!r} in every item ({{{k!r}: ...}}){bound}")
-    meant = did_you_mean(unknown, ("the run_batch option ", options))
+    rest, gens = _gen_options(unknown, "run_batch")
+    meant = did_you_mean(rest, ("the run_batch option ", options)) + gens
     raise TypeError(f"program {name!r}: run_batch() got {unexpected_keywords(unknown)}; its arguments are "
                     f"{program.arg_names}, given by each item of batch_kwargs{meant}")
 
@@ -337,8 +356,9 @@ class SglFunction:
                 e = f"got {unexpected_keywords(unknown)}"
             elif unknown:  # (bind names only the first problem it meets)
                 e = f"{e}; {unexpected_keywords(unknown).removeprefix('an ')}"
-            # a misspelt argument, or else a misspelt run() option
-            meant = did_you_mean(unknown, ("", self.arg_names), ("the run option ", options))
+            # a misspelt argument, or else a misspelt run() option, or one of gen()'s alone
+            rest, gens = _gen_options(unknown, "run") if options else (unknown, "")
+            meant = did_you_mean(rest, ("", self.arg_names), ("the run option ", options)) + gens
             raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}{meant}") from None
 
     @_refuse_shadowed_parameters

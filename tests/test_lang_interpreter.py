@@ -6373,6 +6373,31 @@ def test_an_output_option_of_gen_int_or_gen_string_names_the_dtype_they_set(call
                             f"the output; call gen() with {key} instead of {caller}()")
 
 
+def test_a_gen_option_given_to_run_is_refused_saying_it_is_gens():
+    """run() and run_batch() (as SGLang's) take no gen-only option; a user porting an OpenAI call's
+    logit_bias to run() was told only the program's arguments, and min_tokens= and regex= were
+    offered the run options max_new_tokens and stop_regex, which mean something else."""
+    be = ScriptedBackend(lambda p, params: "")
+
+    @sgl.function
+    def prog(s, question):
+        s += question
+
+    for keyword in ("logit_bias", "min_tokens", "regex"):
+        with pytest.raises(TypeError) as e:
+            prog.run(question="a", backend=be, **{keyword: 1})
+        assert str(e.value) == (f"program 'prog': got an unexpected keyword argument '{keyword}'; its arguments are "
+                                f"['question']; {keyword} is an option of gen(), not of run(): give it to the gens "
+                                f"that use it, gen(..., {keyword}=...)")
+    with pytest.raises(TypeError) as e:
+        prog.run_batch([{"question": "a"}], backend=be, json_schema="{}", logit_bias={})
+    assert str(e.value).endswith("given by each item of batch_kwargs; json_schema and logit_bias are options of gen(), "
+                                 "not of run_batch(): give them to the gens that use them, gen(..., json_schema=...)")
+    with pytest.raises(TypeError) as e:  # (max_tokens: run's max_new_tokens is the one meant)
+        prog.run(question="a", max_tokens=3, backend=be)
+    assert str(e.value).endswith("; did you mean the run option 'max_new_tokens'?")
+
+
 def test_a_misspelt_keyword_of_run_is_offered_the_argument_or_run_option_meant():
     """run() takes any other keyword as the program's argument, so a misspelt run option
     (max_new_token=) or argument (qestion=) was named with the arguments and no offer."""
