@@ -580,17 +580,19 @@ def test_completion_of_load_dtype_and_device_offers_the_names_the_engine_takes(m
 @pytest.mark.parametrize("code", ['%lm load "ck', "%lm load ./ck", "%lm load --device cuda ck", "%lm load --random-weights ck"])
 def test_completion_of_a_models_path_is_ipythons_file_names(code):
     """IPython's reply for the whole line, less the magic names its automagic adds for a bare word
-    (%lm load ca offered %cat and %%capture beside cat.png)."""
+    (%lm load ca offered %cat and %%capture beside cat.png), each match with its type."""
     from lmnb_kernel.complete import lm_completions
 
     asked = []
 
     def python(c, p):
         asked.append((c, p))
-        return {"matches": ["%%capture", "ckpt/", "%cat"], "cursor_start": p - 2, "metadata": {"x": 1}}
+        types = [{"start": p - 2, "end": p, "text": m, "type": kind, "signature": ""}
+                 for m, kind in (("%%capture", "magic"), ("ckpt/", "path"), ("%cat", "magic"))]
+        return {"matches": ["%%capture", "ckpt/", "%cat"], "cursor_start": p - 2,
+                "metadata": {"_jupyter_types_experimental": types}}
 
-    assert lm_completions(code, len(code), python) == {
-        "matches": ["ckpt/"], "cursor_start": len(code) - 2, "cursor_end": len(code), "metadata": {}, "status": "ok"}
+    assert lm_completions(code, len(code), python) == _typed_reply(["ckpt/"], "path", len(code) - 2, len(code))
     assert asked == [(code, len(code))]
 
 
