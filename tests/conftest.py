@@ -79,6 +79,28 @@ def tiny_llama(tiny_checkpoint_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama2_bytes(tmp_path_factory):
+    """A tiny random Llama checkpoint with Llama 2's form of tokenizer (``byte_fallback_tokenizer``:
+    "\\n" is the byte token <0x0A>, whose run of byte tokens the detokenizer holds back until a
+    token read as text ends it, or the output ends)."""
+    import torch
+    import transformers
+
+    from lmnb_engine.testing.byte_fallback import byte_fallback_tokenizer
+    from lmnb_engine.testing.tiny_checkpoint import _config, randomize_weights_
+
+    path = tmp_path_factory.mktemp("llama2-bytes")
+    tok = byte_fallback_tokenizer()
+    torch.manual_seed(0)
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": None}
+    model = transformers.AutoModelForCausalLM.from_config(_config("llama", len(tok), ids))
+    randomize_weights_(model)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_long(tiny_llama, tmp_path_factory):
     """``tiny_llama``'s files, its config declaring 16384 positions (512 there): a request of
     thousands of new tokens that a test aborts cannot end first, however slow the machine (16000

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers_scripted import run_streamed, scripted
+
 
 def test_the_stops_that_are_a_skipped_tokens_text_map_to_its_id(tiny_llama):
     """The tiny tokenizer's special tokens (tiny_checkpoint.SPECIAL_TOKENS, ids 0-6 in that order)
@@ -88,34 +90,8 @@ def engine(tiny_llama):
         yield eng
 
 
-def _scripted(engine, monkeypatch, pieces: list) -> list[int]:
-    """Make ``engine`` sample the ids of ``pieces`` (text, encoded alone, or a special token's id), one
-    a step and then EOS, in every request with a ``logit_bias``: the bias step adds 1e4 to the
-    scripted id of the row's next output position instead (a scripted sampler; greedy requests
-    pick it). Returns the ids."""
-    from lmnb_engine import sampler
-
-    tok = engine.tokenizer
-    script = [i for p in pieces for i in ([p] if isinstance(p, int) else tok.encode(p, add_special_tokens=False))]
-    script.append(tok.convert_tokens_to_ids("</s>"))
-
-    def forced(logits, reqs):  # (in place of the bias, which _run makes 0)
-        for row, req in enumerate(reqs):
-            if req.logit_bias is not None:
-                logits[row, script[min(len(req.output_ids), len(script) - 1)]] += 1e4
-
-    monkeypatch.setattr(sampler, "apply_logit_bias", forced)
-    return script
-
-
 def _run(engine, stop, **options):
-    from lmnb_engine.params import SamplingParams
-
-    params = SamplingParams(max_new_tokens=20, temperature=0.0, stop=stop, logit_bias={0: 0.0}, **options)
-    events = list(engine.stream("the cat", params))
-    r = events[-1].result
-    assert "".join(e.text_delta for e in events) == r.text  # (the stream never showed what the text cut)
-    return r
+    return run_streamed(engine, stop, **options)[0]
 
 
 def test_a_stop_string_holding_a_special_tokens_text_among_other_text_ends_the_output_before_it(engine, monkeypatch):
@@ -127,7 +103,7 @@ def test_a_stop_string_holding_a_special_tokens_text_among_other_text_ends_the_o
     tokens kept)."""
     end = engine.tokenizer.convert_tokens_to_ids(_END)
     assert end == 6
-    script = _scripted(engine, monkeypatch, ["Hi", "\n", end, "more"])
+    script = scripted(engine, monkeypatch, ["Hi", "\n", end, "more"])
     k = script.index(end)
     r = _run(engine, "\n<|end|>")
     assert r.token_ids == script[: k + 1] and r.text == "Hi"
@@ -155,43 +131,34 @@ def test_a_stop_string_beginning_with_a_special_tokens_text_ends_the_output_at_t
     runs on to its EOS, its text "Hi\\nUser: x"."""
     tok = engine.tokenizer
     end, user = tok.convert_tokens_to_ids(_END), tok.convert_tokens_to_ids(_USER)
-    script = _scripted(engine, monkeypatch, ["Hi", end, "\nUser:", " x"])
+    script = scripted(engine, monkeypatch, ["Hi", end, "\nUser:", " x"])
     r = _run(engine, "<|end|>\nUser:")
     assert r.token_ids == script[: script.index(tok.convert_tokens_to_ids(":")) + 1] and r.text == "Hi"
     assert r.finish_reason.to_dict() == {"type": "stop", "matched": "<|end|>\nUser:"}
-    script = _scripted(engine, monkeypatch, ["Hi", end, user, "\nUser:", " x"])
+    script = scripted(engine, monkeypatch, ["Hi", end, user, "\nUser:", " x"])
     r = _run(engine, "<|end|>\nUser:")
     assert r.token_ids == script and r.text == "Hi\nUser: x" and r.finish_reason.matched == script[-1]
     r = _run(engine, "<|end|><|user|>\nUser:")
     assert r.text == "Hi" and r.finish_reason.matched == "<|end|><|user|>\nUser:"
 
 
-def test_a_stop_reading_text_held_back_before_a_special_token_is_met_once_the_text_comes(tmp_path, monkeypatch):
+def test_a_stop_reading_text_held_back_before_a_special_token_is_met_once_the_text_comes(tiny_llama2_bytes, monkeypatch):
     """Llama 2's tokenizer form writes "\\n" as the byte token <0x0A>, whose run a skipped special
     token does not end: at <s> (a special token here) the "\\n" is still held back, so "\\n<s>" is met
     one token later, as the text comes (" ok" <0x0A> <s> " ok": the text " ok", the ids through the
     second " ok"), or where the output ends before then (its EOS next: the ids through <s>, the EOS
     too, and the text " ok", where the EOS's own id was the finish reason and the text " ok\\n")."""
-    import torch
-    import transformers
+    from transformers import AutoTokenizer
 
     from lmnb_engine.engine import Engine
-    from lmnb_engine.testing.byte_fallback import byte_fallback_tokenizer
-    from lmnb_engine.testing.tiny_checkpoint import _config, randomize_weights_
 
-    tok = byte_fallback_tokenizer()
-    torch.manual_seed(0)
-    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": None}
-    model = transformers.AutoModelForCausalLM.from_config(_config("llama", len(tok), ids))
-    randomize_weights_(model)
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    tok.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama2_bytes))
     ok, newline, bos = tok.convert_tokens_to_ids(["▁ok", "<0x0A>", "<s>"])
     assert tok.decode([ok, newline, bos, ok], skip_special_tokens=False) == "ok\n<s> ok"
-    with Engine(str(tmp_path), max_total_tokens=1024, disable_overlap_schedule=True) as engine:
-        script = _scripted(engine, monkeypatch, [ok, newline, bos, ok])
+    with Engine(str(tiny_llama2_bytes), max_total_tokens=1024, disable_overlap_schedule=True) as engine:
+        script = scripted(engine, monkeypatch, [ok, newline, bos, ok])
         r = _run(engine, "\n<s>")
         assert r.token_ids == script[:4] and r.text == " ok" and r.finish_reason.matched == "\n<s>"
-        script = _scripted(engine, monkeypatch, [ok, newline, bos])
+        script = scripted(engine, monkeypatch, [ok, newline, bos])
         r = _run(engine, "\n<s>")
         assert r.token_ids == script and r.text == " ok" and r.finish_reason.matched == "\n<s>"
