@@ -1132,8 +1132,7 @@ class Scheduler:
     def _end(self, req: Req, reason: FinishReason) -> None:
         """``_finish`` of a request in no waiting queue (``end_requests`` took a batch out at once)."""
         self._drop_draft(req)
-        if reason.type != "abort" and req.final_text is None and (req.stop_matcher.reads_end
-                                                                  or req.special_text is not None):
+        if reason.type != "abort" and req.final_text is None:
             reason = self._stop_at_end(req) or reason
         if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
             reason = replace(reason, length=len(req.output_ids))
@@ -1149,22 +1148,25 @@ class Scheduler:
     @staticmethod
     def _stop_at_end(req: Req) -> Optional[FinishReason]:
         """The stop at the end of ``req``'s output (its max tokens, an EOS or stop token, its
-        grammar's end), where a stop regex's match reads the end of the text: such a match is a
-        stop only once what follows it is known (``StopStringMatcher.find``), and here nothing
-        does; or where a stop string holding a special token's text may read text held back before
-        the token (``stop_special``), which the output's end settles. Sets ``final_text`` cut
-        there, as for any stop; None where there is none. Where a
-        stop regex's search ran too long (``StopStringMatcher.problem``), an abort naming it, the
-        text cut where the stream stood, as at a token (what was held back may be a stop)."""
+        grammar's end), met in what the output's end settles: the text the detokenizer held back
+        until then (a run of SentencePiece byte tokens, as Llama 2 writes "\\n"; the bytes of a
+        character), which ``flush`` gives and any stop string or regex may read, as where a later
+        token gives it; a stop regex's match that reads the end of the text, a stop only once what
+        follows it is known (``StopStringMatcher.find``), and here nothing does; a stop string
+        holding a special token's text that reads text held back before the token
+        (``stop_special``). Sets ``final_text`` cut there, as for any stop; None where there is
+        none. Where a stop regex's search ran too long (``StopStringMatcher.problem``), an abort
+        naming it, the text cut where the stream stood, as at a token (what was held back may be a
+        stop)."""
         if len(req.output_ids) < req.params.min_new_tokens:  # (no text was checked)
             return None
-        checked = len(req.detokenizer.text)
-        req.detokenizer.flush()
-        # (a stop string the flushed text completes is met by a stop regex reading the end only;
-        # one holding a special token's text may read text held back before the token: stop_special)
-        hit = req.stop_matcher.find(req.detokenizer.text, checked, at_end=True) if req.stop_matcher.reads_end else None
+        d = req.detokenizer
+        checked = len(d.text)
+        d.flush()
+        if len(d.text) == checked and not req.stop_matcher.reads_end and req.special_text is None:
+            return None  # (nothing new to read: the text was read as it came)
+        hit = req.stop_matcher.find(d.text, checked, at_end=True)
         if req.special_text is not None:
-            d = req.detokenizer
             hit = req.special_text.find(d.text, d.marks, checked, d.num_tokens, hit)
         if hit is None and req.stop_matcher.problem:
             req.final_text = req.detokenizer.text[: req.sent_text_len]

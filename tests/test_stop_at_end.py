@@ -1,0 +1,75 @@
+"""Stops in the text the detokenizer held back until the output's end (Scheduler._stop_at_end).
+
+Llama 2's form of tokenizer writes "\\n" (and each character outside its vocabulary) as byte tokens,
+whose run the detokenizer holds back until a token read as text ends it: a run that ends the output
+(its EOS next, or max_new_tokens) comes out only when the output ends, and a stop in it is met
+there, as where the run ends earlier: the text cut where the stop begins, finish reason the stop.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers_scripted import run_streamed, scripted
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama2_bytes):
+    from lmnb_engine.engine import Engine
+
+    # (each step sampled once the last one's token is in: the scripted sampler reads the output's length)
+    with Engine(str(tiny_llama2_bytes), max_total_tokens=1024, disable_overlap_schedule=True) as eng:
+        yield eng
+
+
+def _ids(engine, *tokens: str) -> list[int]:
+    return engine.tokenizer.convert_tokens_to_ids(list(tokens))
+
+
+def test_a_stop_string_in_byte_tokens_that_end_the_output_is_met_there_as_where_text_follows(engine, monkeypatch):
+    """" ok" <0x0A> then the EOS: the "\\n" was held back at <0x0A> and came out only at the end,
+    unread, so stop "\\n" kept it, " ok\\n" with finish reason the EOS id. Now met there: " ok",
+    matched "\\n", as where " ok" follows the "\\n" (the run then ends a token later: ids through the
+    second " ok"); the ids are the output's, the EOS too."""
+    ok, newline = _ids(engine, "▁ok", "<0x0A>")
+    script = scripted(engine, monkeypatch, [ok, newline, ok])
+    r, _ = run_streamed(engine, "\n")
+    assert r.token_ids == script[:3] and r.text == " ok"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n"}
+    script = scripted(engine, monkeypatch, [ok, newline])
+    r, deltas = run_streamed(engine, "\n")
+    assert r.token_ids == script and r.text == " ok"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n"}
+    assert deltas[-1] == ""  # (the last chunk sends none of the stop: " ok" went out before)
+    # a stop beginning in the text read before: "k\\n" holds "k" back from the stream, then cuts it
+    r, deltas = run_streamed(engine, ["x", "k\n"])
+    assert r.text == " o" and r.finish_reason.matched == "k\n" and "k" not in "".join(deltas)
+
+
+def test_a_stop_in_byte_tokens_cut_by_max_new_tokens_is_met_there(engine, monkeypatch):
+    """max_new_tokens 2 ends " ok" <0x0A> " ok" after <0x0A>: the finish reason was length, the text
+    " ok\\n"; now the stop "\\n", the text " ok" (the ids are the two)."""
+    ok, newline = _ids(engine, "▁ok", "<0x0A>")
+    script = scripted(engine, monkeypatch, [ok, newline, ok])
+    r, _ = run_streamed(engine, "\n", max_new_tokens=2)
+    assert r.token_ids == script[:2] and r.text == " ok"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n"}
+
+
+def test_a_character_of_byte_tokens_ending_the_output_meets_a_stop_string_and_a_stop_regex(engine, monkeypatch):
+    """"中" is outside the vocabulary: its UTF-8 bytes E4 B8 AD, three byte tokens, held back until the
+    output's end after " ok". The stop string "中", a stop regex matching it (read in text after a
+    character, no end assertion: ``reads_end`` False), and a stop string holding a special token's
+    text beside it (``stop_special``, whose own end check read that stop only) each meet it there."""
+    ok, *han = _ids(engine, "▁ok", "<0xE4>", "<0xB8>", "<0xAD>")
+    script = scripted(engine, monkeypatch, [ok, *han])
+    assert engine.tokenizer.decode(script[:-1]) == "ok中"
+    r, deltas = run_streamed(engine, "中")
+    assert r.token_ids == script and r.text == " ok" and r.finish_reason.matched == "中" and deltas[-1] == ""
+    r, _ = run_streamed(engine, stop_regex=r"k[^a-z ]")
+    assert r.text == " o" and r.finish_reason.to_dict() == {"type": "stop", "matched": "k中"}
+    r, _ = run_streamed(engine, ["\n<s>", "中"])
+    assert r.text == " ok" and r.finish_reason.matched == "中"
+    # where no stop is met, the whole text, the EOS the finish reason, as before
+    r, _ = run_streamed(engine, "x")
+    assert r.text == " ok中" and r.finish_reason.matched == script[-1]
