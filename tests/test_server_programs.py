@@ -1633,3 +1633,148 @@ def test_a_text_that_writes_its_own_bos_runs_as_the_same_ids_whatever_is_asked_o
         assert engine.prompt_ids(text) == want
     finally:
         engine.shutdown()
+
+
+@sgl.function
+def prefilled_answer(s):
+    s += sgl.user("What is two plus two?")
+    s += sgl.assistant("The answer is " + sgl.gen("x", max_tokens=4))
+
+
+@sgl.function
+def two_gens_in_one_reply(s):
+    s += sgl.user("What is two plus two?")
+    s += sgl.assistant("The answer is " + sgl.gen("x", max_tokens=3) + ", so" + sgl.gen("y", max_tokens=3,
+                                                                                         ignore_eos=True))
+
+
+def _continued(engine, hf_tok, messages, **sampling):
+    """The in-process engine's greedy continuation of ``messages`` (the last a partial assistant
+    reply) as transformers renders them with continue_final_message=True, and that prompt's ids."""
+    from lmnb_engine import SamplingParams
+
+    ids = hf_tok.apply_chat_template(messages, tokenize=True, return_dict=False, continue_final_message=True)
+    return engine.generate(ids, SamplingParams(temperature=0, **sampling)).text, ids
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
+def test_openai_chat_backend_continues_a_partial_assistant_reply_with_continue_final_message(
+        backends, engines, tiny_llama, stream):
+    """A gen after text inside an assistant message was refused on every OpenAI chat model
+    (BackendCannotRun), though vLLM's, SGLang's and lmnb serve's continue_final_message field lets
+    the server continue a partial reply. With OpenAI(..., continue_final_message=True) the gen's
+    request ends with that partial reply and the field: the value is the in-process engine's greedy
+    continuation of the prompt transformers' apply_chat_template(continue_final_message=True)
+    renders (its text checked by hand), and the message holds the text and the gen's value."""
+    from transformers import AutoTokenizer
+
+    local, _, url = backends
+    hf_tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    chat = sgl.OpenAI("tiny", base_url=f"{url}/v1", continue_final_message=True)
+    partial = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "The answer is "}]
+    want, ids = _continued(engines[0], hf_tok, partial, max_new_tokens=4)
+    assert hf_tok.decode(ids) == "<s><|user|>What is two plus two?<|end|>\n<|assistant|>The answer is "
+    state = prefilled_answer.run(backend=chat, temperature=0, stream=stream)
+    if stream:
+        assert "".join(state.text_iter("x")) == want
+    assert state.error() is None and state["x"] == want and want
+    assert state.get_meta_info("x")["prompt_tokens"] == len(ids)
+    assert state.messages()[-1] == {"role": "assistant", "content": "The answer is " + want}
+    chat.shutdown()
+
+
+def test_each_gen_inside_one_assistant_reply_is_its_own_continue_final_message_call(backends, engines, tiny_llama):
+    """Two gens in one assistant message (the second with ignore_eos, an extension field that goes
+    in the same extra_body): each is a call of its own, continuing the reply written so far, the
+    first gen's value in the second's prompt; the values are the in-process engine's greedy
+    continuations of transformers' renderings."""
+    from transformers import AutoTokenizer
+
+    _, _, url = backends
+    hf_tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    chat = sgl.OpenAI("tiny", base_url=f"{url}/v1", continue_final_message=True)
+    user = {"role": "user", "content": "What is two plus two?"}
+    x, x_ids = _continued(engines[0], hf_tok, [user, {"role": "assistant", "content": "The answer is "}],
+                          max_new_tokens=3)
+    y, y_ids = _continued(engines[0], hf_tok, [user, {"role": "assistant", "content": f"The answer is {x}, so"}],
+                          max_new_tokens=3, ignore_eos=True)
+    state = two_gens_in_one_reply.run(backend=chat, temperature=0)
+    assert state.error() is None and (state["x"], state["y"]) == (x, y)
+    assert [state.get_meta_info(n)["prompt_tokens"] for n in ("x", "y")] == [len(x_ids), len(y_ids)]
+    assert state.get_meta_info("y")["completion_tokens"] == 3
+    assert chat.token_usage.prompt_tokens == len(x_ids) + len(y_ids)  # (two calls, no more)
+    assert state.messages()[-1] == {"role": "assistant", "content": f"The answer is {x}, so{y}"}
+    chat.shutdown()
+
+
+def test_a_gen_after_text_in_an_assistant_reply_without_continue_final_message_names_the_option(backends):
+    """Without the option the gen is refused, as before, and the refusal now names
+    continue_final_message (and the notebook's flag) for vLLM, SGLang and lmnb serve servers; a gen
+    outside an assistant message, which the option does not help, is refused without it."""
+    from lmnb.backend.base import BackendCannotRun
+
+    _, _, url = backends
+    start = ("an OpenAI chat model can only generate at the start of an assistant message (s += assistant(gen(...)); "
+             "in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and several gens inside one reply use "
+             "@function(num_api_spec_tokens=N), or use a completion model (OpenAI(..., is_chat_model=False); in a "
+             "notebook %lm connect URL --openai MODEL --completion)")
+
+    @sgl.function
+    def in_the_question(s):
+        s += sgl.user("Two plus two is " + sgl.gen("x", max_tokens=2))
+
+    for backend in (sgl.OpenAI("tiny", base_url=f"{url}/v1"),
+                    sgl.OpenAI("tiny", base_url=f"{url}/v1", continue_final_message=True)):
+        state = in_the_question.run(backend=backend, temperature=0)
+        assert isinstance(state.error().__cause__, BackendCannotRun) and str(state.error().__cause__) == start
+        backend.shutdown()
+    chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")
+    state = prefilled_answer.run(backend=chat, temperature=0)
+    assert isinstance(state.error().__cause__, BackendCannotRun)
+    assert str(state.error().__cause__) == start + (
+        " — or, inside a reply on a vLLM, SGLang or lmnb serve server, have it continue the reply's text: "
+        "OpenAI(..., continue_final_message=True); in a notebook %lm connect URL --openai MODEL "
+        "--continue-final-message")
+    chat.shutdown()
+
+
+def test_continue_final_message_leaves_chat_api_speculation_as_it_was(backends):
+    """Under @function(num_api_spec_tokens=N) the assistant role's fills and gens go out as one call
+    at the role's end, with no partial reply: the option changes nothing there, the same reply in
+    one call of the same prompt."""
+    _, _, url = backends
+
+    @sgl.function(num_api_spec_tokens=16)
+    def spec(s):
+        s += sgl.user("What is two plus two?")
+        s += sgl.assistant(sgl.gen("x", max_tokens=4))
+
+    runs = []
+    for option in (False, True):
+        chat = sgl.OpenAI("tiny", base_url=f"{url}/v1", continue_final_message=option)
+        state = spec.run(backend=chat, temperature=0)
+        runs.append((state.text(), state.error() is None and state.get_meta_info("x")["speculative"],
+                     chat.token_usage.prompt_tokens))
+        chat.shutdown()
+    assert runs[0] == runs[1]
+    assert runs[0][1] is True
+
+
+def test_continue_final_message_is_refused_where_it_cannot_apply():
+    """A flag that is no bool, a completion model (its gens go anywhere already) and OpenAI's own
+    API (no such field) are refused when the backend is made, naming the fix."""
+    cases = [
+        (lambda: sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1", continue_final_message="yes"), TypeError,
+         "lmnb.OpenAI continue_final_message must be True or False; got 'yes' (str)"),
+        (lambda: sgl.OpenAI("m", False, base_url="http://127.0.0.1:9/v1", continue_final_message=True), ValueError,
+         "lmnb.OpenAI continue_final_message=True is for chat models, and 'm' is used as a completion model, whose "
+         "gens go anywhere in the text already: leave it out"),
+        (lambda: sgl.OpenAI("gpt-4o-mini", api_key="k", continue_final_message=True), ValueError,
+         "lmnb.OpenAI continue_final_message=True: OpenAI's API has no continue_final_message field (vLLM, SGLang "
+         "and lmnb serve servers take it); leave it out, and generate at the start of assistant messages or use "
+         "@function(num_api_spec_tokens=N)"),
+    ]
+    for make, kind, message in cases:
+        with pytest.raises(kind) as e:
+            make()
+        assert str(e.value) == message

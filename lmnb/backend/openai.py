@@ -4,7 +4,9 @@ of OpenAI, ``lmnb serve``, vLLM, SGLang, ... through the official ``openai`` cli
 Chat models receive the program's chat messages and can generate only at the start of an
 assistant message — unless the program uses API speculative execution
 (``@function(num_api_spec_tokens=N)``, paper §2/§6; the interpreter defers the role's gens to one
-call). Constraints are never dropped silently (SGLang drops them, ``research/features.md`` §4.2):
+call), or the server continues a partial reply (``OpenAI(..., continue_final_message=True)``:
+vLLM's, SGLang's and lmnb serve's extension field of that name, which OpenAI's API lacks).
+Constraints are never dropped silently (SGLang drops them, ``research/features.md`` §4.2):
 ``json_schema`` goes out as ``response_format``, ``regex`` as the ``regex`` extension field that
 SGLang and lmnb servers read, and the official OpenAI API gets a clear error for what it lacks.
 A server that ignores the ``regex`` field (vLLM reads ``guided_regex``) is caught by checking the
@@ -113,6 +115,14 @@ class OpenAI(BaseBackend):
         api_key: default ``$OPENAI_API_KEY`` (with ``is_azure``, ``$AZURE_OPENAI_API_KEY``, and no
             ``"EMPTY"``: Azure takes an Azure AD token instead, ``azure_ad_token``); servers that
             need none get ``"EMPTY"``.
+        continue_final_message: a chat model on a vLLM, SGLang or ``lmnb serve`` server, which take
+            the extension field of that name: a gen after text inside an assistant message
+            (``assistant("The answer is " + gen("x"))``) sends the messages with that partial reply
+            last (its text up to the gen, leading whitespace dropped, as the message will hold it)
+            and ``continue_final_message: true, add_generation_prompt: false`` (vLLM refuses the first
+            without the second), so the model continues the reply and the answer is the
+            continuation alone; each such gen is a call of its own. Off by default, where such a gen
+            is refused (``BackendCannotRun``): OpenAI's own API refuses the field.
         **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...); a ``timeout`` in
             seconds is at most ``threading.TIMEOUT_MAX``, None or ``math.inf`` no limit; an
             ``httpx.Timeout`` (httpx's or the client's own transport's) has each of its connect,
@@ -133,15 +143,18 @@ class OpenAI(BaseBackend):
     Raises:
         ImportError: the ``openai`` package is missing (``pip install openai``).
         ValueError: the client refused its arguments, e.g. the official API (no ``base_url``)
-            without an API key.
-        TypeError: an ``api_key`` that is no string (``check_api_key``).
+            without an API key; ``continue_final_message=True`` with a completion model (which
+            generates anywhere in the text already) or with OpenAI's own API (which has no such field).
+        TypeError: an ``api_key`` that is no string (``check_api_key``), a ``continue_final_message``
+            that is not True or False.
     """
 
     length_in_finish_reason = False  # (a choice's finish_reason is only "length")
 
     def __init__(self, model_name: str, is_chat_model: Optional[bool] = None,
                  chat_template: Optional[ChatTemplate] = None, is_azure: bool = False,
-                 base_url: Optional[str] = None, api_key: Optional[str] = None, **client_kwargs: Any):
+                 base_url: Optional[str] = None, api_key: Optional[str] = None, *,
+                 continue_final_message: bool = False, **client_kwargs: Any):
         try:
             import openai
         except ImportError:
@@ -152,6 +165,9 @@ class OpenAI(BaseBackend):
         self._httpx = httpx
         _check_arguments(model_name, is_chat_model, chat_template, base_url, client_kwargs, httpx, openai)
         check_api_key("lmnb.OpenAI", api_key)
+        if not isinstance(continue_final_message, bool):  # (a truthy "no" would send the field)
+            raise TypeError(f"lmnb.OpenAI continue_final_message must be True or False; got "
+                            f"{given(continue_final_message)}")
         # (the server's words are for an HTTP client: "send Authorization: Bearer <key>"). Azure's
         # key is in a variable of its own: the OpenAI one's, or "EMPTY", went out in its place, and
         # a 401 told to set $OPENAI_API_KEY
@@ -184,8 +200,17 @@ class OpenAI(BaseBackend):
         self.on_guessed_template: Optional[Callable[[str], None]] = None
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
+        self.continue_final_message = continue_final_message
         self.token_usage = TokenUsage()
         self._forget_requests()
+        if continue_final_message and (not self.is_chat_model or self.is_official):
+            self.shutdown()  # (its clients are made: closed now, not left to the garbage collector)
+            if not self.is_chat_model:
+                raise ValueError(f"lmnb.OpenAI continue_final_message=True is for chat models, and {model_name!r} is "
+                                 "used as a completion model, whose gens go anywhere in the text already: leave it out")
+            raise ValueError("lmnb.OpenAI continue_final_message=True: OpenAI's API has no continue_final_message "
+                             "field (vLLM, SGLang and lmnb serve servers take it); leave it out, and generate at the "
+                             "start of assistant messages or use @function(num_api_spec_tokens=N)")
         _backends.add(self)
 
     def _open_clients(self) -> tuple:
@@ -373,17 +398,40 @@ class OpenAI(BaseBackend):
             "applies its template")
 
     def _prompt_kwargs(self, prompt: Prompt) -> dict:
+        """The request's ``prompt`` (a completion model) or ``messages`` (a chat model), and for a gen
+        after text inside an assistant message (``continue_final_message``) the fields that have the
+        server continue that partial reply, in ``extra_body``.
+
+        Raises:
+            BackendCannotRun: a chat model's gen outside an assistant message, or after text inside
+                one without ``continue_final_message``."""
         if not self.is_chat_model:
             self._warn_guessed_template(prompt)
             return {"prompt": prompt.text}
-        if prompt.role != "assistant" or prompt.role_text.strip():
-            raise BackendCannotRun(
-                "an OpenAI chat model can only generate at the start of an assistant message "
-                "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and "
-                "several gens inside one reply use @function(num_api_spec_tokens=N), or use a completion model "
-                "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion)"
-            )
-        return {"messages": self._messages(prompt)}
+        if prompt.role == "assistant" and not prompt.role_text.strip():
+            return {"messages": self._messages(prompt)}
+        if prompt.role == "assistant" and self.continue_final_message:
+            # (lstripped as the role's end writes the message: the server continues the text it will hold)
+            partial = {"role": "assistant", "content": prompt.role_text.lstrip()}
+            messages = self._messages(dataclasses.replace(prompt, messages=[*prompt.messages, partial]))
+            return {"messages": messages, "extra_body": {"continue_final_message": True, "add_generation_prompt": False}}
+        inside = (" — or, inside a reply on a vLLM, SGLang or lmnb serve server, have it continue the reply's text: "
+                  "OpenAI(..., continue_final_message=True); in a notebook %lm connect URL --openai MODEL "
+                  "--continue-final-message") if prompt.role == "assistant" else ""
+        raise BackendCannotRun(
+            "an OpenAI chat model can only generate at the start of an assistant message "
+            "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and "
+            "several gens inside one reply use @function(num_api_spec_tokens=N), or use a completion model "
+            f"(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion){inside}"
+        )
+
+    def _request(self, prompt: Prompt, params: GenParams) -> dict:
+        """The keyword arguments of a gen's request: ``_prompt_kwargs`` and ``_kwargs``, their
+        ``extra_body`` fields merged."""
+        kw = self._prompt_kwargs(prompt)
+        sampling = self._kwargs(params)
+        extra = {**kw.pop("extra_body", {}), **sampling.pop("extra_body", {})}
+        return {**kw, **sampling, **({"extra_body": extra} if extra else {})}
 
     def _call(self, rid: Optional[str] = None, **kw):
         """The client's answer to a request of ``kw``; with ``rid`` (a call that is not streamed),
@@ -610,7 +658,7 @@ class OpenAI(BaseBackend):
     # -- BaseBackend
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        ret = self._call(rid, **self._prompt_kwargs(prompt), **self._kwargs(params))
+        ret = self._call(rid, **self._request(prompt, params))
         if ret is _ABORTED:
             return [Completion("", {"finish_reason": aborted_reason()})
                     for _ in range(params.n or 1)]
@@ -636,10 +684,7 @@ class OpenAI(BaseBackend):
             yield "", {"finish_reason": aborted_reason()}
             return
         try:
-            stream = self._call(
-                **self._prompt_kwargs(prompt), **self._kwargs(params), stream=True,
-                stream_options={"include_usage": True},
-            )
+            stream = self._call(**self._request(prompt, params), stream=True, stream_options={"include_usage": True})
         except BaseException:
             with self._requests_lock:
                 self._requests.pop(rid, None)
