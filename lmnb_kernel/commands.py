@@ -47,6 +47,9 @@ def connect(args, session: Session) -> None:
 
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
+    if args.continue_final_message and (args.completion or not args.openai):
+        raise CellError("%lm connect --continue-final-message goes with --openai MODEL, a chat model (not with "
+                        "--completion, whose gens go anywhere in the text already)")
     scheme, sep, _ = args.url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
         example = f"http://{args.url}" if not sep else "http://HOST:PORT"
@@ -56,7 +59,8 @@ def connect(args, session: Session) -> None:
     try:
         if args.openai:
             backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
-                                  is_chat_model=False if args.completion else None, **timeout)
+                                  is_chat_model=False if args.completion else None,
+                                  continue_final_message=args.continue_final_message, **timeout)
             backend.key_fix = f"; {_openai_key_advice(args)}"  # (a cell's HTTP 401 says this, not the Python API)
             what = f"OpenAI-compatible server {args.url} (model {args.openai})"
             backend.on_guessed_template = _say_guessed_template

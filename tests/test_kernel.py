@@ -393,7 +393,8 @@ _COMPLETIONS = [
     # a lone "}" in the text turned completion off for the rest of the cell; {video clip fr offered nothing
     ("%lm -", "-", ["--help"], "param"),
     ("%lm load --device cuda --d", "--d", ["--dtype"], "param"),
-    ("%lm connect http://h --timeout=3 --", "--", ["--openai", "--completion", "--api-key", "--help"], "param"),
+    ("%lm connect http://h --timeout=3 --", "--", ["--openai", "--completion", "--continue-final-message", "--api-key",
+                                                "--help"], "param"),
     ("%%lm --state chat --st", "--st", ["--static"], "param"),
     ("%%lm\n{gen x max_tokens=4 stop=\"a\" st", "st", ["stop_token_ids=", "stop_regex="], "param"),
     ("%%lm\nhi } there\n{sel", "sel", ["select"], "keyword"),

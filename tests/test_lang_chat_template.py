@@ -243,7 +243,8 @@ def test_a_served_model_with_no_chat_template_says_so_once_in_a_connected_kernel
     with live_server(_base_engine()) as url:
         session = Session()
         try:
-            commands.connect(types.SimpleNamespace(url=url, api_key=None, openai=None, completion=False, timeout=5),
+            commands.connect(types.SimpleNamespace(url=url, api_key=None, openai=None, completion=False,
+                                                   continue_final_message=False, timeout=5),
                              session)
             capsys.readouterr()
             seen = _warnings_of(lambda: _chat.run(backend=session.backend()), lambda: _chat.run(backend=session.backend()))

@@ -171,7 +171,8 @@ def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, env, advice, 
         monkeypatch.setenv("LMNB_API_KEY", env)
     url = keyed_server
     session = Session()
-    args = types.SimpleNamespace(url=url, api_key=key, openai=None, completion=False, timeout=5)
+    args = types.SimpleNamespace(url=url, api_key=key, openai=None, completion=False,
+                                 continue_final_message=False, timeout=5)
     try:
         with pytest.raises(CellError) as e:
             commands.connect(args, session)
@@ -202,7 +203,8 @@ def test_connect_sends_the_key_in_lmnb_api_key(monkeypatch):
     session = Session()
     try:
         with helpers_lang.serve_http(Handler) as url, pytest.raises(CellError):
-            commands.connect(types.SimpleNamespace(url=url, api_key=None, openai=None, completion=False, timeout=5),
+            commands.connect(types.SimpleNamespace(url=url, api_key=None, openai=None, completion=False,
+                                                   continue_final_message=False, timeout=5),
                              session)
     finally:
         session.close()
@@ -225,7 +227,8 @@ def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, env,
         monkeypatch.setenv(name, value)
     url = f"{keyed_server}/v1"
     session = Session()
-    args = types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True, timeout=5)
+    args = types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True,
+                                 continue_final_message=False, timeout=5)
     with pytest.raises(CellError) as e:
         commands.connect(args, session)
     assert str(e.value).startswith(f"could not connect to {url}: GET /models: HTTP 401 ("), str(e.value)
@@ -255,7 +258,8 @@ def test_a_cells_gen_refused_for_the_key_says_how_connect_gives_it(key, env, adv
     url = f"{server.url}/v1"
     session = Session()
     try:
-        commands.connect(types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True, timeout=5),
+        commands.connect(types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True,
+                                               continue_final_message=False, timeout=5),
                          session)
         error = str(_gen.run(backend=session.backend()).error())
     finally:
@@ -283,7 +287,8 @@ def test_a_cells_gen_refused_for_the_key_after_connect_says_how_connect_gives_it
     server.answer = lambda h, b: send(h, 401, b'{"detail": "Invalid token"}')
     session = Session()
     try:
-        commands.connect(types.SimpleNamespace(url=server.url, api_key=key, openai=None, completion=False, timeout=5),
+        commands.connect(types.SimpleNamespace(url=server.url, api_key=key, openai=None, completion=False,
+                                               continue_final_message=False, timeout=5),
                          session)
         error = str(_gen.run(backend=session.backend()).error())
     finally:
@@ -325,7 +330,7 @@ def test_connect_completion_says_a_guessed_chat_template_once_as_a_line(server, 
     session = Session()
     try:
         commands.connect(types.SimpleNamespace(url=server.url + "/v1", api_key=None, openai="my-model",
-                                               completion=True, timeout=5), session)
+                                               completion=True, continue_final_message=False, timeout=5), session)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test, collected here)
@@ -376,3 +381,40 @@ def test_a_batch_jobs_completion_model_says_a_guessed_chat_template_once_as_a_li
         backend.shutdown()
     assert prompts == ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"]  # (SGLang's chatml)
     assert capsys.readouterr().err == ""
+
+
+@lmnb.function
+def _prefilled(s):
+    s += lmnb.user("Hi")
+    s += lmnb.assistant("The answer is " + lmnb.gen("a", max_tokens=2))
+
+
+def test_connect_continue_final_message_has_the_server_continue_a_partial_reply(server):  # noqa: F811
+    """%lm connect URL --openai MODEL --continue-final-message: a gen after text inside an assistant
+    message (refused on an OpenAI chat model before) sends the messages with that partial reply last
+    and vLLM's continue_final_message / add_generation_prompt fields; the flag without --openai, or
+    with --completion, is refused naming why."""
+    from lmnb.template.cell_options import parse_backend_line
+
+    bodies = []
+    server.model_info = b'{"object": "list", "data": [{"id": "my-model", "object": "model"}]}'
+    server.answer = lambda h, b: (bodies.append(b), send(h, 200, b'{"id": "x", "choices": [{"index": 0, "message": '
+                                                                 b'{"role": "assistant", "content": "four"}, '
+                                                                 b'"finish_reason": "stop"}]}'))
+    session = Session()
+    try:
+        commands.connect(parse_backend_line("connect", [server.url + "/v1", "--openai", "my-model",
+                                                        "--continue-final-message"]), session)
+        state = _prefilled.run(backend=session.backend())
+    finally:
+        session.close()
+    assert state.error() is None and state["a"] == "four"
+    assert [(b["messages"], b["continue_final_message"], b["add_generation_prompt"]) for b in bodies] == [
+        ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is "}], True, False)]
+    refused = ("%lm connect --continue-final-message goes with --openai MODEL, a chat model (not with --completion, "
+               "whose gens go anywhere in the text already)")
+    for words in ([server.url, "--continue-final-message"],
+                  [server.url + "/v1", "--openai", "my-model", "--completion", "--continue-final-message"]):
+        with pytest.raises(CellError) as e:
+            commands.connect(parse_backend_line("connect", words), session=None)  # (refused before it is used)
+        assert str(e.value) == refused

@@ -158,6 +158,10 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--openai", metavar="MODEL", action=Once, help="the server is OpenAI-compatible; use this model name")
     parser.add_argument("--completion", action=OnceFlag,
                         help="with --openai: a completion model (prompts go out as text, not chat messages)")
+    parser.add_argument("--continue-final-message", action=OnceFlag,
+                        help="with --openai, a chat model on a vLLM, SGLang or lmnb serve server: a gen after text "
+                             "inside an assistant message has the server continue that text (their "
+                             "continue_final_message field, which OpenAI's API lacks)")
     parser.add_argument("--api-key", action=Once, help=f"API key sent to the server (default: ${API_KEY_ENV} in the "
                         "kernel's environment; with --openai: $OPENAI_API_KEY)")
     parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", action=Once,
