@@ -3148,6 +3148,10 @@ def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
     # model: the job ran it as a chat model); an API key is never written into the script
     (["%lm connect --openai m http://h/v1 --completion --timeout 30 --api-key sk-1"],
      Backend(url="http://h/v1", openai_model="m", completion=True, timeout=30.0), "--api-key not carried"),
+    # a chat model whose server continues a partial reply: the job's default too (its rows' gens
+    # inside a reply were refused)
+    (["%lm connect http://h/v1 --openai m --continue-final-message"],
+     Backend(url="http://h/v1", openai_model="m", continue_final_message=True), None),
 ])
 def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, note):
     source, p = export_notebook(notebook(*lines, 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
@@ -3164,6 +3168,17 @@ def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, not
         args = job._parser().parse_args(job.argv)
         client = make_backend(args, None)
         assert client.is_chat_model is False and client.client.timeout == 30.0 and job.args is None
+    if backend.continue_final_message:
+        from lmnb.batch import Job
+        from lmnb.batch.options import make_backend
+
+        assert "openai_model='m', continue_final_message=True, options_first=True,\n" in source
+        for argv, continues in ([], True), (["--backend", "http://h/v1", "--openai", "m"], False):
+            job = Job("j", ["q"], backend=backend.url, openai_model="m", continue_final_message=True,
+                      argv=["--input", "in.jsonl", "--output", "out.jsonl", *argv])
+            client = make_backend(job._parser().parse_args(job.argv), None)
+            assert client.continue_final_message is continues and client.is_chat_model  # (--backend: none of the notebook's)
+            client.shutdown()
     with pytest.raises(ExportError, match="cell 1: %lm connect: the following arguments are required: url"):
         export_notebook(notebook("%lm connect", 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
 

@@ -3664,3 +3664,18 @@ def test_a_results_file_made_through_a_users_link_is_removed_and_the_link_kept(t
     store.drop_if_unwritten()
     store.close()
     assert (tmp_path / "made.jsonl").exists()
+
+
+@pytest.mark.parametrize("argv", [["--continue-final-message"],
+                                  ["--openai", "m", "--completion", "--continue-final-message"]],
+                         ids=["no-openai", "completion"])
+def test_a_jobs_continue_final_message_goes_with_an_openai_chat_model(argv):
+    """A job's --continue-final-message (the notebook's %lm connect flag) is for an OpenAI chat
+    model: without --openai, or with --completion, it is refused before any backend starts."""
+    from lmnb.batch.options import check_backend_options, job_parser
+
+    args = job_parser(per_row=False).parse_args(argv)
+    with pytest.raises(ValueError) as e:
+        check_backend_options(args)
+    assert str(e.value) == ("--continue-final-message goes with --openai MODEL, a chat model (not with --completion, "
+                            "whose gens go anywhere in the text already)")

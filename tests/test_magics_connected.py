@@ -356,7 +356,7 @@ def test_a_batch_jobs_completion_model_says_a_guessed_chat_template_once_as_a_li
     _completion_server(server)
     args = types.SimpleNamespace(backend=server.url + "/v1", openai="my-model", completion=True, api_key=None,
                                  timeout=5, model=None, device=None, dtype=None, max_total_tokens=None,
-                                 chat_template=None)
+                                 chat_template=None, continue_final_message=False)
     backend = make_backend(args)
     try:
         with warnings.catch_warnings(record=True) as seen:

@@ -305,6 +305,9 @@ class Job:
         backend: default ``--backend`` (a notebook's ``%lm connect URL``); None = ``engine``.
         openai_model: default ``--openai`` (``%lm connect URL --openai MODEL``).
         completion: default ``--completion`` (``%lm connect ... --completion``).
+        continue_final_message: default ``--continue-final-message`` (``%lm connect ...
+            --continue-final-message``). Not among the settings a results file records: it changes
+            no row's output, only lets rows run whose gens it refused (``--retry-errors`` reruns them).
         reexport: how to export the notebook again with other row fields, which the messages that
             say to do so give, with the fields they mean in place of its last ``NAMES``: the command
             of the tool that exported it (``lmnb export nb.ipynb --inputs NAMES``, ``jupyter
@@ -344,7 +347,7 @@ class Job:
                  model: Optional[str] = None, backend: Optional[str] = None, openai_model: Optional[str] = None,
                  completion: bool = False, timeout: Optional[float] = None, reexport: str = "--inputs NAMES",
                  argv: Optional[Sequence[str]] = None, per_row: bool = True, parameters: Optional[dict] = None,
-                 computed: Sequence[str] = (), options_first: bool = False):
+                 computed: Sequence[str] = (), options_first: bool = False, continue_final_message: bool = False):
         self.description = description
         self.inputs = list(inputs)
         self.texts = list(texts)
@@ -354,6 +357,7 @@ class Job:
         self.default_backend = backend
         self.default_openai = openai_model
         self.default_completion = completion
+        self.default_continue_final_message = continue_final_message
         self.default_timeout = timeout
         self.reexport = reexport
         self.argv = list(sys.argv[1:] if argv is None else argv)
@@ -471,7 +475,7 @@ class Job:
 
     def _parser(self) -> argparse.ArgumentParser:
         return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,
-                          self.default_completion, self.default_timeout)
+                          self.default_completion, self.default_timeout, self.default_continue_final_message)
 
     def _check_backend(self) -> None:
         """Exit with status 2 and the reason (as ``start`` words it) where the backend options do

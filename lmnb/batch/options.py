@@ -28,14 +28,16 @@ DEFAULT_THREADS = 16
 
 
 class _JobParser(SuggestingParser):
-    """Parses the job's options, then fills in the notebook's backend: ``--openai``, ``--completion``
-    and ``--timeout`` default to the notebook's only when ``--backend`` is not given, since they
-    describe the notebook's server (``--backend engine`` on a job whose notebook connected to an
-    OpenAI-compatible server sent the rows to the official OpenAI API); ``--completion`` only with
-    the notebook's ``--openai`` model, since it says what kind of model that is. A misspelt option,
+    """Parses the job's options, then fills in the notebook's backend: ``--openai``, ``--completion``,
+    ``--continue-final-message`` and ``--timeout`` default to the notebook's only when ``--backend``
+    is not given, since they describe the notebook's server (``--backend engine`` on a job whose
+    notebook connected to an OpenAI-compatible server sent the rows to the official OpenAI API);
+    ``--completion`` and ``--continue-final-message`` only with the notebook's ``--openai`` model,
+    since they say what kind of model and server that is. A misspelt option,
     the notebook parameters' included, is offered its closest (``SuggestingParser``)."""
 
-    notebook_backend: tuple = (None, None, False, None)  # backend, openai model, completion, timeout
+    # backend, openai model, completion, timeout, continue_final_message
+    notebook_backend: tuple = (None, None, False, None, False)
 
     def error(self, message: str):
         """argparse's refusal, with the way to write a value that starts with "-" where argparse
@@ -48,28 +50,32 @@ class _JobParser(SuggestingParser):
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
         if hasattr(ns, "backend"):
-            backend, openai_model, completion, timeout = self.notebook_backend
+            backend, openai_model, completion, timeout, continue_final_message = self.notebook_backend
             if ns.backend is None:
                 ns.backend = backend or "engine"
                 if ns.openai is None:
                     ns.openai = openai_model
                     ns.completion = completion if ns.completion is None else ns.completion
+                    if ns.continue_final_message is None:
+                        ns.continue_final_message = continue_final_message
                 ns.timeout = timeout if ns.timeout is None else ns.timeout
             ns.completion = bool(ns.completion)
+            ns.continue_final_message = bool(ns.continue_final_message)
         return ns, rest
 
 
 def job_parser(description: str = "", per_row: bool = True, backend: Optional[str] = None,
                openai_model: Optional[str] = None, model: Optional[str] = None, completion: bool = False,
-               timeout: Optional[float] = None) -> argparse.ArgumentParser:
-    """The job's options; ``backend`` / ``openai_model`` / ``model`` / ``completion`` / ``timeout``
-    are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line); an explicit ``--backend``
-    leaves the notebook's ``openai_model``, ``completion`` and ``timeout`` out.
+               timeout: Optional[float] = None, continue_final_message: bool = False) -> argparse.ArgumentParser:
+    """The job's options; ``backend`` / ``openai_model`` / ``model`` / ``completion`` / ``timeout`` /
+    ``continue_final_message`` are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line);
+    an explicit ``--backend`` leaves the notebook's ``openai_model``, ``completion``, ``timeout`` and
+    ``continue_final_message`` out.
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
     # (SuggestingParser's allow_abbrev off: a parameter's option is the notebook's name, and with a row
     # field named num, no --num option, argparse took --num 5 for --num-threads 5 without a word)
     p = _JobParser(description=_description(description), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.notebook_backend = (backend, openai_model, completion, timeout)
+    p.notebook_backend = (backend, openai_model, completion, timeout, continue_final_message)
     backend, openai_model, model = (_escaped(x) for x in (backend, openai_model, model))  # (from here: help texts)
     take_negative_numbers(p)  # (a parameter's --lr -1e-3)
     with_backend = " with the default --backend" if backend else ""
@@ -90,6 +96,10 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--completion", action=OnceFlag, default=None,
                    help="with --openai: a completion model (prompts go out as text, not chat messages)"
                         + (f" (the default{with_backend} and --openai)" if completion else ""))
+    p.add_argument("--continue-final-message", action=OnceFlag, default=None,
+                   help="with --openai, a chat model on a vLLM, SGLang or lmnb serve server: a gen after text inside "
+                        "an assistant message has the server continue that text (their continue_final_message field)"
+                        + (f" (the default{with_backend} and --openai)" if continue_final_message else ""))
     p.add_argument("--api-key", action=Once,
                    help=f"API key sent to the server (default: ${API_KEY_ENV}; with --openai: ${OPENAI_KEY_ENV}); the "
                         "variable keeps the key out of ps and the shell's history")
@@ -280,7 +290,8 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     if args.openai:
         template = {"chat_template": lmnb.get_chat_template(args.chat_template)} if args.chat_template else {}
         backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
-                              is_chat_model=False if args.completion else None, **timeout, **template)
+                              is_chat_model=False if args.completion else None,
+                              continue_final_message=args.continue_final_message, **timeout, **template)
         backend.key_fix = key_advice(args)  # (a row's HTTP 401 names the job's --api-key, not the Python API)
         if url != "engine":
             _check_served_model(backend, args.openai, url)
@@ -306,6 +317,9 @@ def check_backend_options(args: argparse.Namespace) -> None:
     url = args.backend
     if args.completion and not args.openai:
         raise ValueError("--completion goes with --openai MODEL")
+    if args.continue_final_message and (args.completion or not args.openai):
+        raise ValueError("--continue-final-message goes with --openai MODEL, a chat model (not with --completion, "
+                         "whose gens go anywhere in the text already)")
     if args.chat_template is not None:
         if args.openai and not args.completion:  # (it would be ignored: the server formats a chat model's messages)
             raise ValueError("--chat-template goes with --openai MODEL only for a completion model (add --completion); "

@@ -74,6 +74,7 @@ class Backend:
     url: Optional[str] = None  # %lm connect URL
     openai_model: Optional[str] = None  # %lm connect URL --openai MODEL
     completion: bool = False  # ... --completion: a completion model (select needs one)
+    continue_final_message: bool = False  # ... --continue-final-message: gens inside a reply
     timeout: Optional[float] = None  # ... --timeout SECONDS
 
 
@@ -542,8 +543,8 @@ def _lm_command(code: Code, line: str) -> str:
             raise ExportError(f"cell {code.index}: {shown}: {e}") from None
         code.backends.append(Backend(model=args.model) if command == "load" else
                              Backend(url=args.url, openai_model=args.openai, completion=args.completion,
-                                     timeout=args.timeout))
-        kept = ("model",) if command == "load" else ("url", "openai", "completion", "timeout")
+                                     timeout=args.timeout, continue_final_message=args.continue_final_message))
+        kept = ("model",) if command == "load" else ("url", "openai", "completion", "timeout", "continue_final_message")
         lost = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k not in kept and v not in (None, False)]
         if lost:
             code.notes.append(f"cell {code.index}: {shown}: {', '.join(lost)} not carried into the job; pass "

@@ -206,7 +206,8 @@ class _Writer:
         kwargs = []
         b = self.p.backend
         for key, value in (("model", b.model), ("backend", b.url), ("openai_model", b.openai_model),
-                           ("completion", b.completion or None), ("timeout", b.timeout)):
+                           ("completion", b.completion or None), ("timeout", b.timeout),
+                           ("continue_final_message", b.continue_final_message or None)):
             if value is not None:
                 kwargs.append(f", {key}={value!r}")
         return "".join(kwargs)
