@@ -1445,16 +1445,20 @@ def test_a_kv_pool_below_the_engines_own_floor_names_lmnbs_least_pool(tiny_llama
                             "on purpose")  # (2: the engine's own least pool)
 
 
-def test_api_speculative_gen_with_stop_token_ids_stops_at_them_as_without_speculation():
-    """A gen with stop_token_ids served from the leftover of an earlier gen's call went past them:
-    gen("b", max_tokens=6, stop_token_ids=[" Travel"'s id]) after gen("a", max_tokens=1) got
-    " the harbor. Travel west to" (finish length) where without speculation it gets " the harbor."
-    (finish stop at that id): the leftover was generated without that stop. Such a gen makes its
-    own call. Reference: the same program without speculation."""
+@pytest.mark.parametrize("option", ["stop_token_ids", "logit_bias"])
+def test_api_speculative_gen_with_its_own_stop_token_ids_or_logit_bias_gets_what_it_gets_without_speculation(option):
+    """A gen with stop_token_ids, or its own logit_bias, served from the leftover of an earlier
+    gen's call took text drawn without them: gen("b", max_tokens=6, stop_token_ids=[" Travel"'s
+    id]) after gen("a", max_tokens=1) got " the harbor. Travel west to" (finish length) where
+    without speculation it gets " the harbor." (finish stop at that id); with a -100 bias on
+    " Travel" it would get " Travel" all the same (and a gen without a bias, text drawn with the
+    caller's). Such a gen makes its own call. Reference: the same program without speculation."""
     travel = []
 
     def prog(s):  # the demo model writes " see", " the", " harbor", ".", " Travel", " west", " to", ...
-        s += "A fruit:" + sgl.gen("a", max_tokens=1) + sgl.gen("b", max_tokens=6, stop_token_ids=travel)
+        own_option = {"stop_token_ids": travel} if option == "stop_token_ids" else {
+            "logit_bias": dict.fromkeys(travel, -100)}
+        s += "A fruit:" + sgl.gen("a", max_tokens=1) + sgl.gen("b", max_tokens=6, **own_option)
         s += sgl.gen("c", max_tokens=2)
 
     backend = sgl.Engine()
@@ -1464,7 +1468,10 @@ def test_api_speculative_gen_with_stop_token_ids_stops_at_them_as_without_specul
                        for f in (sgl.function(prog), sgl.function(num_api_spec_tokens=16)(prog)))
     finally:
         backend.shutdown()
-    assert plain["b"] == " the harbor." and own(plain, "b") == (4, {"type": "stop", "matched": travel[0]})
+    if option == "stop_token_ids":
+        assert plain["b"] == " the harbor." and own(plain, "b") == (4, {"type": "stop", "matched": travel[0]})
+    else:
+        assert plain["b"].startswith(" the harbor.") and " Travel" not in plain["b"]
     assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
 
 
@@ -1520,28 +1527,6 @@ def test_a_word_as_a_logit_bias_key_is_refused_naming_tokenizers_whose_ids_bias_
         s += "the cat is red" + sgl.gen("up", max_tokens=2, ignore_eos=True, logit_bias={ids[0][-1]: 100})
 
     assert prog.run(backend=backend, temperature=0)["up"] == tiny_engine.decode([ids[0][-1]] * 2, skip_special_tokens=True)
-
-
-def test_api_speculative_gen_with_a_logit_bias_gets_what_it_gets_without_speculation():
-    """A gen with its own logit_bias served from the leftover of an earlier gen's call would take
-    text drawn without its bias (and a gen without one, text drawn with the caller's): such a gen
-    makes its own call. Here -100 bans " Travel", which the demo model writes after " the harbor.";
-    reference: the same program without speculation."""
-    travel = []
-
-    def prog(s):  # the demo model writes " see", " the", " harbor", ".", " Travel", " west", " to", ...
-        s += "A fruit:" + sgl.gen("a", max_tokens=1) + sgl.gen("b", max_tokens=6, logit_bias=dict.fromkeys(travel, -100))
-        s += sgl.gen("c", max_tokens=2)
-
-    backend = sgl.Engine()
-    try:
-        travel.extend(backend.engine.tokenizer.encode(" Travel", add_special_tokens=False)[-1:])
-        plain, spec = (f.run(backend=backend, temperature=0)
-                       for f in (sgl.function(prog), sgl.function(num_api_spec_tokens=16)(prog)))
-    finally:
-        backend.shutdown()
-    assert plain["b"].startswith(" the harbor.") and " Travel" not in plain["b"]
-    assert [(spec[k], own(spec, k)) for k in "abc"] == [(plain[k], own(plain, k)) for k in "abc"]
 
 
 def test_a_gen_under_the_models_chat_template_ends_at_its_end_of_message_token(backend, tiny_engine):
