@@ -707,8 +707,8 @@ def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(t
         "{assistant}{gen x}{/assistant}); to fill text and several gens inside one reply use "
         "@function(num_api_spec_tokens=N), or use a completion model (OpenAI(..., is_chat_model=False); in a "
         "notebook %lm connect URL --openai MODEL --completion)); change the notebook as that says and export it "
-        "again, or change the backend (the job's --backend, --openai MODEL, --completion); then run with "
-        "--retry-errors to rerun the failed rows (rows already done are kept)\n"), err
+        "again, or change the backend (the job's --backend, --openai MODEL, --completion, --continue-final-message); "
+        "then run with --retry-errors to rerun the failed rows (rows already done are kept)\n"), err
     assert "fix the input" not in err
 
 
@@ -725,8 +725,8 @@ def test_rows_the_backend_cannot_run_are_named_beside_rows_that_failed_otherwise
     assert capsys.readouterr().err.endswith(
         "  1 row failed because the program cannot run on this backend, whatever the input (select() needs prompt "
         "logprobs); change the notebook as that says and export it again, or change the backend (the job's "
-        "--backend, --openai MODEL, --completion); then run with --retry-errors to rerun the failed rows (rows "
-        'already done are kept)\n  other rows with "status": "error" or "bad_input" say why in "error"\n')
+        "--backend, --openai MODEL, --completion, --continue-final-message); then run with --retry-errors to rerun the "
+        'failed rows (rows already done are kept)\n  other rows with "status": "error" or "bad_input" say why in "error"\n')
 
 
 def test_rows_that_failed_otherwise_are_named_beside_the_unreachable_ones(tmp_path, capsys):

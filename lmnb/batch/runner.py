@@ -421,7 +421,7 @@ class RowRunner:
                 lines.append(f"  {_rows(len(self.cannot_run))} failed because the program cannot run on this "
                              f"backend, whatever the input ({self.cannot_run[0]}); change the notebook as that says "
                              "and export it again, or change the backend (the job's --backend, --openai MODEL, "
-                             "--completion); then run with --retry-errors to rerun the failed rows (rows already "
+                             "--completion, --continue-final-message); then run with --retry-errors to rerun the failed rows (rows already "
                              "done are kept)")
             if self.undefined:
                 lines.append(f"  {_rows(len(self.undefined))} failed because the notebook's code reads a name that "
