@@ -162,3 +162,20 @@ def test_a_stop_reading_text_held_back_before_a_special_token_is_met_once_the_te
         script = scripted(engine, monkeypatch, [ok, newline, bos])
         r = _run(engine, "\n<s>")
         assert r.token_ids == script and r.text == " ok" and r.finish_reason.matched == "\n<s>"
+
+
+def test_a_stop_string_holding_the_eos_tokens_text_among_other_text_yields_to_the_eos(engine, monkeypatch):
+    """"\\n</s>" on "Hi" "\\n" </s>, where </s> is the model's EOS (a chat template's end of message
+    often is: Phi-3's <|end|>, Qwen's <|im_end|>): the EOS id is checked first, as SGLang's
+    Req.check_finished does, so the output ends there with the EOS id as its finish reason and the
+    text before the token, "Hi\\n", the newline kept. Under ignore_eos the EOS ends nothing and the
+    stop string is met at that token: "Hi", matched "\\n</s>" (what docs/language.md says)."""
+    eos = engine.tokenizer.convert_tokens_to_ids("</s>")
+    assert engine.tokenizer.eos_token_id == eos
+    script = scripted(engine, monkeypatch, ["Hi", "\n"])
+    assert script[-1] == eos
+    r = _run(engine, "\n</s>")
+    assert r.token_ids == script and r.text == "Hi\n" and r.finish_reason.to_dict() == {"type": "stop", "matched": eos}
+    r = _run(engine, "\n</s>", ignore_eos=True)
+    assert r.token_ids == script and r.text == "Hi"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n</s>"}
