@@ -44,6 +44,7 @@ def connect(args, session: Session) -> None:
     """``%lm connect URL``: run cells on a server (SGLang native protocol, or OpenAI-compatible)."""
     import lmnb
     from lmnb.backend.base import BackendAuthError, without_key_fix
+    from lmnb.backend.openai import ContinueFinalMessageRefused
 
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
@@ -69,6 +70,9 @@ def connect(args, session: Session) -> None:
             backend.key_fix = f"; {_key_advice(args)}"  # (a cell's HTTP 401 says this, not the Python API)
             backend.on_guessed_template = say_no_chat_template
             what = f"SGLang-protocol server {args.url}"
+    except ContinueFinalMessageRefused as e:  # (no connection failed: the flag cannot apply here)
+        fix = ", and generate at the start of assistant messages ({assistant}{gen x}{/assistant})" if e.official else ""
+        raise CellError(f"%lm connect --continue-final-message: {e.why}; leave it out{fix}") from None
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""
         if isinstance(e, BackendAuthError):

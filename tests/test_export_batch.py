@@ -3679,3 +3679,27 @@ def test_a_jobs_continue_final_message_goes_with_an_openai_chat_model(argv):
         check_backend_options(args)
     assert str(e.value) == ("--continue-final-message goes with --openai MODEL, a chat model (not with --completion, "
                             "whose gens go anywhere in the text already)")
+
+
+def test_a_jobs_continue_final_message_where_it_cannot_apply_is_refused_in_the_jobs_words():
+    """--continue-final-message with OpenAI's own API (--openai and no --backend URL), or a model
+    name lmnb.OpenAI takes for a completion model, was refused in the Python API's words, "lmnb.OpenAI
+    continue_final_message=True: ...; leave it out, and ... use @function(num_api_spec_tokens=N)",
+    which the job's notebook has no way to use. The refusal names the job's option and the
+    notebook's fix; no request is sent (the URL is never reached)."""
+    from lmnb.batch.options import job_parser, make_backend
+
+    cases = {
+        ("--openai", "gpt-4o"): (
+            "--continue-final-message: OpenAI's API has no continue_final_message field (vLLM, SGLang and lmnb serve "
+            "servers take it); leave it out, and have the notebook's gens start their assistant messages "
+            "({assistant}{gen x}{/assistant})"),
+        ("--backend", "http://127.0.0.1:9/v1", "--openai", "gpt-3.5-turbo-instruct"): (
+            "--continue-final-message: 'gpt-3.5-turbo-instruct' is used as a completion model, whose gens go "
+            "anywhere in the text already; leave it out"),
+    }
+    for words, message in cases.items():
+        args = job_parser(per_row=False).parse_args([*words, "--api-key", "k", "--continue-final-message"])
+        with pytest.raises(ValueError) as e:
+            make_backend(args)
+        assert str(e.value) == message

@@ -418,3 +418,27 @@ def test_connect_continue_final_message_has_the_server_continue_a_partial_reply(
         with pytest.raises(CellError) as e:
             commands.connect(parse_backend_line("connect", words), session=None)  # (refused before it is used)
         assert str(e.value) == refused
+
+
+def test_connect_continue_final_message_where_it_cannot_apply_is_refused_in_the_magics_words():
+    """--continue-final-message with OpenAI's own API, or a model name lmnb.OpenAI takes for a
+    completion model, was refused as a failed connection in the Python API's words ("could not
+    connect to https://api.openai.com/v1: lmnb.OpenAI continue_final_message=True: ...; leave it
+    out, and ... use @function(num_api_spec_tokens=N)", which a %%lm cell has no way to use). It
+    names the flag and a cell's fix; no request is sent (the URLs below are never reached)."""
+    from lmnb.template.cell_options import parse_backend_line
+
+    cases = {
+        ("https://api.openai.com/v1", "gpt-4o"): (
+            "%lm connect --continue-final-message: OpenAI's API has no continue_final_message field (vLLM, SGLang "
+            "and lmnb serve servers take it); leave it out, and generate at the start of assistant messages "
+            "({assistant}{gen x}{/assistant})"),
+        ("http://127.0.0.1:9/v1", "gpt-3.5-turbo-instruct"): (
+            "%lm connect --continue-final-message: 'gpt-3.5-turbo-instruct' is used as a completion model, whose "
+            "gens go anywhere in the text already; leave it out"),
+    }
+    for (url, model), message in cases.items():
+        line = parse_backend_line("connect", [url, "--openai", model, "--api-key", "k", "--continue-final-message"])
+        with pytest.raises(CellError) as e:
+            commands.connect(line, session=None)  # (refused before the session is used)
+        assert str(e.value) == message

@@ -93,6 +93,17 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+class ContinueFinalMessageRefused(ValueError):
+    """``OpenAI(..., continue_final_message=True)`` where it cannot apply: a completion model, or
+    OpenAI's own API (``official``). ``why`` says why without the Python API's words, for a front
+    end that names its own option and fix (``%lm connect --continue-final-message``)."""
+
+    def __init__(self, message: str, why: str, official: bool):
+        super().__init__(message)
+        self.why = why
+        self.official = official
+
+
 class OpenAI(BaseBackend):
     """Run programs on an OpenAI-compatible API.
 
@@ -144,7 +155,8 @@ class OpenAI(BaseBackend):
         ImportError: the ``openai`` package is missing (``pip install openai``).
         ValueError: the client refused its arguments, e.g. the official API (no ``base_url``)
             without an API key; ``continue_final_message=True`` with a completion model (which
-            generates anywhere in the text already) or with OpenAI's own API (which has no such field).
+            generates anywhere in the text already) or with OpenAI's own API (which has no such field):
+            ``ContinueFinalMessageRefused``, a ``ValueError``.
         TypeError: an ``api_key`` that is no string (``check_api_key``), a ``continue_final_message``
             that is not True or False.
     """
@@ -206,11 +218,13 @@ class OpenAI(BaseBackend):
         if continue_final_message and (not self.is_chat_model or self.is_official):
             self.shutdown()  # (its clients are made: closed now, not left to the garbage collector)
             if not self.is_chat_model:
-                raise ValueError(f"lmnb.OpenAI continue_final_message=True is for chat models, and {model_name!r} is "
-                                 "used as a completion model, whose gens go anywhere in the text already: leave it out")
-            raise ValueError("lmnb.OpenAI continue_final_message=True: OpenAI's API has no continue_final_message "
-                             "field (vLLM, SGLang and lmnb serve servers take it); leave it out, and generate at the "
-                             "start of assistant messages or use @function(num_api_spec_tokens=N)")
+                why = f"{model_name!r} is used as a completion model, whose gens go anywhere in the text already"
+                raise ContinueFinalMessageRefused(f"lmnb.OpenAI continue_final_message=True is for chat models, and "
+                                                  f"{why}: leave it out", why, official=False)
+            why = "OpenAI's API has no continue_final_message field (vLLM, SGLang and lmnb serve servers take it)"
+            raise ContinueFinalMessageRefused(f"lmnb.OpenAI continue_final_message=True: {why}; leave it out, and "
+                                              "generate at the start of assistant messages or use "
+                                              "@function(num_api_spec_tokens=N)", why, official=True)
         _backends.add(self)
 
     def _open_clients(self) -> tuple:

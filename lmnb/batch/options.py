@@ -289,9 +289,16 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
         template = {"chat_template": lmnb.get_chat_template(args.chat_template)} if args.chat_template else {}
-        backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
-                              is_chat_model=False if args.completion else None,
-                              continue_final_message=args.continue_final_message, **timeout, **template)
+        from lmnb.backend.openai import ContinueFinalMessageRefused
+
+        try:
+            backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
+                                  is_chat_model=False if args.completion else None,
+                                  continue_final_message=args.continue_final_message, **timeout, **template)
+        except ContinueFinalMessageRefused as e:  # (in the job's words: its option, the notebook's fix)
+            fix = (", and have the notebook's gens start their assistant messages ({assistant}{gen x}{/assistant})"
+                   if e.official else "")
+            raise ValueError(f"--continue-final-message: {e.why}; leave it out{fix}") from None
         backend.key_fix = key_advice(args)  # (a row's HTTP 401 names the job's --api-key, not the Python API)
         if url != "engine":
             _check_served_model(backend, args.openai, url)
