@@ -126,6 +126,21 @@ def test_stats_while_connected_name_the_server_not_an_engine(server, shown):  # 
     session.close()
 
 
+def test_stats_after_a_connect_count_the_cells_the_kernel_ran_before_it(server, shown):  # noqa: F811
+    """The cell rows of %lm stats count every cell of the kernel, also those run on the backend it
+    had before %lm connect, under the server's title (docs/cli.md says so): one cell of 7 prompt
+    tokens, 3 cached, 5 generated, run before the connect, is still there after it."""
+    session = Session()
+    session.totals.add(7, 3, 5, "done")
+    session.connect(lmnb.RuntimeEndpoint(server.url), f"SGLang-protocol server {server.url}")
+    commands.stats(None, session)
+    [text] = shown
+    rows = {line.rsplit("  ", 1)[0].strip(): line.rsplit("  ", 1)[1].strip() for line in text.splitlines()[2:]}
+    assert rows == {"%%lm cells run: done / failed / stopped": "1 / 0 / 0",
+                    "cell tokens: prompt / cached / completion": "7 / 3 / 5"}
+    session.close()
+
+
 def test_pin_and_tree_on_an_openai_server_name_the_api_it_speaks(server, shown):  # noqa: F811
     """Connected with --openai, %lm pin and %lm tree said "SGLang's server API, which %lm connect
     speaks, has no route ...": the kernel speaks the OpenAI-compatible API there."""
