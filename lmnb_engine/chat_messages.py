@@ -227,7 +227,12 @@ def template_kwargs(kwargs: Any) -> dict:
                         f'{{"enable_thinking": false}}), got {shown}')
     clash = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if clash:
+        # (these two are fields of the request itself, which a user moving them in would look for)
+        fields = [k for k in clash if k in ("add_generation_prompt", "continue_final_message")]
+        moved = (f" ({' and '.join(fields)} {'are' if len(fields) > 1 else 'is'} the request's own "
+                 f"parameter{'s' if len(fields) > 1 else ''}, beside messages: set {'them' if len(fields) > 1 else 'it'} "
+                 "there)" if fields else "")
         raise ValueError(f"chat_template_kwargs may not set {', '.join(map(repr, clash))}: the chat template "
                          "gets it from the request itself (the messages, and a generation prompt for the "
-                         "reply); leave it out of chat_template_kwargs")
+                         f"reply); leave it out of chat_template_kwargs{moved}")
     return dict(kwargs)

@@ -136,13 +136,19 @@ def test_chat_completions_renders_chat_template_kwargs_as_transformers(served, h
     ({"chat_template_kwargs": "enable_thinking=false"}, "chat_template_kwargs", 'got "enable_thinking=false"'),
     ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
      "chat_template_kwargs may not set 'add_generation_prompt': the chat template gets it from the request itself"),
+    ({"chat_template_kwargs": {"continue_final_message": True, "add_generation_prompt": False}},
+     "chat_template_kwargs",
+     "chat_template_kwargs may not set 'add_generation_prompt', 'continue_final_message': the chat template gets it "
+     "from the request itself (the messages, and a generation prompt for the reply); leave it out of "
+     "chat_template_kwargs (add_generation_prompt and continue_final_message are the request's own parameters, "
+     "beside messages: set them there)"),
     ({"chat_template_kwargs": {"messages": [], "chat_template": "x"}}, "chat_template_kwargs",
      "may not set 'chat_template', 'messages'"),
     ({"chat_template_kwargs": {"self": 1}}, "chat_template_kwargs", "chat_template_kwargs may not set 'self'"),
     ({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}, "reasoning_effort",
      "reasoning_effort \"high\" and chat_template_kwargs' reasoning_effort \"low\" differ"),
     ({"reasoning_effort": 5}, "reasoning_effort", "reasoning_effort: Input should be a valid string (got 5)"),
-], ids=["list", "string", "add_generation_prompt", "messages-chat_template", "self", "efforts-differ", "effort-no-string"])
+], ids=["list", "string", "add_generation_prompt", "the-requests-own-fields", "messages-chat_template", "self", "efforts-differ", "effort-no-string"])
 def test_chat_completions_refuses_bad_chat_template_kwargs_with_a_400(served, fields, param, said):
     spy, url = served
     before = len(spy.rendered)
