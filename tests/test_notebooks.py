@@ -664,6 +664,28 @@ def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str, sig=sig
     return proc.returncode, err, nbformat.read(out, as_version=4), stdout
 
 
+def test_ctrl_c_in_the_last_cell_does_not_say_cells_after_it_did_not_run(tmp_path):
+    """A Ctrl-C in the notebook's last cell was reported "interrupted (Ctrl-C) in cell 2; the cells
+    after it did not run", though there were none: it says "in cell 2, the last one" now (130)."""
+    marker = tmp_path / "started"
+    src = _notebook(tmp_path / "nb.ipynb", "print('first')",
+                    f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(120)", "  ")
+    proc = subprocess.Popen([sys.executable, "-m", "lmnb_kernel", "run", str(src), "-o", str(tmp_path / "out.ipynb")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():  # the last cell is running (the blank cell after it is none to run)
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "lmnb run: interrupted (Ctrl-C) in cell 2, the last one\n" in err, err
+    assert "did not run" not in err
+
+
 @pytest.mark.parametrize("options", [(), ("--allow-errors",)])
 def test_ctrl_c_interrupts_the_running_cell_keeps_its_output_and_ends_the_run_with_130(tmp_path, options):
     """As JupyterLab's stop button: the cell ends with KeyboardInterrupt and what it printed is
