@@ -598,13 +598,15 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
             token = None if digits_over_limit(len(key.lstrip("+-"))) else int(key)
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
             shown = shown_integer_text(key) if written and too_many_digits(key) else shown_number(key)
-            # (no backend-neutral encoder exists, nor one over an HTTP API: the fix names where each comes from)
+            # (no backend-neutral encoder exists, nor one over an HTTP API: the fix names where each comes from;
+            # said for a key that is text of no number, a word, not for -1, 5.0 or True)
+            word = ("; to bias a word, give its token ids from the model's own tokenizer: "
+                    "tokenizer.encode(word, add_special_tokens=False), where tokenizer is lmnb.Engine(...).get_tokenizer() "
+                    "or lmnb_engine.Engine(...).tokenizer in process, or transformers.AutoTokenizer.from_pretrained(the "
+                    "model's path or hub id) for a served model (for OpenAI's own models, "
+                    "tiktoken.encoding_for_model(name).encode(word))") if isinstance(key, str) and not written else ""
             bad(f"the key {shown} is not a token id: keys are token ids (ints >= 0, or their decimal text as in "
-                "OpenAI's API, \"1234\"); to bias a word, give its token ids from the model's own tokenizer: "
-                "tokenizer.encode(word, add_special_tokens=False), where tokenizer is lmnb.Engine(...).get_tokenizer() "
-                "or lmnb_engine.Engine(...).tokenizer in process, or transformers.AutoTokenizer.from_pretrained(the "
-                "model's path or hub id) for a served model (for OpenAI's own models, "
-                "tiktoken.encoding_for_model(name).encode(word))", {key: value})
+                f"OpenAI's API, \"1234\"){word}", {key: value})
         if not finite_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
             what = "is not a number" if not isinstance(value, (int, float)) or isinstance(value, bool) else \
                 "is not a finite number" if not finite_number(value) else \

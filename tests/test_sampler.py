@@ -433,6 +433,16 @@ def test_a_bad_logit_bias_is_refused_naming_the_key_and_the_fix(bias, said):
     assert e.value.field == "logit_bias"
 
 
+@pytest.mark.parametrize("key, shown", [(-1, "-1"), ("-1", "'-1'"), (True, "True"), (5.0, "5.0")])
+def test_a_logit_bias_key_that_is_a_number_or_bool_is_not_told_how_to_bias_a_word(key, shown):
+    """A key of no token id that is a number or a bool (-1, "-1", True, 5.0) was told the way to
+    bias a word (the model's tokenizer, tiktoken...), which it is not; only a word as key is."""
+    with pytest.raises(ValueError) as e:
+        SamplingParams(logit_bias={key: 1}).validate()
+    assert str(e.value) == (f"SamplingParams.logit_bias is invalid: the key {shown} is not a token id: keys are token "
+                            "ids (ints >= 0, or their decimal text as in OpenAI's API, \"1234\")")
+
+
 def test_a_logit_bias_of_token_id_text_becomes_int_ids():
     import numpy as np
 
