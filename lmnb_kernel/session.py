@@ -231,9 +231,10 @@ class Session:
         ("free the GPU") or its pool sized from what little was left, and only a kernel restart
         helped. Loading first and closing the old engine on a memory refusal alone would not
         catch the second case, a load that succeeds with a pool too small for the work, and
-        loads twice. What can fail before any memory is taken (``check_model``: no such
-        checkpoint, an unsupported architecture, a bad dtype or device) is checked before that
-        close, so it keeps the old engine. Elsewhere (CPU, another GPU, a server) the new backend loads first and a
+        loads twice. What of the checkpoint can fail before any memory is taken (``check_model``:
+        no such checkpoint, an unsupported architecture, a bad dtype or device) is checked before
+        that close, so it keeps the old engine; a ``max_total_tokens`` below lmnb's least pool is
+        told after it (``pool_floor`` needs the tokenizer). Elsewhere (CPU, another GPU, a server) the new backend loads first and a
         failed load keeps the old one: on CPU the pool takes a tenth of the available RAM, capped,
         and no weight check refuses a second model.
 
