@@ -365,6 +365,7 @@ def test_a_percent_sign_in_the_notebooks_texts_shows_in_the_jobs_help(tmp_path):
         assert said in helped
     assert parser.parse_args(["--input", "i.jsonl", "--output", "o.jsonl"]) == argparse.Namespace(
         input=Path("i.jsonl"), output=Path("o.jsonl"), backend="http://h/%7e/v1", openai="m%s", completion=False,
+        continue_final_message=False,
         api_key=None, timeout=5, model=None, device=None, dtype=None, max_total_tokens=None, chat_template=None,
         num_threads=16, limit=None, id_field=None, input_format=None, retry_errors=False, no_progress=False,
         param_ratio="5%")
