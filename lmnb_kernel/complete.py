@@ -106,7 +106,7 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
         reply = _line_command(line[_LINE_MAGIC.match(line).end() :], after, cursor_pos)
         if reply is None:  # a model's path (or a word of no subcommand): IPython's file names, not its
             theirs = python(code, cursor_pos)  # magic names (automagic offered %cat, %%capture for "ca")
-            reply = _reply([o for o in _ipython_offers(theirs) if not o[0].startswith("%")], cursor_pos,
+            reply = _reply(_ipython_offers(theirs, magics=False), cursor_pos,
                            theirs.get("cursor_start", cursor_pos))
         return reply
     return None
@@ -128,12 +128,13 @@ def _typed(names, kind: str) -> list[Offer]:
     return [(name, kind, "") for name in names]
 
 
-def _ipython_offers(reply: dict) -> list[Offer]:
+def _ipython_offers(reply: dict, magics: bool = True) -> list[Offer]:
     """The matches of IPython's complete_reply ``reply``, each with the type and signature its
-    metadata gives it (IPython's ``<unknown>`` where it gives none)."""
+    metadata gives it (IPython's ``<unknown>`` where it gives none); without its magic names
+    (``%cat``, ``%%capture``: its automagic offers them for a bare word) unless ``magics``."""
     types = {entry["text"]: entry for entry in reply.get("metadata", {}).get(_TYPES, [])}
     return [(m, types[m]["type"], types[m].get("signature", "")) if m in types else (m, "<unknown>", "")
-            for m in reply["matches"]]
+            for m in reply["matches"] if magics or not m.startswith("%")]
 
 
 def _options(parser, given=()) -> list[str]:
@@ -330,7 +331,7 @@ def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], di
     cell where the text they replace starts."""
     for text in dict.fromkeys((source, _innermost(source))):
         reply = python("(" + text, len(text) + 1)
-        offers = [o for o in _ipython_offers(reply) if not o[0].startswith("%")]
+        offers = _ipython_offers(reply, magics=False)
         if offers:
             break
     start = cursor_pos - len(text) - 1 + reply.get("cursor_start", len(text) + 1)

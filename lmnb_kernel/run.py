@@ -354,10 +354,7 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
                               pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
                 finally:
                     try:
-                        # (a Ctrl-C or SIGTERM ends the read, and the run goes on to its report and status:
-                        # it ended the process with neither; the handlers it had are given back after it)
-                        with _signals_ignored(signal.SIGINT, signal.SIGTERM):
-                            run_sync(client.read_last_output)()
+                        run_sync(client.read_last_output)()  # (signals ignored, as for the whole tail)
                         saved = save(nb, out if saved is None else saved)  # (again where the first save went)
                     finally:
                         if client.kc is not None:  # (nbclient stops its channels only for a manager it owns)

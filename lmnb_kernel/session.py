@@ -244,7 +244,7 @@ class Session:
                 and ``config`` stays the old engine's, which the next ``%%lm`` cell starts again.
         """
         with self._lock, interrupt_after():
-            device = shared_accelerator(self._backend, config) if self.remote is None else None
+            device = shared_accelerator(self._backend, config)  # (None for a server's)
             if device is None:
                 backend = self._start_engine(config)
                 self.close()
