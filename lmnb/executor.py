@@ -800,8 +800,8 @@ class StreamExecutor:
 
     def settled_for_caller(self) -> bool:
         """Whether ``wait_body`` and then ``wait_idle`` would return at once on this thread."""
-        with self._cv:
-            return not self._queue and not self._draining and not self._body_elsewhere()
+        with self._cv:  # (an RLock's condition: idle() takes it again)
+            return self.idle() and not self._body_elsewhere()
 
     def wait_body(self) -> None:
         """Block until a streamed program body running on another thread has returned."""

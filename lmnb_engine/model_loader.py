@@ -200,9 +200,8 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):  # (by its name: one rule, device_names, as for a device)
-        dtype = str(dtype).removeprefix("torch.")
-    return getattr(torch, dtype_name(str(dtype)))
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else str(dtype)
+    return getattr(torch, dtype_name(name))  # (a torch.dtype by its name: one rule, device_names)
 
 
 def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path:

@@ -204,13 +204,8 @@ class ModelRunner:
     def reset_pools(self) -> None:
         """(Re)create empty KV and request pools (start-up, and recovery after an internal error)."""
         cfg = self.config
-        old = getattr(self, "kv_pool", None)
-        if self.graph_runner is not None:  # [issue 9] its graphs write into the old buffers: never
-            self.graph_runner.release()  # replay them once those are freed, even if no new pool comes
-        if old is not None:  # [issue 9] free the old buffers first: two pools do not fit on a GPU
-            old.k_buffer.clear()
-            old.v_buffer.clear()
-            self.kv_pool = None
+        self._free_kv_buffers()  # [issue 9] the old buffers first: two pools do not fit on a GPU
+        self.kv_pool = None
         try:
             self.kv_pool = TokenToKVPool(
                 self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
@@ -230,6 +225,16 @@ class ModelRunner:
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()
 
+    def _free_kv_buffers(self) -> None:
+        """Free the KV pool's buffers (cleared in place: the scheduler's caches refer to the pool),
+        releasing the captured decode graphs first: they write into those buffers, so they must
+        never replay once the buffers are freed, even if no new pool comes."""
+        if self.graph_runner is not None:
+            self.graph_runner.release()
+        if getattr(self, "kv_pool", None) is not None:  # (none yet at start-up)
+            self.kv_pool.k_buffer.clear()
+            self.kv_pool.v_buffer.clear()
+
     def release_memory(self) -> None:
         """Free the device memory this runner holds: the captured decode graphs, the KV and
         request pools, and the model's weights and buffers (each tensor left empty, 0 elements, on
@@ -237,12 +242,8 @@ class ModelRunner:
         (``torch.cuda.empty_cache``: ``mem_get_info``, which the next model's weight check and KV
         pool sizing read, counts blocks torch's allocator keeps cached as taken). The runner cannot
         run again; call it only once nothing runs on it (the engine's scheduler has stopped)."""
-        if self.graph_runner is not None:  # (its graphs write into the pools freed below)
-            self.graph_runner.release()
-            self.graph_runner = None
-        if self.kv_pool is not None:  # (cleared in place: the scheduler's caches refer to the pool)
-            self.kv_pool.k_buffer.clear()
-            self.kv_pool.v_buffer.clear()
+        self._free_kv_buffers()
+        self.graph_runner = None
         pool = self.req_to_token_pool
         pool.host, pool.req_to_token = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32, device=self.device)
         with torch.no_grad():
