@@ -9,7 +9,6 @@ package (imports go lmnb_kernel → lmnb).
 from __future__ import annotations
 
 import argparse
-import builtins
 import re
 import shlex
 import unicodedata
@@ -18,6 +17,7 @@ from typing import Collection, Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
 from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
+from lmnb.template.parser import IPYTHON_BUILTINS, PYTHON_BUILTINS
 from lmnb_engine.suggest import close_match
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
@@ -252,10 +252,6 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
     return out
 
 
-# Names a result or --out may not take: Python's builtins, and IPython's display, which a kernel adds
-# to them (a plain Python run of the exporter has not: listed, so both refuse the same names).
-_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_"))
-_KERNEL_BUILTINS = frozenset({"display"})
 # The names every IPython shell defines for itself (InteractiveShell.init_user_ns, less get_ipython,
 # refused with its own words, and open, a builtin), listed for the exporter, which has no shell.
 _IPYTHON_NAMES = frozenset({"In", "Out", "_ih", "_oh", "_dh", "exit", "quit"})
@@ -282,11 +278,13 @@ def _name_problem(what: str, name: str, python: bool) -> Optional[str]:
         return (f"{what} {name!r} would replace IPython's {name}, one of the names it defines for itself (In, Out, "
                 f"_ih, _oh, _dh, exit, quit), which IPython and later cells read ({{gen Out}} made every cell that "
                 f"shows a value fail)")
-    if name in _BUILTIN_NAMES or name in _KERNEL_BUILTINS:
+    # (IPython's display listed, not looked up: a plain Python run of the exporter has no kernel's
+    # builtins, and both refuse the same names; get_ipython was refused above in its own words)
+    if name in PYTHON_BUILTINS or name in IPYTHON_BUILTINS:
         # (a --python body's results go in the state as it runs: only a template's later holes read them)
         holes = (f", and a later hole of this cell calling {name}(...) would call the result"
                  if what == "the result" and not python else "")
-        hidden = (f"IPython's {name}, which a kernel adds to the builtins" if name in _KERNEL_BUILTINS else
+        hidden = (f"IPython's {name}, which a kernel adds to the builtins" if name in IPYTHON_BUILTINS else
                   f"Python's builtin {name}")
         return (f"{what} {name!r} would hide {hidden}: it becomes a kernel variable, which every later cell reads "
                 f"instead{holes}")

@@ -8,6 +8,7 @@ target, a variable captured earlier in the same state, or else a kernel variable
 from __future__ import annotations
 
 import ast
+import builtins
 import io
 import keyword
 import re
@@ -45,6 +46,10 @@ BUILTIN_NAMES = frozenset(
     "abs all any bool dict enumerate filter float int isinstance len list map max min range "
     "repr reversed round set sorted str sum tuple zip".split()
 )
+# Python's builtins, and those IPython's shell adds to them (display; get_ipython while a cell
+# runs): names a hole or a result reads or hides in a kernel (template, cell_options).
+PYTHON_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_"))
+IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Fork, Media, Node, Role
 from lmnb.template.options import bare_media_path
-from lmnb.template.parser import BUILTIN_NAMES
+from lmnb.template.parser import BUILTIN_NAMES, IPYTHON_BUILTINS, PYTHON_BUILTINS
 
 # Names the generated code uses itself: the state ``s``, the ``lmnb`` module, and per fork depth d
 # the group ``forks{d}``, the branch state ``f{d}`` and the item list ``items{d}`` (d omitted for 1).
@@ -70,11 +70,10 @@ def _tag_meant(name: str, source: str, offset: int) -> Optional[str]:
 
 # Python's builtins that a hole reads as kernel variables (those parser.BUILTIN_NAMES leaves out):
 # where the kernel defines none, the error says so rather than "define it". In a kernel, the
-# builtins hold IPython's too (_IPYTHON_BUILTINS: its shell adds display, and get_ipython while a
+# builtins hold IPython's too (IPYTHON_BUILTINS: its shell adds display, and get_ipython while a
 # cell runs), which are not Python's: looked up as the error is made, not at this import, which
 # may come before the shell.
-_IPYTHON_BUILTINS = frozenset({"display", "get_ipython"})
-_HOLELESS_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_")) - BUILTIN_NAMES - _IPYTHON_BUILTINS
+_HOLELESS_BUILTINS = PYTHON_BUILTINS - BUILTIN_NAMES - IPYTHON_BUILTINS
 
 
 def _did_you_mean(name: str, namespace: Mapping[str, Any], called: bool = False) -> str:
@@ -147,7 +146,7 @@ class Template:
         calls = calls_of(self.body, name)
         offset = calls[0][0] if at_call and calls else self.argument_offsets.get(name, 0)
         hint = f"define {name} in a Python cell first"
-        ipythons = name in _IPYTHON_BUILTINS and hasattr(builtins, name)
+        ipythons = name in IPYTHON_BUILTINS and hasattr(builtins, name)
         builtin = name in _HOLELESS_BUILTINS or ipythons
         if builtin:  # ({frozenset(xs)}: a name Python has everywhere, so "define it" is no fix)
             hint = (f"compute the value in a Python cell (v = {name}(...)) and write {{v}}, or write the cell as "
