@@ -354,7 +354,11 @@ def _execute(args, nb, src: Path, out: Path | None, values: dict) -> int:
                               pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
                 finally:
                     try:
-                        run_sync(client.read_last_output)()  # (signals ignored, as for the whole tail)
+                        # (a Ctrl-C or SIGTERM ends the read, its own loop handlers', and the run goes on to
+                        # its report and status. Taken away, those leave Python's defaults, not the ignore
+                        # around the tail: this block sets that again for the last save and the clean-up)
+                        with _signals_ignored(signal.SIGINT, signal.SIGTERM):
+                            run_sync(client.read_last_output)()
                         saved = save(nb, out if saved is None else saved)  # (again where the first save went)
                     finally:
                         if client.kc is not None:  # (nbclient stops its channels only for a manager it owns)

@@ -1381,7 +1381,7 @@ def test_a_sigterm_as_lmnb_run_exits_after_its_run_keeps_the_runs_status_and_rep
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.parametrize("when", ["save", "shutdown", "read"])
+@pytest.mark.parametrize("when", ["save", "shutdown", "read", "last save"])
 def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and_report(tmp_path, sig, when):
     """Once the last cell has ended, the run shuts the kernel down and reads the kernel's last
     output once it has exited (half a second at least, in every run): a Ctrl-C or SIGTERM in the
@@ -1389,9 +1389,10 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
     of the cell that raised (and in the read, the output read then unsaved). Both are short and
     end on their own: the signal is ignored. So is one in the save of the notebook before them
     (nbclient's end had put Python's defaults back): a Ctrl-C there said "lmnb: interrupted" with
-    no report, and a SIGTERM ended the process silently, its kernel left to notice. The process
-    sends the signal to itself as the first save (``save``), the kernel's shutdown
-    (``shutdown_kernel``) or the read (``read_last_output``) starts."""
+    no report, and a SIGTERM ended the process silently, its kernel left to notice; and in the save
+    after the read, whose signal handlers (loop.add_signal_handler's, taken away) leave Python's
+    defaults. The process sends the signal to itself as the first save (``save``), the kernel's
+    shutdown (``shutdown_kernel``), the read (``read_last_output``) or the last save starts."""
     src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
     proc = _lmnb_run_in_its_own_process(src, "import lmnb_kernel.run as run, lmnb_kernel.run_client as run_client\n"
                                              "made, manager = run_client.Client, run.kernel_manager\n"
@@ -1411,14 +1412,15 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
                                              "        await read()\n"
                                              "    c.read_last_output = signalled\n"
                                              "    return c\n"
-                                             "saved = run.save\n"
+                                             "saved, saves = run.save, []\n"
                                              "def save_signalled(*args):\n"
-                                             "    run.save = saved  # (the first save only)\n"
-                                             f"    os.kill(os.getpid(), {int(sig)})\n"
+                                             "    saves.append(args)\n"
+                                             f"    if len(saves) == (2 if {when!r} == 'last save' else 1):\n"
+                                             f"        os.kill(os.getpid(), {int(sig)})\n"
                                              "    return saved(*args)\n"
                                              f"if {when!r} == 'read':\n"
                                              "    run_client.Client = client\n"
-                                             f"elif {when!r} == 'save':\n"
+                                             f"elif {when!r} in ('save', 'last save'):\n"
                                              "    run.save = save_signalled\n"
                                              "else:\n"
                                              "    run.kernel_manager = kernel_manager\n")
