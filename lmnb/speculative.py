@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import codecs
 import dataclasses
+import json
 import re
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -333,12 +334,28 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
 def _drawn_with(field: str, value):
     """``value`` of GenParams ``field`` as what it changes in the draw, for ``spec_role_check``: an
     empty ``logit_bias`` or ``stop_token_ids`` and ``min_tokens=0`` are none (they were refused
-    beside a gen without them), and stop token ids are a set (their order changes nothing)."""
+    beside a gen without them), stop token ids are a set (their order changes nothing), and a
+    ``json_schema`` is its canonical JSON text (``_canonical_schema``)."""
     if field == "stop_token_ids":
         return frozenset(value) if value else None
     if field in ("logit_bias", "min_new_tokens"):
         return value or None
+    if field == "json_schema":
+        return _canonical_schema(value)
     return value
+
+
+def _canonical_schema(schema):
+    """A ``json_schema`` (a JSON string, a dict or a bool: ``json_schema_value``) as one JSON text
+    whatever way it was written: parsed where a string, then written with sorted keys and no
+    spaces, so a dict and its JSON text, or two texts whose keys or whitespace differ, are one
+    schema. ``schema`` as it is where JSON cannot read or write it (gen() refused such a schema
+    already; as it is, it compares as before)."""
+    try:
+        value = json.loads(schema) if isinstance(schema, str) else schema
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return schema
 
 
 def _gen_named(expr: Gen, k: int) -> str:
