@@ -292,15 +292,16 @@ _OWN_IN_CHAT_CALL = frozenset({"max_new_tokens", "stop", "stop_regex", "return_l
 _SHOWN_CHARS = 60  # of a differing value in spec_role_check's message (a schema, a regex may be long)
 
 
-def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
+def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -> None:
     """Refuse a chat model's deferred gen ``expr`` (with its resolved ``params``) whose sampling
     parameters differ from the first gen's of its assistant role (``terms``: the role's fills and
     gens so far, ``StreamExecutor._spec_terms``), before the role's one call is made.
 
     That call (``spec_role_end``) writes the whole assistant message with the first gen's
     parameters, so a later gen's own ``temperature``, ``logit_bias``, ``seed`` etc. would be
-    silently ignored; a call of its own is no way out, as a chat API cannot continue a half-written
-    assistant message. SGLang's OpenAI backend refuses the same (an assertion in
+    silently ignored; a call of its own is no way out under speculation, which makes one call per
+    role: a chat API cannot continue a half-written assistant message, and where ``backend`` can
+    (``continue_final_message``) the error says to run without speculation (``_continuing``). SGLang's OpenAI backend refuses the same (an assertion in
     ``_prepare_spec_execution``; it compares the OpenAI arguments, lmnb every option that changes
     what is drawn). Not compared (``_OWN_IN_CHAT_CALL``): ``stop`` and ``stop_regex``, each gen's
     own (the reply is split at them), ``max_tokens`` (the call's is ``num_api_spec_tokens``) and the
@@ -322,13 +323,35 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams) -> None:
     gen_k = sum(t[0] == "gen" for t in terms)  # (expr is the role's gen number gen_k + 1)
     this, that = _gen_named(expr, gen_k + 1), _gen_named(first_expr, 1)
     names = " and ".join(dict.fromkeys(_option_name(f, expr) for f in fields))
+    why, way_out = _continuing(backend, this)
     raise ValueError(
         f"{this} has {_options(fields, expr, params, expr)} where {that}, the first gen of its assistant role, has "
         f"{_options(fields, first_expr, first_params, expr)}: under API speculative execution (num_api_spec_tokens) "
         f"a chat model writes the whole assistant message in one call, with the first gen's sampling parameters, "
-        f"and a chat API cannot continue a half-written assistant message to draw {this} with its own; give the "
-        f"role's gens the same {names}, or put {this} in an assistant role of its own"
+        f"{why}; give the role's gens the same {names}, or put {this} in an assistant role of its own{way_out}"
     )
+
+
+def _continuing(backend, this: str) -> tuple[str, str]:
+    """Why a chat model's speculated gen ``this`` cannot be drawn with its own options, and the way
+    out where ``backend`` continues a half-written assistant message without speculation:
+    ``lmnb.OpenAI(..., continue_final_message=True)`` does (a call per gen), and any other server
+    than OpenAI's own may take that field (vLLM, SGLang, lmnb serve); speculation makes one call
+    per role, so it never does. The fix names the Python API's option and ``%lm connect``'s, as
+    ``OpenAI``'s own refusal of such a gen does."""
+    from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
+
+    if not isinstance(backend, OpenAI) or backend.is_official or not backend.is_chat_model:
+        return f"and a chat API cannot continue a half-written assistant message to draw {this} with its own", ""
+    why = f"and speculation makes no call of its own to continue the half-written assistant message for {this} "
+    without = ("run without API speculative execution (@function without num_api_spec_tokens){}: each gen then "
+               "continues the reply in a call of its own")
+    if backend.continue_final_message:
+        return why + "(this backend can continue it: continue_final_message=True)", ", or " + without.format("")
+    return (why + "(a vLLM, SGLang or lmnb serve server can continue it, with continue_final_message)",
+            ", or, on such a server, " + without.format(
+                " and with OpenAI(..., continue_final_message=True) (in a notebook %lm connect URL --openai MODEL "
+                "--continue-final-message)"))
 
 
 def _drawn_with(field: str, value):

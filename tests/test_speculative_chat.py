@@ -57,3 +57,59 @@ def test_a_speculated_chat_gen_with_another_json_schema_is_still_refused():
                                                "assistant role, has json_schema="):
         prog.run(backend=be).text()
     assert be.kinds() == []
+
+
+def _refusal(backend) -> str:
+    """The refusal of a chat role whose later gen has its own temperature, run on ``backend``
+    (before any call: the backends below are never reached)."""
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", temperature=0.9))
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=backend, temperature=0).text()
+    return str(e.value)
+
+
+_SAID = ("gen 'age' has temperature=0.9 where gen 'name', the first gen of its assistant role, has temperature=0: "
+         "under API speculative execution (num_api_spec_tokens) a chat model writes the whole assistant message in "
+         "one call, with the first gen's sampling parameters, ")
+
+
+def test_a_speculated_chat_refusal_on_a_server_that_can_continue_a_reply_names_continue_final_message():
+    """The refusal said "a chat API cannot continue a half-written assistant message", and its fixes
+    kept speculation; a vLLM, SGLang or lmnb serve server can continue one (continue_final_message):
+    without speculation each gen is then a call of its own, continuing the reply, and the program
+    runs as written. The fix names it as the Python API and a notebook's %lm connect write it."""
+    said = _refusal(sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1"))
+    assert _SAID + (
+        "and speculation makes no call of its own to continue the half-written assistant message for gen 'age' "
+        "(a vLLM, SGLang or lmnb serve server can continue it, with continue_final_message); give the role's gens "
+        "the same temperature, or put gen 'age' in an assistant role of its own, or, on such a server, run without "
+        "API speculative execution (@function without num_api_spec_tokens) and with OpenAI(..., "
+        "continue_final_message=True) (in a notebook %lm connect URL --openai MODEL --continue-final-message): each "
+        "gen then continues the reply in a call of its own") in said
+
+
+def test_a_speculated_chat_refusal_on_a_backend_that_continues_replies_says_to_run_without_speculation():
+    said = _refusal(sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1", continue_final_message=True))
+    assert _SAID + (
+        "and speculation makes no call of its own to continue the half-written assistant message for gen 'age' "
+        "(this backend can continue it: continue_final_message=True); give the role's gens the same temperature, "
+        "or put gen 'age' in an assistant role of its own, or run without API speculative execution (@function "
+        "without num_api_spec_tokens): each gen then continues the reply in a call of its own") in said
+
+
+@pytest.mark.parametrize("backend", [
+    lambda: sgl.OpenAI("gpt-4o", api_key="sk-test"),  # OpenAI's own API has no continue_final_message
+    lambda: ScriptedBackend(is_chat_model=True, chat_template=CHATML),
+])
+def test_a_speculated_chat_refusal_on_a_chat_api_that_cannot_continue_a_reply_offers_no_continue_final_message(
+        backend):
+    said = _refusal(backend())
+    assert _SAID + ("and a chat API cannot continue a half-written assistant message to draw gen 'age' with its own; "
+                    "give the role's gens the same temperature, or put gen 'age' in an assistant role of its "
+                    "own") in said
+    assert said.endswith("or put gen 'age' in an assistant role of its own") and "continue_final" not in said
