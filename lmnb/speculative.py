@@ -6,7 +6,9 @@ and gens are matched from that text. Completion models follow SGLang's ``StreamE
 chat models defer the gens of an assistant role to one call at the role's end, made with the first
 gen's sampling parameters (a later gen whose own differ is refused: ``spec_role_check``), and split
 the reply along the role's pattern (SGLang's ``OpenAI.role_end_generate``/``spec_pattern_match``),
-keeping the state per program instead of per backend so ``run_batch`` threads do not mix.
+keeping the state per program instead of per backend so ``run_batch`` threads do not mix; each gen's
+share is then cut at its own max_tokens and reports its own tokens, as a completion model's gen does
+(``_role_share``; SGLang does neither).
 """
 
 from __future__ import annotations
@@ -285,8 +287,9 @@ def _textless(entry: list) -> list:
 
 
 # GenParams fields that stay each gen's own in a chat model's speculative call: the call's max_tokens
-# is num_api_spec_tokens, the reply is split at each gen's stop and stop_regex, and the logprob
-# options change what is reported, not what is drawn. The others are the call's, the first gen's.
+# is num_api_spec_tokens and each gen's share is cut at its own, the reply is split at each gen's stop
+# and stop_regex, and the logprob options change what is reported, not what is drawn (_role_share).
+# The others are the call's, the first gen's.
 _OWN_IN_CHAT_CALL = frozenset({"max_new_tokens", "stop", "stop_regex", "return_logprob", "logprob_start_len",
                                "top_logprobs_num", "return_text_in_logprobs"})
 _SHOWN_CHARS = 60  # of a differing value in spec_role_check's message (a schema, a regex may be long)
@@ -301,13 +304,13 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -
     parameters, so a later gen's own ``temperature``, ``logit_bias``, ``seed`` etc. would be
     silently ignored; a call of its own is no way out under speculation, which makes one call per
     role: a chat API cannot continue a half-written assistant message, and where ``backend`` can
-    (``continue_final_message``) the error says to run without speculation (``_continuing``). SGLang's OpenAI backend refuses the same (an assertion in
-    ``_prepare_spec_execution``; it compares the OpenAI arguments, lmnb every option that changes
-    what is drawn). Not compared (``_OWN_IN_CHAT_CALL``): ``stop`` and ``stop_regex``, each gen's
-    own (the reply is split at them), ``max_tokens`` (the call's is ``num_api_spec_tokens``) and the
-    logprob options (the first gen's meta_info has the whole reply's logprobs where it asks for
-    them, a later gen's none). Values are compared as drawn with (``_drawn_with``: ``logit_bias={}``
-    is none).
+    (``continue_final_message``) the error says to run without speculation (``_continuing``).
+    SGLang's OpenAI backend refuses the same (an assertion in ``_prepare_spec_execution``; it
+    compares the OpenAI arguments, lmnb every option that changes what is drawn). Not compared
+    (``_OWN_IN_CHAT_CALL``): ``stop`` and ``stop_regex``, each gen's own (the reply is split at
+    them), ``max_tokens`` (the call's is ``num_api_spec_tokens``; each share is cut at its gen's
+    own) and the logprob options (each gen gets its own tokens' logprobs: ``_role_share``). Values
+    are compared as drawn with (``_drawn_with``: ``logit_bias={}`` is none).
 
     Raises:
         ValueError: naming both gens, the differing options with both values, and the fix.
@@ -408,53 +411,169 @@ def _options(fields: list[str], expr: Gen, params: GenParams, refused: Gen) -> s
 
 def spec_role_end(ex: "StreamExecutor") -> None:
     """Chat-model API speculative execution: the assistant role's gens were deferred; one chat
-    call (``max_tokens=num_api_spec_tokens``, the first gen's other sampling parameters, which
-    ``spec_role_check`` made sure are every gen's) answers them all, and its reply is matched
-    against the role's pattern of fills and gens (up to ``SPEC_MAX_TRIES`` calls). The first gen's
-    meta_info is the call's, the others' only ``speculative``.
+    call (``_role_call_params``: ``max_tokens=num_api_spec_tokens``, the first gen's other sampling
+    parameters, which ``spec_role_check`` made sure are every gen's) answers them all, and its reply
+    is matched against the role's pattern of fills and gens (up to ``SPEC_MAX_TRIES`` calls). Each
+    gen then takes its share of the reply as the completion-model path does (``_role_share``): cut
+    at its own ``max_tokens``, with its own ``completion_tokens``, ``finish_reason`` and logprobs;
+    the first gen's meta_info also has the call's, its ``completion_tokens`` and ``finish_reason``
+    in ``speculative_call``.
 
     Raises:
         ValueError: no reply followed the pattern, naming where the last one left it and the fix
-            (``_split``).
+            (``_split``); a gen asks for ``return_logprob`` where the reply's tokens are not known
+            (``_role_share``).
     """
     terms, ex._spec_terms = ex._spec_terms, []
     gens = [t for t in terms if t[0] == "gen"]
-    values, meta = None, {}
+    shares, meta, reply = [], {}, ""
     if gens:
-        params = dataclasses.replace(
-            gens[0][2], max_new_tokens=ex.num_api_spec_tokens, stop=list(ex.message_end_stops(gens[0][2])), stop_regex=None
-        )
-        reply = ""
+        params = _role_call_params([t[2] for t in gens], ex.num_api_spec_tokens, list(ex.message_end_stops(gens[0][2])))
         for _ in range(SPEC_MAX_TRIES):
             comps = ex._call(ex.backend.generate, ex._prompt(), params)
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
             cut = finish_reason_dict(meta).get("type") == "length"
-            values, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None)
-            if values is not None:
+            shares, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None)
+            if shares is not None:
                 break
             # (its reply is dropped, but the call was made: views and batch records count it, as a refused gen's)
             ex._emit("var", meta_info=meta)
-        if values is None:
+        if shares is None:
             raise ValueError(
                 f"API speculative execution: after {SPEC_MAX_TRIES} calls the reply {reply[:200]!r} "
                 f"does not follow the assistant role's pattern of text and gens: {why}; or turn API "
                 "speculative execution off (@function without num_api_spec_tokens)"
             )
-    vi = iter(values or [])
-    call = dict(meta, speculative=True)  # (the first gen's: usage counts the call once, as for completion models)
+    ends = Speculation.from_completion(reply, meta, getattr(ex.backend, "token_text", None)).ends if gens else None
+    outputs, start, k = [], 0, 0
+    try:
+        for term in terms:
+            if term[0] == "text":
+                start += len(term[1])
+                continue
+            value, how = shares[k]
+            outputs.append(_role_share(_gen_named(term[1], k + 1), term[2], value, how, start, reply, ends, meta,
+                                       first=k == 0, length_form=getattr(ex.backend, "length_in_finish_reason", True)))
+            start, k = start + len(value), k + 1
+    except ValueError:
+        ex._emit("var", meta_info=meta)  # (the call was made: views and batch records count it)
+        raise
+    out = iter(outputs)
     unreported = [meta] if gens else []  # the call, until the first gen's variable reports it
     for term in terms:
         if term[0] == "text":
             ex._append_made(term[1], "fill", None, unreported)
         else:
             _, expr, _, parse = term
-            text = next(vi)
+            text, own = next(out)
             ex._append_made(text, "gen", expr.name, unreported)
             # (the first gen's refused value still reports the call, as a refused gen's own requests are)
-            value = ex._parsed_all(expr, parse, [(text, call)])[0] if unreported else ex._parsed(expr, text, parse)
-            ex._finish_var(expr.name, value, call, text=text)
-            call, unreported = {"speculative": True}, []
+            value = ex._parsed_all(expr, parse, [(text, own)])[0] if unreported else ex._parsed(expr, text, parse, own)
+            ex._finish_var(expr.name, value, own, text=text)
+            unreported = []
+
+
+_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
+
+
+def _role_call_params(gens: list[GenParams], spec_tokens: int, stops: list[str]) -> GenParams:
+    """The parameters of a chat role's one speculative call, of its gens' resolved ``gens``: the
+    first gen's, with ``max_tokens=spec_tokens`` and the chat template's end-of-message ``stops``
+    (each gen's own stops split the reply). Where a gen asks for logprobs, or its ``max_tokens`` is
+    under ``spec_tokens`` (so its share may hold more tokens than it may write), the call asks for
+    the logprobs with their token texts, as ``spec_gen``'s call does, to find each gen's tokens in
+    the reply, with the most top logprobs any gen asks for (each gets its own number)."""
+    asking = [p for p in gens if p.return_logprob]
+    params = dataclasses.replace(gens[0], max_new_tokens=spec_tokens, stop=stops, stop_regex=None)
+    if asking or any(p.max_new_tokens is not None and p.max_new_tokens < spec_tokens for p in gens):
+        top = max((p.top_logprobs_num or 0 for p in asking), default=0)
+        params = dataclasses.replace(params, return_logprob=True, return_text_in_logprobs=True,
+                                     top_logprobs_num=top or None)
+    return params
+
+
+def _role_share(named: str, params: GenParams, value: str, how: tuple, start: int, reply: str,
+                ends: Optional[tuple[int, ...]], call: dict, first: bool, length_form: bool) -> tuple[str, dict]:
+    """A speculated chat gen's (``named``) text and meta_info: its share ``value`` of the role's ``reply``,
+    which begins at character ``start`` and ended as ``how`` says (``_split``: at the gen's stop,
+    at the next fill, or with the reply), as ``spec_gen`` gives a completion model's gen its share.
+
+    Its tokens are those of the call's (``call``, its meta_info) whose text ends in the share, or
+    in the stop it ended at (``ends``: ``Speculation.ends`` of the reply; a token that writes the
+    fill's last characters and the share's first counts, as ``Speculation.drop`` keeps it); one that
+    ends with the reply also has the tokens after its text (an EOS, the call's stop string). More
+    than ``params.max_new_tokens`` of them: the gen takes the first that many, ``finish_reason``
+    ``length``, as without speculation. Where ``ends`` is None (the reply came without token texts
+    that add up to it) the tokens are not known: the share is cut at ``max_tokens`` characters (the
+    completion path's rule, SGLang's) unless the whole call wrote no more than ``max_tokens``
+    tokens, and ``completion_tokens`` is left out but where the share is the whole output.
+
+    Raises:
+        ValueError: the gen asks for ``return_logprob`` where its tokens are not known and its share
+            is not the call's whole output (whose logprobs are the call's): which of the reply's
+            logprobs are its own cannot be told."""
+    limit = params.max_new_tokens
+    lists = {key: call[key] for key in _LOGPROB_KEYS if isinstance(call.get(key), list)}
+    whole = start == 0 and how[0] == "rest"  # (its share is the call's whole output)
+    cut, span = None, None
+    if ends is not None:
+        lo = bisect.bisect_left(ends, start)  # (ends never decrease)
+        if start > 0 and lo < len(ends) and ends[lo] == start:  # that token wrote the fill's last character
+            lo += 1
+        used = start + len(value) + (len(how[1]) if how[0] == "stop" else 0)  # (the stop's tokens count)
+        if how[0] == "rest":
+            hi = max(len(lists.get("output_token_logprobs", ())), len(ends))
+        else:
+            hi = max(lo, min(bisect.bisect_left(ends, used) + 1, len(ends))) if used > start else lo
+        if limit is not None and hi - lo > limit:
+            hi = lo + limit
+            last = ends[hi - 1] if 0 < limit and hi - 1 < len(ends) else (len(reply) if limit else start)
+            cut = min(max(last - start, 0), len(value))
+        span = (lo, hi)
+    elif limit is not None and len(value) > limit:
+        written = call.get("completion_tokens")
+        if not (isinstance(written, int) and written <= limit):
+            cut = limit
+    if cut is not None:
+        finish = {"type": "length", **({"length": limit} if length_form else {})}
+    elif how[0] == "stop":
+        finish = {"type": "stop", "matched": how[1]}
+    elif how[0] == "rest":  # (its output ended where the call's did)
+        finish = call.get("finish_reason")
+    else:  # (it met the next fill, where it would not have stopped itself: no finish reason is known)
+        finish = None
+    meta: dict = {"speculative": True}
+    if first:  # (usage counts the call's tokens, not the first gen's share: as for completion models)
+        meta = {k: v for k, v in call.items() if k not in ("completion_tokens", "finish_reason", *_LOGPROB_KEYS)}
+        meta["speculative"] = True
+        meta["speculative_call"] = {k: call[k] for k in ("completion_tokens", "finish_reason") if k in call}
+    if finish is not None:
+        meta["finish_reason"] = finish
+    if span is not None:
+        meta["completion_tokens"] = span[1] - span[0]
+    elif whole and cut is None and "completion_tokens" in call:
+        meta["completion_tokens"] = call["completion_tokens"]
+    if params.return_logprob:
+        if span is None and not (whole and cut is None):
+            raise ValueError(
+                f"{named} asks for return_logprob, but the reply of its assistant role's one call "
+                "(API speculative execution, num_api_spec_tokens) came without token texts that add up to it, so "
+                "which of its logprobs are the gen's is not known; drop the gen's return_logprob, or run it without "
+                "API speculative execution (@function without num_api_spec_tokens), at the start of an assistant "
+                "message or where the backend continues one (continue_final_message)")
+        lo, hi = span if span is not None else (0, None)
+        for key, entries in lists.items():
+            if key == "output_top_logprobs" and not params.top_logprobs_num:
+                continue
+            own = entries[lo:hi]
+            if key == "output_top_logprobs":  # (the call asked for the most any gen asks for)
+                own = [None if top is None else top[:params.top_logprobs_num] for top in own]
+            if not params.return_text_in_logprobs:  # the call asked for token texts to count by; this gen did not
+                own = [None if e is None else [_textless(t) for t in e] for e in own] if key == "output_top_logprobs" \
+                    else [_textless(e) for e in own]
+            meta[key] = own
+    return (value if cut is None else value[:cut]), meta
 
 
 def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) -> Optional[list[str]]:
@@ -468,13 +587,16 @@ def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) ->
     output ends there). Returns the gen values, or None when the reply does not follow the pattern
     (``_split`` says why).
     """
-    return _split(terms, reply, follows)[0]
+    shares = _split(terms, reply, follows)[0]
+    return None if shares is None else [value for value, _ in shares]
 
 
 def _split(terms: list[tuple], reply: str, follows: Optional[str],
            cut_at: Optional[int] = None) -> tuple[Optional[list[str]], str]:
-    """``spec_match``'s gen values and "", or None and why the reply does not follow the pattern,
-    with the fix where the program's pattern is the cause (``spec_role_end``'s error). ``cut_at``:
+    """``spec_match``'s gen values, each with how it ended (``("stop", the stop it matched)``,
+    ``("fill", None)``: at the next fill, ``("rest", None)``: with the reply), and ""; or None and
+    why the reply does not follow the pattern, with the fix where the program's pattern is the
+    cause (``spec_role_end``'s error). ``cut_at``:
     the call's ``max_tokens`` where the reply was cut there, said where a gen met neither its stop
     nor the next fill (the cut may be why; not where the program's pattern is)."""
     values, rest, stopped = [], reply, None  # stopped: the last gen's name and the stop it ended at
@@ -493,11 +615,11 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
         stop = _stop_in(params, Speculation(rest, follows=follows), None)
         following = next((t[1] for t in terms[k + 1:] if t[0] == "text" and t[1]), None)
         if stop is not None:
-            pos, stopped = stop[0], (name, stop[1])
+            pos, stopped, how = stop[0], (name, stop[1]), ("stop", stop[1])
         elif following is not None and following in rest:
-            pos, stopped = rest.find(following), None
+            pos, stopped, how = rest.find(following), None, ("fill", None)
         elif following is None and all(t[0] == "text" for t in terms[k + 1:]):
-            pos, stopped = len(rest), None
+            pos, stopped, how = len(rest), None, ("rest", None)
         elif following is None:
             after = next(t[1].name for t in terms[k + 1:] if t[0] == "gen")
             return None, (f"gen {name!r} met no stop in the reply's text {rest[:40]!r}, and no fill comes before "
@@ -506,6 +628,6 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
             cut = f" (the reply was cut at num_api_spec_tokens={cut_at} tokens: raise it)" if cut_at else ""
             return None, (f"gen {name!r} met neither its stop nor the next fill ({following!r}) in the reply's "
                           f"text {rest[:40]!r}: raise num_api_spec_tokens or add stop strings{cut}")
-        values.append(rest[:pos])
+        values.append((rest[:pos], how))
         rest = rest[pos:]
     return values, ""

@@ -2854,8 +2854,10 @@ def test_an_abort_right_before_an_api_speculated_terms_text_is_appended_still_re
     [rid] = be.rids
     reported = [(e.name, e.meta_info) for e in events if e.kind == "var"]
     if where == "first gen":  # the first gen's variable told of the call; the fill after it is dropped
-        assert reported == [("name", {"id": rid, "finish_reason": {"type": "stop"}, "cached_tokens": 0,
-                                      "prompt_tokens": 5, "completion_tokens": 7, "speculative": True})]
+        # (its own finish is its share's; the call's tokens and finish are in speculative_call, which usage counts)
+        assert reported == [("name", {"id": rid, "finish_reason": {"type": "stop", "matched": "\n"}, "cached_tokens": 0,
+                                      "prompt_tokens": 5, "speculative": True,
+                                      "speculative_call": {"completion_tokens": 7, "finish_reason": {"type": "stop"}}})]
         assert error.partial_text == "<|im_start|>assistant\nCarol"
     else:
         stopped = {"type": "abort", "message": "the program state was aborted"}
@@ -2869,7 +2871,7 @@ def test_a_speculated_chat_gens_refused_value_still_reports_the_call():
     not parse) was never reported: the cell's summary and batch records lost its prompt and tokens,
     where a gen's own refused request reaches them (f45d351). It is now reported as an unnamed
     gen's ``var`` event with the call's meta_info, before the gen fails."""
-    be = _Counted(lambda p, params: "Carol\n", chat_template=CHATML, is_chat_model=True)
+    be = _Counted(lambda p, params: "Carol", chat_template=CHATML, is_chat_model=True)
     events = []
 
     @sgl.function(num_api_spec_tokens=16)
@@ -2880,9 +2882,11 @@ def test_a_speculated_chat_gens_refused_value_still_reports_the_call():
         st = prog.run(backend=be)
     assert "gen 'n' with dtype=int produced 'Carol'" in str(st.error())
     [rid] = be.rids
+    # (the gen's share is the whole output: its own tokens and finish are the call's, which usage counts)
     assert [(e.name, e.meta_info) for e in events if e.kind == "var"] == [
         (None, {"id": rid, "finish_reason": {"type": "stop"}, "cached_tokens": 0, "prompt_tokens": 5,
-                "completion_tokens": 7, "speculative": True})]
+                "completion_tokens": 7, "speculative": True,
+                "speculative_call": {"completion_tokens": 7, "finish_reason": {"type": "stop"}}})]
 
 
 @pytest.mark.parametrize("replies", [["I refuse.", "Name: Carol"], ["I refuse."] * 3])
@@ -2906,7 +2910,11 @@ def test_a_speculated_chat_call_whose_reply_is_dropped_is_still_reported(replies
     reported = [(e.name, e.meta_info) for e in events if e.kind == "var"]
     assert len(be.rids) == len(replies)
     if len(replies) == 2:  # the first reply dropped, the second answered
-        assert reported == [(None, {"id": be.rids[0], **call}), ("name", {"id": be.rids[1], **call, "speculative": True})]
+        # (the gen's share, after the fill, is not the whole output: the call's tokens are in speculative_call)
+        own = {k: v for k, v in call.items() if k != "completion_tokens"}
+        assert reported == [(None, {"id": be.rids[0], **call}),
+                            ("name", {"id": be.rids[1], **own, "speculative": True, "speculative_call": {
+                                "completion_tokens": 7, "finish_reason": {"type": "stop"}}})]
         assert st["name"] == "Carol"
     else:
         assert reported == [(None, {"id": rid, **call}) for rid in be.rids]
@@ -3335,8 +3343,19 @@ def test_a_speculated_chat_gen_whose_options_draw_as_the_first_gens_is_not_refus
 def test_a_speculated_chat_roles_gens_keep_their_own_stops_max_tokens_and_logprob_options():
     """What stays each gen's own under one chat call: its stop (the reply is split at it), its
     max_tokens (the call's is num_api_spec_tokens) and its logprob options; and a value inherited
-    from run() is the same as one given to the gen."""
-    be = ScriptedBackend(lambda p, params: "Name: Carol\nAge: 41.", chat_template=CHATML, is_chat_model=True)
+    from run() is the same as one given to the gen. (The reply comes with its tokens' texts, which
+    the call asks for to find the gen's own logprobs: test_speculative_chat.py.)"""
+    from lmnb.backend.base import Completion
+
+    pieces = ["Name", ":", " Carol", "\n", "Age", ":", " 41", "."]
+
+    class Tokens(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion("".join(pieces), {"id": rid, "finish_reason": {"type": "stop"}, "output_token_logprobs": [
+                [-1.0, i, piece] for i, piece in enumerate(pieces)]})]
+
+    be = Tokens(chat_template=CHATML, is_chat_model=True)
 
     @sgl.function(num_api_spec_tokens=32)
     def prog(s):
@@ -3348,6 +3367,8 @@ def test_a_speculated_chat_roles_gens_keep_their_own_stops_max_tokens_and_logpro
     assert (st["name"], st["age"]) == ("Carol", "41")
     [(kind, (_, params))] = be.calls
     assert (kind, params.temperature, params.logit_bias, params.max_new_tokens) == ("generate", 0.5, {7: 1.0}, 32)
+    # (" 41" and the "." it stopped at: 2 tokens, under its max_tokens=3)
+    assert st.get_meta_info("age")["output_token_logprobs"] == [[-1.0, 6, None], [-1.0, 7, None]]
 
 
 @pytest.mark.parametrize("reply, finish, want", [
@@ -3402,7 +3423,10 @@ def test_a_speculated_chat_reply_is_counted_once_not_once_per_gen():
         st = prog.run(backend=Counted(chat_template=CHATML, is_chat_model=True))
     assert (st["name"], st["age"]) == ("Carol", "41")
     assert recorder.tokens == {"prompt": 9, "cached": 0, "completion": 6}
-    assert st.get_meta_info("name")["completion_tokens"] == 6 and st.get_meta_info("age") == {"speculative": True}
+    # (the first gen has the call's in speculative_call; neither has tokens of its own: the reply's are not known)
+    assert st.get_meta_info("name")["speculative_call"] == {"completion_tokens": 6, "finish_reason": {"type": "stop"}}
+    assert "completion_tokens" not in st.get_meta_info("name")
+    assert st.get_meta_info("age") == {"speculative": True, "finish_reason": {"type": "stop"}}
 
 
 @pytest.mark.parametrize("role, reply, finish, why", [

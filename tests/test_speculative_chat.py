@@ -113,3 +113,143 @@ def test_a_speculated_chat_refusal_on_a_chat_api_that_cannot_continue_a_reply_of
                     "give the role's gens the same temperature, or put gen 'age' in an assistant role of its "
                     "own") in said
     assert said.endswith("or put gen 'age' in an assistant role of its own") and "continue_final" not in said
+
+
+# A reply as the role "Name:" + gen("name", stop="\n") + "\nAge:" + gen("age", stop="\n") wants it, in its
+# tokens: name's share " Carol Ann" is tokens 2-3 and its stop "\n" token 4; age's " 41" tokens 7-8, "\n" 9.
+_PIECES = ["Name", ":", " Carol", " Ann", "\n", "Age", ":", " 4", "1", "\n"]
+
+
+def _entry(i: int) -> list:
+    return [-(i + 1) / 8, 100 + i, _PIECES[i]]
+
+
+class _Tokens(ScriptedBackend):
+    """A chat model whose reply is ``_PIECES``, with each token's logprob entry (and a second top
+    alternative) where the call asks for logprobs, and the call's completion_tokens."""
+
+    def generate(self, prompt, params, rid):
+        from lmnb.backend.base import Completion
+
+        self._record("generate", (prompt, params))
+        meta = {"id": rid, "finish_reason": {"type": "stop"}, "completion_tokens": len(_PIECES)}
+        if params.return_logprob:
+            meta["output_token_logprobs"] = [_entry(i) for i in range(len(_PIECES))]
+            if params.top_logprobs_num:
+                meta["output_top_logprobs"] = [[_entry(i), [-4.0, 99, "x"]][:params.top_logprobs_num]
+                                               for i in range(len(_PIECES))]
+        return [Completion("".join(_PIECES), meta)]
+
+
+def _role(name: dict, age: dict):
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name:" + sgl.gen("name", stop="\n", **name) + "\nAge:" + sgl.gen("age", stop="\n", **age))
+
+    return prog
+
+
+
+
+@pytest.mark.parametrize("name_max, age_max, want", [
+    # (each gen's tokens counted from the first after the fill; the stop's token counts, as without speculation)
+    (1, 1, {"name": (" Carol", "length", 1), "age": (" 4", "length", 1)}),
+    # age writes " 4" and "1", its max_tokens, before the "\n" that would stop it: its text whole, cut by length
+    (8, 2, {"name": (" Carol Ann", "stop", 3), "age": (" 41", "length", 2)}),
+    (8, 3, {"name": (" Carol Ann", "stop", 3), "age": (" 41", "stop", 3)}),
+])
+def test_a_speculated_chat_gens_share_is_cut_at_its_own_max_tokens(name_max, age_max, want):
+    """A chat role's gens took their whole share of the one call's reply whatever their
+    max_tokens (the call's is num_api_spec_tokens): gen("age", max_tokens=1) was " 41". Each share
+    is now cut at its gen's max_tokens tokens, found from the reply's token texts, which the call
+    asks for where a gen's max_tokens is under num_api_spec_tokens, as the completion-model path
+    cuts; finish_reason "length" there. Reference: _PIECES counted by hand."""
+    be = _Tokens(chat_template=CHATML, is_chat_model=True)
+    st = _role(dict(max_tokens=name_max), dict(max_tokens=age_max)).run(backend=be)
+    [(_, (_, params))] = be.calls
+    assert (params.max_new_tokens, params.return_logprob, params.return_text_in_logprobs) == (32, True, True)
+    limits = {"name": name_max, "age": age_max}
+    got = {k: (st[k], st.get_meta_info(k)["finish_reason"]["type"], st.get_meta_info(k)["completion_tokens"])
+           for k in ("name", "age")}
+    assert got == want
+    for k in ("name", "age"):
+        finish = st.get_meta_info(k)["finish_reason"]
+        assert finish == ({"type": "length", "length": limits[k]} if want[k][1] == "length"
+                          else {"type": "stop", "matched": "\n"})
+        assert "output_token_logprobs" not in st.get_meta_info(k)  # (asked for by the call only, to count by)
+    assert st.messages()[-1] == {"role": "assistant", "content": f"Name:{want['name'][0]}\nAge:{want['age'][0]}"}
+    assert st.get_meta_info("name")["speculative_call"] == {"completion_tokens": 10, "finish_reason": {"type": "stop"}}
+
+
+def test_a_speculated_chat_gen_that_asks_for_logprobs_gets_its_own_tokens():
+    """A later gen of a chat role with return_logprob got none, and the first gen got the whole
+    reply's: each now gets its share's tokens' entries (the stop's token too, as without
+    speculation), its own top_logprobs_num of alternatives (the call asks for the most any gen
+    asks for) and token texts only where it asks for them. Reference: _PIECES by hand."""
+    be = _Tokens(chat_template=CHATML, is_chat_model=True)
+    st = _role(dict(return_logprob=True),
+               dict(return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True)).run(backend=be)
+    [(_, (_, params))] = be.calls
+    assert (params.return_logprob, params.top_logprobs_num) == (True, 2)
+    name, age = st.get_meta_info("name"), st.get_meta_info("age")
+    assert name["output_token_logprobs"] == [[-3 / 8, 102, None], [-4 / 8, 103, None], [-5 / 8, 104, None]]
+    assert "output_top_logprobs" not in name and name["completion_tokens"] == 3
+    assert age["output_token_logprobs"] == [_entry(7), _entry(8), _entry(9)] and age["completion_tokens"] == 3
+    assert age["output_top_logprobs"] == [[_entry(i), [-4.0, 99, "x"]] for i in (7, 8, 9)]
+
+
+def test_a_speculated_chat_gen_asking_for_logprobs_where_the_reply_has_no_token_texts_is_refused():
+    """Where the reply comes without token texts, which of its logprobs are a later gen's is not
+    known: it got none, silently. It is refused, naming the fixes."""
+    be = ScriptedBackend(lambda p, params: "Name: Carol\nAge: 41\n", chat_template=CHATML, is_chat_model=True)
+    with pytest.raises(sgl.ProgramError) as e:
+        _role({}, dict(return_logprob=True)).run(backend=be).text()
+    assert ("gen 'age' asks for return_logprob, but the reply of its assistant role's one call (API speculative "
+            "execution, num_api_spec_tokens) came without token texts that add up to it, so which of its logprobs "
+            "are the gen's is not known; drop the gen's return_logprob, or run it without API speculative execution "
+            "(@function without num_api_spec_tokens), at the start of an assistant message or where the backend "
+            "continues one (continue_final_message)") in str(e.value)
+
+
+def test_a_speculated_chat_gen_whose_share_is_the_whole_reply_has_the_calls_logprobs_without_token_texts():
+    # (its tokens are all the call's: nothing to find, so no refusal)
+    from lmnb.backend.base import Completion
+
+    entries = [[-0.5, 1, None], [-0.25, 2, None]]
+
+    class NoTexts(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion("Hi there", {"id": rid, "finish_reason": {"type": "stop"}, "completion_tokens": 2,
+                                            "output_token_logprobs": entries})]
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Hello.")
+        s += sgl.assistant(sgl.gen("x", return_logprob=True))
+
+    st = prog.run(backend=NoTexts(chat_template=CHATML, is_chat_model=True))
+    meta = st.get_meta_info("x")
+    assert (st["x"], meta["output_token_logprobs"], meta["completion_tokens"]) == ("Hi there", entries, 2)
+
+
+@pytest.mark.parametrize("written, want", [
+    (None, " Car"),  # tokens not known: 4 characters stand in for 4 tokens (the completion path's rule, SGLang's)
+    (20, " Car"),
+    (3, " Carol Ann"),  # the whole call wrote 3 tokens: the share, less, fits in 4
+])
+def test_a_speculated_chat_gens_share_without_token_texts_is_cut_by_characters_unless_the_call_fits(written, want):
+    from lmnb.backend.base import Completion
+
+    class NoTexts(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            meta = {"id": rid, "finish_reason": {"type": "stop"}}
+            if written is not None:
+                meta["completion_tokens"] = written
+            return [Completion("Name: Carol Ann\nAge: 41\n", meta)]
+
+    st = _role(dict(max_tokens=4), {}).run(backend=NoTexts(chat_template=CHATML, is_chat_model=True))
+    assert (st["name"], st["age"]) == (want, " 41")
+    assert st.get_meta_info("name")["finish_reason"]["type"] == ("length" if want == " Car" else "stop")
