@@ -27,7 +27,7 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
     derived_seed,
 )
-from lmnb.interrupt import ReadInterrupts, held_interrupts, item_ranges, stopped
+from lmnb.interrupt import ReadInterrupts, held_interrupts, item_ranges, shown_by_an_ipython_cell, stopped
 from lmnb.ir import (
     Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, blank_name, offering_keywords,
     role_message, shown_value,
@@ -263,11 +263,13 @@ class ProgramState:
         ``state.abort()``, e.g. in an ``except asyncio.CancelledError``, stops its gens.
 
         A Ctrl-C while it waits for text stops the program, as in every other wait on a state:
-        its requests are aborted and the reading task ends. Under ``asyncio.run`` (or a
-        notebook's cell, which ipykernel cancels) the cancel they make ends it; under
-        ``loop.run_until_complete`` (IPython's autoawait), where Python's handler would raise
-        ``KeyboardInterrupt`` out of the loop with the task pending, the task is cancelled and
-        the ``KeyboardInterrupt`` (saying what was aborted) is raised once it ended
+        its requests are aborted and the reading task ends. Under ``asyncio.run`` the cancel it
+        makes ends it; in a notebook's cell, which ipykernel cancels, the reader raises the
+        ``KeyboardInterrupt`` (saying what was aborted) in place of that cancel, where the cell
+        awaits it in the cell's own task (IPython shows it as the cell's error, as a stop of any
+        other wait); under ``loop.run_until_complete`` (IPython's autoawait), where Python's
+        handler would raise ``KeyboardInterrupt`` out of the loop with the task pending, the task
+        is cancelled and the ``KeyboardInterrupt`` raised once it ended
         (``lmnb.interrupt.ReadInterrupts``)."""
         # steps run on worker threads, for this thread: an event loop that a streamed body runs
         # (asyncio.run in the body) reads as the body, which cannot add text while it reads
@@ -286,6 +288,10 @@ class ProgramState:
         except asyncio.CancelledError:
             if interrupts.interrupted:
                 interrupts.message = self._abort_for_interrupt()
+                # (a notebook cell: ipykernel turns its Ctrl-C into this cancel, and IPython showed
+                # a bare CancelledError traceback, where a stop in any other wait says what it did)
+                if shown_by_an_ipython_cell(sys._getframe()):
+                    raise stopped(interrupts.message) from None
             raise
         finally:  # (a cancel lands in the await while a step runs: that step ends now)
             stop.set()

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import _signal  # (signal.signal and getsignal unwrapped: their IntEnum step formats the repr of a handler, per read step)
 import signal
+import sys
 import threading
 import types
 from typing import Callable, Iterator, Optional, Sequence
@@ -176,6 +177,22 @@ def _on_sigint(signum: int, frame: Optional[types.FrameType]) -> None:
     main.cancel()
     main.add_done_callback(functools.partial(_raise_if_cancelled, watches=watches))
     main.get_loop().call_soon_threadsafe(lambda: None)  # (wakes the loop's select)
+
+
+def shown_by_an_ipython_cell(frame: Optional[types.FrameType]) -> bool:
+    """Whether IPython's ``InteractiveShell.run_code`` is ``frame`` or a caller of it: the code
+    runs in an IPython cell (one that awaits: in its task, ipykernel's or autoawait's), whose
+    ``run_code`` catches every exception of the cell and shows it as the cell's error. There a
+    reader's ``KeyboardInterrupt`` ends the cell; in a task of its own (one the cell awaits, a
+    server's) it would end the event loop's run instead. False where IPython is not loaded."""
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    code = getattr(getattr(shell, "InteractiveShell", None), "run_code", None)
+    code = getattr(code, "__code__", None)
+    while frame is not None and code is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _run_until_complete_future(frame: Optional[types.FrameType], loops: set) -> Optional[asyncio.Future]:

@@ -340,7 +340,10 @@ def test_stopping_a_cell_awaiting_text_async_iter_ends_it_at_once_and_aborts_the
     but scheduled it with nothing to wake the loop: a cell awaiting text_async_iter of a gen that
     sent nothing was cancelled only when the gen ended (here 20 s: ``timed_out``; a held gen,
     never), and its program ran on, generating for no one. The reader now wakes the loop for the
-    cancel, which aborts the program, as a stop does in every wait on a state."""
+    cancel, which aborts the program, as a stop does in every wait on a state. And the cell showed
+    ipykernel's cancel as a bare ``CancelledError`` traceback through asyncio's and lmnb's frames;
+    it now ends, as a stop of any other wait does, with lmnb's ``KeyboardInterrupt`` saying what
+    was aborted, after the cell's own frame only."""
     km, kc = kernel
     reply, _ = execute(kc, _HELD_READ.format(tests=str(Path(__file__).parent)))
     assert reply["content"]["status"] == "ok"
@@ -352,7 +355,13 @@ def test_stopping_a_cell_awaiting_text_async_iter_ends_it_at_once_and_aborts_the
     reply, messages = execute(kc, "threading.Thread(target=say_when_read, daemon=True).start()\n"
                                   "async for c in st.text_async_iter('a'):\n    print(c)",
                               on_message=stop_once_reading)
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "CancelledError"
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    [error] = [m["content"] for m in messages if m["msg_type"] == "error"]
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    assert shown.splitlines()[-1] == (
+        "KeyboardInterrupt: the program was stopped while its state was read: its requests were aborted and the "
+        "backend is free for the next call; the text it had written is in state.error().partial_text")
+    assert "text_async_iter('a')" in shown and "interpreter.py" not in shown and "CancelledError" not in shown
     _, out = execute(kc, "print(be.timed_out, len(be.aborted), type(st.error()).__name__, repr(st.error().partial_text))")
     assert stdout(out).split() == ["False", "1", "ProgramAborted", "'Q:", "'"]
 
