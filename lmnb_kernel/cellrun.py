@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from lmnb import ProgramAborted, ProgramError
 from lmnb.interrupt import held_interrupts
-from lmnb_engine.waits import thread_join
+from lmnb_engine.waits import sliced_wait, thread_join
 
 _DONE = object()
 
@@ -121,14 +121,14 @@ def stop_body(state, grace_s: float = 0.5) -> bool:
     after the abort: an aborted state's reads and writes end the body, but plain Python (a loop,
     a computation) would run on, with the GIL, for as long as the kernel lives. True if it was
     asked to stop. The exception is raised while the state's lock is held, so the body has not
-    passed ``end_body`` (which takes the lock and clears ``body_thread``) and the id is its thread's."""
+    passed ``end_body`` (which takes the lock and clears ``body_thread``) and the id is its thread's.
+    The grace is waited for in slices (``sliced_wait``): a Ctrl-C (a second press, which is to cut
+    the grace short) that landed as the wait began is acted on within one, not once the grace ended."""
     import ctypes
 
     ex = state.stream_executor
-    deadline = time.monotonic() + grace_s
     with ex._cv:
-        while ex.body_thread is not None and time.monotonic() < deadline:
-            ex._cv.wait(max(0.0, deadline - time.monotonic()))
+        sliced_wait(lambda seconds: ex._cv.wait_for(lambda: ex.body_thread is None, seconds), grace_s)
         ident = ex.body_thread
         if ident is None or ident == -1 or ident == threading.get_ident():
             return False

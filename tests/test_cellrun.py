@@ -529,3 +529,39 @@ def test_a_ctrl_c_as_the_cell_waits_for_what_its_stop_button_stopped_still_repor
     assert started[0].stream_executor.settle(time.monotonic() + 30)  # (it ends once the backend answers)
     assert isinstance(started[0].error(), lmnb.ProgramAborted)
     assert listener.queue.empty()  # its report, after the cell, is not queued for it: the listener is closed
+
+
+def test_a_ctrl_c_that_lands_as_stop_body_waits_out_its_grace_takes_effect_at_once():
+    """``stop_body`` gives an aborted body ``grace_s`` seconds to return before it stops it; a
+    Ctrl-C meanwhile (a second press, which cuts the grace short) that landed as that wait began
+    was only marked, and Python acted on it once the wait ended: when the body returned (here 10 s
+    later) or the grace ran out. The wait is now sliced (``lmnb_engine.waits.sliced_wait``)."""
+    import signal
+    from types import SimpleNamespace
+
+    from helpers_lang import called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in
+
+    from lmnb_kernel import cellrun
+
+    ex = SimpleNamespace(_cv=threading.Condition(), body_thread=-1)  # (a body that has not returned)
+    gate, returned = threading.Event(), threading.Event()
+
+    def body_returns_late():
+        gate.wait(10)
+        with ex._cv:
+            ex.body_thread = None
+            ex._cv.notify_all()
+        returned.set()
+
+    threading.Thread(target=body_returns_late, daemon=True).start()
+    in_the_grace = lambda: main_thread_blocked_in(  # noqa: E731
+        lambda frame: in_a_threading_wait(frame) and called_from(frame, "stop_body", cellrun.__file__))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt_main_when(in_the_grace, marked_only=True):
+            with pytest.raises(KeyboardInterrupt):
+                cellrun.stop_body(SimpleNamespace(stream_executor=ex), grace_s=60)
+        assert not returned.is_set()  # stopped in the grace, not once the body returned
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        gate.set()
