@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.chat_messages import TEMPLATE_REJECTED, message_dicts, template_kwargs, text_message
 from lmnb_engine.cli_options import option_error
+from lmnb_engine.later_interrupts import LaterInterruptsHeld
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
 from lmnb_engine.outputs import (
@@ -290,16 +291,17 @@ class _EventStream:
         return self
 
     def __next__(self) -> StreamEvent:
-        try:
-            return next(self._events)
-        except StopIteration:
-            raise
-        except KeyboardInterrupt:  # (ended as generate's wait ends its requests: no caller called abort)
-            self._handle._engine._withdraw([self._handle], posted=True)
-            raise
-        except BaseException:
-            self.close()
-            raise
+        with LaterInterruptsHeld() as hold:  # (a second Ctrl-C waits for the first one's end to be posted)
+            try:
+                return next(self._events)
+            except StopIteration:
+                raise
+            except KeyboardInterrupt:  # (ended as generate's wait ends its requests: no caller called abort)
+                self._handle._engine._withdraw([self._handle], posted=True, hold=hold)
+                raise
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
         """Abort the request unless every sample has finished (``RequestHandle.abort``; on the
@@ -1202,7 +1204,8 @@ class Engine:
         dead) fails the call with nothing of it queued or registered. An interrupt
         (KeyboardInterrupt) once the requests may be queued, while waiting or just before, ends them
         (finish reason abort, ``outputs.ABORT_INTERRUPTED``) before it propagates; a second one while
-        that end waits behind a long step propagates at once, the end coming with the step.
+        that end waits behind a long step propagates at once, the end coming with the step (one
+        that came before the end was posted is held until it is: ``later_interrupts``).
 
         Shutdown: a call made once the engine is shut down raises ``RuntimeError`` ("the engine is
         shut down; create a new Engine"). A request the engine accepted, even just before another
@@ -1266,20 +1269,22 @@ class Engine:
         queued (the engine shut down meanwhile) leave no handle registered."""
         handles = [h for h, _ in made]
         posting = False
-        try:  # (one try from the registration to the results: an interrupt anywhere in it withdraws them)
-            self._register(handles)
-            posting = True
-            self.scheduler.submit([r for _, reqs in made for r in reqs])
-            results: list[GenerateResult] = []
-            for h in handles:
-                r = h.result()
-                results.extend(r if isinstance(r, list) else [r])
-        except BaseException:
-            self._withdraw(handles, posting)
-            raise
+        with LaterInterruptsHeld() as hold:  # (a second Ctrl-C waits for the first one's end to be posted)
+            try:  # (one try from the registration to the results: an interrupt anywhere in it withdraws them)
+                self._register(handles)
+                posting = True
+                self.scheduler.submit([r for _, reqs in made for r in reqs])
+                results: list[GenerateResult] = []
+                for h in handles:
+                    r = h.result()
+                    results.extend(r if isinstance(r, list) else [r])
+            except BaseException:
+                self._withdraw(handles, posting, hold)
+                raise
         return results
 
-    def _withdraw(self, handles: list[RequestHandle], posted: bool) -> None:
+    def _withdraw(self, handles: list[RequestHandle], posted: bool,
+                  hold: Optional[LaterInterruptsHeld] = None) -> None:
         """Undo a submission of ``handles`` that raised. Before its post (``posted`` False) nothing
         was queued: the handles are forgotten (``_unregister``), their rids free at once for a retry.
         From the post on, an interrupt (KeyboardInterrupt) may have come after the requests went in,
@@ -1288,6 +1293,8 @@ class Engine:
         except on the scheduler thread, where it comes between steps. The wait is sliced
         (``waits.future_result``): it may sit behind a long step, and a second Ctrl-C meanwhile
         stops it at once, the end being posted already (the requests still end with that step).
+        One that came before the post is held by ``hold`` (the caller's ``LaterInterruptsHeld``)
+        until the post, then raised in place of the wait: raised before it, the requests ran on.
         Once the engine is shut down (the post failed so, or the stop came meanwhile) the stop
         answered whatever it had: the handles are forgotten."""
         scheduler = self.scheduler
@@ -1295,6 +1302,8 @@ class Engine:
             reqs, reason = [r for h in handles for r in h._reqs], FinishReason("abort", message=ABORT_INTERRUPTED)
             try:
                 ended = scheduler.call(lambda: scheduler.end_requests(reqs, reason))
+                if hold is not None:
+                    hold.release()
                 if not scheduler.on_loop_thread:
                     future_result(ended)
                 return

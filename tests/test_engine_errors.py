@@ -2292,6 +2292,61 @@ def test_a_second_ctrl_c_while_the_first_ones_abort_waits_behind_a_step_stops_th
     assert len(engine.generate("the cat", GREEDY).token_ids) == 8
 
 
+@pytest.mark.parametrize("call", ["generate", "stream"])
+def test_a_second_ctrl_c_just_before_the_first_ones_abort_is_posted_still_ends_the_requests(engine, marked_ctrl_c,
+                                                                                           monkeypatch, call):
+    """A Ctrl-C in generate's wait (or a stream's) has it post the end of its requests
+    (Engine._withdraw). A second Ctrl-C that came before that post (a double press, microseconds
+    apart) raised out of the clean-up before the post: the request, queued, ran to its end for no
+    one. The second press is now held until the end is posted, then raised (it skips the wait for
+    the end). It is sent just before the post (signal.raise_signal: Python's handler runs at once);
+    the first once the request is queued (generate) or once the main thread waits for its events;
+    the scheduler is held meanwhile, so that the request cannot have ended by itself."""
+    import signal
+
+    from helpers_lang import in_a_threading_wait, main_thread_blocked_in
+
+    from lmnb_engine.outputs import ABORT_INTERRUPTED
+
+    gate, held = threading.Event(), threading.Event()
+    engine.scheduler.call(lambda: (held.set(), gate.wait(30)))
+    assert held.wait(30)
+    registered = []
+    real_register, real_submit, real_call = engine._register, engine.scheduler.submit, engine.scheduler.call
+    monkeypatch.setattr(engine, "_register", lambda handles: (registered.extend(handles), real_register(handles))[1])
+
+    def submit_then_ctrl_c(reqs):
+        real_submit(reqs)
+        signal.raise_signal(signal.SIGINT)  # the first press, once the request is queued
+
+    def ctrl_c_then_call(fn):
+        monkeypatch.setattr(engine.scheduler, "call", real_call)
+        signal.raise_signal(signal.SIGINT)  # the second, as the first one's end is about to be posted
+        return real_call(fn)
+
+    try:
+        if call == "generate":
+            monkeypatch.setattr(engine.scheduler, "submit", submit_then_ctrl_c)
+            monkeypatch.setattr(engine.scheduler, "call", ctrl_c_then_call)
+            with pytest.raises(KeyboardInterrupt):  # (Python's handler: marked_ctrl_c's)
+                engine.generate("the cat", GREEDY)
+        else:
+            events = engine.stream("the cat", GREEDY)
+            monkeypatch.setattr(engine.scheduler, "call", ctrl_c_then_call)
+            with marked_ctrl_c(lambda: main_thread_blocked_in(in_a_threading_wait)), pytest.raises(KeyboardInterrupt):
+                next(events)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back)
+    finally:
+        gate.set()
+    monkeypatch.undo()
+    (handle,) = registered
+    r = handle.result(timeout=60)
+    assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
+    assert r.token_ids == []  # (ended before the held scheduler ran it)
+    engine.scheduler.call(lambda: None).result(60)
+    assert_idle_accounting(engine)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
