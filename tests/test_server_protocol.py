@@ -3556,6 +3556,45 @@ def test_logprob_bytes_of_an_added_token_are_the_bytes_its_decode_reads(tiny_lla
     assert _chat_logprobs(engine, [TokenLogprob(cafe, -1.0)])["content"][0]["token"] == "bytes:caf\\xe9"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_logprobs_of_a_reply_ended_by_eos_end_with_the_eos_token_as_vllms_do(tiny_llama, stream):
+    """A chat reply that the model ended with EOS has no "</s>" in its text, but its logprobs end
+    with the EOS token's entry, "</s>" (its decode alone), and usage counts it: as vLLM's, whose
+    chat logprobs follow the output's token ids (``_create_chat_logprobs(output.token_ids, ...)``),
+    which keep a stop token that the detokenizer leaves out of the text, and whose usage counts
+    those ids. (OpenAI's own API shows no end token.) Pinned so, not a fix: lmnb's already did.
+    EOS is forced third: min_tokens 2 holds it back, then a +100 bias, greedy."""
+    from lmnb_engine import Engine
+
+    engine = Engine(model=str(tiny_llama), max_total_tokens=2048)
+    eos = engine.tokenizer.eos_token_id
+    body = {"model": "t", "messages": _USER, "max_tokens": 8, "temperature": 0, "min_tokens": 2,
+            "logit_bias": {str(eos): 100}, "logprobs": True, "top_logprobs": 1, "stream": stream}
+    try:
+        with live_server(engine, served_model_name="t") as url:
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+                with httpx.Client(timeout=60) as client, client.stream("POST", url + "/v1/chat/completions",
+                                                                       json=body) as r:
+                    chunks = _sse_json(list(r.iter_lines()))
+                choices = [ch for c in chunks for ch in c["choices"]]
+                text = "".join(ch["delta"].get("content") or "" for ch in choices)
+                content = [e for ch in choices for e in (ch.get("logprobs") or {}).get("content") or []]
+                [finish] = [ch["finish_reason"] for ch in choices if ch["finish_reason"]]
+                [usage] = [c["usage"] for c in chunks if c.get("usage")]
+            else:
+                reply = _post(url, "/v1/chat/completions", body, timeout=60).json()
+                [choice] = reply["choices"]
+                text, content = choice["message"]["content"], choice["logprobs"]["content"]
+                finish, usage = choice["finish_reason"], reply["usage"]
+    finally:
+        engine.shutdown()
+    assert finish == "stop" and "</s>" not in text
+    assert (content[-1]["token"], content[-1]["bytes"]) == ("</s>", [60, 47, 115, 62])
+    assert len(content) == usage["completion_tokens"] == 3
+    assert "".join(e["token"] for e in content[:-1]) == text
+
+
 def test_echoed_prompt_tokens_and_offsets_index_the_prompt_as_given(tiny_llama):
     """``echo`` returns the prompt as given, but its logprob tokens and ``text_offset`` followed the
     decoder, which does not read every prompt back: "<s>hi there" (a special token written in the
