@@ -767,6 +767,59 @@ def test_ctrl_c_in_a_python_cells_run_batch_shows_the_cells_line_and_what_became
     assert len(be.aborted) == 1
 
 
+def test_ctrl_c_in_a_cell_awaiting_text_async_iter_shows_the_cells_line_and_that_the_program_was_aborted(ip):
+    """IPython's autoawait runs a cell that awaits in run_until_complete; a Ctrl-C while it awaited
+    text_async_iter cancelled the cell's task (lmnb.interrupt.ReadInterrupts), which IPython showed
+    as a bare "CancelledError:" after asyncio's and lmnb's frames. The reader now raises lmnb's
+    KeyboardInterrupt in place of that cancel, ending at the cell's line, saying that the
+    program's requests were aborted. The gen sends nothing until aborted (else after 20 s: late);
+    the SIGINT comes once the read waits for it."""
+    import signal
+    import sys
+
+    from helpers_lang import ScriptedBackend, interrupt_main_when
+
+    from lmnb import executor
+
+    class Held(ScriptedBackend):
+        late = False
+
+        def generate_stream(self, prompt, params, rid):
+            if self._abort_events.setdefault(rid, threading.Event()).wait(20):
+                yield "", {"id": rid, "finish_reason": {"type": "abort", "message": "aborted"}}
+                return
+            self.late = True
+            yield "late", {"id": rid, "completion_tokens": 1, "finish_reason": {"type": "length"}}
+
+    def reading() -> bool:  # (a step of text_async_iter waits in iter_text on a worker thread)
+        for frame in sys._current_frames().values():
+            while frame is not None and frame.f_code is not executor.StreamExecutor.iter_text.__code__:
+                frame = frame.f_back
+            if frame is not None:
+                return True
+        return False
+
+    ip.user_ns["be"] = be = Held()
+    assert run(ip, "@lmnb.function\ndef ask(s):\n    s += 'Q: ' + lmnb.gen('a', max_tokens=8)\n"
+                   "st = ask.run(backend=be, stream=True)")[0].success
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt_main_when(reading):
+            result, out = run(ip, "x = 1\nasync for c in st.text_async_iter('a'):\n    print(c)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    shown = out.stdout + out.stderr
+    assert shown.endswith("\nKeyboardInterrupt: the program was stopped while its state was read: its requests were "
+                          "aborted and the backend is free for the next call; the text it had written is in "
+                          "state.error().partial_text\n")
+    assert "----> 2 async for c in st.text_async_iter('a'):\n      3     print(c)\n\nKeyboardInterrupt" in shown
+    for internal in ("CancelledError", "interpreter.py", "asyncio", "threading"):
+        assert internal not in shown
+    assert len(be.aborted) == 1 and not be.late
+    assert isinstance(ip.user_ns["st"].error(), lmnb.ProgramAborted)
+
+
 def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypatch):
     """Ctrl-C while %lm pin waited for the engine to lock the prefilled prefix (a call run between
     the scheduler's steps) said "the state's pin is as it was", but the engine made the pin all the
