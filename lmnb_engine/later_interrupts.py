@@ -1,4 +1,4 @@
-"""A second Ctrl-C held until the clean-up of the first one's stop has begun.
+"""A second Ctrl-C held until the clean-up of the first one's stop is posted.
 
 A call that waits on the engine (``Engine.generate``) meets a Ctrl-C by posting the end of its
 requests, then raising. A second press that came before that post (a double press: microseconds
@@ -6,7 +6,7 @@ apart) found Python's handler armed as ever, and raised out of the clean-up befo
 requests, queued already, ran to their end for no one. So while such a call runs, SIGINT goes
 through ``LaterInterruptsHeld``: the first press to the handler there before (Python's raises
 ``KeyboardInterrupt``), the later ones held until the caller's clean-up is posted
-(``release``). Standard library only: ``import lmnb`` loads no torch.
+(``release``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class LaterInterruptsHeld:
     handler back and raises ``KeyboardInterrupt`` if one was held (a second press skips the wait
     that may follow); the block's end puts it back too, raising nothing (a press held to the end
     is part of the stop being raised). Off the main thread, where Python never delivers a signal,
-    or where the handler there is not Python's (SIG_IGN, SIG_DFL, one set outside Python), a no-op.
+    or where the handler there is no Python callable (SIG_IGN, SIG_DFL, one set outside Python), a no-op.
     """
 
     def __init__(self) -> None:

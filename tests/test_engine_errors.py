@@ -2347,6 +2347,36 @@ def test_a_second_ctrl_c_just_before_the_first_ones_abort_is_posted_still_ends_t
     assert_idle_accounting(engine)
 
 
+def test_later_interrupts_held_passes_every_press_to_a_handler_there_before_that_does_not_raise():
+    """LaterInterruptsHeld holds the presses after one its handler there before raised for; one
+    that records a press and returns (a kernel's, lmnb's held_interrupts') gets every press, and
+    is put back after; with Python's own, the second press is held, then raised by release()."""
+    import signal
+
+    from lmnb_engine.later_interrupts import LaterInterruptsHeld
+
+    calls = []
+    record = lambda signum, frame: calls.append(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGINT, record)
+    try:
+        with LaterInterruptsHeld() as hold:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            hold.release()  # (nothing held: nothing raised)
+        assert calls == [signal.SIGINT, signal.SIGINT] and signal.getsignal(signal.SIGINT) is record
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with LaterInterruptsHeld() as hold:
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # (held)
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            with pytest.raises(KeyboardInterrupt):
+                hold.release()
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
