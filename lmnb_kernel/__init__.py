@@ -14,7 +14,7 @@ def load_ipython_extension(shell) -> None:
     session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine; also after
     ``lmnb.set_default_backend(None)``),
     define ``lmnb`` in the namespace unless a name ``lmnb`` exists (``%%lm --python`` bodies
-    write ``lmnb.gen(...)``; hidden from ``%who``), and, in a Jupyter kernel other than ``lmnb``'s,
+    write ``lmnb.gen(...)``; hidden from ``%who``; again after ``%reset``), and, in a Jupyter kernel other than ``lmnb``'s,
     make its session send text with lone surrogates (``lmnb_kernel.surrogates``), as ``lmnb``'s does."""
     import lmnb
 
@@ -36,7 +36,7 @@ def load_ipython_extension(shell) -> None:
     shell._lmnb_magics = magics
     if refuse_cell_magic_below_comments not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(refuse_cell_magic_below_comments)
-    shell._lmnb_name_watch = put_lmnb(shell)
+    put_lmnb(shell)
     session = getattr(getattr(shell, "kernel", None), "session", None)  # (a terminal IPython has none)
     if session is not None:
         from lmnb_kernel.surrogates import make_session_surrogate_safe
@@ -49,8 +49,8 @@ def load_ipython_extension(shell) -> None:
 def unload_ipython_extension(shell) -> None:
     """Remove ``%%lm`` / ``%lm``, the hook, the error handler, the input transform, the session's
     backend as lmnb's default (a backend the user set with ``lmnb.set_default_backend`` stays), the
-    ``lmnb`` name (unless a cell bound it, e.g. the user's own ``import lmnb``:
-    ``lmnb_kernel.lmnb_name``) and the kernel session's surrogate-safe packer (set at load); the
+    ``lmnb`` name (unless a cell bound it, e.g. the user's own ``import lmnb``, or may have, e.g. by
+    ``%run``: ``lmnb_kernel.lmnb_name``) and the kernel session's surrogate-safe packer (set at load); the
     session (engine, states) stays for a reload."""
     import lmnb
 
@@ -64,10 +64,7 @@ def unload_ipython_extension(shell) -> None:
         if getattr(session.pack, "surrogate_safe", False):
             session.pack = replaced
 
-    watch = getattr(shell, "_lmnb_name_watch", None)
-    if watch is not None:
-        del shell._lmnb_name_watch
-        take_lmnb(shell, watch)
+    take_lmnb(shell)
     magics = getattr(shell, "_lmnb_magics", None)
     if magics is not None:
         shell.events.unregister("post_run_cell", magics.refresh_tree)

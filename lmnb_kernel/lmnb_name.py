@@ -1,13 +1,15 @@
 """The ``lmnb`` name the extension puts into the kernel namespace (``%%lm --python`` bodies write
-``lmnb.gen(...)``), and taking it away again at ``%unload_ext`` only while it is still the
-extension's, not the user's.
+``lmnb.gen(...)``), put back after ``%reset``, and taken away again at ``%unload_ext`` only while it
+is still the extension's, not the user's.
 
 A user's own ``import lmnb`` binds the very module object the extension put there, so the value
 cannot tell whose the name is. What tells is the code the user ran: from the load on, an IPython
-AST transformer that changes nothing (``BindingWatch``) looks at every cell's code for a binding of
+AST transformer that changes nothing (``NameWatch``) looks at every cell's code for a binding of
 ``lmnb``; the cell that ran ``%load_ext`` is looked at too (its code after the magic ran after the
-load). A name bound by code outside cells (``%run`` of a script, ``exec``, ``globals()[...] = ``)
-is not seen, and is removed at unload like the extension's own.
+load). Code the watch cannot read, run by a cell (``%run`` of a script, which copies the script's
+names in, with ``-i`` or not; ``exec``; ``globals()[...] =``; ``%store -r``), may bind the name as
+well: such a cell makes the name the user's too, so that an unload never takes a name the user
+bound (kept, the extension's name is the module the user would import).
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ NAME = "lmnb"
 # Nodes that bind (or delete) the name in their ``name`` field: ``def lmnb``, ``class lmnb``,
 # ``except E as lmnb``, ``case lmnb`` / ``case [*lmnb]``.
 _NAMED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
+# Builtins that run code the watch cannot read, or reach the namespace as a dict.
+_UNSEEN_CALLS = frozenset({"exec", "eval", "globals", "vars", "locals"})
+# The shell's ways to set or delete names of its namespace as a dict (get_ipython().push(...)).
+_NAMESPACE_ATTRIBUTES = frozenset({"user_ns", "user_global_ns", "push", "del_var", "drop_by_id"})
+# Line magics that set or delete names the cell's code does not show: %run (a script's names),
+# %xdel and %reset_selective (names given as text or a pattern), %store -r (stored variables).
+_NAMESPACE_MAGICS = frozenset({"run", "xdel", "reset_selective", "store"})
 
 
 def binds(tree: ast.AST, name: str) -> bool:
@@ -39,49 +48,108 @@ def binds(tree: ast.AST, name: str) -> bool:
     return False
 
 
-class BindingWatch(ast.NodeTransformer):
-    """IPython AST transformer (``shell.ast_transformers``) that leaves every cell's code as it is
-    and sets ``bound`` once a cell's code binds ``lmnb`` (``binds``)."""
+def _magic_call(node: ast.AST, names) -> bool:
+    """Whether ``node`` calls one of the line magics ``names`` as IPython writes a ``%magic`` line
+    (``get_ipython().run_line_magic('run', '-i s.py')``)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "run_line_magic" and bool(node.args)
+            and isinstance(node.args[0], ast.Constant) and node.args[0].value in names)
 
-    def __init__(self, bound: bool = False):
+
+def runs_unseen_code(tree: ast.AST) -> bool:
+    """Whether code ``tree`` may set names of the namespace by code or names it does not show: a
+    call of ``exec``, ``eval``, ``globals``, ``vars`` or ``locals``, the shell's namespace
+    (``get_ipython().user_ns``, ``.push``), or a ``%run``, ``%xdel``, ``%reset_selective`` or
+    ``%store`` line."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNSEEN_CALLS:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in _NAMESPACE_ATTRIBUTES:
+            return True
+        if _magic_call(node, _NAMESPACE_MAGICS):
+            return True
+    return False
+
+
+def resets(tree: ast.AST) -> bool:
+    """Whether code ``tree`` clears the namespace as IPython's ``%reset`` does (``%reset`` or
+    ``get_ipython().reset()``), which removes ``lmnb`` with the user's names."""
+    for node in ast.walk(tree):
+        if _magic_call(node, ("reset",)):
+            return True
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reset"
+                and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+                and node.func.value.func.id == "get_ipython"):
+            return True
+    return False
+
+
+class NameWatch(ast.NodeTransformer):
+    """IPython AST transformer (``shell.ast_transformers``) that leaves every cell's code as it is
+    and keeps whether the ``lmnb`` name is the extension's (``owned``): put there by the extension,
+    and since then bound by no cell (``binds``) nor by code a cell ran that it cannot read
+    (``runs_unseen_code``). Its ``after_cell`` (a post_run_cell hook) puts the name back after a
+    cell that ran ``%reset`` (``resets``), as IPython puts back its own names (``get_ipython``, ``In``)."""
+
+    def __init__(self, shell, owned: bool):
         super().__init__()
-        self.bound = bound
+        self.shell = shell
+        self.owned = owned
+        self.reset_ran = False
 
     def visit(self, node):
-        if not self.bound:
-            self.bound = binds(node, NAME)
+        if self.owned and (binds(node, NAME) or runs_unseen_code(node)):
+            self.owned = False
+        self.reset_ran = self.reset_ran or resets(node)
         return node
+
+    def after_cell(self, result=None) -> None:
+        """post_run_cell hook: after a cell that ran ``%reset``, ``lmnb`` is the extension's again
+        where the cell left the name free (``define_lmnb``); a name the cell bound after its reset
+        stays the user's."""
+        if self.reset_ran:
+            self.reset_ran = False
+            define_lmnb(self.shell)
 
 
 def define_lmnb(shell) -> bool:
     """Put ``lmnb`` in the namespace unless the name is taken (hidden from ``%who``). True if it
-    was put there now."""
+    was put there now; the extension's then (``NameWatch.owned``), while it is loaded."""
     if NAME in shell.user_ns:
         return False
     import lmnb
 
     shell.push({NAME: lmnb}, interactive=False)
+    watch = getattr(shell, "_lmnb_name_watch", None)
+    if watch is not None:
+        watch.owned = True
     return True
 
 
-def put_lmnb(shell):
-    """At load: ``define_lmnb``, and if it put the name there, start a ``BindingWatch`` on the
-    shell's cells (returned; None when the name was taken: then it is never the extension's)."""
-    if not define_lmnb(shell):
-        return None
-    watch = BindingWatch(bound=_running_cell_binds(shell))
+def put_lmnb(shell) -> None:
+    """At load: ``define_lmnb``, and start a ``NameWatch`` on the shell's cells
+    (``shell._lmnb_name_watch``), owning the name if it put it there now and the cell that loads
+    the extension binds it not below the magic."""
+    owned = define_lmnb(shell) and not _running_cell_binds(shell)
+    watch = NameWatch(shell, owned)
     shell.ast_transformers.append(watch)
-    return watch
+    shell.events.register("post_run_cell", watch.after_cell)
+    shell._lmnb_name_watch = watch
 
 
-def take_lmnb(shell, watch) -> None:
-    """At unload: stop ``watch`` (``put_lmnb``'s) and remove ``lmnb`` from the namespace unless a
-    cell bound it or it is no longer the module (a capture named ``lmnb``)."""
+def take_lmnb(shell) -> None:
+    """At unload: stop ``put_lmnb``'s watch and remove ``lmnb`` from the namespace if it is the
+    extension's (``NameWatch.owned``) and still the module (not a capture named ``lmnb``)."""
     import lmnb
 
+    watch = getattr(shell, "_lmnb_name_watch", None)
+    if watch is None:
+        return
+    del shell._lmnb_name_watch
     if watch in shell.ast_transformers:
         shell.ast_transformers.remove(watch)
-    if not watch.bound and shell.user_ns.get(NAME) is lmnb:
+    shell.events.unregister("post_run_cell", watch.after_cell)
+    if watch.owned and shell.user_ns.get(NAME) is lmnb:
         shell.drop_by_id({NAME: lmnb})
 
 
@@ -94,6 +162,7 @@ def _running_cell_binds(shell) -> bool:
     if not code:
         return False
     try:
-        return binds(ast.parse(code), NAME)
+        tree = ast.parse(code)
     except SyntaxError:  # (it runs, so it parsed; IPython's compiler may take what ast.parse won't)
         return True
+    return binds(tree, NAME) or runs_unseen_code(tree)

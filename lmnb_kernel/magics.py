@@ -377,7 +377,7 @@ class LMMagics(Magics):
         ns = self.shell.user_ns
         try:
             if args.python:
-                define_lmnb(self.shell)  # again: %reset removes it
+                define_lmnb(self.shell)  # again: the body needs it, which a `del lmnb` took away
                 python = parse_python(cell, first_line=first_line, filename=filename, indent=indent)
                 program, params = python.program(ns), {}
             else:

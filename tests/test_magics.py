@@ -2184,6 +2184,74 @@ def test_unloading_the_extension_removes_its_own_lmnb_name_but_not_one_the_user_
         ip.user_ns["lmnb"] = lmnb  # (as the module's other tests find it)
 
 
+def test_unloading_the_extension_keeps_an_lmnb_name_bound_by_code_no_cell_shows(ip, tmp_path):
+    # %unload_ext lmnb_kernel removed an `import lmnb` run by `%run -i script.py` or by exec(...):
+    # the watch reads only the cells' own code, and the name was still the module, so it was taken
+    # as the extension's; the user's next lmnb.gen(...) was a NameError
+    extensions = ip.extension_manager
+    script = tmp_path / "imports_lmnb.py"
+    script.write_text("import lmnb\n")
+    try:
+        for code in (f"%run -i {script}", f"%run {script}", "exec('import lmnb')",
+                     "globals()['lmnb'] = __import__('lmnb')"):
+            extensions.unload_extension("lmnb_kernel")
+            ip.user_ns.pop("lmnb", None)
+            extensions.load_extension("lmnb_kernel")  # (the name is the extension's now)
+            result, _ = run(ip, code)
+            assert result.success and ip.user_ns["lmnb"] is lmnb, code
+            extensions.unload_extension("lmnb_kernel")
+            assert ip.user_ns.get("lmnb") is lmnb, code  # the user's: kept
+            extensions.load_extension("lmnb_kernel")
+    finally:
+        if "lmnb_kernel" not in extensions.loaded:
+            extensions.load_extension("lmnb_kernel")
+        ip.user_ns["lmnb"] = lmnb
+
+
+def test_reset_puts_the_lmnb_name_back_as_ipython_puts_back_its_own(ip):
+    # %reset -f removed lmnb until the next %load_ext: a Python cell's lmnb.gen(...) was a NameError
+    # (IPython's own names, get_ipython, In, come back at once); a %%lm --python cell put it back alone
+    extensions = ip.extension_manager
+    try:
+        result, _ = run(ip, "%reset -f")
+        assert result.success and ip.user_ns["lmnb"] is lmnb and "lmnb" not in ip.run_line_magic("who_ls", "")
+        result, _ = run(ip, "lmnb_reset_name = lmnb.__name__")
+        assert result.success and ip.user_ns["lmnb_reset_name"] == "lmnb"
+        result, _ = run(ip, "get_ipython().reset()")
+        assert result.success and ip.user_ns["lmnb"] is lmnb
+        # the extension's again, even where the user had bound it before the reset: taken at unload
+        run(ip, "import lmnb")
+        run(ip, "%reset -f")
+        extensions.unload_extension("lmnb_kernel")
+        assert "lmnb" not in ip.user_ns
+        extensions.load_extension("lmnb_kernel")
+        # a name the cell binds after its reset is the user's: kept
+        result, _ = run(ip, "%reset -f\nlmnb = 'mine'")
+        assert result.success and ip.user_ns["lmnb"] == "mine"
+        run(ip, "import lmnb\n%reset -f\nimport lmnb")
+        extensions.unload_extension("lmnb_kernel")
+        assert ip.user_ns["lmnb"] is lmnb
+    finally:
+        if "lmnb_kernel" not in extensions.loaded:
+            extensions.load_extension("lmnb_kernel")
+        ip.user_ns["lmnb"] = lmnb
+
+
+@pytest.mark.parametrize("code, unseen", [
+    ("%run -i s.py", True), ("%run s.py", True), ("exec('import lmnb')", True), ("eval('1')", True),
+    ("globals()['lmnb'] = 1", True), ("vars().update(lmnb=1)", True), ("get_ipython().push({'x': 1})", True),
+    ("get_ipython().user_ns['lmnb'] = 1", True), ("%xdel lmnb", True), ("%reset_selective -f lm", True),
+    ("%store -r", True),
+    ("%reset -f", False), ("%who", False), ("%time x = 1", False), ("lmnb.gen('x')", False), ("x = run", False),
+])
+def test_the_lmnb_name_watch_sees_code_that_may_set_names_it_cannot_read(ip, code, unseen):
+    import ast
+
+    from lmnb_kernel.lmnb_name import runs_unseen_code
+
+    assert runs_unseen_code(ast.parse(ip.transform_cell(code))) is unseen
+
+
 @pytest.mark.parametrize("code, bound", [
     ("import lmnb", True), ("import lmnb.api", True), ("import numpy as lmnb", True),
     ("from lmnb import gen as lmnb", True), ("lmnb = 1", True), ("lmnb, x = 1, 2", True),
