@@ -513,6 +513,9 @@ class StreamExecutor:
         # variables whose value a join gathered (a list, one entry per branch): no text of this
         # state's is theirs, so iter_text(name) says so rather than end with nothing
         self.gathered: set[str] = set()
+        # where in text_ the text of the last gen that sampled tokens ends (named or not), None before
+        # one: a state ending there ends in a sampled token no forward pass has run yet (%lm tree)
+        self.sampled_end: Optional[int] = None
         self.error_: Optional[ProgramError] = None
         # the program was told of error_ (it raised to a reader, error() returned it, a join named
         # it): an unjoined fork branch's error it never was told of surfaces on the root instead
@@ -1337,6 +1340,7 @@ class StreamExecutor:
         comps: list[Completion] = self._call(self.backend.generate, self._prompt(), params)
         self._check_finish([c.meta_info for c in comps])
         self._append_made(comps[0].text, "gen", expr.name, [c.meta_info for c in comps])
+        self._note_sampled_end(comps[0].text, comps[0].meta_info)
         values = self._parsed_all(expr, parse, [(c.text, c.meta_info) for c in comps])
         if len(comps) == 1:
             self._finish_var(expr.name, values[0], comps[0].meta_info, _constraint(params), comps[0].text)
@@ -1375,8 +1379,16 @@ class StreamExecutor:
 
         self._call(run)
         self._check_finish([meta])
+        self._note_sampled_end(text, meta)
         [value] = self._parsed_all(expr, parse, [(text, meta)])
         self._finish_var(name, value, meta, _constraint(params), text, streamed=text != "")
+
+    def _note_sampled_end(self, text: str, meta_info: Any) -> None:
+        """Keep where the text of a gen just appended ends (``sampled_end``), where the gen wrote
+        ``text`` and sampled tokens (``meta_info``'s ``completion_tokens``)."""
+        if text and isinstance(meta_info, dict) and meta_info.get("completion_tokens"):
+            with self._cv:
+                self.sampled_end = len(self.text_)
 
     def _execute_select(self, expr: Select) -> None:
         self.speculation = Speculation()  # the chosen text follows, not the speculated one
@@ -1501,6 +1513,7 @@ class StreamExecutor:
         c.var_writes = {n: list(w) for n, w in self.var_writes.items()}
         c.var_start = dict(self.var_start)
         c.gathered = set(self.gathered)
+        c.sampled_end = self.sampled_end
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
         c.cur_role_begin_pos = self.cur_role_begin_pos

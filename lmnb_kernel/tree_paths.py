@@ -28,17 +28,10 @@ def node_ends(nodes: Mapping[Hashable, NodeInfo]) -> dict[Hashable, int]:
 
 
 def ends_in_sampled_token(state: Any) -> bool:
-    """Whether ``state`` (a ``ProgramState``) ends in the text its last named gen wrote, whose last
-    token was sampled and not yet run through the model. (An unnamed gen keeps no record, so a
-    state ending in one reads as not ending in a gen.)"""
+    """Whether ``state`` (a ``ProgramState``) ends in the text a gen wrote, named or not, whose last
+    token was sampled and not yet run through the model (``StreamExecutor.sampled_end``)."""
     ex = state.stream_executor
-    text = ex.text_
-    for name, writes in ex.var_writes.items():
-        start, end, meta = writes[-1] if writes else (0, None, None)
-        written = ex.var_log.get(name, "")[start:end] if end is not None else ""
-        if written and text.endswith(written) and isinstance(meta, Mapping) and meta.get("completion_tokens"):
-            return True
-    return False
+    return ex.sampled_end is not None and ex.sampled_end == len(ex.text_)
 
 
 def cached_note(state: Any, ids: Sequence[int], match: Optional[tuple[Hashable, int]],

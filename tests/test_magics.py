@@ -1398,6 +1398,24 @@ def test_tree_says_a_state_ending_in_a_gen_has_its_last_token_not_run_not_evicte
     run(ip, "%lm reset unrun")
 
 
+def test_tree_says_a_state_ending_in_an_unnamed_gen_has_its_last_token_not_run(ip):
+    """A state ending in an unnamed gen's text (lmnb.gen(max_tokens=6) in a --python cell) read
+    "N-1/N tok cached" alone, as if a token had been evicted, where a named gen's read "(last token
+    not run yet)": an unnamed gen kept no record of where its text ends."""
+    run(ip, "%lm flush")
+    prompt = "User: keep this\nBot:"
+    reference = greedy_result(prompt, 6)
+    engine = get_session().backend().engine
+    ids = engine.prompt_ids(prompt + reference.text)
+    assert ids == engine.prompt_ids(prompt) + reference.token_ids  # (the case: the text encodes back alike)
+    cell = f"%%lm --quiet --temperature 0 --python --state unnamed\ns += {prompt!r} + lmnb.gen(max_tokens=6)"
+    assert run(ip, cell)[0].success
+    assert get_session().states["unnamed"].state.text() == prompt + reference.text
+    [label] = [k for k in _tree_paths(ip)[0] if k.startswith("unnamed ")]
+    assert label.endswith(f" · {len(ids) - 1}/{len(ids)} tok cached (last token not run yet)"), label
+    run(ip, "%lm reset unnamed")
+
+
 def test_tree_says_a_gen_whose_text_encodes_to_other_ids_is_no_eviction(ip):
     """The tiny model's output holds bytes that are no valid UTF-8, decoded as U+FFFD, so the
     state's text encodes to other ids than the model generated: its path read "6/13 tok cached",
