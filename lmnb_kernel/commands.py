@@ -14,7 +14,7 @@ import lmnb
 from lmnb_engine import API_KEY_ENV
 from lmnb_kernel.errors import CellError
 from lmnb_kernel.session import NOT_STARTED, EngineConfig, Session, SessionBackend, say_no_chat_template
-from lmnb_kernel.tables import percent, table
+from lmnb_kernel.tables import cell_label, percent, table
 
 
 def load(args, session: Session) -> None:
@@ -207,7 +207,7 @@ def states(args, session: Session) -> None:
             with contextlib.suppress(ValueError):  # an image that cannot be read any more
                 tokens = len(session.prompt_ids(named.state))
         variables = ", ".join(named.state.stream_executor.variables) or "-"
-        cells = ", ".join(f"[{c}]" for c in named.cells) or "-"
+        cells = ", ".join(map(cell_label, named.cells)) or "-"
         rows.append((named.name, cells, len(text), tokens, variables, "yes" if named.pin is not None else "no"))
     title = "named states" if rows else "named states: none yet (create one with %%lm --state NAME)"
     display(table(title, ("name", "cells", "chars", "tokens", "variables", "pinned"), rows), raw=True)

@@ -41,7 +41,7 @@ from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
 from lmnb_kernel.lmnb_name import define_lmnb
 from lmnb_kernel.session import NO_TREE_ROUTE, NOT_STARTED, Session, get_session
-from lmnb_kernel.tables import cell_summary
+from lmnb_kernel.tables import cell_label, cell_summary
 
 # The engine's words for a prompt that fits the context but not with its new tokens (a gen's
 # max_tokens, a cell's --max-tokens): "prompt of 499 tokens + max_tokens=20 exceeds ..."
@@ -316,13 +316,15 @@ class LMMagics(Magics):
         """``TreeView`` arguments besides ``snapshot`` (``engine.tree_snapshot()``, taken when
         None): ``paths`` (label -> radix node where the tokens of each named state and recent
         unnamed cell end, found with ``Engine.match_node``, which leaves LRU order alone; None when
-        none of it is cached), ``pinned`` node ids and ``stats``. A label says how much of the path
-        is cached when not all of it is, and why where that is no eviction (``tree_paths``)."""
+        none of it is cached), ``pinned`` node ids and ``stats``. A label names a state and the cell
+        that extended it last, "NAME (cell [N])", or a recent cell, "cell [N]" (``cell_label``), and
+        says how much of the path is cached when not all of it is, and why where that is no
+        eviction (``tree_paths``)."""
         from lmnb_kernel.tree_paths import cached_note, node_ends
         from lmnb_kernel.widgets.tree import flatten
 
         ends = node_ends(flatten(engine.tree_snapshot() if snapshot is None else snapshot))
-        states = {f"{n.name} (cell {n.cells[-1]})" if n.cells else n.name: n.state
+        states = {f"{n.name} ({cell_label(n.cells[-1])})" if n.cells else n.name: n.state
                   for n in self.session.states.values()}
         states.update(self.recent_cells)
         paths = {}
@@ -492,7 +494,7 @@ class LMMagics(Magics):
         captured = isinstance(self.shell.display_pub, CapturingDisplayPublisher)
         live = not args.static and mode == "live" and not captured
         rate = _FRAMES_PER_S["live" if live else mode if mode == "headless" else "static"]
-        title = f"cell [{count}]" + (f" · state {args.state}" if args.state else "")
+        title = cell_label(count) + (f" · state {args.state}" if args.state else "")
         return RunView(title, live=live, updates=not captured, max_hz=rate,
                        prefix_chars=self._prefix_chars() if self.session.started else None)
 
@@ -531,7 +533,7 @@ class LMMagics(Magics):
         if outcome.status == "done" and args.state:
             self.session.keep(args.state, outcome.state, count, cell_id, replace=rerun == "replace")
         elif outcome.status == "done" and self.session.remote is None:  # labels a path in %lm tree
-            self.recent_cells[f"cell [{count}]"] = outcome.state
+            self.recent_cells[cell_label(count)] = outcome.state
             while len(self.recent_cells) > RECENT_CELLS:
                 del self.recent_cells[next(iter(self.recent_cells))]
         try:

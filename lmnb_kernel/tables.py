@@ -25,6 +25,12 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> d
     return {"text/html": page, "text/plain": "\n".join(line.rstrip() for line in lines)}
 
 
+def cell_label(number: int) -> str:
+    """How a cell is named where lmnb shows it (a run view's title, a badge in ``%lm tree``, the
+    cells of ``%lm states``): "cell [N]", N of its In [N] as Jupyter numbers it."""
+    return f"cell [{number}]"
+
+
 def short(value: Any, limit: int = 200) -> str:
     """``repr(value)``, cut to ``limit`` characters with an ellipsis."""
     text = repr(value)

@@ -1416,6 +1416,27 @@ def test_tree_says_a_state_ending_in_an_unnamed_gen_has_its_last_token_not_run(i
     run(ip, "%lm reset unnamed")
 
 
+def test_tree_badges_and_states_name_a_cell_as_its_view_does(ip):
+    """%lm tree's badge read "NAME (cell 3)" for a state and "cell [3]" for a recent cell, and %lm
+    states listed a state's cells as "[3]": one style now, the run view's title's, "cell [N]"."""
+    run(ip, "%lm reset")
+    assert run(ip, "%%lm --quiet --temperature 0 --state badge\nOne{gen b1 max_tokens=2}")[0].success
+    assert run(ip, "%%lm --quiet --temperature 0 --state badge\nTwo{gen b2 max_tokens=2}")[0].success
+    first, last = get_session().states["badge"].cells  # (the In [N] numbers the session kept)
+    result, out = run(ip, "%%lm --static --temperature 0\nThree{gen b3 max_tokens=2}")
+    assert result.success
+    from lmnb_kernel.widgets import VIEW_MIME
+
+    title = [o.data[VIEW_MIME]["title"] for o in out.outputs if VIEW_MIME in o.data][-1]
+    assert re.fullmatch(r"cell \[\d+\]", title), title
+    labels = list(_tree_paths(ip)[0])
+    assert [k for k in labels if k.startswith("badge ")][0].startswith(f"badge (cell [{last}])")
+    assert any(k.startswith(title) for k in labels), labels  # (the recent cell's badge: its view's title)
+    shown = run(ip, "%lm states")[1].outputs[0].data["text/plain"]
+    assert f"cell [{first}], cell [{last}]" in shown, shown
+    run(ip, "%lm reset badge")
+
+
 def test_tree_says_a_gen_whose_text_encodes_to_other_ids_is_no_eviction(ip):
     """The tiny model's output holds bytes that are no valid UTF-8, decoded as U+FFFD, so the
     state's text encodes to other ids than the model generated: its path read "6/13 tok cached",

@@ -76,7 +76,7 @@ def spans(html: str, cls: str) -> list[str]:
 # --- data model ---------------------------------------------------------------------------------
 def test_cached_span_is_the_first_cached_chars_of_the_prompt():
     v = RunView(live=False, session=Tally())
-    v.on_text("main", "You are helpful. ", source="state s (cell 1)")
+    v.on_text("main", "You are helpful. ", source="state s (cell [1])")
     v.on_text("main", "Q: sky? A:")
     v.on_prompt("main", prompt_tokens=9, cached_tokens=4, cached_chars=12)
     html = v.finish()["text/html"]
@@ -1067,7 +1067,7 @@ def test_tree_view_of_a_real_radix_cache_with_locks_and_eviction():
     cache.inc_lock_ref(node_b)  # a running request on b
 
     tv = TreeView(kv_bytes_per_token=64, clock=lambda: 1e12)
-    first = tv.update(cache.snapshot(preview), paths={"s (cell 1)": node_b.id})
+    first = tv.update(cache.snapshot(preview), paths={"s (cell [1])": node_b.id})
     data = first[VIEW_MIME]
     texts = {n["text"]: n for n in data["nodes"]}
     # by hand: root, the shared 5-token prefix (locked via b), the rest of a (5, free), b's tail (5, locked)
@@ -1076,7 +1076,7 @@ def test_tree_view_of_a_real_radix_cache_with_locks_and_eviction():
     soup = BeautifulSoup(first["text/html"], "html.parser")
     assert soup.select_one(".lmnb-evictable-total").get_text() == "evictable 5 tok (320 B)"  # 5 × 64
     path_badges = soup.select(".lmnb-path")
-    assert [p.get_text() for p in path_badges] == ["s (cell 1)"]
+    assert [p.get_text() for p in path_badges] == ["s (cell [1])"]
     assert "20 21 22 23 24" in path_badges[0].find_parent(class_="lmnb-node").get_text()
     assert len(soup.select(".lmnb-locked")) == 2
 
