@@ -104,7 +104,7 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
         return _hole(code, magic.end() + 1, cursor_pos, python)
     if _LINE_MAGIC.match(line):
         reply = _line_command(line[_LINE_MAGIC.match(line).end() :], after, cursor_pos)
-        if reply is None:  # a model's path (or a word of no subcommand): IPython's file names, not its
+        if reply is None:  # a model's path: IPython's file names, not its
             theirs = python(code, cursor_pos)  # magic names (automagic offered %cat, %%capture for "ca")
             reply = _reply(_ipython_offers(theirs, magics=False), cursor_pos,
                            theirs.get("cursor_start", cursor_pos))
@@ -179,8 +179,8 @@ def _line_command(text: str, after: str, cursor_pos: int) -> Optional[dict]:
     if words == ["help"]:  # %lm help SUBCOMMAND
         return _reply(_typed([s for s in subcommands if s.startswith(word) and s != "help"], "magic"), cursor_pos,
                       cursor_pos - len(word))
-    if words[0] not in subcommands:
-        return None
+    if words[0] not in subcommands:  # (no argument of a subcommand: IPython offered file names)
+        return _reply([], cursor_pos, cursor_pos - len(word))
     if word.startswith("-") and "=" not in word:
         options = _options(subcommands[words[0]], words[1:] + after.split())
         return _reply(_typed([o for o in options if o.startswith(word)], "param"), cursor_pos, cursor_pos - len(word))

@@ -587,6 +587,20 @@ def test_completion_of_load_dtype_and_device_offers_the_names_the_engine_takes(m
         check(value)
 
 
+@pytest.mark.parametrize("code, word", [("%lm nosuch ab", "ab"), ("%lm nosuch ", ""), ("%lm stat ab", "ab"),
+                                        ("%lm nosuch --ab", "--ab"), ("%lm LOAD ck", "ck")])
+def test_completion_after_a_word_of_no_subcommand_offers_nothing(code, word):
+    """``%lm nosuch ab`` offered IPython's file names, as if ``ab`` were a model's path: a word of no
+    subcommand takes no argument, so nothing is offered (the subcommands are offered for the first
+    word, ``%lm st``; the magic refuses the line with "did you mean")."""
+    from lmnb_kernel.complete import lm_completions
+
+    def python(c, p):
+        return {"matches": ["abc.txt", "%alias"], "cursor_start": p - len(word)}
+
+    assert lm_completions(code, len(code), python) == _typed_reply([], "magic", len(code) - len(word), len(code))
+
+
 @pytest.mark.parametrize("code", ['%lm load "ck', "%lm load ./ck", "%lm load --device cuda ck", "%lm load --random-weights ck"])
 def test_completion_of_a_models_path_is_ipythons_file_names(code):
     """IPython's reply for the whole line, less the magic names its automagic adds for a bare word
