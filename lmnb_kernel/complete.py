@@ -12,7 +12,8 @@ options the parser checks against) and a video's ``frames=`` (none of them where
 gives it already); a Python expression a construct takes (an image's or video's source, a fork's
 count or items, an option's value), and a hole that is one (``{person.na``), from IPython's
 completion of that expression alone, in brackets (or of its innermost part: ``[ti``), after the
-names the cell binds there (an enclosing fork's target, an earlier gen's result); no IPython
+names the cell binds there (an enclosing fork's target, an earlier gen's result), a fork target's
+attributes as its first item's (``parser.fork_items``); no IPython
 magic name in a hole, and no name in a hole's string but file names (IPython's) in an image's or
 video's literal path (``{image "ca``) and the names of an f-string's replacement field, a Python
 expression (``{f"{person.na``); whether a cell is finished from the cell parser itself
@@ -73,6 +74,7 @@ _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 # {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
 _PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
 _NAME_END = re.compile(r"(?<![\w.])(?:[^\W\d]\w*)?\Z")  # the name a Python text ends in ("" after "len(")
+_ATTRIBUTE_END = re.compile(r"(?<![\w.])([^\W\d]\w*)(\.[\w.]*)\Z")  # t.up, t.real.im: a name's attribute
 _FSTRING_PREFIX = re.compile(r"(?<!\w)(?:[fF][rR]?|[rR][fF])\Z")  # the prefix of an f-string's quote
 _TYPES = "_jupyter_types_experimental"  # (complete_reply's metadata key for the matches' types)
 # The type shown beside each of lmnb's own matches, in IPython's words: "param" for an option (its
@@ -257,7 +259,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     """Completion in the hole still open at ``cursor_pos`` of the cell ``code``, whose template body
     starts at ``body_start``; none in text. Options the hole gives after the cursor are not offered."""
     from lmnb.template.options import allowed
-    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, names_bound
+    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, fork_items, names_bound
     from lmnb.template.scanner import top_level
 
     body = code[body_start:cursor_pos]
@@ -267,12 +269,12 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     start, string = open_hole
     hole = body[start + 1 :]
 
-    def bound() -> list[str]:  # (the names the cell binds at the hole: parsed only for an expression)
-        return names_bound(body[:start])
+    def bound() -> tuple[list[str], dict]:  # (the names the cell binds at the hole: parsed only for an expression)
+        return names_bound(body[:start]), fork_items(body[:start])
 
     field = _fstring_field(body, string) if string is not None else None
     if field is not None:  # {f"{person.na: the expression of an f-string's replacement field
-        return _python_alone(field, cursor_pos, python, bound())
+        return _python_alone(field, cursor_pos, python, *bound())
     path = _PATH_SOURCE.match(hole) if string is not None else None
     if path:  # {image "ca: an image's or video's path: file names (IPython's, in the kernel's directory)
         return _python_alone(path.group(1), cursor_pos, python)
@@ -285,14 +287,14 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
         ours = _typed([n for n in names if n.startswith(slash + word)], "keyword")
         if slash:
             return _reply(ours, cursor_pos, cursor_pos - len(word) - 1)
-        theirs, at = _python_offers(hole, cursor_pos, python, bound())  # (the cell's names, kernel variables)
+        theirs, at = _python_offers(hole, cursor_pos, python, *bound())  # (the cell's names, kernel variables)
         theirs = [o for o in theirs if o[0] not in {text for text, _, _ in ours}]
         if at != cursor_pos - len(word):  # another word than ours: ours alone
             theirs = []
         return _reply(ours + theirs, cursor_pos, cursor_pos - len(word))
     media = _MEDIA_SOURCE.match(hole)
     if media and not any(c.isspace() for _, c in top_level(media.group(2))):  # {image ca: the source
-        return _python_alone(media.group(2), cursor_pos, python, bound())
+        return _python_alone(media.group(2), cursor_pos, python, *bound())
     option = _OPTION.match(hole)
     space = len(hole) - len(option.group(2) or "") - 1 if option else -1
     if option and (space, hole[space]) in top_level(hole):  # (not in a string: stop="a b)
@@ -304,18 +306,18 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
                       cursor_pos - len(word))
     expression = _expression(hole)
     if expression is not None:  # {fork tip in ti, {gen x max_tokens=n: that expression alone
-        return _python_alone(expression, cursor_pos, python, bound())
-    return _python_alone(hole, cursor_pos, python, bound())  # a hole that is a Python expression
+        return _python_alone(expression, cursor_pos, python, *bound())
+    return _python_alone(hole, cursor_pos, python, *bound())  # a hole that is a Python expression
 
 
-def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict], names=()) -> dict:
+def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict], names=(), items=None) -> dict:
     """The complete_reply content of ``_python_offers``."""
-    offers, start = _python_offers(source, cursor_pos, python, names)
+    offers, start = _python_offers(source, cursor_pos, python, names, items)
     return _reply(offers, cursor_pos, start)
 
 
 def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], dict],
-                   names=()) -> tuple[list[Offer], int]:
+                   names=(), items=None) -> tuple[list[Offer], int]:
     """Those of ``names``, the names the cell binds where the hole is (``names_bound``), that the
     name ``source`` ends in begins (none after a ``.``: an attribute), then IPython's completion of
     ``source``, the Python text the cursor at ``cursor_pos`` ends, read alone and in brackets, as
@@ -328,7 +330,14 @@ def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], di
     typed is asked alone (IPython without Jedi reads ``[ti`` as magic names). IPython knew no name
     the cell binds, not being the kernel's (``{fork t in stops}{gen x max_tokens=len(t`` offered
     ``tuple``, ``type``, not ``t``). Returns the matches, with their types, and the offset in the
-    cell where the text they replace starts."""
+    cell where the text they replace starts. An attribute of a fork's target (``t.up``), which
+    IPython read as the kernel's ``t``, if any, is asked as one of the fork's first item, where its
+    items read kernel variables alone (``items``: ``fork_items``): ``(stops)[0].up``."""
+    attribute = _ATTRIBUTE_END.search(source)
+    if attribute and attribute.group(1) in (items or {}):
+        asked = "((" + items[attribute.group(1)] + ")[0]" + attribute.group(2)
+        reply = python(asked, len(asked))
+        return _ipython_offers(reply, magics=False), cursor_pos - len(asked) + reply.get("cursor_start", len(asked))
     for text in dict.fromkeys((source, _innermost(source))):
         reply = python("(" + text, len(text) + 1)
         offers = _ipython_offers(reply, magics=False)

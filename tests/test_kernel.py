@@ -699,7 +699,7 @@ _CELL_NAMES = [
     ("{fork t in xs}{gen b}{join}{len(", ["b"], ["b", "tips", "tuple"]),  # (t's fork is joined: b is its list)
     ("{fork t in xs}{gen b}{join}{t", [], ["tips", "tuple"]),
     ("{gen t max_tokens=len(t", [], ["tips", "tuple"]),  # (the hole's own result is not yet captured)
-    ("{fork t in stops}{t.u", [], []),  # (an attribute: IPython's alone)
+    ("{fork t in stops}{t.u", [], []),  # (an attribute: IPython's alone, of an item)
     ("{fork tips in stops}{ti", ["tips"], ["tips"]),  # (a kernel variable of that name: once)
     ("{fork t in stops}{gen x stop=t", ["t"], ["t", "tips", "tuple"]),
     ("{gen x max_toks=3}{fork t in xs}{t", [], ["tips", "tuple"]),  # (the parser refuses the cell before)
@@ -737,6 +737,45 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     ipython = [m for m in _reply(kc, "complete", code="(len(t", cursor_pos=6)["matches"] if not m.startswith("%")]
     assert {"tuple", "type"} <= set(ipython)
     assert reply["matches"] == ["t", *(m for m in ipython if m != "t")] and reply["cursor_start"] == len(code) - 1
+
+
+@pytest.mark.parametrize("code, asked", [
+    ("{fork t in stops}{t.up", "((stops)[0].up"),
+    ("{fork t in stops}{gen x stop=t.up", "((stops)[0].up"),  # (an option's value)
+    ("{fork t in [a, b]}{len(t.st", "(([a, b])[0].st"),
+    ("{fork t in stops}{fork t in other}{t.up", "((other)[0].up"),  # (the innermost fork's target)
+    ("{fork t in stops}{t.real.up", "((stops)[0].real.up"),
+    # IPython's, of the kernel's t, where no item of kernel variables alone tells what t is
+    ("{fork i, t in enumerate(xs)}{t.up", "(t.up"),
+    ("{fork t in stops}{fork u in t}{u.up", "(u.up"),
+    ("{fork t in xs}{join}{t.up", "(t.up"),
+])
+def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
+    """``{fork t in stops}{t.up`` asked IPython of ``t.up``: nothing where the kernel has no ``t``,
+    the attributes of another object where it has one. It is asked of the fork's first item now."""
+    from lmnb_kernel.complete import lm_completions
+
+    calls = []
+
+    def python(c, p):
+        calls.append((c, p))
+        word = c[:p].rpartition(".")[2]
+        return {"matches": [m for m in ("upper", "strip") if m.startswith(word)], "cursor_start": p - len(word)}
+
+    code = "%%lm\n" + code
+    word = code.rpartition(".")[2]
+    reply = lm_completions(code, len(code), python)
+    assert calls == [(asked, len(asked))]
+    assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == (
+        [m for m in ("upper", "strip") if m.startswith(word)], len(code) - len(word), len(code))
+
+
+def test_completion_of_a_fork_targets_attribute_offers_an_items_not_the_kernels_name(kernel):
+    kc = kernel[1]
+    execute(kc, "stops_s40 = ['.', '!']\nt = 5")  # (a kernel t of another type: IPython offered int's)
+    code = "%%lm\n{fork t in stops_s40}{gen x stop=t.up"
+    reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+    assert (reply["matches"], reply["cursor_start"]) == (["upper"], len(code) - 2)
 
 
 @pytest.mark.parametrize("code, inner", [

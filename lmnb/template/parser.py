@@ -109,16 +109,41 @@ def names_bound(source: str) -> list[str]:
     captured before it that a hole there reads (earlier gens' and selects', a joined fork's lists,
     its own branch's), alphabetically. Empty where the parser refuses ``source`` before its end
     (the scopes past a bad hole are not known). For completion in a hole being typed."""
+    parser = _parsed_to_end(source)
+    if parser is None:
+        return []
+    targets = [n for b in reversed(parser.stack) if b.kind == "fork" and b.fork["target"] is not None
+               for n in target_names(b.fork["target"])]
+    return list(dict.fromkeys(targets)) + sorted(parser.scope.vars - set(targets))
+
+
+def fork_items(source: str) -> dict[str, str]:
+    """The forks open at the end of ``source`` (read as ``names_bound`` reads it) whose target is
+    one name and whose items read kernel variables alone: target -> the items' expression
+    (``{fork t in stops}`` -> ``{"t": "stops"}``), the innermost fork's where two bind one name.
+    For completion of a target's attributes, which are an item's."""
+    parser = _parsed_to_end(source)
+    items: dict[str, str] = {}
+    for b in reversed(parser.stack if parser is not None else []):
+        fork = b.fork if b.kind == "fork" else None
+        if fork is None or not isinstance(fork["target"], str) or fork["items"] is None:
+            continue
+        if fork["target"] not in items and all(kind == "arg" for _, kind in fork["items"].refs):
+            items[fork["target"]] = fork["items"].source
+    return items
+
+
+def _parsed_to_end(source: str) -> "_Parser | None":
+    """A parser that read the cell body ``source`` to its end, its blocks open there still on its
+    stack; None where it refuses ``source`` before its end."""
     parser = _Parser(source.replace("\r\n", "\n").replace("\r", "\n"), 1, "<%%lm cell>")
     try:
         parser.run()
     except UnclosedError:  # (the blocks still open at the end: the scope there is the hole's)
         pass
     except TemplateSyntaxError:
-        return []
-    targets = [n for b in reversed(parser.stack) if b.kind == "fork" and b.fork["target"] is not None
-               for n in target_names(b.fork["target"])]
-    return list(dict.fromkeys(targets)) + sorted(parser.scope.vars - set(targets))
+        return None
+    return parser
 
 
 class _Parser:
