@@ -18,9 +18,6 @@ import ast
 
 NAME = "lmnb"
 
-# Nodes that bind (or delete) the name in their ``name`` field: ``def lmnb``, ``class lmnb``,
-# ``except E as lmnb``, ``case lmnb`` / ``case [*lmnb]``.
-_NAMED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
 # Builtins that run code the watch cannot read, or reach the namespace as a dict.
 _UNSEEN_CALLS = frozenset({"exec", "eval", "globals", "vars", "locals"})
 # The shell's ways to set or delete names of its namespace as a dict (get_ipython().push(...)).
@@ -35,17 +32,10 @@ def binds(tree: ast.AST, name: str) -> bool:
     ``with`` targets, ``:=``), ``del``, an import (``import lmnb``, ``import lmnb.api``,
     ``from x import y as lmnb``), a ``def``/``class``, an ``except ... as`` or a ``match`` capture.
     In any scope: a function's local ``lmnb`` counts too, which errs on the safe side (the name is
-    kept)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
-            return True
-        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
-            return True
-        if isinstance(node, _NAMED) and node.name == name:
-            return True
-        if isinstance(node, ast.MatchMapping) and node.rest == name:
-            return True
-    return False
+    kept). Node by node, as the export reads a binding (``lmnb.export.syntax.binds_name``)."""
+    from lmnb.export.syntax import binds_name
+
+    return any(binds_name(node, name) for node in ast.walk(tree))
 
 
 def _magic_call(node: ast.AST, names) -> bool:

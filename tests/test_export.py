@@ -1850,6 +1850,9 @@ def test_a_global_made_with_a_value_made_on_first_use_is_kept_with_it(tmp_path, 
      ["for w in q.split():\n    consider(len(w))\nr = str(best)"], ["3", "1", "2"]),
     ("failed = False\ndef fail():\n    global failed\n    failed = True\n",
      ["if len(q) > 1:\n    fail()\nr = str(failed)"], ["True", "False", "True"]),
+    # (set by a match capture, which the plan's reading of a binding missed: kept, as if made on first use)
+    ("best = None\ndef consider(n):\n    global best\n    match n:\n        case int() as best:\n            pass\n",
+     ["r = str(best)\nconsider(len(q))"], ["None", "None", "None"]),
 ])
 def test_a_global_a_setup_function_sets_under_another_test_than_none_starts_each_row_from_none(
         tmp_path, monkeypatch, setup, cells, expected):

@@ -37,7 +37,8 @@ from lmnb.export.notes_wording import _RACE, _cells_of, _functions_of, _grouped,
 from lmnb.export.parameters import read_parameters
 from lmnb.export.primitive_holes import refuse_primitive_holes
 from lmnb.export.star_builtins import _builtins_set_by
-from lmnb.export.syntax import _bound_before_read, _cell_binds, _own_nodes, _run_reads, _statements, _tests_unset
+from lmnb.export.syntax import (_bound_before_read, _cell_binds, _own_nodes, _run_reads, _statements, _tests_unset,
+                                binds_name)
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -433,7 +434,7 @@ def _made_on_first_use(setup: list) -> set:
         changed = False
         for nodes in functions:
             for name in {n for node, _ in nodes if isinstance(node, ast.Global) for n in node.names} & out:
-                if any(_binds(node, name) and not any(_tests_unset(test, out) for test in tests)
+                if any(binds_name(node, name) and not any(_tests_unset(test, out) for test in tests)
                        for node, tests in nodes):
                     out.discard(name)
                     changed = True
@@ -443,18 +444,9 @@ def _made_on_first_use(setup: list) -> set:
     for nodes in functions:
         for name in {n for node, _ in nodes if isinstance(node, ast.Global) for n in node.names} - out:
             for node, tests in nodes:
-                if _binds(node, name):
+                if binds_name(node, name):
                     guarded[name] = guarded.get(name, True) and any(_tests_unset(test, out) for test in tests)
     return out | {name for name, always in guarded.items() if always}
-
-
-def _binds(node, name: str) -> bool:
-    """Whether ``node`` binds (or deletes) ``name``: an assignment's target, an import."""
-    import ast
-
-    if isinstance(node, ast.Name):
-        return node.id == name and not isinstance(node.ctx, ast.Load)
-    return isinstance(node, ast.alias) and (node.asname or node.name).split(".")[0] == name
 
 
 def _moved_setup_cells(before: list, after: list, examples: set) -> list:

@@ -1,13 +1,31 @@
 """The walks over the cells' code that the export's plan and its notes share: a cell's top-level
 statements, the syntax trees of the row cells, the names a cell binds, a function's own nodes (with
-the ``if`` tests above each) and its own variables, whether a test asks if a name is unset, and
-``getattr(o, 'n')`` and the like read as the attribute ``o.n``."""
+the ``if`` tests above each) and its own variables, whether a test asks if a name is unset, whether
+a node binds a name (which the kernel's watch of the ``lmnb`` name shares), and ``getattr(o, 'n')``
+and the like read as the attribute ``o.n``."""
 
 from __future__ import annotations
 
 import copy
 
 from lmnb.export.cells import Cell, Code, LMCell, bound_by
+
+
+def binds_name(node, name: str) -> bool:
+    """Whether the syntax tree ``node`` itself (not its children) binds or deletes ``name``: a
+    ``Name`` stored or deleted (an assignment's, a loop's, a ``with``'s or a ``:=``'s target,
+    ``del``), an import's alias (``import a.b`` binds ``a``), a ``def``/``class``, an ``except ...
+    as``, or a ``match`` capture (``case x``, ``case [*x]``, ``case {**x}``)."""
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id == name and not isinstance(node.ctx, ast.Load)
+    if isinstance(node, ast.alias):
+        return (node.asname or node.name.split(".")[0]) == name
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs,
+                         ast.MatchStar)):
+        return node.name == name
+    return isinstance(node, ast.MatchMapping) and node.rest == name
 
 
 def _statements(cells: list):
