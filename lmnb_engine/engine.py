@@ -29,8 +29,8 @@ from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as
 from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
-from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, past_context_refusal,
-                                python_value, shorten_fix, shown_number)
+from lmnb_engine.params import (SamplingParams, SamplingParamsError, both_fix, does_not_fit, outside_vocabulary,
+                                past_context_refusal, python_value, shorten_fix, shown_number)
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req, kv_to_finish
 from lmnb_engine.sampler import min_new_tokens_conflict
@@ -787,9 +787,9 @@ class Engine:
         """Raises ``SamplingParamsError`` (field ``logit_bias``) naming the ``logit_bias`` keys of
         validated ``params`` outside ``[0, vocab_size)``: no logit of the model is theirs to bias."""
         vocab = self.loaded.config.vocab_size
-        bad = [t for t in params.logit_bias or () if t >= vocab]
+        bad, shown = outside_vocabulary(params.logit_bias or (), vocab)
         if bad:
-            ids = ", ".join(map(shown_number, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            ids = shown + (", ..." if len(bad) > 5 else "")
             raise SamplingParamsError(
                 f"SamplingParams.logit_bias is invalid: token id{'s' * (len(bad) > 1)} {ids} "
                 f"{'are' if len(bad) > 1 else 'is'} outside this model's vocabulary [0, {vocab}); remove "
@@ -798,9 +798,9 @@ class Engine:
     def _check_in_vocabulary(self, ids: Sequence[int], what: str) -> None:
         """Raises ``ValueError`` naming the ids of ``ids`` outside ``[0, vocab_size)``."""
         vocab = self.loaded.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:  # (an id of 5000 digits as shown_number shows it: Python writes no such int)
-            raise ValueError(f"{what} [{', '.join(map(shown_number, bad[:5]))}] are outside the vocabulary [0, {vocab})")
+        bad, shown = outside_vocabulary(ids, vocab)
+        if bad:
+            raise ValueError(f"{what} [{shown}] are outside the vocabulary [0, {vocab})")
 
     @property
     def multimodal(self) -> Any:

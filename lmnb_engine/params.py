@@ -12,7 +12,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_empty_class import empty_class_problem
@@ -115,6 +115,13 @@ def shown_number(value: Any) -> str:
         if isinstance(said, str) and "integer string conversion" in said:  # (an int too long in a container)
             return f"a {type(value).__name__} holding an integer too long to write{_long_integer_index(value)}"
         return f"<a {type(value).__name__} whose repr raised {type(e).__name__}>"
+
+
+def outside_vocabulary(ids: Iterable[int], vocab_size: int) -> tuple[list[int], str]:
+    """The token ids of ``ids`` outside ``[0, vocab_size)``, and the first five of them as a
+    message shows them (``shown_number``: one of 5000 digits, which Python writes as no int)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    return bad, ", ".join(map(shown_number, bad[:5]))
 
 
 def _long_integer_index(value: Any, seen: Optional[set] = None) -> str:
