@@ -64,6 +64,14 @@ class Completion:
 # order. SGLang sets no bound.
 MAX_BATCH_PROMPTS = 16384
 
+# httpx's errors (their class names; httpx2's are named alike) of a connection the server took, then
+# dropped mid-exchange: a server that stopped or crashed resets the requests it was reading, and one
+# that speaks no HTTP there answers with what httpx cannot read. The server backends say so with
+# DROPPED_FIX, what to do about it.
+DROPPED_ERRORS = ("ReadError", "WriteError", "RemoteProtocolError")
+DROPPED_FIX = ("it stopped, restarted or crashed (see its log), or is no HTTP server: check that it runs at that URL, "
+               "then run the call again")
+
 DELTA_TOKENS = "delta_tokens"
 """``generate_stream`` meta_info key of the tokens of one streamed delta (see there)."""
 

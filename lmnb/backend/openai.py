@@ -33,7 +33,8 @@ import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend,
+    DROPPED_ERRORS, DROPPED_FIX, MAX_BATCH_PROMPTS, AbortedIds, BackendAuthError, BackendCannotRun, BackendError,
+    BackendUnreachable, BaseBackend,
     Completion, GuessedTemplate, Prompt, aborted_reason, check_api_key, check_sendable, check_timeout, check_utf8, given,
     key_advice, refused_choice,
     tell_guessed_template,
@@ -58,9 +59,6 @@ _loop_thread: Optional[threading.Thread] = None
 # the client raises the last one's only, and a call whose server crashed was then "nothing answers".
 _failed_tries: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("lmnb_openai_failed_tries",
                                                                                default=None)
-# What to do about a server that took a request's connection, then dropped it (RuntimeEndpoint's words)
-_DROP_FIX = ("it stopped, restarted or crashed (see its log), or is no HTTP server: check that it runs at that URL, "
-             "then run the call again")
 
 
 @dataclasses.dataclass
@@ -603,7 +601,7 @@ class OpenAI(BaseBackend):
             if not _dropped(cause):  # (a proxy's refusal, a scheme the transport lacks, ...)
                 return BackendUnreachable(f"{where}: {type(e).__name__}: {e}{said}")
             return BackendError(f"{where}: the server dropped the connection before its answer was complete{said}; "
-                                f"{_DROP_FIX}")
+                                f"{DROPPED_FIX}")
         drop = next((x for x in failed if _dropped(x)), None)
         if drop is not None:  # (it answered, then went: the host and port were right)
             return BackendUnreachable(f"{where}: the server dropped the connection before its answer was complete "
@@ -920,7 +918,7 @@ def _is(error: Any, *kinds: str) -> bool:
 def _dropped(error: Any) -> bool:
     """Whether ``error`` (httpx's) is of a connection the server took, then dropped mid-exchange (a
     server that stopped or crashed resets the requests it was reading), as ``RuntimeEndpoint`` reads it."""
-    return _is(error, "ReadError", "WriteError", "RemoteProtocolError")
+    return _is(error, *DROPPED_ERRORS)
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,7 +25,8 @@ import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError,
+    DROPPED_ERRORS, DROPPED_FIX, MAX_BATCH_PROMPTS, AbortedIds, AssignableChatTemplate, BackendAuthError,
+    BackendCannotRun, BackendError,
     BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_sendable, check_utf8, finish_reason_dict,
     check_api_key, check_timeout, in_gen_names, key_advice, refused_choice,
 )
@@ -402,12 +403,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if isinstance(e, self._httpx.ConnectError):  # refused: no server (any more) at that host and port
             return BackendUnreachable(f"{what}: nothing answers at {self.base_url} ({type(e).__name__}: {e}); is the "
                                 "server running, and are the host and port right?")
-        if isinstance(e, (self._httpx.ReadError, self._httpx.WriteError, self._httpx.RemoteProtocolError)):
-            # the server took the connection, then dropped it mid-exchange: it stopped or crashed
-            # (a shut-down server resets the requests it was reading), or speaks no HTTP there
+        if isinstance(e, tuple(getattr(self._httpx, name) for name in DROPPED_ERRORS)):  # (taken, then dropped)
             return BackendError(f"{what}: the server at {self.base_url} dropped the connection before its answer was "
-                                f"complete ({type(e).__name__}: {e}); it stopped, restarted or crashed (see its "
-                                "log), or is no HTTP server: check that it runs at that URL, then run the call again")
+                                f"complete ({type(e).__name__}: {e}); {DROPPED_FIX}")
         return BackendError(f"{what} failed: {type(e).__name__}: {e}")
 
     def get_chat_template(self) -> ChatTemplate:
