@@ -160,7 +160,7 @@ def check_model(model: str | os.PathLike | None = None, device: str | torch.devi
 def _checked_config(model, device, dtype, random_weights: bool) -> tuple[Path | None, dict, ModelConfig]:
     """``(checkpoint directory or None for a preset, its HF config dict, ModelConfig)`` of
     ``load_model``'s arguments, checked (``check_model``)."""
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     dt = _resolve_dtype(dtype, dev)
     if isinstance(model, str) and model in PRESETS and not Path(model).exists():
         if not random_weights:
@@ -188,7 +188,13 @@ def _written_eos_token_id(path: Path) -> Any:
     return raw.get("eos_token_id")
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device the engine loads on for ``device``: None is the engine's default, CUDA where torch
+    sees it, else the CPU (the kernel's ``shared_accelerator`` reads the same rule).
+
+    Raises:
+        ValueError: a device the engine does not run on (``device_names.check_device``), or a CUDA
+            device where torch sees none (``no_cuda_error``)."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(check_device(str(device)))  # (a torch.device as its name: one rule, device_names)

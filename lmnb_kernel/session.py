@@ -456,17 +456,20 @@ def shared_accelerator(backend, config: EngineConfig) -> Optional[str]:
     """The CUDA device (e.g. ``"cuda:0"``) that ``backend``, an in-process engine, runs on and that
     an engine built from ``config`` would load on too; None where they share none (no backend, a
     server's, CPU, another GPU, or a ``config.device`` the engine will refuse: that load fails
-    before it takes any memory, so the old engine is kept). ``config.device`` None is the engine's
-    default, CUDA where torch sees it; a bare ``"cuda"`` is the current CUDA device."""
+    before it takes any memory, so the old engine is kept). ``config.device`` is read as the engine
+    reads it (``model_loader.resolve_device``: None is its default); a bare ``"cuda"`` is the
+    current CUDA device."""
     runner = getattr(getattr(backend, "engine", None), "runner", None)
     old = getattr(runner, "device", None)
     if old is None or old.type != "cuda":
         return None
-    import torch  # (only with an engine on CUDA: torch is imported already)
+    import torch  # (only with an engine on CUDA: torch and the engine's loader are imported already)
+
+    from lmnb_engine.model_loader import resolve_device
 
     try:
-        new = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except (RuntimeError, TypeError):
+        new = resolve_device(config.device)
+    except ValueError:
         return None
     if new.type != "cuda":
         return None

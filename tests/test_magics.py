@@ -1908,6 +1908,7 @@ def test_shared_accelerator_is_the_gpu_of_an_in_process_engine_that_the_new_conf
     from lmnb_kernel.session import shared_accelerator
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (as where an engine runs on CUDA)
     on = {name: _RecordedEngine([], name, name) for name in ("cuda", "cuda:0", "cuda:1", "cpu")}
     assert shared_accelerator(on["cuda:1"], EngineConfig(device="cuda:1")) == "cuda:1"
     assert shared_accelerator(on["cuda"], EngineConfig(device="cuda:1")) == "cuda:1"  # (bare: the current one)
