@@ -202,7 +202,7 @@ class GenParams:
     becomes a regex and, for int/float/bool, a parsed value (see ``dtype_regex``). ``logit_bias``
     (OpenAI's and SGLang's, an lmnb extension in the language) is ``{token id: bias in [-100, 100]}``,
     read as the engine reads it (``lmnb_engine.params.logit_bias_value``: ids given as their decimal
-    text become ints).
+    text become ints); an empty one is None.
     """
 
     max_new_tokens: Optional[int] = None
@@ -265,8 +265,8 @@ class GenParams:
         if self.logit_bias is not None:  # (a plain gen() loads nothing of the engine)
             from lmnb_engine.params import logit_bias_value  # torch-free: the engine's own rule
 
-            try:
-                self.logit_bias = logit_bias_value(self.logit_bias)
+            try:  # (an empty one biases nothing: None, as a gen without one, which every reader compares it to)
+                self.logit_bias = logit_bias_value(self.logit_bias) or None
             except ValueError as e:  # (in gen()'s name for it, which is the engine's)
                 raise (TypeError if not isinstance(self.logit_bias, dict) else ValueError)(
                     str(e).replace("SamplingParams.", "", 1)) from None

@@ -213,7 +213,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         serves = False
     elif params.stop_token_ids:  # the leftover was not generated to stop at them: its own call does
         serves = False
-    elif (params.logit_bias or None) != left.logit_bias:  # drawn with another bias (or none): its own call
+    elif params.logit_bias != left.logit_bias:  # drawn with another bias (or none): its own call
         serves = False
     elif stops:  # the leftover serves this gen if it holds one of its stops or max_tokens tokens (SGLang
         # serves a gen with stops from any leftover, cut at max_tokens characters or where the leftover ends)
@@ -234,7 +234,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         token_text = getattr(ex.backend, "token_text", None)  # (the in-process engine reads a token's bytes)
         left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info, token_text),
                                    ignore_eos=bool(params.ignore_eos), follows=_follows(comps[0].meta_info, spec.stop),
-                                   logit_bias=params.logit_bias or None)
+                                   logit_bias=params.logit_bias)
         call = comps[0].meta_info
     end = left.end_of_tokens(limit) if limit is not None else None
     hit = _stop_in(params, left, end) if stops else None  # (one that ends by end, where known)
@@ -310,7 +310,7 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -
     (``_OWN_IN_CHAT_CALL``): ``stop`` and ``stop_regex``, each gen's own (the reply is split at
     them), ``max_tokens`` (the call's is ``num_api_spec_tokens``; each share is cut at its gen's
     own) and the logprob options (each gen gets its own tokens' logprobs: ``_role_share``). Values
-    are compared as drawn with (``_drawn_with``: ``logit_bias={}`` is none).
+    are compared as drawn with (``_drawn_with``: ``stop_token_ids=[]`` is none).
 
     Raises:
         ValueError: naming both gens, the differing options with both values, and the fix.
@@ -359,12 +359,12 @@ def _continuing(backend, this: str) -> tuple[str, str]:
 
 def _drawn_with(field: str, value):
     """``value`` of GenParams ``field`` as what it changes in the draw, for ``spec_role_check``: an
-    empty ``logit_bias`` or ``stop_token_ids`` and ``min_tokens=0`` are none (they were refused
-    beside a gen without them), stop token ids are a set (their order changes nothing), and a
-    ``json_schema`` is its canonical JSON text (``_canonical_schema``)."""
+    empty ``stop_token_ids`` and ``min_tokens=0`` are none (they were refused beside a gen without
+    them; an empty ``logit_bias`` is None already, ``GenParams``), stop token ids are a set (their
+    order changes nothing), and a ``json_schema`` is its canonical JSON text (``_canonical_schema``)."""
     if field == "stop_token_ids":
         return frozenset(value) if value else None
-    if field in ("logit_bias", "min_new_tokens"):
+    if field == "min_new_tokens":
         return value or None
     if field == "json_schema":
         return _canonical_schema(value)

@@ -7098,3 +7098,11 @@ def test_gen_logit_bias_reads_ids_as_ints_and_merging_copies_it():
     merged = node.params.merged_over(sgl.gen("y").params)
     assert merged.logit_bias == node.params.logit_bias and merged.logit_bias is not node.params.logit_bias
     assert "logit_bias" not in sgl.gen("y").params.sampling_kwargs()
+
+
+def test_an_empty_logit_bias_is_a_gen_without_one():
+    """An empty logit_bias biases nothing: GenParams holds None, as for a gen without one, so that
+    what compares them (API speculative execution's leftover, a chat role's gens) need not."""
+    node = sgl.gen("x", logit_bias={})
+    assert node.params.logit_bias is None and node.params == sgl.gen("x").params
+    assert "logit_bias" not in node.params.sampling_kwargs()
