@@ -628,7 +628,6 @@ class CtrlC:
         self.client = None  # the notebook's client (run_client.Client), whose wait for a cell's output a Ctrl-C ends
         self._cell = None  # the running cell (between its on_cell_execute and on_cell_executed), else None
         self.interrupted = None  # the number of the cell the first Ctrl-C or SIGTERM came in, before its reply
-        self.interrupted_last = False  # whether that cell is the notebook's last one to run (none after it to skip)
         self.before = None  # the number of the cell whose start the run stopped at, after a Ctrl-C outside a cell
         self.came = None  # "Ctrl-C" or "SIGTERM": the first signal, where it came outside a cell (it stopped none)
 
@@ -703,7 +702,6 @@ class CtrlC:
         the first cell, or after a cell's reply, whose output is then waited for no longer."""
         if self._cell is not None and (self.client is None or self.client.replied is not self._cell):
             self.interrupted = self.cell_number
-            self.interrupted_last = self.client is not None and self._next_cell() is None
             return True
         self.came = self.name
         if self.client is not None:  # (a cell whose reply came has ended: its output is not waited for)
@@ -737,8 +735,9 @@ class CtrlC:
         the cell that had finished and the one that did not start (before the first). ``saved``:
         how the notebook's outputs were kept, "saved" or "written out" (to stdout)."""
         name = self.name
-        if self.interrupted is not None:
-            after = ", the last one" if self.interrupted_last else "; the cells after it did not run"
+        if self.interrupted is not None:  # (it is the cell started last: none starts after a Ctrl-C)
+            last = self.client is not None and self._next_cell() is None  # (none left to skip)
+            after = ", the last one" if last else "; the cells after it did not run"
             return f"interrupted ({name}) in {self.cell_name(self.interrupted)}{after}"
         following = self.cell_name(self.before)
         if self.cell_number is None:
