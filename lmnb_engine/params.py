@@ -589,8 +589,9 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
 
     Raises:
         SamplingParamsError: ``bias`` is no dict, a key is no token id (a bool, a negative int, a
-            text of no integer), or a bias is no finite number in [-100, 100]; the message names
-            the key and the fix."""
+            text of no integer) or is the text of one of more digits than Python reads (past every
+            vocabulary), or a bias is no finite number in [-100, 100]; the message names the key
+            and the fix."""
     def bad(rule: str, entry: Any = None) -> None:
         raise SamplingParamsError(f"SamplingParams.logit_bias is invalid: {rule}", "logit_bias", entry)
 
@@ -601,8 +602,12 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
     for key, value in bias.items():
         token = key.item() if _is_numpy_scalar(key) else key
         written = isinstance(key, str) and _ID_TEXT.fullmatch(key)
-        if written:
-            token = None if digits_over_limit(len(key.lstrip("+-"))) else int(key)
+        if written:  # (leading zeros are no digits of the id, but int() counts them against its limit)
+            sign, digits = "-" if key.startswith("-") else "", key.lstrip("+-").lstrip("0") or "0"
+            if digits_over_limit(len(digits)) and not sign:
+                bad(f"the key {shown_integer_text(key)} is a token id past every model's vocabulary; remove it, or "
+                    "take the ids from the model's tokenizer", {key: value})
+            token = None if digits_over_limit(len(digits)) else int(sign + digits)
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
             shown = shown_integer_text(key) if written and too_many_digits(key) else shown_number(key)
             # (no backend-neutral encoder exists, nor one over an HTTP API: the fix names where each comes from;

@@ -443,6 +443,25 @@ def test_a_logit_bias_key_that_is_a_number_or_bool_is_not_told_how_to_bias_a_wor
                             "ids (ints >= 0, or their decimal text as in OpenAI's API, \"1234\")")
 
 
+def test_a_logit_bias_key_of_more_digits_than_python_reads_is_an_id_past_the_vocabulary():
+    """A key written as 5000 digits ("1" and 4999 zeros: 10**4999, past Python's 4300-digit limit)
+    was refused as "not a token id"; it is one, past every model's vocabulary (as the int 10**4999
+    is told by the engine), so the fix is to remove it. Leading zeros are no digits of the id:
+    "+", 5000 zeros and "7" is 7 (it was "the key 7 is not a token id"), as "07" is."""
+    with pytest.raises(ValueError) as e:
+        SamplingParams(logit_bias={"1" + "0" * 4999: 1}).validate()
+    assert str(e.value) == ("SamplingParams.logit_bias is invalid: the key 1.000e+4999 (an integer of 5000 digits) is "
+                            "a token id past every model's vocabulary; remove it, or take the ids from the model's "
+                            "tokenizer")
+    assert e.value.field == "logit_bias"
+    with pytest.raises(ValueError, match=r"^SamplingParams.logit_bias is invalid: the key -1.000e\+4999 \(an integer "
+                                         r"of 5000 digits\) is not a token id: keys are token ids \(ints >= 0"):
+        SamplingParams(logit_bias={"-1" + "0" * 4999: 1}).validate()  # (negative: no id, as "-1")
+    p = SamplingParams(logit_bias={"+" + "0" * 5000 + "7": -100, "0" * 5000: 1})
+    p.validate()
+    assert p.logit_bias == {7: -100.0, 0: 1.0}
+
+
 def test_a_logit_bias_of_token_id_text_becomes_int_ids():
     import numpy as np
 
