@@ -148,12 +148,17 @@ def shown_integer_text(text: str) -> str:
     or command-line literal) as ``shown_number`` shows its value, worked out from the text alone:
     Python refuses to read one of over 4300 digits (``int()``, ``json.loads``, a literal in code:
     ``digits_over_limit``), and such a literal is what this names (``1.000e+5000 (an integer of
-    5001 digits)``)."""
+    5001 digits)``). Leading zeros, which Python counts against its limit too, are no digits of
+    the value: one they make too long is its value and their number (``7 (written with 5000
+    leading zeros)``)."""
     written = text.strip()
-    digits = written.lstrip("+-").replace("_", "").lstrip("0") or "0"
+    sign, all_digits = "-" if written.startswith("-") else "", written.lstrip("+-").replace("_", "")
+    digits = all_digits.lstrip("0") or "0"
     if len(digits) <= SHOWN_CHARS:
-        return shown_number(int(written))
-    return _scientific(written.startswith("-"), int(digits[:5]), len(digits))
+        zeros = len(all_digits) - len(digits)
+        note = f" (written with {zeros} leading zeros)" if digits_over_limit(len(all_digits)) else ""
+        return shown_number(int(sign + digits)) + note  # (int() of the whole text refused it)
+    return _scientific(bool(sign), int(digits[:5]), len(digits))
 
 
 def _scientific(negative: bool, first: int, digits: int) -> str:

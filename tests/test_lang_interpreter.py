@@ -5135,6 +5135,24 @@ def test_a_huge_integer_is_shown_with_its_first_digits_rounded_but_never_past_it
         sys.set_int_max_str_digits(limit)
 
 
+def test_an_integer_text_too_long_for_its_leading_zeros_alone_is_shown_by_its_value():
+    """%%lm --max-tokens with 5000 zeros and a 7 was told "invalid _token_count value: '000...'"
+    (argparse's words, naming lmnb's function, its 5001 characters echoed): shown_integer_text read
+    the whole text, zeros counted, and failed in Python's words ("Exceeds the limit (4300 digits)
+    for integer string conversion"). It shows the value and its zeros now. By hand: "+", 5000
+    zeros and "7" is 7; "-" and 4301 zeros is 0; "0_7" is 7 (its zero too few to note)."""
+    from lmnb.template.cell_options import CellLineError, parse_cell_line
+    from lmnb_engine.params import shown_integer_text
+
+    assert shown_integer_text("+" + "0" * 5000 + "7") == "7 (written with 5000 leading zeros)"
+    assert shown_integer_text("-" + "0" * 4301) == "0 (written with 4300 leading zeros)"
+    assert shown_integer_text(" 0_7 ") == "7"
+    with pytest.raises(CellLineError) as e:
+        parse_cell_line("--max-tokens " + "0" * 5000 + "7")
+    assert str(e.value) == ("argument --max-tokens: got 7 (written with 5000 leading zeros), more digits than Python "
+                            "reads as an integer (at most 4300); give at most the model's context length")
+
+
 def test_a_value_of_over_4300_digits_given_where_another_type_belongs_is_named_in_scientific_form():
     """gen(10**5000), gen(dtype=...), choices=[...], stop=..., a json_schema holding one, a fork
     branch's item and the others below failed in Python's words, from the message that was to
