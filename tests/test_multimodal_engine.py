@@ -215,6 +215,19 @@ def test_bad_image_input_is_a_clear_error(engine, tmp_path):
     engine.check_invariants()
 
 
+def test_a_multimodal_prompt_of_ids_past_the_vocabulary_names_them_as_a_plain_prompts_check_does(engine):
+    """A multimodal prompt of token ids holding one of 5001 digits (10**5000) failed in Python's
+    words ("Exceeds the limit (4300 digits) for integer string conversion") as its refusal showed
+    it; it is named as a plain prompt's ids are (shown_number), with the other id past the end."""
+    vocab = engine.loaded.config.vocab_size
+    ids = engine.encode(Q1)
+    for prompt in (MultimodalPrompt(ids + [10**5000, vocab], [_image(1)]), ids + [10**5000, vocab]):
+        with pytest.raises(ValueError) as e:
+            engine.generate(prompt, _greedy(2))
+        assert str(e.value) == (f"prompt token ids [1.000e+5000 (an integer of 5001 digits), {vocab}] are outside the "
+                                f"vocabulary [0, {vocab})")
+
+
 def test_text_only_model_rejects_images(tiny_llama):
     eng = Engine(str(tiny_llama), device="cpu", max_total_tokens=512)
     try:

@@ -25,6 +25,7 @@ from lmnb_engine.multimodal.inputs import (
     MultimodalTokens,
     as_multimodal_prompt,
 )
+from lmnb_engine.params import outside_vocabulary
 from lmnb_engine.tokenizer import encode_text, without_added_bos
 
 _PIXEL_CACHE_SIZE = 64  # preprocessed images kept by content hash (repeat questions skip resizing)
@@ -109,9 +110,9 @@ class MultimodalProcessor:
             ids = [int(t) for t in p.text]  # numpy integers too, as a text-only prompt's ids
         else:
             raise TypeError(f"a multimodal prompt's text is a string or token ids, got {type(p.text).__name__}")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        bad, shown = outside_vocabulary(ids, self.vocab_size)  # (as the engine checks a plain prompt's)
         if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"prompt token ids [{shown}] are outside the vocabulary [0, {self.vocab_size})")
         where = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if len(where) != len(p.images):
             raise ValueError(
