@@ -3827,6 +3827,10 @@ def test_logit_bias_reaches_the_engine_with_int_token_ids(served, path, body):
      "token in effect) to 100 (forces it in effect)"),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"-3": 1}}, "logit_bias",
      'logit_bias is invalid: the key "-3" is not a token id'),
+    # (5000 digits, past Python's limit: it said "is not a token id")
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"1" + "0" * 4999: 1}}, "logit_bias",
+     "logit_bias is invalid: the key 1.000e+4999 (an integer of 5000 digits) is a token id past every model's "
+     "vocabulary; remove it, or take the ids from the model's tokenizer"),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"5": "x"}}, "logit_bias",
      'logit_bias is invalid: the bias of token 5, "x", is not a number'),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"5": True}}, "logit_bias",
