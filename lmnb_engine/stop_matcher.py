@@ -180,14 +180,15 @@ class StopRegexes:
         # where they hold: where they hold nowhere there, find need not search it (the search
         # from every start of an open run read each start to the run's end: ~100 ms a token at
         # 800 characters of a run, given up at ~1100)
-        self.back_tails = [_lookbehind_tail(p) if a is None and not sensitive else None
-                           for p, a, sensitive in zip(patterns or (), self.automata, self.end_sensitive)]
+        # (whether each pattern is such: searched, reading nothing past its match; told once)
+        plain = [a is None and not sensitive and not _reads_past_match(p)
+                 for p, a, sensitive in zip(patterns or (), self.automata, self.end_sensitive)]
+        self.back_tails = [_lookbehind_tail(p) if ok else None for p, ok in zip(patterns or (), plain)]
         # ... and of those, one class of every character a match may end with (regex_last), None
         # where not known: a new match ends with one in the text past what was checked, so where
         # none is there, find need not search it (a{1,500}b over a run of "a"s: each of the last
         # 500 starts read to the run's end, a cost per token growing with the square of the bound)
-        self.last_characters = [last_characters(p) if a is None and not sensitive and not _reads_past_match(p) else None
-                                for p, a, sensitive in zip(patterns or (), self.automata, self.end_sensitive)]
+        self.last_characters = [last_characters(p) if ok else None for p, ok in zip(patterns or (), plain)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -315,13 +316,13 @@ def _reads_past_match(pattern: str) -> bool:
 
 
 def _lookbehind_tail(pattern: str) -> Any:
-    """``StopRegexes.back_tails`` of ``pattern``: where it reads nothing past its match's end
-    (``_reads_past_match``) and its top level ends in lookbehinds only
+    """``StopRegexes.back_tails`` of ``pattern``, one that reads nothing past its match's end
+    (``_reads_past_match``, which the caller tells): where its top level ends in lookbehinds only
     (``stop_end_reading.top_level_tail``), those lookbehinds, compiled with its global flags; else
     None. Each match of the pattern ends where they hold."""
     import regex
 
-    if _reads_past_match(pattern) or (found := top_level_tail(pattern)) is None:
+    if (found := top_level_tail(pattern)) is None:
         return None
     tail, items = found
     if any(op.name not in ("ASSERT", "ASSERT_NOT") or av[0] > 0 for op, av in items):
