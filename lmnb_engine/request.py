@@ -23,8 +23,8 @@ import torch
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.outputs import FinishReason, TokenLogprob
 from lmnb_engine.params import SamplingParams
-from lmnb_engine.stop_matcher import StopRegexes, StopStringMatcher
-from lmnb_engine.stop_special import special_stops, special_text_stops
+from lmnb_engine.stop_matcher import StopRegexes
+from lmnb_engine.stop_request import RequestStops
 
 
 class TokenGrammar(Protocol):
@@ -160,17 +160,11 @@ class Req:
                                torch.tensor(list(params.logit_bias.values()), dtype=torch.float32))
 
         # output state
-        # the stop strings holding a special token's text among other text, which the output text
-        # leaves out: read in the text with those tokens' text put back, where the detokenizer
-        # records them (None where there is none: ``stop_special``)
-        self.special_text = special_text_stops(tokenizer, params.stop_strings, params.skip_special_tokens)
-        marked = frozenset(self.special_text.texts) if self.special_text is not None else frozenset()
-        self.detokenizer = IncrementalDetokenizer(tokenizer, self.origin_input_ids, params.skip_special_tokens, marked)
-        self.stop_matcher = StopStringMatcher(params.stop_strings, stop_regexes or params.stop_regexes)
-        # {token id: stop string} for the stop strings that are the text of a special token: sampling
-        # the token is the stop (``stop_special``); read with the others by special_text where it is
-        self.special_stops = ({} if self.special_text is not None else
-                              special_stops(tokenizer, params.stop_strings, params.skip_special_tokens))
+        # the stop strings and regexes, each stop string read by one reader (``stop_request``); the
+        # detokenizer records where the tokens its stops holding a special token's text read sit
+        self.stops = RequestStops(tokenizer, params, stop_regexes)
+        self.detokenizer = IncrementalDetokenizer(tokenizer, self.origin_input_ids, params.skip_special_tokens,
+                                                  self.stops.marked)
         self.sent_text_len = 0  # characters of detokenizer.text already streamed
         self.sent_token_len = 0  # output ids already streamed
         self.final_text: Optional[str] = None

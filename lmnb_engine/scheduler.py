@@ -1013,25 +1013,23 @@ class Scheduler:
         reason: Optional[FinishReason] = None
         if token in req.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos):
             reason = FinishReason("stop", matched=token)  # the stop token is not part of the text
-        elif token in req.special_stops and len(req.output_ids) >= p.min_new_tokens:
+        elif token in req.stops.special_stops and len(req.output_ids) >= p.min_new_tokens:
             # a stop string that is this special token's text, which the text leaves out (SGLang reads
             # its stops in text holding special tokens): a stop, from min_new_tokens on as any stop string
-            reason = FinishReason("stop", matched=req.special_stops[token])
+            reason = FinishReason("stop", matched=req.stops.special_stops[token])
         else:
-            checked = len(req.detokenizer.text)
-            req.detokenizer.add(token)
+            d = req.detokenizer
+            checked = len(d.text)
+            d.add(token)
             hit = None
             if len(req.output_ids) >= p.min_new_tokens:
-                hit = req.stop_matcher.find(req.detokenizer.text, checked)
-                if req.special_text is not None:  # (stops holding a special token's text: stop_special)
-                    d = req.detokenizer
-                    hit = req.special_text.find(d.text, d.marks, checked, d.num_tokens - 1, hit)
+                hit = req.stops.find(d.text, d.marks, checked, d.num_tokens - 1)
             if hit is not None:  # before the grammar's end: the stop text is never output
                 req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
                 reason = FinishReason("stop", matched=hit[1])
-            elif req.stop_matcher.problem:  # a stop regex search ran too long (this sample's or another's)
+            elif req.stops.problem:  # a stop regex search ran too long (this sample's or another's)
                 req.final_text = req.detokenizer.text[: req.sent_text_len]  # (what was held back may be a stop)
-                reason = FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")
+                reason = FinishReason("abort", message=req.stops.problem, field="stop_regex")
             elif req.grammar is not None and req.grammar.is_terminated():
                 reason = grammar_end_reason(req, self.grammar_eos)  # (an abort if min_new_tokens bans that EOS)
         if reason is None and len(req.output_ids) >= p.max_new_tokens:
@@ -1072,9 +1070,7 @@ class Scheduler:
         else:
             text = req.detokenizer.text
             # what may begin a stop string is held back, and a token goes out with all its text
-            safe = req.stop_matcher.safe_len(text)
-            if req.special_text is not None:
-                safe = min(safe, req.special_text.safe_len(text, req.detokenizer.marks))
+            safe = req.stops.safe_len(text, req.detokenizer.marks)
             upto, cut = req.detokenizer.whole_tokens(safe)
             visible = text[:cut]
         delta = visible[req.sent_text_len :]
@@ -1163,14 +1159,12 @@ class Scheduler:
         d = req.detokenizer
         checked = len(d.text)
         d.flush()
-        if len(d.text) == checked and not req.stop_matcher.reads_end and req.special_text is None:
+        if len(d.text) == checked and not req.stops.reads_end:
             return None  # (nothing new to read: the text was read as it came)
-        hit = req.stop_matcher.find(d.text, checked, at_end=True)
-        if req.special_text is not None:
-            hit = req.special_text.find(d.text, d.marks, checked, d.num_tokens, hit)
-        if hit is None and req.stop_matcher.problem:
+        hit = req.stops.find(d.text, d.marks, checked, d.num_tokens, at_end=True)
+        if hit is None and req.stops.problem:
             req.final_text = req.detokenizer.text[: req.sent_text_len]
-            return FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")
+            return FinishReason("abort", message=req.stops.problem, field="stop_regex")
         if hit is None:
             return None
         req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]

@@ -23,10 +23,14 @@ string begins: ``"\\n<|end|>"`` after "Hi\\n" gives "Hi", matched ``"\\n<|end|>"
 detokenizer cuts its text at the matched stop's first occurrence in the text without special
 tokens, where it never occurs: it returns the whole text, "Hi\\n", the stop's own text kept. A
 stop that begins inside a special token's text cuts before that token. A stop string with no special
-token's text is matched by ``stop_matcher`` alone, as before. Where the text before a special token
-is held back (the bytes of a character, a run of SentencePiece byte tokens, which a skipped special
-token does not end), a stop reading that text is met once the text comes: one token later, or at
-the output's end (``Scheduler._stop_at_end``), as a stop string in the output text is.
+token's text is matched by ``stop_matcher`` alone, as before, and one holding a special token's text
+among other text by ``SpecialTextStops`` alone: written out in plain tokens it is met where that
+text holds it, but not where the model sampled a skipped special token inside it, whose text breaks
+it there as in SGLang's text (``stop_request`` routes each stop string to one reader). Where the
+text before a special token is held back (the bytes of a character, a run of SentencePiece byte
+tokens, which a skipped special token does not end), a stop reading that text is met once the text
+comes: one token later, or at the output's end (``Scheduler._stop_at_end``), as a stop string in
+the output text is.
 """
 
 from __future__ import annotations
@@ -167,16 +171,3 @@ class SpecialTextStops:
         (``StopStringMatcher.safe_len`` of the text with the marked tokens' text put back)."""
         return self._place(self._matcher.safe_len(self._read(text, marks)))
 
-
-def special_text_stops(tokenizer: Any, stops: Sequence[str], skip_special_tokens: bool) -> Optional[SpecialTextStops]:
-    """The ``SpecialTextStops`` of a request whose ``stops`` (``SamplingParams.stop_strings``) hold one
-    that holds a skipped token's text (``skipped_tokens``) among other text, over all of its stops
-    that hold one; None where it has none (or ``skip_special_tokens`` is False: the text then holds
-    the tokens' text, and the stop matcher finds such stops there)."""
-    if not skip_special_tokens or not stops:
-        return None
-    skipped = skipped_tokens(tokenizer)
-    holding = [s for s in stops if any(t in s for t in skipped)]
-    if all(s in skipped for s in holding):
-        return None
-    return SpecialTextStops(holding, stops, {i: t for t, ids in skipped.items() for i in ids})

@@ -179,3 +179,25 @@ def test_a_stop_string_holding_the_eos_tokens_text_among_other_text_yields_to_th
     r = _run(engine, "\n</s>", ignore_eos=True)
     assert r.token_ids == script and r.text == "Hi"
     assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n</s>"}
+
+
+def test_a_stop_holding_a_special_tokens_text_written_out_in_plain_tokens_is_read_with_skipped_tokens_put_back(
+        engine, monkeypatch):
+    """"<|end|>\\nUser:" written out by plain tokens ("<|en", "d|>", ...; not the special token) is in
+    the text SGLang reads (the output's tail decoded keeping special tokens), so it stops there:
+    "Hi", matched the stop. With the special token <|user|> sampled inside it ("<|en" <|user|>
+    "d|>\\nUser:"), that text is "Hi<|en<|user|>d|>\\nUser: x", which holds no stop: the output runs
+    on to its EOS, its text the output text (special tokens left out), "Hi<|end|>\\nUser: x". Its
+    stop strings holding a special token's text were read in the output text too, without the
+    skipped token, so it stopped there ("Hi")."""
+    tok = engine.tokenizer
+    user = tok.convert_tokens_to_ids(_USER)
+    script = scripted(engine, monkeypatch, ["Hi", "<|en", "d|>", "\nUser:", " x"])
+    assert _END not in tok.convert_ids_to_tokens(script)  # (written out, not the special token)
+    r = _run(engine, "<|end|>\nUser:")
+    assert r.token_ids == script[: script.index(tok.convert_tokens_to_ids(":")) + 1] and r.text == "Hi"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "<|end|>\nUser:"}
+    script = scripted(engine, monkeypatch, ["Hi", "<|en", user, "d|>", "\nUser:", " x"])
+    r = _run(engine, "<|end|>\nUser:")
+    assert r.token_ids == script and r.text == "Hi<|end|>\nUser: x"
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": script[-1]}
