@@ -304,9 +304,10 @@ class GenParams:
         ``finish_reason.matched``. For text that is already whole (API speculative execution), the
         stop the engine finds as tokens arrive: the match that ends first, and among those ending
         at one character the first listed, stop strings before regexes (``StopStringMatcher.find``).
-        ``at_end``: the output ends with ``text`` (an EOS, or its max tokens), where a ``stop_regex``
+        ``at_end``: the output ends with ``text`` (an EOS or stop token), where a ``stop_regex``
         match that reads the text's end (``a$``, ``\\bEND\\b``) is a stop; else more text follows
-        it, which may undo such a match, and it is none (``StopStringMatcher.find``).
+        it, which may undo such a match, or max tokens cut it there, and it is none
+        (``StopStringMatcher.find``, ``Scheduler._stop_at_end``).
 
         Raises:
             ValueError: a ``stop_regex`` search ran past the engine's time limit (catastrophic

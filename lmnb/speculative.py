@@ -161,11 +161,12 @@ def _follows(meta: dict, stops: list[str]) -> Optional[str]:
 def _stop_in(params: GenParams, left: Speculation, end: Optional[int]) -> Optional[tuple[int, str]]:
     """The gen's first stop in the leftover ``left`` as the engine meets it where the gen writes
     that text itself (``GenParams.first_stop_match``): the text cut at ``end`` (the end of its
-    max_tokens tokens, where known), where its output ends, else the text followed by what the
-    call wrote after it (``Speculation.follows``: the output's end or the call's stop string);
-    a match in the call's stop string alone is none (the call's finish tells it)."""
+    max_tokens tokens, where known), where max tokens cut its output (an end a match reading it
+    takes for no end, as the engine does: ``Scheduler._stop_at_end``), else the text followed by
+    what the call wrote after it (``Speculation.follows``: the output's end or the call's stop
+    string); a match in the call's stop string alone is none (the call's finish tells it)."""
     if end is not None:
-        return params.first_stop_match(left.text[:end], at_end=True)
+        return params.first_stop_match(left.text[:end])
     if left.follows is None:
         return params.first_stop_match(left.text)
     hit = params.first_stop_match(left.text + left.follows, at_end=not left.follows)

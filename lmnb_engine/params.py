@@ -393,8 +393,9 @@ class SamplingParams:
             ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
             as soon as the text so far holds it, as in SGLang's check, but one that reads the end
             of the text so far (``foo\\b``, ``\\.$``, a negative lookahead) only once what follows
-            settles it, or where the output ends there (a max tokens, EOS or stop token finish
-            then becomes a stop: ``StopStringMatcher.find``'s ``at_end``). A match that two ways
+            settles it, or where the output ends there (an EOS or stop token finish then becomes
+            a stop: ``StopStringMatcher.find``'s ``at_end``; not a max tokens cut, whose end is
+            the cut's: the finish reason stays ``length``, the text whole). A match that two ways
             settle only together (``a(?:\\B|(?!\\w))`` after "a": ``\\B`` holds where a word
             character comes, ``(?!\\w)`` where any other does) is met at once, as
             ``tests/stop_regex_reference.py``, which tries every continuation, meets it, where the

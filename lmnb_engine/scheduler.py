@@ -1129,7 +1129,7 @@ class Scheduler:
         """``_finish`` of a request in no waiting queue (``end_requests`` took a batch out at once)."""
         self._drop_draft(req)
         if reason.type != "abort" and req.final_text is None:
-            reason = self._stop_at_end(req) or reason
+            reason = self._stop_at_end(req, cut=reason.type == "length") or reason
         if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
             reason = replace(reason, length=len(req.output_ids))
         req.finish_reason = reason
@@ -1142,13 +1142,16 @@ class Scheduler:
         self._emit(req)
 
     @staticmethod
-    def _stop_at_end(req: Req) -> Optional[FinishReason]:
+    def _stop_at_end(req: Req, cut: bool = False) -> Optional[FinishReason]:
         """The stop at the end of ``req``'s output (its max tokens, an EOS or stop token, its
         grammar's end), met in what the output's end settles: the text the detokenizer held back
         until then (a run of SentencePiece byte tokens, as Llama 2 writes "\\n"; the bytes of a
         character), which ``flush`` gives and any stop string or regex may read, as where a later
         token gives it; a stop regex's match that reads the end of the text, a stop only once what
-        follows it is known (``StopStringMatcher.find``), and here nothing does; a stop string
+        follows it is known (``StopStringMatcher.find``), and here nothing does, unless the output
+        was ``cut`` (max tokens, the context length: finish reason ``length``), whose end is no end
+        of the output a match may read (``x$`` on an output cut after "x" is no stop: the output
+        was cut, not stopped, its finish reason stays ``length``, as SGLang's); a stop string
         holding a special token's text that reads text held back before the token
         (``stop_special``). Sets ``final_text`` cut there, as for any stop; None where there is
         none. Where a stop regex's search ran too long (``StopStringMatcher.problem``), an abort
@@ -1161,7 +1164,7 @@ class Scheduler:
         d.flush()
         if len(d.text) == checked and not req.stops.reads_end:
             return None  # (nothing new to read: the text was read as it came)
-        hit = req.stops.find(d.text, d.marks, checked, d.num_tokens, at_end=True)
+        hit = req.stops.find(d.text, d.marks, checked, d.num_tokens, at_end=not cut)
         if hit is None and req.stops.problem:
             req.final_text = req.detokenizer.text[: req.sent_text_len]
             return FinishReason("abort", message=req.stops.problem, field="stop_regex")

@@ -2773,11 +2773,12 @@ def test_a_stop_regex_that_backtracks_catastrophically_aborts_its_own_request(en
 
 
 def test_a_stop_regex_whose_search_at_the_outputs_end_runs_too_long_aborts_its_request(engine, monkeypatch):
-    # A match of "[\s\S]+\Z" is a stop only where the output ends, so it is searched there, after
-    # the last token (Scheduler._stop_at_end). Where that search ran past REGEX_TIMEOUT_S (made to
-    # here: the regex package's search raises TimeoutError), the request finished "length" with all
-    # of its text, the part held back as a possible stop too; now it is aborted naming the pattern,
-    # its text cut where the stream stood, as a search that runs too long at a token does.
+    # A match of "[\s\S]+\Z" is a stop only where the output ends (here at a stop token: the end a
+    # max tokens cut makes is none a match reads), so it is searched there, after the last token
+    # (Scheduler._stop_at_end). Where that search ran past REGEX_TIMEOUT_S (made to here: the regex
+    # package's search raises TimeoutError), the request finished with all of its text, the part
+    # held back as a possible stop too; now it is aborted naming the pattern, its text cut where
+    # the stream stood, as a search that runs too long at a token does.
     from lmnb_engine import stop_matcher
 
     real_find = stop_matcher.StopStringMatcher.find
@@ -2793,12 +2794,16 @@ def test_a_stop_regex_whose_search_at_the_outputs_end_runs_too_long_aborts_its_r
             patch.setattr(stop_matcher, "_new_match", timing_out)
             return real_find(self, text, new_from, at_end=True)
 
+    # (the greedy output's first token after the first that is no earlier one: the stop token)
+    ids = engine.generate("the cat", SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)).token_ids
+    k = next(k for k in range(1, 6) if ids[k] not in ids[:k])
     monkeypatch.setattr(stop_matcher.StopStringMatcher, "find", find)
-    params = SamplingParams(max_new_tokens=6, temperature=0.0, stop_regex=r"[\s\S]+\Z")
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, stop_regex=r"[\s\S]+\Z", stop_token_ids=[ids[k]],
+                            ignore_eos=True)
     r = engine.generate("the cat", params)
     assert r.finish_reason.type == "abort" and r.finish_reason.field == "stop_regex"
     assert r.finish_reason.message.startswith('stop_regex "[\\\\s\\\\S]+\\\\Z" took over')
-    assert len(r.token_ids) == 6
+    assert r.token_ids == ids[: k + 1]
     assert r.text == ""  # all was held back: the match may begin at the first character
     assert_idle_accounting(engine)
 

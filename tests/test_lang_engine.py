@@ -381,10 +381,9 @@ def test_api_speculative_gen_cut_at_max_tokens_inside_a_stop_is_cut_as_without_s
 
 def test_api_speculative_gen_whose_stop_regex_reads_the_end_stops_where_its_output_ends_as_without_speculation():
     """A stop_regex match that reads the text's end (a$) is a stop only once what follows settles
-    it, or where the output ends there (language.md). Speculative gens searched the call's text as
-    if more text followed it: gen("a", max_tokens=2, stop_regex="the$") got " see the" (finish
-    length) where without speculation it gets " see " (stop "the", its max tokens ending the
-    output there), and a gen whose call ended on EOS right after "Yarrow." with stop_regex
+    it, or where the output ends there, not where max tokens cut it (language.md): gen("a",
+    max_tokens=2, stop_regex="the$") gets " see the", finish length, with speculation as without
+    (both once got " see ", stop "the"; before that speculation alone got " see the"), and a gen whose call ended on EOS right after "Yarrow." with stop_regex
     "\\w\\.$" took all of it (finish the EOS) where without speculation it stops at "w.", made the
     call or served from a leftover; a match the text settles is cut as before. Reference: the same
     program without speculation (the demo model writes " see the harbor. Travel west to reach
@@ -408,7 +407,7 @@ def test_api_speculative_gen_whose_stop_regex_reads_the_end_stops_where_its_outp
     finally:
         backend.shutdown()
     plain, spec = runs[cut]
-    assert plain["a"] == " see " and own(plain, "a") == (2, {"type": "stop", "matched": "the"})  # (the case)
+    assert plain["a"] == " see the" and own(plain, "a") == (2, {"type": "length", "length": 2})  # (the case)
     assert (spec["a"], own(spec, "a")) == (plain["a"], own(plain, "a"))
     plain, spec = runs[first]
     assert plain.get_meta_info("a")["finish_reason"] == {"type": "stop", "matched": "w."}  # (the case)
@@ -424,10 +423,12 @@ def test_api_speculative_gen_whose_stop_regex_reads_the_end_stops_where_its_outp
 def test_a_dollar_in_a_stop_regex_is_the_end_of_the_whole_output_as_language_md_says():
     """language.md's stop_regex examples on the demo model: ``$`` outside ``(?m)`` is the end of the
     whole output, as Python's re.search over the finished output reads it, not the end of the text
-    so far (which the "." after "harbor" ends once): such a stop ends no gen sooner, and where max
-    tokens or the EOS ends the output it cuts a match ending there, its finish reason ``stop``, no
-    longer ``length``. Reference: the same gens without stop_regex, cut where Python's re finds the
-    match in their whole text."""
+    so far (which the "." after "harbor" ends once): such a stop ends no gen sooner, and where the
+    EOS ends the output it cuts a match ending there, its finish reason ``stop``. Where max tokens
+    cut the output, the end a match reads is the cut's, no stop: the finish reason stays ``length``
+    and the text is the gen's without the regex (it was " see the ", finish reason ``stop``).
+    Reference: the same gens without stop_regex, cut where Python's re finds the match in their
+    whole text."""
     def prog(s, stop_regex, max_tokens):
         s += "A fruit:" + sgl.gen("a", max_tokens=max_tokens, stop_regex=stop_regex)
 
@@ -445,8 +446,7 @@ def test_a_dollar_in_a_stop_regex_is_the_end_of_the_whole_output_as_language_md_
     assert own(ends, "a") == (own(whole, "a")[0], {"type": "stop", "matched": "."})  # (every token generated)
     assert runs[r"\.", 64]["a"] == " see the harbor"  # (without $: the first ".")
     cut = runs["harbor$", 3]
-    assert cut["a"] == three["a"][:re.search("harbor$", three["a"]).start()] == " see the "
-    assert own(cut, "a") == (3, {"type": "stop", "matched": "harbor"})
+    assert cut["a"] == three["a"] == " see the harbor" and own(cut, "a") == (3, {"type": "length", "length": 3})
 
 
 def test_api_speculative_execution_keeps_special_tokens_after_a_fill_for_the_next_gen():

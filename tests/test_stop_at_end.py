@@ -73,3 +73,21 @@ def test_a_character_of_byte_tokens_ending_the_output_meets_a_stop_string_and_a_
     # where no stop is met, the whole text, the EOS the finish reason, as before
     r, _ = run_streamed(engine, "x")
     assert r.text == " ok中" and r.finish_reason.matched == script[-1]
+
+
+def test_a_stop_regex_match_that_only_the_max_tokens_cut_ends_is_no_stop(engine, monkeypatch):
+    """``ok$`` on " ok" " ok" cut there by max_new_tokens 2: its match reads the output's end, which
+    the cut made, so the output was cut, not stopped: the finish reason is ``length`` and the text
+    the whole output, " ok ok", as without the regex (it was a stop, the text " ok " cut before
+    "ok"). Where the EOS ends the same output the end is the output's own: a stop, " ok ", matched
+    "ok" (Python's re.search over the finished text); a match settled by text that came (``\\bok\\b``
+    at the first "ok", a space after it) stops the cut output too, as before."""
+    ok = _ids(engine, "▁ok")[0]
+    script = scripted(engine, monkeypatch, [ok, ok])
+    r, _ = run_streamed(engine, stop_regex="ok$", max_new_tokens=2)
+    assert r.token_ids == script[:2] and r.text == " ok ok"
+    assert r.finish_reason.to_dict() == {"type": "length", "length": 2}
+    r, _ = run_streamed(engine, stop_regex="ok$")
+    assert r.token_ids == script and r.text == " ok " and r.finish_reason.to_dict() == {"type": "stop", "matched": "ok"}
+    r, _ = run_streamed(engine, stop_regex=r"\bok\b", max_new_tokens=2)
+    assert r.text == " " and r.finish_reason.to_dict() == {"type": "stop", "matched": "ok"}
