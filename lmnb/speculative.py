@@ -246,8 +246,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
             finish["length"] = limit
     elif hit is not None:  # (the tokens that wrote the stop count, as they do without speculation)
         pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}
-        if end is None and left.follows == "" and used == len(left.text) and params.first_stop_match(left.text) != hit:
-            used = None  # met only as the output ends (a$): the gen takes all, its EOS too, as below
+        # (one met only as the output ends, a$, too: through the token that ends it, not the EOS after)
     else:  # the call ended first: this gen takes all of it
         pos, used, finish = len(left.text), len(left.text), None
     ex.speculation = left.drop(pos)

@@ -419,6 +419,30 @@ class IncrementalDetokenizer:
         _, read, length = self._history[k]
         return read - self._n_context, length
 
+    def tokens_through(self, num_chars: int) -> int:
+        """The fewest leading output tokens whose text reaches ``num_chars`` characters of ``text``
+        (``num_tokens`` where it is shorter): where the text of several tokens came at once (a run
+        of byte tokens held back, the bytes of a character), each is read in turn, up to the first
+        whose text, decoded with those before it, reaches there with whole characters. Tokens after
+        it that add no text (a skipped special token, a byte token of the next character) are not
+        counted. Used to drop the output tokens that lie wholly past a stop's end."""
+        k = bisect.bisect_left(self._history, num_chars, key=lambda h: h[2])
+        if k >= len(self._history):
+            return self.num_tokens
+        if k == 0:
+            return 0
+        prefix, read, length = self._history[k - 1]
+        end = self._history[k][1]
+        before = self._decode(self._ids[prefix:read])
+        for m in range(read + 1, end):
+            window = self._decode(self._ids[prefix:m])
+            if window.endswith(_REPLACEMENT):  # (a character not yet whole)
+                continue
+            added = len(window) - len(before) if window.startswith(before) else len(self._decode(self._ids[read:m]))
+            if length + added >= num_chars:
+                return m - self._n_context
+        return end - self._n_context
+
     def rollback(self, num_kept: int) -> None:
         """Forget output tokens after the first ``num_kept`` (jump-forward / retokenization)."""
         if not 0 <= num_kept <= self.num_tokens:

@@ -168,6 +168,9 @@ class Req:
         self.sent_text_len = 0  # characters of detokenizer.text already streamed
         self.sent_token_len = 0  # output ids already streamed
         self.final_text: Optional[str] = None
+        # output tokens the result keeps where a stop cut the output (SGLang's finished_len): those
+        # wholly past the stop are dropped (``Scheduler._cut_at_stop``); None: all
+        self.finished_len: Optional[int] = None
         self.output_logprobs: list[TokenLogprob] = []
         self.next_token_logprob: Optional[TokenLogprob] = None  # max_new_tokens=0 with return_logprob
         self.prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
@@ -185,6 +188,12 @@ class Req:
     def prompt_len(self) -> int:
         """Number of prompt tokens."""
         return len(self.origin_input_ids)
+
+    @property
+    def kept_len(self) -> int:
+        """Output tokens the result holds (ids, logprobs, ``completion_tokens``): all, or those
+        through a stop (``finished_len``)."""
+        return len(self.output_ids) if self.finished_len is None else min(self.finished_len, len(self.output_ids))
 
     @property
     def seq_len(self) -> int:

@@ -67,6 +67,7 @@ from lmnb_engine.sampler import (
     token_logprobs,
 )
 from lmnb_engine.schedule_policy import ARRIVAL, SchedulePolicy
+from lmnb_engine.stop_request import StopHit
 
 logger = logging.getLogger(__name__)
 
@@ -1023,10 +1024,10 @@ class Scheduler:
             d.add(token)
             hit = None
             if len(req.output_ids) >= p.min_new_tokens:
-                hit = req.stops.find(d.text, d.marks, checked, d.num_tokens - 1)
+                hit = req.stops.find(d, checked, d.num_tokens - 1)
             if hit is not None:  # before the grammar's end: the stop text is never output
-                req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
-                reason = FinishReason("stop", matched=hit[1])
+                self._cut_at_stop(req, hit)
+                reason = FinishReason("stop", matched=hit.matched)
             elif req.stops.problem:  # a stop regex search ran too long (this sample's or another's)
                 req.final_text = req.detokenizer.text[: req.sent_text_len]  # (what was held back may be a stop)
                 reason = FinishReason("abort", message=req.stops.problem, field="stop_regex")
@@ -1066,7 +1067,7 @@ class Scheduler:
             if req.final_text is None:
                 req.detokenizer.flush()
                 req.final_text = req.detokenizer.text
-            visible, upto = req.final_text, len(req.output_ids)
+            visible, upto = req.final_text, req.kept_len
         else:
             text = req.detokenizer.text
             # what may begin a stop string is held back, and a token goes out with all its text
@@ -1088,16 +1089,16 @@ class Scheduler:
         return GenerateResult(
             rid=req.rid,
             text=req.final_text,
-            token_ids=list(req.output_ids),
+            token_ids=req.output_ids[: req.kept_len],
             finish_reason=req.finish_reason,
             meta=RequestMeta(
                 prompt_tokens=req.prompt_len,
                 cached_tokens=req.cached_tokens or 0,
-                completion_tokens=len(req.output_ids),
+                completion_tokens=req.kept_len,
                 forward_passes=req.forward_passes,
                 jumped_tokens=req.jumped_tokens,
             ),
-            logprobs=list(req.output_logprobs) if req.params.return_logprob else None,
+            logprobs=req.output_logprobs[: req.kept_len] if req.params.return_logprob else None,
             prompt_logprobs=list(req.prompt_logprobs or []) if req.params.logprob_start_len >= 0 else None,
             index=req.index,
             next_token_logprob=req.next_token_logprob,
@@ -1164,14 +1165,24 @@ class Scheduler:
         d.flush()
         if len(d.text) == checked and not req.stops.reads_end:
             return None  # (nothing new to read: the text was read as it came)
-        hit = req.stops.find(d.text, d.marks, checked, d.num_tokens, at_end=not cut)
+        hit = req.stops.find(d, checked, d.num_tokens, at_end=not cut)
         if hit is None and req.stops.problem:
             req.final_text = req.detokenizer.text[: req.sent_text_len]
             return FinishReason("abort", message=req.stops.problem, field="stop_regex")
         if hit is None:
             return None
-        req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
-        return FinishReason("stop", matched=hit[1])
+        Scheduler._cut_at_stop(req, hit)
+        return FinishReason("stop", matched=hit.matched)
+
+    @staticmethod
+    def _cut_at_stop(req: Req, hit: StopHit) -> None:
+        """End ``req``'s output at the stop ``hit``: its text where the stop begins, its tokens (ids,
+        logprobs, ``completion_tokens``) through the one that ends the stop (``StopHit.tokens``),
+        as SGLang stops at that token; those wholly after the stop (text held back before it came
+        with them: a run of byte tokens, a character's bytes; one that settled a regex's match;
+        an EOS) are dropped. What was streamed stays (a stop in text shown before was met late)."""
+        req.final_text = req.detokenizer.text[: max(hit.start, req.sent_text_len)]
+        req.finished_len = max(hit.tokens, req.sent_token_len, 1)
 
     def _requests(self) -> list[Req]:
         """Every request the scheduler holds: waiting, running and the one being chunked."""

@@ -12,11 +12,23 @@ streamed; is there one where the output ends) in one call each.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
+from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.params import SamplingParams
 from lmnb_engine.stop_matcher import StopRegexes, StopStringMatcher
 from lmnb_engine.stop_special import SpecialTextStops, skipped_tokens, special_stops
+
+
+class StopHit(NamedTuple):
+    """A stop met in a request's output text."""
+
+    start: int  # where it begins in the output text: the text returned ends there
+    matched: str  # the stop string, or the stop regex's matched text (``FinishReason.matched``)
+    # the leading output tokens through the one whose text ends the stop (a token that straddles its
+    # end too; that a skipped special token's text ends it: that token): those after it are dropped
+    # from the result, as SGLang stops at that token
+    tokens: int
 
 
 class RequestStops:
@@ -72,18 +84,24 @@ class RequestStops:
         read one put back past the text."""
         return self._matcher.reads_end or self.special_text is not None
 
-    def find(self, text: str, marks: Sequence[tuple[int, int, int]], checked: int, newest: int,
-             at_end: bool = False) -> Optional[tuple[int, str]]:
-        """The stop that ends first in the output ``text`` after its first ``checked`` characters,
-        ``(where it begins in text, the stop string or the regex's matched text)``, or None
-        (``StopStringMatcher.find``, ``SpecialTextStops.find``: ``marks`` are the detokenizer's,
-        ``newest`` the index of the newest output token whose text was read, ``at_end`` whether the
-        output ends with ``text``). A stop regex search that runs too long is given up, not
-        raised (``problem``)."""
+    def find(self, detokenizer: IncrementalDetokenizer, checked: int, newest: int,
+             at_end: bool = False) -> Optional[StopHit]:
+        """The stop that ends first in the output text (``detokenizer.text``) after its first
+        ``checked`` characters, or None (``StopStringMatcher.find``, ``SpecialTextStops.find``,
+        which reads ``detokenizer.marks``: ``newest`` is the index of the newest output token whose
+        text was read, ``at_end`` whether the output ends with the text). A stop regex search that
+        runs too long is given up, not raised (``problem``)."""
+        text = detokenizer.text
         hit = self._matcher.find(text, checked, at_end=at_end)
+        met = None
         if self.special_text is not None:
-            hit = self.special_text.find(text, marks, checked, newest, hit)
-        return hit
+            hit = self.special_text.find(text, detokenizer.marks, checked, newest, hit)
+            met = self.special_text.met
+        if hit is None:
+            return None
+        if met is None:
+            return StopHit(hit[0], hit[1], detokenizer.tokens_through(hit[0] + len(hit[1])))
+        return StopHit(hit[0], hit[1], max(detokenizer.tokens_through(met[0]), met[1]))
 
     def safe_len(self, text: str, marks: Sequence[tuple[int, int, int]]) -> int:
         """Length of the prefix of the output ``text`` that cannot become part of a stop (the least

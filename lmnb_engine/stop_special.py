@@ -101,6 +101,10 @@ class SpecialTextStops:
             self._rank.setdefault(s, i)
         # (in list order: the matcher ranks stops ending at one character by it)
         self._matcher = StopStringMatcher(sorted(stops, key=self._rank.__getitem__))
+        # of the stop the last find returned, where it was one of these: (where it ends in the output
+        # text, how many leading output tokens it reads: through the last whose text it reads put
+        # back); None where it returned none or ``hit``
+        self.met: Optional[tuple[int, int]] = None
         self._reset()
 
     def _reset(self) -> None:
@@ -154,16 +158,23 @@ class SpecialTextStops:
         the marked tokens' text put back (``marks``, of which those of tokens before ``newest``, the
         newest output token's index, sitting at ``checked`` or before it were read before); between
         stops ending at one place the first listed, stop regexes after stop strings. A stop
-        beginning in a token's text put back begins where that token sits."""
+        beginning in a token's text put back begins where that token sits. Sets ``met`` (where the
+        stop returned ends in ``text``, and the leading output tokens through the last whose text
+        put back it reads) where that stop is one of these, else None."""
+        self.met = None
         shown = self._read(text, marks)
         new_from = checked + sum(len(self.texts[i]) for k, i, place in self._used if k < newest and place <= checked)
         found = self._matcher.find(shown, new_from)
         if found is None:
             return hit
         start, stop = found
-        best = (self._place(start + len(stop)), self._rank[stop], self._place(start), stop)
+        own = (self._place(start + len(stop)), self._rank[stop], self._place(start), stop)
+        best = own
         if hit is not None:
             best = min(best, (hit[0] + len(hit[1]), self._rank.get(hit[1], len(self._rank)), hit[0], hit[1]))
+        if best is own:
+            read = bisect_left(self._starts, start + len(stop))  # (the tokens whose text begins before its end)
+            self.met = own[0], (self._used[read - 1][0] + 1 if read else 0)
         return best[2], best[3]
 
     def safe_len(self, text: str, marks: Sequence[tuple[int, int, int]]) -> int:

@@ -29,16 +29,16 @@ def _ids(engine, *tokens: str) -> list[int]:
 def test_a_stop_string_in_byte_tokens_that_end_the_output_is_met_there_as_where_text_follows(engine, monkeypatch):
     """" ok" <0x0A> then the EOS: the "\\n" was held back at <0x0A> and came out only at the end,
     unread, so stop "\\n" kept it, " ok\\n" with finish reason the EOS id. Now met there: " ok",
-    matched "\\n", as where " ok" follows the "\\n" (the run then ends a token later: ids through the
-    second " ok"); the ids are the output's, the EOS too."""
+    matched "\\n", as where " ok" follows the "\\n" (the run then ends a token later); the ids end
+    with <0x0A>, whose text ends the stop (test_the_tokens_wholly_past_a_stop_are_dropped)."""
     ok, newline = _ids(engine, "▁ok", "<0x0A>")
     script = scripted(engine, monkeypatch, [ok, newline, ok])
     r, _ = run_streamed(engine, "\n")
-    assert r.token_ids == script[:3] and r.text == " ok"
+    assert r.token_ids == script[:2] and r.text == " ok"
     assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n"}
     script = scripted(engine, monkeypatch, [ok, newline])
     r, deltas = run_streamed(engine, "\n")
-    assert r.token_ids == script and r.text == " ok"
+    assert r.token_ids == script[:2] and r.text == " ok"
     assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n"}
     assert deltas[-1] == ""  # (the last chunk sends none of the stop: " ok" went out before)
     # a stop beginning in the text read before: "k\\n" holds "k" back from the stream, then cuts it
@@ -65,7 +65,7 @@ def test_a_character_of_byte_tokens_ending_the_output_meets_a_stop_string_and_a_
     script = scripted(engine, monkeypatch, [ok, *han])
     assert engine.tokenizer.decode(script[:-1]) == "ok中"
     r, deltas = run_streamed(engine, "中")
-    assert r.token_ids == script and r.text == " ok" and r.finish_reason.matched == "中" and deltas[-1] == ""
+    assert r.token_ids == script[:-1] and r.text == " ok"  # (through the last byte of "中", not the EOS) and r.finish_reason.matched == "中" and deltas[-1] == ""
     r, _ = run_streamed(engine, stop_regex=r"k[^a-z ]")
     assert r.text == " o" and r.finish_reason.to_dict() == {"type": "stop", "matched": "k中"}
     r, _ = run_streamed(engine, ["\n<s>", "中"])
@@ -80,7 +80,8 @@ def test_a_stop_regex_match_that_only_the_max_tokens_cut_ends_is_no_stop(engine,
     the cut made, so the output was cut, not stopped: the finish reason is ``length`` and the text
     the whole output, " ok ok", as without the regex (it was a stop, the text " ok " cut before
     "ok"). Where the EOS ends the same output the end is the output's own: a stop, " ok ", matched
-    "ok" (Python's re.search over the finished text); a match settled by text that came (``\\bok\\b``
+    "ok" (Python's re.search over the finished text), the ids through the second " ok" (the EOS after
+    the stop dropped); a match settled by text that came (``\\bok\\b``
     at the first "ok", a space after it) stops the cut output too, as before."""
     ok = _ids(engine, "▁ok")[0]
     script = scripted(engine, monkeypatch, [ok, ok])
@@ -88,6 +89,24 @@ def test_a_stop_regex_match_that_only_the_max_tokens_cut_ends_is_no_stop(engine,
     assert r.token_ids == script[:2] and r.text == " ok ok"
     assert r.finish_reason.to_dict() == {"type": "length", "length": 2}
     r, _ = run_streamed(engine, stop_regex="ok$")
-    assert r.token_ids == script and r.text == " ok " and r.finish_reason.to_dict() == {"type": "stop", "matched": "ok"}
+    assert r.token_ids == script[:2] and r.text == " ok " and r.finish_reason.to_dict() == {"type": "stop", "matched": "ok"}
     r, _ = run_streamed(engine, stop_regex=r"\bok\b", max_new_tokens=2)
     assert r.text == " " and r.finish_reason.to_dict() == {"type": "stop", "matched": "ok"}
+
+
+def test_the_tokens_wholly_past_a_stop_are_dropped(engine, monkeypatch):
+    """The ids, logprobs and completion_tokens of a stop's output end with the token whose text ends
+    the stop, as SGLang's, which checks after each token and stops there: " ok" <0x0A> " ok" then
+    the EOS with stop "\\n" (the "\\n", held back at <0x0A>, came with the second " ok") kept the
+    three ids, now the two ids of " ok" and <0x0A> (the text " ok"), with two logprobs and
+    completion_tokens 2; the same with the EOS next (it kept the EOS). A token whose text straddles
+    the stop's end stays: stop " o" in " ok" keeps " ok" (text "")."""
+    ok, newline = _ids(engine, "▁ok", "<0x0A>")
+    for pieces in ([ok, newline, ok], [ok, newline]):
+        scripted(engine, monkeypatch, pieces)
+        r, _ = run_streamed(engine, "\n", return_logprob=True)
+        assert (r.token_ids, r.text, r.meta.completion_tokens) == ([ok, newline], " ok", 2)
+        assert [lp.token_id for lp in r.logprobs] == [ok, newline]
+    scripted(engine, monkeypatch, [ok, ok])
+    r, _ = run_streamed(engine, " o", return_logprob=True)
+    assert (r.token_ids, r.text, r.meta.completion_tokens, len(r.logprobs)) == ([ok], "", 1, 1)
