@@ -49,9 +49,24 @@ class LaterInterruptsHeld:
         if self._raised:
             self._held = True
             return
-        self._raised = True  # (first: a press that lands while that handler runs is held)
-        self._previous(signum, frame)
+        previous = self._previous
+        if self._putting_back(frame):  # (the block has ended: no clean-up follows to put the handler back)
+            self._put_back()
+        else:
+            self._raised = True  # (first: a press that lands while that handler runs is held)
+        previous(signum, frame)
         self._raised = False  # (it returned: a handler that records the press; the next one goes to it too)
+
+    def _putting_back(self, frame: Optional[types.FrameType]) -> bool:
+        """Whether ``frame`` (where a press landed) or a caller of it is this hold's ``__exit__``:
+        a press that raises there leaves it before it puts the handler back (Python runs a pending
+        handler as a function starts, and ``signal.signal`` runs one first), so this handler, armed
+        to hold presses, would stay and swallow every later Ctrl-C of the process."""
+        while frame is not None:
+            if frame.f_code is _EXIT and frame.f_locals.get("self") is self:
+                return True
+            frame = frame.f_back
+        return False
 
     def release(self) -> None:
         """Put the handler there before back; raise ``KeyboardInterrupt`` for a press held."""
@@ -61,9 +76,13 @@ class LaterInterruptsHeld:
             raise KeyboardInterrupt
 
     def _put_back(self) -> None:
-        if self._previous is None:
+        previous = self._previous  # (a press that lands in here may put it back first: _on_sigint)
+        if previous is None:
             return
         # (a handler that replaced this one meanwhile stays: whoever set it puts back what it found)
         if _signal.getsignal(signal.SIGINT) == self._on_sigint:
-            _signal.signal(signal.SIGINT, self._previous)
+            _signal.signal(signal.SIGINT, previous)
         self._previous = None
+
+
+_EXIT = LaterInterruptsHeld.__exit__.__code__

@@ -2377,6 +2377,36 @@ def test_later_interrupts_held_passes_every_press_to_a_handler_there_before_that
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_first_ctrl_c_that_lands_as_later_interrupts_held_ends_still_puts_the_handler_back():
+    """A first press that landed as the block ended (Python runs a pending handler as __exit__
+    starts, and in signal.signal's own check) raised out of __exit__ before the handler was put
+    back: LaterInterruptsHeld's stayed, armed to hold presses, and swallowed every later Ctrl-C
+    of the process. A trace function raises the signal as __exit__ starts, as a press pending
+    there is run."""
+    import signal
+    import sys
+
+    from lmnb_engine.later_interrupts import LaterInterruptsHeld
+
+    def press_there(frame, event, arg):
+        if event == "call" and frame.f_code is LaterInterruptsHeld.__exit__.__code__:
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with LaterInterruptsHeld():
+                sys.settrace(press_there)
+        sys.settrace(None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):  # (a later Ctrl-C raises, as Python's handler does)
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
