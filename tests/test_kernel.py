@@ -749,6 +749,9 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     ("{fork i, t in enumerate(xs)}{t.up", "(t.up"),
     ("{fork t in stops}{fork u in t}{u.up", "(u.up"),
     ("{fork t in xs}{join}{t.up", "(t.up"),
+    # (an inner fork's destructured target t shadows the outer one's: no item of stops is that t)
+    ("{fork t in stops}{fork t, u in pairs}{t.up", "(t.up"),
+    ("{fork t in stops}{fork (u, t) in pairs}{t.up", "(t.up"),
 ])
 def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
     """``{fork t in stops}{t.up`` asked IPython of ``t.up``: nothing where the kernel has no ``t``,

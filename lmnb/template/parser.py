@@ -120,16 +120,21 @@ def names_bound(source: str) -> list[str]:
 def fork_items(source: str) -> dict[str, str]:
     """The forks open at the end of ``source`` (read as ``names_bound`` reads it) whose target is
     one name and whose items read kernel variables alone: target -> the items' expression
-    (``{fork t in stops}`` -> ``{"t": "stops"}``), the innermost fork's where two bind one name.
-    For completion of a target's attributes, which are an item's."""
+    (``{fork t in stops}`` -> ``{"t": "stops"}``), none for a name an inner fork binds too (its
+    target is that one's, destructured or of other items). For completion of a target's
+    attributes, which are an item's."""
     parser = _parsed_to_end(source)
     items: dict[str, str] = {}
+    inner: set[str] = set()  # (names bound by forks inside the one read: they shadow its target)
     for b in reversed(parser.stack if parser is not None else []):
         fork = b.fork if b.kind == "fork" else None
-        if fork is None or not isinstance(fork["target"], str) or fork["items"] is None:
+        if fork is None or fork["target"] is None:
             continue
-        if fork["target"] not in items and all(kind == "arg" for _, kind in fork["items"].refs):
-            items[fork["target"]] = fork["items"].source
+        target = fork["target"]
+        if (isinstance(target, str) and target not in inner and fork["items"] is not None
+                and all(kind == "arg" for _, kind in fork["items"].refs)):
+            items[target] = fork["items"].source
+        inner.update(target_names(target))
     return items
 
 
