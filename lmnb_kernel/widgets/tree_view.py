@@ -35,7 +35,7 @@ def kv_bytes_per_token(model_info: Mapping) -> int:
 
 class TreeView:
     """Radix-tree view. Typical use: ``tv = TreeView(kv_bytes_per_token=...)``;
-    ``tv.show(engine.tree_snapshot(), paths={"s (cell 3)": node_id})`` in ``%lm tree``, then
+    ``tv.show(engine.tree_snapshot(), paths={"s (cell [3])": node_id})`` in ``%lm tree``, then
     ``tv.refresh(engine.tree_snapshot(), paths=...)`` from a post-run-cell hook.
 
     Args:
@@ -68,7 +68,7 @@ class TreeView:
 
         Args:
             snapshot: ``Engine.tree_snapshot()`` (nested ``TreeNodeView``) or flat node records.
-            paths: label -> node id where that path ends, e.g. ``{"s (cell 3)": 17}`` for each named
+            paths: label -> node id where that path ends, e.g. ``{"s (cell [3])": 17}`` for each named
                 state / cell whose tokens end at node 17; kept from the previous call when None.
             pinned: ids of nodes pinned by ``pin_prefix`` (when the records lack a ``pinned`` field).
             stats: extra header figures, e.g. ``engine.cache_stats()`` as a dict; kept when None.
