@@ -50,7 +50,7 @@ class LaterInterruptsHeld:
             self._held = True
             return
         previous = self._previous
-        if self._putting_back(frame):  # (the block has ended: no clean-up follows to put the handler back)
+        if self._putting_back(frame):  # (the block has not begun or has ended: no clean-up follows to put it back)
             self._put_back()
         else:
             self._raised = True  # (first: a press that lands while that handler runs is held)
@@ -58,12 +58,14 @@ class LaterInterruptsHeld:
         self._raised = False  # (it returned: a handler that records the press; the next one goes to it too)
 
     def _putting_back(self, frame: Optional[types.FrameType]) -> bool:
-        """Whether ``frame`` (where a press landed) or a caller of it is this hold's ``__exit__``:
-        a press that raises there leaves it before it puts the handler back (Python runs a pending
-        handler as a function starts, and ``signal.signal`` runs one first), so this handler, armed
-        to hold presses, would stay and swallow every later Ctrl-C of the process."""
+        """Whether ``frame`` (where a press landed) or a caller of it is this hold's ``__enter__``
+        (once it set this handler) or ``__exit__``: a press that raises there leaves it before it
+        puts the handler back (Python runs a pending handler as a function starts, between two
+        lines, and ``signal.signal`` runs one first), and a with statement whose ``__enter__``
+        raised runs no ``__exit__``, so this handler, armed to hold presses, would stay and swallow
+        every later Ctrl-C of the process."""
         while frame is not None:
-            if frame.f_code is _EXIT and frame.f_locals.get("self") is self:
+            if frame.f_code in _ENDS and frame.f_locals.get("self") is self:
                 return True
             frame = frame.f_back
         return False
@@ -85,4 +87,4 @@ class LaterInterruptsHeld:
         self._previous = None
 
 
-_EXIT = LaterInterruptsHeld.__exit__.__code__
+_ENDS = (LaterInterruptsHeld.__enter__.__code__, LaterInterruptsHeld.__exit__.__code__)

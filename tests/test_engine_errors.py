@@ -2407,6 +2407,44 @@ def test_a_first_ctrl_c_that_lands_as_later_interrupts_held_ends_still_puts_the_
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_first_ctrl_c_that_lands_as_later_interrupts_held_begins_still_puts_the_handler_back():
+    """A first press that landed in __enter__ once the hold's handler was set (before the block
+    began) raised out of __enter__, and a with statement whose __enter__ raised runs no __exit__:
+    the hold's handler stayed, armed to hold presses, and swallowed every later Ctrl-C of the
+    process. A trace function raises the signal at __enter__'s last line, after the handler is set."""
+    import signal
+    import sys
+
+    from lmnb_engine.later_interrupts import LaterInterruptsHeld
+
+    enter = LaterInterruptsHeld.__enter__.__code__
+
+    def press_at_return(frame, event, arg):
+        if event == "line" and frame.f_lineno == last_line:
+            sys.settrace(None)
+            frame.f_trace = None
+            signal.raise_signal(signal.SIGINT)
+        return press_at_return
+
+    def trace(frame, event, arg):
+        return press_at_return if event == "call" and frame.f_code is enter else None
+
+    last_line = max(line for _, _, line in enter.co_lines() if line is not None)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sys.settrace(trace)
+            with LaterInterruptsHeld():
+                pass
+        sys.settrace(None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):  # (a later Ctrl-C raises, as Python's handler does)
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
