@@ -54,6 +54,7 @@ from lmnb.ir import (
     VarScopeEnd,
     Video,
     as_expr,
+    dtype_prefix,
     dtype_regex,
     shown_value,
 )
@@ -1263,9 +1264,16 @@ class StreamExecutor:
                     "was complete; raise max_tokens"
                 ) from None
             if finish.get("type") == "stop" and isinstance(finish.get("matched"), str):
+                if dtype_prefix(expr.params.dtype, text):  # (no stop could make "Carol" an int)
+                    raise ValueError(
+                        f"gen {expr.name!r} with dtype={shown} was cut by the stop string {finish['matched']!r} after "
+                        f"{text!r}, before its value was complete; drop that stop for this gen"
+                    ) from None
                 raise ValueError(
-                    f"gen {expr.name!r} with dtype={shown} was cut by the stop string {finish['matched']!r} after "
-                    f"{text!r}, before its value was complete; drop that stop for this gen"
+                    f"gen {expr.name!r} with dtype={shown} wrote {text!r} before the stop string "
+                    f"{finish['matched']!r}, which is not the start of any {shown}: the backend did not hold the output "
+                    "to the dtype's regex; run the gen on one that does (the engine, lmnb serve or SGLang), or leave "
+                    "dtype out and read the value from its text"
                 ) from None
             raise ValueError(
                 f"gen {expr.name!r} with dtype={shown} produced {text!r}, which does not parse; the backend "

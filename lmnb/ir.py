@@ -433,6 +433,20 @@ def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
     return table[name]
 
 
+def dtype_prefix(dtype: Any, text: str) -> bool:
+    """Whether ``text`` is the start of some value of ``gen(dtype=...)`` (``dtype_regex``): some
+    continuation (possibly none) would make it one (``""`` and ``"-"`` for int; ``"1e"`` for float;
+    ``"Tr"`` for bool), leading whitespace aside, which the parse strips. Read with the ``regex``
+    package's partial matching, which also matches text that ends before a match could.
+
+    Raises:
+        ValueError: a dtype ``dtype_regex`` refuses.
+    """
+    import regex  # (a dependency of transformers, declared by lmnb too; not loaded for import lmnb)
+
+    return regex.fullmatch(dtype_regex(dtype)[0], text.lstrip(), partial=True) is not None
+
+
 class Expr:
     """Base of every primitive. ``a + b`` builds an ``ExprList``; strings become ``ConstantText``.
 

@@ -2273,6 +2273,54 @@ def test_dtype_int_above_pythons_digit_limit_says_so_and_parses_once_the_limit_i
         sys.set_int_max_str_digits(previous)
 
 
+class _StoppedAt(ScriptedBackend):
+    """Replies ``text`` as cut by the stop string ``matched`` (finish reason "stop" naming it), as a
+    server that ignores the dtype's regex but not its stops answers."""
+
+    def __init__(self, text: str, matched: str = " "):
+        super().__init__(lambda p, params: text)
+        self.matched = matched
+
+    def generate(self, prompt, params, rid):
+        from lmnb.backend.base import Completion
+
+        return [Completion(self.reply(prompt, params), {"id": rid, "finish_reason": {"type": "stop",
+                                                                                     "matched": self.matched}})]
+
+
+@pytest.mark.parametrize("dtype, text, is_prefix", [
+    # hand-worked against the dtype's regex (lmnb.ir.REGEX_*): int [-+]?[0-9]+[ \n]*, float
+    # [-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]*, bool (True|False)
+    (int, "", True),  # digits could follow
+    (int, "-", True),  # a sign, digits could follow
+    (int, "Carol", False),  # no continuation makes an int
+    (int, "4x", False),  # "4" then a letter the regex has no place for
+    (float, "1e", True),  # an exponent's digits could follow
+    (float, "abc", False),
+    (bool, "Tr", True),  # "True" could follow
+    (bool, "Yes", False),
+])
+def test_dtype_cut_by_a_stop_string_tells_a_cut_value_from_text_that_is_not_one(dtype, text, is_prefix):
+    """Text that could never parse ('Carol' for an int) was said to be "cut by the stop string ...
+    before its value was complete; drop that stop", which no stop explains: the backend did not
+    hold the output to the dtype's regex."""
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen("n", dtype=dtype)
+
+    name = dtype.__name__
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=_StoppedAt(text))["n"]
+    said = str(e.value)
+    if is_prefix:
+        assert (f"gen 'n' with dtype={name} was cut by the stop string ' ' after {text!r}, before its value was "
+                "complete; drop that stop for this gen") in said
+    else:
+        assert (f"gen 'n' with dtype={name} wrote {text!r} before the stop string ' ', which is not the start of "
+                f"any {name}: the backend did not hold the output to the dtype's regex") in said
+        assert "cut by the stop string" not in said and "drop that stop" not in said
+
+
 def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
     # The value is parsed (42), the text the gen wrote is "42": text_iter yields that text,
     # as a streamed run does token by token (it yielded nothing without stream=True).
