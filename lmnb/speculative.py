@@ -4,7 +4,8 @@ For models served only through an API, a program's consecutive ``gen`` calls eac
 With ``@function(num_api_spec_tokens=N)`` one call generates past the first ``gen`` and later fills
 and gens are matched from that text. Completion models follow SGLang's ``StreamExecutor._spec_gen``;
 chat models defer the gens of an assistant role to one call at the role's end, made with the first
-gen's sampling parameters (a later gen whose own differ is refused: ``spec_role_check``), and split
+gen's sampling parameters (a later gen whose own differ is refused: ``spec_role_check``; so is a
+constrained gen beside text or another gen: ``spec_role_constraint_check``), and split
 the reply along the role's pattern (SGLang's ``OpenAI.role_end_generate``/``spec_pattern_match``),
 keeping the state per program instead of per backend so ``run_batch`` threads do not mix; each gen's
 share is then cut at its own max_tokens and reports its own tokens, as a completion model's gen does
@@ -16,7 +17,6 @@ from __future__ import annotations
 import bisect
 import codecs
 import dataclasses
-import json
 import re
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -312,9 +312,13 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -
     own) and the logprob options (each gen gets its own tokens' logprobs: ``_role_share``). Values
     are compared as drawn with (``_drawn_with``: ``stop_token_ids=[]`` is none).
 
+    A constrained gen beside text or another gen is refused first (``spec_role_constraint_check``),
+    whose fix the differing options' would not be.
+
     Raises:
         ValueError: naming both gens, the differing options with both values, and the fix.
     """
+    spec_role_constraint_check([*terms, ("gen", expr, params, None)])
     first = next((t for t in terms if t[0] == "gen"), None)
     if first is None:
         return
@@ -332,6 +336,44 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -
         f"{_options(fields, first_expr, first_params, expr)}: under API speculative execution (num_api_spec_tokens) "
         f"a chat model writes the whole assistant message in one call, with the first gen's sampling parameters, "
         f"{why}; give the role's gens the same {names}, or put {this} in an assistant role of its own{way_out}"
+    )
+
+
+def spec_role_constraint_check(terms: list[tuple]) -> None:
+    """Refuse a chat model's speculated assistant role (``terms``: its fills and gens so far) where a
+    gen with a ``regex``, ``json_schema`` or ``dtype`` (a regex by now) shares the role with text
+    or another gen. The role's one call sends the first gen's options, so the constraint held the
+    whole reply to one gen's pattern: the role's text and other gens could not be written ("42"
+    for ``{a:int} and {b:int}``), and the reply never matched the role's pattern. A gen alone
+    in its role is the whole reply: its constraint is the call's, as without speculation. Called
+    as each gen is deferred (``spec_role_check``) and at the role's end, before its call (text
+    after the gen).
+
+    Raises:
+        ValueError: naming the gen, its constraint and the fixes.
+    """
+    gens = [t for t in terms if t[0] == "gen"]
+    k, term = next(((k, t) for k, t in enumerate(gens, 1)
+                    if t[2].regex is not None or t[2].json_schema is not None), (0, None))
+    if term is None:
+        return
+    others = [t for t in terms if t is not term and (t[0] == "gen" or t[1])]
+    if not others:
+        return
+    _, expr, params, _ = term
+    field = "regex" if params.regex is not None else "json_schema"
+    this, name = _gen_named(expr, k), _option_name(field, expr)
+    n_gens = sum(t[0] == "gen" for t in others)
+    besides = ["text"] if len(others) > n_gens else []
+    if n_gens:
+        besides.append("another gen" if n_gens == 1 else f"{n_gens} other gens")
+    besides = " and ".join(besides)
+    raise ValueError(
+        f"{this} has {_options([field], expr, params, expr)} in an assistant role that also holds {besides}: under "
+        "API speculative execution (num_api_spec_tokens) a chat model writes the whole assistant message in one "
+        f"call, with the first gen's options, so the {name} constrains the whole assistant message, the role's "
+        "other text and gens too; put the gen alone in an assistant role of its own, or run without API "
+        "speculative execution (@function without num_api_spec_tokens)"
     )
 
 
@@ -360,28 +402,14 @@ def _continuing(backend, this: str) -> tuple[str, str]:
 def _drawn_with(field: str, value):
     """``value`` of GenParams ``field`` as what it changes in the draw, for ``spec_role_check``: an
     empty ``stop_token_ids`` and ``min_tokens=0`` are none (they were refused beside a gen without
-    them; an empty ``logit_bias`` is None already, ``GenParams``), stop token ids are a set (their
-    order changes nothing), and a ``json_schema`` is its canonical JSON text (``_canonical_schema``)."""
+    them; an empty ``logit_bias`` is None already, ``GenParams``), and stop token ids are a set
+    (their order changes nothing). (A ``regex`` or ``json_schema`` never gets here:
+    ``spec_role_constraint_check`` refuses it beside another gen.)"""
     if field == "stop_token_ids":
         return frozenset(value) if value else None
     if field == "min_new_tokens":
         return value or None
-    if field == "json_schema":
-        return _canonical_schema(value)
     return value
-
-
-def _canonical_schema(schema):
-    """A ``json_schema`` (a JSON string, a dict or a bool: ``json_schema_value``) as one JSON text
-    whatever way it was written: parsed where a string, then written with sorted keys and no
-    spaces, so a dict and its JSON text, or two texts whose keys or whitespace differ, are one
-    schema. ``schema`` as it is where JSON cannot read or write it (gen() refused such a schema
-    already; as it is, it compares as before)."""
-    try:
-        value = json.loads(schema) if isinstance(schema, str) else schema
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return schema
 
 
 def _gen_named(expr: Gen, k: int) -> str:
@@ -425,6 +453,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             (``_role_share``).
     """
     terms, ex._spec_terms = ex._spec_terms, []
+    spec_role_constraint_check(terms)  # (text after a constrained gen: the gen's deferral did not see it)
     gens = [t for t in terms if t[0] == "gen"]
     shares, meta, reply = [], {}, ""
     if gens:

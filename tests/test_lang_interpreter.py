@@ -3343,10 +3343,7 @@ _SPEC_CHAT_WHY = ("under API speculative execution (num_api_spec_tokens) a chat 
                               "no seed: " + _SPEC_CHAT_WHY + "top_p and seed"),
     (dict(min_tokens=2), "min_tokens=2 where gen 'name', the first gen of its assistant role, has no min_tokens: "
                          + _SPEC_CHAT_WHY + "min_tokens"),
-    # (a dtype is a regex by the time the gen runs: named as the program wrote it)
-    (dict(dtype=int), "dtype=int where gen 'name', the first gen of its assistant role, has no dtype: "
-                      + _SPEC_CHAT_WHY + "dtype"),
-])
+])  # (a dtype, regex or json_schema beside another gen: test_speculative_chat.py's constrained tests)
 def test_a_speculated_chat_gen_whose_sampling_parameters_differ_from_its_roles_first_is_refused_before_the_call(
         age, said):
     """One chat call answers all of an assistant role's gens, drawn with the first gen's sampling

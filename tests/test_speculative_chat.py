@@ -18,47 +18,6 @@ CHATML = get_chat_template("chatml")
 _PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
-@pytest.mark.parametrize("first, later", [
-    (_PERSON, json.dumps(_PERSON)),
-    (json.dumps(_PERSON), _PERSON),
-    # (the same schema: its keys in another order, other whitespace)
-    (json.dumps(_PERSON), json.dumps(_PERSON, indent=2)),
-    (_PERSON, '{"required": ["name"],\n "properties": {"name": {"type": "string"}}, "type": "object"}'),
-])
-def test_a_speculated_chat_roles_json_schema_written_as_a_dict_and_as_a_string_is_one_schema(first, later):
-    """The same JSON schema, once a dict and once its JSON text, was two different options: the
-    later gen was refused ("gen 'b' has json_schema='{"type": ...' where gen 'a' ... has
-    json_schema={'type': ...}"), though the one call draws both gens' text under that schema."""
-    be = ScriptedBackend(lambda p, params: '{"name": "Ann"}\n{"name": "Bo"}', chat_template=CHATML,
-                         is_chat_model=True)
-
-    @sgl.function(num_api_spec_tokens=32)
-    def prog(s):
-        s += sgl.user("Two people.")
-        s += sgl.assistant(sgl.gen("a", json_schema=first, stop="\n") + "\n" + sgl.gen("b", json_schema=later))
-
-    st = prog.run(backend=be)
-    assert (st["a"], st["b"]) == ('{"name": "Ann"}', '{"name": "Bo"}') and be.kinds() == ["generate"]
-
-
-def test_a_speculated_chat_gen_with_another_json_schema_is_still_refused():
-    """(The canonical form compares schemas, not their spelling: one that allows other output is
-    another option.)"""
-    be = ScriptedBackend(lambda p, params: '{"name": "Ann"}\n{"name": "Bo"}', chat_template=CHATML,
-                         is_chat_model=True)
-    other = json.dumps({**_PERSON, "required": []})
-
-    @sgl.function(num_api_spec_tokens=32)
-    def prog(s):
-        s += sgl.user("Two people.")
-        s += sgl.assistant(sgl.gen("a", json_schema=_PERSON, stop="\n") + "\n" + sgl.gen("b", json_schema=other))
-
-    with pytest.raises(sgl.ProgramError, match="gen 'b' has json_schema=.* where gen 'a', the first gen of its "
-                                               "assistant role, has json_schema="):
-        prog.run(backend=be).text()
-    assert be.kinds() == []
-
-
 def _refusal(backend) -> str:
     """The refusal of a chat role whose later gen has its own temperature, run on ``backend``
     (before any call: the backends below are never reached)."""
@@ -253,3 +212,77 @@ def test_a_speculated_chat_gens_share_without_token_texts_is_cut_by_characters_u
     st = _role(dict(max_tokens=4), {}).run(backend=NoTexts(chat_template=CHATML, is_chat_model=True))
     assert (st["name"], st["age"]) == (want, " 41")
     assert st.get_meta_info("name")["finish_reason"]["type"] == ("length" if want == " Car" else "stop")
+
+
+def _constraint_keeping_backend() -> ScriptedBackend:
+    """A chat model whose reply follows the call's constraint, as a server's constrained decoding
+    does: "42" (all the int regex lets it write) under a regex, '{"name": "Ann"}' under a JSON schema,
+    else a reply with every fill the tests' roles hold."""
+    def reply(prompt, params):
+        if params.regex is not None:
+            return "42"
+        if params.json_schema is not None:
+            return '{"name": "Ann"}'
+        return 'Answer: 42 and 7 thanks\n{"name": "Bo"}'
+
+    return ScriptedBackend(reply, chat_template=CHATML, is_chat_model=True)
+
+
+@pytest.mark.parametrize("body, constrained", [
+    # two gens of one dtype: the call's int regex held the whole reply, "42 and 7" could not be written
+    (lambda: sgl.gen("a", dtype=int) + " and " + sgl.gen("b", dtype=int), "gen 'a' has dtype=int"),
+    # text before the gen, which the reply must write too
+    (lambda: "Answer: " + sgl.gen("a", regex=r"[0-9]+"), "gen 'a' has regex='[0-9]+'"),
+    # text after it (told at the role's end, before its call)
+    (lambda: sgl.gen("a", json_schema=_PERSON) + " thanks", "gen 'a' has json_schema="),
+    # a later gen without the constraint (refused before as one whose regex differs, whose fix
+    # "give the role's gens the same regex" then met the first case)
+    (lambda: sgl.gen("a", regex=r"[0-9]+", stop=" ") + " and " + sgl.gen("b"), "gen 'a' has regex='[0-9]+'"),
+    # the same schema on both (its one call could write one object, not two and the text between)
+    (lambda: sgl.gen("a", json_schema=_PERSON, stop="\n") + "\n" + sgl.gen("b", json_schema=json.dumps(_PERSON)),
+     "gen 'a' has json_schema="),
+    # an unnamed gen, constrained after an unconstrained one
+    (lambda: sgl.gen("a", stop=" ") + " " + sgl.gen(dtype=int), "the role's unnamed gen #2 has dtype=int"),
+])
+def test_a_constrained_gen_in_a_speculated_chat_role_with_more_in_it_is_refused_before_the_call(body, constrained):
+    """One call writes the whole assistant message with the first gen's options, so a regex, JSON
+    schema or dtype held the whole reply, the role's text and other gens too, to one gen's pattern:
+    a server that keeps it writes "42" for "{a:int} and {b:int}", which the role's pattern never
+    matches (3 calls, then "does not follow the assistant role's pattern"). Refused before any call."""
+    be = _constraint_keeping_backend()
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Say it.")
+        s += sgl.assistant(body())
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=be).text()
+    said = str(e.value)
+    assert constrained in said
+    assert ("in an assistant role that also holds" in said and "constrains the whole assistant message" in said
+            and "put the gen alone in an assistant role of its own, or run without API speculative execution "
+                "(@function without num_api_spec_tokens)" in said)
+    assert be.kinds() == []  # (no call made)
+
+
+@pytest.mark.parametrize("gen, reply, value, constraint", [
+    (lambda: sgl.gen("a", dtype=int), "42", 42, (r"[-+]?[0-9]+[ \n]*", None)),  # (lmnb.ir.REGEX_INT, SGLang's)
+    (lambda: sgl.gen("a", regex=r"[0-9]+"), "42", "42", (r"[0-9]+", None)),
+    (lambda: sgl.gen("a", json_schema=_PERSON), '{"name": "Ann"}', '{"name": "Ann"}', (None, _PERSON)),
+])
+def test_a_constrained_gen_alone_in_a_speculated_chat_role_sends_its_constraint_with_the_call(gen, reply, value,
+                                                                                               constraint):
+    """Alone in its role, the gen's share is the whole reply: the constraint the call sends is the gen's."""
+    be = _constraint_keeping_backend()
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Say it.")
+        s += sgl.assistant(gen())
+
+    st = prog.run(backend=be)
+    assert st["a"] == value and st.text().endswith(f"<|im_start|>assistant\n{reply}<|im_end|>\n")
+    [(kind, (_, params))] = be.calls
+    assert kind == "generate" and params.max_new_tokens == 32
+    assert (params.regex, params.json_schema) == constraint
