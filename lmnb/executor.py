@@ -1271,9 +1271,9 @@ class StreamExecutor:
                     ) from None
                 raise ValueError(
                     f"gen {expr.name!r} with dtype={shown} wrote {text!r} before the stop string "
-                    f"{finish['matched']!r}, which is not the start of any {shown}: the backend did not hold the output "
-                    "to the dtype's regex; run the gen on one that does (the engine, lmnb serve or SGLang), or leave "
-                    "dtype out and read the value from its text"
+                    f"{finish['matched']!r}, which is not the start of any {shown}: the backend did not hold the "
+                    "output to the dtype's regex; run the gen on one that does (the engine, lmnb serve or SGLang), "
+                    "or leave dtype out and read the value from its text"
                 ) from None
             raise ValueError(
                 f"gen {expr.name!r} with dtype={shown} produced {text!r}, which does not parse; the backend "
@@ -1399,6 +1399,14 @@ class StreamExecutor:
                 self.sampled_end = len(self.text_)
 
     def _execute_select(self, expr: Select) -> None:
+        if self._spec_chat_active() and self._spec_terms:  # (scored now, it would precede what the role holds)
+            named = "" if expr.name is None else f" {expr.name!r}"
+            raise ValueError(
+                f"the pick{named} (select or gen(choices=...)) follows text or gens of its assistant role that "
+                "API speculative execution (num_api_spec_tokens) of a chat model holds for one call at the role's end: "
+                "it would be scored without them and written before them; put the pick in an assistant role of its "
+                "own, or run without num_api_spec_tokens"
+            )
         self.speculation = Speculation()  # the chosen text follows, not the speculated one
         method = expr.choices_method
         scored = self._call(

@@ -286,3 +286,33 @@ def test_a_constrained_gen_alone_in_a_speculated_chat_role_sends_its_constraint_
     [(kind, (_, params))] = be.calls
     assert kind == "generate" and params.max_new_tokens == 32
     assert (params.regex, params.json_schema) == constraint
+
+
+def test_a_pick_after_a_speculated_chat_roles_held_text_and_gens_is_refused_before_any_call():
+    """A select (gen(choices=...)) after the fills and gens that speculation holds for the role's one
+    call was scored at once, on a prompt without them, and its choice written before them: the
+    assistant message read "yesName: Carol ok? " (a chat backend that scores choices; OpenAI's
+    chat API refuses a pick anyway)."""
+    be = ScriptedBackend(lambda p, params: "Name: Carol ok? ", chat_template=CHATML, is_chat_model=True,
+                         choice_scores=lambda p, c: ([-1.0] if c == "yes" else [-2.0], [0.0]))
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.user("q")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop=" ") + " ok? " + sgl.gen("a", choices=["yes", "no"]))
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=be).text()
+    assert ("the pick 'a' (select or gen(choices=...)) follows text or gens of its assistant role that API "
+            "speculative execution (num_api_spec_tokens) of a chat model holds for one call at the role's "
+            "end") in str(e.value)
+    assert "put the pick in an assistant role of its own, or run without num_api_spec_tokens" in str(e.value)
+    assert be.kinds() == []
+
+    @sgl.function(num_api_spec_tokens=16)
+    def alone(s):  # (a role of its own: nothing held before it)
+        s += sgl.user("q")
+        s += sgl.assistant(sgl.gen("a", choices=["yes", "no"]))
+
+    st = alone.run(backend=be)
+    assert st["a"] == "yes" and st.messages()[-1] == {"role": "assistant", "content": "yes"} and be.kinds() == ["score"]
