@@ -474,8 +474,9 @@ class Job:
                 setattr(holder, name, row_copy(value))
 
     def _parser(self) -> argparse.ArgumentParser:
-        return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,
-                          self.default_completion, self.default_timeout, self.default_continue_final_message)
+        return job_parser(self.description, self.per_row, backend=self.default_backend, openai_model=self.default_openai,
+                          model=self.default_model, completion=self.default_completion, timeout=self.default_timeout,
+                          continue_final_message=self.default_continue_final_message)
 
     def _check_backend(self) -> None:
         """Exit with status 2 and the reason (as ``start`` words it) where the backend options do

@@ -10,6 +10,7 @@ import argparse
 import ast
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -27,6 +28,20 @@ from lmnb_engine.params import too_many_digits  # (torch-free)
 DEFAULT_THREADS = 16
 
 
+@dataclass
+class Backend:
+    """A notebook's ``%lm load`` / ``%lm connect`` line: the backend its later cells ran on, which
+    an exported job's backend options default to (``job_parser``). Here, not in ``lmnb.export``,
+    since the export imports the job's code, not the other way round."""
+
+    model: Optional[str] = None  # %lm load MODEL
+    url: Optional[str] = None  # %lm connect URL
+    openai_model: Optional[str] = None  # %lm connect URL --openai MODEL
+    completion: bool = False  # ... --completion: a completion model (select needs one)
+    continue_final_message: bool = False  # ... --continue-final-message: gens inside a reply
+    timeout: Optional[float] = None  # ... --timeout SECONDS
+
+
 class _JobParser(SuggestingParser):
     """Parses the job's options, then fills in the notebook's backend: ``--openai``, ``--completion``,
     ``--continue-final-message`` and ``--timeout`` default to the notebook's only when ``--backend``
@@ -36,8 +51,7 @@ class _JobParser(SuggestingParser):
     since they say what kind of model and server that is. A misspelt option,
     the notebook parameters' included, is offered its closest (``SuggestingParser``)."""
 
-    # backend, openai model, completion, timeout, continue_final_message
-    notebook_backend: tuple = (None, None, False, None, False)
+    notebook_backend: Backend = Backend()
 
     def error(self, message: str):
         """argparse's refusal, with the way to write a value that starts with "-" where argparse
@@ -50,15 +64,15 @@ class _JobParser(SuggestingParser):
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
         if hasattr(ns, "backend"):
-            backend, openai_model, completion, timeout, continue_final_message = self.notebook_backend
+            notebook = self.notebook_backend
             if ns.backend is None:
-                ns.backend = backend or "engine"
+                ns.backend = notebook.url or "engine"
                 if ns.openai is None:
-                    ns.openai = openai_model
-                    ns.completion = completion if ns.completion is None else ns.completion
+                    ns.openai = notebook.openai_model
+                    ns.completion = notebook.completion if ns.completion is None else ns.completion
                     if ns.continue_final_message is None:
-                        ns.continue_final_message = continue_final_message
-                ns.timeout = timeout if ns.timeout is None else ns.timeout
+                        ns.continue_final_message = notebook.continue_final_message
+                ns.timeout = notebook.timeout if ns.timeout is None else ns.timeout
             ns.completion = bool(ns.completion)
             ns.continue_final_message = bool(ns.continue_final_message)
         return ns, rest
@@ -75,7 +89,8 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     # (SuggestingParser's allow_abbrev off: a parameter's option is the notebook's name, and with a row
     # field named num, no --num option, argparse took --num 5 for --num-threads 5 without a word)
     p = _JobParser(description=_description(description), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.notebook_backend = (backend, openai_model, completion, timeout, continue_final_message)
+    p.notebook_backend = Backend(model=model, url=backend, openai_model=openai_model, completion=completion,
+                                 continue_final_message=continue_final_message, timeout=timeout)
     backend, openai_model, model = (_escaped(x) for x in (backend, openai_model, model))  # (from here: help texts)
     take_negative_numbers(p)  # (a parameter's --lr -1e-3)
     with_backend = " with the default --backend" if backend else ""

@@ -21,6 +21,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from lmnb.batch.options import Backend  # (the job's record of it: the script's defaults)
 from lmnb.template.cell import cell_body
 from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
 from lmnb.template.python_cell import indent_code
@@ -64,18 +65,6 @@ class Dropped:
     first_line: str
     reason: str
     notes: list = field(default_factory=list)  # for the export's warnings
-
-
-@dataclass
-class Backend:
-    """A ``%lm load`` / ``%lm connect`` line: the backend the notebook's later cells ran on."""
-
-    model: Optional[str] = None  # %lm load MODEL
-    url: Optional[str] = None  # %lm connect URL
-    openai_model: Optional[str] = None  # %lm connect URL --openai MODEL
-    completion: bool = False  # ... --completion: a completion model (select needs one)
-    continue_final_message: bool = False  # ... --continue-final-message: gens inside a reply
-    timeout: Optional[float] = None  # ... --timeout SECONDS
 
 
 @dataclass
