@@ -157,6 +157,23 @@ def check_model(model: str | os.PathLike | None = None, device: str | torch.devi
     _checked_config(model, device, dtype, random_weights)
 
 
+def tokenizer_and_config(model: str | os.PathLike | None = None, device: str | torch.device | None = None,
+                         dtype: str | torch.dtype | None = None, random_weights: bool = False) -> tuple[Any, ModelConfig]:
+    """``(tokenizer, ModelConfig)`` that ``load_model`` would give for these arguments, read without
+    the weights: no device memory is taken. For a check that needs the tokenizer before a caller
+    frees memory for the load (``pool_floor.refuse_a_pool_too_small_to_load``). Warnings
+    ``load_model`` gives again (a checkpoint without tokenizer files) are not given here.
+
+    Raises:
+        As ``check_model``; ``FileNotFoundError`` where no tokenizer is found (``load_model``'s).
+    """
+    path, _, config = _checked_config(model, device, dtype, random_weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the load that follows says them)
+        tokenizer, _ = _tokenizer_for(path)
+    return tokenizer, config
+
+
 def _checked_config(model, device, dtype, random_weights: bool) -> tuple[Path | None, dict, ModelConfig]:
     """``(checkpoint directory or None for a preset, its HF config dict, ModelConfig)`` of
     ``load_model``'s arguments, checked (``check_model``)."""

@@ -33,15 +33,48 @@ def refuse_a_pool_too_small(engine: Any, asked: Optional[int], max_tokens: int) 
         ValueError: the pool is below the least, which the message names (``option_error``).
     """
     info = engine.model_info()
-    prompt = len(engine.encode("a"))
     pool = info["max_total_tokens"] if asked is None else asked
-    least = kv_to_finish(prompt, min(info["context_len"], prompt + max_tokens) - prompt)
-    if pool < least:
+    problem = _too_small(pool, len(engine.encode("a")), info["context_len"], max_tokens)
+    if problem is not None:
         engine.shutdown()
-        raise option_error(ValueError, f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default max_tokens "
-                           f"({max_tokens}) after a one-character prompt ({prompt} token{'s' * (prompt != 1)})",
-                           ("pass {} or more", "max_total_tokens", least),
-                           # (the Python API's alone: no command line has an engine= option, so theirs drop it;
-                           # the engine's own floor is 2)
-                           (f"pass {{}}=lmnb_engine.Engine(..., max_total_tokens={max(pool, 2)}) for a pool this "
-                            "small on purpose", "engine", None))
+        raise problem
+
+
+def refuse_a_pool_too_small_to_load(asked: Optional[int], max_tokens: int, model: Any = None, device: Any = None,
+                                    dtype: Any = None, random_weights: bool = False) -> None:
+    """``refuse_a_pool_too_small``'s check of a ``max_total_tokens`` given (``asked``; None passes)
+    before the engine of ``model`` (``load_model``'s arguments) is made: from the checkpoint's
+    tokenizer and config alone (``model_loader.tokenizer_and_config``), which take no device
+    memory. For a caller that frees memory for the load (the kernel's ``%lm load`` onto the GPU its
+    old engine holds), so that a pool too small is told while the old engine is still there.
+    Imports torch (``model_loader``).
+
+    Raises:
+        ValueError: the pool is below the least (``refuse_a_pool_too_small``'s message); the
+            errors of ``model_loader.check_model`` for a checkpoint that cannot be read.
+    """
+    if asked is None:
+        return
+    from lmnb_engine.model_loader import tokenizer_and_config
+    from lmnb_engine.tokenizer import encode_text
+
+    tokenizer, config = tokenizer_and_config(model, device, dtype, random_weights)
+    problem = _too_small(asked, len(encode_text(tokenizer, "a")), config.context_len, max_tokens)
+    if problem is not None:
+        raise problem
+
+
+def _too_small(pool: int, prompt: int, context_len: int, max_tokens: int) -> Optional[ValueError]:
+    """The ``ValueError`` for a KV pool of ``pool`` tokens where a one-character prompt is
+    ``prompt`` tokens and the model's context ``context_len`` (``refuse_a_pool_too_small``), or
+    None where the pool holds the least."""
+    least = kv_to_finish(prompt, min(context_len, prompt + max_tokens) - prompt)
+    if pool >= least:
+        return None
+    return option_error(ValueError, f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default max_tokens "
+                        f"({max_tokens}) after a one-character prompt ({prompt} token{'s' * (prompt != 1)})",
+                        ("pass {} or more", "max_total_tokens", least),
+                        # (the Python API's alone: no command line has an engine= option, so theirs drop it;
+                        # the engine's own floor is 2)
+                        (f"pass {{}}=lmnb_engine.Engine(..., max_total_tokens={max(pool, 2)}) for a pool this "
+                         "small on purpose", "engine", None))

@@ -232,9 +232,10 @@ class Session:
         helped. Loading first and closing the old engine on a memory refusal alone would not
         catch the second case, a load that succeeds with a pool too small for the work, and
         loads twice. What of the checkpoint can fail before any memory is taken (``check_model``:
-        no such checkpoint, an unsupported architecture, a bad dtype or device) is checked before
-        that close, so it keeps the old engine; a ``max_total_tokens`` below lmnb's least pool is
-        told after it (``pool_floor`` needs the tokenizer). Elsewhere (CPU, another GPU, a server) the new backend loads first and a
+        no such checkpoint, an unsupported architecture, a bad dtype or device), and a
+        ``max_total_tokens`` below lmnb's least pool (``pool_floor.refuse_a_pool_too_small_to_load``:
+        from the new checkpoint's tokenizer and config, no weights), is checked before that close,
+        so it keeps the old engine. Elsewhere (CPU, another GPU, a server) the new backend loads first and a
         failed load keeps the old one: on CPU the pool takes a tenth of the available RAM, capped,
         and no weight check refuses a second model.
 
@@ -249,10 +250,15 @@ class Session:
                 backend = self._start_engine(config)
                 self.close()
             else:
+                from lmnb.ir import DEFAULT_MAX_NEW_TOKENS
                 from lmnb_engine.model_loader import check_model  # (torch is imported: an engine is on CUDA)
+                from lmnb_engine.pool_floor import refuse_a_pool_too_small_to_load
 
-                with _load_errors(config):  # (a mistyped path, a bad --dtype must not cost the old engine)
+                # (a mistyped path, a bad --dtype, a --max-total-tokens too small must not cost the old engine)
+                with _load_errors(config):
                     check_model(config.model_name(), config.device, config.dtype, config.random_weights)
+                    refuse_a_pool_too_small_to_load(config.max_total_tokens, DEFAULT_MAX_NEW_TOKENS, config.model_name(),
+                                                    config.device, config.dtype, config.random_weights)
                 dropped = sorted(self.states)
                 kept = self._close_and_free()
                 try:

@@ -1946,6 +1946,16 @@ def test_a_failed_load_after_freeing_the_gpu_says_so_and_how_to_load_the_old_eng
         assert not result.success and "Traceback" not in text and "closed first" not in text
         assert "CellError\x1b[0m: could not load /no/such/checkpoint: FileNotFoundError" in text
         assert session.made_backend.engine is old and set(session.states) == {"kept"}
+        # so is a --max-total-tokens below lmnb's least pool, read from the new checkpoint's tokenizer
+        # (it was told only once the new engine had loaded, after the old one was closed): 1 + 128 - 1
+        result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 10")
+        text = out.stdout + out.stderr
+        assert not result.success and "Traceback" not in text and "closed first" not in text
+        assert (f"CellError\x1b[0m: could not load {tiny_llama}: ValueError: a KV pool of 10 tokens cannot hold one "
+                "gen of lmnb's default max_tokens (128) after a one-character prompt (1 token); pass --max-total-tokens "
+                "128 or more\n") in text
+        assert session.made_backend.engine is old and set(session.states) == {"kept"}
+        assert old.runner.max_total_tokens == 4096 and any(p.numel() for p in old.runner.model.parameters())
         result, out = run(ip, f"%lm load {weightless}")
         text = out.stdout + out.stderr
         assert not result.success and "Traceback" not in text
