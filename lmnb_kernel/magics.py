@@ -355,7 +355,7 @@ class LMMagics(Magics):
         except UsageError as e:
             raise UsageError(suggest_option(str(e), parser, "%%lm --help")) from None
         try:
-            args.out = checked_out(args)
+            args.out = checked_out(args, self.shell.user_ns)
         except CellLineError as e:
             raise UsageError(str(e)) from None
         if not cell.strip():
@@ -391,7 +391,7 @@ class LMMagics(Magics):
             raise cell_interrupt("the cell was stopped while it was being read; nothing ran") from None
         captures = python.captures if args.python else template.captures  # (a --python body's literal names)
         try:
-            check_cell_names(args.out, captures, args.python)
+            check_cell_names(args.out, captures, args.python, bound=ns)
         except CellLineError as e:
             raise UsageError(str(e)) from None
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
@@ -523,7 +523,7 @@ class LMMagics(Magics):
         # Variables the program finished are results even if a later part failed or was stopped.
         kept_in = args.state if outcome.status == "done" else None  # (a failed cell leaves the state as it was)
         variables = _readable(outcome.captured, args.out, kept_in)
-        refused = _refused(variables, args.out)
+        refused = _refused(variables, args.out, self.shell.user_ns)
         variables = {name: value for name, value in variables.items() if name not in refused}
         refusal = _refusal(refused, variables, args.out, kept_in)
         # (interactive: the user's variables, listed by %who, as a Python cell's assignments are)
@@ -606,16 +606,17 @@ def _readable(captured: dict, out: Optional[str], state: Optional[str]) -> dict:
     return readable
 
 
-def _refused(variables: dict, out: Optional[str]) -> dict:
+def _refused(variables: dict, out: Optional[str], bound: dict) -> dict:
     """``{name: why}`` of the results of ``variables`` that may not become kernel variables, by the
     checks the cell's names pass before it runs (``check_cell_names``: Python's builtins,
     ``get_ipython``, ``lmnb``, dunder names, IPython's own, the ``--out`` name
     ``out``): a ``--python`` body's name computed as it ran (``gen(f"{x}")``) is known only now,
-    and ``print`` hid print() from every later cell."""
+    and ``print`` hid print() from every later cell. The name each refusal offers is no kernel
+    variable (``bound``, the namespace) already."""
     refused = {}
     for name in variables:
         try:
-            check_cell_names(out, [name], python=True, taken=variables)
+            check_cell_names(out, [name], python=True, taken=variables, bound=bound)
         except CellLineError as e:
             refused[name] = str(e)
     return refused

@@ -524,6 +524,27 @@ def test_the_name_a_refusal_offers_is_none_of_the_cells_other_results(ip):
         ip.user_ns.pop("Out_", None)
 
 
+def test_the_name_a_refusal_offers_is_no_kernel_variable_already(ip):
+    # the check could not see the namespace: it offered print_ where print_ held the user's value,
+    # so following the fix overwrote it (as --out a_state, and a --python body's computed name)
+    mine = {"print_": "mine", "a_state": "mine too", "Out_": "mine three", "if_": "mine four"}
+    ip.user_ns.update(mine)
+    try:
+        result, _ = run(ip, "%%lm --quiet --temperature 0\nSay:{gen print max_tokens=1}")
+        assert str(result.error_in_exec).endswith("; rename it, e.g. print__")
+        result, _ = run(ip, "%%lm --quiet --out a\nX:{gen a max_tokens=1}")
+        assert str(result.error_in_exec).endswith("; give --out another name, e.g. --out a_state_")
+        result, _ = run(ip, "%%lm --quiet --out if\nX:{gen a max_tokens=1}")
+        assert str(result.error_in_exec).endswith("; pick another name, e.g. --out if__")
+        body = 'name = "O" + "ut"\ns += "Q:" + lmnb.gen(name, max_tokens=1)'
+        result, _ = run(ip, "%%lm --python --static --quiet --temperature 0\n" + body)
+        assert "; rename it, e.g. Out__ (" in str(result.error_in_exec)
+        assert {name: ip.user_ns[name] for name in mine} == mine
+    finally:
+        for name in mine:
+            ip.user_ns.pop(name, None)
+
+
 def test_a_result_may_replace_a_name_the_start_up_hid_from_who_as_a_python_cell_may(ip):
     # IPython's user_ns_hidden also holds what the kernel's start-up or an extension set (here pushed
     # as an extension does, as a start-up file's `import numpy as np` is): the user's to replace,

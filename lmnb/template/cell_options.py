@@ -227,9 +227,10 @@ def parse_cell_line(line: str) -> CellOptions:
     return CellOptions(args.python, args.state, args.temperature, args.max_tokens, args.seed, checked_out(args))
 
 
-def checked_out(args: argparse.Namespace) -> Optional[str]:
+def checked_out(args: argparse.Namespace, bound: Collection[str] = ()) -> Optional[str]:
     """``args.out`` NFKC-normalized, as Python code reads the name, after checking ``args.state``,
-    ``args.append`` and ``args.out`` (the magic's and the exporter's check).
+    ``args.append`` and ``args.out`` (the magic's and the exporter's check). The name a refusal
+    offers is none of ``bound`` (the kernel's namespace, ``check_cell_names``).
 
     Raises:
         CellLineError: a ``--state`` that breaks ``STATE_NAME_RULE``; ``--append`` without ``--state``;
@@ -247,8 +248,11 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
         raise CellLineError(f"--out {args.out!r} is not a valid name: --out takes a Python variable name")
     out = unicodedata.normalize("NFKC", args.out)
     if is_reserved(out):
+        free = out + "_"
+        while free in bound:
+            free += "_"
         raise CellLineError(f"--out {args.out!r} is reserved in Python, so the variable could never be read; "
-                            f"pick another name, e.g. --out {out}_")
+                            f"pick another name, e.g. --out {free}")
     return out
 
 
@@ -301,7 +305,7 @@ def _free_name(name: str, python: bool, taken: Collection[str] = ()) -> str:
     """A name like ``name`` that ``check_cell_names`` takes (``print_``, ``builtins`` for
     ``__builtins__``, ``i1`` for ``_i1``) and that is none of ``taken`` (the cell's other names: a
     fix that renamed ``{gen Out}`` to an ``Out_`` the cell also captures made one result overwrite
-    the other), for the fix of a refusal."""
+    the other; the kernel's variables), for the fix of a refusal."""
     from lmnb.template.parser import is_reserved
 
     free = name.strip("_") or "value"
@@ -315,7 +319,7 @@ def _free_name(name: str, python: bool, taken: Collection[str] = ()) -> str:
 
 
 def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool = False,
-                     taken: Collection[str] = ()) -> None:
+                     taken: Collection[str] = (), bound: Collection[str] = ()) -> None:
     """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
     exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
     (``checked_out``), ``captures`` the variables its prompt template captures (a ``--python``
@@ -324,7 +328,9 @@ def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool =
     not read from a shell, so the exporter, which has none, refuses the same names. The names a
     kernel's start-up or an extension hid from ``%who`` (``user_ns_hidden``) are the user's to
     replace, as a Python cell may. ``taken``: the cell's other names (a ``--python`` body's results
-    named as it ran), which, as ``captures`` and ``out``, the name a refusal offers is none of.
+    named as it ran), which, as ``captures`` and ``out``, the name a refusal offers is none of;
+    nor is it one of ``bound``, the names the kernel's namespace binds (``user_ns``; the exporter
+    has none): the fix named a variable the user already had, which following it overwrote.
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
@@ -339,16 +345,16 @@ def check_cell_names(out: Optional[str], captures: Sequence[str], python: bool =
             made every cell that shows a value fail); an ``--out`` that is also a captured variable
             (the state would overwrite the value). Each message ends with a name that would be taken.
     """
-    names = {*captures, *taken, *([out] if out is not None else [])}  # (the offered name is none of them)
+    names = {*captures, *taken, *([out] if out is not None else [])}  # (with bound, the offered name is none of them)
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
         if name is None:
             continue
         problem = _name_problem(what, name, python)
         if problem is not None:
-            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python, names)}")
+            raise CellLineError(f"{problem}; rename it, e.g. {_free_name(name, python, names | set(bound))}")
     if out is not None and out in captures:
         state = out + "_state"
-        while state in names:
+        while state in names or state in bound:
             state += "_"
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "
