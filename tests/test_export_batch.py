@@ -193,6 +193,24 @@ def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(t
     assert "rows.jsonl line 3: invalid JSON" in err and "rows.jsonl line 5: missing field" in err
 
 
+@pytest.mark.parametrize("name, lines", [
+    ("rows.jsonl", [b'{"question": ', b'{"question": "a",', b"\xff not UTF-8", b"[1, 2]", b"null"]),
+    # (one column: "question" is the header again; a quoted value over two lines is one record)
+    ("rows.csv", [b'"open, quote"x', b"a,b", b"c,d,e", b"question", b'"two\r\nlines",z']),
+])
+def test_each_row_that_cannot_be_read_has_its_own_input_hash(tmp_path, name, lines):
+    """Their fields, None, were hashed: every bad_input record had one input_hash, whatever the
+    line held. Each is the sha256 of the record as written (its line, or lines), without its line break."""
+    import hashlib
+
+    rows = tmp_path / name
+    rows.write_bytes(b"question\n" * name.endswith(".csv") + b"\r\n".join(lines) + b"\n")
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = read_results(tmp_path / "out.jsonl")
+    assert [r["status"] for r in results] == ["bad_input"] * len(lines)
+    assert [r["input_hash"] for r in results] == [hashlib.sha256(line).hexdigest()[:16] for line in lines]
+
+
 def test_a_missing_field_that_a_field_of_the_row_misspells_is_offered(tmp_path):
     """{"qestion": "a"} said only "missing field 'question' (the row has qestion)"; the field
     the row misspells is offered (suggest.close_match: difflib's ratio 0.6 or more; 'q' is not)."""

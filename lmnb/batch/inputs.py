@@ -32,13 +32,16 @@ class InputRow:
 
     index: 0-based record number (blank lines are not records); line: 1-based line it starts on;
     fields: column/key → value (CSV values are strings), None if the record is malformed;
-    error: what is wrong with a malformed record, starting with its line number.
+    error: what is wrong with a malformed record, starting with its line number;
+    raw: a malformed record's bytes as read (a JSON line without its line break, a CSV record's
+    lines), which tell it from another (its ``input_hash``); None for the others.
     """
 
     index: int
     line: int
     fields: Optional[dict]
     error: Optional[str] = None
+    raw: Optional[bytes] = None
 
 
 def input_format(path: Path, given: Optional[str] = None) -> str:
@@ -150,10 +153,10 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 raise InputError(f"{path} is a JSON array; the input is JSON lines, one object per line: convert "
                                  f"it with  jq -c '.[]' {shell_path(path)} > rows.jsonl  (pandas: to_json(..., "
                                  "orient='records', lines=True))")
-            fields, error = None, None
+            fields, error, raw = None, None, raw.rstrip(b"\r\n")
             try:
                 # (without its line break: JSON's error at the line's end was "column 1" of a next line)
-                value = json.loads(raw.decode("utf-8").rstrip("\r\n"))
+                value = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
                 error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start})"
             except json.JSONDecodeError as e:
@@ -170,7 +173,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 else:
                     shown = json_value(value, 40)  # (as written: "got NoneType" said it of null)
                     error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {shown}"
-            yield InputRow(index, lineno, fields, error)
+            yield InputRow(index, lineno, fields, error, raw if fields is None else None)
             index += 1
 
 
@@ -211,7 +214,7 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
         # Blank lines before the header are skipped, as pandas' read_csv does (its header=0 is the
         # first line that is not blank); csv.DictReader takes a blank first line for a header of no
         # columns, and puts each row's values under the key None.
-        start, header, problem = next((r for r in records if r[1] != []), (None, None, None))
+        start, header, problem, _ = next((r for r in records if r[1] != []), (None, None, None, None))
         if start is None:
             raise InputError(f"{path} has no CSV header: it holds no line but blank ones; its first line must "
                              "name every column")
@@ -224,24 +227,30 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
         if duplicates:
             raise InputError(f"{path} line {start}: column names appear twice: {', '.join(duplicates)}")
         index, other = 0, _other_separator(header, delimiter)
-        for start, record, problem in records:
+        for start, record, problem, text in records:
             if problem is not None:
-                yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}{other}")
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}{other}", _as_read(text))
             elif not record:
                 continue  # a blank line
             elif len(record) != len(header):
                 error = f"line {start}: {len(record)} values for {len(header)} columns ({', '.join(header)}){other}"
-                yield InputRow(index, start, None, error)
+                yield InputRow(index, start, None, error, _as_read(text))
             elif record == header:  # (cat more.csv >> rows.csv: a row of the column names would run as data)
                 yield InputRow(index, start, None, f"line {start}: the header again (a file appended with its "
-                                                   "header?); remove the line")
+                                                   "header?); remove the line", _as_read(text))
             else:
                 yield InputRow(index, start, dict(zip(header, record)))
             index += 1
 
 
+def _as_read(text: str) -> bytes:
+    """A malformed CSV record's ``InputRow.raw``: its lines as UTF-8, without the last line break."""
+    return text.rstrip("\r\n").encode("utf-8")
+
+
 def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
-    """The CSV records of ``lines``: (its first line, 1-based; its values; problem). A blank line
+    """The CSV records of ``lines``: (its first line, 1-based; its values; problem; its text, the
+    lines it was read from). A blank line
     (empty, or of spaces and, where the separator is no tab, tabs) has values [].
 
     Each record is read strictly; one that a strict reader refuses (a quote opened and never
@@ -271,8 +280,9 @@ def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
                 start, end = end + 1, before + reader.line_num
                 if len(kept) == 1 and not kept[0].strip(blank):
                     record = []  # (a line of only blanks outside quotes, which pandas skips as a blank line)
+                text = "".join(kept)
                 kept.clear()
-                yield start, record, None
+                yield start, record, None, text
             return
         except csv.Error as e:
             start, read = end + 1, kept[:]
@@ -285,8 +295,9 @@ def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
             else:
                 problem = None
             end = start - 1 + lenient.line_num
+            text = "".join(read + kept)  # (the lines the lenient reader took past the strict one's)
             kept.clear()
-            yield start, None, _csv_hint(e, start, end, delimiter) if problem is None else problem
+            yield start, None, _csv_hint(e, start, end, delimiter) if problem is None else problem, text
 
 
 def _other_separator(header: list, delimiter: str) -> str:

@@ -202,9 +202,10 @@ class RowRunner:
 
     def _program_input(self, row: InputRow):
         """What ``run_row`` reads of a row: its ``Job.inputs`` fields. Other columns (a gold answer
-        added for scoring later) do not make a done row's input another one."""
+        added for scoring later) do not make a done row's input another one. A malformed row's
+        bytes as read (``InputRow.raw``), which tell it from another."""
         if not isinstance(row.fields, dict):
-            return row.fields
+            return row.raw
         return {name: row.fields.get(name) for name in self.job.inputs}
 
     def _changed_input(self, changed: list[tuple[InputRow, tuple]]) -> str:

@@ -63,10 +63,12 @@ class StoreError(RuntimeError):
 
 
 def input_hash(fields: Any) -> str:
-    """A short sha256 of one input row's fields that the program reads (key order does not count),
-    stored as ``input_hash``."""
-    text = json.dumps(fields, sort_keys=True, ensure_ascii=True, default=repr)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+    """A short sha256 (16 hex digits) of one input row's fields that the program reads (key order
+    does not count), or of a malformed row's bytes as read (``InputRow.raw``: every such row hashed
+    as its fields, None, so all had one hash), stored as ``input_hash``."""
+    data = fields if isinstance(fields, bytes) else json.dumps(fields, sort_keys=True, ensure_ascii=True,
+                                                               default=repr).encode("ascii")
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def row_key(record: dict) -> tuple:
