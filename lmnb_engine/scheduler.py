@@ -1180,9 +1180,11 @@ class Scheduler:
         logprobs, ``completion_tokens``) through the one that ends the stop (``StopHit.tokens``),
         as SGLang stops at that token; those wholly after the stop (text held back before it came
         with them: a run of byte tokens, a character's bytes; one that settled a regex's match;
-        an EOS) are dropped. What was streamed stays (a stop in text shown before was met late)."""
+        an EOS) are dropped. What was streamed stays (a stop in text shown before was met late), and
+        so do the first ``min_new_tokens``: no stop is read before then, and SGLang's first check,
+        which stops, is there (a "\\n" held back in a byte token before it is met at it)."""
         req.final_text = req.detokenizer.text[: max(hit.start, req.sent_text_len)]
-        req.finished_len = max(hit.tokens, req.sent_token_len, 1)
+        req.finished_len = max(hit.tokens, req.sent_token_len, req.params.min_new_tokens, 1)
 
     def _requests(self) -> list[Req]:
         """Every request the scheduler holds: waiting, running and the one being chunked."""

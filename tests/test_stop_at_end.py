@@ -110,3 +110,17 @@ def test_the_tokens_wholly_past_a_stop_are_dropped(engine, monkeypatch):
     scripted(engine, monkeypatch, [ok, ok])
     r, _ = run_streamed(engine, " o", return_logprob=True)
     assert (r.token_ids, r.text, r.meta.completion_tokens, len(r.logprobs)) == ([ok], "", 1, 1)
+
+
+def test_a_stop_met_late_keeps_min_new_tokens_tokens(engine, monkeypatch):
+    """A stop is read from the min_new_tokens-th token on, so the tokens a check first ran after
+    stay, as in SGLang (its first check is there): " ok" <0x0A> " ok" " ok" with stop "\n" and
+    min_new_tokens=3 meets the "\n" (held back at <0x0A>) as the third token comes, and keeps the
+    three ids, three logprobs and completion_tokens 3 (not the two through <0x0A>: fewer tokens than
+    min_new_tokens), the text " ok" as before."""
+    ok, newline = _ids(engine, "▁ok", "<0x0A>")
+    scripted(engine, monkeypatch, [ok, newline, ok, ok])
+    r, _ = run_streamed(engine, "\n", min_new_tokens=3, return_logprob=True)
+    assert (r.token_ids, r.text, r.meta.completion_tokens) == ([ok, newline, ok], " ok", 3)
+    assert [lp.token_id for lp in r.logprobs] == [ok, newline, ok]
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": "\n"}
