@@ -674,8 +674,8 @@ def gen(
     the first match of a pattern or of any in a list, like a stop string (checked here; the
     official OpenAI API has none). Its ``$`` (outside ``(?m)``) and ``\\Z`` are the end of the
     whole output, not of the text so far nor of a line: such a stop never ends a gen sooner; where
-    the output ends anyway (max tokens, EOS, a stop token) it cuts a match ending there and makes
-    the finish reason ``stop`` (docs/language.md, "stop_regex"). ``dtype`` (int, float, bool, str) constrains with a
+    the output ends anyway (EOS, a stop token; not a max tokens cut, whose finish stays ``length``)
+    it cuts a match ending there and makes the finish reason ``stop`` (docs/language.md, "stop_regex"). ``dtype`` (int, float, bool, str) constrains with a
     regex and stores the parsed value. With ``choices`` (strings: a list, or any iterable of them
     such as a numpy array or a pandas Series) this is ``select`` (SGLang: greedy, scored
     with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
