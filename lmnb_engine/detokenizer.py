@@ -425,7 +425,10 @@ class IncrementalDetokenizer:
         of byte tokens held back, the bytes of a character), each is read in turn, up to the first
         whose text, decoded with those before it, reaches there with whole characters. Tokens after
         it that add no text (a skipped special token, a byte token of the next character) are not
-        counted. Used to drop the output tokens that lie wholly past a stop's end."""
+        counted. Used to drop the output tokens that lie wholly past a stop's end. A held run of
+        byte tokens is read from its bytes (``_RunLength``, as ``newest_text_start`` reads it):
+        decoding the window up to each of its tokens cost time quadratic in the run (1.7 s for a
+        stop after a run of 3000)."""
         k = bisect.bisect_left(self._history, num_chars, key=lambda h: h[2])
         if k >= len(self._history):
             return self.num_tokens
@@ -433,8 +436,19 @@ class IncrementalDetokenizer:
             return 0
         prefix, read, length = self._history[k - 1]
         end = self._history[k][1]
-        before = self._decode(self._ids[prefix:read])
+        run = _RunLength(read, self._strip if prefix == read else "") if self._byte_of is not None else None
+        before = None
         for m in range(read + 1, end):
+            if run is not None:  # (while the tokens read are the run's: byte tokens, skipped ones)
+                raw = self._byte_of.get(self._ids[m - 1], b"" if self._ids[m - 1] in self._holders else None)
+                if raw is not None:
+                    run.add(raw)
+                    if length + len(run) >= num_chars:
+                        return m - self._n_context
+                    continue
+                run = None
+            if before is None:
+                before = self._decode(self._ids[prefix:read])
             window = self._decode(self._ids[prefix:m])
             if window.endswith(_REPLACEMENT):  # (a character not yet whole)
                 continue

@@ -716,3 +716,53 @@ def test_marked_tokens_record_where_they_sit_in_the_text_and_a_rollback_drops_th
     assert detok.marks == []
     detok.add(eos)
     assert detok.marks == [(2, eos, 3)]
+
+
+def test_the_tokens_through_a_stop_late_in_a_long_run_cost_no_decode_per_token(byte_fallback, decoded):
+    # tokens_through (the tokens a stop's output keeps) read a held run of byte tokens that came at
+    # once by decoding the window up to each of its tokens in turn: time quadratic in the run, on
+    # the scheduler's thread (a stop "\n" after 1000 "中" in byte tokens, one run of 3001: 1.7 s;
+    # 9001: 13.5 s). It now reads the run's bytes (_RunLength), as newest_text_start does. The
+    # "\n" is output character 1001 and token 3001 (three byte tokens per "中").
+    tok = byte_fallback
+    ok = tok.convert_tokens_to_ids("▁ok")
+    ids = [1 + b for b in "中".encode()] * 1000 + [1 + 0x0A, ok]
+    d = IncrementalDetokenizer(tok, [ok])
+    for i in ids:
+        d.add(i)
+    assert d.text == "中" * 1000 + "\n ok"
+    decoded.clear()
+    assert d.tokens_through(1001) == 3001 and d.tokens_through(1000) == 3000 and d.tokens_through(1) == 3
+    assert len(decoded) <= 6 and sum(decoded) <= 6 * len(ids), (len(decoded), sum(decoded))
+
+
+def test_the_tokens_through_a_place_in_random_byte_runs_are_the_fewest_whose_decode_reaches_it(byte_fallback):
+    # tokens_through(n): the fewest output tokens whose text, as the tokenizer's one-shot decode
+    # gives it less a cut character (_byte_fallback_reference), reaches n characters; random outputs
+    # of runs of valid characters in byte tokens, skipped EOS inside them, pieces, a cut character at
+    # the end; after a prompt and none (the decoder's Strip then reads the run's first space).
+    tok, byte = byte_fallback, (lambda *bs: [1 + b for b in bs])
+    pieces = [tok.convert_tokens_to_ids(p) for p in ("▁", "a", "ok", "▁ok", "é")]
+    chars = [b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80", b"\xc3\x9f", b"A", b" ", b"\n"]
+    rng = random.Random(1)
+    checked = 0
+    for n in range(150):
+        ids = []
+        for _ in range(rng.randint(1, 5)):
+            if rng.random() < 0.3:
+                ids.append(rng.choice(pieces))
+            for _ in range(rng.randint(0, 8)):
+                ids += [tok.eos_token_id] if rng.random() < 0.05 else byte(*rng.choice(chars))
+        ids += byte(*b"\xe4\xb8\xad"[: rng.randint(0, 2)])
+        prompt = rng.choice([tok.encode("a b", add_special_tokens=False), []])
+        d = IncrementalDetokenizer(tok, prompt)
+        for i in ids:
+            d.add(i)
+        d.flush()
+        texts = [_byte_fallback_reference(tok, prompt, ids[:k]) for k in range(len(ids) + 1)]
+        assert texts[-1] == d.text, (n, ids)
+        for place in range(1, len(d.text) + 1):
+            want = next(k for k, t in enumerate(texts) if len(t) >= place)
+            assert d.tokens_through(place) == want, (n, prompt, ids, place)
+            checked += 1
+    assert checked > 1500, checked
