@@ -2377,59 +2377,41 @@ def test_later_interrupts_held_passes_every_press_to_a_handler_there_before_that
         signal.signal(signal.SIGINT, previous)
 
 
-def test_a_first_ctrl_c_that_lands_as_later_interrupts_held_ends_still_puts_the_handler_back():
+@pytest.mark.parametrize("where", ["__enter__", "__exit__"])
+def test_a_first_ctrl_c_that_lands_as_later_interrupts_held_begins_or_ends_still_puts_the_handler_back(where):
     """A first press that landed as the block ended (Python runs a pending handler as __exit__
     starts, and in signal.signal's own check) raised out of __exit__ before the handler was put
-    back: LaterInterruptsHeld's stayed, armed to hold presses, and swallowed every later Ctrl-C
-    of the process. A trace function raises the signal as __exit__ starts, as a press pending
-    there is run."""
+    back; one that landed in __enter__ once the hold's handler was set raised out of __enter__, and
+    a with statement whose __enter__ raised runs no __exit__. Either way LaterInterruptsHeld's
+    handler stayed, armed to hold presses, and swallowed every later Ctrl-C of the process. A
+    trace function raises the signal as __exit__ starts, or at __enter__'s last line (its handler
+    set), as a press pending there is run."""
     import signal
     import sys
 
     from lmnb_engine.later_interrupts import LaterInterruptsHeld
 
-    def press_there(frame, event, arg):
-        if event == "call" and frame.f_code is LaterInterruptsHeld.__exit__.__code__:
-            sys.settrace(None)
-            signal.raise_signal(signal.SIGINT)
+    code = getattr(LaterInterruptsHeld, where).__code__
+    last_line = max(line for _, _, line in code.co_lines() if line is not None)
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with LaterInterruptsHeld():
-                sys.settrace(press_there)
+    def press(frame):
         sys.settrace(None)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with pytest.raises(KeyboardInterrupt):  # (a later Ctrl-C raises, as Python's handler does)
-            signal.raise_signal(signal.SIGINT)
-    finally:
-        sys.settrace(None)
-        signal.signal(signal.SIGINT, previous)
+        frame.f_trace = None
+        signal.raise_signal(signal.SIGINT)
 
-
-def test_a_first_ctrl_c_that_lands_as_later_interrupts_held_begins_still_puts_the_handler_back():
-    """A first press that landed in __enter__ once the hold's handler was set (before the block
-    began) raised out of __enter__, and a with statement whose __enter__ raised runs no __exit__:
-    the hold's handler stayed, armed to hold presses, and swallowed every later Ctrl-C of the
-    process. A trace function raises the signal at __enter__'s last line, after the handler is set."""
-    import signal
-    import sys
-
-    from lmnb_engine.later_interrupts import LaterInterruptsHeld
-
-    enter = LaterInterruptsHeld.__enter__.__code__
-
-    def press_at_return(frame, event, arg):
+    def in_enter(frame, event, arg):
         if event == "line" and frame.f_lineno == last_line:
-            sys.settrace(None)
-            frame.f_trace = None
-            signal.raise_signal(signal.SIGINT)
-        return press_at_return
+            press(frame)
+        return in_enter
 
     def trace(frame, event, arg):
-        return press_at_return if event == "call" and frame.f_code is enter else None
+        if event != "call" or frame.f_code is not code:
+            return None
+        if where == "__exit__":
+            press(frame)
+            return None
+        return in_enter
 
-    last_line = max(line for _, _, line in enter.co_lines() if line is not None)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
