@@ -1395,18 +1395,24 @@ def _common(a: list, b: list) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_tree_says_a_state_ending_in_a_gen_has_its_last_token_not_run_not_evicted(ip):
+@pytest.mark.parametrize("gen", ["named", "unnamed"])
+def test_tree_says_a_state_ending_in_a_gen_has_its_last_token_not_run_not_evicted(ip, gen):
     """A state ending in a gen's text read "23/24 tok cached", as if a token had been evicted: the
     last sampled token is never run through the model (a finished request caches its prompt and
     output less that one), so no KV of it exists until the state goes on. A real eviction of part
-    of the path still reads as before, with no such note."""
+    of the path still reads as before, with no such note. An unnamed gen's (lmnb.gen(max_tokens=6)
+    in a --python cell) read so after a named gen's was mended: it kept no record of where its text
+    ends."""
     run(ip, "%lm flush")
     prompt = "User: keep this\nBot:"
     reference = greedy_result(prompt, 6)
     engine = get_session().backend().engine
     ids = engine.prompt_ids(prompt + reference.text)
     assert ids == engine.prompt_ids(prompt) + reference.token_ids  # (the case: the text encodes back alike)
-    assert run(ip, f"%%lm --quiet --temperature 0 --state unrun\n{prompt}{{gen r max_tokens=6}}")[0].success
+    cell = {"named": f"%%lm --quiet --temperature 0 --state unrun\n{prompt}{{gen r max_tokens=6}}",
+            "unnamed": f"%%lm --quiet --temperature 0 --python --state unrun\ns += {prompt!r} + lmnb.gen(max_tokens=6)"}
+    assert run(ip, cell[gen])[0].success
+    assert get_session().states["unrun"].state.text() == prompt + reference.text
     [label] = [k for k in _tree_paths(ip)[0] if k.startswith("unrun ")]
     assert label.endswith(f" · {len(ids) - 1}/{len(ids)} tok cached (last token not run yet)"), label
     engine._call(lambda: engine.scheduler.cache.evict(1))  # (the least recently used leaf: the gen's tokens)
@@ -1417,24 +1423,6 @@ def test_tree_says_a_state_ending_in_a_gen_has_its_last_token_not_run_not_evicte
         depth, node = depth + node["num_tokens"], nodes[node["parent"]]
     assert depth < len(ids) - 1 and label.endswith(f" · {depth}/{len(ids)} tok cached"), label
     run(ip, "%lm reset unrun")
-
-
-def test_tree_says_a_state_ending_in_an_unnamed_gen_has_its_last_token_not_run(ip):
-    """A state ending in an unnamed gen's text (lmnb.gen(max_tokens=6) in a --python cell) read
-    "N-1/N tok cached" alone, as if a token had been evicted, where a named gen's read "(last token
-    not run yet)": an unnamed gen kept no record of where its text ends."""
-    run(ip, "%lm flush")
-    prompt = "User: keep this\nBot:"
-    reference = greedy_result(prompt, 6)
-    engine = get_session().backend().engine
-    ids = engine.prompt_ids(prompt + reference.text)
-    assert ids == engine.prompt_ids(prompt) + reference.token_ids  # (the case: the text encodes back alike)
-    cell = f"%%lm --quiet --temperature 0 --python --state unnamed\ns += {prompt!r} + lmnb.gen(max_tokens=6)"
-    assert run(ip, cell)[0].success
-    assert get_session().states["unnamed"].state.text() == prompt + reference.text
-    [label] = [k for k in _tree_paths(ip)[0] if k.startswith("unnamed ")]
-    assert label.endswith(f" · {len(ids) - 1}/{len(ids)} tok cached (last token not run yet)"), label
-    run(ip, "%lm reset unnamed")
 
 
 def test_tree_badges_and_states_name_a_cell_as_its_view_does(ip):
