@@ -2255,7 +2255,6 @@ def test_a_second_ctrl_c_while_the_first_ones_abort_waits_behind_a_step_stops_th
     aborted, once the step is over (the abort was posted before the wait), leaving the engine
     idle and serving."""
     from lmnb_engine import engine as engine_module
-    from lmnb_engine.outputs import ABORT_INTERRUPTED
 
     from helpers_lang import called_from, in_a_threading_wait, main_thread_blocked_in
 
@@ -2284,11 +2283,7 @@ def test_a_second_ctrl_c_while_the_first_ones_abort_waits_behind_a_step_stops_th
     finally:
         gate.set()
     monkeypatch.undo()
-    (handle,) = registered
-    r = handle.result(timeout=60)
-    assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
-    engine.scheduler.call(lambda: None).result(60)  # (after the step and the requests' end)
-    assert_idle_accounting(engine)
+    _ended_by_the_interrupt(engine, registered)
     assert len(engine.generate("the cat", GREEDY).token_ids) == 8
 
 
@@ -2305,8 +2300,6 @@ def test_a_second_ctrl_c_just_before_the_first_ones_abort_is_posted_still_ends_t
     import signal
 
     from helpers_lang import in_a_threading_wait, main_thread_blocked_in
-
-    from lmnb_engine.outputs import ABORT_INTERRUPTED
 
     gate, held = threading.Event(), threading.Event()
     engine.scheduler.call(lambda: (held.set(), gate.wait(30)))
@@ -2339,12 +2332,20 @@ def test_a_second_ctrl_c_just_before_the_first_ones_abort_is_posted_still_ends_t
     finally:
         gate.set()
     monkeypatch.undo()
+    assert _ended_by_the_interrupt(engine, registered).token_ids == []  # (ended before the held scheduler ran it)
+
+
+def _ended_by_the_interrupt(engine, registered: list):
+    """The one request ``registered`` (its handle), once it ended: aborted as interrupted, the
+    engine idle after it, every KV slot and lock back (``assert_idle_accounting``)."""
+    from lmnb_engine.outputs import ABORT_INTERRUPTED
+
     (handle,) = registered
     r = handle.result(timeout=60)
     assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
-    assert r.token_ids == []  # (ended before the held scheduler ran it)
-    engine.scheduler.call(lambda: None).result(60)
+    engine.scheduler.call(lambda: None).result(60)  # (after the step and the requests' end)
     assert_idle_accounting(engine)
+    return r
 
 
 def test_later_interrupts_held_passes_every_press_to_a_handler_there_before_that_does_not_raise():
