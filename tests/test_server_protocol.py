@@ -281,7 +281,7 @@ def _post(url, path, body, **kw):
          'unknown field "sampling_param" (did you mean "sampling_params"?); /generate takes ['),
         ("/v1/chat/completions", {"model": "rec", "messages": [], "bogus": 1}, 400,
          'unknown field "bogus"; /v1/chat/completions takes ["add_generation_prompt", "chat_template_kwargs", '
-         '"continue_final_message", "frequency_penalty", '),
+         '"continue_final_message", "echo", "frequency_penalty", '),
         ("/v1/completions", {"model": "other", "prompt": "a"}, 404, "not served"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "logit_bias": {"1": 101}}, 400, "logit_bias"),
         ("/v1/chat/completions", {"model": "rec", "messages": "hi"}, 400, "messages"),
@@ -3969,3 +3969,65 @@ def test_continue_final_message_with_a_generation_prompt_or_after_no_assistant_m
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert r.json()["error"]["message"] == message
     assert engine.prompts == []
+
+
+_ECHO_CASES = [  # (messages, fields, the text each choice's content starts with)
+    (_PREFILL, {"continue_final_message": True}, "Once upon"),
+    # vLLM echoes a last message of the reply's role with a new turn too
+    (_PREFILL, {}, "Once upon"),
+    # a last message of another role is no part of the reply: nothing echoed
+    (_PREFILL[:1], {}, ""),
+    # the content as the template got it: text parts joined
+    ([_PREFILL[0], {"role": "assistant", "content": [{"type": "text", "text": "Once "},
+                                                     {"type": "text", "text": "upon"}]}],
+     {"continue_final_message": True}, "Once upon"),
+]
+
+
+@pytest.mark.parametrize("messages,fields,head", _ECHO_CASES, ids=["continued", "new-turn", "users-last", "parts"])
+def test_chat_echo_starts_the_reply_with_the_last_assistant_message_whole_and_streamed(served, messages, fields, head):
+    """vLLM's chat field echo was a 400 (unknown field): with it, the reply's content starts with
+    the last message's where that is the assistant's (the prefilled reply of continue_final_message
+    comes back whole), and streamed, that text is a chunk of its own after the role chunk, as vLLM
+    sends it. The recording engine's reply is "xx" (max_tokens=2); echo false leaves it alone."""
+    engine, url = served
+    body = {"model": "rec", "messages": messages, "max_tokens": 2, **fields}
+    plain = _post(url, "/v1/chat/completions", body)
+    r = _post(url, "/v1/chat/completions", {**body, "echo": True})
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"] == "xx", plain.text
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": head + "xx"}
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "echo": True, "stream": True},
+                      timeout=30) as s:
+        chunks = _sse_json(s.iter_lines())
+    deltas = [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in chunks]
+    echoed = [({"content": head}, None)] if head else []
+    assert deltas == [({"role": "assistant", "content": ""}, None), *echoed, ({"content": "x"}, None),
+                      ({"content": "x"}, None), ({}, "length")]
+
+
+def test_chat_echo_starts_every_choice_with_the_prefilled_reply(tiny_llama):
+    """With n=2 each choice's content starts with the echoed message (vLLM echoes to every choice and
+    takes echo with any n), its rest the model's continuation of the prefilled prompt; streamed,
+    each choice's echo chunk follows both role chunks, as vLLM sends them."""
+    from lmnb_engine import Engine, SamplingParams
+
+    body = {"messages": _PREFILL, "continue_final_message": True, "echo": True, "n": 2, "max_tokens": 3,
+            "temperature": 0, "ignore_eos": True}
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=256) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        prompt = engine.encode(engine.apply_chat_template(_PREFILL, add_generation_prompt=False,
+                                                          continue_final_message=True), False)
+        rest = engine.generate(prompt, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)).text
+        r = _post(url, "/v1/chat/completions", body, timeout=60)
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as s:
+            chunks = _sse_json(s.iter_lines())
+    assert r.status_code == 200, r.text
+    assert [c["message"]["content"] for c in r.json()["choices"]] == ["Once upon" + rest] * 2
+    firsts = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks[:4]]
+    assert firsts == [(0, {"role": "assistant", "content": ""}), (1, {"role": "assistant", "content": ""}),
+                      (0, {"content": "Once upon"}), (1, {"content": "Once upon"})]
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        texts[c["choices"][0]["index"]] += c["choices"][0]["delta"].get("content", "")
+    assert texts == {0: "Once upon" + rest, 1: "Once upon" + rest}

@@ -8,7 +8,8 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``chat_template_kwargs``, extra variables for the chat template (``_template_kwargs``), and
 ``add_generation_prompt`` / ``continue_final_message``: the prompt ends with a new assistant turn's
 header, with neither, or inside the last message, an assistant's partial reply that the model
-continues, its reply's content the continuation alone (``_prompt_end``).
+continues, its reply's content the continuation alone (``_prompt_end``), or with vLLM's ``echo``
+that partial reply and the continuation (``_echoed``).
 ``response_format`` ``json_schema`` / ``json_object`` and ``regex`` reach the engine's
 ``SamplingParams`` unchanged. Unknown fields are rejected with a 400 naming them rather than
 ignored; fields OpenAI defines that leave the reply unchanged here (``store``, ``metadata``,
@@ -242,6 +243,8 @@ class ChatRequest(_SamplingRequest):
     # (_prompt_end); add_generation_prompt's default (None) is true unless continue_final_message is
     add_generation_prompt: Optional[bool] = None  # (_validate takes only true, false and null)
     continue_final_message: StrictBool = False
+    # vLLM's: the reply's content starts with the last message's, where that is the assistant's (_echoed)
+    echo: StrictBool = False
     functions: Optional[list] = None  # (OpenAI's deprecated tool calling: refused as tools are)
     function_call: Optional[Any] = None
     # OpenAI's fields that ask for what lmnb serve cannot give: refused when set (_refuse_unserved)
@@ -360,6 +363,17 @@ def _prompt_end(req: ChatRequest) -> dict:
                            'with the start of the reply, {"role": "assistant", "content": "..."}, or leave '
                            "continue_final_message out for a new reply", param="messages")
     return {"add_generation_prompt": False, "continue_final_message": True}
+
+
+def _echoed(req: ChatRequest, messages: list) -> str:
+    """The text each choice's content of chat request ``req`` starts with: with vLLM's ``echo``, the
+    last message's content (``messages``, as the template got them: text parts joined) where that
+    message is the assistant's, the reply's role, so that a prefilled reply
+    (``continue_final_message``) comes back whole; "" otherwise. vLLM echoes a last message of the
+    reply's role with a new turn too (``add_generation_prompt``), and so does this; every choice
+    (``n``) starts with it."""
+    last = messages[-1] if req.echo else None
+    return last["content"] if last is not None and last["role"] == "assistant" else ""
 
 
 def _constraint(req: _SamplingRequest) -> dict:
@@ -878,13 +892,15 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
             params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
             handles = await _submit(ctx, req, [prompt], [params], rid, rids, request)
+        echoed = _echoed(req, messages)
         if req.stream:
-            return EventStream(ctx, _stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
+            return EventStream(ctx, _stream(ctx, handles, rid, created, "chat.completion.chunk", req, texts=[echoed]),
+                               handles)
         [res] = await ctx.results(handles, request)
         results = res if isinstance(res, list) else [res]
         choices = [{
             "index": r.index,
-            "message": {"role": "assistant", "content": r.text},
+            "message": {"role": "assistant", "content": echoed + r.text},
             "logprobs": await ctx.run(_chat_logprobs, engine, r.logprobs) if req.logprobs else None,
             **_finish(r, req),
         } for r in results]
@@ -1029,7 +1045,9 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     carries the logprobs of the tokens whose text it carries (the engine's events send a token
     with the last of its text: ``StreamEvent``), as OpenAI and vLLM stream them; with
     ``echo``, a choice's logprobs all come with its last chunk, the prompt's first, as in the
-    unstreamed reply (the prompt's are known only at the end). The prompts of a batch stream
+    unstreamed reply (the prompt's are known only at the end). ``texts``: each prompt's text
+    (completions) or, for chat, the one text its choices' content starts with (``_echoed``), sent
+    as a chunk of its own after the role chunks where not empty. The prompts of a batch stream
     interleaved, as they generate (SGLang's and vLLM's order); ``EventStream`` aborts them all if
     the stream ends early (client gone, an error)."""
     engine = ctx.engine
@@ -1056,6 +1074,9 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                 for i in range(h.n):
                     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   **_UNFINISHED}])
+                # (the echoed message, a chunk of its own after the roles, as vLLM sends it)
+                for i in range(h.n if texts[k] else 0):
+                    yield chunk([{"index": i, "delta": {"content": texts[k]}, "logprobs": None, **_UNFINISHED}])
             elif req.echo:
                 for i in range(h.n):
                     yield chunk([{"index": bases[k] + i, "text": texts[k], "logprobs": None, **_UNFINISHED}])
