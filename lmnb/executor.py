@@ -1326,7 +1326,8 @@ class StreamExecutor:
             if self.stream:
                 raise ValueError("API speculative execution (num_api_spec_tokens) does not work with stream=True")
             if self._spec_chat_active():  # (one call answers the role's gens: they must share its parameters)
-                speculative.spec_role_check(self._spec_terms, expr, params, self.backend)
+                speculative.spec_role_check(self._spec_terms, expr, params, self.backend,
+                                            self.text_[self.cur_role_begin_pos:])
                 self._spec_terms.append(("gen", expr, params, parse))
                 return
             # every unconstrained gen of a completion model (SGLang); leftover text was not

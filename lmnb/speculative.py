@@ -295,7 +295,7 @@ _OWN_IN_CHAT_CALL = frozenset({"max_new_tokens", "stop", "stop_regex", "return_l
 _SHOWN_CHARS = 60  # of a differing value in spec_role_check's message (a schema, a regex may be long)
 
 
-def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -> None:
+def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend, written: str = "") -> None:
     """Refuse a chat model's deferred gen ``expr`` (with its resolved ``params``) whose sampling
     parameters differ from the first gen's of its assistant role (``terms``: the role's fills and
     gens so far, ``StreamExecutor._spec_terms``), before the role's one call is made.
@@ -312,12 +312,15 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -
     own) and the logprob options (each gen gets its own tokens' logprobs: ``_role_share``). Values
     are compared as drawn with (``_drawn_with``: ``stop_token_ids=[]`` is none).
 
-    A constrained gen beside text or another gen is refused first (``spec_role_constraint_check``),
-    whose fix the differing options' would not be.
+    A gen after text the role already holds (``written``: a pick's choice, which is scored and written
+    at once) is refused first where ``backend`` cannot continue it (``spec_role_written_check``), and
+    a constrained gen beside text or another gen next (``spec_role_constraint_check``), whose fixes
+    the differing options' would not be.
 
     Raises:
         ValueError: naming both gens, the differing options with both values, and the fix.
     """
+    spec_role_written_check(written, expr, sum(t[0] == "gen" for t in terms) + 1, backend)
     spec_role_constraint_check([*terms, ("gen", expr, params, None)])
     first = next((t for t in terms if t[0] == "gen"), None)
     if first is None:
@@ -336,6 +339,38 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend) -
         f"{_options(fields, first_expr, first_params, expr)}: under API speculative execution (num_api_spec_tokens) "
         f"a chat model writes the whole assistant message in one call, with the first gen's sampling parameters, "
         f"{why}; give the role's gens the same {names}, or put {this} in an assistant role of its own{way_out}"
+    )
+
+
+def continues_messages(backend) -> bool:
+    """Whether chat ``backend`` continues a half-written assistant message (the prompt's
+    ``role_text``) as the reply's start: ``lmnb.OpenAI(..., continue_final_message=True)`` (which
+    refuses the option where the API has no such field), or another backend that sets
+    ``continue_final_message = True``."""
+    return getattr(backend, "continue_final_message", False) is True
+
+
+def spec_role_written_check(written: str, expr: Gen, k: int, backend) -> None:
+    """Refuse a chat model's speculated gen ``expr`` (its role's gen number ``k``) that follows text
+    its assistant role already holds, ``written``: a pick (``select``, ``gen(choices=...)``), which is
+    scored and written at once, before the role's held fills and gens. The role's one call
+    (``spec_role_end``) then goes out with that text as a half-written assistant message
+    (``Prompt.role_text``), which a chat API cannot continue: OpenAI's answers a new message, as if
+    nothing were written. Where ``backend`` continues one (``continues_messages``) the call is sent
+    so, and its reply is the continuation the role's gens are split from.
+
+    Raises:
+        ValueError: naming the gen, the text it follows and the fix.
+    """
+    if not written.strip() or continues_messages(backend):
+        return
+    this = _gen_named(expr, k)
+    raise ValueError(
+        f"{this} follows {written[:_SHOWN_CHARS]!r}, which a pick (select or gen(choices=...)) wrote in its "
+        "assistant role: under API speculative execution (num_api_spec_tokens) a chat model writes the role's gens "
+        f"in one call at the role's end, which would have to continue the half-written assistant message, and this "
+        f"chat backend cannot continue one; put the pick in an assistant role of its own and {this} in the next, or "
+        "use a backend that continues a half-written assistant message (continue_final_message=True)"
     )
 
 

@@ -316,3 +316,47 @@ def test_a_pick_after_a_speculated_chat_roles_held_text_and_gens_is_refused_befo
 
     st = alone.run(backend=be)
     assert st["a"] == "yes" and st.messages()[-1] == {"role": "assistant", "content": "yes"} and be.kinds() == ["score"]
+
+
+def _pick_then_gen(s):
+    s += sgl.user("q")
+    s += sgl.assistant(sgl.gen("a", choices=["yes", "no"]) + ", because " + sgl.gen("why", stop="\n"))
+
+
+def _picking(reply: str, **attrs) -> ScriptedBackend:
+    """A chat backend that scores choices ("yes" the likelier) and replies ``reply``; ``attrs`` set
+    on it (``continue_final_message``)."""
+    be = ScriptedBackend(lambda p, params: reply, chat_template=CHATML, is_chat_model=True,
+                         choice_scores=lambda p, c: ([-1.0] if c == "yes" else [-2.0], [0.0]))
+    for name, value in attrs.items():
+        setattr(be, name, value)
+    return be
+
+
+def test_a_gen_after_a_pick_in_a_speculated_chat_role_is_refused_before_the_call():
+    """A pick is scored and written at once, so the role's one call at its end went out with the
+    pick's "yes" as a half-written assistant message (role_text), which a chat API cannot continue:
+    it answers a new message, split as if it followed "yes". Refused before that call (the pick's
+    scoring is made), naming the gen, the text and the fixes."""
+    be = _picking(", because it rains\n")
+    with pytest.raises(sgl.ProgramError) as e:
+        sgl.function(num_api_spec_tokens=16)(_pick_then_gen).run(backend=be).text()
+    assert ("gen 'why' follows 'yes', which a pick (select or gen(choices=...)) wrote in its assistant role: under "
+            "API speculative execution (num_api_spec_tokens) a chat model writes the role's gens in one call at the "
+            "role's end, which would have to continue the half-written assistant message, and this chat backend "
+            "cannot continue one; put the pick in an assistant role of its own and gen 'why' in the next, or use a "
+            "backend that continues a half-written assistant message (continue_final_message=True)") in str(e.value)
+    assert be.kinds() == ["score"]
+
+
+def test_a_gen_after_a_pick_in_a_speculated_chat_role_continues_the_message_where_the_backend_can():
+    """A backend that continues a half-written assistant message (continue_final_message, as
+    lmnb.OpenAI's) gets the role's one call with the pick's text as the message's start, and its
+    reply, the continuation, is split along the role's fills and gens after the pick."""
+    be = _picking(", because it rains\n", continue_final_message=True)
+    st = sgl.function(num_api_spec_tokens=16)(_pick_then_gen).run(backend=be)
+    assert (st["a"], st["why"]) == ("yes", "it rains")
+    assert st.messages()[-1] == {"role": "assistant", "content": "yes, because it rains"}
+    assert be.kinds() == ["score", "generate"]
+    prompt, params = be.calls[1][1]
+    assert (prompt.role, prompt.role_text, params.max_new_tokens) == ("assistant", "yes", 16)
