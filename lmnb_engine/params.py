@@ -161,6 +161,19 @@ def shown_integer_text(text: str) -> str:
     return _scientific(bool(sign), int(digits[:5]), len(digits))
 
 
+def integer_text_value(text: str) -> Optional[int]:
+    """The value of the decimal integer written ``text`` (as ``int()`` reads one: a sign, digits,
+    ``_`` between them, spaces around), None where ``text`` is no such integer or its digits past
+    any leading zeros are more than Python reads (``digits_over_limit``). Leading zeros are no
+    digits of the value: ``int()`` counts them against its limit, so 5000 zeros and a 7 is 7 here
+    where ``int()`` refuses it."""
+    if not _DECIMAL.fullmatch(text):
+        return None
+    written = text.strip()
+    sign, digits = "-" if written.startswith("-") else "", written.lstrip("+-").replace("_", "").lstrip("0") or "0"
+    return None if digits_over_limit(len(digits)) else int(sign + digits)
+
+
 def _scientific(negative: bool, first: int, digits: int) -> str:
     """An integer of ``digits`` digits whose first five are ``first``, in scientific form with its
     digit count: its first four digits, rounded half up by the fifth, except never up to 10.00, so

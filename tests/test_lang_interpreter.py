@@ -5198,6 +5198,24 @@ def test_an_integer_text_too_long_for_its_leading_zeros_alone_is_shown_by_its_va
                             "reads as an integer (at most 4300); give at most the model's context length")
 
 
+def test_a_cell_seed_written_with_more_leading_zeros_than_python_reads_is_its_value():
+    """%%lm --seed with 5000 zeros and a 7 was told "must be an integer that fits in 64 bits, got 7
+    (written with 5000 leading zeros)": int() refused the text for its length, zeros counted, and the
+    refusal blamed the size of a 7. Leading zeros are no digits: it is 7 (by hand), "-" and 5000
+    zeros and "0_7" is -7; one past 64 bits behind its zeros is still refused, naming its value."""
+    from lmnb.template.cell_options import CellLineError, parse_cell_line
+    from lmnb_engine.params import integer_text_value
+
+    assert parse_cell_line("--seed " + "0" * 5000 + "7").seed == 7
+    assert parse_cell_line("--seed=-" + "0" * 5000 + "0_7").seed == -7
+    assert integer_text_value(" +" + "0" * 5000 + "7 ") == 7 and integer_text_value("9" * 5000) is None
+    assert integer_text_value("7x") is None
+    with pytest.raises(CellLineError) as e:
+        parse_cell_line("--seed " + "0" * 5000 + "9" * 20)
+    assert str(e.value) == ("argument --seed: must be an integer that fits in 64 bits, got 99999999999999999999 "
+                            "(written with 5000 leading zeros)")
+
+
 def test_a_value_of_over_4300_digits_given_where_another_type_belongs_is_named_in_scientific_form():
     """gen(10**5000), gen(dtype=...), choices=[...], stop=..., a json_schema holding one, a fork
     branch's item and the others below failed in Python's words, from the message that was to

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
-from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
+from lmnb_engine.params import (
+    TEMPERATURE_RULE, integer_text_value, past_digit_limit, shown_integer_text, too_many_digits,
+)
 from lmnb.template.parser import IPYTHON_BUILTINS, PYTHON_BUILTINS
 from lmnb_engine.suggest import close_match
 
@@ -53,12 +55,11 @@ def _token_count(text: str) -> int:
 
 def _seed(text: str) -> int:
     """argparse ``type=`` of ``--seed``: an integer the engine takes (64 bits); a bigger one failed
-    mid-run, and only in gens outside a fork (a branch derives its own seed from it)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 2**63  # (argparse would name this function in its message)
-    if not -(2**63) <= value < 2**63:
+    mid-run, and only in gens outside a fork (a branch derives its own seed from it). Leading zeros
+    are no digits (``integer_text_value``): 5000 zeros and a 7 is 7, where ``int()`` refused it for
+    its length and the refusal said 7 does not fit."""
+    value = integer_text_value(text)
+    if value is None or not -(2**63) <= value < 2**63:
         raise argparse.ArgumentTypeError(f"must be an integer that fits in 64 bits, got {_given(text)}")
     return value
 
