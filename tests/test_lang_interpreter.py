@@ -5192,10 +5192,13 @@ def test_an_integer_text_too_long_for_its_leading_zeros_alone_is_shown_by_its_va
     assert shown_integer_text("+" + "0" * 5000 + "7") == "7 (written with 5000 leading zeros)"
     assert shown_integer_text("-" + "0" * 4301) == "0 (written with 4300 leading zeros)"
     assert shown_integer_text(" 0_7 ") == "7"
+    # (--max-tokens read so was refused for its digits; leading zeros are no digits: it is 7, and one of
+    # more significant digits than Python reads is refused for them)
+    assert parse_cell_line("--max-tokens " + "0" * 5000 + "7").max_tokens == 7
     with pytest.raises(CellLineError) as e:
-        parse_cell_line("--max-tokens " + "0" * 5000 + "7")
-    assert str(e.value) == ("argument --max-tokens: got 7 (written with 5000 leading zeros), more digits than Python "
-                            "reads as an integer (at most 4300); give at most the model's context length")
+        parse_cell_line("--max-tokens " + "0" * 5 + "9" * 5000)
+    assert str(e.value) == ("argument --max-tokens: got 9.999e+4999 (an integer of 5000 digits), more digits than "
+                            "Python reads as an integer (at most 4300); give at most the model's context length")
 
 
 def test_a_cell_seed_written_with_more_leading_zeros_than_python_reads_is_its_value():

@@ -40,15 +40,13 @@ def _temperature(text: str) -> float:
 
 def _token_count(text: str) -> int:
     """argparse ``type=`` of ``--max-tokens``: an integer >= 0 (of at most the digits Python reads:
-    one longer was told it is no integer >= 0)."""
-    if too_many_digits(text):
+    one longer was told it is no integer >= 0). Leading zeros are no digits (``integer_text_value``):
+    5000 zeros and a 7 is 7, where it was told it has more digits than Python reads."""
+    value = integer_text_value(text)
+    if value is None and too_many_digits(text):
         raise argparse.ArgumentTypeError(f"got {_given(text)}, {past_digit_limit()}; give at most the model's context "
                                          "length")
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1  # (argparse would name this function in its message)
-    if value < 0:
+    if value is None or value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
 
