@@ -32,6 +32,11 @@ def _free_memory_bytes(device: torch.device) -> int:
     out most of an idle machine's RAM)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    return _available_ram_bytes()
+
+
+def _available_ram_bytes() -> int:
+    """Bytes of RAM the kernel can hand out without swapping (psutil's ``available``)."""
     import psutil
 
     return int(psutil.virtual_memory().available)
@@ -86,6 +91,31 @@ def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: b
     raise option_error(ValueError, problem, *fixes)
 
 
+def _check_host_table_fits(device: torch.device, rows: int, context_len: int, free: int) -> None:
+    """Refuse, before allocating anything, a request-to-token table whose host copy needs more RAM
+    than is available. On CUDA the table (``ReqToTokenPool``: int32 ``[rows, context_len]``) has
+    two copies: one on the GPU, weighed with the KV pool by ``_check_pools_fit``, and one in RAM
+    that the scheduler reads, which that check does not see (on CPU the two are one tensor, already
+    weighed). A copy past the available RAM was zero-filled into swap, or the process was killed.
+    ``free``: the bytes of RAM available (``_available_ram_bytes``).
+
+    Raises:
+        ValueError: naming the copy's bytes, the RAM available, and the rows that fit.
+    """
+    from lmnb_engine.params import shown_number
+
+    table = rows * context_len * 4
+    if table <= free:
+        return
+    most_rows = free // (context_len * 4)
+    problem = (f"the request-to-token table's host copy (the one the scheduler reads, beside the one on {device}) of "
+               f"{shown_number(rows)} rows x {context_len} positions (the context length) needs {_bytes(table)} of "
+               f"RAM at 4 bytes a position; the host has {_bytes(free)} available")
+    fixes = [("pass {} or less", "max_running_requests", most_rows)] if most_rows >= 1 else []
+    fixes.append(("free some RAM",))
+    raise option_error(ValueError, problem, *fixes)
+
+
 def _current_device(device: torch.device):
     """A context in which ``device`` is CUDA's current device (nothing to do on CPU)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -111,7 +141,9 @@ class ModelRunner:
             at most ``max_running_requests`` (no decode batch is larger).
     Raises:
         ValueError: a non-positive size, a memory budget too small for one full-length request, or
-            pools that need more memory than is free (``_check_pools_fit``) or cannot be allocated.
+            pools that need more memory than is free (``_check_pools_fit``; on a GPU, the RAM the
+            request-to-token table's host copy takes too, ``_check_host_table_fits``) or cannot be
+            allocated.
     """
 
     def __init__(
@@ -166,6 +198,8 @@ class ModelRunner:
         # caps it); 10**7 rows of the request→token table would take 20 GB at a 512-token context
         max_running_requests = min(max_running_requests, max_total_tokens)
         _check_pools_fit(self.device, cfg, max_total_tokens, max_running_requests, asked, free)
+        if self.device.type != "cpu":
+            _check_host_table_fits(self.device, max_running_requests, cfg.context_len, _available_ram_bytes())
         self.max_total_tokens = max_total_tokens
         self.sized_from_memory = not asked  # (mem_fraction sized the pool: the option to lower)
         self.max_running_requests = max_running_requests

@@ -589,6 +589,39 @@ def test_a_request_table_past_free_memory_names_the_max_running_requests_that_fi
         assert eng.model_info()["max_running_requests"] == 23
 
 
+def test_on_a_gpu_the_request_tables_host_copy_past_the_available_ram_is_refused(monkeypatch):
+    """On CUDA the request-to-token table has a copy in RAM too (the scheduler's), which only the
+    GPU's free memory was weighed for: a table past the RAM was zero-filled into swap, or the
+    process was killed. The runner is given a stand-in CUDA model (its sizes alone are read before
+    the pools are made), plenty of GPU memory, and a host with little RAM; the device start-up
+    (backend, pools, graphs), which needs a GPU, is left out."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import psutil
+
+    import lmnb_engine.model_runner as model_runner
+
+    started = []
+    monkeypatch.setattr(model_runner.ModelRunner, "_start_on_device", lambda self, *args: started.append(self))
+    monkeypatch.setattr(model_runner, "_current_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**9)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=100_000))
+    config = SimpleNamespace(device="cuda", num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                             context_len=512)
+    loaded = SimpleNamespace(model=None, config=config)
+    with pytest.raises(ValueError) as e:
+        model_runner.ModelRunner(loaded, max_total_tokens=100, max_running_requests=64)
+    # 64 rows x 512 positions x 4 bytes = 131072 bytes (128 KiB); 100000 // 2048 = 48 rows fit
+    assert str(e.value) == (
+        "the request-to-token table's host copy (the one the scheduler reads, beside the one on cuda) of 64 rows x "
+        "512 positions (the context length) needs 131072 bytes (128.0 KiB) of RAM at 4 bytes a position; the host "
+        "has 100000 bytes (97.7 KiB) available; pass max_running_requests=48 or less, or free some RAM")
+    assert started == []
+    runner = model_runner.ModelRunner(loaded, max_total_tokens=100, max_running_requests=48)  # (98304 bytes fit)
+    assert started == [runner] and runner.max_running_requests == 48
+
+
 def test_cuda_graphs_are_captured_up_to_the_running_requests_at_most(tiny_llama, monkeypatch):
     """cuda_graph_max_bs=10**20 captured a graph of 10**20 rows (its static tensors failed in
     torch's words); a decode batch holds at most max_running_requests rows, so no larger graph is
