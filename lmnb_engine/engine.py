@@ -1139,7 +1139,8 @@ class Engine:
         its grammar at once too). An interrupt
         (KeyboardInterrupt) once submit may have queued the request ends it, with finish reason abort
         and ``outputs.ABORT_INTERRUPTED``, before it propagates: no request runs whose handle no
-        caller got; one before leaves nothing queued or registered (the rid is free). A request
+        caller got (a second one that came before that end was posted is held until it is:
+        ``later_interrupts``); one before leaves nothing queued or registered (the rid is free). A request
         queued before the shutdown ends with finish reason abort and the message
         ``outputs.ABORT_SHUTDOWN``, as do those running.
 
@@ -1160,21 +1161,22 @@ class Engine:
             return self._submit_when_compiled(ids, params, rid)
         handle, reqs = self._make_reqs(ids, params, rid)
         posting = False
-        try:
-            # The rid is taken before the compile: an abort from another thread meanwhile finds the
-            # request (and ends it) instead of missing it and letting it run.
-            self._register([handle])
-            grammar = self._check_grammar(params, handle._ended)
-            if handle.done:  # aborted during the compile: it has its end, and nothing is queued
-                return handle
-            if grammar is not None:
-                self._attach_grammar(reqs, grammar)
-            posting = True
-            self.scheduler.submit(reqs)
-            return handle  # (in the try: an interrupt just before the return still withdraws the request)
-        except BaseException:
-            self._withdraw([handle], posting)
-            raise
+        with LaterInterruptsHeld() as hold:  # (a second Ctrl-C waits for the first one's end to be posted)
+            try:
+                # The rid is taken before the compile: an abort from another thread meanwhile finds the
+                # request (and ends it) instead of missing it and letting it run.
+                self._register([handle])
+                grammar = self._check_grammar(params, handle._ended)
+                if handle.done:  # aborted during the compile: it has its end, and nothing is queued
+                    return handle
+                if grammar is not None:
+                    self._attach_grammar(reqs, grammar)
+                posting = True
+                self.scheduler.submit(reqs)
+                return handle  # (in the try: an interrupt just before the return still withdraws the request)
+            except BaseException:
+                self._withdraw([handle], posting, hold)
+                raise
 
     def generate(
         self,

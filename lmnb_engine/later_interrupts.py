@@ -1,9 +1,10 @@
 """A second Ctrl-C held until the clean-up of the first one's stop is posted.
 
-A call that waits on the engine (``Engine.generate``) meets a Ctrl-C by posting the end of its
-requests, then raising. A second press that came before that post (a double press: microseconds
-apart) found Python's handler armed as ever, and raised out of the clean-up before the post: the
-requests, queued already, ran to their end for no one. So while such a call runs, SIGINT goes
+A call that waits on the engine (``Engine.generate``, a stream's next event) or may have queued
+a request (``Engine.submit``) meets a Ctrl-C by posting the end of its requests, then raising. A
+second press that came before that post (a double press: microseconds apart) found Python's
+handler armed as ever, and raised out of the clean-up before the post: the requests, queued
+already, ran to their end for no one. So while such a call runs, SIGINT goes
 through ``LaterInterruptsHeld``: the first press to the handler there before (Python's raises
 ``KeyboardInterrupt``), the later ones held until the caller's clean-up is posted
 (``release``).

@@ -2320,16 +2320,17 @@ def test_a_second_ctrl_c_while_the_first_ones_abort_waits_behind_a_step_stops_th
     assert len(engine.generate("the cat", GREEDY).token_ids) == 8
 
 
-@pytest.mark.parametrize("call", ["generate", "stream"])
+@pytest.mark.parametrize("call", ["generate", "submit", "stream"])
 def test_a_second_ctrl_c_just_before_the_first_ones_abort_is_posted_still_ends_the_requests(engine, marked_ctrl_c,
                                                                                            monkeypatch, call):
-    """A Ctrl-C in generate's wait (or a stream's) has it post the end of its requests
-    (Engine._withdraw). A second Ctrl-C that came before that post (a double press, microseconds
-    apart) raised out of the clean-up before the post: the request, queued, ran to its end for no
-    one. The second press is now held until the end is posted, then raised (it skips the wait for
-    the end). It is sent just before the post (signal.raise_signal: Python's handler runs at once);
-    the first once the request is queued (generate) or once the main thread waits for its events;
-    the scheduler is held meanwhile, so that the request cannot have ended by itself."""
+    """A Ctrl-C in generate's wait (or a stream's, or in submit once it may have queued its
+    request) has it post the end of its requests (Engine._withdraw). A second Ctrl-C that came
+    before that post (a double press, microseconds apart) raised out of the clean-up before the
+    post: the request, queued, ran to its end for no one (submit's caller never got its handle).
+    The second press is now held until the end is posted, then raised (it skips the wait for the
+    end). It is sent just before the post (signal.raise_signal: Python's handler runs at once);
+    the first once the request is queued (generate, submit) or once the main thread waits for its
+    events; the scheduler is held meanwhile, so that the request cannot have ended by itself."""
     import signal
 
     from helpers_lang import in_a_threading_wait, main_thread_blocked_in
@@ -2351,11 +2352,11 @@ def test_a_second_ctrl_c_just_before_the_first_ones_abort_is_posted_still_ends_t
         return real_call(fn)
 
     try:
-        if call == "generate":
+        if call in ("generate", "submit"):
             monkeypatch.setattr(engine.scheduler, "submit", submit_then_ctrl_c)
             monkeypatch.setattr(engine.scheduler, "call", ctrl_c_then_call)
             with pytest.raises(KeyboardInterrupt):  # (Python's handler: marked_ctrl_c's)
-                engine.generate("the cat", GREEDY)
+                getattr(engine, call)("the cat", GREEDY)
         else:
             events = engine.stream("the cat", GREEDY)
             monkeypatch.setattr(engine.scheduler, "call", ctrl_c_then_call)
