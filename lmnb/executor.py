@@ -1339,6 +1339,7 @@ class StreamExecutor:
                 text, meta = speculative.spec_gen(self, params, expr)
                 # (a gen served from an earlier call's leftover made none: that call was reported)
                 self._append_made(text, "gen", expr.name, [meta] if "speculative_call" in meta else [])
+                self._note_sampled_end(text, meta)  # (its tokens were sampled, by this call or an earlier one)
                 [value] = self._parsed_all(expr, parse, [(text, meta)])
                 self._finish_var(expr.name, value, meta, text=text)
                 return
@@ -1394,7 +1395,8 @@ class StreamExecutor:
 
     def _note_sampled_end(self, text: str, meta_info: Any) -> None:
         """Keep where the text of a gen just appended ends (``sampled_end``), where the gen wrote
-        ``text`` and sampled tokens (``meta_info``'s ``completion_tokens``)."""
+        ``text`` and sampled tokens (``meta_info``'s ``completion_tokens``; a speculated gen's own
+        share of its call's, ``speculative``)."""
         if text and isinstance(meta_info, dict) and meta_info.get("completion_tokens"):
             with self._cv:
                 self.sampled_end = len(self.text_)

@@ -532,6 +532,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             _, expr, _, parse = term
             text, own = next(out)
             ex._append_made(text, "gen", expr.name, unreported)
+            ex._note_sampled_end(text, own)
             # (the first gen's refused value still reports the call, as a refused gen's own requests are)
             value = ex._parsed_all(expr, parse, [(text, own)])[0] if unreported else ex._parsed(expr, text, parse, own)
             ex._finish_var(expr.name, value, own, text=text)

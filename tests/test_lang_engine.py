@@ -290,6 +290,27 @@ def test_api_speculative_gens_with_byte_tokens_on_the_engine_are_cut_as_without_
         assert [t[0] for t in b["output_token_logprobs"]] == pytest.approx([t[0] for t in want], abs=1e-4)
 
 
+def test_a_state_ending_in_api_speculated_gens_text_ends_in_a_sampled_token(backend):
+    """A state ending in a gen's text ends in a token sampled and never run through the model
+    (StreamExecutor.sampled_end, read by %lm tree: "last token not run yet"). A speculated gen's
+    text was not recorded so: the state read as if it ended in a fill. Here "a" takes 3 of the
+    call's 8 tokens, "b" (served from the leftover, no call of its own) the other 5, ending where
+    the call's output ends; reference: the same program without speculation, which ends so too."""
+    from lmnb_kernel.tree_paths import ends_in_sampled_token
+
+    def body(s):
+        s += "A fruit:" + sgl.gen("a", max_tokens=3)
+        s += sgl.gen("b", max_tokens=5)
+
+    plain = sgl.function(body).run(backend=backend, temperature=0, ignore_eos=True)
+    spec = sgl.function(num_api_spec_tokens=8)(body).run(backend=backend, temperature=0, ignore_eos=True)
+    assert spec.text() == plain.text()
+    assert "prompt_tokens" not in spec.get_meta_info("b")  # (the case: b was served from a's call)
+    assert spec.get_meta_info("a")["speculative_call"]["completion_tokens"] == 8
+    assert ends_in_sampled_token(plain) and ends_in_sampled_token(spec)
+    assert spec.stream_executor.sampled_end == len(spec.text())
+
+
 def test_api_speculative_gens_give_token_texts_in_their_logprobs_only_when_asked(backend):
     """The speculative call asks for token texts (it cuts its text by them), and its gens kept
     them: gen("a", return_logprob=True) got [logprob, id, " red"] where without speculation it gets

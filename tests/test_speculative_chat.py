@@ -141,6 +141,18 @@ def test_a_speculated_chat_gens_share_is_cut_at_its_own_max_tokens(name_max, age
     assert st.get_meta_info("name")["speculative_call"] == {"completion_tokens": 10, "finish_reason": {"type": "stop"}}
 
 
+def test_a_speculated_chat_roles_last_gen_is_where_the_sampled_text_ends():
+    """A gen's text is recorded as ending in a token sampled and not yet run
+    (StreamExecutor.sampled_end, read by %lm tree's lmnb_kernel.tree_paths); a chat role's
+    speculated gens were not: sampled_end stayed None. It is now the end of the role's last
+    gen's text, before the role's end (CHATML's "<|im_end|>\n", which follows it)."""
+    be = _Tokens(chat_template=CHATML, is_chat_model=True)
+    st = _role(dict(max_tokens=8), dict(max_tokens=3)).run(backend=be)
+    assert st["age"] == " 41"
+    assert st.text().endswith("\nAge: 41<|im_end|>\n")
+    assert st.stream_executor.sampled_end == len(st.text()) - len("<|im_end|>\n")
+
+
 def test_a_speculated_chat_gen_that_asks_for_logprobs_gets_its_own_tokens():
     """A later gen of a chat role with return_logprob got none, and the first gen got the whole
     reply's: each now gets its share's tokens' entries (the stop's token too, as without
