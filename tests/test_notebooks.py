@@ -1366,6 +1366,25 @@ def test_ctrl_c_or_sigterm_while_the_subcommand_loads_exits_130_without_a_traceb
     assert not (tmp_path / "nb.out.ipynb").exists()
 
 
+def test_ctrl_c_while_lmnb_run_imports_nbclient_ends_the_run_at_once(tmp_path):
+    """A Ctrl-C while ``lmnb run`` imports nbclient (after its own modules; seconds on a cold disk):
+    no handler of lmnb's holds it there (its Ctrl-C handling begins once the kernel is up), so
+    Python's raises at once, in the import, and the run says so and exits 130. A handler that only
+    noted the press would let the import go on (here a 30 s sleep as nbclient is looked up) and
+    the notebook run, exiting 0. The process sends itself the SIGINT as that import begins."""
+    src = _notebook(tmp_path / "nb.ipynb", "print('x')")
+    proc = _lmnb_run_in_its_own_process(src, "import importlib.abc, time\n"
+                                             "class SlowNbclient(importlib.abc.MetaPathFinder):\n"
+                                             "    def find_spec(self, name, path, target=None):\n"
+                                             "        if name == 'nbclient':\n"
+                                             "            os.kill(os.getpid(), signal.SIGINT)\n"
+                                             "            time.sleep(30)\n"
+                                             "        return None\n"
+                                             "sys.meta_path.insert(0, SlowNbclient())\n", timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "lmnb: interrupted\n")
+    assert not (tmp_path / "nb.out.ipynb").exists()
+
+
 def test_a_sigterm_as_lmnb_run_exits_after_its_run_keeps_the_runs_status_and_report(tmp_path):
     """A SIGTERM that came once the run had ended and its report was said, while the interpreter
     exited (it takes a moment after torch), ended the process with 143 and no line of its own, as
