@@ -12,8 +12,9 @@ options the parser checks against) and a video's ``frames=`` (none of them where
 gives it already); a Python expression a construct takes (an image's or video's source, a fork's
 count or items, an option's value), and a hole that is one (``{person.na``), from IPython's
 completion of that expression alone, in brackets (or of its innermost part: ``[ti``), after the
-names the cell binds there (an enclosing fork's target, an earlier gen's result), a fork target's
-attributes as its first item's (``parser.fork_items``); no IPython
+names the cell binds there (an enclosing fork's target, an earlier gen's result), the attributes
+of such a name as those of a value of its kind (``parser.stand_ins``: a fork target's as its first
+item's, a gen's result's as a str's); no IPython
 magic name in a hole, and no name in a hole's string but file names (IPython's) in an image's or
 video's literal path (``{image "ca``) and the names of an f-string's replacement field, a Python
 expression (``{f"{person.na``); whether a cell is finished from the cell parser itself
@@ -259,7 +260,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     """Completion in the hole still open at ``cursor_pos`` of the cell ``code``, whose template body
     starts at ``body_start``; none in text. Options the hole gives after the cursor are not offered."""
     from lmnb.template.options import allowed
-    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, fork_items, names_bound
+    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, names_bound, stand_ins
     from lmnb.template.scanner import top_level
 
     body = code[body_start:cursor_pos]
@@ -270,7 +271,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     hole = body[start + 1 :]
 
     def bound() -> tuple[list[str], dict]:  # (the names the cell binds at the hole: parsed only for an expression)
-        return names_bound(body[:start]), fork_items(body[:start])
+        return names_bound(body[:start]), stand_ins(body[:start])
 
     field = _fstring_field(body, string) if string is not None else None
     if field is not None:  # {f"{person.na: the expression of an f-string's replacement field
@@ -310,14 +311,14 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     return _python_alone(hole, cursor_pos, python, *bound())  # a hole that is a Python expression
 
 
-def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict], names=(), items=None) -> dict:
+def _python_alone(source: str, cursor_pos: int, python: Callable[[str, int], dict], names=(), values=None) -> dict:
     """The complete_reply content of ``_python_offers``."""
-    offers, start = _python_offers(source, cursor_pos, python, names, items)
+    offers, start = _python_offers(source, cursor_pos, python, names, values)
     return _reply(offers, cursor_pos, start)
 
 
 def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], dict],
-                   names=(), items=None) -> tuple[list[Offer], int]:
+                   names=(), values=None) -> tuple[list[Offer], int]:
     """Those of ``names``, the names the cell binds where the hole is (``names_bound``), that the
     name ``source`` ends in begins (none after a ``.``: an attribute), then IPython's completion of
     ``source``, the Python text the cursor at ``cursor_pos`` ends, read alone and in brackets, as
@@ -330,12 +331,16 @@ def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], di
     typed is asked alone (IPython without Jedi reads ``[ti`` as magic names). IPython knew no name
     the cell binds, not being the kernel's (``{fork t in stops}{gen x max_tokens=len(t`` offered
     ``tuple``, ``type``, not ``t``). Returns the matches, with their types, and the offset in the
-    cell where the text they replace starts. An attribute of a fork's target (``t.up``), which
-    IPython read as the kernel's ``t``, if any, is asked as one of the fork's first item, where its
-    items read kernel variables alone (``items``: ``fork_items``): ``(stops)[0].up``."""
+    cell where the text they replace starts. An attribute of a name the cell binds (``t.up``),
+    which IPython read as the kernel's ``t``, if any, is asked as one of that name's stand-in
+    (``values``: ``stand_ins``): ``(stops)[0].up`` of ``{fork t in stops}``; none is offered where
+    the name has none (a gen's value parsed by its ``json_schema``)."""
     attribute = _ATTRIBUTE_END.search(source)
-    if attribute and attribute.group(1) in (items or {}):
-        asked = "((" + items[attribute.group(1)] + ")[0]" + attribute.group(2)
+    if attribute and attribute.group(1) in (values or {}):
+        stand_in = values[attribute.group(1)]
+        if stand_in is None:
+            return [], cursor_pos - len(attribute.group(2).rpartition(".")[2])
+        asked = "(" + stand_in + attribute.group(2)
         reply = python(asked, len(asked))
         return _ipython_offers(reply, magics=False), cursor_pos - len(asked) + reply.get("cursor_start", len(asked))
     for text in dict.fromkeys((source, _innermost(source))):

@@ -745,17 +745,34 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     ("{fork t in [a, b]}{len(t.st", "(([a, b])[0].st"),
     ("{fork t in stops}{fork t in other}{t.up", "((other)[0].up"),  # (the innermost fork's target)
     ("{fork t in stops}{t.real.up", "((stops)[0].real.up"),
-    # IPython's, of the kernel's t, where no item of kernel variables alone tells what t is
-    ("{fork i, t in enumerate(xs)}{t.up", "(t.up"),
-    ("{fork t in stops}{fork u in t}{u.up", "(u.up"),
+    # a destructured target: its part of the first item (enumerate's and zip's by their arguments)
+    ("{fork i, t in enumerate(xs)}{t.up", "((xs)[0].up"),
+    ("{fork i, t in enumerate(xs)}{i.re", "((0).re"),  # (an int, whatever the start)
+    ("{fork i, t in enumerate(xs, 1)}{t.up", "((xs)[0].up"),
+    ("{fork t, u in zip(xs, ys)}{u.up", "((ys)[0].up"),
+    ("{fork i, (t, u) in enumerate(pairs)}{u.up", "(((pairs)[0])[1].up"),
+    ("{fork t, u in pairs}{u.up", "(((pairs)[0])[1].up"),
+    ("{fork p in enumerate(xs)}{p.co", "(((0), (xs)[0]).co"),  # (a tuple)
+    # (an inner fork's destructured target t shadows the outer one's)
+    ("{fork t in stops}{fork t, u in pairs}{t.up", "(((pairs)[0])[0].up"),
+    ("{fork t in stops}{fork (u, t) in pairs}{t.up", "(((pairs)[0])[1].up"),
+    # items of the cell's own names: theirs put in
+    ("{fork t in stops}{fork u in t}{u.up", "(((stops)[0])[0].up"),
+    ("{gen x}{fork t in x.split()}{t.up", "((''.split())[0].up"),
+    # a gen's or select's result is text; gathered by a join, a list of the branches'
+    ("{gen x}{x.up", "(''.up"),
+    ("{select x choices=c}{gen y stop=x.st", "(''.st"),
+    ("{user}{gen x}{/user}{x.up", "(''.up"),
+    ("{fork 2}{gen x}{join}{x.ap", "([''].ap"),
+    ("{fork t in xs}{fork 2}{gen x}{join}{gen y}{join}{x.ap", "([['']].ap"),
+    ("{fork t in xs}{fork 2}{gen x}{join}{x.ap", "([''].ap"),
+    # the kernel's t, which the cell does not bind there
     ("{fork t in xs}{join}{t.up", "(t.up"),
-    # (an inner fork's destructured target t shadows the outer one's: no item of stops is that t)
-    ("{fork t in stops}{fork t, u in pairs}{t.up", "(t.up"),
-    ("{fork t in stops}{fork (u, t) in pairs}{t.up", "(t.up"),
 ])
 def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
     """``{fork t in stops}{t.up`` asked IPython of ``t.up``: nothing where the kernel has no ``t``,
-    the attributes of another object where it has one. It is asked of the fork's first item now."""
+    the attributes of another object where it has one. It is asked of the fork's first item now,
+    a destructured target of its part, a result of a str (``''``)."""
     from lmnb_kernel.complete import lm_completions
 
     calls = []
@@ -773,12 +790,39 @@ def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
         [m for m in ("upper", "strip") if m.startswith(word)], len(code) - len(word), len(code))
 
 
+@pytest.mark.parametrize("code", [
+    "{gen x json_schema=Person}{x.na",  # (a value parsed by the schema: of a kind not known here)
+    "{gen x dtype=int}{fork t in x}{t.na",
+    "{fork a, b, c in enumerate(xs)}{b.na",  # (enumerate's items are pairs: the fork fails as it runs)
+    "{fork t in xs}{fork 2}{gen y dtype=kind}{join}{y.na",
+])
+def test_completion_of_an_attribute_of_a_name_the_cell_binds_to_a_value_of_no_known_kind_offers_nothing(code):
+    """IPython was asked of the kernel's name (``x.na``: the attributes of another object); where
+    the cell binds the name to a value whose kind is not known, nothing is asked nor offered."""
+    from lmnb_kernel.complete import lm_completions
+
+    calls = []
+
+    def python(c, p):
+        calls.append((c, p))
+        return {"matches": ["name"], "cursor_start": p - 2}
+
+    code = "%%lm\n" + code
+    reply = lm_completions(code, len(code), python)
+    assert (calls, reply["matches"], reply["cursor_start"], reply["cursor_end"]) == ([], [], len(code) - 2, len(code))
+
+
 def test_completion_of_a_fork_targets_attribute_offers_an_items_not_the_kernels_name(kernel):
     kc = kernel[1]
     execute(kc, "stops_s40 = ['.', '!']\nt = 5")  # (a kernel t of another type: IPython offered int's)
     code = "%%lm\n{fork t in stops_s40}{gen x stop=t.up"
     reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
     assert (reply["matches"], reply["cursor_start"]) == (["upper"], len(code) - 2)
+    # a destructured target, and a gen's result (a str), where the kernel's t and x are ints
+    execute(kc, "x = 5")
+    for code in ("%%lm\n{fork i, t in enumerate(stops_s40)}{t.up", "%%lm\n{gen x}{x.up"):
+        reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+        assert (reply["matches"], reply["cursor_start"]) == (["upper"], len(code) - 2), code
 
 
 @pytest.mark.parametrize("code, inner", [

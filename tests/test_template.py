@@ -2191,3 +2191,39 @@ def test_names_bound_are_those_a_hole_at_the_end_reads_from_the_cell(body, names
     from lmnb.template.parser import names_bound
 
     assert names_bound(body) == names
+
+
+_KERNEL = {"stops": [".", "!"], "xs": ["a", "b"], "ys": [b"c"], "pairs": [(1, "x"), (2, "y")]}
+
+
+@pytest.mark.parametrize("body, stand_ins, loop", [
+    ("{fork t in stops}", {"t": "(stops)[0]"}, "for t in stops: break"),
+    ("{fork i, t in enumerate(xs)}", {"i": "(0)", "t": "(xs)[0]"}, "for i, t in enumerate(xs): break"),
+    ("{fork i, t in enumerate(xs, 5)}", {"i": "(0)", "t": "(xs)[0]"}, None),  # (i: an int, not its value)
+    ("{fork i, t in enumerate(xs, start=5)}", {"i": "(0)", "t": "(xs)[0]"}, None),
+    ("{fork p in enumerate(xs)}", {"p": "((0), (xs)[0])"}, "for p in enumerate(xs): break"),
+    ("{fork t, (i, u) in zip(ys, pairs)}", {"t": "(ys)[0]", "i": "((pairs)[0])[0]", "u": "((pairs)[0])[1]"},
+     "for t, (i, u) in zip(ys, pairs): break"),
+    ("{fork i, t in pairs}", {"i": "((pairs)[0])[0]", "t": "((pairs)[0])[1]"}, "for i, t in pairs: break"),
+    ("{fork t in pairs}{fork u in t}", {"t": "(pairs)[0]", "u": "((pairs)[0])[0]"},
+     "for t in pairs:\n for u in t: break\n break"),
+    ("{fork t in stops}{fork t, u in pairs}", {"t": "((pairs)[0])[0]", "u": "((pairs)[0])[1]"}, None),  # (innermost)
+    ("{fork a, b, c in enumerate(xs)}", {"a": None, "b": None, "c": None}, None),  # (enumerate gives pairs)
+    ("{gen a}{select b choices=xs}{fork 2}{gen c}{join}", {"a": "''", "b": "''", "c": "['']"}, None),
+    ("{gen a json_schema=S}{gen b dtype=int}{gen c dtype=None}", {"a": None, "b": None, "c": "''"}, None),
+    ("{gen a}{fork t in a.split()}", {"a": "''", "t": "(''.split())[0]"}, None),
+    ("{gen a dtype=int}{fork t in a}", {"a": None, "t": None}, None),
+    ("{fork t in xs}{join}", {}, None),  # (the fork joined: its target gone)
+    ("{fork t in xs}{bad hole=}", {}, None),  # (a hole the parser refuses: no scope known past it)
+])
+def test_stand_ins_are_values_of_the_kind_each_name_the_cell_binds_holds(body, stand_ins, loop):
+    """Completion asks IPython of a name's attributes as of its stand-in's: a fork target's is its
+    first item (or the part of it a destructured target takes), a result's text; where a loop is
+    given, each stand-in evaluated among the kernel's variables is what Python's own loop binds."""
+    from lmnb.template.parser import stand_ins as stand_ins_of
+
+    assert stand_ins_of(body) == stand_ins
+    if loop is not None:
+        bound = dict(_KERNEL)
+        exec(loop, bound)
+        assert {n: eval(e, dict(_KERNEL)) for n, e in stand_ins.items()} == {n: bound[n] for n in stand_ins}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import io
 import keyword
 import re
@@ -117,25 +118,97 @@ def names_bound(source: str) -> list[str]:
     return list(dict.fromkeys(targets)) + sorted(parser.scope.vars - set(targets))
 
 
-def fork_items(source: str) -> dict[str, str]:
-    """The forks open at the end of ``source`` (read as ``names_bound`` reads it) whose target is
-    one name and whose items read kernel variables alone: target -> the items' expression
-    (``{fork t in stops}`` -> ``{"t": "stops"}``), none for a name an inner fork binds too (its
-    target is that one's, destructured or of other items). For completion of a target's
-    attributes, which are an item's."""
+def stand_ins(source: str) -> dict[str, str | None]:
+    """The names the cell binds at the end of ``source`` (read as ``names_bound`` reads it), each
+    with a Python expression of kernel variables and literals alone whose value is of the kind the
+    name holds there, or None where none is known: for completion of the name's attributes, which
+    the kernel's variable of that name, if any, does not have.
+
+    A fork target is its items' first item (``{fork t in stops}`` -> ``(stops)[0]``), where the
+    items are ``enumerate(xs)`` or ``zip(xs, ys)`` a tuple of the first items (``(0)``,
+    ``(xs)[0]``), and a destructured target's names are the parts of that item (``{fork i, t in
+    pairs}``: ``t`` -> ``((pairs)[0])[1]``); names of the cell in the items are their own stand-ins
+    (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's or select's result is text, ``''``, but a
+    gen's value parsed by ``json_schema`` or ``dtype``, None; a result gathered by ``{join}`` is a
+    list of the branches' (``['']``). The innermost binding of a name is the one given."""
     parser = _parsed_to_end(source)
-    items: dict[str, str] = {}
-    inner: set[str] = set()  # (names bound by forks inside the one read: they shadow its target)
-    for b in reversed(parser.stack if parser is not None else []):
+    if parser is None:
+        return {}
+    values: dict[str, str | None] = _captured_stand_ins(parser.root)
+    for b in parser.stack:  # (outermost first: each block's children come before the next block opened)
         fork = b.fork if b.kind == "fork" else None
-        if fork is None or fork["target"] is None:
-            continue
-        target = fork["target"]
-        if (isinstance(target, str) and target not in inner and fork["items"] is not None
-                and all(kind == "arg" for _, kind in fork["items"].refs)):
-            items[target] = fork["items"].source
-        inner.update(target_names(target))
-    return items
+        if fork is not None and fork["target"] is not None:
+            values.update(_destructured(fork["target"], _first_item(fork["items"], values)))
+        values.update(_captured_stand_ins(b.children))
+    return values
+
+
+def _captured_stand_ins(nodes) -> dict[str, str | None]:
+    """``stand_ins`` of the results that ``nodes`` (a run of the cell's nodes) capture for the
+    nodes after them."""
+    values: dict[str, str | None] = {}
+    for node in nodes:
+        if isinstance(node, Primitive) and node.name is not None:
+            parsed = any(o.key in ("json_schema", "dtype") and _literal(o.value) is not None for o in node.options)
+            values[node.name] = None if parsed else "''"
+        elif isinstance(node, Role):
+            values.update(_captured_stand_ins(node.body))
+        elif isinstance(node, Fork):  # (joined: each branch's result gathered into a list)
+            values.update({name: None if value is None else f"[{value}]"
+                           for name, value in _captured_stand_ins(node.body).items()})
+    return values
+
+
+_Item = str | tuple | None  # an item's stand-in: an expression, a tuple of its parts' stand-ins, or None
+
+
+def _first_item(items: Expr, values: dict[str, str | None]) -> _Item:
+    """The stand-in of the first item of a fork's ``items``, whose names bound by the cell have the
+    stand-ins ``values``; None where one of those has none."""
+    try:
+        tree = copy.deepcopy(items.tree.body)
+        for name, node in _free_names(tree):
+            if name in values:
+                if values[name] is None:
+                    return None
+                node.id = values[name]  # (a name ast.unparse writes as it is; a stand-in is a primary: no brackets)
+        return _item_of(tree)
+    except RecursionError:  # (items nested deeper than deepcopy or ast.unparse goes)
+        return None
+
+
+def _item_of(tree: ast.expr) -> _Item:
+    """The stand-in of the first item of the items ``tree`` (their stand-ins put in its names)."""
+    if (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.args
+            and not any(isinstance(a, ast.Starred) for a in tree.args)):
+        if tree.func.id == "enumerate" and len(tree.args) + len(tree.keywords) <= 2 and all(
+                k.arg == "start" for k in tree.keywords):
+            return ("(0)", _item_of(tree.args[0]))  # (an int index, whatever the start)
+        if tree.func.id == "zip" and all(k.arg == "strict" for k in tree.keywords):
+            return tuple(_item_of(a) for a in tree.args)
+    return f"({ast.unparse(tree)})[0]"
+
+
+def _destructured(target: Target, item: _Item) -> dict[str, str | None]:
+    """The stand-ins of the names of a fork's ``target`` bound to the item whose stand-in is
+    ``item``: a part of a tuple item by its place, ``(item)[k]`` of another."""
+    if isinstance(target, str):
+        return {target: _expression(item)}
+    if isinstance(item, tuple) and len(item) != len(target):  # (the fork fails as it runs)
+        item = None
+    values: dict[str, str | None] = {}
+    for k, part in enumerate(target):
+        inner = item[k] if isinstance(item, tuple) else None if item is None else f"({item})[{k}]"
+        values.update(_destructured(part, inner))
+    return values
+
+
+def _expression(item: _Item) -> str | None:
+    """``item`` as one expression: a tuple's parts in a tuple display."""
+    if not isinstance(item, tuple):
+        return item
+    parts = [_expression(p) for p in item]
+    return None if None in parts else "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
 def _parsed_to_end(source: str) -> "_Parser | None":
