@@ -825,6 +825,34 @@ def test_completion_of_a_fork_targets_attribute_offers_an_items_not_the_kernels_
         assert (reply["matches"], reply["cursor_start"]) == (["upper"], len(code) - 2), code
 
 
+# (code with characters above U+FFFF before the cursor, the match, and the length of the word it replaces)
+_ASTRAL = [
+    ("%%lm\n\U0001F600 {fork t in stops_s41}{t.up", "upper", 2),  # (a fork target's attribute)
+    ("%%lm\n\U0001F600\U0001F600{gen x}{x.up", "upper", 2),  # (a result's)
+    ("%%lm\n{fork t in ['\U0001F600']}{t.up", "upper", 2),  # (in the items asked of IPython)
+    ("%%lm\n\U0001F600 {stops_s", "stops_s41", 7),  # (a hole's first word)
+    ('%%lm\n{f"\U0001F600{stops_s', "stops_s41", 7),  # (an f-string's field)
+    ("%%lm\n\U0001F600{gen x max_to", "max_tokens=", 6),  # (an option)
+    ("# \U0001F600\n%lm load --dtype bf", "bfloat16", 2),  # (a %lm line below one)
+    ("%%lm --state \U0001F600 --see", "--seed", 5),  # (the %%lm line)
+]
+
+
+@pytest.mark.parametrize("code, match, word", _ASTRAL, ids=[c for c, _, _ in _ASTRAL])
+def test_completion_offsets_count_code_points_past_characters_above_ffff(kernel, code, match, word):
+    """Messaging protocol 5.2: cursor_pos, cursor_start and cursor_end count unicode code points,
+    where JavaScript strings count UTF-16 code units (two for each character above U+FFFF, as
+    before 5.2). The reply's span, and each match's in the metadata, ends at the cursor and starts
+    the word's length in code points before it."""
+    kc = kernel[1]
+    execute(kc, "stops_s41 = ['.', '!']")
+    assert len(code.encode("utf-16-le")) // 2 > len(code)  # (the two counts differ before the cursor)
+    reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+    assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == ([match], len(code) - word, len(code))
+    spans = [(e["start"], e["end"]) for e in reply["metadata"]["_jupyter_types_experimental"]]
+    assert spans == [(len(code) - word, len(code))]
+
+
 @pytest.mark.parametrize("code, inner", [
     ("%%lm\n{select x choices=[ti", "ti"),
     ("%%lm\n{fork t in [ti", "ti"),
