@@ -6,10 +6,12 @@ A user's own ``import lmnb`` binds the very module object the extension put ther
 cannot tell whose the name is. What tells is the code the user ran: from the load on, an IPython
 AST transformer that changes nothing (``NameWatch``) looks at every cell's code for a binding of
 ``lmnb``; the cell that ran ``%load_ext`` is looked at too (its code after the magic ran after the
-load). Code the watch cannot read, run by a cell (``%run`` of a script, which copies the script's
-names in, with ``-i`` or not; ``exec``; ``globals()[...] =``; ``%store -r``), may bind the name as
-well: such a cell makes the name the user's too, so that an unload never takes a name the user
-bound (kept, the extension's name is the module the user would import).
+load), and so is the body of a ``%%lm --python`` cell, which runs with the namespace as its
+globals (``global lmnb`` there binds the name) but not through the transformers. Code the watch
+cannot read, run by a cell (``%run`` of a script, which copies the script's names in, with ``-i``
+or not; ``exec``; ``globals()[...] =``; ``%store -r``), may bind the name as well: such a cell
+makes the name the user's too, so that an unload never takes a name the user bound (kept, the
+extension's name is the module the user would import).
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ def binds(tree: ast.AST, name: str) -> bool:
     return any(binds_name(node, name) for node in ast.walk(tree))
 
 
-def _magic_call(node: ast.AST, names) -> bool:
+def _magic_call(node: ast.AST, names, method: str = "run_line_magic") -> bool:
     """Whether ``node`` calls one of the line magics ``names`` as IPython writes a ``%magic`` line
-    (``get_ipython().run_line_magic('run', '-i s.py')``)."""
+    (``get_ipython().run_line_magic('run', '-i s.py')``; cell magics with ``method``
+    ``run_cell_magic``)."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "run_line_magic" and bool(node.args)
+            and node.func.attr == method and bool(node.args)
             and isinstance(node.args[0], ast.Constant) and node.args[0].value in names)
 
 
@@ -74,12 +77,42 @@ def resets(tree: ast.AST) -> bool:
     return False
 
 
+def _lm_python_bodies(tree: ast.AST):
+    """The code of each ``%%lm --python`` cell that code ``tree`` runs (IPython writes one as
+    ``get_ipython().run_cell_magic('lm', '--python', BODY)``), parsed; None for one whose options
+    or body the code computes (unreadable here). A body that is no Python is left out: the magic
+    refuses it, and it runs nothing."""
+    for node in ast.walk(tree):
+        if not (_magic_call(node, ("lm",), "run_cell_magic") and len(node.args) == 3):
+            continue
+        line, body = node.args[1:]
+        if not (isinstance(line, ast.Constant) and isinstance(line.value, str)):
+            yield None
+        elif "--python" in line.value.split():  # (as lmnb_kernel.complete reads the line)
+            if not (isinstance(body, ast.Constant) and isinstance(body.value, str)):
+                yield None
+                continue
+            try:
+                yield ast.parse(body.value)
+            except (SyntaxError, ValueError, MemoryError, RecursionError):
+                continue
+
+
+def takes_the_name(tree: ast.AST) -> bool:
+    """Whether code ``tree`` may make ``lmnb`` the user's: it binds the name (``binds``), runs code
+    that may set it unseen (``runs_unseen_code``), or runs a ``%%lm --python`` body that does either
+    or that it cannot read."""
+    if binds(tree, NAME) or runs_unseen_code(tree):
+        return True
+    return any(body is None or takes_the_name(body) for body in _lm_python_bodies(tree))
+
+
 class NameWatch(ast.NodeTransformer):
     """IPython AST transformer (``shell.ast_transformers``) that leaves every cell's code as it is
     and keeps whether the ``lmnb`` name is the extension's (``owned``): put there by the extension,
-    and since then bound by no cell (``binds``) nor by code a cell ran that it cannot read
-    (``runs_unseen_code``). Its ``after_cell`` (a post_run_cell hook) puts the name back after a
-    cell that ran ``%reset`` (``resets``), as IPython puts back its own names (``get_ipython``, ``In``)."""
+    and since then taken by no cell (``takes_the_name``). Its ``after_cell`` (a post_run_cell hook)
+    puts the name back after a cell that ran ``%reset`` (``resets``), as IPython puts back its own
+    names (``get_ipython``, ``In``)."""
 
     def __init__(self, shell, owned: bool):
         super().__init__()
@@ -88,7 +121,7 @@ class NameWatch(ast.NodeTransformer):
         self.reset_ran = False
 
     def visit(self, node):
-        if self.owned and (binds(node, NAME) or runs_unseen_code(node)):
+        if self.owned and takes_the_name(node):
             self.owned = False
         self.reset_ran = self.reset_ran or resets(node)
         return node
@@ -155,4 +188,4 @@ def _running_cell_binds(shell) -> bool:
         tree = ast.parse(code)
     except SyntaxError:  # (it runs, so it parsed; IPython's compiler may take what ast.parse won't)
         return True
-    return binds(tree, NAME) or runs_unseen_code(tree)
+    return takes_the_name(tree)

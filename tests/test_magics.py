@@ -2268,6 +2268,44 @@ def test_unloading_the_extension_keeps_an_lmnb_name_bound_by_code_no_cell_shows(
         ip.user_ns["lmnb"] = lmnb
 
 
+def test_unloading_the_extension_keeps_an_lmnb_name_a_python_cells_body_bound(ip):
+    # %unload_ext lmnb_kernel removed an lmnb a %%lm --python body bound with `global lmnb`: the
+    # body runs with the namespace as its globals but not through IPython's AST transformers, and
+    # the watch read only the cell's own code, a run_cell_magic call; lmnb.gen(...) was then a NameError
+    extensions = ip.extension_manager
+    try:
+        extensions.unload_extension("lmnb_kernel")
+        ip.user_ns.pop("lmnb", None)
+        extensions.load_extension("lmnb_kernel")  # (the name is the extension's now)
+        result, _ = run(ip, "%%lm --python --static\nglobal lmnb\nimport lmnb\ns += 'x'")
+        assert result.success and ip.user_ns["lmnb"] is lmnb
+        extensions.unload_extension("lmnb_kernel")
+        assert ip.user_ns.get("lmnb") is lmnb  # the user's: kept
+    finally:
+        if "lmnb_kernel" not in extensions.loaded:
+            extensions.load_extension("lmnb_kernel")
+        ip.user_ns["lmnb"] = lmnb
+
+
+@pytest.mark.parametrize("code, taken", [
+    ("%%lm --python\nglobal lmnb\nlmnb = 1\ns += 'x'", True),
+    ("%%lm --python --static\ndef f():\n    import lmnb\ns += 'x'", True),  # (any scope, as binds reads it)
+    ("%%lm --python\nexec('import lmnb')", True),  # (code it cannot read, in the body)
+    ("get_ipython().run_cell_magic('lm', '--python', body)", True),  # (a body computed: unreadable)
+    ("get_ipython().run_cell_magic('lm', options, 'x')", True),
+    ("%%lm --python\nlmnb.gen('x')", False), ("%%lm --python\ns += 'lmnb = 1'", False),
+    ("%%lm\nlmnb = {gen x}", False),  # (a template: its text binds nothing)
+    ("%%lm --python\nlmnb = (", False),  # (no Python: the magic refuses it, nothing runs)
+    ("%%capture\nlmnb = 1", False),  # (another cell magic's Python: read when IPython runs it, as a cell)
+])
+def test_the_lmnb_name_watch_reads_the_body_of_a_python_cell(ip, code, taken):
+    import ast
+
+    from lmnb_kernel.lmnb_name import takes_the_name
+
+    assert takes_the_name(ast.parse(ip.transform_cell(code))) is taken
+
+
 def test_reset_puts_the_lmnb_name_back_as_ipython_puts_back_its_own(ip):
     # %reset -f removed lmnb until the next %load_ext: a Python cell's lmnb.gen(...) was a NameError
     # (IPython's own names, get_ipython, In, come back at once); a %%lm --python cell put it back alone
