@@ -3091,3 +3091,31 @@ def test_a_state_that_writes_its_own_bos_is_pinned_as_the_ids_it_runs_as():
         assert engine.match_node(encoded[1:])[1] == len(encoded) - 1  # the ids a request of it runs as
     finally:
         session.close()
+
+
+def test_a_captured_lm_tree_keeps_one_picture_of_the_tree_as_the_capture_ends(ip):
+    """%%capture over %lm tree kept the tree as %lm tree drew it and again as the refresh after the
+    captured cell redrew it (update_display_data, kept by the capture as one more output), so
+    captured.outputs held every draw and captured.show() replayed them all; and a tree shown by an
+    earlier cell put its refresh into the outputs of every later captured cell. Captured, the tree
+    is one output, replaced as it is redrawn; a capture it was not shown in gets none of it."""
+    from lmnb_kernel.widgets import VIEW_MIME
+
+    run(ip, "%%lm --static --temperature 0\nThe tree{gen tree_a max_tokens=2}")
+    result, out = run(ip, "%%capture c\n%lm tree")
+    assert result.success and out.outputs == []
+    [tree] = ip.user_ns["c"].outputs
+    assert not tree.update and tree.metadata == {"lmnb": {"view": "tree"}} and "radix tree" in tree.data["text/plain"]
+    # the capture's body ran as a cell of its own, which the tree is redrawn after: a redraw lands
+    # in the one output, here as one that tells it (a path evicted since shows as a faded ghost)
+    magics = ip.magics_manager.registry["LMMagics"]
+    with capture_output() as c:
+        ip.run_cell("%lm tree")
+        assert "lmnb-evicted" not in c.outputs[0].data["text/html"]
+        assert get_session().engine("test").flush_cache()
+        magics.refresh_tree()
+    [tree] = c.outputs
+    assert not tree.update and "lmnb-evicted" in tree.data["text/html"]
+    assert tree.data[VIEW_MIME]["nodes"] == magics.tree_view.bundle()[VIEW_MIME]["nodes"]
+    result, out = run(ip, "%%capture c\nx = 1")
+    assert result.success and out.outputs == [] and ip.user_ns["c"].outputs == []

@@ -1186,19 +1186,43 @@ def test_a_chain_stops_where_a_path_ends_and_after_a_cut_preview():
     assert text[2] == "  'The long …' (5 tok in 3 nodes, lock 0)"  # (not "…cat sat": the edge text was cut)
 
 
-def test_tree_view_refresh_updates_the_same_display(shell):
+def test_tree_view_refresh_updates_the_same_display(shell, monkeypatch):
+    from IPython.core.displaypub import DisplayPublisher
+
+    class Recording(DisplayPublisher):  # (as a kernel's: each publish is sent, an update too)
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False):
+            sent.append({"data": data, "transient": transient, "update": update})
+
+    recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0},
+            {"node_id": 1, "parent_id": 0, "num_tokens": 3, "text_preview": "abc", "pinned": True}]
+    tv, sent = TreeView(), []
+    monkeypatch.setattr(shell, "display_pub", Recording())
+    tv.show(recs)
+    tv.refresh(recs[:1])
+    assert [o["update"] for o in sent] == [False, True]
+    assert sent[0]["transient"]["display_id"] == sent[1]["transient"]["display_id"] == tv.display_id
+    assert "lmnb-pinned" in sent[0]["data"]["text/html"]
+    assert "lmnb-evicted" in sent[1]["data"]["text/html"]
+    with pytest.raises(ValueError, match="no field 'num_tokens'"):
+        tv.update([{"node_id": 5}])
+
+
+def test_a_captured_tree_view_is_one_output_replaced_by_each_refresh(shell):
+    """Captured, each refresh was kept as one more output; and a tree shown before the capture put
+    its refreshes into it."""
     recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0},
             {"node_id": 1, "parent_id": 0, "num_tokens": 3, "text_preview": "abc", "pinned": True}]
     tv = TreeView()
     with capture_output() as cap:
         tv.show(recs)
-        tv.refresh(recs[:1])
-    assert [o.update for o in cap.outputs] == [False, True]
-    assert cap.outputs[0].transient["display_id"] == cap.outputs[1].transient["display_id"]
-    assert "lmnb-pinned" in cap.outputs[0].data["text/html"]
-    assert "lmnb-evicted" in cap.outputs[1].data["text/html"]
-    with pytest.raises(ValueError, match="no field 'num_tokens'"):
-        tv.update([{"node_id": 5}])
+        tv.refresh(recs)
+        last = tv.refresh(recs[:1])
+    [tree] = cap.outputs
+    assert not tree.update and tree.data == last and tree.transient["display_id"] == tv.display_id
+    assert "lmnb-evicted" in tree.data["text/html"]
+    with capture_output() as cap:
+        tv.refresh(recs)
+    assert cap.outputs == []
 
 
 def test_kv_bytes_per_token_counts_k_and_v_of_every_layer():

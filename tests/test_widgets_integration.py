@@ -131,7 +131,7 @@ def test_tree_labels_named_state_paths_and_pinned_nodes(ip):
     run(ip, "%lm pin notes")
     with capture_output() as out:
         assert ip.run_cell("%lm tree").success
-    shown = [o.data for o in out.outputs if VIEW_MIME in o.data]  # %lm tree, then the post-cell refresh
+    shown = [o.data for o in out.outputs if VIEW_MIME in o.data]  # %lm tree, replaced by the post-cell refresh
     tree = shown[-1][VIEW_MIME]
     ids = engine().encode(get_session().states["notes"].state.text())
     [label] = [k for k in tree["paths"] if k.startswith("notes")]

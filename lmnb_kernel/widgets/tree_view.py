@@ -3,7 +3,8 @@
 The tree changes only between cells, so the view is a static bundle (``text/html`` + ``text/plain``
 + ``VIEW_MIME``) displayed under a display_id and replaced with ``update_display_data`` on
 ``refresh``: no comm is needed, it works in every frontend and in nbclient, and a saved notebook
-keeps the last picture. It remembers nodes it has seen, so nodes evicted since the previous
+keeps the last picture. Output that is captured (``%%capture``) keeps every display and update as
+an output of its own, so there the refresh replaces the tree's captured output instead. It remembers nodes it has seen, so nodes evicted since the previous
 snapshot stay visible as faded ghosts.
 """
 
@@ -99,8 +100,32 @@ class TreeView:
         return bundle
 
     def refresh(self, snapshot: Any, **kwargs: Any) -> dict:
-        """Update from ``snapshot`` and replace the displayed tree in place (if shown)."""
+        """Update from ``snapshot`` and replace the displayed tree in place (if shown).
+
+        Where output is captured (``%%capture``, ``capture_output``), an update would be kept as
+        one more output (``captured.show()`` replayed every draw), and the refresh that follows each
+        cell put the tree into the outputs of any captured cell: there the tree's own captured
+        output, if any, is replaced, and a capture it was not shown in is left alone (the refresh
+        after the capturing cell, uncaptured, updates the tree where it is shown)."""
         bundle = self.update(snapshot, **kwargs)
-        if self._handle is not None:
-            self._handle.update(bundle, raw=True, metadata={"lmnb": {"view": "tree"}})
+        if self._handle is None:
+            return bundle
+        metadata = {"lmnb": {"view": "tree"}}
+        captured = _captured_outputs()
+        if captured is None:
+            self._handle.update(bundle, raw=True, metadata=metadata)
+            return bundle
+        for i, output in enumerate(captured):
+            if (output.get("transient") or {}).get("display_id") == self.display_id:
+                captured[i] = {**output, "data": bundle, "metadata": metadata}
         return bundle
+
+
+def _captured_outputs() -> Optional[list]:
+    """The outputs list of IPython's ``CapturingDisplayPublisher`` (one dict per display: data,
+    metadata, transient, update) while output is captured; None otherwise."""
+    from IPython import get_ipython
+    from IPython.core.displaypub import CapturingDisplayPublisher
+
+    publisher = getattr(get_ipython(), "display_pub", None)
+    return publisher.outputs if isinstance(publisher, CapturingDisplayPublisher) else None
