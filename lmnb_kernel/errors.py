@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import traceback
 
+from lmnb.interrupt import held_interrupts
+
 
 class CellError(Exception):
     """What went wrong in the cell and how to fix it; IPython shows only ``CellError: message``.
@@ -27,9 +29,21 @@ def cell_interrupt(message: str) -> KeyboardInterrupt:
 
 def show_cell_error(shell, etype, value, tb, tb_offset=None):
     """IPython custom exception handler: print ``CellError: message`` on stderr without the
-    magic's frames, after the frames of the code the cell called into, if any (``called_frames``)."""
-    stb = [*called_frames(shell, value), f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]
-    shell._showtraceback(etype, value, stb)
+    magic's frames, after the frames of the code the cell called into, if any (``called_frames``).
+
+    A Stop (Ctrl-C) that lands while the error is shown (IPython formatting those frames, or the
+    print) ends it with the message's first line and "(stopped while showing the error)", printed
+    with Ctrl-C held. Raised out of here, the ``KeyboardInterrupt`` went to IPython's guard of a
+    custom handler, which printed its traceback through IPython's and lmnb's frames and the
+    CellError's whole one, and unregistered the handler: every later CellError showed them too."""
+    try:
+        stb = [*called_frames(shell, value), f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]
+        shell._showtraceback(etype, value, stb)
+    except KeyboardInterrupt:
+        first = str(value).partition("\n")[0]
+        stb = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {first} (stopped while showing the error)"]
+        with held_interrupts():  # (a second press is part of this stop)
+            shell._showtraceback(etype, value, stb)
     return stb
 
 

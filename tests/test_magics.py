@@ -3119,3 +3119,44 @@ def test_a_captured_lm_tree_keeps_one_picture_of_the_tree_as_the_capture_ends(ip
     assert tree.data[VIEW_MIME]["nodes"] == magics.tree_view.bundle()[VIEW_MIME]["nodes"]
     result, out = run(ip, "%%capture c\nx = 1")
     assert result.success and out.outputs == [] and ip.user_ns["c"].outputs == []
+
+
+@pytest.mark.parametrize("where", ["frames", "print"])
+def test_a_stop_while_a_cell_error_is_shown_ends_with_its_first_line_and_keeps_the_one_line_errors(ip, where):
+    """A Stop (Ctrl-C) that landed while IPython showed a %%lm cell's CellError (formatting the
+    frames of the helper the cell called, or printing) raised out of lmnb's handler into IPython's
+    guard of it, which printed the KeyboardInterrupt's traceback through IPython's and lmnb's frames
+    and the CellError's whole one, and unregistered the handler: every later CellError showed the
+    magic's frames. A trace function sends SIGINT as that step starts."""
+    import signal
+    import sys
+
+    from lmnb_kernel.errors import CellError, show_cell_error
+
+    # (the test shell's _showtraceback is its own, set on the instance)
+    step = type(ip.InteractiveTB).structured_traceback if where == "frames" else ip._showtraceback.__func__
+
+    def press(frame, event, arg):
+        if event == "call" and frame.f_code is step.__code__:
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGINT)
+
+    run(ip, "def double_to_nothing(x):\n    y = x * 2\n    return y / 0\n")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.settrace(press)
+        failed, out = run(ip, "%%lm --static\nQ: {double_to_nothing(3)}")
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert not failed.success and isinstance(failed.error_in_exec, CellError)
+        first = str(failed.error_in_exec).splitlines()[0]
+        assert first == "line 2, col 5: {double_to_nothing(3)} failed: ZeroDivisionError: division by zero"
+        assert out.stdout == f"\x1b[0;31mCellError\x1b[0m: {first} (stopped while showing the error)\n"
+        assert out.stderr == ""
+        assert ip.custom_exceptions == (CellError,)  # later cell errors are still one clear message
+        failed, out = run(ip, "%%lm --static\nQ: {1/0}")
+        assert not failed.success and "Traceback" not in out.stdout and "{1/0} failed: ZeroDivisionError" in out.stdout
+    finally:  # (as it failed, the handler is put back for the module's later tests)
+        ip.set_custom_exc((CellError,), show_cell_error)
