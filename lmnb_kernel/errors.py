@@ -28,7 +28,8 @@ def cell_interrupt(message: str) -> KeyboardInterrupt:
 
 
 def show_cell_error(shell, etype, value, tb, tb_offset=None):
-    """IPython custom exception handler: print ``CellError: message`` on stderr without the
+    """IPython custom exception handler: show ``CellError: message`` as the cell's error
+    (``shell._showtraceback``: an ``error`` message in a kernel, stdout in a terminal) without the
     magic's frames, after the frames of the code the cell called into, if any (``called_frames``).
 
     A Stop (Ctrl-C) that lands while the error is shown (IPython formatting those frames, or the
