@@ -116,10 +116,12 @@ class CudaGraphRunner:
         torch.cuda.synchronize(dev)
 
     def release(self) -> None:
-        """Drop the captured graphs (the KV pool they write into is about to be freed); decode runs
+        """Drop the captured graphs and the batches they were captured on (the KV pool they write
+        into and the request-to-token table those batches hold are about to be freed); decode runs
         eagerly until the next ``capture``."""
         self._graphs.clear()
         self._outputs.clear()
+        self._batches.clear()
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """True for a text-only DECODE batch no larger than the largest captured size (once captured)."""

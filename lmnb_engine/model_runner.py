@@ -236,10 +236,18 @@ class ModelRunner:
             self.graph_runner.capture()
 
     def reset_pools(self) -> None:
-        """(Re)create empty KV and request pools (start-up, and recovery after an internal error)."""
+        """(Re)create empty KV and request pools (start-up, and recovery after an internal error),
+        the old ones freed first (``_free_pools``).
+
+        Raises:
+            ValueError: the request-to-token table's host copy needs more RAM than is available
+                (``_check_host_table_fits``, on a GPU), or the KV pool could not be allocated."""
         cfg = self.config
-        self._free_kv_buffers()  # [issue 9] the old buffers first: two pools do not fit on a GPU
+        # [issue 9] the old pools first: two do not fit on a GPU, nor two host tables in a tight RAM
+        self._free_pools()
         self.kv_pool = None
+        if self.device.type != "cpu":  # (the RAM available now: the old host table's is back in it)
+            _check_host_table_fits(self.device, self.max_running_requests, cfg.context_len, _available_ram_bytes())
         try:
             self.kv_pool = TokenToKVPool(
                 self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
@@ -259,15 +267,20 @@ class ModelRunner:
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()
 
-    def _free_kv_buffers(self) -> None:
-        """Free the KV pool's buffers (cleared in place: the scheduler's caches refer to the pool),
-        releasing the captured decode graphs first: they write into those buffers, so they must
-        never replay once the buffers are freed, even if no new pool comes."""
+    def _free_pools(self) -> None:
+        """Free the KV pool's buffers and the request-to-token table's copies (emptied in place:
+        the scheduler's prefix cache refers to the pool objects, which would keep them alive),
+        releasing the captured decode graphs first: they write into those buffers and read that
+        table, so they must never replay once these are freed, even if no new pools come."""
         if self.graph_runner is not None:
             self.graph_runner.release()
         if getattr(self, "kv_pool", None) is not None:  # (none yet at start-up)
             self.kv_pool.k_buffer.clear()
             self.kv_pool.v_buffer.clear()
+        pool = getattr(self, "req_to_token_pool", None)
+        if pool is not None:
+            pool.host = torch.empty(0, dtype=torch.int32)
+            pool.req_to_token = torch.empty(0, dtype=torch.int32, device=self.device)
 
     def release_memory(self) -> None:
         """Free the device memory this runner holds: the captured decode graphs, the KV and
@@ -276,10 +289,8 @@ class ModelRunner:
         (``torch.cuda.empty_cache``: ``mem_get_info``, which the next model's weight check and KV
         pool sizing read, counts blocks torch's allocator keeps cached as taken). The runner cannot
         run again; call it only once nothing runs on it (the engine's scheduler has stopped)."""
-        self._free_kv_buffers()
+        self._free_pools()
         self.graph_runner = None
-        pool = self.req_to_token_pool
-        pool.host, pool.req_to_token = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32, device=self.device)
         with torch.no_grad():
             for module in self.model.modules():
                 # (in place, not replaced: whatever else refers to a tensor, its storage goes)

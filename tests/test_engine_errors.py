@@ -622,6 +622,41 @@ def test_on_a_gpu_the_request_tables_host_copy_past_the_available_ram_is_refused
     assert started == [runner] and runner.max_running_requests == 48
 
 
+def test_a_recovery_whose_request_tables_host_copy_no_longer_fits_the_ram_is_refused(monkeypatch):
+    """The host-RAM check of the request-to-token table's host copy was made at start-up alone: the
+    rebuild after an internal error (``reset_pools``) made a new copy whatever RAM was left, into
+    swap. It is weighed there too, against the RAM available once the old copy is freed. A
+    stand-in model on the meta device (neither CPU, whose one table is weighed with the KV pool,
+    nor a GPU, which this test needs none of) takes the GPU's place; its pools cost no memory."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    import lmnb_engine.model_runner as model_runner
+
+    monkeypatch.setattr(model_runner.ModelRunner, "_start_on_device", lambda self, *args: None)
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 10**9)
+    ram = SimpleNamespace(available=100_000)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: ram)
+    config = SimpleNamespace(device="meta", num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                             context_len=512)
+    runner = model_runner.ModelRunner(SimpleNamespace(model=None, config=config), max_total_tokens=100,
+                                      max_running_requests=48)  # (48 x 512 x 4 = 98304 bytes fit)
+    runner.graph_runner = None
+    runner.reset_pools()
+    old = runner.req_to_token_pool
+    assert old.host.shape == (48, 512)
+    ram.available = 50_000
+    with pytest.raises(ValueError) as e:
+        runner.reset_pools()
+    # 50000 // 2048 = 24 rows fit
+    assert str(e.value) == (
+        "the request-to-token table's host copy (the one the scheduler reads, beside the one on meta) of 48 rows x "
+        "512 positions (the context length) needs 98304 bytes (96.0 KiB) of RAM at 4 bytes a position; the host "
+        "has 50000 bytes (48.8 KiB) available; pass max_running_requests=24 or less, or free some RAM")
+    assert runner.req_to_token_pool is old and old.host.numel() == 0 and runner.kv_pool is None
+
+
 def test_cuda_graphs_are_captured_up_to_the_running_requests_at_most(tiny_llama, monkeypatch):
     """cuda_graph_max_bs=10**20 captured a graph of 10**20 rows (its static tensors failed in
     torch's words); a decode batch holds at most max_running_requests rows, so no larger graph is
@@ -2805,6 +2840,35 @@ def test_an_abort_whose_clean_up_fails_and_no_new_pools_can_be_made_stops_the_en
     sched._thread.join(30)
     assert not sched.alive and len(tries) == 2
     assert other.result(timeout=10).finish_reason.message == "internal error: KV memory was reset"
+
+
+def test_the_recovery_frees_the_old_pools_before_it_makes_new_ones(engine, monkeypatch):
+    """The rebuild after a failed clean-up (``Scheduler._rebuild_memory``) made the new
+    request-to-token table while the old one still stood (the runner and the scheduler's prefix
+    cache referred to it): two tables at once (on a GPU, two device copies and two host copies),
+    where memory is tight enough for the recovery to fail. Each new pool is made only once every
+    tensor of the old pools is gone; the engine runs on after."""
+    import weakref
+
+    import lmnb_engine.model_runner as model_runner
+
+    runner, made = engine.runner, []
+    first = engine.generate("the cat", GREEDY)
+    old = [weakref.ref(t) for t in (runner.req_to_token_pool.host, runner.req_to_token_pool.req_to_token,
+                                    *runner.kv_pool.k_buffer, *runner.kv_pool.v_buffer)]
+
+    def recording(pool_class):
+        class Recording(pool_class):
+            def __init__(self, *args):
+                made.append((pool_class.__name__, sum(r() is not None for r in old)))
+                super().__init__(*args)
+        return Recording
+
+    monkeypatch.setattr(model_runner, "TokenToKVPool", recording(model_runner.TokenToKVPool))
+    monkeypatch.setattr(model_runner, "ReqToTokenPool", recording(model_runner.ReqToTokenPool))
+    engine.scheduler.call(engine.scheduler._rebuild_memory).result(timeout=30)
+    assert made == [("TokenToKVPool", 0), ("ReqToTokenPool", 0)]
+    assert engine.generate("the cat", GREEDY).token_ids == first.token_ids
 
 
 def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_everyone(tiny_llama, monkeypatch):
