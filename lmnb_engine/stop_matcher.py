@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from lmnb_engine.regex_parts import global_flags, pattern_parts
 from lmnb_engine.regex_last import last_characters
@@ -450,13 +450,19 @@ class StopStringMatcher(EndReadingChecks):
         stops: the stop strings (empty strings are ignored).
         regexes: stop regular expressions (``SamplingParams.stop_regex``, checked there: none
             matches the empty string), or the request's ``StopRegexes``, shared by its samples.
+        whole_texts: those of ``stops`` that are the whole text of a token the text leaves out (a
+            skipped special token's, ``stop_special``): an occurrence of one with such a token's
+            place inside it (``find``'s ``marks``) is no match, as in SGLang's text, which keeps
+            that token's text there.
 
     A stop regex search that runs past ``REGEX_TIMEOUT_S`` is given up, and ``problem`` says so
     (for every sample of the request): the scheduler then aborts the request with that message.
     """
 
-    def __init__(self, stops: Sequence[str], regexes: Sequence[str] | StopRegexes = ()) -> None:
+    def __init__(self, stops: Sequence[str], regexes: Sequence[str] | StopRegexes = (),
+                 whole_texts: Collection[str] = frozenset()) -> None:
         self.stops = [s for s in stops if s]
+        self._whole_texts = frozenset(whole_texts)
         self._longest = max((len(s) for s in self.stops), default=0)
         self._prefixes = _StopPrefixes(self.stops) if self.stops else None
         self._shared = regexes if isinstance(regexes, StopRegexes) else StopRegexes(regexes)
@@ -610,11 +616,14 @@ class StopStringMatcher(EndReadingChecks):
             f'overlapping alternatives like "(x|x)+"{ahead}); bound its repeats (\\w{{1,64}} for \\w*) or use a stop '
             f"string, and rewrite it so each character can be matched one way only{fix}")
 
-    def find(self, text: str, new_from: int, at_end: bool = False) -> tuple[int, str] | None:
+    def find(self, text: str, new_from: int, at_end: bool = False,
+             marks: Sequence[tuple[int, int, int]] = ()) -> tuple[int, str] | None:
         """The stop in ``text`` that ends first after ``new_from`` (the length of the text already
         checked); returns ``(start index, matched text)`` or None. ``at_end``: the output ends
         with ``text`` (its last token came, or an EOS or stop token): a match that reads its end
-        is a stop now.
+        is a stop now. ``marks``: the skipped tokens' places in ``text``
+        (``IncrementalDetokenizer.marks``: (token index, token id, place) each), read only where one
+        of ``whole_texts`` occurs: an occurrence with a place strictly inside it is passed over.
 
         A regex's match that reads the end of the text checked (an end assertion, a negative
         lookahead, a conditional on a lookaround: ``StopRegexes.end_readings``) is met only once
@@ -646,6 +655,10 @@ class StopStringMatcher(EndReadingChecks):
         for rank, s in enumerate(self.stops):  # (each from its own length back: a shorter stop ending
             # before new_from lies in text that was not checked, the first min_new_tokens, or already shown)
             i = text.find(s, max(0, new_from - len(s) + 1))
+            # (a skipped token sampled inside a stop that is one's whole text: no stop there; read
+            # on a hit alone, so a request pays nothing per token for it)
+            while i != -1 and marks and s in self._whole_texts and any(i < m[2] < i + len(s) for m in marks):
+                i = text.find(s, i + 1)
             if i != -1:
                 best = min(best or (i + len(s), i + len(s), rank, i, s), (i + len(s), i + len(s), rank, i, s))
         for k, rx in enumerate(self._regexes):

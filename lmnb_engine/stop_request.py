@@ -49,7 +49,9 @@ class RequestStops:
         special_text: the ``SpecialTextStops`` of the stops holding a skipped token's text, where
             one holds it among other text; else None.
         marked: the ids of the tokens whose place in the output text the detokenizer must record
-            (``IncrementalDetokenizer.marks``) for ``special_text``.
+            (``IncrementalDetokenizer.marks``): for ``special_text``, or where the request has
+            ``special_stops``, every skipped token, for the plain matcher (a stop that is a skipped
+            token's whole text written out in plain tokens around one is no stop).
     """
 
     def __init__(self, tokenizer: Any, params: SamplingParams, regexes: Optional[StopRegexes] = None) -> None:
@@ -64,13 +66,18 @@ class RequestStops:
             # inside its text written out in plain tokens makes it no stop, as in SGLang's text,
             # which keeps special tokens)
             plain = [s for s in stops if s not in holding]
+            self.marked = frozenset(self.special_text.texts)
+            whole = frozenset()
         else:
             # (a stop that is a token's whole text is also met written out in plain tokens, where the
-            # output text holds it)
+            # output text holds it, but not with a skipped token sampled inside it, whose text breaks
+            # it there as in SGLang's text: the skipped tokens' places are marked for the plain
+            # matcher, which reads them only where such a stop occurs)
             self.special_stops = special_stops(tokenizer, stops, params.skip_special_tokens)
             plain = list(stops)
-        self.marked = frozenset(self.special_text.texts) if self.special_text is not None else frozenset()
-        self._matcher = StopStringMatcher(plain, regexes or params.stop_regexes)
+            whole = frozenset(self.special_stops.values())
+            self.marked = frozenset(i for ids in skipped.values() for i in ids) if whole else frozenset()
+        self._matcher = StopStringMatcher(plain, regexes or params.stop_regexes, whole)
 
     @property
     def problem(self) -> Optional[str]:
@@ -92,7 +99,7 @@ class RequestStops:
         text was read, ``at_end`` whether the output ends with the text). A stop regex search that
         runs too long is given up, not raised (``problem``)."""
         text = detokenizer.text
-        hit = self._matcher.find(text, checked, at_end=at_end)
+        hit = self._matcher.find(text, checked, at_end=at_end, marks=detokenizer.marks)
         met = None
         if self.special_text is not None:
             hit = self.special_text.find(text, detokenizer.marks, checked, newest, hit)

@@ -26,7 +26,11 @@ stop that begins inside a special token's text cuts before that token. A stop st
 token's text is matched by ``stop_matcher`` alone, as before, and one holding a special token's text
 among other text by ``SpecialTextStops`` alone: written out in plain tokens it is met where that
 text holds it, but not where the model sampled a skipped special token inside it, whose text breaks
-it there as in SGLang's text (``stop_request`` routes each stop string to one reader). Where the
+it there as in SGLang's text (``stop_request`` routes each stop string to one reader). A stop
+string that is a special token's whole text, where no stop holds one among other text, is met by
+the token's id and in the output text by ``stop_matcher``, which passes over an occurrence written
+out in plain tokens with a skipped special token sampled inside it (the detokenizer's marks, read
+only where such a stop occurs), likewise. Where the
 text before a special token is held back (the bytes of a character, a run of SentencePiece byte
 tokens, which a skipped special token does not end), a stop reading that text is met once the text
 comes: one token later, or at the output's end (``Scheduler._stop_at_end``), as a stop string in

@@ -2932,16 +2932,16 @@ def test_a_stop_regex_whose_search_at_the_outputs_end_runs_too_long_aborts_its_r
 
     real_find = stop_matcher.StopStringMatcher.find
 
-    def find(self, text, new_from, at_end=False):
+    def find(self, text, new_from, at_end=False, marks=()):
         if not at_end:
-            return real_find(self, text, new_from)
+            return real_find(self, text, new_from, marks=marks)
 
         def timing_out(*args, **kwargs):
             raise TimeoutError
 
         with monkeypatch.context() as patch:
             patch.setattr(stop_matcher, "_new_match", timing_out)
-            return real_find(self, text, new_from, at_end=True)
+            return real_find(self, text, new_from, at_end=True, marks=marks)
 
     # (the greedy output's first token after the first that is no earlier one: the stop token)
     ids = engine.generate("the cat", SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)).token_ids

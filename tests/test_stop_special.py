@@ -202,3 +202,40 @@ def test_a_stop_holding_a_special_tokens_text_written_out_in_plain_tokens_is_rea
     r = _run(engine, "<|end|>\nUser:")
     assert r.token_ids == script and r.text == "Hi<|end|>\nUser: x"
     assert r.finish_reason.to_dict() == {"type": "stop", "matched": script[-1]}
+
+
+def test_a_stop_that_is_a_special_tokens_whole_text_written_out_in_plain_tokens_around_a_skipped_token_is_no_stop(
+        engine, monkeypatch):
+    """"<|end|>" (the special token's whole text, met by its id) written out by plain tokens ("<|en",
+    "d|>"; not the special token) is in the text SGLang reads (the output's tail decoded keeping
+    special tokens), so it stops there: "Hi", matched "<|end|>". With the special token <|user|>
+    sampled inside it ("<|en" <|user|> "d|>"), that text is "Hi<|en<|user|>d|> x", which holds no
+    stop: the output runs on to its EOS, its text the output text (special tokens left out),
+    "Hi<|end|> x". The plain matcher read that stop in the output text, without the skipped token,
+    so it stopped there ("Hi"). A stop listed beside it that holds no special token's text is met
+    in the output text as ever."""
+    tok = engine.tokenizer
+    user = tok.convert_tokens_to_ids(_USER)
+
+    def run(pieces, stop, through):
+        """The result of ``pieces`` scripted under ``stop``, checked to keep the tokens of the first
+        ``through`` pieces (None: all, the EOS too)."""
+        script = scripted(engine, monkeypatch, pieces)
+        assert _END not in tok.convert_ids_to_tokens(script)  # (written out, not the special token)
+        r = _run(engine, stop)
+        ids = [i for p in pieces[:through] for i in ([p] if isinstance(p, int) else tok.encode(p, add_special_tokens=False))]
+        assert r.token_ids == (script if through is None else ids)
+        return r, script
+
+    r, _ = run(["Hi", "<|en", "d|>", " x"], _END, 3)
+    assert r.text == "Hi" and r.finish_reason.to_dict() == {"type": "stop", "matched": _END}
+    r, script = run(["Hi", "<|en", user, "d|>", " x"], _END, None)
+    assert r.text == "Hi<|end|> x" and r.finish_reason.to_dict() == {"type": "stop", "matched": script[-1]}
+    # <|user|> sampled before and after the stop's plain tokens: it is met
+    r, _ = run(["Hi", user, "<|en", "d|>", user, " x"], _END, 4)
+    assert r.text == "Hi" and r.finish_reason.to_dict() == {"type": "stop", "matched": _END}
+    # a second occurrence after the broken one is met; a stop with no special token's text, as ever
+    r, _ = run(["Hi", "<|en", user, "d|>", " x", "<|en", "d|>", " y"], _END, 7)
+    assert r.text == "Hi<|end|> x" and r.finish_reason.to_dict() == {"type": "stop", "matched": _END}
+    r, _ = run(["Hi", "<|en", user, "d|>", " x"], [_END, "|> x"], 5)
+    assert r.text == "Hi<|end" and r.finish_reason.to_dict() == {"type": "stop", "matched": "|> x"}
