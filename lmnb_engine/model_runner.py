@@ -116,6 +116,12 @@ def _check_host_table_fits(device: torch.device, rows: int, context_len: int, fr
     raise option_error(ValueError, problem, *fixes)
 
 
+def _first_line(e: BaseException) -> str:
+    """An allocator's error as a message quotes it: its first line whole (cut at 120 characters, it
+    ended inside the number of bytes it tried to allocate), or its type where it says nothing."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _current_device(device: torch.device):
     """A context in which ``device`` is CUDA's current device (nothing to do on CPU)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -241,7 +247,8 @@ class ModelRunner:
 
         Raises:
             ValueError: the request-to-token table's host copy needs more RAM than is available
-                (``_check_host_table_fits``, on a GPU), or the KV pool could not be allocated."""
+                (``_check_host_table_fits``, on a GPU), or the KV pool or the table could not be
+                allocated."""
         cfg = self.config
         # [issue 9] the old pools first: two do not fit on a GPU, nor two host tables in a tight RAM
         self._free_pools()
@@ -254,16 +261,22 @@ class ModelRunner:
             )
         except RuntimeError as e:  # torch.OutOfMemoryError on CUDA; an allocator error on CPU
             # (free memory was weighed before, _check_pools_fit: here another process took it since,
-            # or a GPU's free memory lies in pieces). torch's first line whole: cut at 120 characters,
-            # it ended inside the number of bytes it tried to allocate
+            # or a GPU's free memory lies in pieces)
             need = (self.max_total_tokens + 1) * TokenToKVPool.bytes_per_token(
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
             raise option_error(
                 ValueError, f"a KV pool of {self.max_total_tokens} tokens needs {_bytes(need)} on {self.device}, "
-                f"and allocating it failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                f"and allocating it failed ({_first_line(e)})",
                 ("lower {}", "mem_fraction" if self.sized_from_memory else "max_total_tokens", None),
                 ("free some memory",)) from None
-        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
+        try:
+            self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
+        except RuntimeError as e:  # (as the KV pool's: memory taken since the check)
+            raise option_error(
+                ValueError, f"the request-to-token table of {self.max_running_requests} rows x {cfg.context_len} "
+                f"positions (the context length) needs {_bytes(self.max_running_requests * cfg.context_len * 4)} on "
+                f"{self.device}, and allocating it failed ({_first_line(e)})",
+                ("lower {}", "max_running_requests", None), ("free some memory",)) from None
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()
 

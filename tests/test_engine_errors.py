@@ -569,6 +569,27 @@ def test_a_kv_pool_that_fits_the_free_memory_but_fails_to_allocate_names_its_opt
     assert str(e.value).endswith(f"and allocating it failed ({said}); lower mem_fraction, or free some memory")
 
 
+def test_a_request_table_that_fits_the_free_memory_but_fails_to_allocate_names_its_option(tiny_llama, monkeypatch):
+    """As a KV pool's: the table's allocation failing (memory another process took since the check,
+    at start-up or in the recovery after an internal error) raised the allocator's own error from
+    deep in the runner, naming no option."""
+    import lmnb_engine.model_runner as model_runner
+
+    said = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 8192 bytes. Error code 12 (Cannot allocate memory)")
+
+    def refused(*args, **kwargs):
+        raise RuntimeError(said + "\nException raised from ...")
+
+    monkeypatch.setattr(model_runner, "ReqToTokenPool", refused)
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), max_total_tokens=16, max_running_requests=4)
+    # 4 rows x 512 positions x 4 bytes = 8192 bytes (8.0 KiB)
+    assert str(e.value) == (
+        "the request-to-token table of 4 rows x 512 positions (the context length) needs 8192 bytes (8.0 KiB) on "
+        f"cpu, and allocating it failed ({said}); lower max_running_requests, or free some memory")
+
+
 def test_a_request_table_past_free_memory_names_the_max_running_requests_that_fit(tiny_llama, monkeypatch):
     """max_running_requests is capped at max_total_tokens, but each row of the request-to-token
     table takes 4 bytes for every position of the context: 10**7 rows of a 32768-token model's
