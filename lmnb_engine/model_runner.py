@@ -281,19 +281,26 @@ class ModelRunner:
             self.graph_runner.capture()
 
     def _free_pools(self) -> None:
-        """Free the KV pool's buffers and the request-to-token table's copies (emptied in place:
-        the scheduler's prefix cache refers to the pool objects, which would keep them alive),
-        releasing the captured decode graphs first: they write into those buffers and read that
-        table, so they must never replay once these are freed, even if no new pools come."""
+        """Free the KV pool's buffers and the request-to-token table's copies, releasing the
+        captured decode graphs first: they write into those buffers and read that table, so they
+        must never replay once these are freed, even if no new pools come. Each tensor's storage
+        is freed in place, whatever refers to it: the scheduler's prefix cache refers to the pool
+        objects, and in the recovery after an internal error the failed step's traceback to its
+        batch, which holds the table's device copy."""
         if self.graph_runner is not None:
             self.graph_runner.release()
-        if getattr(self, "kv_pool", None) is not None:  # (none yet at start-up)
-            self.kv_pool.k_buffer.clear()
-            self.kv_pool.v_buffer.clear()
-        pool = getattr(self, "req_to_token_pool", None)
-        if pool is not None:
-            pool.host = torch.empty(0, dtype=torch.int32)
-            pool.req_to_token = torch.empty(0, dtype=torch.int32, device=self.device)
+        kv = getattr(self, "kv_pool", None)  # (none yet at start-up)
+        if kv is not None:
+            for t in [*kv.k_buffer, *kv.v_buffer]:
+                t.untyped_storage().resize_(0)
+            kv.k_buffer.clear()
+            kv.v_buffer.clear()
+        table = getattr(self, "req_to_token_pool", None)
+        if table is not None:
+            for t in (table.host, table.req_to_token):
+                t.untyped_storage().resize_(0)
+            table.host = torch.empty(0, dtype=torch.int32)
+            table.req_to_token = torch.empty(0, dtype=torch.int32, device=self.device)
 
     def release_memory(self) -> None:
         """Free the device memory this runner holds: the captured decode graphs, the KV and
