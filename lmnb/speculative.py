@@ -321,7 +321,7 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend, w
         ValueError: naming both gens, the differing options with both values, and the fix.
     """
     spec_role_written_check(written, expr, sum(t[0] == "gen" for t in terms) + 1, backend)
-    spec_role_constraint_check([*terms, ("gen", expr, params, None)])
+    spec_role_constraint_check([*terms, ("gen", expr, params, None)], backend)
     first = next((t for t in terms if t[0] == "gen"), None)
     if first is None:
         return
@@ -374,7 +374,7 @@ def spec_role_written_check(written: str, expr: Gen, k: int, backend) -> None:
     )
 
 
-def spec_role_constraint_check(terms: list[tuple]) -> None:
+def spec_role_constraint_check(terms: list[tuple], backend) -> None:
     """Refuse a chat model's speculated assistant role (``terms``: its fills and gens so far) where a
     gen with a ``regex``, ``json_schema`` or ``dtype`` (a regex by now) shares the role with text
     or another gen. The role's one call sends the first gen's options, so the constraint held the
@@ -382,7 +382,8 @@ def spec_role_constraint_check(terms: list[tuple]) -> None:
     for ``{a:int} and {b:int}``), and the reply never matched the role's pattern. A gen alone
     in its role is the whole reply: its constraint is the call's, as without speculation. Called
     as each gen is deferred (``spec_role_check``) and at the role's end, before its call (text
-    after the gen).
+    after the gen). Running without speculation is offered as ``backend`` can run the role so
+    (``_constraint_way_out``).
 
     Raises:
         ValueError: naming the gen, its constraint and the fixes.
@@ -407,9 +408,27 @@ def spec_role_constraint_check(terms: list[tuple]) -> None:
         f"{this} has {_options([field], expr, params, expr)} in an assistant role that also holds {besides}: under "
         "API speculative execution (num_api_spec_tokens) a chat model writes the whole assistant message in one "
         f"call, with the first gen's options, so the {name} constrains the whole assistant message, the role's "
-        "other text and gens too; put the gen alone in an assistant role of its own, or run without API "
-        "speculative execution (@function without num_api_spec_tokens)"
+        f"other text and gens too; put the gen alone in an assistant role of its own{_constraint_way_out(backend, terms)}"
     )
+
+
+def _constraint_way_out(backend, terms: list[tuple]) -> str:
+    """The refusal's fix of running a chat role (``terms``) without speculation, as ``backend`` can:
+    without it an ``lmnb.OpenAI`` chat model writes a gen only at the start of the assistant message
+    (its ``_prompt_kwargs``), unless it continues the reply (``continue_final_message``, a server
+    other than OpenAI's own: ``_continuing``); so where a gen of the role comes after text or another
+    gen, "run without speculation" alone would be refused in turn, with the fix of speculating."""
+    from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
+
+    plain = ", or run without API speculative execution (@function without num_api_spec_tokens)"
+    if not isinstance(backend, OpenAI):
+        return plain
+    written = False  # (the role holds text or a gen before this term)
+    for term in terms:
+        if term[0] == "gen" and written:
+            return _continuing(backend, "")[1]
+        written = written or term[0] == "gen" or bool(term[1].strip())
+    return plain
 
 
 def _continuing(backend, this: str) -> tuple[str, str]:
@@ -488,7 +507,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             (``_role_share``).
     """
     terms, ex._spec_terms = ex._spec_terms, []
-    spec_role_constraint_check(terms)  # (text after a constrained gen: the gen's deferral did not see it)
+    spec_role_constraint_check(terms, ex.backend)  # (text after a constrained gen: the gen's deferral did not see it)
     gens = [t for t in terms if t[0] == "gen"]
     shares, meta, reply = [], {}, ""
     if gens:

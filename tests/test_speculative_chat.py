@@ -278,6 +278,47 @@ def test_a_constrained_gen_in_a_speculated_chat_role_with_more_in_it_is_refused_
     assert be.kinds() == []  # (no call made)
 
 
+_NO_SPEC = "or run without API speculative execution (@function without num_api_spec_tokens)"
+_CONTINUING = (" and with OpenAI(..., continue_final_message=True) (in a notebook %lm connect URL --openai MODEL "
+               "--continue-final-message): each gen then continues the reply in a call of its own")
+
+
+@pytest.mark.parametrize("body, backend, fix", [
+    # a gen after text: without speculation this backend refuses it ("can only generate at the start of an
+    # assistant message ... use @function(num_api_spec_tokens=N)"), so the fix is to continue the reply
+    (lambda: "Answer: " + sgl.gen("a", regex=r"[0-9]+"), lambda: sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1"),
+     "put the gen alone in an assistant role of its own, or, on such a server, " + _NO_SPEC[3:] + _CONTINUING),
+    # a later gen after the constrained one: the same
+    (lambda: sgl.gen("a", dtype=int) + " and " + sgl.gen("b"), lambda: sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1"),
+     "put the gen alone in an assistant role of its own, or, on such a server, " + _NO_SPEC[3:] + _CONTINUING),
+    # a backend that continues replies: running without speculation does
+    (lambda: "Answer: " + sgl.gen("a", regex=r"[0-9]+"),
+     lambda: sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1", continue_final_message=True),
+     "put the gen alone in an assistant role of its own, " + _NO_SPEC + ": each gen then continues the reply in a "
+     "call of its own"),
+    # OpenAI's own API continues no reply: its own role is the one fix
+    (lambda: "Answer: " + sgl.gen("a", json_schema=_PERSON), lambda: sgl.OpenAI("gpt-4o", api_key="sk-test"),
+     "put the gen alone in an assistant role of its own"),
+    # the gen first and text alone after it: without speculation the gen is at the reply's start, which runs
+    (lambda: sgl.gen("a", json_schema=_PERSON) + " thanks", lambda: sgl.OpenAI("gpt-4o", api_key="sk-test"),
+     "put the gen alone in an assistant role of its own, " + _NO_SPEC),
+])
+def test_a_constrained_gen_refusal_offers_running_without_speculation_only_as_the_backend_can(body, backend, fix):
+    """The refusal said to run without num_api_spec_tokens where lmnb.OpenAI's chat model then refuses
+    the gen after text ("can only generate at the start of an assistant message"), whose fix is
+    @function(num_api_spec_tokens=N): each error sent the user to the other. Without speculation such
+    a role runs only where the server continues the reply (continue_final_message)."""
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Say it.")
+        s += sgl.assistant(body())
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=backend()).text()
+    assert str(e.value).endswith(fix)
+
+
 @pytest.mark.parametrize("gen, reply, value, constraint", [
     (lambda: sgl.gen("a", dtype=int), "42", 42, (r"[-+]?[0-9]+[ \n]*", None)),  # (lmnb.ir.REGEX_INT, SGLang's)
     (lambda: sgl.gen("a", regex=r"[0-9]+"), "42", "42", (r"[0-9]+", None)),
