@@ -1403,6 +1403,7 @@ class StreamExecutor:
 
     def _execute_select(self, expr: Select) -> None:
         if self._spec_chat_active() and self._spec_terms:  # (scored now, it would precede what the role holds)
+            self.backend.check_picks()  # (first: a backend that scores no pick anywhere has fixes of its own)
             named = "" if expr.name is None else f" {expr.name!r}"
             raise ValueError(
                 f"the pick{named} (select or gen(choices=...)) follows text or gens of its assistant role that "

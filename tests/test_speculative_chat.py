@@ -413,3 +413,23 @@ def test_a_gen_after_a_pick_in_a_speculated_chat_role_continues_the_message_wher
     assert be.kinds() == ["score", "generate"]
     prompt, params = be.calls[1][1]
     assert (prompt.role, prompt.role_text, params.max_new_tokens) == ("assistant", "yes", 16)
+
+
+@pytest.mark.parametrize("pick", [lambda: sgl.gen("a", choices=["yes", "no"]), lambda: sgl.select("a", ["yes", "no"])])
+def test_a_pick_after_a_speculated_chat_roles_held_text_on_an_openai_chat_model_is_told_chat_apis_score_none(pick):
+    """On lmnb.OpenAI's chat model the refusal said to put the pick in an assistant role of its own,
+    or to run without num_api_spec_tokens: each then failed with "select() needs prompt logprobs,
+    which chat APIs do not return". That refusal, whose fixes run (a completion model, another
+    backend, a json_schema enum), now comes first, before any call (127.0.0.1:9 answers nothing)."""
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.user("q")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop=" ") + " ok? " + pick())
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1")).text()
+    said = str(e.value)
+    assert "BackendCannotRun: select() needs prompt logprobs, which chat APIs do not return; use a completion model" \
+        in said and "json_schema {'enum': [...]}" in said
+    assert "assistant role of its own" not in said

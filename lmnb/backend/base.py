@@ -319,6 +319,16 @@ class BaseBackend:
         delta's ``text`` event and does not keep it in the variable's meta_info."""
         raise NotImplementedError
 
+    def check_picks(self) -> None:
+        """Return unless this backend refuses every pick (``select``, ``gen(choices=...)``) whatever
+        its prompt: the executor asks before refusing a pick for where it stands in a program, so
+        that a fix the backend would refuse in turn is not offered. Default: nothing (a backend that
+        cannot score refuses at ``score_choices``).
+
+        Raises:
+            BackendCannotRun: this backend scores no choices, naming the backends that do.
+        """
+
     def score_choices(
         self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str
     ) -> list[ChoiceLogprobs]:

@@ -790,18 +790,26 @@ class OpenAI(BaseBackend):
         elif request is not None:  # (None: still starting, and now marked aborted)
             request.close()
 
-    def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
-        """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request (several of
-        ``MAX_BATCH_PROMPTS`` prompts each, in order, for more choices) returns the prompt
-        logprobs of ``prompt`` and of every ``prompt + choice`` (servers that support echo: lmnb,
-        vLLM, SGLang); tokens are then compared as strings to find where each choice starts
-        (``lmnb.choices``). SGLang's OpenAI backend instead walks tokens with ``logit_bias``."""
+    def check_picks(self) -> None:
+        """Chat models score no choices.
+
+        Raises:
+            BackendCannotRun: a chat model: chat APIs return no prompt logprobs.
+        """
         if self.is_chat_model:
             raise BackendCannotRun(
                 "select() needs prompt logprobs, which chat APIs do not return; use a completion model "
                 "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion), "
                 "lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a gen with json_schema {'enum': [...]}"
             )
+
+    def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
+        """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request (several of
+        ``MAX_BATCH_PROMPTS`` prompts each, in order, for more choices) returns the prompt
+        logprobs of ``prompt`` and of every ``prompt + choice`` (servers that support echo: lmnb,
+        vLLM, SGLang); tokens are then compared as strings to find where each choice starts
+        (``lmnb.choices``). SGLang's OpenAI backend instead walks tokens with ``logit_bias``."""
+        self.check_picks()
         if unconditional:
             raise BackendCannotRun(
                 "unconditional_likelihood_normalized needs token ids, which OpenAI-compatible APIs do "
