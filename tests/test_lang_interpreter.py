@@ -5199,6 +5199,23 @@ def test_an_integer_text_too_long_for_its_leading_zeros_alone_is_shown_by_its_va
         parse_cell_line("--max-tokens " + "0" * 5 + "9" * 5000)
     assert str(e.value) == ("argument --max-tokens: got 9.999e+4999 (an integer of 5000 digits), more digits than "
                             "Python reads as an integer (at most 4300); give at most the model's context length")
+    with pytest.raises(CellLineError) as e:
+        parse_cell_line("--max-tokens -" + "0" * 5000 + "7")
+    assert str(e.value) == "argument --max-tokens: must be an integer >= 0, got -7 (written with 5000 leading zeros)"
+
+
+@pytest.mark.parametrize("text, count", [
+    ("0" * 5000 + "7", 7), ("+" + "0" * 5000 + "12", 12), ("0" * 5000, 0), ("0" * 4000 + "_" + "0" * 1000 + "3", 3),
+    ("007", 7),  # (int() reads it: the zeros alone were the difference)
+])
+def test_max_tokens_written_with_more_leading_zeros_than_python_reads_is_its_value(text, count):
+    """%%lm --max-tokens with 5000 zeros and a 7 was refused: "got 7 (written with 5000 leading zeros),
+    more digits than Python reads as an integer (at most 4300); give at most the model's context
+    length", a fix 7 meets; 007 is 7 (int() reads it), and zeros are no digits of the count however
+    many there are. By hand: the values are the digits after the zeros."""
+    from lmnb.template.cell_options import parse_cell_line
+
+    assert parse_cell_line("--max-tokens " + text).max_tokens == count
 
 
 def test_a_cell_seed_written_with_more_leading_zeros_than_python_reads_is_its_value():

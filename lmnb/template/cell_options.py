@@ -47,7 +47,7 @@ def _token_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"got {_given(text)}, {past_digit_limit()}; give at most the model's context "
                                          "length")
     if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {_given(text)}")
     return value
 
 
