@@ -1126,6 +1126,10 @@ def test_help_options_show_the_help(ip):
         ("%%lm\nQ: {gen q max_tokens=12" + "5" * 4999 + "}", "line 2, col 22: invalid Python expression: 1.256e+5000 "
          "(an integer of 5001 digits) has more digits than Python reads as an integer (at most 4300); write a smaller "
          "number"),
+        # 5000 zeros and a 3 were named "0 (written with 4999 leading zeros) has more digits than Python reads":
+        # Python's tokenizer reads the zeros as one literal, the 3 as another; Python's own error is the zeros
+        ("%%lm\nQ: {gen q max_tokens=" + "0" * 5000 + "3}", "line 2, col 22: invalid Python expression: leading zeros "
+         "in decimal integer literals are not permitted; use an 0o prefix for octal integers"),
         # an option %%lm has not: argparse echoed all 5001 digits (and 4301 threes) in its refusal
         ("%%lm --n 12" + "5" * 4999 + " " + "3" * 4301 + "\nx", "unrecognized arguments: --n 1.256e+5000 (an integer "
          "of 5001 digits) 3.333e+4300 (an integer of 4301 digits) (%%lm --help lists the options)"),

@@ -753,8 +753,10 @@ class _Parser:
         except (MemoryError, RecursionError):
             raise self.error(TOO_DEEP, at, hint=TOO_DEEP_HINT) from None
         except SyntaxError as e:
-            long_int = _too_long_integer(source)
-            if long_int is not None:  # (Python's words: "Exceeds the limit (4300 digits) for integer string conversion")
+            # (Python's words: "Exceeds the limit (4300 digits) for integer string conversion", at no offset; its
+            # other errors are its own: 5000 zeros and a 3 are "leading zeros ... not permitted", not a long 0)
+            long_int = _too_long_integer(source) if "int_max_str_digits" in e.msg else None
+            if long_int is not None:
                 from lmnb_engine.params import past_digit_limit, shown_integer_text  # torch-free
 
                 start, literal = long_int
