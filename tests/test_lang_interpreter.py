@@ -2321,6 +2321,48 @@ def test_dtype_cut_by_a_stop_string_tells_a_cut_value_from_text_that_is_not_one(
         assert "cut by the stop string" not in said and "drop that stop" not in said
 
 
+class _CutAt(ScriptedBackend):
+    """Replies ``text`` as cut at its max tokens (finish reason "length"), as a server that ignores the
+    dtype's regex answers."""
+
+    def __init__(self, text: str):
+        super().__init__(lambda p, params: text)
+
+    def generate(self, prompt, params, rid):
+        from lmnb.backend.base import Completion
+
+        return [Completion(self.reply(prompt, params), {"id": rid, "finish_reason": {"type": "length", "length": 4}})]
+
+
+@pytest.mark.parametrize("dtype, text, is_prefix", [
+    # hand-worked against the dtype's regex, as above
+    (int, "15", True),  # "150" could follow: cut, its value not known to be complete
+    (int, "Carol live", False),  # no continuation makes an int
+    (float, "abc", False),
+    (bool, "Tr", True),  # "True" could follow
+    (bool, "Yes", False),
+])
+def test_dtype_cut_by_max_tokens_tells_a_cut_value_from_text_that_is_not_one(dtype, text, is_prefix):
+    """Text that could never parse ('Carol live' for an int), cut at max_tokens, was said to have
+    "ran out of tokens ... before its value was complete; raise max_tokens", which no max_tokens
+    mends: the backend did not hold the output to the dtype's regex (as for a stop string above)."""
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen("n", dtype=dtype, max_tokens=4)
+
+    name = dtype.__name__
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=_CutAt(text))["n"]
+    said = str(e.value)
+    if is_prefix:
+        assert f"gen 'n' with dtype={name} ran out of tokens after {text!r}, before its value" in said
+        assert said.endswith("; raise max_tokens")
+    else:
+        assert (f"gen 'n' with dtype={name} wrote {text!r} before its max_tokens ran out, which is not the start of "
+                f"any {name}: the backend did not hold the output to the dtype's regex") in said
+        assert "raise max_tokens" not in said
+
+
 def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
     # The value is parsed (42), the text the gen wrote is "42": text_iter yields that text,
     # as a streamed run does token by token (it yielded nothing without stream=True).
