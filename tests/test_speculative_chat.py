@@ -433,3 +433,27 @@ def test_a_pick_after_a_speculated_chat_roles_held_text_on_an_openai_chat_model_
     assert "BackendCannotRun: select() needs prompt logprobs, which chat APIs do not return; use a completion model" \
         in said and "json_schema {'enum': [...]}" in said
     assert "assistant role of its own" not in said
+
+
+@pytest.mark.parametrize("gen", [lambda: sgl.gen("a", regex=r"[0-9]+"), lambda: sgl.gen("a", dtype=int),
+                                 lambda: sgl.gen("a", json_schema=_PERSON)])
+def test_a_constrained_chat_gen_after_text_without_speculation_is_not_told_to_speculate(gen):
+    """Without num_api_spec_tokens, lmnb.OpenAI's chat model refused a gen after text in its reply with
+    the fix "use @function(num_api_spec_tokens=N)", which refuses a regex, JSON schema or dtype gen
+    beside text in its role (the call's constraint would hold the whole reply). For such a gen the
+    fixes are the others: a completion model, or continue_final_message (before any call: 127.0.0.1:9
+    answers nothing)."""
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("Say it.")
+        s += sgl.assistant("Answer: " + gen())
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1")).text()
+    said = str(e.value)
+    assert ("an OpenAI chat model can only generate at the start of an assistant message (s += assistant(gen(...)); "
+            "in a %%lm cell {assistant}{gen x}{/assistant}); use a completion model (OpenAI(..., is_chat_model=False); "
+            "in a notebook %lm connect URL --openai MODEL --completion) — or, inside a reply on a vLLM, SGLang or "
+            "lmnb serve server, have it continue the reply's text: OpenAI(..., continue_final_message=True)") in said
+    assert "num_api_spec_tokens" not in said

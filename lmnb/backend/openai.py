@@ -409,10 +409,12 @@ class OpenAI(BaseBackend):
             "model's own template; or use it as a chat model (leave out is_chat_model=False), so the server "
             "applies its template")
 
-    def _prompt_kwargs(self, prompt: Prompt) -> dict:
+    def _prompt_kwargs(self, prompt: Prompt, constrained: bool = False) -> dict:
         """The request's ``prompt`` (a completion model) or ``messages`` (a chat model), and for a gen
         after text inside an assistant message (``continue_final_message``) the fields that have the
-        server continue that partial reply, in ``extra_body``.
+        server continue that partial reply, in ``extra_body``. ``constrained``: the gen has a regex
+        or JSON schema (a dtype's too), which API speculative execution refuses beside text in its
+        role (``speculative.spec_role_constraint_check``), so the refusal does not offer it.
 
         Raises:
             BackendCannotRun: a chat model's gen outside an assistant message, or after text inside
@@ -430,17 +432,19 @@ class OpenAI(BaseBackend):
         inside = (" — or, inside a reply on a vLLM, SGLang or lmnb serve server, have it continue the reply's text: "
                   "OpenAI(..., continue_final_message=True); in a notebook %lm connect URL --openai MODEL "
                   "--continue-final-message") if prompt.role == "assistant" else ""
+        speculate = "" if constrained else \
+            "to fill text and several gens inside one reply use @function(num_api_spec_tokens=N), or "
         raise BackendCannotRun(
             "an OpenAI chat model can only generate at the start of an assistant message "
-            "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and "
-            "several gens inside one reply use @function(num_api_spec_tokens=N), or use a completion model "
+            "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); "
+            f"{speculate}use a completion model "
             f"(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion){inside}"
         )
 
     def _request(self, prompt: Prompt, params: GenParams) -> dict:
         """The keyword arguments of a gen's request: ``_prompt_kwargs`` and ``_kwargs``, their
         ``extra_body`` fields merged."""
-        kw = self._prompt_kwargs(prompt)
+        kw = self._prompt_kwargs(prompt, params.regex is not None or params.json_schema is not None)
         sampling = self._kwargs(params)
         extra = {**kw.pop("extra_body", {}), **sampling.pop("extra_body", {})}
         return {**kw, **sampling, **({"extra_body": extra} if extra else {})}
