@@ -1331,7 +1331,11 @@ class StreamExecutor:
         """Run a gen with its resolved ``params`` (``_resolve_params``) and record its value."""
         if self.num_api_spec_tokens is not None:
             if self.stream:
-                raise ValueError("API speculative execution (num_api_spec_tokens) does not work with stream=True")
+                raise ValueError(
+                    "API speculative execution (num_api_spec_tokens) does not work with stream=True, as in SGLang: a "
+                    "speculated gen's text is cut from a call made for several gens (a chat model's at its assistant "
+                    "role's end), not streamed as it is written; run the program without stream=True, or stream it "
+                    "from a program without num_api_spec_tokens")
             if self._spec_chat_active():  # (one call answers the role's gens: they must share its parameters)
                 speculative.spec_role_check(self._spec_terms, expr, params, self.backend,
                                             self.text_[self.cur_role_begin_pos:])

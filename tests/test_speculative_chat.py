@@ -457,3 +457,23 @@ def test_a_constrained_chat_gen_after_text_without_speculation_is_not_told_to_sp
             "in a notebook %lm connect URL --openai MODEL --completion) — or, inside a reply on a vLLM, SGLang or "
             "lmnb serve server, have it continue the reply's text: OpenAI(..., continue_final_message=True)") in said
     assert "num_api_spec_tokens" not in said
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_speculated_program_run_with_stream_is_refused_naming_the_fixes(chat):
+    """run(stream=True) of a program with num_api_spec_tokens failed at its first gen with "API
+    speculative execution (num_api_spec_tokens) does not work with stream=True", naming no way out."""
+    be = ScriptedBackend(lambda p, params: "Carol", chat_template=CHATML, is_chat_model=chat)
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.user("q")
+        s += sgl.assistant(sgl.gen("a", max_tokens=4))
+
+    with pytest.raises(sgl.ProgramError) as e:
+        "".join(prog.run(backend=be, stream=True).text_iter("a"))
+    said = str(e.value)
+    assert "API speculative execution (num_api_spec_tokens) does not work with stream=True" in said
+    assert said.endswith("run the program without stream=True, or stream it from a program without "
+                         "num_api_spec_tokens")
+    assert be.kinds() == []
