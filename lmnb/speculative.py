@@ -517,7 +517,9 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
             cut = finish_reason_dict(meta).get("type") == "length"
-            shares, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None)
+            tokens = Speculation.from_completion(reply, meta, getattr(ex.backend, "token_text", None))
+            shares, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None,
+                                 tokens)
             if shares is not None:
                 break
             # (its reply is dropped, but the call was made: views and batch records count it, as a refused gen's)
@@ -528,7 +530,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
                 f"does not follow the assistant role's pattern of text and gens: {why}; or turn API "
                 "speculative execution off (@function without num_api_spec_tokens)"
             )
-    ends = Speculation.from_completion(reply, meta, getattr(ex.backend, "token_text", None)).ends if gens else None
+    ends = tokens.ends if gens else None
     outputs, start, k = [], 0, 0
     try:
         for term in terms:
@@ -619,7 +621,7 @@ def _role_share(named: str, params: GenParams, value: str, how: tuple, start: in
         written = call.get("completion_tokens")
         if not (isinstance(written, int) and written <= limit):
             cut = limit
-    if cut is not None:
+    if cut is not None or how[0] == "length":
         finish = {"type": "length", **({"length": limit} if length_form else {})}
     elif how[0] == "stop":
         finish = {"type": "stop", "matched": how[1]}
@@ -660,6 +662,24 @@ def _role_share(named: str, params: GenParams, value: str, how: tuple, start: in
     return (value if cut is None else value[:cut]), meta
 
 
+def _gen_next(terms: list[tuple], k: int) -> bool:
+    """Whether the role's term after term ``k`` (an empty fill aside) is a gen."""
+    return next((t[0] == "gen" for t in terms[k + 1:] if t[0] == "gen" or t[1]), False)
+
+
+def _max_tokens_end(tokens: Optional[Speculation], start: int, params: GenParams) -> Optional[int]:
+    """Where, in the reply of ``tokens`` from character ``start`` on, a gen (``params``) that starts
+    there ends at its ``max_tokens`` tokens: their characters, where the reply's token boundaries
+    are known and those tokens end before the reply does (else None: the gen could take the rest).
+    A token that writes the character before ``start`` and the one at it is the gen's first, as
+    ``_role_share`` counts it (``Speculation.drop``)."""
+    if tokens is None or tokens.ends is None or params.max_new_tokens is None:
+        return None
+    left = tokens.drop(start)
+    end = left.end_of_tokens(params.max_new_tokens)
+    return end if end is not None and end < len(left.text) and left.ends is not None else None
+
+
 def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) -> Optional[list[str]]:
     """Split a speculative chat reply along an assistant role's fills and gens.
 
@@ -676,13 +696,18 @@ def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) ->
 
 
 def _split(terms: list[tuple], reply: str, follows: Optional[str],
-           cut_at: Optional[int] = None) -> tuple[Optional[list[str]], str]:
+           cut_at: Optional[int] = None, tokens: Optional[Speculation] = None) -> tuple[Optional[list[str]], str]:
     """``spec_match``'s gen values, each with how it ended (``("stop", the stop it matched)``,
-    ``("fill", None)``: at the next fill, ``("rest", None)``: with the reply), and ""; or None and
+    ``("fill", None)``: at the next fill, ``("rest", None)``: with the reply, ``("length", None)``:
+    at its ``max_tokens``), and ""; or None and
     why the reply does not follow the pattern, with the fix where the program's pattern is the
     cause (``spec_role_end``'s error). ``cut_at``:
     the call's ``max_tokens`` where the reply was cut there, said where a gen met neither its stop
-    nor the next fill (the cut may be why; not where the program's pattern is)."""
+    nor the next fill (the cut may be why; not where the program's pattern is). ``tokens``: the
+    reply with its token boundaries, where known (``Speculation.from_completion``): a gen that
+    meets no stop right before another gen ends at its own ``max_tokens`` tokens where they end
+    within the reply, as without speculation it stops there and the next gen goes on (SGLang's
+    pattern needs a stop there)."""
     values, rest, stopped = [], reply, None  # stopped: the last gen's name and the stop it ended at
     for k, term in enumerate(terms):
         if term[0] == "text":
@@ -698,7 +723,15 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
         name, params = term[1].name, term[2]
         stop = _stop_in(params, Speculation(rest, follows=follows), None)
         following = next((t[1] for t in terms[k + 1:] if t[0] == "text" and t[1]), None)
-        if stop is not None:
+        # (a gen right before another ends at its max_tokens where they end before its stop is whole or the
+        # next fill: the text after them is the next gen's, not text the role's fill replaces)
+        cut = _max_tokens_end(tokens, len(reply) - len(rest), params) if _gen_next(terms, k) else None
+        if cut is not None and (stop is not None and cut >= stop[0] + len(stop[1])
+                                or following is not None and following in rest and cut >= rest.find(following)):
+            cut = None
+        if cut is not None:
+            pos, stopped, how = cut, None, ("length", None)
+        elif stop is not None:
             pos, stopped, how = stop[0], (name, stop[1]), ("stop", stop[1])
         elif following is not None and following in rest:
             pos, stopped, how = rest.find(following), None, ("fill", None)

@@ -477,3 +477,38 @@ def test_a_speculated_program_run_with_stream_is_refused_naming_the_fixes(chat):
     assert said.endswith("run the program without stream=True, or stream it from a program without "
                          "num_api_spec_tokens")
     assert be.kinds() == []
+
+
+@pytest.mark.parametrize("a, b, want", [
+    # _PIECES by hand: "Name" ":" " Carol" | " Ann" "\n" | "Age" ":" " 4" "1" "\n" (the call's end: its finish)
+    (dict(max_tokens=3), dict(max_tokens=2), {"a": ("Name: Carol", {"type": "length", "length": 3}, 3),
+                                              "b": (" Ann\n", {"type": "length", "length": 2}, 2),
+                                              "c": ("Age: 41\n", {"type": "stop"}, 5)}),
+    # a stop that a's max_tokens end before: without speculation a writes "Name" alone, b goes on from there
+    (dict(max_tokens=1, stop="\n"), dict(max_tokens=2), {"a": ("Name", {"type": "length", "length": 1}, 1),
+                                                         "b": (": Carol", {"type": "length", "length": 2}, 2),
+                                                         "c": (" Ann\nAge: 41\n", {"type": "stop"}, 7)}),
+    # the stop is whole within a's max_tokens: it ends a there, as before; b's share starts with the stop's
+    # text, its first token " Carol" (a's last too: it wrote the stop), as without speculation b writes it anew
+    (dict(max_tokens=8, stop=" "), dict(max_tokens=2), {"a": ("Name:", {"type": "stop", "matched": " "}, 3),
+                                                        "b": (" Carol Ann", {"type": "length", "length": 2}, 2),
+                                                        "c": ("\nAge: 41\n", {"type": "stop"}, 6)}),
+])
+def test_a_speculated_chat_gen_right_before_another_ends_at_its_own_max_tokens(a, b, want):
+    """gen("a", max_tokens=3) + gen("b", max_tokens=2) + gen("c") in one assistant role was refused
+    after 3 calls ("gen 'a' met no stop ..., and no fill comes before gen 'b' to end it"), though
+    each share is cut at its gen's max_tokens: the reply is split there where its tokens are known,
+    the text after a's tokens b's, as without speculation each gen writes its tokens and the next
+    goes on (the engine gives the same on the demo model). One call."""
+    be = _Tokens(chat_template=CHATML, is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant(sgl.gen("a", **a) + sgl.gen("b", **b) + sgl.gen("c"))
+
+    st = prog.run(backend=be)
+    got = {k: (st[k], st.get_meta_info(k)["finish_reason"], st.get_meta_info(k)["completion_tokens"]) for k in "abc"}
+    assert got == want
+    assert st.messages()[-1] == {"role": "assistant", "content": "".join(want[k][0] for k in "abc")}
+    assert be.kinds() == ["generate"]
