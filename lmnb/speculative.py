@@ -519,7 +519,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             cut = finish_reason_dict(meta).get("type") == "length"
             tokens = Speculation.from_completion(reply, meta, getattr(ex.backend, "token_text", None))
             shares, why = _split(terms, reply, _follows(meta, params.stop), ex.num_api_spec_tokens if cut else None,
-                                 tokens)
+                                 tokens, len(meta.get("output_token_logprobs") or ()))
             if shares is not None:
                 break
             # (its reply is dropped, but the call was made: views and batch records count it, as a refused gen's)
@@ -667,17 +667,21 @@ def _gen_next(terms: list[tuple], k: int) -> bool:
     return next((t[0] == "gen" for t in terms[k + 1:] if t[0] == "gen" or t[1]), False)
 
 
-def _max_tokens_end(tokens: Optional[Speculation], start: int, params: GenParams) -> Optional[int]:
+def _max_tokens_end(tokens: Optional[Speculation], written: int, start: int, params: GenParams) -> Optional[int]:
     """Where, in the reply of ``tokens`` from character ``start`` on, a gen (``params``) that starts
     there ends at its ``max_tokens`` tokens: their characters, where the reply's token boundaries
-    are known and those tokens end before the reply does (else None: the gen could take the rest).
-    A token that writes the character before ``start`` and the one at it is the gen's first, as
-    ``_role_share`` counts it (``Speculation.drop``)."""
+    are known and the call wrote more after those tokens (text, or of its ``written`` tokens one the
+    text skips: an EOS the gen never sampled; else None: the gen could take the rest). A token that writes the
+    character before ``start`` and the one at it is the gen's first, as ``_role_share`` counts it
+    (``Speculation.drop``)."""
     if tokens is None or tokens.ends is None or params.max_new_tokens is None:
         return None
     left = tokens.drop(start)
     end = left.end_of_tokens(params.max_new_tokens)
-    return end if end is not None and end < len(left.text) and left.ends is not None else None
+    if end is None or left.ends is None:
+        return None
+    used = len(tokens.ends) - len(left.ends) + params.max_new_tokens  # (the call's tokens through the gen's)
+    return end if end < len(left.text) or written > used else None
 
 
 def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) -> Optional[list[str]]:
@@ -696,7 +700,8 @@ def spec_match(terms: list[tuple], reply: str, follows: Optional[str] = None) ->
 
 
 def _split(terms: list[tuple], reply: str, follows: Optional[str],
-           cut_at: Optional[int] = None, tokens: Optional[Speculation] = None) -> tuple[Optional[list[str]], str]:
+           cut_at: Optional[int] = None, tokens: Optional[Speculation] = None,
+           written: int = 0) -> tuple[Optional[list[str]], str]:
     """``spec_match``'s gen values, each with how it ended (``("stop", the stop it matched)``,
     ``("fill", None)``: at the next fill, ``("rest", None)``: with the reply, ``("length", None)``:
     at its ``max_tokens``), and ""; or None and
@@ -704,7 +709,8 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
     cause (``spec_role_end``'s error). ``cut_at``:
     the call's ``max_tokens`` where the reply was cut there, said where a gen met neither its stop
     nor the next fill (the cut may be why; not where the program's pattern is). ``tokens``: the
-    reply with its token boundaries, where known (``Speculation.from_completion``): a gen that
+    reply with its token boundaries, where known (``Speculation.from_completion``), and ``written``
+    the call's tokens (its logprob entries: an EOS after the text too): a gen that
     meets no stop right before another gen ends at its own ``max_tokens`` tokens where they end
     within the reply, as without speculation it stops there and the next gen goes on (SGLang's
     pattern needs a stop there)."""
@@ -725,7 +731,7 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
         following = next((t[1] for t in terms[k + 1:] if t[0] == "text" and t[1]), None)
         # (a gen right before another ends at its max_tokens where they end before its stop is whole or the
         # next fill: the text after them is the next gen's, not text the role's fill replaces)
-        cut = _max_tokens_end(tokens, len(reply) - len(rest), params) if _gen_next(terms, k) else None
+        cut = _max_tokens_end(tokens, written, len(reply) - len(rest), params) if _gen_next(terms, k) else None
         if cut is not None and (stop is not None and cut >= stop[0] + len(stop[1])
                                 or following is not None and following in rest and cut >= rest.find(following)):
             cut = None

@@ -512,3 +512,33 @@ def test_a_speculated_chat_gen_right_before_another_ends_at_its_own_max_tokens(a
     assert got == want
     assert st.messages()[-1] == {"role": "assistant", "content": "".join(want[k][0] for k in "abc")}
     assert be.kinds() == ["generate"]
+
+
+class _TokensThenEos(_Tokens):
+    """_Tokens with an EOS after the reply's text: a token the text skips, as the engine's chat reply ends."""
+
+    def generate(self, prompt, params, rid):
+        [out] = super().generate(prompt, params, rid)
+        out.meta_info["output_token_logprobs"].append([-0.1, 2, "</s>"])
+        out.meta_info["completion_tokens"] += 1
+        out.meta_info["finish_reason"] = {"type": "stop", "matched": 2}
+        return [out]
+
+
+def test_a_speculated_chat_gen_right_before_another_whose_max_tokens_end_with_the_text_leaves_the_eos_to_it():
+    """gen("a", max_tokens=10) + gen("b"), the reply's 10 tokens of text then an EOS (_PIECES by hand):
+    without speculation a writes the 10 (length) and b the EOS alone ("", stop); the split was refused
+    ("gen 'a' met no stop ...")."""
+    be = _TokensThenEos(chat_template=CHATML, is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant(sgl.gen("a", max_tokens=10, return_logprob=True) + sgl.gen("b"))
+
+    st = prog.run(backend=be)
+    a, b = st.get_meta_info("a"), st.get_meta_info("b")
+    assert (st["a"], a["finish_reason"], a["completion_tokens"]) == ("".join(_PIECES), {"type": "length", "length": 10},
+                                                                      10)
+    assert [e[2] for e in a["output_token_logprobs"]] == [None] * 10
+    assert (st["b"], b["finish_reason"], b["completion_tokens"]) == ("", {"type": "stop", "matched": 2}, 1)
