@@ -1244,7 +1244,8 @@ class StreamExecutor:
         finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
         cut_short = finish.get("type") == "length"
         if cut_short and not dtype_prefix(expr.params.dtype, text):  # (no max_tokens could make "Carol" an int)
-            raise ValueError(self._unheld_dtype(expr, shown, text, "before its max_tokens ran out"))
+            raise ValueError(self._unheld_dtype(expr, shown, text, f" before its max_tokens ran out, which is not the "
+                                                                 f"start of any {shown}"))
         if shown in ("int", "float") and cut_short:  # "15" cut to "1" parses, wrongly
             raise ValueError(f"gen {expr.name!r} with dtype={shown} ran out of tokens after {text!r}, before its "
                              "value was known to be complete; raise max_tokens")
@@ -1272,18 +1273,17 @@ class StreamExecutor:
                         f"gen {expr.name!r} with dtype={shown} was cut by the stop string {finish['matched']!r} after "
                         f"{text!r}, before its value was complete; drop that stop for this gen"
                     ) from None
-                raise ValueError(self._unheld_dtype(expr, shown, text, f"before the stop string {finish['matched']!r}")
-                                 ) from None
-            raise ValueError(
-                f"gen {expr.name!r} with dtype={shown} produced {text!r}, which does not parse; the backend "
-                "did not enforce the dtype's regex"
-            ) from None
+                said = f" before the stop string {finish['matched']!r}, which is not the start of any {shown}"
+                raise ValueError(self._unheld_dtype(expr, shown, text, said)) from None
+            raise ValueError(self._unheld_dtype(expr, shown, text, f", which is no {shown}, as its output ended")
+                             ) from None
 
     @staticmethod
-    def _unheld_dtype(expr: Gen, shown: str, text: str, cut: str) -> str:
-        """The refusal of a dtype gen's ``text``, ended as ``cut`` says, that is no start of a value
-        (``dtype_prefix``): no stop or ``max_tokens`` explains it, the backend wrote past the regex."""
-        return (f"gen {expr.name!r} with dtype={shown} wrote {text!r} {cut}, which is not the start of any {shown}: "
+    def _unheld_dtype(expr: Gen, shown: str, text: str, said: str) -> str:
+        """The refusal of a dtype gen's ``text``, what is wrong with it ``said``: no start of a value
+        (``dtype_prefix``) where a stop or ``max_tokens`` cut it, or no value where the output ended by
+        itself (an EOS, a stop token): neither cut explains it, the backend wrote past the regex."""
+        return (f"gen {expr.name!r} with dtype={shown} wrote {text!r}{said}: "
                 "the backend did not hold the output to the dtype's regex; run the gen on one that does (the engine, "
                 "lmnb serve or SGLang), or leave dtype out and read the value from its text")
 

@@ -2196,7 +2196,8 @@ def test_dtype_int_becomes_regex_stops_and_parsed_value():
     assert params.regex == REGEX_INT and " " in params.stop and "\n" in params.stop
 
     bad = ScriptedBackend(lambda p, params: "forty")
-    with pytest.raises(sgl.ProgramError, match="does not parse"):
+    with pytest.raises(sgl.ProgramError, match="wrote 'forty', which is no int, as its output ended: the backend did "
+                                               "not hold the output to the dtype's regex"):
         prog.run(backend=bad)["n"]
     with pytest.raises(ValueError, match="takes one of regex, dtype: they each decide the output; keep one"):
         sgl.gen("x", dtype=int, regex="[0-9]")
@@ -2361,6 +2362,24 @@ def test_dtype_cut_by_max_tokens_tells_a_cut_value_from_text_that_is_not_one(dty
         assert (f"gen 'n' with dtype={name} wrote {text!r} before its max_tokens ran out, which is not the start of "
                 f"any {name}: the backend did not hold the output to the dtype's regex") in said
         assert "raise max_tokens" not in said
+
+
+@pytest.mark.parametrize("dtype, text", [(int, "Carol"), (float, "1e"), (bool, "Yes")])
+def test_dtype_text_that_is_no_value_where_the_output_ended_names_the_fix(dtype, text):
+    """Text that does not parse where the output ended by itself (an EOS: "1e" too, which no constraining
+    backend ends at) was told "produced 'Carol', which does not parse; the backend did not enforce the
+    dtype's regex", naming no way out; it is told as a stop string's or max_tokens' cut is, with the fixes."""
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen("n", dtype=dtype)
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=ScriptedBackend(lambda p, params: text))["n"]
+    name = dtype.__name__
+    assert str(e.value).endswith(
+        f"gen 'n' with dtype={name} wrote {text!r}, which is no {name}, as its output ended: the "
+        "backend did not hold the output to the dtype's regex; run the gen on one that does (the engine, lmnb serve or "
+        "SGLang), or leave dtype out and read the value from its text")
 
 
 def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
@@ -2970,7 +2989,7 @@ def test_a_speculated_chat_gens_refused_value_still_reports_the_call():
 
     with sgl.observe(events.append):
         st = prog.run(backend=be)
-    assert "gen 'n' with dtype=int produced 'Carol'" in str(st.error())
+    assert "gen 'n' with dtype=int wrote 'Carol', which is no int, as its output ended" in str(st.error())
     [rid] = be.rids
     # (the gen's share is the whole output: its own tokens and finish are the call's, which usage counts)
     assert [(e.name, e.meta_info) for e in events if e.kind == "var"] == [
