@@ -408,7 +408,8 @@ def spec_role_constraint_check(terms: list[tuple], backend) -> None:
         f"{this} has {_options([field], expr, params, expr)} in an assistant role that also holds {besides}: under "
         "API speculative execution (num_api_spec_tokens) a chat model writes the whole assistant message in one "
         f"call, with the first gen's options, so the {name} constrains the whole assistant message, the role's "
-        f"other text and gens too; put the gen alone in an assistant role of its own{_constraint_way_out(backend, terms)}"
+        "other text and gens too; put the gen alone in an assistant role of its own"
+        f"{_constraint_way_out(backend, terms)}"
     )
 
 
@@ -426,7 +427,7 @@ def _constraint_way_out(backend, terms: list[tuple]) -> str:
     written = False  # (the role holds text or a gen before this term)
     for term in terms:
         if term[0] == "gen" and written:
-            return _continuing(backend, "")[1]
+            return _continuing(backend, "")[1]  # (its way out only: the gen it names is in its reason)
         written = written or term[0] == "gen" or bool(term[1].strip())
     return plain
 
@@ -670,10 +671,10 @@ def _gen_next(terms: list[tuple], k: int) -> bool:
 def _max_tokens_end(tokens: Optional[Speculation], written: int, start: int, params: GenParams) -> Optional[int]:
     """Where, in the reply of ``tokens`` from character ``start`` on, a gen (``params``) that starts
     there ends at its ``max_tokens`` tokens: their characters, where the reply's token boundaries
-    are known and the call wrote more after those tokens (text, or of its ``written`` tokens one the
-    text skips: an EOS the gen never sampled; else None: the gen could take the rest). A token that writes the
-    character before ``start`` and the one at it is the gen's first, as ``_role_share`` counts it
-    (``Speculation.drop``)."""
+    are known and the call wrote more after those tokens (text, or of its ``written`` tokens one
+    the text skips: an EOS the gen never sampled; else None: the gen could take the rest). A token
+    that writes the character before ``start`` and the one at it is the gen's first, as
+    ``_role_share`` counts it (``Speculation.drop``)."""
     if tokens is None or tokens.ends is None or params.max_new_tokens is None:
         return None
     left = tokens.drop(start)
@@ -710,10 +711,10 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
     the call's ``max_tokens`` where the reply was cut there, said where a gen met neither its stop
     nor the next fill (the cut may be why; not where the program's pattern is). ``tokens``: the
     reply with its token boundaries, where known (``Speculation.from_completion``), and ``written``
-    the call's tokens (its logprob entries: an EOS after the text too): a gen that
-    meets no stop right before another gen ends at its own ``max_tokens`` tokens where they end
-    within the reply, as without speculation it stops there and the next gen goes on (SGLang's
-    pattern needs a stop there)."""
+    the call's tokens (its logprob entries: an EOS after the text too): a gen right before another
+    gen ends at its own ``max_tokens`` tokens where they end before its stop is whole, the next
+    fill and the call's output, as without speculation it stops there and the next gen goes on
+    (SGLang's pattern needs a stop there)."""
     values, rest, stopped = [], reply, None  # stopped: the last gen's name and the stop it ended at
     for k, term in enumerate(terms):
         if term[0] == "text":
