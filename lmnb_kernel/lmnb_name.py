@@ -88,7 +88,7 @@ def _lm_python_bodies(tree: ast.AST):
         line, body = node.args[1:]
         if not (isinstance(line, ast.Constant) and isinstance(line.value, str)):
             yield None
-        elif "--python" in line.value.split():  # (as lmnb_kernel.complete reads the line)
+        elif "--python" in _words(line.value):
             if not (isinstance(body, ast.Constant) and isinstance(body.value, str)):
                 yield None
                 continue
@@ -96,6 +96,17 @@ def _lm_python_bodies(tree: ast.AST):
                 yield ast.parse(body.value)
             except (SyntaxError, ValueError, MemoryError, RecursionError):
                 continue
+
+
+def _words(line: str) -> list[str]:
+    """The words of a ``%%lm`` line as the magic reads them (``shlex``: ``"--python"`` is
+    ``--python``), none for a line it cannot read (the magic refuses the cell: nothing runs)."""
+    import shlex
+
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return []
 
 
 def takes_the_name(tree: ast.AST) -> bool:

@@ -2272,7 +2272,8 @@ def test_unloading_the_extension_keeps_an_lmnb_name_bound_by_code_no_cell_shows(
         ip.user_ns["lmnb"] = lmnb
 
 
-def test_unloading_the_extension_keeps_an_lmnb_name_a_python_cells_body_bound(ip):
+@pytest.mark.parametrize("line", ["--python --static", '"--python" --static'])  # (the magic reads it with shlex)
+def test_unloading_the_extension_keeps_an_lmnb_name_a_python_cells_body_bound(ip, line):
     # %unload_ext lmnb_kernel removed an lmnb a %%lm --python body bound with `global lmnb`: the
     # body runs with the namespace as its globals but not through IPython's AST transformers, and
     # the watch read only the cell's own code, a run_cell_magic call; lmnb.gen(...) was then a NameError
@@ -2281,7 +2282,7 @@ def test_unloading_the_extension_keeps_an_lmnb_name_a_python_cells_body_bound(ip
         extensions.unload_extension("lmnb_kernel")
         ip.user_ns.pop("lmnb", None)
         extensions.load_extension("lmnb_kernel")  # (the name is the extension's now)
-        result, _ = run(ip, "%%lm --python --static\nglobal lmnb\nimport lmnb\ns += 'x'")
+        result, _ = run(ip, f"%%lm {line}\nglobal lmnb\nimport lmnb\ns += 'x'")
         assert result.success and ip.user_ns["lmnb"] is lmnb
         extensions.unload_extension("lmnb_kernel")
         assert ip.user_ns.get("lmnb") is lmnb  # the user's: kept
@@ -2295,6 +2296,10 @@ def test_unloading_the_extension_keeps_an_lmnb_name_a_python_cells_body_bound(ip
     ("%%lm --python\nglobal lmnb\nlmnb = 1\ns += 'x'", True),
     ("%%lm --python --static\ndef f():\n    import lmnb\ns += 'x'", True),  # (any scope, as binds reads it)
     ("%%lm --python\nexec('import lmnb')", True),  # (code it cannot read, in the body)
+    # (the line read as the magic reads it, shlex: a quoted --python makes the body Python too)
+    ("%%lm \"--python\"\nglobal lmnb\nlmnb = 1\ns += 'x'", True),
+    ("%%lm --out s2 '--python'\nimport lmnb\ns += 'x'", True),
+    ("%%lm --python 'x\nlmnb = 1\ns += 'x'", False),  # (an unclosed quote: the magic refuses the cell)
     ("get_ipython().run_cell_magic('lm', '--python', body)", True),  # (a body computed: unreadable)
     ("get_ipython().run_cell_magic('lm', options, 'x')", True),
     ("%%lm --python\nlmnb.gen('x')", False), ("%%lm --python\ns += 'lmnb = 1'", False),
