@@ -185,8 +185,9 @@ def _scientific(negative: bool, first: int, digits: int) -> str:
     return f"{'-' * negative}{mantissa[0]}.{mantissa[1:]}e+{digits - 1} (an integer of {digits} digits)"
 
 
-# a decimal integer, as int() reads one
-_DECIMAL = re.compile(r"\s*[-+]?\d+(_\d+)*\s*")
+# a decimal integer, as int() reads one: the spaces around it are re's \s but U+001C..U+001F,
+# which str.isspace() counts and int() does not strip (it strips ASCII's six and Unicode's others)
+_DECIMAL = re.compile(r"[^\S\x1c-\x1f]*[-+]?\d+(_\d+)*[^\S\x1c-\x1f]*")
 
 
 def too_many_digits(text: str) -> bool:

@@ -5297,6 +5297,24 @@ def test_a_cell_seed_written_with_more_leading_zeros_than_python_reads_is_its_va
                             "(written with 5000 leading zeros)")
 
 
+@pytest.mark.parametrize("text", [
+    " 7 ", "\t-7\n", "\u30007\u3000", "\x857\xa0", "+0_7", "\u0663", "\uff17", "1_000",  # int() reads these
+    "\x1c7", "7\x1f", "\x1d-7", "7\x1e", "_7", "7_", "1__0", "+", "-", "", " ", "+-7", "7 7",  # and not these
+])
+def test_integer_text_value_reads_a_text_as_int_does(text):
+    """integer_text_value (the --seed and --max-tokens values since 11b12a2d) is int()'s reading of
+    a decimal text, leading zeros aside. Its pattern took re's \\s for the spaces around, which
+    holds U+001C..U+001F (str.isspace() counts them) where int() strips none of them: --seed
+    "\\x1c7" was 7, where int() refuses it. The reference is int() itself."""
+    from lmnb_engine.params import integer_text_value
+
+    try:
+        expected = int(text)
+    except ValueError:
+        expected = None
+    assert integer_text_value(text) == expected
+
+
 def test_a_value_of_over_4300_digits_given_where_another_type_belongs_is_named_in_scientific_form():
     """gen(10**5000), gen(dtype=...), choices=[...], stop=..., a json_schema holding one, a fork
     branch's item and the others below failed in Python's words, from the message that was to
