@@ -1243,7 +1243,8 @@ class StreamExecutor:
         shown = getattr(expr.params.dtype, "__name__", expr.params.dtype)
         finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
         cut_short = finish.get("type") == "length"
-        if cut_short and not dtype_prefix(expr.params.dtype, text):  # (no max_tokens could make "Carol" an int)
+        # (no max_tokens could make "Carol" an int; a str's value is its text, unchecked, as at an EOS)
+        if cut_short and shown in ("int", "float", "bool") and not dtype_prefix(expr.params.dtype, text):
             raise ValueError(self._unheld_dtype(expr, shown, text, f" before its max_tokens ran out, which is not the "
                                                                  f"start of any {shown}"))
         if shown in ("int", "float") and cut_short:  # "15" cut to "1" parses, wrongly

@@ -2364,6 +2364,21 @@ def test_dtype_cut_by_max_tokens_tells_a_cut_value_from_text_that_is_not_one(dty
         assert "raise max_tokens" not in said
 
 
+@pytest.mark.parametrize("backend", [_CutAt("Carol live"), ScriptedBackend(lambda p, params: "Carol live")],
+                         ids=["cut at max_tokens", "ended"])
+def test_a_str_dtype_gens_text_is_its_value_whether_cut_at_max_tokens_or_not(backend):
+    """dtype=str parses any text to itself (its value is the text, as in SGLang), so a backend that
+    does not hold the output to its regex ('"..."') gives the text as the value where the output
+    ended (an EOS). Cut at max_tokens, since b444cc4c it was refused as 'not the start of any str'
+    (the check of int, float and bool text that no max_tokens mends), though it was 'Carol live'
+    before and is so where the output ended."""
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen("n", dtype=str, max_tokens=4)
+
+    assert prog.run(backend=backend)["n"] == "Carol live"
+
+
 @pytest.mark.parametrize("dtype, text", [(int, "Carol"), (float, "1e"), (bool, "Yes")])
 def test_dtype_text_that_is_no_value_where_the_output_ended_names_the_fix(dtype, text):
     """Text that does not parse where the output ended by itself (an EOS: "1e" too, which no constraining
