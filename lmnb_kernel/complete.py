@@ -93,6 +93,7 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
     expression in a construct alone (``{image ca`` → ``cat``, ``{fork tip in ti`` → ``tips``,
     ``{gen x max_tokens=n`` → ``n_max``: IPython reads the whole line as no expression)."""
     from lmnb.export.cells import lm_cell_parts
+    from lmnb.template.cell_options import asks_for_python
 
     before = code[:cursor_pos]
     line = before[before.rfind("\n") + 1 :]
@@ -102,7 +103,7 @@ def lm_completions(code: str, cursor_pos: int, python: Callable[[str, int], dict
     if magic is not None and magic.start() <= cursor_pos:
         if cursor_pos <= magic.end():
             return _cell_options(line, after, cursor_pos)
-        if "--python" in parts[0].split():  # a Python body: IPython's
+        if asks_for_python(parts[0]):  # a Python body: IPython's
             return None
         return _hole(code, magic.end() + 1, cursor_pos, python)
     if _LINE_MAGIC.match(line):
@@ -466,11 +467,12 @@ def lm_is_complete(code: str) -> Optional[dict]:
     parser refuses (``{"status": "invalid"}``); None for a cell this leaves to IPython (one that
     parses, a ``--python`` cell, any other cell)."""
     from lmnb.export.cells import lm_cell_parts
+    from lmnb.template.cell_options import asks_for_python
     from lmnb.template import TemplateSyntaxError, cell_body, parse
     from lmnb.template.errors import UnclosedError
 
     parts = lm_cell_parts(code)
-    if parts is None or "--python" in parts[0].split():
+    if parts is None or asks_for_python(parts[0]):
         return None
     try:
         parse(cell_body(parts[1]))

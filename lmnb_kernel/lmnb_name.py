@@ -82,13 +82,15 @@ def _lm_python_bodies(tree: ast.AST):
     ``get_ipython().run_cell_magic('lm', '--python', BODY)``), parsed; None for one whose options
     or body the code computes (unreadable here). A body that is no Python is left out: the magic
     refuses it, and it runs nothing."""
+    from lmnb.template.cell_options import asks_for_python
+
     for node in ast.walk(tree):
         if not (_magic_call(node, ("lm",), "run_cell_magic") and len(node.args) == 3):
             continue
         line, body = node.args[1:]
         if not (isinstance(line, ast.Constant) and isinstance(line.value, str)):
             yield None
-        elif "--python" in _words(line.value):
+        elif asks_for_python(line.value):
             if not (isinstance(body, ast.Constant) and isinstance(body.value, str)):
                 yield None
                 continue
@@ -96,17 +98,6 @@ def _lm_python_bodies(tree: ast.AST):
                 yield ast.parse(body.value)
             except (SyntaxError, ValueError, MemoryError, RecursionError):
                 continue
-
-
-def _words(line: str) -> list[str]:
-    """The words of a ``%%lm`` line as the magic reads them (``shlex``: ``"--python"`` is
-    ``--python``), none for a line it cannot read (the magic refuses the cell: nothing runs)."""
-    import shlex
-
-    try:
-        return shlex.split(line)
-    except ValueError:
-        return []
 
 
 def takes_the_name(tree: ast.AST) -> bool:

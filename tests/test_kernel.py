@@ -971,6 +971,19 @@ def test_completion_on_a_new_line_of_an_open_hole_replaces_nothing_above_it(code
     assert reply is None or reply["cursor_start"] == len(code), reply
 
 
+@pytest.mark.parametrize("line", ["--python", '"--python"', "'--python' --static"])
+def test_completion_and_is_complete_read_a_python_cells_line_as_the_magic_does(line):
+    """The magic reads the %%lm line with shlex, so %%lm "--python" runs its body as Python; completion
+    and is_complete read it with str.split, so there the body was a template: d = {1: 2} was
+    "invalid" (a console refused to run the cell) and {se offered the template's select. Both are
+    IPython's (None) for such a body, as for --python unquoted."""
+    from lmnb_kernel.complete import lm_completions, lm_is_complete
+
+    assert lm_is_complete(f"%%lm {line}\nd = {{1: 2}}\ns += str(d)\n\n") is None
+    code = f"%%lm {line}\nd = {{se"
+    assert lm_completions(code, len(code), lambda c, p: {"matches": [], "cursor_start": p}) is None
+
+
 @pytest.mark.parametrize("code, status", [
     ("%%lm\nhi", "incomplete"),  # IPython's: a cell magic ends at a blank line
     ("%%lm\nhi\n\n", "complete"),

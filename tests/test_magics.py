@@ -2299,7 +2299,7 @@ def test_unloading_the_extension_keeps_an_lmnb_name_a_python_cells_body_bound(ip
     # (the line read as the magic reads it, shlex: a quoted --python makes the body Python too)
     ("%%lm \"--python\"\nglobal lmnb\nlmnb = 1\ns += 'x'", True),
     ("%%lm --out s2 '--python'\nimport lmnb\ns += 'x'", True),
-    ("%%lm --python 'x\nlmnb = 1\ns += 'x'", False),  # (an unclosed quote: the magic refuses the cell)
+    ("%%lm --python 'x\nlmnb = 1\ns += 'x'", True),  # (an unclosed quote: read by its spaces)
     ("get_ipython().run_cell_magic('lm', '--python', body)", True),  # (a body computed: unreadable)
     ("get_ipython().run_cell_magic('lm', options, 'x')", True),
     ("%%lm --python\nlmnb.gen('x')", False), ("%%lm --python\ns += 'lmnb = 1'", False),

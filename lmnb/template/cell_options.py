@@ -212,6 +212,18 @@ def option_parser() -> argparse.ArgumentParser:
     return add_cell_options(_Parser(prog="%%lm", add_help=False))
 
 
+def asks_for_python(line: str) -> bool:
+    """Whether the ``%%lm`` line ``line`` (the text after ``%%lm``) makes the cell's body Python
+    (``--python``), its words read as the magic reads them (``shlex``: ``"--python"`` is
+    ``--python``). A line ``shlex`` cannot read (an unclosed quote: the magic refuses the cell) is
+    split at its spaces, as these readers read every line before.
+    For readers of a cell that do not run it: completion, ``is_complete``, the lmnb name watch."""
+    try:
+        return "--python" in shlex.split(line)
+    except ValueError:
+        return "--python" in line.split()
+
+
 def parse_cell_line(line: str) -> CellOptions:
     """Options of a ``%%lm`` line (the text after ``%%lm``).
 
