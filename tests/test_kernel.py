@@ -827,11 +827,11 @@ def test_completion_of_a_fork_targets_attribute_offers_an_items_not_the_kernels_
 
 # (code with characters above U+FFFF before the cursor, the match, and the length of the word it replaces)
 _ASTRAL = [
-    ("%%lm\n\U0001F600 {fork t in stops_s41}{t.up", "upper", 2),  # (a fork target's attribute)
+    ("%%lm\n\U0001F600 {fork t in astral41}{t.up", "upper", 2),  # (a fork target's attribute)
     ("%%lm\n\U0001F600\U0001F600{gen x}{x.up", "upper", 2),  # (a result's)
     ("%%lm\n{fork t in ['\U0001F600']}{t.up", "upper", 2),  # (in the items asked of IPython)
-    ("%%lm\n\U0001F600 {stops_s", "stops_s41", 7),  # (a hole's first word)
-    ('%%lm\n{f"\U0001F600{stops_s', "stops_s41", 7),  # (an f-string's field)
+    ("%%lm\n\U0001F600 {astral4", "astral41", 7),  # (a hole's first word)
+    ('%%lm\n{f"\U0001F600{astral4', "astral41", 7),  # (an f-string's field)
     ("%%lm\n\U0001F600{gen x max_to", "max_tokens=", 6),  # (an option)
     ("# \U0001F600\n%lm load --dtype bf", "bfloat16", 2),  # (a %lm line below one)
     ("%%lm --state \U0001F600 --see", "--seed", 5),  # (the %%lm line)
@@ -845,7 +845,7 @@ def test_completion_offsets_count_code_points_past_characters_above_ffff(kernel,
     before 5.2). The reply's span, and each match's in the metadata, ends at the cursor and starts
     the word's length in code points before it."""
     kc = kernel[1]
-    execute(kc, "stops_s41 = ['.', '!']")
+    execute(kc, "astral41 = ['.', '!']")
     assert len(code.encode("utf-16-le")) // 2 > len(code)  # (the two counts differ before the cursor)
     reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
     assert (reply["matches"], reply["cursor_start"], reply["cursor_end"]) == ([match], len(code) - word, len(code))
