@@ -702,13 +702,23 @@ class StreamExecutor:
             RuntimeError: called on the thread that runs this state's primitives (in an
                 ``lmnb.observe`` callback): that thread makes the changes, so the wait never ended.
         """
+        self.refuse_if_running_here()
+        from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
+
+        self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
+
+    def refuse_if_running_here(self) -> None:
+        """Raise if the caller is the thread that runs this state's primitives (an
+        ``lmnb.observe`` callback's): a wait for this state, or for anything that waits for it,
+        would wait for itself forever.
+
+        Raises:
+            RuntimeError: as above.
+        """
         if self._drainer == threading.get_ident():
             raise RuntimeError("this program state was read (text(), s[name], sync(), ...) on the thread that runs its "
                                "primitives, from an lmnb.observe callback: it would wait for itself forever; use the "
                                "event's fields, or read the state on another thread")
-        from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
-
-        self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
 
     def wait_idle(self) -> None:
         """Block until every submitted primitive has run (or was skipped after an error)."""

@@ -382,12 +382,18 @@ class ProgramStateGroup:
                 parent's), whose text would break the parent's roles.
             RuntimeError: the group was joined already (a second join would merge it twice), the
                 state it was forked from is a fork branch joined already (nothing can merge into it),
-                or a body running on a branch is the caller or waits for it (both would hang).
+                a body running on a branch is the caller or waits for it (both would hang), or the
+                caller is an ``lmnb.observe`` callback on a branch's worker (it would wait for itself).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
             KeyboardInterrupt: Ctrl-C while it waited: the branches were aborted first (the message
                 says so); nothing is merged.
         """
         _check_join_mode(mode)
+        # (an lmnb.observe callback on a branch's worker: the join waits for that branch, so it is
+        # refused before it waits for the lock, which a join begun on another thread holds while it
+        # waits for that same branch: both hung)
+        for st in self.states:
+            st.stream_executor.refuse_if_running_here()
         # a second thread joining this group meanwhile waits, then is refused; but not a body running
         # on a branch (or a thread it waits for): the join holding the lock waits for that body to
         # return, so both would hang; it is refused as join_ready refuses it
@@ -446,8 +452,8 @@ class ProgramStateGroup:
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
         exes = [st.stream_executor for st in self.states]
-        if any(ex._drainer == threading.get_ident() for ex in exes):
-            return {}  # (an lmnb.observe callback on a branch's worker: join refuses to wait for itself)
+        for ex in exes:  # (an lmnb.observe callback on a branch's worker: it would wait for itself)
+            ex.refuse_if_running_here()
         wake = threading.Event()
         for ex in exes:
             ex.watch(wake)

@@ -4837,17 +4837,28 @@ def test_reading_a_state_in_an_observe_callback_on_its_own_worker_thread_raises_
 
 
 @pytest.mark.timeout(30)  # (it hung)
-def test_join_or_abort_in_an_observe_callback_on_a_branchs_worker_raises_instead_of_hanging():
-    # join_or_abort waited for the branch whose worker runs the callback, which could never end
+@pytest.mark.parametrize("join", ["join_or_abort", "join"])
+@pytest.mark.parametrize("body_joins_first", [False, True])
+def test_join_or_abort_in_an_observe_callback_on_a_branchs_worker_raises_instead_of_hanging(join, body_joins_first):
+    """join_or_abort waited for the branch whose worker runs the callback, which could never end.
+    Each order of the two joins is forced: the callback's join before the program's (the program
+    waits for it), and after the program's has taken the group's join lock and waits for the
+    branch (the callback waits for that); in the second the callback waited for the lock, held by
+    a join waiting for the callback's branch, and both hung (it had passed where the callback
+    happened to run first, and hung under load)."""
     be = ScriptedBackend(lambda p, params: "ok")
-    holder, seen, first = [], [], threading.Lock()
+    holder, seen, first, called = [], [], threading.Lock(), threading.Event()
 
     def on_event(e):
         if e.kind == "var" and e.name == "x" and first.acquire(blocking=False):  # (the first branch's gen)
+            if body_joins_first:
+                while not holder[0]._join_lock.locked():  # (the program's join holds it until this branch ends)
+                    time.sleep(0.001)
             try:
-                holder[0].join_or_abort()
+                getattr(holder[0], join)()
             except RuntimeError as err:
                 seen.append(str(err))
+            called.set()
 
     @sgl.function
     def prog(s):
@@ -4855,6 +4866,8 @@ def test_join_or_abort_in_an_observe_callback_on_a_branchs_worker_raises_instead
         holder.append(forks)
         for f in forks:
             f += sgl.gen("x")
+        if not body_joins_first:
+            called.wait()
         forks.join()
 
     with sgl.observe(on_event):
