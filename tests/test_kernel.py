@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jupyter_kernel_test
 import pytest
+from helpers_kernel_hold import RELEASE_CELL, hold_cell
 from jupyter_client.manager import start_new_kernel
 
 _ENV: dict | None = None
@@ -122,21 +123,41 @@ def kernel():
     km.shutdown_kernel(now=False)
 
 
-def test_streams_before_the_cell_ends_and_captures_variables(kernel):
+def test_streams_before_the_cell_ends_and_captures_variables(kernel, tmp_path):
+    """The view's text grows while the cell runs. The engine is held after 20 tokens until the
+    test has seen an update of the view showing generated text (the gate): without the hold, a
+    view that sent its updates only as the cell ended passed too, its updates still before the
+    idle status (only a machine that generated the 200 tokens within one frame could fail it)."""
     km, kc = kernel
     execute(kc, 'q = "hello"')
-    reply, messages = execute(
-        kc, "%%lm --static --temperature 0\nQ: {q}\nA:{gen answer max_tokens=200 ignore_eos=True}")
-    assert reply["content"]["status"] == "ok"
+    gate = tmp_path / "gate"
+    execute(kc, hold_cell(gate, after=20))
+    held = []  # the view's texts shown while the engine was held
+
+    def on_message(msg):
+        if msg["msg_type"] == "update_display_data" and not gate.exists():
+            held.append(msg["content"]["data"]["text/plain"])
+            if "A:" in held[-1] and held[-1].split("A:", 1)[1].split("\n", 1)[0].strip():  # (a token shown)
+                gate.touch()
+
+    try:
+        reply, messages = execute(
+            kc, "%%lm --static --temperature 0\nQ: {q}\nA:{gen answer max_tokens=200 ignore_eos=True}",
+            timeout=240, on_message=on_message)  # (longer than the hold's 120 s: its error shows, if it comes)
+    finally:
+        execute(kc, RELEASE_CELL)
+    assert reply["content"]["status"] == "ok", stdout(messages)
     types = [m["msg_type"] for m in messages]
     shown = types.index("display_data")  # the view, then its in-place updates
     updates = [i for i, t in enumerate(types) if t == "update_display_data"]
-    assert len(updates) > 1 and updates[0] > shown and updates[-1] < types.index("status", shown)
+    assert updates[0] > shown and updates[-1] < types.index("status", shown)
     texts = [messages[i]["content"]["data"]["text/plain"] for i in updates]
-    assert texts[0] != texts[-1]  # the text grew while the cell ran
-    assert "running" in texts[0] and "done" in texts[-1]
+    assert held and "running" in held[-1] and "done" in texts[-1]
+    expected = reference_greedy("Q: hello\nA:", 200)
+    shown_then = held[-1].split("A:", 1)[1].split("\n", 1)[0]  # the answer's text as the view showed it, held
+    assert shown_then.strip() and expected.startswith(shown_then) and len(shown_then) < len(expected)
     _, out = execute(kc, "print(repr(answer))")
-    assert stdout(out).strip() == repr(reference_greedy("Q: hello\nA:", 200))
+    assert stdout(out).strip() == repr(expected)
     meta = summary_meta(messages)
     assert meta["captured"] == ["answer"] and meta["tokens"]["completion_tokens"] == 200
 

@@ -12,11 +12,11 @@ import argparse
 import json
 import os
 import time
-from datetime import datetime
 
 import nbformat
 import pytest
 from bs4 import BeautifulSoup
+from helpers_kernel_hold import RELEASE_CELL, hold_cell
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
@@ -207,22 +207,29 @@ def kernel_json(kc, expr: str):
     return json.loads(out)
 
 
-def stamp(msg) -> datetime:
-    d = msg["header"]["date"]
-    return d if isinstance(d, datetime) else datetime.fromisoformat(str(d))
-
-
-def test_lm_fork_cell_streams_lanes_and_a_continued_state_shows_its_cached_prefix(lm_kernel):
-    msgs = run(lm_kernel, "%%lm --state s --out first --temperature 0\n"
-                          "Name two facts about water.{fork 2} Fact:{gen fact max_tokens=300}{join}")
+def test_lm_fork_cell_streams_lanes_and_a_continued_state_shows_its_cached_prefix(lm_kernel, tmp_path):
+    """The view's frames show the branches' tokens while they generate: the engine's streams are
+    held after 5 tokens until the test has seen a frame of the view with generated tokens (the
+    gate). Without the hold, frames sent only as the cell ended passed too (their timestamps still
+    before the static bundle's; only a machine that stamped both alike could fail it)."""
+    gate = tmp_path / "gate"
+    run(lm_kernel, hold_cell(gate, after=5))
+    msg_id = lm_kernel.execute("%%lm --state s --out first --temperature 0\n"
+                               "Name two facts about water.{fork 2} Fact:{gen fact max_tokens=300}{join}")
+    msgs: list = []
+    try:
+        tokens_shown = lambda m: m["msg_type"] == "comm_msg" and "lmnb-tok" in json.dumps(m["content"]["data"])
+        # (the cell cannot end while the engine is held: a frame with tokens now was sent as it ran)
+        assert read_until_idle(lm_kernel, msg_id, msgs, stop=tokens_shown, timeout=180) is False
+        held = list(msgs)
+        gate.touch()
+        read_until_idle(lm_kernel, msg_id, msgs)
+    finally:
+        run(lm_kernel, RELEASE_CELL)
     assert [m for m in msgs if m["msg_type"] == "error"] == []
     [cid] = view_comm_ids(msgs)
     final = final_view(msgs)
-    ops = [m for m in msgs if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == cid
-           and m["content"]["data"]["method"] == "custom"]
-    # op frames were created while generation ran, before the static bundle replaced the widget
-    assert ops and stamp(ops[0]) < stamp(final)
-    assert any("lmnb-tok" in op["html"] for m in ops for op in m["content"]["data"]["content"]["ops"])
+    assert held[-1]["content"]["comm_id"] == cid and final not in held  # (the live view's frame, before the bundle)
     data = final["content"]["data"]
     assert WIDGET_MIME not in data and data[VIEW_MIME]["status"] == "done"
     soup = BeautifulSoup(data["text/html"], "html.parser")
