@@ -126,10 +126,13 @@ def test_stats_while_connected_name_the_server_not_an_engine(server, shown):  # 
     session.close()
 
 
-def test_stats_after_a_connect_count_the_cells_the_kernel_ran_before_it(server, shown):  # noqa: F811
+def test_stats_after_a_connect_count_the_cells_the_kernel_ran_before_it(server, shown, monkeypatch):  # noqa: F811
     """The cell rows of %lm stats count every cell of the kernel, also those run on the backend it
     had before %lm connect, under the server's title (docs/cli.md says so): one cell of 7 prompt
     tokens, 3 cached, 5 generated, run before the connect, is still there after it."""
+    # (no default backend set, as in a fresh kernel: one left by another test of the process, such
+    # as the demo Engine a program run without backend= starts, adds its "Python programs run on" row)
+    monkeypatch.setattr(lmnb.api, "_default_backend", None)
     session = Session()
     session.totals.add(7, 3, 5, "done")
     session.connect(lmnb.RuntimeEndpoint(server.url), f"SGLang-protocol server {server.url}")
