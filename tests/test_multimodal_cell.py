@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import pytest
 from helpers_shell import process_shell
@@ -156,9 +157,11 @@ def test_states_counts_an_image_as_its_placeholder_tokens(ip, llava_ckpt):
     run(ip, CELL.replace("--out st", "--state counted"))
     _, ids, _ = image_layout(llava_ckpt, ip._lmnb_magics.session.state("counted").state.text(), img)
     out = run(ip, "%lm states")
-    [row] = [line.split() for o in out.outputs for line in o.data.get("text/plain", "").splitlines()
-             if line.startswith("counted ")]
-    assert int(row[3]) == len(ids)  # it counted the image as 1 token, not its 16 placeholder positions
+    lines = [line for o in out.outputs for line in o.data.get("text/plain", "").splitlines()]
+    # (columns are two or more spaces apart; a cell reads "cell [1]")
+    [header] = [re.split(r"\s{2,}", line.strip()) for line in lines if line.startswith("name ")]
+    [row] = [re.split(r"\s{2,}", line.strip()) for line in lines if line.startswith("counted ")]
+    assert int(row[header.index("tokens")]) == len(ids)  # it counted the image as 1 token, not its 16 placeholder positions
 
 
 def test_tree_labels_follow_a_state_past_its_image(ip, llava_ckpt):
