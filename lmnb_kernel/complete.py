@@ -75,7 +75,8 @@ _BRACES = re.compile(r"\{\{|\}\}|[{}]")
 # {image "ca, {video 'clips/a: the source being typed is a literal path (file names)
 _PATH_SOURCE = re.compile(r"""^\s*(?:image|video)\s+([rR]?["'][^"'\n]*)\Z""")
 _NAME_END = re.compile(r"(?<![\w.])(?:[^\W\d]\w*)?\Z")  # the name a Python text ends in ("" after "len(")
-_ATTRIBUTE_END = re.compile(r"(?<![\w.])([^\W\d]\w*)(\.[\w.]*)\Z")  # t.up, t.real.im: a name's attribute
+# t.up, t.real.im, r[0].up, x.split()[0].up: an attribute of a name (through its subscripts and calls)
+_ATTRIBUTE_END = re.compile(r"(?<![\w.])([^\W\d]\w*)((?:\.\w+|\[[^][]*\]|\([^()]*\))*\.[\w.]*)\Z")
 _FSTRING_PREFIX = re.compile(r"(?<!\w)(?:[fF][rR]?|[rR][fF])\Z")  # the prefix of an f-string's quote
 _TYPES = "_jupyter_types_experimental"  # (complete_reply's metadata key for the matches' types)
 # The type shown beside each of lmnb's own matches, in IPython's words: "param" for an option (its
@@ -332,7 +333,8 @@ def _python_offers(source: str, cursor_pos: int, python: Callable[[str, int], di
     typed is asked alone (IPython without Jedi reads ``[ti`` as magic names). IPython knew no name
     the cell binds, not being the kernel's (``{fork t in stops}{gen x max_tokens=len(t`` offered
     ``tuple``, ``type``, not ``t``). Returns the matches, with their types, and the offset in the
-    cell where the text they replace starts. An attribute of a name the cell binds (``t.up``),
+    cell where the text they replace starts. An attribute of a name the cell binds (``t.up``, or
+    through its subscripts and calls, ``r[0].up``),
     which IPython read as the kernel's ``t``, if any, is asked as one of that name's stand-in
     (``values``: ``stand_ins``): ``(stops)[0].up`` of ``{fork t in stops}``; none is offered where
     the name has none (a gen's value parsed by its ``json_schema``)."""

@@ -789,6 +789,11 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     ("{fork t in xs}{fork 2}{gen x}{join}{x.ap", "([''].ap"),
     # the kernel's t, which the cell does not bind there
     ("{fork t in xs}{join}{t.up", "(t.up"),
+    # through the name's subscripts and calls (the kernel's r or t was asked)
+    ("{fork 2}{gen r}{join}{r[0].up", "([''][0].up"),
+    ("{fork t in stops}{t[-1].up", "((stops)[0][-1].up"),
+    ("{gen x}{x.split()[0].up", "(''.split()[0].up"),
+    ("{gen x}{len(x.strip().up", "(''.strip().up"),
 ])
 def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
     """``{fork t in stops}{t.up`` asked IPython of ``t.up``: nothing where the kernel has no ``t``,
@@ -816,6 +821,7 @@ def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
     "{gen x dtype=int}{fork t in x}{t.na",
     "{fork a, b, c in enumerate(xs)}{b.na",  # (enumerate's items are pairs: the fork fails as it runs)
     "{fork t in xs}{fork 2}{gen y dtype=kind}{join}{y.na",
+    "{gen x json_schema=Person}{x['who'].na",  # (through a subscript)
 ])
 def test_completion_of_an_attribute_of_a_name_the_cell_binds_to_a_value_of_no_known_kind_offers_nothing(code):
     """IPython was asked of the kernel's name (``x.na``: the attributes of another object); where
