@@ -197,6 +197,8 @@ def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(t
     ("rows.jsonl", [b'{"question": ', b'{"question": "a",', b"\xff not UTF-8", b"[1, 2]", b"null"]),
     # (one column: "question" is the header again; a quoted value over two lines is one record)
     ("rows.csv", [b'"open, quote"x', b"a,b", b"c,d,e", b"question", b'"two\r\nlines",z']),
+    # (bytes that are no UTF-8: a record's, on its one line or inside a quoted value of two)
+    ("rows.csv", [b"\xff not UTF-8", b'"caf\xe9\r\nau lait"', b"caf\xc3"]),
 ])
 def test_each_row_that_cannot_be_read_has_its_own_input_hash(tmp_path, name, lines):
     """Their fields, None, were hashed: every bad_input record had one input_hash, whatever the
@@ -209,6 +211,27 @@ def test_each_row_that_cannot_be_read_has_its_own_input_hash(tmp_path, name, lin
     results = read_results(tmp_path / "out.jsonl")
     assert [r["status"] for r in results] == ["bad_input"] * len(lines)
     assert [r["input_hash"] for r in results] == [hashlib.sha256(line).hexdigest()[:16] for line in lines]
+
+
+def test_a_csv_row_that_is_no_utf8_is_bad_input_and_the_rows_after_it_run(tmp_path, capsys):
+    """A CSV file with one row that is no UTF-8 (a Latin-1 "café") stopped the whole job (exit 2,
+    "rows.csv line 3: not UTF-8 text ...; save the file as UTF-8"), none of its rows run, where
+    a JSON line's is a bad_input record of its own. Now it is that row's record, told as a JSON
+    line's is (the byte counted from 0 in its line: "caf" is bytes 0-2, so E9 is byte 3; inside
+    a quoted value, its own line), and the other rows run; a header that is no UTF-8 still stops it."""
+    rows = tmp_path / "rows.csv"
+    rows.write_bytes(b'question\nq1\ncaf\xe9\n"two\nlines \xff"\nq2\n')
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert [results[i]["status"] for i in range(4)] == ["ok", "bad_input", "bad_input", "ok"]
+    assert results[1]["error"] == "line 3: not UTF-8 text (invalid continuation byte at byte 3)"
+    assert (results[2]["line"], results[2]["error"]) == (4, "line 5: not UTF-8 text (invalid start byte at byte 6)")
+    assert [results[i]["variables"]["answer"] for i in (0, 3)] == ["Q1", "Q2"]
+    assert "rows.csv line 3: not UTF-8 text (invalid continuation byte at byte 3)" in capsys.readouterr().err
+    rows.write_bytes(b"questi\xf3n\nq1\n")
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    assert str(refused.value) == f"{rows} line 1: not UTF-8 text (invalid continuation byte at byte 6); save the file as UTF-8"
 
 
 def test_a_missing_field_that_a_field_of_the_row_misspells_is_offered(tmp_path):

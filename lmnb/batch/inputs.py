@@ -23,7 +23,7 @@ _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "c
 
 
 class InputError(ValueError):
-    """The input file as a whole cannot be read (missing, unknown format, not UTF-8, no CSV header)."""
+    """The input file as a whole cannot be read (missing, unknown format, UTF-16 or UTF-32, no usable CSV header)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ def read_rows(path: Path, fmt: Optional[str] = None) -> Iterator[InputRow]:
 
     Raises:
         InputError: the file cannot be opened or read (the system's reason, naming the file), its
-            format is unknown, or a CSV file has no usable header or is not UTF-8 (the message names
-            the line).
+            format is unknown, or a CSV file has no usable header or its header is not UTF-8 (the
+            message names the line). A row that is no UTF-8 is a malformed record of its own.
     """
     try:  # (before the format: a folder or a missing file without a suffix was told to name its format)
         if path.is_dir():
@@ -218,6 +218,9 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
         if start is None:
             raise InputError(f"{path} has no CSV header: it holds no line but blank ones; its first line must "
                              "name every column")
+        undecodable = _undecodable(start, "".join(header))
+        if undecodable is not None:
+            raise InputError(f"{path} {undecodable}; save the file as UTF-8")
         if problem is not None:
             raise InputError(f"{path} line {start}: cannot read the CSV header: {problem}")
         if not all(h.strip() for h in header):
@@ -228,7 +231,10 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             raise InputError(f"{path} line {start}: column names appear twice: {', '.join(duplicates)}")
         index, other = 0, _other_separator(header, delimiter)
         for start, record, problem, text in records:
-            if problem is not None:
+            undecodable = _undecodable(start, text)
+            if undecodable is not None:
+                yield InputRow(index, start, None, undecodable, _as_read(text))
+            elif problem is not None:
                 yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}{other}", _as_read(text))
             elif not record:
                 continue  # a blank line
@@ -244,8 +250,27 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
 
 
 def _as_read(text: str) -> bytes:
-    """A malformed CSV record's ``InputRow.raw``: its lines as UTF-8, without the last line break."""
-    return text.rstrip("\r\n").encode("utf-8")
+    """A malformed CSV record's ``InputRow.raw``: its lines as read (bytes that are no UTF-8 as
+    they were), without the last line break."""
+    return text.rstrip("\r\n").encode("utf-8", "surrogateescape")
+
+
+_ESCAPED = re.compile("[\udc80-\udcff]")  # (a byte that is no UTF-8, as surrogateescape keeps it)
+_LINES = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")  # (the places where a line ends, as _decoded_lines splits them)
+
+
+def _undecodable(start: int, text: str) -> Optional[str]:
+    """Where the lines ``text`` of a record, the first line ``start``, hold bytes that are no
+    UTF-8 (``_decoded_lines`` keeps them as lone surrogates): "line N: not UTF-8 text (REASON at
+    byte B)", B counted from 0 in its line, as a JSON line's is told; None where they hold none."""
+    if not _ESCAPED.search(text):
+        return None
+    for n, line in enumerate(_LINES.split(text)):
+        try:
+            line.encode("utf-8", "surrogateescape").decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"line {start + n}: not UTF-8 text ({e.reason} at byte {e.start})"
+    return None
 
 
 def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
@@ -336,11 +361,9 @@ def _decoded_lines(f, path: Path) -> Iterator[str]:
     for lineno, raw in enumerate(f, start=1):
         if lineno == 1:
             raw = _first_line(raw, path)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path} line {lineno}: not UTF-8 text ({e.reason} at byte {e.start}); "
-                             "save the file as UTF-8") from None
+        # (bytes that are no UTF-8 kept as lone surrogates: the record holding them is bad input,
+        # _undecodable, as a JSON line's is; the job stopped at the first, for every row)
+        text = raw.decode("utf-8", "surrogateescape")
         # A CR alone ends a line too, as csv reads a file opened with newline='' (Excel for Mac's "CSV
         # (Macintosh)" ends lines so): its whole file was one line, refused as "new-line character
         # seen in unquoted field". (A CR inside a quoted value stays in it: csv joins the lines.)
