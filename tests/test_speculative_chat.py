@@ -435,6 +435,35 @@ def test_a_pick_after_a_speculated_chat_roles_held_text_on_an_openai_chat_model_
     assert "assistant role of its own" not in said
 
 
+def test_the_json_schema_enum_fix_of_a_chat_models_pick_says_where_the_gen_runs_and_it_runs_there():
+    """The refusal of a pick on a chat model offered "constrain a gen with json_schema {'enum': [...]}"
+    alone; put where the pick was, after text in its speculated role, that gen was refused in turn
+    ("has json_schema=... in an assistant role that also holds text"), and its value is the choice
+    quoted, '"yes"', not 'yes'. The refusal says where the gen runs, and what its value is; so
+    placed, it runs."""
+
+    @sgl.function(num_api_spec_tokens=16)
+    def picking(s):
+        s += sgl.user("q")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop=" ") + " ok? " + sgl.select("a", ["yes", "no"]))
+
+    with pytest.raises(sgl.ProgramError) as e:
+        picking.run(backend=sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1")).text()
+    assert ("constrain a gen with json_schema {'enum': [...]} at the start of an assistant message (alone in it under "
+            "num_api_spec_tokens), whose value is the choice as JSON, quoted ('\"yes\"')") in str(e.value)
+
+    @sgl.function(num_api_spec_tokens=16)
+    def fixed(s):
+        s += sgl.user("q")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop=" ") + " ok?")
+        s += sgl.assistant(sgl.gen("a", json_schema={"enum": ["yes", "no"]}))
+
+    be = ScriptedBackend(lambda p, params: "Name: Ann ok?" if params.json_schema is None else '"yes"',
+                         chat_template=CHATML, is_chat_model=True)
+    st = fixed.run(backend=be)
+    assert (st["name"], st["a"]) == ("Ann", '"yes"')
+
+
 @pytest.mark.parametrize("gen", [lambda: sgl.gen("a", regex=r"[0-9]+"), lambda: sgl.gen("a", dtype=int),
                                  lambda: sgl.gen("a", json_schema=_PERSON)])
 def test_a_constrained_chat_gen_after_text_without_speculation_is_not_told_to_speculate(gen):

@@ -804,8 +804,10 @@ class OpenAI(BaseBackend):
             raise BackendCannotRun(
                 "select() needs prompt logprobs, which chat APIs do not return; use a completion model "
                 "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion), "
-                "lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a gen with json_schema {'enum': [...]}"
-            )
+                "lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a gen with json_schema {'enum': [...]} at the "
+                "start of an assistant message (alone in it under num_api_spec_tokens), whose value is the choice "
+                "as JSON, quoted ('\"yes\"')"
+            )  # (after text in a reply, or beside it in a speculated role, such a gen is refused in turn)
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
         """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request (several of
