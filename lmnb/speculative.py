@@ -421,24 +421,42 @@ def _constraint_way_out(backend, terms: list[tuple]) -> str:
     gen, "run without speculation" alone would be refused in turn, with the fix of speculating."""
     from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
 
-    plain = ", or run without API speculative execution (@function without num_api_spec_tokens)"
-    if not isinstance(backend, OpenAI):
-        return plain
+    if isinstance(backend, OpenAI) and _gen_after_writing(terms):
+        return _continuing(backend, "")[1]  # (its way out only: the gen it names is in its reason)
+    return ", or run without API speculative execution (@function without num_api_spec_tokens)"
+
+
+def _off(backend, terms: list[tuple]) -> str:
+    """The split refusal's fix of turning speculation off for the chat role ``terms``, as ``backend``
+    can run it so: an ``lmnb.OpenAI`` chat model refuses a gen after the role's text or another gen
+    without speculation unless it continues the reply (``_continuing``: that way out, or none on
+    OpenAI's own API), where "turn it off" alone was refused in turn with the fix of speculating."""
+    from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
+
+    if isinstance(backend, OpenAI) and _gen_after_writing(terms):
+        return _continuing(backend, "", "a vLLM, SGLang or lmnb serve server")[1].replace(",", ";", 1)
+    return "; or turn API speculative execution off (@function without num_api_spec_tokens)"
+
+
+def _gen_after_writing(terms: list[tuple]) -> bool:
+    """Whether a gen of the chat role ``terms`` comes after text or another gen of it: where,
+    without speculation, an ``lmnb.OpenAI`` chat model that does not continue the reply refuses it."""
     written = False  # (the role holds text or a gen before this term)
     for term in terms:
         if term[0] == "gen" and written:
-            return _continuing(backend, "")[1]  # (its way out only: the gen it names is in its reason)
+            return True
         written = written or term[0] == "gen" or bool(term[1].strip())
-    return plain
+    return False
 
 
-def _continuing(backend, this: str) -> tuple[str, str]:
+def _continuing(backend, this: str, server: str = "such a server") -> tuple[str, str]:
     """Why a chat model's speculated gen ``this`` cannot be drawn with its own options, and the way
     out where ``backend`` continues a half-written assistant message without speculation:
     ``lmnb.OpenAI(..., continue_final_message=True)`` does (a call per gen), and any other server
     than OpenAI's own may take that field (vLLM, SGLang, lmnb serve); speculation makes one call
     per role, so it never does. The fix names the Python API's option and ``%lm connect``'s, as
-    ``OpenAI``'s own refusal of such a gen does."""
+    ``OpenAI``'s own refusal of such a gen does, and the servers that take it as ``server`` (a
+    refusal that gives no reason names them there)."""
     from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
 
     if not isinstance(backend, OpenAI) or backend.is_official or not backend.is_chat_model:
@@ -449,7 +467,7 @@ def _continuing(backend, this: str) -> tuple[str, str]:
     if backend.continue_final_message:
         return why + "(this backend can continue it: continue_final_message=True)", ", or " + without.format("")
     return (why + "(a vLLM, SGLang or lmnb serve server can continue it, with continue_final_message)",
-            ", or, on such a server, " + without.format(
+            f", or, on {server}, " + without.format(
                 " and with OpenAI(..., continue_final_message=True) (in a notebook %lm connect URL --openai MODEL "
                 "--continue-final-message)"))
 
@@ -528,8 +546,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
         if shares is None:
             raise ValueError(
                 f"API speculative execution: after {SPEC_MAX_TRIES} calls the reply {reply[:200]!r} "
-                f"does not follow the assistant role's pattern of text and gens: {why}; or turn API "
-                "speculative execution off (@function without num_api_spec_tokens)"
+                f"does not follow the assistant role's pattern of text and gens: {why}{_off(ex.backend, terms)}"
             )
     ends = tokens.ends if gens else None
     outputs, start, k = [], 0, 0

@@ -543,6 +543,42 @@ def test_a_speculated_chat_gen_right_before_another_ends_at_its_own_max_tokens(a
     assert be.kinds() == ["generate"]
 
 
+@pytest.mark.parametrize("continues, fix", [
+    (False, "; or, on a vLLM, SGLang or lmnb serve server, run without API speculative execution (@function without "
+            "num_api_spec_tokens) and with OpenAI(..., continue_final_message=True) (in a notebook %lm connect URL "
+            "--openai MODEL --continue-final-message): each gen then continues the reply in a call of its own"),
+    (True, "; or run without API speculative execution (@function without num_api_spec_tokens): each gen then "
+           "continues the reply in a call of its own"),
+])
+def test_a_speculated_chat_reply_off_the_pattern_on_openai_names_a_way_off_speculation_that_runs(continues, fix):
+    """gen("a", max_tokens=100) + gen("b", max_tokens=3) on lmnb serve's demo model (its reply 'Arvel
+    lives in Udrin.' and an EOS) was refused with "give gen 'a' a stop; or turn API speculative
+    execution off (@function without num_api_spec_tokens)"; on lmnb.OpenAI's chat model, that
+    program without num_api_spec_tokens was refused in turn ("an OpenAI chat model can only generate
+    at the start of an assistant message ... use @function(num_api_spec_tokens=N)"), a loop. The
+    refusal now names the way off speculation the backend runs: with continue_final_message
+    (each gen a call of its own, which ran on lmnb serve), and none on OpenAI's own API."""
+    from lmnb.backend.base import Completion
+
+    class Replying(sgl.OpenAI):
+        def generate(self, prompt, params, rid):
+            return [Completion("Arvel lives in Udrin.", {"id": rid, "finish_reason": {"type": "stop"}})]
+
+    @sgl.function(num_api_spec_tokens=8)
+    def prog(s):
+        s += sgl.user("Where does Arvel live?")
+        s += sgl.assistant(sgl.gen("a", max_tokens=100) + sgl.gen("b", max_tokens=3))
+
+    be = Replying("m", base_url="http://127.0.0.1:9/v1", api_key="k", continue_final_message=continues)
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=be).text()
+    assert str(e.value).endswith("and no fill comes before gen 'b' to end it: give gen 'a' a stop" + fix)
+    official = Replying("gpt-4o", api_key="k")  # (OpenAI's own API continues no reply: no way off speculation is offered)
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=official).text()
+    assert str(e.value).endswith("and no fill comes before gen 'b' to end it: give gen 'a' a stop")
+
+
 class _TokensThenEos(_Tokens):
     """_Tokens with an EOS after the reply's text: a token the text skips, as the engine's chat reply ends."""
 
