@@ -726,7 +726,8 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
     why the reply does not follow the pattern, with the fix where the program's pattern is the
     cause (``spec_role_end``'s error). ``cut_at``:
     the call's ``max_tokens`` where the reply was cut there, said where a gen met neither its stop
-    nor the next fill (the cut may be why; not where the program's pattern is). ``tokens``: the
+    nor the next fill (the cut may be why; not where the program's pattern is); None: the reply
+    ended by itself, so neither more tokens nor a stop (which the fill must follow) mends that. ``tokens``: the
     reply with its token boundaries, where known (``Speculation.from_completion``), and ``written``
     the call's tokens (its logprob entries: an EOS after the text too): a gen right before another
     gen ends at its own ``max_tokens`` tokens where they end before its stop is whole, the next
@@ -765,10 +766,14 @@ def _split(terms: list[tuple], reply: str, follows: Optional[str],
             after = next(t[1].name for t in terms[k + 1:] if t[0] == "gen")
             return None, (f"gen {name!r} met no stop in the reply's text {rest[:40]!r}, and no fill comes before "
                           f"gen {after!r} to end it: give gen {name!r} a stop")
-        else:
-            cut = f" (the reply was cut at num_api_spec_tokens={cut_at} tokens: raise it)" if cut_at else ""
+        elif cut_at:
             return None, (f"gen {name!r} met neither its stop nor the next fill ({following!r}) in the reply's "
-                          f"text {rest[:40]!r}: raise num_api_spec_tokens or add stop strings{cut}")
+                          f"text {rest[:40]!r}: raise num_api_spec_tokens or add stop strings (the reply was cut at "
+                          f"num_api_spec_tokens={cut_at} tokens: raise it)")
+        else:  # (the reply ended by itself: more tokens or a stop, which the fill must follow, mend nothing)
+            return None, (f"gen {name!r} met neither its stop nor the next fill ({following!r}) in the reply's "
+                          f"text {rest[:40]!r}, which ended without the fill: ask the model for the role's text "
+                          "in the prompt")
         values.append((rest[:pos], how))
         rest = rest[pos:]
     return values, ""

@@ -3564,6 +3564,11 @@ def test_a_speculated_chat_reply_is_counted_once_not_once_per_gen():
      "num_api_spec_tokens or add stop strings (the reply was cut at num_api_spec_tokens=16 tokens: raise it)"),
     (lambda: sgl.gen("a") + sgl.gen("b"), "x y", "stop",
      "gen 'a' met no stop in the reply's text 'x y', and no fill comes before gen 'b' to end it: give gen 'a' a stop"),
+    # (a reply that ended by itself without the fill: it was told to raise num_api_spec_tokens or add stop
+    # strings, which mend nothing: a gen's stop must be followed by the fill, which the reply does not hold)
+    (lambda: sgl.gen("a") + " and " + sgl.gen("b"), "Arvel lives in Udrin.", "stop",
+     "gen 'a' met neither its stop nor the next fill (' and ') in the reply's text 'Arvel lives in Udrin.', which "
+     "ended without the fill: ask the model for the role's text in the prompt"),
     # (a cut reply whose cause is the program's pattern: raising num_api_spec_tokens mends nothing)
     (lambda: "Result: " + sgl.gen("r", stop="END") + " here", "Result: x END here", "length",
      "gen 'r' stops at 'END', where the reply goes on 'END here', not with the next fill (' here'): make "
