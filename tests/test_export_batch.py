@@ -232,6 +232,12 @@ def test_a_csv_row_that_is_no_utf8_is_bad_input_and_the_rows_after_it_run(tmp_pa
     with pytest.raises(InputError) as refused:
         list(read_rows(rows))
     assert str(refused.value) == f"{rows} line 1: not UTF-8 text (invalid continuation byte at byte 6); save the file as UTF-8"
+    rows.write_bytes(b'"question\nq1\n')  # (a header csv cannot read is told so, as before: it raised TypeError)
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    assert str(refused.value) == (f"{rows} line 1: cannot read the CSV header: a quote opened in this row is never "
+                                  'closed: lines 1-2, to the end of the file, are inside it; close the quoted value, '
+                                  'or write a quote inside it as ""')
 
 
 def test_a_missing_field_that_a_field_of_the_row_misspells_is_offered(tmp_path):

@@ -214,11 +214,11 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
         # Blank lines before the header are skipped, as pandas' read_csv does (its header=0 is the
         # first line that is not blank); csv.DictReader takes a blank first line for a header of no
         # columns, and puts each row's values under the key None.
-        start, header, problem, _ = next((r for r in records if r[1] != []), (None, None, None, None))
+        start, header, problem, text = next((r for r in records if r[1] != []), (None, None, None, None))
         if start is None:
             raise InputError(f"{path} has no CSV header: it holds no line but blank ones; its first line must "
                              "name every column")
-        undecodable = _undecodable(start, "".join(header))
+        undecodable = _undecodable(start, text)
         if undecodable is not None:
             raise InputError(f"{path} {undecodable}; save the file as UTF-8")
         if problem is not None:
