@@ -91,8 +91,17 @@ def test_two_parameters_that_would_be_one_option_are_refused_at_export(cell, mon
     # a script that runs its cells once has no --limit: limit is --limit, and the two options differ
     source, _ = export_notebook(notebook(("parameters", cell), "got = (limit, param_limit)"))
     monkeypatch.setattr(sys, "argv", ["job.py", "--limit", "5", "--param-limit", "6"])
+    import lmnb.api
+
+    # (the script starts its backend, the demo Engine, as lmnb's default: put back, and shut down, after)
+    previous = lmnb.api._default_backend
+    monkeypatch.setattr(lmnb.api, "_default_backend", previous)
     ns: dict = {"__name__": "__main__"}
-    exec(compile(source, "job.py", "exec"), ns)
+    try:
+        exec(compile(source, "job.py", "exec"), ns)
+    finally:
+        if lmnb.api._default_backend not in (None, previous):
+            lmnb.api._default_backend.shutdown()
     assert ns["got"] == (5, 6)
 
 

@@ -29,6 +29,16 @@ def ip(tiny_llama):
         yield shell
 
 
+@pytest.fixture(autouse=True)
+def _session_defaults_put_back(monkeypatch):
+    # (a test that unloads and loads the extension leaves a new, equivalent session backend and
+    # unset default as lmnb's: each test's are put back, as conftest's guard would, without its warning)
+    import lmnb.api
+
+    monkeypatch.setattr(lmnb.api, "_default_backend", lmnb.api._default_backend)
+    monkeypatch.setattr(lmnb.api, "_unset_default", lmnb.api._unset_default)
+
+
 def run(ip, code: str):
     """(ExecutionResult, captured outputs and stdout) of one cell."""
     with capture_output() as out:
