@@ -19,7 +19,11 @@ from lmnb_kernel.tables import cell_label, percent, table
 
 def load(args, session: Session) -> None:
     """``%lm load [MODEL]``: start a new in-process engine now (named states are dropped); no MODEL:
-    ``$LMNB_MODEL``, else the built-in demo model."""
+    ``$LMNB_MODEL``, else the built-in demo model. An empty MODEL (``%lm load ''``) is refused:
+    read as no MODEL, it loaded that default and dropped the named states without a word."""
+    if args.model is not None and not args.model.strip():
+        raise CellError(f"%lm load got an empty model path {args.model!r}; give a checkpoint folder or hub id, or "
+                        "plain %lm load for $LMNB_MODEL or the built-in demo model")
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                           max_total_tokens=args.max_total_tokens, random_weights=args.random_weights)
     dropped = sorted(session.states)  # they ran on the old engine, whose cache goes with it

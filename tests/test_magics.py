@@ -648,6 +648,22 @@ def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(
     assert "fix: %lm load PATH_OR_HF_ID" in out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("path", ["''", '" "'])
+def test_an_empty_model_path_is_refused_and_keeps_the_engine_and_its_states(ip, path):
+    """%lm load '' read the empty path as no MODEL: it loaded $LMNB_MODEL or the demo model in place
+    of the kernel's engine and dropped the named states, without a word of why."""
+    run(ip, "%%lm --quiet --temperature 0 --state kept\nKeep:{gen k max_tokens=1}")
+    session = ip._lmnb_magics.session
+    engine = session.backend().engine
+    result, out = run(ip, f"%lm load {path}")
+    assert not result.success and type(result.error_in_exec).__name__ == "CellError"
+    assert str(result.error_in_exec) == (f"%lm load got an empty model path {path[1:-1]!r}; give a checkpoint folder "
+                                         "or hub id, or plain %lm load for $LMNB_MODEL or the built-in demo model\n"
+                                         f"cells still run on the in-process engine on {session.config.describe()}")
+    assert session.backend().engine is engine and "kept" in session.states
+    run(ip, "%lm reset kept")
+
+
 def test_a_load_on_a_device_that_is_not_there_names_the_option_to_give(ip, tiny_llama, monkeypatch):
     """%lm load --device cuda without CUDA said "use device='cpu'", the Python API's words."""
     from helpers_model import no_gpu
