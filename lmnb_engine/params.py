@@ -623,11 +623,10 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
         token = key.item() if _is_numpy_scalar(key) else key
         written = isinstance(key, str) and _ID_TEXT.fullmatch(key)
         if written:  # (leading zeros are no digits of the id, but int() counts them against its limit)
-            sign, digits = "-" if key.startswith("-") else "", key.lstrip("+-").lstrip("0") or "0"
-            if digits_over_limit(len(digits)) and not sign:
+            token = integer_text_value(key)  # (None: more digits past the zeros than Python reads)
+            if token is None and not key.startswith("-"):
                 bad(f"the key {shown_integer_text(key)} is a token id past every model's vocabulary; remove it, or "
                     "take the ids from the model's tokenizer", {key: value})
-            token = None if digits_over_limit(len(digits)) else int(sign + digits)
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
             shown = shown_integer_text(key) if written and too_many_digits(key) else shown_number(key)
             # (no backend-neutral encoder exists, nor one over an HTTP API: the fix names where each comes from;
