@@ -320,7 +320,8 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend, w
     Raises:
         ValueError: naming both gens, the differing options with both values, and the fix.
     """
-    spec_role_written_check(written, expr, sum(t[0] == "gen" for t in terms) + 1, backend)
+    gen_k = sum(t[0] == "gen" for t in terms)  # (expr is the role's gen number gen_k + 1)
+    spec_role_written_check(written, expr, gen_k + 1, backend)
     spec_role_constraint_check([*terms, ("gen", expr, params, None)], backend)
     first = next((t for t in terms if t[0] == "gen"), None)
     if first is None:
@@ -330,7 +331,6 @@ def spec_role_check(terms: list[tuple], expr: Gen, params: GenParams, backend, w
               and _drawn_with(f.name, getattr(params, f.name)) != _drawn_with(f.name, getattr(first_params, f.name))]
     if not fields:
         return
-    gen_k = sum(t[0] == "gen" for t in terms)  # (expr is the role's gen number gen_k + 1)
     this, that = _gen_named(expr, gen_k + 1), _gen_named(first_expr, 1)
     names = " and ".join(dict.fromkeys(_option_name(f, expr) for f in fields))
     why, way_out = _continuing(backend, this)
