@@ -383,7 +383,7 @@ def spec_role_constraint_check(terms: list[tuple], backend) -> None:
     in its role is the whole reply: its constraint is the call's, as without speculation. Called
     as each gen is deferred (``spec_role_check``) and at the role's end, before its call (text
     after the gen). Running without speculation is offered as ``backend`` can run the role so
-    (``_constraint_way_out``).
+    (``_way_off_speculation``).
 
     Raises:
         ValueError: naming the gen, its constraint and the fixes.
@@ -409,33 +409,30 @@ def spec_role_constraint_check(terms: list[tuple], backend) -> None:
         "API speculative execution (num_api_spec_tokens) a chat model writes the whole assistant message in one "
         f"call, with the first gen's options, so the {name} constrains the whole assistant message, the role's "
         "other text and gens too; put the gen alone in an assistant role of its own"
-        f"{_constraint_way_out(backend, terms)}"
+        f"{_way_off_speculation(backend, terms, _RUN_WITHOUT)}"
     )
 
 
-def _constraint_way_out(backend, terms: list[tuple]) -> str:
-    """The refusal's fix of running a chat role (``terms``) without speculation, as ``backend`` can:
+# the fix of running without speculation where nothing refuses it in turn: the constrained gen's
+# refusal's, and the refusal of a reply that did not follow the role's pattern
+_RUN_WITHOUT = ", or run without API speculative execution (@function without num_api_spec_tokens)"
+_TURN_OFF = "; or turn API speculative execution off (@function without num_api_spec_tokens)"
+
+
+def _way_off_speculation(backend, terms: list[tuple], otherwise: str, server: str = "such a server",
+                         sep: str = ",") -> str:
+    """A refusal's fix of running a chat role (``terms``) without speculation, as ``backend`` can:
     without it an ``lmnb.OpenAI`` chat model writes a gen only at the start of the assistant message
     (its ``_prompt_kwargs``), unless it continues the reply (``continue_final_message``, a server
-    other than OpenAI's own: ``_continuing``); so where a gen of the role comes after text or another
-    gen, "run without speculation" alone would be refused in turn, with the fix of speculating."""
+    other than OpenAI's own: ``_continuing``, whose ``server`` words are passed on; none on
+    OpenAI's own API); so where a gen of the role comes after text or another gen, "run without
+    speculation" alone (``otherwise``, the fix elsewhere) would be refused in turn, with the fix of
+    speculating. ``sep``: the mark the way out begins with (after the refusal's other fix)."""
     from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
 
     if isinstance(backend, OpenAI) and _gen_after_writing(terms):
-        return _continuing(backend, "")[1]  # (its way out only: the gen it names is in its reason)
-    return ", or run without API speculative execution (@function without num_api_spec_tokens)"
-
-
-def _off(backend, terms: list[tuple]) -> str:
-    """The split refusal's fix of turning speculation off for the chat role ``terms``, as ``backend``
-    can run it so: an ``lmnb.OpenAI`` chat model refuses a gen after the role's text or another gen
-    without speculation unless it continues the reply (``_continuing``: that way out, or none on
-    OpenAI's own API), where "turn it off" alone was refused in turn with the fix of speculating."""
-    from lmnb.backend.openai import OpenAI  # (here: import lmnb loads that module only where a program uses it)
-
-    if isinstance(backend, OpenAI) and _gen_after_writing(terms):
-        return _continuing(backend, "", "a vLLM, SGLang or lmnb serve server")[1].replace(",", ";", 1)
-    return "; or turn API speculative execution off (@function without num_api_spec_tokens)"
+        return _continuing(backend, "", server)[1].replace(",", sep, 1)  # (its way out only: the gen is in its reason)
+    return otherwise
 
 
 def _gen_after_writing(terms: list[tuple]) -> bool:
@@ -546,7 +543,8 @@ def spec_role_end(ex: "StreamExecutor") -> None:
         if shares is None:
             raise ValueError(
                 f"API speculative execution: after {SPEC_MAX_TRIES} calls the reply {reply[:200]!r} "
-                f"does not follow the assistant role's pattern of text and gens: {why}{_off(ex.backend, terms)}"
+                f"does not follow the assistant role's pattern of text and gens: {why}"
+                f"{_way_off_speculation(ex.backend, terms, _TURN_OFF, 'a vLLM, SGLang or lmnb serve server', ';')}"
             )
     ends = tokens.ends if gens else None
     outputs, start, k = [], 0, 0
