@@ -28,7 +28,9 @@ run: install
 # (an engine, a kernel) load once: on CI's two cores the suite's waits on subprocesses, kernels and
 # timeouts overlap with the other worker's computing. Files are handed out in collection order
 # (--no-loadscope-reorder; xdist would start with the files of most tests), which
-# tests/conftest.py starts with the longest-running ones.
+# tests/conftest.py starts with the longest-running ones. A worker that crashes (a segfault) ends the
+# run, failed, at once (--max-worker-restart 0): with --dist loadfile, xdist's replacing it can hang
+# the run for good (pytest-dev/pytest-xdist#784, #1378), and CI then timed out with no report.
 test: install
 	bash tests/browser/setup.sh $(VENV)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 tests

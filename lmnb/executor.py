@@ -19,7 +19,6 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
-import gc
 import operator
 import random
 import sys
@@ -35,6 +34,7 @@ from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completio
 from lmnb.backend.media import check_source
 from lmnb.chat_template import ChatTemplate
 from lmnb.interrupt import held_interrupts
+from lmnb.thread_waits import blocked_in_a_join
 from lmnb.user_site import running_for, user_site
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -384,27 +384,6 @@ def _fork_size(size: Any) -> int:
     return n
 
 
-_BODY_POLL_S = 0.25  # how often a reader waiting for a streamed body checks whether the body waits for it
-
-_FRAMES_LOCK = threading.RLock()  # _current_frames' turns (an RLock: a finalizer the call runs may take a turn too)
-
-
-def _current_frames() -> dict:
-    """``sys._current_frames()`` with the garbage collector off: on CPython 3.11 a collection
-    during the call can free a ``threading.local`` whose clean-up waits for the interpreter lock
-    the call holds, and the process hangs for good (python/cpython#106883; two test runs here hung
-    so under 3.11.7, gdb showed that stack). The snapshots take turns: of two at once, the first
-    turned the collector back on while the second's call ran (which had found it off and left it so)."""
-    with _FRAMES_LOCK:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return sys._current_frames()
-        finally:
-            if enabled:
-                gc.enable()
-
-
 def _fresh(error: BaseException) -> BaseException:
     """``error``, a state's stored error, cleared of its traceback to be raised again by a read
     (``text()``, ``s[name]``). Raised as it is, it kept the frames of every earlier raise of it
@@ -414,50 +393,6 @@ def _fresh(error: BaseException) -> BaseException:
     reads through ``iter_text`` while a ``--python`` body may raise the same error, and the cell's
     error message takes the body's line from the frames that raise left (``magics._describe``)."""
     return error.with_traceback(None)
-
-
-def _waits_for(waiter: int, reader: int) -> bool:
-    """Whether thread ``waiter`` is blocked waiting for thread ``reader``: in ``Thread.join`` of
-    it, or in ``Future.result``/``exception`` of a future it runs for a ``ThreadPoolExecutor``,
-    directly or through a chain of threads each blocked so on the next (the body joins a helper
-    thread that waits for a pool worker's future). Read from the threads' stacks, a snapshot
-    taken while they run: Python records no other link."""
-    from concurrent.futures import Future, thread
-
-    frames = _current_frames()
-    threads = {id(t): t.ident for t in threading.enumerate()}
-    joins = threading.Thread.join.__code__
-    results = (Future.result.__code__, Future.exception.__code__)
-    # (the pool's private work item; were it renamed, only joins of threads would be seen)
-    run_item = getattr(getattr(getattr(thread, "_WorkItem", None), "run", None), "__code__", None)
-
-    def stack(ident: int) -> Iterator:
-        frame = frames.get(ident)
-        while frame is not None:
-            yield frame
-            frame = frame.f_back
-
-    try:
-        running: Optional[dict] = None  # id of a future -> the pool worker running it (looked up once needed)
-        seen, todo = set(), [waiter]
-        while todo:
-            ident = todo.pop()
-            if ident == reader:
-                return True
-            if ident in seen:
-                continue
-            seen.add(ident)
-            for f in stack(ident):
-                if f.f_code is joins:
-                    todo.append(threads.get(id(f.f_locals.get("self"))))
-                elif f.f_code in results:
-                    if running is None:
-                        running = {id(getattr(w.f_locals.get("self"), "future", None)): worker
-                                   for worker in frames for w in stack(worker) if w.f_code is run_item}
-                    todo.append(running.get(id(f.f_locals.get("self"))))
-    except AttributeError:  # a running thread's stack changed under the walk (seen on CPython 3.11)
-        return False  # (cannot tell: wait for the body, and look again at the next poll)
-    return False
 
 
 class StreamExecutor:
@@ -523,8 +458,9 @@ class StreamExecutor:
         self.error_read = False
         self.closed = False  # the program body returned (or the branch was joined)
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
-        # readers on other threads wait for it, as it may still submit what they read
+        # the thread that started it (body_caller) waits for it, as it may still submit what it reads
         self.body_thread: Optional[int] = None
+        self.body_caller: Optional[int] = None
         # the thread running a program body that is not streamed, None when none runs: a second
         # body on this state (run(state=s)) is refused meanwhile, as while body_thread is set
         self.plain_body: Optional[int] = None
@@ -773,8 +709,9 @@ class StreamExecutor:
         ``joined`` is set back to False by a join that then fails.
 
         Raises:
-            RuntimeError: the body running on this branch is the caller, or is blocked waiting for
-                it (joins its thread, waits for a future it runs): waiting for it would hang both.
+            RuntimeError: the body running on this branch is the caller: it would wait for itself.
+                (A body that waits for the caller, joining its thread, hangs with it, as two
+                threads joining each other do: Python records no such link that can be read safely.)
         """
         with self._cv:
             while True:
@@ -783,34 +720,35 @@ class StreamExecutor:
                     break
                 if body is not None:
                     self._refuse_to_wait_for(body)
-                    self._wait(_BODY_POLL_S)  # (the body may start waiting for this thread meanwhile)
-                else:
-                    self._wait()
+                self._wait()
             self.joined = True
 
     def _refuse_to_wait_for(self, body: int) -> None:
         """(Lock held.) Raise if the join of this branch, on the caller's thread, cannot wait for
-        the program body running on the branch (thread ``body``; -1 until it starts)."""
-        where = f"fork branch {'.'.join(map(str, self.branch))}"
-        me = threading.get_ident()
-        if body == me:
+        the program body running on the branch (thread ``body``; -1 until it starts): the body is
+        that thread."""
+        if body == threading.get_ident():
+            where = f"fork branch {'.'.join(map(str, self.branch))}"
             raise RuntimeError(f"the program body running on {where} (run(state=branch)) joined that branch's fork "
                                "group: the join waits for the body to return, so it would wait for itself; join "
                                "the group after that run returns, from the parent's program")
-        if body != -1 and _waits_for(body, me):
-            raise RuntimeError(f"the join of {where} waits for the program body running on it (run(state=branch)), "
-                               "which is blocked waiting for the thread joining it: both would hang; let the body "
-                               "return before joining its branch")
 
     def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
-        """(Lock held.) A streamed program body is running on another thread than the caller's,
-        and is not blocked waiting for the caller (a helper thread the body joins, or a pool
-        worker running a future the body waits for, acts for the body: waiting for the body to
-        return would deadlock both)."""
+        """(Lock held.) Whether thread ``reader`` (the caller's by default) is to wait for a
+        streamed program body that runs on another thread, as it may still submit what the reader
+        reads. The thread that started it (``run(stream=True)``'s caller, ``body_caller``) always
+        waits. Another thread does unless the body is blocked in ``Thread.join`` or
+        ``Future.result`` (``lmnb.thread_waits``): that thread may be the one the body waits for
+        (a helper it joins, a pool worker whose future it waits for, or one such a thread waits
+        for), and waiting for the body there would hang both; it reads the state as it stands, as
+        the body would. Which thread the body waits for is not known (see ``lmnb.thread_waits``)."""
         # a fork branch is extended by its root's body, or by one of its own (run(state=branch))
-        body = self.body_thread if self.body_thread is not None else self.root.body_thread
+        owner = self if self.body_thread is not None else self.root
+        body = owner.body_thread
         reader = threading.get_ident() if reader is None else reader
-        return body is not None and body != reader and not _waits_for(body, reader)
+        if body is None or body == reader:
+            return False
+        return reader == owner.body_caller or body == -1 or not blocked_in_a_join(body)
 
     def settled_for_caller(self) -> bool:
         """Whether ``wait_body`` and then ``wait_idle`` would return at once on this thread."""
@@ -821,7 +759,7 @@ class StreamExecutor:
         """Block until a streamed program body running on another thread has returned."""
         with self._cv:
             while self._body_elsewhere():
-                self._wait(_BODY_POLL_S)  # (the body may start waiting for this thread meanwhile)
+                self._wait()
 
     def raise_if_failed(self) -> None:
         """Raise the state's error (``ProgramError``) if a primitive failed."""
@@ -865,9 +803,12 @@ class StreamExecutor:
                             f"variable {name!r} is set only when its assistant role ends (API speculative "
                             "execution defers the gen calls to the role end); read it after the role"
                         )
-                elif name in self.variables or not self._body_elsewhere():
+                elif name in self.variables:
                     break
-                self._wait(_BODY_POLL_S)
+                elif not self._body_elsewhere() and (self._drainer == threading.get_ident()
+                                                     or not (self._queue or self._draining)):
+                    break  # (what was submitted ran first: the KeyError lists the variables it set)
+                self._wait()
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise _fresh(self.read_error())
             if name not in self.variables:
@@ -1045,7 +986,7 @@ class StreamExecutor:
         with self._cv:
             self._refuse_a_second_body()  # (again: another run may have begun it while this one waited)
             if stream:
-                self.body_thread = -1  # started by the caller
+                self.body_thread, self.body_caller = -1, threading.get_ident()  # started by the caller
             else:
                 self.plain_body = threading.get_ident()
             self.default_params = default_params
@@ -1587,7 +1528,7 @@ class StreamExecutor:
         body's runner calls this: the end of another body (its parent's, a join) leaves the
         flags of this one alone, or a second body could start beside this one."""
         with self._cv:
-            self.body_thread = self.plain_body = None
+            self.body_thread = self.body_caller = self.plain_body = None
         self.close()
 
     # -- streaming
@@ -1643,14 +1584,13 @@ class StreamExecutor:
             pieces = []  # (chunk, meta info, whether a write ends there) to yield
             with self._cv:
                 if self._version == seen:
-                    self._wait(_BODY_POLL_S)  # (or the body starts waiting for this thread)
+                    self._wait()
                 if stop is not None and stop.is_set():
                     return
                 seen = self._version
                 if var_name is None:
                     current = self.text_
-                    # idle, and the body itself reading or no body left: nothing more comes (the
-                    # body check, a walk of its stack, only once idle: not at every streamed piece)
+                    # idle, and no body left that this reader waits for: nothing more comes
                     idle = not self._queue and not self._draining
                     done = (idle and (self.closed or not self._body_elsewhere(reader))) or self.error_ is not None
                     pos = pos or 0
@@ -1665,7 +1605,6 @@ class StreamExecutor:
                     if not started and self.error_ is None and not self._body_elsewhere(reader):
                         raise KeyError(f"no variable {var_name!r} in this program state, and the program set "
                                        f"none of that name; it has {sorted(self.variables)}")
-                    # (closed first: the body check walks the threads' stacks)
                     done = self.error_ is not None or (self._pending[var_name] == 0 and started and (
                         self.closed or not self._body_elsewhere(reader)))
                     if pos is None:  # from the current value on

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import BaseBackend
 from lmnb.executor import (
-    _BODY_POLL_S, ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
+    ForkError, ProgramAborted, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
     derived_seed,
 )
 from lmnb.interrupt import ReadInterrupts, held_interrupts, item_ranges, shown_by_an_ipython_cell, stopped
@@ -158,8 +158,8 @@ class ProgramState:
         return f"the program was stopped while its state was read: {what}"
 
     def sync(self) -> None:
-        """Wait until every submitted primitive has run (and, called outside the body of a
-        ``run(stream=True)`` program, until the body has returned); raise the state's error if one
+        """Wait until every submitted primitive has run (and, called on the thread that started a
+        ``run(stream=True)`` program, until its body has returned); raise the state's error if one
         failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
         self._wait_done()
         self.stream_executor.raise_if_failed()
@@ -182,8 +182,8 @@ class ProgramState:
 
     def error(self) -> Optional[ProgramError]:
         """The error that stopped this state, or None. Waits for queued primitives and, while
-        there is no error yet, also (outside the body of a ``run(stream=True)`` program) for the
-        body to return, since an error it is about to raise counts. A state that already failed
+        there is no error yet, also (on the thread that started a ``run(stream=True)`` program) for
+        its body to return, since an error it is about to raise counts. A state that already failed
         or was aborted answers at once, while its body may still be running (a stopped cell's
         runner reads it so, to stop that body)."""
         ex = self.stream_executor
@@ -382,8 +382,10 @@ class ProgramStateGroup:
                 parent's), whose text would break the parent's roles.
             RuntimeError: the group was joined already (a second join would merge it twice), the
                 state it was forked from is a fork branch joined already (nothing can merge into it),
-                a body running on a branch is the caller or waits for it (both would hang), or the
-                caller is an ``lmnb.observe`` callback on a branch's worker (it would wait for itself).
+                a body running on a branch is the caller, or the caller is an ``lmnb.observe``
+                callback on a branch's worker (either would wait for itself). A body on a branch
+                that waits for the caller (joins its thread) hangs with it, as two threads joining
+                each other do.
             ForkError: a branch failed; nothing is merged and every branch stays readable.
             KeyboardInterrupt: Ctrl-C while it waited: the branches were aborted first (the message
                 says so); nothing is merged.
@@ -395,11 +397,13 @@ class ProgramStateGroup:
         for st in self.states:
             st.stream_executor.refuse_if_running_here()
         # a second thread joining this group meanwhile waits, then is refused; but not a body running
-        # on a branch (or a thread it waits for): the join holding the lock waits for that body to
-        # return, so both would hang; it is refused as join_ready refuses it
+        # on a branch: the join holding the lock waits for that body to return, so both would hang;
+        # it is refused as join_ready refuses it
         try:
-            while not self._join_lock.acquire(timeout=_BODY_POLL_S):
-                self._refuse_to_wait_for_bodies()
+            self._refuse_to_wait_for_bodies()
+            from lmnb_engine.waits import sliced_wait  # torch-free (not at the top: import lmnb loads no engine)
+
+            sliced_wait(lambda seconds: self._join_lock.acquire(timeout=seconds))
             try:
                 self._join(mode)
             finally:
@@ -547,7 +551,7 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
     # call and the body's own line; so do run_program, _start and SglFunction.run/__call__
     __tracebackhide__ = True
     ex = state.stream_executor
-    if ex.body_thread is not None:  # a streamed body: readers on other threads wait for this one
+    if ex.body_thread is not None:  # a streamed body: its caller's reads wait for this one
         ex.body_thread = threading.get_ident()
     else:
         ex.plain_body = threading.get_ident()
@@ -646,7 +650,7 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
         ex = state.stream_executor
-        ex.body_thread = -1  # started below
+        ex.body_thread, ex.body_caller = -1, threading.get_ident()  # started below; the caller waits for it
         ctx = contextvars.copy_context()
         # taken by the body as it begins, or by a start that Ctrl-C cut short: then the body never runs
         claim = threading.Lock()

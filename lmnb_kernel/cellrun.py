@@ -171,14 +171,18 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     ended = threading.Event()  # the program ended by itself, nothing left running: a Stop now stops nothing
     verdict = threading.Lock()  # (a Stop and the waiter's look at the ended program, one after the other)
 
+    # the waiter reads for the thread that started the run: only that one waits for the body (a
+    # body ended by now has none, and then there is nothing to wait for)
+    caller = state.stream_executor.body_caller
+
     def wait() -> None:
         try:
             try:
-                for _ in state.text_iter():  # ends when the program body returned and all ran
+                for _ in state._text_iter(None, caller):  # ends when the program body returned and all ran
                     pass
             except ProgramError:  # (error() below gets it, once the body returned too)
                 pass
-            _wait_for_the_body(state, stopping)
+            _wait_for_the_body(state, stopping, caller)
             err = state.error()
             if err is not None:
                 failure.append(err)
@@ -244,17 +248,15 @@ def _all_finished(state, listener: Listener) -> bool:
     return all(ex._finished() for ex in [state.stream_executor, *list(listener.roots)])
 
 
-def _wait_for_the_body(state, stopping: threading.Event) -> None:
-    """Wait until the program body has returned. A failed state's ``text_iter`` and ``error()``
+def _wait_for_the_body(state, stopping: threading.Event, caller: Optional[int]) -> None:
+    """Wait until the program body, started by thread ``caller``, has returned. A failed state's ``text_iter`` and ``error()``
     end at once while its body may run on (plain Python after a gen that failed): the cell ended
     under it, its later events dropped and its prints landing in the next cell. Not once the cell
     is stopped (``stopping``): an aborted body may never return by itself, and ``stop_body`` ends it."""
-    from lmnb.executor import _BODY_POLL_S
-
     ex = state.stream_executor
     with ex._cv:
-        while ex._body_elsewhere() and not stopping.is_set():
-            ex._wait(_BODY_POLL_S)  # (polled: the body may start waiting for this thread, and stopping has no notify)
+        while ex._body_elsewhere(caller) and not stopping.is_set():
+            ex._wait()  # (at most MARKED_STOP_POLL_S: stopping has no notify)
 
 
 def _pump(listener: Listener, feeder, view, poll_s: float, on_stop: Callable[[], None]) -> None:

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
-import types
 import uuid
 from typing import Callable, Optional
 
 from lmnb.backend.base import BaseBackend, Completion, Prompt
 from lmnb.chat_template import ChatTemplate, get_chat_template
 from lmnb.choices import ChoiceLogprobs
+from lmnb.thread_waits import stacks
 
 
 class ScriptedBackend(BaseBackend):
@@ -174,10 +173,11 @@ def interrupt_main_when(ready: Callable[[], bool], timeout: float = 30.0, marked
         thread.join()
 
 
-def main_thread_blocked_in(where: Callable[[types.FrameType], bool]) -> bool:
-    """Whether the main thread is blocked now in a wait that ``where(innermost_frame)`` finds in its
-    frames. Blocked, not only inside it: a SIGINT sent while the main thread is still on its way to
-    the lock's wait only marks the signal, and Python acts on it when the wait ends (the request
+def main_thread_blocked_in(where: Callable[[list], bool]) -> bool:
+    """Whether the main thread is blocked now in a wait that ``where(stack)`` finds in its stack
+    (``lmnb.thread_waits.stacks``: ``(file, function, line)`` per frame, innermost first; walking
+    another running thread's frame objects crashes CPython 3.11). Blocked, not only inside it: a
+    SIGINT sent while the main thread is still on its way to the lock's wait only marks the signal, and Python acts on it when the wait ends (the request
     finished, the release done), not at once; and the frames alone cannot tell the two apart, the
     innermost one being the same call. So the thread must also be asleep in the kernel (state S in
     /proc/self/task/TID/stat, where its way to the wait is R), and its innermost frame must stand
@@ -185,8 +185,8 @@ def main_thread_blocked_in(where: Callable[[types.FrameType], bool]) -> bool:
     between two waits. Where /proc is missing (not Linux), the stillness alone is the test."""
 
     def innermost():
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        return (frame.f_code, frame.f_lasti) if frame is not None and where(frame) else None
+        stack = stacks().get(threading.main_thread().ident, [])
+        return stack[0] if stack and where(stack) else None
 
     first = innermost()
     if first is None:
@@ -203,19 +203,15 @@ def main_thread_blocked_in(where: Callable[[types.FrameType], bool]) -> bool:
     return innermost() == first
 
 
-def called_from(frame: Optional[types.FrameType], name: str, filename: str) -> bool:
-    """Whether ``frame`` or one of its callers runs function ``name`` of file ``filename``."""
-    while frame is not None:
-        if frame.f_code.co_name == name and frame.f_code.co_filename == filename:
-            return True
-        frame = frame.f_back
-    return False
+def called_from(stack: list, name: str, filename: str) -> bool:
+    """Whether a frame of ``stack`` (``lmnb.thread_waits.stacks``'s) runs function ``name`` of file ``filename``."""
+    return any(function == name and file == filename for file, function, _ in stack)
 
 
-def in_a_threading_wait(frame: types.FrameType) -> bool:
+def in_a_threading_wait(stack: list) -> bool:
     """For ``main_thread_blocked_in``: a wait of the threading module (a Condition's, an Event's,
     so a Future's result and a Thread's join too)."""
-    return called_from(frame, "wait", threading.__file__) or called_from(frame, "join", threading.__file__)
+    return called_from(stack, "wait", threading.__file__) or called_from(stack, "join", threading.__file__)
 
 
 def main_thread_waits_on_a_future() -> bool:
@@ -225,7 +221,7 @@ def main_thread_waits_on_a_future() -> bool:
     import concurrent.futures._base as futures
 
     return main_thread_blocked_in(
-        lambda frame: any(called_from(frame, name, futures.__file__) for name in ("result", "exception", "wait")))
+        lambda stack: any(called_from(stack, name, futures.__file__) for name in ("result", "exception", "wait")))
 
 
 def pace_stream(backend, monkeypatch) -> threading.Event:

@@ -449,7 +449,7 @@ def test_a_second_ctrl_c_that_lands_as_the_cell_waits_for_its_stop_takes_effect_
     listener = Listener()
     state = start_run(body, {}, backend, {}, listener)
     waits_for_the_stop = lambda: main_thread_blocked_in(  # noqa: E731
-        lambda frame: in_a_threading_wait(frame) and called_from(frame, "run_cell", cellrun.__file__))
+        lambda stack: in_a_threading_wait(stack) and called_from(stack, "run_cell", cellrun.__file__))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with interrupt_main_when(waits_for_the_stop, marked_only=True):
@@ -513,7 +513,7 @@ def test_a_ctrl_c_as_the_cell_waits_for_what_its_stop_button_stopped_still_repor
     listener.queue = StopAsItEndsWithTheRequestInFlight(view)
     state = start_run(body, {}, backend, {}, listener)
     waits_for_the_stopped = lambda: main_thread_blocked_in(  # noqa: E731
-        lambda frame: in_a_threading_wait(frame) and called_from(frame, "settle_tree", cellrun.__file__))
+        lambda stack: in_a_threading_wait(stack) and called_from(stack, "settle_tree", cellrun.__file__))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with interrupt_main_when(waits_for_the_stopped, marked_only=True):
@@ -555,7 +555,7 @@ def test_a_ctrl_c_that_lands_as_stop_body_waits_out_its_grace_takes_effect_at_on
 
     threading.Thread(target=body_returns_late, daemon=True).start()
     in_the_grace = lambda: main_thread_blocked_in(  # noqa: E731
-        lambda frame: in_a_threading_wait(frame) and called_from(frame, "stop_body", cellrun.__file__))
+        lambda stack: in_a_threading_wait(stack) and called_from(stack, "stop_body", cellrun.__file__))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with interrupt_main_when(in_the_grace, marked_only=True):

@@ -2354,8 +2354,8 @@ def test_a_second_ctrl_c_while_the_first_ones_abort_waits_behind_a_step_stops_th
         gate.wait(30)
         ended.set()
 
-    def in_the_withdraw(frame) -> bool:
-        return called_from(frame, "_withdraw", engine_module.__file__)
+    def in_the_withdraw(stack) -> bool:
+        return called_from(stack, "_withdraw", engine_module.__file__)
 
     registered = []
     real_register = engine._register

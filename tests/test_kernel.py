@@ -323,6 +323,7 @@ sys.path.insert(0, {tests!r})
 import lmnb as sgl
 from helpers_lang import ScriptedBackend
 from lmnb import executor
+from lmnb.thread_waits import stacks
 
 class Held(ScriptedBackend):  # sends nothing until aborted, or after 20 s "late" (timed_out)
     timed_out = False
@@ -334,15 +335,11 @@ class Held(ScriptedBackend):  # sends nothing until aborted, or after 20 s "late
         self.timed_out = True
         yield "late", {{"id": rid, "completion_tokens": 1, "finish_reason": {{"type": "length"}}}}
 
-def _in_iter_text(frame):
-    while frame is not None:
-        if frame.f_code is executor.StreamExecutor.iter_text.__code__:
-            return True
-        frame = frame.f_back
-    return False
+def _in_iter_text(stack):
+    return any((file, function) == (executor.__file__, "iter_text") for file, function, _ in stack)
 
 def say_when_read():  # once a step of text_async_iter waits for the gen's text
-    while not any(_in_iter_text(top) for top in sys._current_frames().values()):
+    while not any(_in_iter_text(stack) for stack in stacks().values()):
         time.sleep(0.01)
     print("reading", flush=True)
 

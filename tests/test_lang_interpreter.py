@@ -26,6 +26,7 @@ import lmnb as sgl
 from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
+from lmnb.thread_waits import stacks
 
 from helpers_lang import (
     InterruptingBackend, ScriptedBackend, called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in,
@@ -39,15 +40,18 @@ def _main_thread_waits_in_lmnb() -> bool:
     module (a Condition's or an Event's) called from lmnb: where a read of a streamed state waits
     for its gen (not, say, in the wait of Thread.start)."""
 
-    def waits_in_lmnb(frame) -> bool:
-        while frame is not None and not (frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__):
-            frame = frame.f_back
+    def waits_in_lmnb(stack) -> bool:
+        frames = iter(stack)
+        for file, function, _ in frames:
+            if (file, function) == (threading.__file__, "wait"):
+                break
         lmnb_dir = os.path.dirname(sgl.__file__) + os.sep
-        while frame is not None and not frame.f_code.co_filename.startswith(lmnb_dir):
-            if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
+        for file, function, _ in frames:  # (the wait's callers)
+            if file.startswith(lmnb_dir):
+                return True
+            if (file, function) == (threading.__file__, "start"):
                 return False  # (Thread.start's wait for the new thread: lmnb's submit starting a state's worker)
-            frame = frame.f_back
-        return frame is not None
+        return False
 
     return main_thread_blocked_in(waits_in_lmnb)
 
@@ -4239,7 +4243,7 @@ def test_a_second_ctrl_c_while_the_first_aborts_the_requests_still_aborts_them_a
 
 def _main_thread_joins_a_thread() -> bool:
     """Whether the main thread is blocked in ``Thread.join`` now (``main_thread_blocked_in``)."""
-    return main_thread_blocked_in(lambda frame: called_from(frame, "join", threading.__file__))
+    return main_thread_blocked_in(lambda stack: called_from(stack, "join", threading.__file__))
 
 
 @pytest.mark.timeout(60)
@@ -6137,17 +6141,11 @@ class _HeldStream(ScriptedBackend):
 
 
 def _threads_in_iter_text() -> list[int]:
-    """The threads that run lmnb's ``StreamExecutor.iter_text`` now (read from their frames)."""
+    """The threads that run lmnb's ``StreamExecutor.iter_text`` now (``lmnb.thread_waits.stacks``)."""
     from lmnb import executor
 
-    found = []
-    for ident, frame in sys._current_frames().items():
-        while frame is not None:
-            if frame.f_code is executor.StreamExecutor.iter_text.__code__:
-                found.append(ident)
-                break
-            frame = frame.f_back
-    return found
+    return [ident for ident, stack in stacks().items()
+            if called_from(stack, "iter_text", executor.__file__)]
 
 
 @pytest.mark.timeout(60)
@@ -6787,10 +6785,10 @@ def test_a_join_waits_for_the_body_running_on_a_fork_branch(stream):
 
 
 @pytest.mark.timeout(60)
-def test_a_join_that_would_wait_for_a_body_waiting_for_it_is_refused():
-    """A body on a branch that joins its own branch's group, or waits for the thread joining it,
-    would hang with the join that now waits for it: both are refused with the reason, nothing is
-    joined, and the branch's body goes on; a join after it returned takes all of its text."""
+def test_a_join_on_the_thread_of_the_body_running_on_its_branch_is_refused():
+    """A body on a branch that joins its own branch's group would hang, the join waiting for that
+    body to return: it is refused with the reason, nothing is joined, and the branch's body goes
+    on; a join after it returned takes all of its text; a join from another thread waits for it."""
     be = ScriptedBackend()
     groups, errors = [], []
 
@@ -6799,19 +6797,13 @@ def test_a_join_that_would_wait_for_a_body_waiting_for_it_is_refused():
         s += "Q"
         groups.append(s.fork(1))
 
-    def join_catching():
-        try:
-            groups[0].join("concate_and_append")
-        except RuntimeError as e:
-            errors.append(str(e))
-
     @sgl.function
     def body(s):
         s += "A"
-        join_catching()  # (on the body's own thread)
-        helper = threading.Thread(target=join_catching)
-        helper.start()
-        helper.join()  # (the body waits for the thread joining)
+        try:
+            groups[0].join("concate_and_append")  # (on the body's own thread)
+        except RuntimeError as e:
+            errors.append(str(e))
         s += "B"
 
     st = outer.run(backend=be)
@@ -6820,12 +6812,29 @@ def test_a_join_that_would_wait_for_a_body_waiting_for_it_is_refused():
         "the program body running on fork branch 0 (run(state=branch)) joined that branch's fork group: the join "
         "waits for the body to return, so it would wait for itself; join the group after that run returns, from "
         "the parent's program",
-        "the join of fork branch 0 waits for the program body running on it (run(state=branch)), which is blocked "
-        "waiting for the thread joining it: both would hang; let the body return before joining its branch",
     ]
     assert branch.text() == "QAB" and branch.error() is None
     groups[0].join("concate_and_append")
     assert st.text() == "QAB"
+
+    # joined from another thread while the body runs there: the join waits for it to return
+    release = threading.Event()
+
+    @sgl.function
+    def slow(s):
+        s += "C"
+        release.wait(10)
+        s += "D"
+
+    st = outer.run(backend=be)
+    runner = threading.Thread(target=lambda: slow.run(backend=be, state=groups[1][0]))
+    runner.start()
+    while groups[1][0].stream_executor.plain_body is None:
+        time.sleep(0.01)
+    threading.Timer(0.3, release.set).start()
+    groups[1].join("concate_and_append")
+    runner.join()
+    assert st.text() == "QCD"
 
 
 def test_run_continuing_a_failed_state_forgets_its_error_as_documented():
@@ -7007,62 +7016,97 @@ def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_wi
                                                backend=be)] == ["x!--"]
 
 
-def test_the_thread_stack_snapshot_is_taken_with_the_garbage_collector_off(monkeypatch):
-    # CPython 3.11's sys._current_frames() hangs for good when a collection runs inside it
-    # (python/cpython#106883); the collector must be off for the call and back on after it
-    import gc
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("helper", ["thread", "pool"])
+def test_readers_of_a_streamed_state_never_walk_another_threads_frames(monkeypatch, helper):
+    """The check whether a streamed body waits for a reader walked the threads' frames from
+    sys._current_frames() (f_back, f_locals), which crashes CPython 3.11 while they run
+    (python/cpython#99110): a CI run died of a segfault there, in a %%lm cell's waiter thread,
+    and pytest-xdist then hung. Reads from the caller, a helper thread the body joins, a pool
+    worker it waits for, and another thread, all read right with no such walk."""
+    import concurrent.futures
+    import sys
 
-    from lmnb import executor
+    def refused():
+        raise AssertionError("sys._current_frames() was called")
 
-    seen = []
-    monkeypatch.setattr(executor.sys, "_current_frames", lambda: seen.append(gc.isenabled()) or {})
-    assert gc.isenabled()
-    assert executor._current_frames() == {}
-    assert seen == [False] and gc.isenabled()
-    gc.disable()
-    try:  # (a caller that had it off keeps it off)
-        executor._current_frames()
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
+    monkeypatch.setattr(sys, "_current_frames", refused)
+    be = ScriptedBackend(lambda p, params: "ans")
+    joined, release = threading.Event(), threading.Event()
 
-
-def test_a_thread_stack_snapshot_never_runs_with_the_collector_turned_back_on_by_another(monkeypatch):
-    # two threads taking the snapshot at once (each row thread's reader checks _waits_for): the
-    # second found the collector off (the first's doing) and left it so, and the first turned it
-    # back on while the second's call ran, which is the hang of python/cpython#106883 (found by the
-    # break-it review); the snapshots now take turns
-    import gc
-
-    from lmnb import executor
-
-    second_inside, first_done = threading.Event(), threading.Event()
-    seen = {}
-
-    def frames():
-        if threading.current_thread().name == "first":
-            second_inside.wait(2)  # (never set where the second waits for its turn)
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        if helper == "thread":
+            got = []
+            t = threading.Thread(target=lambda: got.append((s.text(), s["a"])))
+            t.start()
+            t.join()
+            text, a = got[0]
         else:
-            second_inside.set()
-            first_done.wait(10)
-            seen["second"] = gc.isenabled()
-        return {}
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                text, a = pool.submit(lambda: (s.text(), s["a"])).result()
+        joined.set()
+        release.wait(10)  # (not a join: a reader on another thread waits for the body)
+        s += f"|{text}|{a}"
 
-    def first():
-        executor._current_frames()
-        first_done.set()
+    st = prog.run(backend=be, stream=True)
+    other = []
+    reader = threading.Thread(target=lambda: other.append(st.text()))
+    assert joined.wait(10)
+    reader.start()
+    threading.Timer(0.3, release.set).start()
+    assert st.text() == "Q: ans|Q: ans|ans"
+    reader.join(30)
+    assert other == ["Q: ans|Q: ans|ans"]
 
-    monkeypatch.setattr(executor.sys, "_current_frames", frames)
-    assert gc.isenabled()
-    a = threading.Thread(target=first, name="first")
-    a.start()
-    while gc.isenabled():  # (the first is inside once the collector is off)
-        time.sleep(0.001)
-    b = threading.Thread(target=executor._current_frames, name="second")
-    b.start()
-    a.join(30)
-    b.join(30)
-    assert seen == {"second": False} and gc.isenabled()
+
+def test_blocked_in_a_join_reads_the_top_of_the_threads_stack():
+    """lmnb.thread_waits.blocked_in_a_join: True for a thread in Thread.join or Future.result /
+    exception (timed or not), False in any other wait, for a running thread and for no thread."""
+    import concurrent.futures
+
+    from lmnb.thread_waits import blocked_in_a_join
+
+    done = threading.Event()
+    target = threading.Thread(target=done.wait)
+    target.start()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(done.wait)
+    waits = {
+        "join": lambda: target.join(),
+        "timed join": lambda: target.join(30),
+        "result": lambda: future.result(),
+        "timed exception": lambda: future.exception(30),
+        "event": lambda: done.wait(30),
+        "futures wait": lambda: concurrent.futures.wait([future], 30),
+    }
+    threads = {name: threading.Thread(target=wait) for name, wait in waits.items()}
+    spinning = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            spinning.set()
+
+    threads["running"] = threading.Thread(target=spin)
+    try:
+        for t in threads.values():
+            t.start()
+        assert spinning.wait(10)
+        time.sleep(0.3)  # (each thread is inside its wait by now)
+        seen = {name: blocked_in_a_join(t.ident) for name, t in threads.items()}
+        assert seen == {"join": True, "timed join": True, "result": True, "timed exception": True,
+                        "event": False, "futures wait": False, "running": False}
+        assert not blocked_in_a_join(threading.get_ident())  # (the caller: running)
+        finished = threading.Thread(target=lambda: None)
+        finished.start()
+        finished.join()
+        assert not blocked_in_a_join(finished.ident)
+    finally:
+        done.set()
+        for t in threads.values():
+            t.join(30)
+        pool.shutdown()
 
 
 @pytest.mark.parametrize("texts", [["", "ab", "cde"], ["a", "bc", "def"]])

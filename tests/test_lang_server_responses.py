@@ -444,7 +444,7 @@ def test_a_ctrl_c_that_lands_as_the_wait_for_a_busy_server_begins_stops_it_at_on
     tries = []
     server.answer = lambda h, b: (tries.append(h.path), send(h, 503, b'{"error": "The request queue is full."}'))
     waits_to_retry = lambda: tries and main_thread_blocked_in(  # noqa: E731
-        lambda frame: in_a_threading_wait(frame) and called_from(frame, "_send", runtime_endpoint.__file__))
+        lambda stack: in_a_threading_wait(stack) and called_from(stack, "_send", runtime_endpoint.__file__))
     half_way = threading.Event()
     timer = threading.Timer(30, half_way.set)  # (half of the wait: set long before an old wait let the Ctrl-C act)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -822,7 +822,6 @@ def test_ctrl_c_in_a_cell_awaiting_text_async_iter_shows_the_cells_line_and_that
     program's requests were aborted. The gen sends nothing until aborted (else after 20 s: late);
     the SIGINT comes once the read waits for it."""
     import signal
-    import sys
 
     from helpers_lang import ScriptedBackend, interrupt_main_when
 
@@ -839,12 +838,10 @@ def test_ctrl_c_in_a_cell_awaiting_text_async_iter_shows_the_cells_line_and_that
             yield "late", {"id": rid, "completion_tokens": 1, "finish_reason": {"type": "length"}}
 
     def reading() -> bool:  # (a step of text_async_iter waits in iter_text on a worker thread)
-        for frame in sys._current_frames().values():
-            while frame is not None and frame.f_code is not executor.StreamExecutor.iter_text.__code__:
-                frame = frame.f_back
-            if frame is not None:
-                return True
-        return False
+        from lmnb.thread_waits import stacks
+
+        return any((executor.__file__, "iter_text") == (file, function)
+                   for stack in stacks().values() for file, function, _ in stack)
 
     ip.user_ns["be"] = be = Held()
     assert run(ip, "@lmnb.function\ndef ask(s):\n    s += 'Q: ' + lmnb.gen('a', max_tokens=8)\n"
@@ -874,7 +871,6 @@ def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypa
     interrupt is released as it is made. The pin call sends the SIGINT, and makes the pin once the
     interrupt has taken %lm pin out of its wait."""
     import signal
-    import sys
     import time
 
     from helpers_lang import main_thread_waits_on_a_future
@@ -883,10 +879,9 @@ def test_ctrl_c_while_lm_pin_waits_for_the_pin_leaves_no_pin_behind(ip, monkeypa
     scheduler, real_pin = engine.scheduler, engine.scheduler.pin
 
     def main_thread_in_pin_prefix() -> bool:
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        while frame is not None and frame.f_code.co_name != "pin_prefix":
-            frame = frame.f_back
-        return frame is not None
+        from lmnb.thread_waits import stacks
+
+        return any(function == "pin_prefix" for _, function, _ in stacks().get(threading.main_thread().ident, []))
 
     def pin_after_ctrl_c(key):  # (on the scheduler thread)
         deadline = time.monotonic() + 10
@@ -1766,7 +1761,7 @@ def test_a_ctrl_c_as_connect_waits_for_the_old_backend_to_shut_down_leaves_the_n
     monkeypatch.setattr(lmnb, "RuntimeEndpoint", Server)
     magics = ip.magics_manager.registry["LMMagics"]
     connecting = lambda: main_thread_blocked_in(  # noqa: E731
-        lambda frame: in_a_threading_wait(frame) and called_from(frame, "connect", session_module.__file__))
+        lambda stack: in_a_threading_wait(stack) and called_from(stack, "connect", session_module.__file__))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with separate_session(ip) as session:
@@ -1824,7 +1819,7 @@ def test_a_ctrl_c_as_connect_waits_for_the_openai_servers_models_keeps_the_old_b
     monkeypatch.setattr(lmnb, "OpenAI", OpenAI)
     magics = ip.magics_manager.registry["LMMagics"]
     listing = lambda: main_thread_blocked_in(  # noqa: E731
-        lambda frame: in_a_threading_wait(frame) and called_from(frame, "_served_models_note", commands.__file__))
+        lambda stack: in_a_threading_wait(stack) and called_from(stack, "_served_models_note", commands.__file__))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with separate_session(ip) as session:

@@ -1,0 +1,71 @@
+"""What other threads run now, read safely: whether one is blocked joining a thread or waiting
+for a future.
+
+A streamed program body may wait for a helper thread (``Thread.join``, ``Future.result``) that
+reads the body's state; that reader must not wait for the body in turn (``StreamExecutor``'s
+readers). Python records no link from a waiting thread to what it waits for, and the one way to
+follow it, walking the thread's frames from ``sys._current_frames()`` (``f_back``, ``f_locals``),
+crashes CPython 3.11 while the thread runs (python/cpython#99110 and its later reports: the
+profilers of sentry-python and ddtrace segfault so; a CI run of this project died of it). So only
+each frame's file, function and line are read, with ``faulthandler.dump_traceback``: C code that
+reads every thread's frames in one call while this thread holds the GIL, so the other threads
+are parked and their frames stay put, and that makes no frame objects. What a thread waits for
+(which thread, which future) is not known.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures._base
+import faulthandler
+import tempfile
+import threading
+
+# (file, function) of the standard library's waits that count; the files' other functions may lie
+# above them (Condition.wait, Thread._wait_for_tstate_lock)
+_WAITS = {(threading.__file__, "join"), (concurrent.futures._base.__file__, "result"),
+          (concurrent.futures._base.__file__, "exception")}
+_WAIT_FILES = {threading.__file__, concurrent.futures._base.__file__}
+
+_DUMP_LOCK = threading.Lock()  # one dump at a time into the one file
+_dump_file = None  # opened at the first call (import lmnb opens no file)
+
+
+def stacks() -> dict[int, list[tuple[str, str, str]]]:
+    """Every thread's stack now, by thread ident: its frames' ``(file, function, line)``,
+    innermost first (the line as faulthandler writes it, ``"???"`` where unknown). Read with
+    ``faulthandler.dump_traceback``, so at most its 100 innermost frames per thread and 100
+    threads; the names as Python's code objects hold them."""
+    global _dump_file
+    with _DUMP_LOCK:
+        if _dump_file is None:
+            _dump_file = tempfile.TemporaryFile()
+        _dump_file.seek(0)
+        _dump_file.truncate()
+        faulthandler.dump_traceback(_dump_file, all_threads=True)
+        _dump_file.seek(0)
+        dump = _dump_file.read().decode("utf-8", "replace")
+    # per thread a line "Thread 0x<ident> (most recent call first):" ("Current thread ..." for the
+    # caller's), then one '  File "<file>", line <n> in <function>' per frame
+    found: dict[int, list[tuple[str, str, str]]] = {}
+    frames: list[tuple[str, str, str]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            frames = found.setdefault(int(line.split("0x", 1)[1].split()[0], 16), [])
+        elif line.startswith('  File "'):
+            file, _, rest = line[len('  File "'):].rpartition('", line ')
+            number, _, function = rest.partition(" in ")
+            frames.append((file, function, number))
+    return found
+
+
+def blocked_in_a_join(ident: int) -> bool:
+    """Whether thread ``ident`` is now in ``threading.Thread.join`` or in ``Future.result`` or
+    ``Future.exception`` (``concurrent.futures``), a timed one included: those are the frames on
+    top of its stack, above any other code. False for a thread that is not running, or in any
+    other wait (an ``Event``, a queue, ``concurrent.futures.wait``)."""
+    for file, function, _ in stacks().get(ident, []):
+        if (file, function) in _WAITS:
+            return True
+        if file not in _WAIT_FILES:
+            return False
+    return False
