@@ -395,6 +395,15 @@ def _fresh(error: BaseException) -> BaseException:
     return error.with_traceback(None)
 
 
+def _running(thread: threading.Thread) -> bool:
+    """``thread.is_alive()``; False where that raises (Python 3.13 raises for a thread that
+    threading did not start, a ``_DummyThread``, once it ended)."""
+    try:
+        return thread.is_alive()
+    except RuntimeError:
+        return False
+
+
 class StreamExecutor:
     """Runs the primitives of one program state in order on a worker thread.
 
@@ -458,9 +467,10 @@ class StreamExecutor:
         self.error_read = False
         self.closed = False  # the program body returned (or the branch was joined)
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
-        # the thread that started it (body_caller) waits for it, as it may still submit what it reads
+        # the thread that started it (body_caller) and the main thread wait for it, as it may still
+        # submit what they read (other threads: _body_elsewhere)
         self.body_thread: Optional[int] = None
-        self.body_caller: Optional[int] = None
+        self.body_caller: Optional[threading.Thread] = None
         # the thread running a program body that is not streamed, None when none runs: a second
         # body on this state (run(state=s)) is refused meanwhile, as while body_thread is set
         self.plain_body: Optional[int] = None
@@ -736,19 +746,26 @@ class StreamExecutor:
     def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
         """(Lock held.) Whether thread ``reader`` (the caller's by default) is to wait for a
         streamed program body that runs on another thread, as it may still submit what the reader
-        reads. The thread that started it (``run(stream=True)``'s caller, ``body_caller``) always
-        waits. Another thread does unless the body is blocked in ``Thread.join`` or
-        ``Future.result`` (``lmnb.thread_waits``): that thread may be the one the body waits for
-        (a helper it joins, a pool worker whose future it waits for, or one such a thread waits
-        for), and waiting for the body there would hang both; it reads the state as it stands, as
-        the body would. Which thread the body waits for is not known (see ``lmnb.thread_waits``)."""
+        reads. The thread that started it (``run(stream=True)``'s caller, ``body_caller``) and the
+        main thread always wait: neither is a thread the body can wait for (a thread it started, a
+        pool worker). Another thread does unless the body is blocked in ``Thread.join`` or
+        ``Future.result`` (``lmnb.thread_waits``), or cannot be seen there (more than 100 threads
+        run): that thread may be the one the body waits for (a helper it joins, a pool worker
+        whose future it waits for, or one such a thread waits for), and waiting for the body there
+        would hang both; it reads the state as it stands, as the body would. Which thread the body
+        waits for is not known (see ``lmnb.thread_waits``)."""
         # a fork branch is extended by its root's body, or by one of its own (run(state=branch))
         owner = self if self.body_thread is not None else self.root
         body = owner.body_thread
         reader = threading.get_ident() if reader is None else reader
         if body is None or body == reader:
             return False
-        return reader == owner.body_caller or body == -1 or not blocked_in_a_join(body)
+        caller = owner.body_caller
+        # (the caller while it runs: a thread started after it ended may have its ident, a helper the body joins)
+        if body == -1 or reader == threading.main_thread().ident or (
+                caller is not None and reader == caller.ident and _running(caller)):
+            return True
+        return blocked_in_a_join(body) is False
 
     def settled_for_caller(self) -> bool:
         """Whether ``wait_body`` and then ``wait_idle`` would return at once on this thread."""
@@ -986,7 +1003,7 @@ class StreamExecutor:
         with self._cv:
             self._refuse_a_second_body()  # (again: another run may have begun it while this one waited)
             if stream:
-                self.body_thread, self.body_caller = -1, threading.get_ident()  # started by the caller
+                self.body_thread, self.body_caller = -1, threading.current_thread()  # started by the caller
             else:
                 self.plain_body = threading.get_ident()
             self.default_params = default_params

@@ -159,7 +159,8 @@ class ProgramState:
 
     def sync(self) -> None:
         """Wait until every submitted primitive has run (and, called on the thread that started a
-        ``run(stream=True)`` program, until its body has returned); raise the state's error if one
+        ``run(stream=True)`` program or on the main thread, until its body has returned; on another
+        thread too unless the body is blocked in a join, docs/language.md); raise the state's error if one
         failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
         self._wait_done()
         self.stream_executor.raise_if_failed()
@@ -182,8 +183,8 @@ class ProgramState:
 
     def error(self) -> Optional[ProgramError]:
         """The error that stopped this state, or None. Waits for queued primitives and, while
-        there is no error yet, also (on the thread that started a ``run(stream=True)`` program) for
-        its body to return, since an error it is about to raise counts. A state that already failed
+        there is no error yet, also (where ``sync`` does) for a ``run(stream=True)`` program's
+        body to return, since an error it is about to raise counts. A state that already failed
         or was aborted answers at once, while its body may still be running (a stopped cell's
         runner reads it so, to stop that body)."""
         ex = self.stream_executor
@@ -650,7 +651,7 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
         ex = state.stream_executor
-        ex.body_thread, ex.body_caller = -1, threading.get_ident()  # started below; the caller waits for it
+        ex.body_thread, ex.body_caller = -1, threading.current_thread()  # started below; the caller waits for it
         ctx = contextvars.copy_context()
         # taken by the body as it begins, or by a start that Ctrl-C cut short: then the body never runs
         claim = threading.Lock()

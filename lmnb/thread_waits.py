@@ -10,7 +10,8 @@ profilers of sentry-python and ddtrace segfault so; a CI run of this project die
 each frame's file, function and line are read, with ``faulthandler.dump_traceback``: C code that
 reads every thread's frames in one call while this thread holds the GIL, so the other threads
 are parked and their frames stay put, and that makes no frame objects. What a thread waits for
-(which thread, which future) is not known.
+(which thread, which future) is not known. faulthandler writes at most the 100 newest threads; a thread past them is not
+seen (``blocked_in_a_join`` says so).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import concurrent.futures._base
 import faulthandler
 import tempfile
 import threading
+from typing import Optional
 
 # (file, function) of the standard library's waits that count; the files' other functions may lie
 # above them (Condition.wait, Thread._wait_for_tstate_lock)
@@ -33,8 +35,21 @@ _dump_file = None  # opened at the first call (import lmnb opens no file)
 def stacks() -> dict[int, list[tuple[str, str, str]]]:
     """Every thread's stack now, by thread ident: its frames' ``(file, function, line)``,
     innermost first (the line as faulthandler writes it, ``"???"`` where unknown). Read with
-    ``faulthandler.dump_traceback``, so at most its 100 innermost frames per thread and 100
-    threads; the names as Python's code objects hold them."""
+    ``faulthandler.dump_traceback``, so at most its 100 innermost frames per thread and the 100
+    newest threads; the names as faulthandler writes them (``as_dumped``)."""
+    return _dump()[0]
+
+
+def as_dumped(name: str) -> str:
+    """``name`` (a file or function name) as faulthandler writes it: ASCII, other characters
+    escaped as ``\\xe9``, ``\\u20ac``, ``\\U0001f600`` (as Python's ``backslashreplace`` does).
+    Compared unescaped, a standard library installed under a non-ASCII path (a user's home
+    folder) never matched, and a helper the body joins waited for the body for good."""
+    return name.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _dump() -> tuple[dict[int, list[tuple[str, str, str]]], bool]:
+    """``stacks()``, and whether faulthandler left threads out (more than 100)."""
     global _dump_file
     with _DUMP_LOCK:
         if _dump_file is None:
@@ -48,24 +63,32 @@ def stacks() -> dict[int, list[tuple[str, str, str]]]:
     # caller's), then one '  File "<file>", line <n> in <function>' per frame
     found: dict[int, list[tuple[str, str, str]]] = {}
     frames: list[tuple[str, str, str]] = []
-    for line in dump.splitlines():
+    lines = dump.splitlines()
+    for line in lines:
         if line.startswith(("Thread 0x", "Current thread 0x")):
             frames = found.setdefault(int(line.split("0x", 1)[1].split()[0], 16), [])
         elif line.startswith('  File "'):
             file, _, rest = line[len('  File "'):].rpartition('", line ')
             number, _, function = rest.partition(" in ")
             frames.append((file, function, number))
-    return found
+    # (after the 100th thread faulthandler writes a line "..." and stops)
+    return found, "..." in lines
 
 
-def blocked_in_a_join(ident: int) -> bool:
+def blocked_in_a_join(ident: int) -> Optional[bool]:
     """Whether thread ``ident`` is now in ``threading.Thread.join`` or in ``Future.result`` or
     ``Future.exception`` (``concurrent.futures``), a timed one included: those are the frames on
     top of its stack, above any other code. False for a thread that is not running, or in any
-    other wait (an ``Event``, a queue, ``concurrent.futures.wait``)."""
-    for file, function, _ in stacks().get(ident, []):
-        if (file, function) in _WAITS:
+    other wait (an ``Event``, a queue, ``concurrent.futures.wait``); None where it cannot be
+    told: more than 100 threads run and ``ident`` is not among the 100 newest."""
+    waits = {(as_dumped(file), function) for file, function in _WAITS}
+    files = {as_dumped(file) for file in _WAIT_FILES}
+    found, cut = _dump()
+    if ident not in found:
+        return None if cut else False
+    for file, function, _ in found[ident]:
+        if (file, function) in waits:
             return True
-        if file not in _WAIT_FILES:
+        if file not in files:
             return False
     return False

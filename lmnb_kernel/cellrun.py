@@ -171,9 +171,10 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     ended = threading.Event()  # the program ended by itself, nothing left running: a Stop now stops nothing
     verdict = threading.Lock()  # (a Stop and the waiter's look at the ended program, one after the other)
 
-    # the waiter reads for the thread that started the run: only that one waits for the body (a
-    # body ended by now has none, and then there is nothing to wait for)
-    caller = state.stream_executor.body_caller
+    # the waiter reads for the thread that started the run, which always waits for the body (the
+    # waiter's own thread would not while the body joins a thread); a body ended by now has none,
+    # and then there is nothing to wait for
+    caller = getattr(state.stream_executor.body_caller, "ident", None)
 
     def wait() -> None:
         try:

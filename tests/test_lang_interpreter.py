@@ -7363,3 +7363,115 @@ def test_an_empty_logit_bias_is_a_gen_without_one():
     node = sgl.gen("x", logit_bias={})
     assert node.params.logit_bias is None and node.params == sgl.gen("x").params
     assert "logit_bias" not in node.params.sampling_kwargs()
+
+
+@pytest.mark.timeout(60)
+def test_the_main_thread_reads_a_state_streamed_from_another_thread_whole():
+    """A run(stream=True) started on a worker thread, read on the main thread while the body
+    joins a helper: the main thread waits for the body (no body waits for it), as before the
+    frame walk went. It read "Q: " at once, what was submitted so far, with no error."""
+    be = ScriptedBackend(lambda p, params: "ans")
+    joining = threading.Event()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: "
+        helper = threading.Thread(target=time.sleep, args=(0.5,))
+        helper.start()
+        joining.set()
+        helper.join()
+        s += sgl.gen("a") + "!"
+
+    started = []
+    worker = threading.Thread(target=lambda: started.append(prog.run(backend=be, stream=True)))
+    worker.start()
+    worker.join()
+    assert joining.wait(10)
+    assert threading.current_thread() is threading.main_thread()
+    assert started[0].text() == "Q: ans!"
+
+
+@pytest.mark.timeout(60)
+def test_a_helper_with_the_ident_of_the_ended_caller_reads_for_the_body():
+    """Thread idents are reused: a helper the body joins, started after the thread that called
+    run(stream=True) ended, may have that thread's ident (it had, here, on Linux). Taken for the
+    caller, it waited for the body, which waited for it: both hung. Read here with the ended
+    caller's ident, as such a helper reads."""
+    be = ScriptedBackend(lambda p, params: "ans")
+    caller = []
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        got = []
+        helper = threading.Thread(target=lambda: got.append("".join(s._text_iter(None, caller[0]))))
+        helper.start()
+        helper.join(10)
+        s += f"|{got}"
+
+    started = []
+    worker = threading.Thread(target=lambda: started.append(prog.run(backend=be, stream=True)))
+    worker.start()
+    caller.append(worker.ident)
+    worker.join()
+    assert started[0].text() == "Q: ans|['Q: ans']"
+
+
+@pytest.mark.timeout(60)
+def test_a_helper_reads_for_a_body_older_than_the_100_threads_faulthandler_shows():
+    """faulthandler.dump_traceback writes the 100 newest threads only: a body with more threads
+    started after it (a ThreadPoolExecutor of 150 reading 150 fork branches' text) was not in the
+    dump, so its helpers waited for it while it waited for them, for good. Such a body is taken as
+    maybe waiting for its readers (lmnb.thread_waits.blocked_in_a_join answers None)."""
+    from lmnb.thread_waits import blocked_in_a_join
+
+    be = ScriptedBackend(lambda p, params: "ans")
+    release = threading.Event()
+    seen = []
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        idle = [threading.Thread(target=release.wait, args=(30,)) for _ in range(110)]
+        for t in idle:
+            t.start()
+        seen.append(blocked_in_a_join(threading.get_ident()))
+        got = []
+        helper = threading.Thread(target=lambda: got.append(s.text()))
+        helper.start()
+        helper.join(10)
+        release.set()
+        s += f"|{got}"
+
+    assert prog.run(backend=be, stream=True).text() == "Q: ans|['Q: ans']"
+    assert seen == [None]
+
+
+def test_blocked_in_a_join_matches_files_with_non_ascii_names(tmp_path, monkeypatch):
+    """faulthandler writes non-ASCII characters of a file name escaped ("jos\\xe9"): compared
+    with the name as Python has it, a standard library installed under a non-ASCII path (a
+    user's home folder) never matched, and every helper a body joined waited for it for good."""
+    import importlib.util
+
+    from lmnb import thread_waits
+
+    folder = tmp_path / "jos\u00e9 \u20ac"
+    folder.mkdir()
+    source = folder / "waits_here.py"
+    source.write_text("def join(event):\n    event.wait(30)\n")
+    spec = importlib.util.spec_from_file_location("waits_here", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(thread_waits, "_WAITS", {(str(source), "join")})
+    monkeypatch.setattr(thread_waits, "_WAIT_FILES", {str(source), threading.__file__})  # (Event.wait above)
+    done = threading.Event()
+    t = threading.Thread(target=module.join, args=(done,))
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any(f == "join" for _, f, _ in thread_waits.stacks().get(t.ident, [])) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread_waits.blocked_in_a_join(t.ident) is True
+    finally:
+        done.set()
+        t.join(30)
