@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures._base
 import faulthandler
+import os
 import tempfile
 import threading
 from typing import Optional
@@ -30,6 +31,18 @@ _WAIT_FILES = {threading.__file__, concurrent.futures._base.__file__}
 
 _DUMP_LOCK = threading.Lock()  # one dump at a time into the one file
 _dump_file = None  # opened at the first call (import lmnb opens no file)
+
+
+def _forget_the_parents_dump() -> None:
+    """(In a child just forked.) A lock and file of its own: the parent's lock may have been held
+    by a thread dumping (none of which runs in the child), and its file, shared with the parent,
+    has one offset for both processes' dumps."""
+    global _DUMP_LOCK, _dump_file
+    _DUMP_LOCK, _dump_file = threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(after_in_child=_forget_the_parents_dump)
 
 
 def stacks() -> dict[int, list[tuple[str, str, str]]]:

@@ -7475,3 +7475,26 @@ def test_blocked_in_a_join_matches_files_with_non_ascii_names(tmp_path, monkeypa
     finally:
         done.set()
         t.join(30)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_forked_child_reads_stacks_while_the_parent_dumps():
+    """A child forked (multiprocessing's default on Linux) while a parent thread was dumping the
+    stacks inherited the dump's lock held, and hung at its first read; with the dump file shared
+    (one file offset for both processes), each process's dumps could land in the other's reads."""
+    from lmnb import thread_waits
+
+    thread_waits.stacks()  # (the parent's file is open)
+    with thread_waits._DUMP_LOCK:  # (a parent thread mid-dump as the fork happens)
+        pid = os.fork()
+        if pid == 0:  # the child: its one thread reads its own stack
+            code = 1
+            try:
+                signal.alarm(10)
+                found = thread_waits.stacks()
+                code = 0 if list(found) == [threading.get_ident()] else 3
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
