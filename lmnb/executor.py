@@ -34,7 +34,7 @@ from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completio
 from lmnb.backend.media import check_source
 from lmnb.chat_template import ChatTemplate
 from lmnb.interrupt import held_interrupts
-from lmnb.thread_waits import blocked_in_a_join
+from lmnb.thread_waits import blocked_in_a_join, runs_pool_work
 from lmnb.user_site import running_for, user_site
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -467,10 +467,13 @@ class StreamExecutor:
         self.error_read = False
         self.closed = False  # the program body returned (or the branch was joined)
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
-        # the thread that started it (body_caller) and the main thread wait for it, as it may still
-        # submit what they read (other threads: _body_elsewhere)
+        # the thread that started it (body_caller) and the others running then wait for it, as it
+        # may still submit what they read (_body_elsewhere)
         self.body_thread: Optional[int] = None
         self.body_caller: Optional[threading.Thread] = None
+        # the threads that ran as it started: none of them is one it started, so none but a pool
+        # worker can be the thread it waits for (_body_elsewhere)
+        self.body_bystanders: frozenset = frozenset()
         # the thread running a program body that is not streamed, None when none runs: a second
         # body on this state (run(state=s)) is refused meanwhile, as while body_thread is set
         self.plain_body: Optional[int] = None
@@ -743,11 +746,18 @@ class StreamExecutor:
                                "group: the join waits for the body to return, so it would wait for itself; join "
                                "the group after that run returns, from the parent's program")
 
+    def mark_streamed_body(self) -> None:
+        """(Lock held, or before the body's thread starts.) A streamed program body is about to
+        start on a thread of its own (``body_thread`` -1 until it does), by the calling thread."""
+        self.body_thread, self.body_caller = -1, threading.current_thread()
+        self.body_bystanders = frozenset(threading.enumerate())
+
     def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
         """(Lock held.) Whether thread ``reader`` (the caller's by default) is to wait for a
         streamed program body that runs on another thread, as it may still submit what the reader
-        reads. The thread that started it (``run(stream=True)``'s caller, ``body_caller``) and the
-        main thread always wait: neither is a thread the body can wait for (a thread it started, a
+        reads. The thread that started it (``run(stream=True)``'s caller, ``body_caller``), the
+        main thread and every other thread that ran as the body started (``body_bystanders``),
+        but a pool worker, always wait: none is a thread the body can wait for (one it started, a
         pool worker). Another thread does unless the body is blocked in ``Thread.join`` or
         ``Future.result`` (``lmnb.thread_waits``), or cannot be seen there (more than 100 threads
         run): that thread may be the one the body waits for (a helper it joins, a pool worker
@@ -765,7 +775,11 @@ class StreamExecutor:
         if body == -1 or reader == threading.main_thread().ident or (
                 caller is not None and reader == caller.ident and _running(caller)):
             return True
-        return blocked_in_a_join(body) is False
+        if blocked_in_a_join(body) is False:
+            return True
+        # (a thread that ran before the body began and ran on: a consumer streaming text_iter)
+        bystander = next((t for t in owner.body_bystanders if t.ident == reader), None)
+        return bystander is not None and _running(bystander) and not runs_pool_work(reader)
 
     def settled_for_caller(self) -> bool:
         """Whether ``wait_body`` and then ``wait_idle`` would return at once on this thread."""
@@ -1003,7 +1017,7 @@ class StreamExecutor:
         with self._cv:
             self._refuse_a_second_body()  # (again: another run may have begun it while this one waited)
             if stream:
-                self.body_thread, self.body_caller = -1, threading.current_thread()  # started by the caller
+                self.mark_streamed_body()
             else:
                 self.plain_body = threading.get_ident()
             self.default_params = default_params
@@ -1546,6 +1560,7 @@ class StreamExecutor:
         flags of this one alone, or a second body could start beside this one."""
         with self._cv:
             self.body_thread = self.body_caller = self.plain_body = None
+            self.body_bystanders = frozenset()
         self.close()
 
     # -- streaming

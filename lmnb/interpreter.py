@@ -158,10 +158,9 @@ class ProgramState:
         return f"the program was stopped while its state was read: {what}"
 
     def sync(self) -> None:
-        """Wait until every submitted primitive has run (and, called on the thread that started a
-        ``run(stream=True)`` program or on the main thread, until its body has returned; on another
-        thread too unless the body is blocked in a join, docs/language.md); raise the state's error if one
-        failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
+        """Wait until every submitted primitive has run (and, called outside the body of a
+        ``run(stream=True)`` program, until the body has returned, except on a thread the body may
+        be waiting for: docs/language.md); raise the state's error if one failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
         self._wait_done()
         self.stream_executor.raise_if_failed()
 
@@ -651,7 +650,7 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
         ex = state.stream_executor
-        ex.body_thread, ex.body_caller = -1, threading.current_thread()  # started below; the caller waits for it
+        ex.mark_streamed_body()  # started below; the caller waits for it
         ctx = contextvars.copy_context()
         # taken by the body as it begins, or by a start that Ctrl-C cut short: then the body never runs
         claim = threading.Lock()

@@ -17,6 +17,7 @@ seen (``blocked_in_a_join`` says so).
 from __future__ import annotations
 
 import concurrent.futures._base
+import concurrent.futures.thread
 import faulthandler
 import os
 import tempfile
@@ -28,6 +29,8 @@ from typing import Optional
 _WAITS = {(threading.__file__, "join"), (concurrent.futures._base.__file__, "result"),
           (concurrent.futures._base.__file__, "exception")}
 _WAIT_FILES = {threading.__file__, concurrent.futures._base.__file__}
+# a ThreadPoolExecutor worker's loop, at the bottom of its stack (threading's bootstrap below it)
+_POOL_WORKER = (concurrent.futures.thread.__file__, "_worker")
 
 _DUMP_LOCK = threading.Lock()  # one dump at a time into the one file
 _dump_file = None  # opened at the first call (import lmnb opens no file)
@@ -105,3 +108,11 @@ def blocked_in_a_join(ident: int) -> Optional[bool]:
         if file not in files:
             return False
     return False
+
+
+def runs_pool_work(ident: int) -> bool:
+    """Whether thread ``ident`` is a ``concurrent.futures.ThreadPoolExecutor`` worker (its loop
+    ``_worker`` is on its stack): a future it runs may be one another thread waits for. False
+    for a thread the dump left out (more than 100 threads)."""
+    file, function = _POOL_WORKER
+    return (as_dumped(file), function) in {(f, fn) for f, fn, _ in stacks().get(ident, [])}

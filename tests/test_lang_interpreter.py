@@ -7498,3 +7498,33 @@ def test_a_forked_child_reads_stacks_while_the_parent_dumps():
                 os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_consumer_thread_streams_the_whole_text_while_the_body_waits_on_a_pool():
+    """A thread that ran before run(stream=True) began (a consumer streaming text_iter, not the
+    caller, not the main thread) while the body reads its fork branches on a ThreadPoolExecutor:
+    its text_iter ended at "Q:ans", the body blocked in Future.result taken as maybe waiting for
+    it, with no error. Such a thread is no helper of the body: it waits for the body."""
+    import concurrent.futures
+    import queue
+
+    be = ScriptedBackend(lambda p, params: "ans", delay=1.0)  # (the consumer looks every 0.25 s meanwhile)
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a")
+        forks = s.fork(2)
+        for b in forks:
+            b += sgl.gen("g")
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda b: b["g"], forks))
+        s += "|" + ",".join(got)
+
+    states, streamed = queue.Queue(), []
+    consumer = threading.Thread(target=lambda: streamed.append("".join(states.get(timeout=30).text_iter())))
+    consumer.start()
+    st = prog.run(backend=be, stream=True)
+    states.put(st)
+    consumer.join(30)
+    assert streamed == ["Q:ans|ans,ans"]
