@@ -160,7 +160,8 @@ class ProgramState:
     def sync(self) -> None:
         """Wait until every submitted primitive has run (and, called outside the body of a
         ``run(stream=True)`` program, until the body has returned, except on a thread the body may
-        be waiting for: docs/language.md); raise the state's error if one failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
+        be waiting for: docs/language.md); raise the state's error if one failed. Ctrl-C while
+        waiting aborts the program (as every wait here does)."""
         self._wait_done()
         self.stream_executor.raise_if_failed()
 

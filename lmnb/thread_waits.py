@@ -10,8 +10,8 @@ profilers of sentry-python and ddtrace segfault so; a CI run of this project die
 each frame's file, function and line are read, with ``faulthandler.dump_traceback``: C code that
 reads every thread's frames in one call while this thread holds the GIL, so the other threads
 are parked and their frames stay put, and that makes no frame objects. What a thread waits for
-(which thread, which future) is not known. faulthandler writes at most the 100 newest threads; a thread past them is not
-seen (``blocked_in_a_join`` says so).
+(which thread, which future) is not known. faulthandler writes at most the 100 newest threads; a
+thread past them is not seen (``blocked_in_a_join`` says so).
 """
 
 from __future__ import annotations

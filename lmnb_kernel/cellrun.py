@@ -250,10 +250,11 @@ def _all_finished(state, listener: Listener) -> bool:
 
 
 def _wait_for_the_body(state, stopping: threading.Event, caller: Optional[int]) -> None:
-    """Wait until the program body, started by thread ``caller``, has returned. A failed state's ``text_iter`` and ``error()``
-    end at once while its body may run on (plain Python after a gen that failed): the cell ended
-    under it, its later events dropped and its prints landing in the next cell. Not once the cell
-    is stopped (``stopping``): an aborted body may never return by itself, and ``stop_body`` ends it."""
+    """Wait until the program body, started by thread ``caller``, has returned. A failed state's
+    ``text_iter`` and ``error()`` end at once while its body may run on (plain Python after a gen
+    that failed): the cell ended under it, its later events dropped and its prints landing in the
+    next cell. Not once the cell is stopped (``stopping``): an aborted body may never return by
+    itself, and ``stop_body`` ends it."""
     ex = state.stream_executor
     with ex._cv:
         while ex._body_elsewhere(caller) and not stopping.is_set():

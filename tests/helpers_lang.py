@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from lmnb.backend.base import BaseBackend, Completion, Prompt
 from lmnb.chat_template import ChatTemplate, get_chat_template
 from lmnb.choices import ChoiceLogprobs
-from lmnb.thread_waits import stacks
+from lmnb.thread_waits import as_dumped, stacks
 
 
 class ScriptedBackend(BaseBackend):
@@ -177,12 +177,13 @@ def main_thread_blocked_in(where: Callable[[list], bool]) -> bool:
     """Whether the main thread is blocked now in a wait that ``where(stack)`` finds in its stack
     (``lmnb.thread_waits.stacks``: ``(file, function, line)`` per frame, innermost first; walking
     another running thread's frame objects crashes CPython 3.11). Blocked, not only inside it: a
-    SIGINT sent while the main thread is still on its way to the lock's wait only marks the signal, and Python acts on it when the wait ends (the request
-    finished, the release done), not at once; and the frames alone cannot tell the two apart, the
-    innermost one being the same call. So the thread must also be asleep in the kernel (state S in
-    /proc/self/task/TID/stat, where its way to the wait is R), and its innermost frame must stand
-    still over 50 ms while this thread sleeps (leaving it the GIL), so that it is not merely
-    between two waits. Where /proc is missing (not Linux), the stillness alone is the test."""
+    SIGINT sent while the main thread is still on its way to the lock's wait only marks the signal,
+    and Python acts on it when the wait ends (the request finished, the release done), not at once;
+    and the frames alone cannot tell the two apart, the innermost one being the same call. So the
+    thread must also be asleep in the kernel (state S in /proc/self/task/TID/stat, where its way to
+    the wait is R), and its innermost frame must stand still over 50 ms while this thread sleeps
+    (leaving it the GIL), so that it is not merely between two waits. Where /proc is missing (not
+    Linux), the stillness alone is the test."""
 
     def innermost():
         stack = stacks().get(threading.main_thread().ident, [])
@@ -205,7 +206,7 @@ def main_thread_blocked_in(where: Callable[[list], bool]) -> bool:
 
 def called_from(stack: list, name: str, filename: str) -> bool:
     """Whether a frame of ``stack`` (``lmnb.thread_waits.stacks``'s) runs function ``name`` of file ``filename``."""
-    return any(function == name and file == filename for file, function, _ in stack)
+    return any(function == name and file == as_dumped(filename) for file, function, _ in stack)
 
 
 def in_a_threading_wait(stack: list) -> bool:

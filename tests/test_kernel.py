@@ -323,7 +323,7 @@ sys.path.insert(0, {tests!r})
 import lmnb as sgl
 from helpers_lang import ScriptedBackend
 from lmnb import executor
-from lmnb.thread_waits import stacks
+from lmnb.thread_waits import as_dumped, stacks
 
 class Held(ScriptedBackend):  # sends nothing until aborted, or after 20 s "late" (timed_out)
     timed_out = False
@@ -336,7 +336,7 @@ class Held(ScriptedBackend):  # sends nothing until aborted, or after 20 s "late
         yield "late", {{"id": rid, "completion_tokens": 1, "finish_reason": {{"type": "length"}}}}
 
 def _in_iter_text(stack):
-    return any((file, function) == (executor.__file__, "iter_text") for file, function, _ in stack)
+    return any((file, function) == (as_dumped(executor.__file__), "iter_text") for file, function, _ in stack)
 
 def say_when_read():  # once a step of text_async_iter waits for the gen's text
     while not any(_in_iter_text(stack) for stack in stacks().values()):

@@ -26,7 +26,7 @@ import lmnb as sgl
 from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
-from lmnb.thread_waits import stacks
+from lmnb.thread_waits import as_dumped, stacks
 
 from helpers_lang import (
     InterruptingBackend, ScriptedBackend, called_from, in_a_threading_wait, interrupt_main_when, main_thread_blocked_in,
@@ -43,13 +43,13 @@ def _main_thread_waits_in_lmnb() -> bool:
     def waits_in_lmnb(stack) -> bool:
         frames = iter(stack)
         for file, function, _ in frames:
-            if (file, function) == (threading.__file__, "wait"):
+            if called_from([(file, function, "")], "wait", threading.__file__):
                 break
-        lmnb_dir = os.path.dirname(sgl.__file__) + os.sep
+        lmnb_dir = as_dumped(os.path.dirname(sgl.__file__) + os.sep)
         for file, function, _ in frames:  # (the wait's callers)
             if file.startswith(lmnb_dir):
                 return True
-            if (file, function) == (threading.__file__, "start"):
+            if called_from([(file, function, "")], "start", threading.__file__):
                 return False  # (Thread.start's wait for the new thread: lmnb's submit starting a state's worker)
         return False
 

@@ -838,9 +838,9 @@ def test_ctrl_c_in_a_cell_awaiting_text_async_iter_shows_the_cells_line_and_that
             yield "late", {"id": rid, "completion_tokens": 1, "finish_reason": {"type": "length"}}
 
     def reading() -> bool:  # (a step of text_async_iter waits in iter_text on a worker thread)
-        from lmnb.thread_waits import stacks
+        from lmnb.thread_waits import as_dumped, stacks
 
-        return any((executor.__file__, "iter_text") == (file, function)
+        return any((as_dumped(executor.__file__), "iter_text") == (file, function)
                    for stack in stacks().values() for file, function, _ in stack)
 
     ip.user_ns["be"] = be = Held()
