@@ -7089,11 +7089,17 @@ def test_blocked_in_a_join_reads_the_top_of_the_threads_stack():
             spinning.set()
 
     threads["running"] = threading.Thread(target=spin)
+    inside = {"join": "join", "timed join": "join", "result": "result", "timed exception": "exception",
+              "event": "wait", "futures wait": "wait", "running": "spin"}  # (the function each waits in)
     try:
         for t in threads.values():
             t.start()
         assert spinning.wait(10)
-        time.sleep(0.3)  # (each thread is inside its wait by now)
+        deadline = time.monotonic() + 10  # (until each thread is inside its wait: on a loaded machine 0.3 s was not enough)
+        while time.monotonic() < deadline and not all(
+                any(function == inside[name] for _, function, _ in stacks().get(t.ident, []))
+                for name, t in threads.items()):
+            time.sleep(0.01)
         seen = {name: blocked_in_a_join(t.ident) for name, t in threads.items()}
         assert seen == {"join": True, "timed join": True, "result": True, "timed exception": True,
                         "event": False, "futures wait": False, "running": False}
@@ -7398,22 +7404,27 @@ def test_a_helper_with_the_ident_of_the_ended_caller_reads_for_the_body():
     caller, it waited for the body, which waited for it: both hung. Read here with the ended
     caller's ident, as such a helper reads."""
     be = ScriptedBackend(lambda p, params: "ans")
-    caller = []
+    caller, ended = [], threading.Event()
 
     @sgl.function
     def prog(s):
         s += "Q: " + sgl.gen("a")
+        assert ended.wait(10)  # (the caller has ended: its ident may be reused; a CI run read before it had)
         got = []
         helper = threading.Thread(target=lambda: got.append("".join(s._text_iter(None, caller[0]))))
         helper.start()
         helper.join(10)
         s += f"|{got}"
 
+    def call() -> None:
+        caller.append(threading.get_ident())
+        started.append(prog.run(backend=be, stream=True))
+
     started = []
-    worker = threading.Thread(target=lambda: started.append(prog.run(backend=be, stream=True)))
+    worker = threading.Thread(target=call)
     worker.start()
-    caller.append(worker.ident)
     worker.join()
+    ended.set()
     assert started[0].text() == "Q: ans|['Q: ans']"
 
 
