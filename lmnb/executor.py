@@ -775,11 +775,12 @@ class StreamExecutor:
         if body == -1 or reader == threading.main_thread().ident or (
                 caller is not None and reader == caller.ident and _running(caller)):
             return True
-        if blocked_in_a_join(body) is False:
-            return True
-        # (a thread that ran before the body began and ran on: a consumer streaming text_iter)
+        # (a thread that ran before the body began and ran on: a consumer streaming text_iter; asked
+        # first, as it needs no stack dump unless it is one, and then one dump answers)
         bystander = next((t for t in owner.body_bystanders if t.ident == reader), None)
-        return bystander is not None and _running(bystander) and not runs_pool_work(reader)
+        if bystander is not None and _running(bystander) and not runs_pool_work(reader):
+            return True
+        return blocked_in_a_join(body) is False
 
     def settled_for_caller(self) -> bool:
         """Whether ``wait_body`` and then ``wait_idle`` would return at once on this thread."""

@@ -115,4 +115,4 @@ def runs_pool_work(ident: int) -> bool:
     ``_worker`` is on its stack): a future it runs may be one another thread waits for. False
     for a thread the dump left out (more than 100 threads)."""
     file, function = _POOL_WORKER
-    return (as_dumped(file), function) in {(f, fn) for f, fn, _ in stacks().get(ident, [])}
+    return any((f, fn) == (as_dumped(file), function) for f, fn, _ in stacks().get(ident, []))
