@@ -755,28 +755,28 @@ class StreamExecutor:
     def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
         """(Lock held.) Whether thread ``reader`` (the caller's by default) is to wait for a
         streamed program body that runs on another thread, as it may still submit what the reader
-        reads. The thread that started it (``run(stream=True)``'s caller, ``body_caller``), the
-        main thread and every other thread that ran as the body started (``body_bystanders``),
-        but a pool worker, always wait: none is a thread the body can wait for (one it started, a
-        pool worker). Another thread does unless the body is blocked in ``Thread.join`` or
-        ``Future.result`` (``lmnb.thread_waits``), or cannot be seen there (more than 100 threads
-        run): that thread may be the one the body waits for (a helper it joins, a pool worker
-        whose future it waits for, or one such a thread waits for), and waiting for the body there
-        would hang both; it reads the state as it stands, as the body would. Which thread the body
-        waits for is not known (see ``lmnb.thread_waits``)."""
+        reads. The main thread and every thread that ran as the body started (``body_bystanders``:
+        the caller of ``run(stream=True)`` among them), but a pool worker, always wait: the body did
+        not start them, and no pool runs them (a pool worker that called ``run`` may later run a
+        future the body waits for; a body that waits for the main thread, an event loop there
+        running what it waits for, hangs with it). Another thread does unless the body is blocked in
+        ``Thread.join`` or ``Future.result`` (``lmnb.thread_waits``), or cannot be seen there (more
+        than 100 threads run): that thread may be the one the body waits for (a helper it joins, a
+        pool worker whose future it waits for, or one such a thread waits for), and waiting for the
+        body there would hang both; it reads the state as it stands, as the body would. Which thread
+        the body waits for is not known (see ``lmnb.thread_waits``)."""
         # a fork branch is extended by its root's body, or by one of its own (run(state=branch))
         owner = self if self.body_thread is not None else self.root
         body = owner.body_thread
         reader = threading.get_ident() if reader is None else reader
         if body is None or body == reader:
             return False
-        caller = owner.body_caller
-        # (the caller while it runs: a thread started after it ended may have its ident, a helper the body joins)
-        if body == -1 or reader == threading.main_thread().ident or (
-                caller is not None and reader == caller.ident and _running(caller)):
+        if body == -1 or reader == threading.main_thread().ident:
             return True
-        # (a thread that ran before the body began and ran on: a consumer streaming text_iter; asked
-        # first, as it needs no stack dump unless it is one, and then one dump answers)
+        # (a thread that ran before the body began and runs on, the caller among them: a consumer
+        # streaming text_iter; while it runs, as a thread started after it ended may have its ident,
+        # a helper the body joins; not a pool worker, which may run the future the body waits for,
+        # the caller too once its task ended. Asked first: it needs no stack dump unless it is one)
         bystander = next((t for t in owner.body_bystanders if t.ident == reader), None)
         if bystander is not None and _running(bystander) and not runs_pool_work(reader):
             return True

@@ -7398,6 +7398,25 @@ def test_the_main_thread_reads_a_state_streamed_from_another_thread_whole():
 
 
 @pytest.mark.timeout(60)
+def test_a_pool_worker_that_called_run_reads_for_the_body_it_runs_a_future_of():
+    """A ThreadPoolExecutor worker that called run(stream=True) (a server's request handler), then
+    ran the future the body waits for, reading the state there: taken as the caller, it waited for
+    the body, which waited for it, and both hung (found by a breaker). A pool worker reads as the
+    body would while the body waits in Future.result, the caller too."""
+    import concurrent.futures
+
+    be = ScriptedBackend(lambda p, params: "ans")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        @sgl.function
+        def prog(s):
+            s += "Q: " + sgl.gen("a")
+            s += " | " + pool.submit(lambda: s.text().upper()).result(20)
+
+        st = pool.submit(lambda: prog.run(backend=be, stream=True)).result(20)
+        assert st.text() == "Q: ans | Q: ANS"
+
+
+@pytest.mark.timeout(60)
 def test_a_helper_with_the_ident_of_the_ended_caller_reads_for_the_body():
     """Thread idents are reused: a helper the body joins, started after the thread that called
     run(stream=True) ended, may have that thread's ident (it had, here, on Linux). Taken for the
