@@ -752,8 +752,13 @@ class StreamExecutor:
         self.body_thread, self.body_caller = -1, threading.current_thread()
         self.body_bystanders = frozenset(threading.enumerate())
 
-    def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
-        """(Lock held.) Whether thread ``reader`` (the caller's by default) is to wait for a
+    def _body_owner(self) -> "StreamExecutor":
+        """The state whose streamed body (``body_thread``) extends this one: a fork branch is
+        extended by its root's body, or by one of its own (``run(state=branch)``)."""
+        return self if self.body_thread is not None else self.root
+
+    def _body_elsewhere(self, reader: Optional[threading.Thread] = None) -> bool:
+        """(Lock held.) Whether thread ``reader`` (the calling thread by default) is to wait for a
         streamed program body that runs on another thread, as it may still submit what the reader
         reads. The main thread and every thread that ran as the body started (``body_bystanders``:
         the caller of ``run(stream=True)`` among them), but a pool worker, always wait: the body did
@@ -764,21 +769,23 @@ class StreamExecutor:
         than 100 threads run): that thread may be the one the body waits for (a helper it joins, a
         pool worker whose future it waits for, or one such a thread waits for), and waiting for the
         body there would hang both; it reads the state as it stands, as the body would. Which thread
-        the body waits for is not known (see ``lmnb.thread_waits``)."""
-        # a fork branch is extended by its root's body, or by one of its own (run(state=branch))
-        owner = self if self.body_thread is not None else self.root
+        the body waits for is not known (see ``lmnb.thread_waits``).
+
+        Threads are told apart as objects, not by ident: the OS reuses an ended thread's ident at
+        once (Linux's next thread gets it), so a helper the body started after its caller ended was
+        taken for the caller, and waited for the body that waited for it (a caller that threading
+        did not start, a ``_DummyThread``, counts as running for good on Python 3.11)."""
+        owner = self._body_owner()
         body = owner.body_thread
-        reader = threading.get_ident() if reader is None else reader
-        if body is None or body == reader:
+        reader = threading.current_thread() if reader is None else reader
+        if body is None or body == reader.ident:
             return False
-        if body == -1 or reader == threading.main_thread().ident:
+        if body == -1 or reader is threading.main_thread():
             return True
         # (a thread that ran before the body began and runs on, the caller among them: a consumer
-        # streaming text_iter; while it runs, as a thread started after it ended may have its ident,
-        # a helper the body joins; not a pool worker, which may run the future the body waits for,
-        # the caller too once its task ended. Asked first: it needs no stack dump unless it is one)
-        bystander = next((t for t in owner.body_bystanders if t.ident == reader), None)
-        if bystander is not None and _running(bystander) and not runs_pool_work(reader):
+        # streaming text_iter; not a pool worker, which may run the future the body waits for, the
+        # caller too once its task ended. Asked first: it needs no stack dump unless it is one)
+        if reader in owner.body_bystanders and _running(reader) and not runs_pool_work(reader.ident):
             return True
         return blocked_in_a_join(body) is False
 
@@ -844,8 +851,20 @@ class StreamExecutor:
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise _fresh(self.read_error())
             if name not in self.variables:
-                raise KeyError(f"no variable {shown_value(name)} in this program state; it has {sorted(self.variables)}")
+                raise self._no_such_variable(name)
             return self.variables[name]
+
+    def _no_such_variable(self, name: str, reader: Optional[threading.Thread] = None) -> KeyError:
+        """(Lock held.) The error for thread ``reader`` (the calling thread by default) reading
+        variable ``name`` that nothing set or will set as far as it can wait: with the variables set
+        so far. A streamed body still running elsewhere may set it yet (the reader, one the body may
+        be waiting for, does not wait: ``_body_elsewhere``)."""
+        body = self._body_owner().body_thread
+        reader = threading.current_thread() if reader is None else reader
+        later = ("" if body is None or body == reader.ident else
+                 " so far; its streamed program body still runs, and may set it later: this thread, which the body "
+                 "may be waiting for, reads the state as it stands")
+        return KeyError(f"no variable {shown_value(name)} in this program state; it has {sorted(self.variables)}{later}")
 
     def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True,
                 text: Optional[str] = None, streamed: bool = False, gathered: bool = False) -> None:
@@ -1035,9 +1054,14 @@ class StreamExecutor:
         if threading.get_ident() in (self.body_thread, self.plain_body):
             raise RuntimeError("a program body cannot continue its own state with run(state=s); call the "
                                "other program's function on it instead: other.func(s, ...)")
-        if self.body_thread is not None:
+        if self.body_thread is not None and self._body_elsewhere():
             raise RuntimeError("this state is still running the body of a run(stream=True) program; wait for "
                                "it (state.sync()) before continuing it with run(state=...)")
+        if self.body_thread is not None:  # (sync() here would return at once: _body_elsewhere)
+            raise RuntimeError("this state is still running the body of a run(stream=True) program, which is "
+                               "blocked waiting for a thread or a future, maybe this one; continue the state "
+                               "with run(state=...) after that body returned, on the thread that called "
+                               "run(stream=True) or on one the body does not wait for")
         if self.plain_body is not None:
             raise RuntimeError("this state is still running the body of a program on another thread; wait for its "
                                "run() to return before continuing it with run(state=...)")
@@ -1571,7 +1595,7 @@ class StreamExecutor:
         with self._cv:
             self._cv.notify_all()
 
-    def iter_text(self, var_name: Optional[str] = None, reader: Optional[int] = None,
+    def iter_text(self, var_name: Optional[str] = None, reader: Optional[threading.Thread] = None,
                   with_meta: bool = False, stop: Optional[threading.Event] = None) -> Iterator[Any]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete); read by the program body itself
@@ -1636,8 +1660,7 @@ class StreamExecutor:
                     # nothing set it, nothing queued will, and no body is left to queue it: a
                     # misspelt name (SGLang's yields "" then, indistinguishable from an empty gen)
                     if not started and self.error_ is None and not self._body_elsewhere(reader):
-                        raise KeyError(f"no variable {var_name!r} in this program state, and the program set "
-                                       f"none of that name; it has {sorted(self.variables)}")
+                        raise self._no_such_variable(var_name, reader)
                     done = self.error_ is not None or (self._pending[var_name] == 0 and started and (
                         self.closed or not self._body_elsewhere(reader)))
                     if pos is None:  # from the current value on

@@ -247,7 +247,7 @@ class ProgramState:
         iterate each branch's ``text_iter`` before the join, or read ``s[var_name]``."""
         return self._text_iter(var_name, None)
 
-    def _text_iter(self, var_name: Optional[str], reader: Optional[int], with_meta: bool = False,
+    def _text_iter(self, var_name: Optional[str], reader: Optional[threading.Thread], with_meta: bool = False,
                    stop: Optional[threading.Event] = None) -> Iterator[Any]:
         with self._abort_on_interrupt(), self._scope_hint(var_name):
             yield from self.stream_executor.iter_text(var_name, reader, with_meta, stop)
@@ -276,7 +276,7 @@ class ProgramState:
         # (asyncio.run in the body) reads as the body, which cannot add text while it reads
         # (with meta data, each chunk's own: read with it, under the state's lock)
         stop = threading.Event()
-        it = self._text_iter(var_name, threading.get_ident(), return_meta_data and var_name is not None, stop)
+        it = self._text_iter(var_name, threading.current_thread(), return_meta_data and var_name is not None, stop)
         end = object()
         interrupts = ReadInterrupts(asyncio.current_task())
         try:

@@ -174,7 +174,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     # the waiter reads for the thread that started the run, which always waits for the body (the
     # waiter's own thread would not while the body joins a thread); a body ended by now has none,
     # and then there is nothing to wait for
-    caller = getattr(state.stream_executor.body_caller, "ident", None)
+    caller = state.stream_executor.body_caller
 
     def wait() -> None:
         try:
@@ -249,7 +249,7 @@ def _all_finished(state, listener: Listener) -> bool:
     return all(ex._finished() for ex in [state.stream_executor, *list(listener.roots)])
 
 
-def _wait_for_the_body(state, stopping: threading.Event, caller: Optional[int]) -> None:
+def _wait_for_the_body(state, stopping: threading.Event, caller: Optional[threading.Thread]) -> None:
     """Wait until the program body, started by thread ``caller``, has returned. A failed state's
     ``text_iter`` and ``error()`` end at once while its body may run on (plain Python after a gen
     that failed): the cell ended under it, its later events dropped and its prints landing in the
