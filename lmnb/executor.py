@@ -216,6 +216,9 @@ class ProgramEvent:
 
 
 _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
+# thread ident -> the state it is waiting on in StreamExecutor._wait now: a streamed body blocked
+# reading a state whose own body reads back (StreamExecutor._waits_on_a_body_of)
+_waiting_on: dict[int, "StreamExecutor"] = {}
 # The option that sets a run's max_new_tokens, as run() calls made in this context name it (``RunDefaults``).
 _max_tokens_option: contextvars.ContextVar[str] = contextvars.ContextVar(
     "lmnb_max_tokens_option", default=RUN_MAX_TOKENS_OPTION)
@@ -393,6 +396,26 @@ def _fresh(error: BaseException) -> BaseException:
     reads through ``iter_text`` while a ``--python`` body may raise the same error, and the cell's
     error message takes the body's line from the frames that raise left (``magics._describe``)."""
     return error.with_traceback(None)
+
+
+def _waits_on_a_body_of(body: int, reader: int) -> bool:
+    """Whether thread ``body`` is blocked reading a state (``StreamExecutor._wait``) whose streamed
+    body runs on thread ``reader``, or on a thread blocked so in turn: a body that ran a program
+    with ``run(stream=True)`` and reads its result, whose body reads the first one's state
+    (``critic.run(parent=s, stream=True)``, then ``parent.text()`` there). The two waited for
+    each other for good; the later body, not one of the first body's bystanders, reads the first
+    state as it stands. (Read without the states' locks: a wait just begun or ended is seen at
+    the reader's next look, ``MARKED_STOP_POLL_S`` later.)"""
+    seen = set()
+    while body not in seen:
+        seen.add(body)
+        state = _waiting_on.get(body)
+        body = None if state is None else state._body_owner().body_thread
+        if body is None:
+            return False
+        if body == reader:
+            return True
+    return False
 
 
 def _running(thread: threading.Thread) -> bool:
@@ -654,7 +677,12 @@ class StreamExecutor:
         self.refuse_if_running_here()
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
-        self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
+        me = threading.get_ident()
+        _waiting_on[me] = self
+        try:
+            self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
+        finally:
+            del _waiting_on[me]
 
     def refuse_if_running_here(self) -> None:
         """Raise if the caller is the thread that runs this state's primitives (an
@@ -787,6 +815,8 @@ class StreamExecutor:
         # caller too once its task ended. Asked first: it needs no stack dump unless it is one)
         if reader in owner.body_bystanders and _running(reader) and not runs_pool_work(reader.ident):
             return True
+        if _waits_on_a_body_of(body, reader.ident):
+            return False
         return blocked_in_a_join(body) is False
 
     def settled_for_caller(self) -> bool:

@@ -7510,6 +7510,35 @@ def test_a_helper_with_the_ident_of_the_ended_caller_reads_for_the_body(caller_k
 
 
 @pytest.mark.timeout(60)
+def test_a_streamed_program_run_by_a_body_reads_that_bodys_state_while_it_waits_for_the_result():
+    """A body ran a critic with run(parent=s, stream=True) and read its result; the critic's body
+    read the parent's text. The parent's body waited for the critic's (it ran as that began), and
+    the critic's for the parent's (not blocked in a join): both hung. The critic reads the
+    parent's state as it stands, as the parent's body would."""
+    import concurrent.futures
+
+    be = ScriptedBackend(lambda p, params: "x")
+    subs = []
+
+    @sgl.function
+    def critic(s, parent):
+        s += "crit of " + parent.text() + ": " + sgl.gen("c")
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        subs.append(critic.run(parent=s, stream=True, backend=be))
+        s += "|" + subs[0]["c"]
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        assert pool.submit(lambda: prog.run(backend=be, stream=True).text()).result(20) == "Q: x|x"
+        assert subs[0].text() == "crit of Q: x: x"
+    finally:
+        pool.shutdown(wait=False)
+
+
+@pytest.mark.timeout(60)
 def test_a_helper_reads_for_a_body_older_than_the_100_threads_faulthandler_shows():
     """faulthandler.dump_traceback writes the 100 newest threads only: a body with more threads
     started after it (a ThreadPoolExecutor of 150 reading 150 fork branches' text) was not in the
