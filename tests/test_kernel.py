@@ -777,6 +777,10 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     # items of the cell's own names: theirs put in
     ("{fork t in stops}{fork u in t}{u.up", "(((stops)[0])[0].up"),
     ("{gen x}{fork t in x.split()}{t.up", "((''.split())[0].up"),
+    # a mapping's view: its first key and value
+    ("{fork k, v in d.items()}{v.up", "((d)[(list(d))[0]].up"),
+    ("{fork k, v in d.items()}{k.up", "((list(d))[0].up"),
+    ("{fork v in d.values()}{v.up", "((d)[(list(d))[0]].up"),
     # a gen's or select's result is text; gathered by a join, a list of the branches'
     ("{gen x}{x.up", "(''.up"),
     ("{select x choices=c}{gen y stop=x.st", "(''.st"),
@@ -847,6 +851,27 @@ def test_completion_of_a_fork_targets_attribute_offers_an_items_not_the_kernels_
     for code in ("%%lm\n{fork i, t in enumerate(stops_s40)}{t.up", "%%lm\n{gen x}{x.up"):
         reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
         assert (reply["matches"], reply["cursor_start"]) == (["upper"], len(code) - 2), code
+
+
+@pytest.mark.parametrize("jedi", [True, False])
+def test_completion_of_a_fork_targets_attribute_over_a_mappings_items_is_an_items(kernel, jedi):
+    """``{fork k, v in d.items()}{v.`` asked IPython of ``(d.items())[0]``: nothing (a view has no
+    [0]). The matches are now those of the item's kind, as Python's dir() of it gives them,
+    with Jedi and without (its "limited" evaluation)."""
+    kc = kernel[1]
+    execute(kc, f"jedi_s42 = get_ipython().Completer.use_jedi\nget_ipython().Completer.use_jedi = {jedi}\n"
+                "d_s42 = {'k': 'text'}\nf_s42 = {'k': 1.5}")
+    try:
+        for code, kind, word in [("%%lm\n{fork k, v in d_s42.items()}{v.is", str, "is"),
+                                 ("%%lm\n{fork k, v in f_s42.items()}{v.is_", float, "is_"),
+                                 ("%%lm\n{fork k, v in d_s42.items()}{gen y stop=k.st", str, "st"),
+                                 ("%%lm\n{fork v in f_s42.values()}{v.re", float, "re")]:
+            reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+            # (the cell each match makes: without Jedi, IPython's matches replace the "." too)
+            made = sorted(code[: reply["cursor_start"]] + m for m in reply["matches"])
+            assert made == sorted(code[: len(code) - len(word)] + m for m in dir(kind) if m.startswith(word)), code
+    finally:
+        execute(kc, "get_ipython().Completer.use_jedi = jedi_s42")
 
 
 # (code with characters above U+FFFF before the cursor, the match, and the length of the word it replaces)

@@ -2193,7 +2193,8 @@ def test_names_bound_are_those_a_hole_at_the_end_reads_from_the_cell(body, names
     assert names_bound(body) == names
 
 
-_KERNEL = {"stops": [".", "!"], "xs": ["a", "b"], "ys": [b"c"], "pairs": [(1, "x"), (2, "y")]}
+_KERNEL = {"stops": [".", "!"], "xs": ["a", "b"], "ys": [b"c"], "pairs": [(1, "x"), (2, "y")],
+           "d": {"k": [1.5], "j": [2.5]}}
 
 
 @pytest.mark.parametrize("body, stand_ins, loop", [
@@ -2213,6 +2214,13 @@ _KERNEL = {"stops": [".", "!"], "xs": ["a", "b"], "ys": [b"c"], "pairs": [(1, "x
     ("{gen a json_schema=S}{gen b dtype=int}{gen c dtype=None}", {"a": None, "b": None, "c": "''"}, None),
     ("{gen a}{fork t in a.split()}", {"a": "''", "t": "(''.split())[0]"}, None),
     ("{gen a dtype=int}{fork t in a}", {"a": None, "t": None}, None),
+    # a mapping's view: its first key and value (a view has no [0])
+    ("{fork k, v in d.items()}", {"k": "(list(d))[0]", "v": "(d)[(list(d))[0]]"}, "for k, v in d.items(): break"),
+    ("{fork p in d.items()}", {"p": "((list(d))[0], (d)[(list(d))[0]])"}, "for p in d.items(): break"),
+    ("{fork k in d.keys()}", {"k": "(list(d))[0]"}, "for k in d.keys(): break"),
+    ("{fork v in d.values()}", {"v": "(d)[(list(d))[0]]"}, "for v in d.values(): break"),
+    ("{fork i, (k, v) in enumerate(d.items())}", {"i": "(0)", "k": "(list(d))[0]", "v": "(d)[(list(d))[0]]"},
+     "for i, (k, v) in enumerate(d.items()): break"),
     ("{fork t in xs}{join}", {}, None),  # (the fork joined: its target gone)
     ("{fork t in xs}{bad hole=}", {}, None),  # (a hole the parser refuses: no scope known past it)
 ])

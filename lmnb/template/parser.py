@@ -126,11 +126,13 @@ def stand_ins(source: str) -> dict[str, str | None]:
 
     A fork target is its items' first item (``{fork t in stops}`` -> ``(stops)[0]``), where the
     items are ``enumerate(xs)`` or ``zip(xs, ys)`` a tuple of the first items (``(0)``,
-    ``(xs)[0]``), and a destructured target's names are the parts of that item (``{fork i, t in
-    pairs}``: ``t`` -> ``((pairs)[0])[1]``); names of the cell in the items are their own stand-ins
-    (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's or select's result is text, ``''``, but a
-    gen's value parsed by ``json_schema`` or ``dtype``, None; a result gathered by ``{join}`` is a
-    list of the branches' (``['']``). The innermost binding of a name is the one given."""
+    ``(xs)[0]``), ``d.items()`` the first key and its value (``(list(d))[0]``,
+    ``(d)[(list(d))[0]]``; ``keys()``, ``values()`` the one), and a destructured target's names are
+    the parts of that item (``{fork i, t in pairs}``: ``t`` -> ``((pairs)[0])[1]``); names of the
+    cell in the items are their own stand-ins (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's
+    or select's result is text, ``''``, but a gen's value parsed by ``json_schema`` or ``dtype``,
+    None; a result gathered by ``{join}`` is a list of the branches' (``['']``). The innermost
+    binding of a name is the one given."""
     parser = _parsed_to_end(source)
     if parser is None:
         return {}
@@ -186,6 +188,15 @@ def _item_of(tree: ast.expr) -> _Item:
             return ("(0)", _item_of(tree.args[0]))  # (an int index, whatever the start)
         if tree.func.id == "zip" and all(k.arg == "strict" for k in tree.keywords):
             return tuple(_item_of(a) for a in tree.args)
+    if (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Attribute) and not tree.args and not tree.keywords
+            and tree.func.attr in ("items", "keys", "values")):
+        # a mapping's view, which has no [0]: its first key and that key's value, through a list of
+        # the keys (Jedi, IPython's default completer, infers nothing from a call of a view's method,
+        # and IPython's "limited" evaluation calls list() but neither next() nor iter())
+        mapping = ast.unparse(tree.func.value)
+        key = f"(list({mapping}))[0]"
+        value = f"({mapping})[{key}]"
+        return {"items": (key, value), "keys": key, "values": value}[tree.func.attr]
     return f"({ast.unparse(tree)})[0]"
 
 
