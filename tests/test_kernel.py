@@ -781,6 +781,7 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     ("{fork k, v in d.items()}{v.up", "((d)[(list(d))[0]].up"),
     ("{fork k, v in d.items()}{k.up", "((list(d))[0].up"),
     ("{fork v in d.values()}{v.up", "((d)[(list(d))[0]].up"),
+    ("{gen x}{fork c in x}{c.up", "(''.up"),  # (a character of a result's text: a str)
     # a gen's or select's result is text; gathered by a join, a list of the branches'
     ("{gen x}{x.up", "(''.up"),
     ("{select x choices=c}{gen y stop=x.st", "(''.st"),
@@ -854,9 +855,10 @@ def test_completion_of_a_fork_targets_attribute_offers_an_items_not_the_kernels_
 
 
 @pytest.mark.parametrize("jedi", [True, False])
-def test_completion_of_a_fork_targets_attribute_over_a_mappings_items_is_an_items(kernel, jedi):
+def test_completion_of_an_attribute_of_a_mappings_item_or_a_texts_character(kernel, jedi):
     """``{fork k, v in d.items()}{v.`` asked IPython of ``(d.items())[0]``: nothing (a view has no
-    [0]). The matches are now those of the item's kind, as Python's dir() of it gives them,
+    [0]); ``{gen x}{fork c in x}{c.`` of ``('')[0]``, an IndexError where IPython evaluates it
+    (without Jedi). The matches are now those of the item's kind, as Python's dir() of it gives them,
     with Jedi and without (its "limited" evaluation)."""
     kc = kernel[1]
     execute(kc, f"jedi_s42 = get_ipython().Completer.use_jedi\nget_ipython().Completer.use_jedi = {jedi}\n"
@@ -865,7 +867,8 @@ def test_completion_of_a_fork_targets_attribute_over_a_mappings_items_is_an_item
         for code, kind, word in [("%%lm\n{fork k, v in d_s42.items()}{v.is", str, "is"),
                                  ("%%lm\n{fork k, v in f_s42.items()}{v.is_", float, "is_"),
                                  ("%%lm\n{fork k, v in d_s42.items()}{gen y stop=k.st", str, "st"),
-                                 ("%%lm\n{fork v in f_s42.values()}{v.re", float, "re")]:
+                                 ("%%lm\n{fork v in f_s42.values()}{v.re", float, "re"),
+                                 ("%%lm\n{gen x}{fork c in x}{c.is", str, "is")]:
             reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
             # (the cell each match makes: without Jedi, IPython's matches replace the "." too)
             made = sorted(code[: reply["cursor_start"]] + m for m in reply["matches"])

@@ -2221,6 +2221,8 @@ _KERNEL = {"stops": [".", "!"], "xs": ["a", "b"], "ys": [b"c"], "pairs": [(1, "x
     ("{fork v in d.values()}", {"v": "(d)[(list(d))[0]]"}, "for v in d.values(): break"),
     ("{fork i, (k, v) in enumerate(d.items())}", {"i": "(0)", "k": "(list(d))[0]", "v": "(d)[(list(d))[0]]"},
      "for i, (k, v) in enumerate(d.items()): break"),
+    ("{gen a}{fork c in a}", {"a": "''", "c": "''"}, None),  # (a character of the text: a str)
+    ("{fork 2}{gen a}{join}{fork c in a}", {"a": "['']", "c": "([''])[0]"}, None),  # (a list's item)
     ("{fork t in xs}{join}", {}, None),  # (the fork joined: its target gone)
     ("{fork t in xs}{bad hole=}", {}, None),  # (a hole the parser refuses: no scope known past it)
 ])

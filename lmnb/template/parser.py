@@ -127,12 +127,12 @@ def stand_ins(source: str) -> dict[str, str | None]:
     A fork target is its items' first item (``{fork t in stops}`` -> ``(stops)[0]``), where the
     items are ``enumerate(xs)`` or ``zip(xs, ys)`` a tuple of the first items (``(0)``,
     ``(xs)[0]``), ``d.items()`` the first key and its value (``(list(d))[0]``,
-    ``(d)[(list(d))[0]]``; ``keys()``, ``values()`` the one), and a destructured target's names are
-    the parts of that item (``{fork i, t in pairs}``: ``t`` -> ``((pairs)[0])[1]``); names of the
-    cell in the items are their own stand-ins (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's
-    or select's result is text, ``''``, but a gen's value parsed by ``json_schema`` or ``dtype``,
-    None; a result gathered by ``{join}`` is a list of the branches' (``['']``). The innermost
-    binding of a name is the one given."""
+    ``(d)[(list(d))[0]]``; ``keys()``, ``values()`` the one), a result's text a str (``''``: a
+    character), and a destructured target's names are the parts of that item (``{fork i, t in
+    pairs}``: ``t`` -> ``((pairs)[0])[1]``); names of the cell in the items are their own stand-ins
+    (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's or select's result is text, ``''``, but a
+    gen's value parsed by ``json_schema`` or ``dtype``, None; a result gathered by ``{join}`` is a
+    list of the branches' (``['']``). The innermost binding of a name is the one given."""
     parser = _parsed_to_end(source)
     if parser is None:
         return {}
@@ -167,8 +167,11 @@ _Item = str | tuple | None  # an item's stand-in: an expression, a tuple of its 
 def _first_item(items: Expr, values: dict[str, str | None]) -> _Item:
     """The stand-in of the first item of a fork's ``items``, whose names bound by the cell have the
     stand-ins ``values``; None where one of those has none."""
+    body = items.tree.body
+    if isinstance(body, ast.Name) and values.get(body.id) == "''":  # (a result's text: its items are characters,
+        return "''"  # str; ('')[0] is an IndexError where IPython evaluates it, without Jedi)
     try:
-        tree = copy.deepcopy(items.tree.body)
+        tree = copy.deepcopy(body)
         for name, node in _free_names(tree):
             if name in values:
                 if values[name] is None:
