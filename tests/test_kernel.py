@@ -782,6 +782,10 @@ def test_completion_of_a_fork_target_in_its_branch_offers_it_first(kernel):
     ("{fork k, v in d.items()}{k.up", "((list(d))[0].up"),
     ("{fork v in d.values()}{v.up", "((d)[(list(d))[0]].up"),
     ("{gen x}{fork c in x}{c.up", "(''.up"),  # (a character of a result's text: a str)
+    # a gen's value parsed by its dtype: a value of that type
+    ("{gen x dtype=str}{x.up", "(''.up"),
+    ("{gen x dtype='float'}{x.re", "((0.0).re"),
+    ("{gen x dtype=int}{gen y max_tokens=x.re", "((0).re"),
     # a gen's or select's result is text; gathered by a join, a list of the branches'
     ("{gen x}{x.up", "(''.up"),
     ("{select x choices=c}{gen y stop=x.st", "(''.st"),
@@ -820,7 +824,8 @@ def test_completion_of_a_fork_targets_attribute_is_an_items(code, asked):
 
 @pytest.mark.parametrize("code", [
     "{gen x json_schema=Person}{x.na",  # (a value parsed by the schema: of a kind not known here)
-    "{gen x dtype=int}{fork t in x}{t.na",
+    "{gen x dtype=kind}{fork t in x}{t.na",  # (a kernel variable's dtype)
+    "{gen x dtype=int}{fork t in x}{t.na",  # (an int has no items: the fork fails as it runs)
     "{fork a, b, c in enumerate(xs)}{b.na",  # (enumerate's items are pairs: the fork fails as it runs)
     "{fork t in xs}{fork 2}{gen y dtype=kind}{join}{y.na",
     "{gen x json_schema=Person}{x['who'].na",  # (through a subscript)
@@ -872,6 +877,23 @@ def test_completion_of_an_attribute_of_a_mappings_item_or_a_texts_character(kern
             reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
             # (the cell each match makes: without Jedi, IPython's matches replace the "." too)
             made = sorted(code[: reply["cursor_start"]] + m for m in reply["matches"])
+            assert made == sorted(code[: len(code) - len(word)] + m for m in dir(kind) if m.startswith(word)), code
+    finally:
+        execute(kc, "get_ipython().Completer.use_jedi = jedi_s42")
+
+
+@pytest.mark.parametrize("jedi", [True, False])
+def test_completion_of_an_attribute_of_a_gens_value_parsed_by_its_dtype_is_that_types(kernel, jedi):
+    """``{gen x dtype=str}{x.`` asked IPython of nothing, offered nothing (no stand-in for a dtype's
+    gen); the matches are now those of a value of the dtype's type, as dir() of the type gives them."""
+    kc = kernel[1]
+    execute(kc, f"jedi_s42 = get_ipython().Completer.use_jedi\nget_ipython().Completer.use_jedi = {jedi}\nx = 5")
+    try:
+        for dtype, kind, word in [("str", str, "is"), ("'string'", str, "st"), ("int", int, "bit"),
+                                  ("float", float, "is_"), ("bool", bool, "re")]:
+            code = f"%%lm\n{{gen x dtype={dtype}}}{{x.{word}"
+            reply = _reply(kc, "complete", code=code, cursor_pos=len(code))
+            made = sorted(code[: reply["cursor_start"]] + m for m in reply["matches"])  # (as above)
             assert made == sorted(code[: len(code) - len(word)] + m for m in dir(kind) if m.startswith(word)), code
     finally:
         execute(kc, "get_ipython().Completer.use_jedi = jedi_s42")

@@ -2211,9 +2211,11 @@ _KERNEL = {"stops": [".", "!"], "xs": ["a", "b"], "ys": [b"c"], "pairs": [(1, "x
     ("{fork t in stops}{fork t, u in pairs}", {"t": "((pairs)[0])[0]", "u": "((pairs)[0])[1]"}, None),  # (innermost)
     ("{fork a, b, c in enumerate(xs)}", {"a": None, "b": None, "c": None}, None),  # (enumerate gives pairs)
     ("{gen a}{select b choices=xs}{fork 2}{gen c}{join}", {"a": "''", "b": "''", "c": "['']"}, None),
-    ("{gen a json_schema=S}{gen b dtype=int}{gen c dtype=None}", {"a": None, "b": None, "c": "''"}, None),
+    ("{gen a json_schema=S}{gen b dtype=kind}{gen c dtype=None}", {"a": None, "b": None, "c": "''"}, None),
     ("{gen a}{fork t in a.split()}", {"a": "''", "t": "(''.split())[0]"}, None),
-    ("{gen a dtype=int}{fork t in a}", {"a": None, "t": None}, None),
+    ("{gen a dtype=kind}{fork t in a}", {"a": None, "t": None}, None),
+    ("{gen a dtype=int}{fork t in a}", {"a": "(0)", "t": None}, None),  # (an int has no items)
+    ("{fork i, t in enumerate(xs)}{fork u in i}", {"i": "(0)", "t": "(xs)[0]", "u": None}, None),
     # a mapping's view: its first key and value (a view has no [0])
     ("{fork k, v in d.items()}", {"k": "(list(d))[0]", "v": "(d)[(list(d))[0]]"}, "for k, v in d.items(): break"),
     ("{fork p in d.items()}", {"p": "((list(d))[0], (d)[(list(d))[0]])"}, "for p in d.items(): break"),
@@ -2237,3 +2239,24 @@ def test_stand_ins_are_values_of_the_kind_each_name_the_cell_binds_holds(body, s
         bound = dict(_KERNEL)
         exec(loop, bound)
         assert {n: eval(e, dict(_KERNEL)) for n, e in stand_ins.items()} == {n: bound[n] for n in stand_ins}
+
+
+@pytest.mark.parametrize("dtype, kind", [
+    ("int", int), ("'int'", int), ("float", float), ('"float"', float), ("bool", bool), ("str", str),
+    ("'str'", str), ("'string'", str), ("None", str),  # (None: no dtype, the text)
+])
+def test_the_stand_in_of_a_gens_value_parsed_by_its_dtype_is_a_value_of_that_type(dtype, kind):
+    """A gen with a dtype had no stand-in (its value's attributes offered nothing, even for str's
+    text): it is a value of the type the dtype parses the text into (lmnb.ir.dtype_regex)."""
+    from lmnb.template.parser import stand_ins
+
+    assert type(eval(stand_ins(f"{{gen x dtype={dtype}}}")["x"], {})) is kind
+
+
+@pytest.mark.parametrize("body", ["{gen x dtype=kind}", "{gen x dtype=complex}", "{gen int}{gen x dtype=int}"])
+def test_a_gens_value_parsed_by_a_dtype_not_known_here_has_no_stand_in(body):
+    """A kernel variable's dtype (complex is one: no builtin the cell calls), or the cell's own
+    result named int: its type is not known before the cell runs."""
+    from lmnb.template.parser import stand_ins
+
+    assert stand_ins(body)["x"] is None

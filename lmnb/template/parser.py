@@ -130,9 +130,11 @@ def stand_ins(source: str) -> dict[str, str | None]:
     ``(d)[(list(d))[0]]``; ``keys()``, ``values()`` the one), a result's text a str (``''``: a
     character), and a destructured target's names are the parts of that item (``{fork i, t in
     pairs}``: ``t`` -> ``((pairs)[0])[1]``); names of the cell in the items are their own stand-ins
-    (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's or select's result is text, ``''``, but a
-    gen's value parsed by ``json_schema`` or ``dtype``, None; a result gathered by ``{join}`` is a
-    list of the branches' (``['']``). The innermost binding of a name is the one given."""
+    (``{fork u in t}`` -> ``((stops)[0])[0]``). A gen's or select's result is text, ``''``, a gen's
+    value parsed by ``dtype`` a value of its type (``(0)``, ``(0.0)``, ``(False)``; ``''`` for
+    str), but by ``json_schema`` or a ``dtype`` not known here (a kernel variable's), None; a
+    result gathered by ``{join}`` is a list of the branches' (``['']``). The innermost binding of
+    a name is the one given."""
     parser = _parsed_to_end(source)
     if parser is None:
         return {}
@@ -151,14 +153,37 @@ def _captured_stand_ins(nodes) -> dict[str, str | None]:
     values: dict[str, str | None] = {}
     for node in nodes:
         if isinstance(node, Primitive) and node.name is not None:
-            parsed = any(o.key in ("json_schema", "dtype") and _literal(o.value) is not None for o in node.options)
-            values[node.name] = None if parsed else "''"
+            values[node.name] = _result_stand_in(node)
         elif isinstance(node, Role):
             values.update(_captured_stand_ins(node.body))
         elif isinstance(node, Fork):  # (joined: each branch's result gathered into a list)
             values.update({name: None if value is None else f"[{value}]"
                            for name, value in _captured_stand_ins(node.body).items()})
     return values
+
+
+# A value of each type a gen's dtype= parses its text into (lmnb.ir.dtype_regex), by the type's name
+_DTYPE_STAND_INS = {"int": "(0)", "float": "(0.0)", "bool": "(False)", "str": "''", "string": "''"}
+_NUMBERS = ("(0)", "(0.0)", "(False)")  # (the stand-ins of values that have no items, enumerate's index's too)
+
+
+def _result_stand_in(node: Primitive) -> str | None:
+    """The stand-in of the result a gen or select ``node`` captures: its text, ``''``, or for a
+    gen's ``dtype`` of int, float, bool or str (the builtin or its name as a literal) a value of
+    that type; None for a value parsed by a ``json_schema`` or by a ``dtype`` not known here (a
+    kernel variable's)."""
+    stand_in = "''"
+    for o in node.options:
+        value = _literal(o.value)
+        if o.key == "json_schema" and value is not None:
+            return None
+        if o.key == "dtype" and value is not None:
+            body = o.value.tree.body
+            name = body.id if isinstance(body, ast.Name) and not o.value.refs else value  # (int: a builtin)
+            if not isinstance(name, str) or name not in _DTYPE_STAND_INS:
+                return None
+            stand_in = _DTYPE_STAND_INS[name]
+    return stand_in
 
 
 _Item = str | tuple | None  # an item's stand-in: an expression, a tuple of its parts' stand-ins, or None
@@ -170,6 +195,8 @@ def _first_item(items: Expr, values: dict[str, str | None]) -> _Item:
     body = items.tree.body
     if isinstance(body, ast.Name) and values.get(body.id) == "''":  # (a result's text: its items are characters,
         return "''"  # str; ('')[0] is an IndexError where IPython evaluates it, without Jedi)
+    if isinstance(body, ast.Name) and values.get(body.id) in _NUMBERS:  # (no items: the fork fails as it runs)
+        return None
     try:
         tree = copy.deepcopy(body)
         for name, node in _free_names(tree):
