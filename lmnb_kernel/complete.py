@@ -262,7 +262,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     """Completion in the hole still open at ``cursor_pos`` of the cell ``code``, whose template body
     starts at ``body_start``; none in text. Options the hole gives after the cursor are not offered."""
     from lmnb.template.options import allowed
-    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, names_bound, stand_ins
+    from lmnb.template.parser import KEYWORDS, ROLES, _option_starts, names_and_stand_ins
     from lmnb.template.scanner import top_level
 
     body = code[body_start:cursor_pos]
@@ -273,7 +273,7 @@ def _hole(code: str, body_start: int, cursor_pos: int, python: Callable[[str, in
     hole = body[start + 1 :]
 
     def bound() -> tuple[list[str], dict]:  # (the names the cell binds at the hole: parsed only for an expression)
-        return names_bound(body[:start]), stand_ins(body[:start])
+        return names_and_stand_ins(body[:start])
 
     field = _fstring_field(body, string) if string is not None else None
     if field is not None:  # {f"{person.na: the expression of an f-string's replacement field

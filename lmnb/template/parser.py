@@ -110,12 +110,7 @@ def names_bound(source: str) -> list[str]:
     captured before it that a hole there reads (earlier gens' and selects', a joined fork's lists,
     its own branch's), alphabetically. Empty where the parser refuses ``source`` before its end
     (the scopes past a bad hole are not known). For completion in a hole being typed."""
-    parser = _parsed_to_end(source)
-    if parser is None:
-        return []
-    targets = [n for b in reversed(parser.stack) if b.kind == "fork" and b.fork["target"] is not None
-               for n in target_names(b.fork["target"])]
-    return list(dict.fromkeys(targets)) + sorted(parser.scope.vars - set(targets))
+    return names_and_stand_ins(source)[0]
 
 
 def stand_ins(source: str) -> dict[str, str | None]:
@@ -135,9 +130,23 @@ def stand_ins(source: str) -> dict[str, str | None]:
     str), but by ``json_schema`` or a ``dtype`` not known here (a kernel variable's), None; a
     result gathered by ``{join}`` is a list of the branches' (``['']``). The innermost binding of
     a name is the one given."""
+    return names_and_stand_ins(source)[1]
+
+
+def names_and_stand_ins(source: str) -> tuple[list[str], dict[str, str | None]]:
+    """``names_bound(source)`` and ``stand_ins(source)``, from one reading of ``source``
+    (completion asks for both)."""
     parser = _parsed_to_end(source)
     if parser is None:
-        return {}
+        return [], {}
+    targets = [n for b in reversed(parser.stack) if b.kind == "fork" and b.fork["target"] is not None
+               for n in target_names(b.fork["target"])]
+    names = list(dict.fromkeys(targets)) + sorted(parser.scope.vars - set(targets))
+    return names, _stand_ins(parser)
+
+
+def _stand_ins(parser: "_Parser") -> dict[str, str | None]:
+    """``stand_ins`` of the names bound at the end of what ``parser`` read."""
     values: dict[str, str | None] = _captured_stand_ins(parser.root)
     for b in parser.stack:  # (outermost first: each block's children come before the next block opened)
         fork = b.fork if b.kind == "fork" else None
