@@ -54,67 +54,68 @@ def runs_unseen_code(tree: ast.AST) -> bool:
     call of ``exec``, ``eval``, ``globals``, ``vars`` or ``locals``, the shell's namespace
     (``get_ipython().user_ns``, ``.push``), or a ``%run``, ``%xdel``, ``%reset_selective`` or
     ``%store`` line."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNSEEN_CALLS:
-            return True
-        if isinstance(node, ast.Attribute) and node.attr in _NAMESPACE_ATTRIBUTES:
-            return True
-        if _magic_call(node, _NAMESPACE_MAGICS):
-            return True
-    return False
+    return any(_runs_unseen_code_here(node) for node in ast.walk(tree))
 
 
-def resets(tree: ast.AST) -> bool:
-    """Whether code ``tree`` clears the namespace as IPython's ``%reset`` does (``%reset`` or
-    ``get_ipython().reset()``), which removes ``lmnb`` with the user's names."""
-    for node in ast.walk(tree):
-        if _magic_call(node, ("reset",)):
-            return True
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reset"
-                and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
-                and node.func.value.func.id == "get_ipython"):
-            return True
-    return False
+def _runs_unseen_code_here(node: ast.AST) -> bool:
+    """``runs_unseen_code`` of the one node ``node``, not of those below it."""
+    return ((isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNSEEN_CALLS)
+            or (isinstance(node, ast.Attribute) and node.attr in _NAMESPACE_ATTRIBUTES)
+            or _magic_call(node, _NAMESPACE_MAGICS))
 
 
-def _lm_python_bodies(tree: ast.AST):
-    """The code of each ``%%lm --python`` cell that code ``tree`` runs (IPython writes one as
-    ``get_ipython().run_cell_magic('lm', '--python', BODY)``), parsed; None for one whose options
-    or body the code computes (unreadable here). A body that is no Python is left out: the magic
-    refuses it, and it runs nothing."""
+def _resets_here(node: ast.AST) -> bool:
+    """Whether the one node ``node`` (not those below it) clears the namespace as IPython's
+    ``%reset`` does (``%reset`` or ``get_ipython().reset()``), which removes ``lmnb`` with the
+    user's names."""
+    return _magic_call(node, ("reset",)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reset"
+        and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id == "get_ipython")
+
+
+def _lm_python_body_takes_the_name(node: ast.AST) -> bool:
+    """Whether the one node ``node`` runs a ``%%lm --python`` cell (IPython writes one as
+    ``get_ipython().run_cell_magic('lm', '--python', BODY)``) whose body takes the name
+    (``takes_the_name``) or whose options or body the code computes (unreadable here). A body that
+    is no Python takes nothing: the magic refuses it, and it runs nothing."""
     from lmnb.template.cell_options import asks_for_python
 
-    for node in ast.walk(tree):
-        if not (_magic_call(node, ("lm",), "run_cell_magic") and len(node.args) == 3):
-            continue
-        line, body = node.args[1:]
-        if not (isinstance(line, ast.Constant) and isinstance(line.value, str)):
-            yield None
-        elif asks_for_python(line.value):
-            if not (isinstance(body, ast.Constant) and isinstance(body.value, str)):
-                yield None
-                continue
-            try:
-                yield ast.parse(body.value)
-            except (SyntaxError, ValueError, MemoryError, RecursionError):
-                continue
+    if not (_magic_call(node, ("lm",), "run_cell_magic") and len(node.args) == 3):
+        return False
+    line, body = node.args[1:]
+    if not (isinstance(line, ast.Constant) and isinstance(line.value, str)):
+        return True
+    if not asks_for_python(line.value):
+        return False
+    if not (isinstance(body, ast.Constant) and isinstance(body.value, str)):
+        return True
+    try:
+        return takes_the_name(ast.parse(body.value))
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
 
 
 def takes_the_name(tree: ast.AST) -> bool:
     """Whether code ``tree`` may make ``lmnb`` the user's: it binds the name (``binds``), runs code
     that may set it unseen (``runs_unseen_code``), or runs a ``%%lm --python`` body that does either
-    or that it cannot read."""
-    if binds(tree, NAME) or runs_unseen_code(tree):
-        return True
-    return any(body is None or takes_the_name(body) for body in _lm_python_bodies(tree))
+    or that it cannot read. One walk of ``tree``."""
+    return any(_takes_the_name_here(node) for node in ast.walk(tree))
+
+
+def _takes_the_name_here(node: ast.AST) -> bool:
+    """``takes_the_name`` of the one node ``node``, not of those below it."""
+    from lmnb.export.syntax import binds_name
+
+    return binds_name(node, NAME) or _runs_unseen_code_here(node) or _lm_python_body_takes_the_name(node)
 
 
 class NameWatch(ast.NodeTransformer):
     """IPython AST transformer (``shell.ast_transformers``) that leaves every cell's code as it is
     and keeps whether the ``lmnb`` name is the extension's (``owned``): put there by the extension,
     and since then taken by no cell (``takes_the_name``). Its ``after_cell`` (a post_run_cell hook)
-    puts the name back after a cell that ran ``%reset`` (``resets``), as IPython puts back its own
-    names (``get_ipython``, ``In``)."""
+    puts the name back after a cell that ran ``%reset`` (``_resets_here``), as IPython puts back
+    its own names (``get_ipython``, ``In``). One walk of a cell's tree answers both."""
 
     def __init__(self, shell, owned: bool):
         super().__init__()
@@ -123,9 +124,12 @@ class NameWatch(ast.NodeTransformer):
         self.reset_ran = False
 
     def visit(self, node):
-        if self.owned and takes_the_name(node):
-            self.owned = False
-        self.reset_ran = self.reset_ran or resets(node)
+        for each in ast.walk(node):
+            if self.owned and _takes_the_name_here(each):
+                self.owned = False
+            self.reset_ran = self.reset_ran or _resets_here(each)
+            if not self.owned and self.reset_ran:
+                break
         return node
 
     def after_cell(self, result=None) -> None:
