@@ -413,8 +413,8 @@ class SamplingParams:
             settle only together (``a(?:\\B|(?!\\w))`` after "a": ``\\B`` holds where a word
             character comes, ``(?!\\w)`` where any other does) is met at once, as
             ``tests/stop_regex_reference.py``, which tries every continuation, meets it, where the
-            pattern reads at most ``stop_together.MAX_REACH`` characters from a start and names only
-            ASCII characters and the classes (``stop_together.together``); another such match is
+            pattern (``a+(?:\\B|(?!\\w))`` too) names only ASCII characters and the classes
+            (``stop_together.together``); another such match is
             met once text comes that settles one of the ways (a character late), or where the
             output ends. Streaming holds back text
             that could still become the start of a match (for a pattern with a lookbehind after its

@@ -464,7 +464,8 @@ class EndReadingChecks:
                     and part.window.search(text, floor, end, timeout=budget) is not None):
                 return False
         if (how := self._shared.together[k]) is not None:  # (the window tries one way at a time)
-            undone = undone_by_one(how, self._regexes[k].pattern, text, floor, end, budget, self._undoing.get(k, ""))
+            ends = [(None if part.tail is None else part.tail.plain, part.plain.pattern) for part in parts]
+            undone = undone_by_one(how, self._regexes[k].pattern, text, end, budget, self._undoing.get(k, ""), ends)
             if undone is None:  # (every character that may follow leaves a match: several ways may settle it)
                 return False
             self._undoing[k] = undone

@@ -23,17 +23,13 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from lmnb_engine.regex_parts import global_flags
 from lmnb_engine.regex_reach import Unreadable, assertion_reach, parse_as_python, reach
 from lmnb_engine.regex_tree import walk
 from lmnb_engine.stop_relaxed import ending_by
 
-# The most characters a match attempt of a pattern tried so may read (regex_reach.reach): the
-# starts tried before each check lie within it of the text's end, and each is tried per text that
-# can follow, so a longer pattern is left to the checks of one way at a time
-MAX_REACH = 64
 # The most texts that can follow a match tried per match (every one when it is settled)
 MAX_CONTINUATIONS = 2000
 # One character outside ASCII per kind of them that a pattern naming only ASCII characters can tell
@@ -63,7 +59,9 @@ class Together(NamedTuple):
 def together(pattern: str) -> Together | None:
     """``Together`` of ``pattern``, where several ways of matching one span may read what follows
     (a choice between alternatives or of a repeat's count, and an assertion that reads forward),
-    its reach is at most ``MAX_REACH`` and the texts to try at most ``MAX_CONTINUATIONS``; None
+    and the texts to try are at most ``MAX_CONTINUATIONS``, however far a match reaches from its
+    start (``a+(?:\\B|(?!\\w))``: only the assertion reach sizes the texts tried, and the search
+    of ``undone_by_one`` runs backward from the text's end); None
     otherwise, or where the pattern is read otherwise than by characters, ASCII ranges and classes
     (``_READ``; Python's parser must read it as the ``regex`` package does, ``parse_as_python``),
     or is case-insensitive (a folded character may lie outside ASCII: "K", KELVIN SIGN)."""
@@ -71,8 +69,8 @@ def together(pattern: str) -> Together | None:
         parsed = parse_as_python(pattern)
     except Unreadable:
         return None
-    ahead, width = assertion_reach(pattern), reach(pattern)
-    if not ahead or width is None or width > MAX_REACH or parsed.state.flags & re.IGNORECASE:
+    ahead = assertion_reach(pattern)
+    if not ahead or parsed.state.flags & re.IGNORECASE:
         return None
     chars: set[int] = set()
     ranges: list[tuple[int, int]] = []
@@ -131,31 +129,69 @@ def settled_together(how: Together, pattern: str, text: str, start: int, e: int,
     return found
 
 
-def undone_by_one(how: Together, pattern: str, text: str, floor: int, end: int, budget: float,
-                  order: str) -> str | None:
+def undone_by_one(how: Together, pattern: str, text: str, end: int, budget: float, order: str,
+                  branches: Sequence[tuple[Any, str]] = ()) -> str | None:
     """A character that, following ``text[:end]``, leaves no match of ``pattern`` (one ``together``
-    gives ``how``) from ``floor`` on that ends within ``how.ahead`` characters of ``end``, None
-    where each of ``how.alphabet`` leaves one. Where one does, no match ending there is settled,
-    together or not (each would hold after it too), as one search per character tells, not one
-    check per start and end. ``order``: the characters to try first (the one that told it last:
-    over an open run, the same one tells it again).
+    gives ``how``) that ends within ``how.ahead`` characters of ``end``, None where each of
+    ``how.alphabet`` leaves one. Where one does, no match ending there is settled, together or not
+    (each would hold after it too), as one search per character tells, not one check per start
+    and end. ``order``: the characters to try first (the one that told it last: over an open run,
+    the same one tells it again). ``branches``: per top-level alternative of ``pattern``, the
+    assertions that end each of its matches (``stop_end_reading.Tail.plain``, compiled; None where
+    it has none) and its text, where known: a character after which none of them can end a match
+    there (``_ends_none``) is told by reading those few places.
+
+    The search of all of ``pattern`` runs backward from the text's end
+    (``_ending_within_after_one``), so that it tries only the ends near it: run forward, it tried
+    every start of an open run, each read to the run's end (``a+(?:\\B|(?!\\w))b`` over 4000
+    "a"s: ~1 s a search); backward, each place still costs a test of the lookahead (~50 ns), which
+    ``branches`` spares where it tells. The search is not bounded below by where a match may still
+    begin: a backward search from a position reads no lookbehind past it, and a match that begins
+    earlier only sends the caller to its checks of each end. (Backward, the ``regex`` package may
+    miss a match where the pattern matches empty beside a lookbehind,
+    ``benches/results/2026-12-06-cpu-stop-regex-run.md``: the character then seems to undo it, and
+    the match is met with the next character, as where this check is not made.)
 
     Raises:
         TimeoutError: a search ran past ``budget`` seconds.
     """
     probe, head = _ending_within_after_one(pattern, how.ahead), text[:end]
     for c in order + "".join(c for c in how.alphabet if c not in order):
-        if probe.search(head + c, floor, timeout=budget) is None:
+        after = head + c
+        if branches and all(_ends_none(how.ahead, tail, alternative, after, end, budget) for tail, alternative in branches):
+            return c
+        if probe.search(after, timeout=budget) is None:
             return c
     return None
 
 
+def _ends_none(ahead: int, tail: Any, alternative: str, text: str, end: int, budget: float) -> bool:
+    """Whether no match of the top-level alternative ``alternative`` (``undone_by_one``'s branches)
+    ends from ``end - ahead`` to ``end`` in ``text``, told by reading near there only: its ending
+    assertions ``tail`` hold at none of those places, or, where it has none and its matches read a
+    bounded stretch from their start (``regex_reach.reach``), a search from that far back finds
+    none. False where that cannot be told so.
+
+    Raises:
+        TimeoutError: a search ran past ``budget`` seconds.
+    """
+    if tail is not None:
+        t = tail.search(text, max(0, end - ahead), timeout=budget)
+        return t is None or t.start() > end
+    width = reach(alternative)
+    return width is not None and _ending_within_after_one(alternative, ahead, backward=False).search(
+        text, max(0, end - ahead - width), timeout=budget) is None
+
+
 @functools.lru_cache(maxsize=256)
-def _ending_within_after_one(pattern: str, ahead: int) -> Any:
+def _ending_within_after_one(pattern: str, ahead: int, backward: bool = True) -> Any:
     """``pattern`` matching only where 1 to ``ahead`` + 1 characters follow its match (its match
-    ending within ``ahead`` characters of the text's end before one more character)."""
+    ending within ``ahead`` characters of the text's end before one more character); ``backward``:
+    searched backward (the ``regex`` package's ``(?r)``: the same matches, the ends tried from the
+    text's end, each first tested by the lookahead that holds only near it)."""
     import regex
 
     lead = global_flags(pattern)
     end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""  # (a verbose "#" comment ends there)
-    return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{{1,{ahead + 1}}}\\Z)")
+    reverse = "(?r)" if backward else ""
+    return regex.compile(f"{lead}{reverse}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{{1,{ahead + 1}}}\\Z)")

@@ -84,6 +84,26 @@ def test_a_match_that_only_two_ways_together_settle_is_met_at_once():
         assert _feed(pattern, ["x", "a", after], False) == ((1, "a"), 1), after
 
 
+def test_a_match_two_ways_settle_together_is_met_at_once_where_a_repeat_reaches_without_bound():
+    # Worked by hand: after "xy", y+(?:\B|(?!\w)) holds "y" from 1 whatever comes (\B before a word
+    # character, (?!\w) before any other and where the output ends; Python's re agrees on each
+    # below), so the stop is met with the "y": the output is "x". The matcher tried these ways
+    # together only where the pattern reached at most 64 characters from a start, so it met the
+    # match only with the next character, "z", where the alternative "xyz" from 0 is met and
+    # leftmost: the output was "", the matched text "xyz"
+    import re
+
+    pattern = r"xyz|y+(?:\B|(?!\w))"
+    for after in ("", "z", "b", " ", "-", "\n", "\u00e9"):
+        assert re.search(pattern[4:], "xy" + after).span() == (1, 2), after
+    assert reference_stop(pattern, "xyz", False, _FOLLOWERS) == (1, "y")
+    for pieces in (["x", "y", "z"], ["xy", "z"], ["xyz"]):
+        hit, shown = _feed(pattern, pieces, False)
+        assert hit == (1, "y") and shown <= 1, pieces
+    # a+ alone: "a" after "x" is met with the "a", not once the next character comes
+    assert _feed(r"a+(?:\B|(?!\w))", ["x", "a"], False) == ((1, "a"), 1)
+
+
 def test_two_ways_that_only_a_character_outside_ascii_undoes_do_not_settle_a_match():
     # Worked by hand: in each pattern the two ways after "a" keep it for every ASCII character that
     # may follow and where the output ends, but one character outside ASCII undoes both: "é" (a
