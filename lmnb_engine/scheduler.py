@@ -1184,6 +1184,10 @@ class Scheduler:
         so do the first ``min_new_tokens``: no stop is read before then, and SGLang's first check,
         which stops, is there (a "\\n" held back in a byte token before it is met at it)."""
         req.final_text = req.detokenizer.text[: max(hit.start, req.sent_text_len)]
+        # (at least the token after which the stop was met: an empty match at the output's start, a
+        # stop regex that is a lookahead, (?= ok) on " ok", ends before any token's text, so
+        # hit.tokens is 0; SGLang, which cuts only the text, keeps the tokens it read, as does
+        # vLLM for a stop string met in the first token, text "")
         req.finished_len = max(hit.tokens, req.sent_token_len, req.params.min_new_tokens, 1)
 
     def _requests(self) -> list[Req]:

@@ -112,6 +112,19 @@ def test_the_tokens_wholly_past_a_stop_are_dropped(engine, monkeypatch):
     assert (r.token_ids, r.text, r.meta.completion_tokens, len(r.logprobs)) == ([ok], "", 1, 1)
 
 
+def test_a_stop_regex_met_empty_at_the_outputs_start_keeps_the_token_it_was_met_after(engine, monkeypatch):
+    """(?= ok) matches the empty string before " ok": with " ok" the first token, the stop begins
+    and ends at 0, so the tokens through its end are none; the output keeps the token after which
+    it was met (text "", one id, completion_tokens 1), as SGLang keeps the tokens it read and cuts
+    only the text, and as a stop string inside the first token keeps it (" o" above). Without the
+    floor of one token in Scheduler._cut_at_stop, the result had no ids, completion_tokens 0."""
+    ok = _ids(engine, "▁ok")[0]
+    scripted(engine, monkeypatch, [ok, ok])
+    r, _ = run_streamed(engine, stop_regex="(?= ok)", return_logprob=True)
+    assert (r.token_ids, r.text, r.meta.completion_tokens, len(r.logprobs)) == ([ok], "", 1, 1)
+    assert r.finish_reason.to_dict() == {"type": "stop", "matched": ""}
+
+
 def test_a_stop_met_late_keeps_min_new_tokens_tokens(engine, monkeypatch):
     """A stop is read from the min_new_tokens-th token on, so the tokens a check first ran after
     stay, as in SGLang (its first check is there): " ok" <0x0A> " ok" " ok" with stop "\n" and
