@@ -94,7 +94,7 @@ RUN_LENGTHS = (250, 500, 1000, 2000, 4000, 8000)
 ENDS_CASES = [(r"\w+(?<=ing)", "abcd", "abcd"), (r"[a-z]+(?<=zz)", "abcd", "abcd"), (r"a.*(?<!a)", "aaaa", "aaaa"),
               (r"x[a-z]*(?<=q)", "xabc", "abcd"), (r"a{1,500}b", "aaaa", "aaaa"), (r"a{1,1000}b", "aaaa", "aaaa"),
               (r"[a-z]{1,300}[0-9]", "abcd", "abcd"), (r"[a-z]{1,200}(?<=zz)", "abcd", "abcd")]
-ENDS_LENGTHS = (200, 800, 3200)
+ENDS_LENGTHS = (200, 800, 3200, 12800, 51200)
 
 
 def pieces(n: int, first: str | None) -> list[str]:

@@ -108,11 +108,13 @@ class StopRegexes:
         # a match start that only more text would complete ('a\B' on "a", then "b") was dropped
         # and shown; an end-sensitive pattern is searched with those assertions relaxed
         self.partial = []
+        dropped = []  # per pattern: its partial form with its lookbehinds left out, where it is that
         for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
             body = p[len(global_flags(p)):]
+            dropped.append(None)
             if _LATE_LOOKBEHIND.search(body):
                 # (None: nothing past the floor shown, where the window or an automaton leaves it)
-                relaxed = None if _NO_SUPERSET.search(body) else relax(p, drop_lookbehinds=True)
+                relaxed = dropped[-1] = None if _NO_SUPERSET.search(body) else relax(p, drop_lookbehinds=True)
             elif (sensitive and _END_ASSERTION.search(p)) or ("^" in p and MULTILINE_FLAG.search(p)):
                 relaxed = relax(p)
             else:
@@ -134,6 +136,13 @@ class StopRegexes:
         # unbounded: a match more text may still complete or make new begins in the last reach - 1
         # characters, so a search need not start before them
         self.reach = [reach(p) for p in patterns or ()]
+        # per pattern whose partial form is its loosened automaton's (its assertions, all lookbehinds
+        # after its start, left out: that form holds none, as an automaton of it tells) and whose
+        # reach is unbounded: safe_len takes where a match may still begin from that automaton's
+        # run, read a character at a time, where the partial search, from the floor to the text's
+        # end each token, grew with the square of an open run (\w+(?<=ing) over a run of letters)
+        self.loose_partial = [a is not None and r is None and d is not None and automaton(d) is not None
+                              for a, r, d in zip(self.loosened, self.reach, dropped)]
         # per pattern: how far past a match's end its assertions read (None: unbounded), so _final
         # need try only the ends whose match reads the text's last character
         self.assertion_reach = [assertion_reach(p) for p in patterns or ()]
@@ -478,6 +487,7 @@ class StopStringMatcher(EndReadingChecks):
         # per regex: (its automaton's first match's end, the text up to it, whether the regex
         # package finds a match there too), for _agrees
         self._agreed: list[tuple | None] = [None] * len(self._regexes)
+        self._loose_agreed: list[tuple | None] = [None] * len(self._regexes)  # (the same of _loose_runs)
         # the length of the text not checked (min_new_tokens) that find first met: a match of a
         # regex that may read the text's end is let through where that text held it (_new_match)
         self._held_to: int | None = None
@@ -523,19 +533,20 @@ class StopStringMatcher(EndReadingChecks):
                 runs[k] = run = None
         return run
 
-    def _agrees(self, k: int, run: AutomatonRun, text: str) -> bool:
+    def _agrees(self, k: int, run: AutomatonRun, text: str, loosened: bool = False) -> bool:
         """Whether the regex package too matches regex ``k`` where its automaton's first match
         begins, within the text up to where it ends (tried once per first match): where it does
         not, the two read the pattern apart, and the regex package decides (searched, as ``find``
-        does)."""
-        agreed = self._agreed[k]
-        if agreed is None or agreed[0] != run.first_end or not text.startswith(agreed[1]):
+        does). ``loosened``: of the loosened automaton's run, matched by the partial search's form
+        (``StopRegexes.loose_partial``)."""
+        agreed, rx = (self._loose_agreed, self._shared.partial[k]) if loosened else (self._agreed, self._regexes[k])
+        if agreed[k] is None or agreed[k][0] != run.first_end or not text.startswith(agreed[k][1]):
             try:
-                found = self._regexes[k].match(text, run.first_start, run.first_end, timeout=REGEX_TIMEOUT_S) is not None
+                found = rx.match(text, run.first_start, run.first_end, timeout=REGEX_TIMEOUT_S) is not None
             except TimeoutError:
                 found = False  # (the search below meets the same pattern, and gives it up)
-            self._agreed[k] = agreed = (run.first_end, text[:run.first_end], found)
-        return agreed[2]
+            agreed[k] = (run.first_end, text[:run.first_end], found)
+        return agreed[k][2]
 
     def _extends(self, k: int, text: str, start: int) -> bool:
         """Whether regex ``k`` may match a text that begins with ``text[start:]`` and is longer,
@@ -751,14 +762,19 @@ class StopStringMatcher(EndReadingChecks):
             if (reach := self._shared.reach[i]) is not None:  # (what more text can make a stop begins after)
                 pos = floor = min(len(text), max(floor, len(text) - reach + 1))
             open_ = False  # (whether a match of the pattern stays open from pos, whatever comes)
-            if (i not in self._shared.given_up and (loose := self._read(i, text, loosened=True)) is not None
-                    and loose.first_end is None):
+            read = False  # (whether the loosened automaton's run told pos: no search)
+            loose = None if i in self._shared.given_up else self._read(i, text, loosened=True)
+            if loose is not None and loose.first_end is None:
                 # (a match more text may complete is one of the pattern without its assertions too,
                 # and no earlier start has one: often none at all, and nothing is searched)
                 pos = floor = max(floor, loose.live_start(len(text)))
                 open_ = self._open(i, text, pos)
+            elif loose is not None and self._shared.loose_partial[i] and self._agrees(i, loose, text, loosened=True):
+                # (the partial search's form is the loosened pattern: where the earliest match of it
+                # that more text may complete or extend begins is what that search finds)
+                pos, read = max(floor, loose.open_start(len(text))), True
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
-            if rx is not None and i not in self._shared.given_up and not open_:
+            if rx is not None and i not in self._shared.given_up and not open_ and not read:
                 # (_settled lets through a match the text not checked holds; past that text, one
                 # reading its end is met once what follows settles it: find)
                 checked = past_held and self._shared.end_readings[i] is not None

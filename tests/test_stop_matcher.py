@@ -1460,6 +1460,35 @@ def test_a_stop_regex_with_a_lookbehind_after_its_start_streams_what_no_match_ca
                 assert m.safe_len(text) <= _may_still_begin_a_new_match(pattern, text, "abx ", 3), (pattern, text)
 
 
+def test_a_stop_regex_with_a_lookbehind_after_its_start_is_held_back_from_its_automatons_reading(monkeypatch):
+    # \w+(?<=ing) over a run of letters with no "ing": a match may still begin at the run's start
+    # (more letters, then "ing"), so the whole run is held back; where it may begin is read from the
+    # run of the pattern's loosened automaton, \w+, a character at a time. The partial search of
+    # \w+ from the run's start to its end ran after every token instead (time growing with the
+    # square of the run: ~0.5 ms a token at 51,200 characters, benches/bench_stop_regex.py --ends)
+    from lmnb_engine import stop_matcher
+
+    searched = []
+    live_start = stop_matcher._live_start
+    monkeypatch.setattr(stop_matcher, "_live_start", lambda *args: searched.append(args) or live_start(*args))
+    m, text = StopStringMatcher([], [r"\w+(?<=ing)"]), "go "
+    for _ in range(100):
+        checked, text = len(text), text + "abcd"
+        assert m.find(text, checked) is None
+        assert m.safe_len(text) == 3  # ("go " holds no match, and none can begin in it)
+    assert searched == []
+    # " " ends the run: no match can begin in it any more, and "go " + the run is shown
+    checked, text = len(text), text + " "
+    assert m.find(text, checked) is None and m.safe_len(text) == len(text)
+    # Worked by hand: .*?(?<=a)b after "\nb \n": a match needs "b" right after "a", and "." does
+    # not cross a newline, so one from 1 or 2 ends by 3, in the text, which holds none; from 3,
+    # "\n" is no "." and the lookbehind there reads " ". Only a start past the text may begin one:
+    # all 4 characters are shown. The partial search, whose whole match "b" at 1 might have
+    # been extended for all it knew, held back from 1
+    m = StopStringMatcher([], [r".*?(?<=a)b"])
+    assert m.find("\nb \n", 0) is None and m.safe_len("\nb \n") == 4
+
+
 def test_a_longer_stop_regex_match_that_a_later_character_makes_is_a_stop_whatever_the_tokens():
     # Worked by hand, min_new_tokens=2 (the text "ab" not checked): r"a.*?\B" matches "a" there and
     # "ab" from 0 only once "c" comes (\B before "c"), which a check after each character meets
