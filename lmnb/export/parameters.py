@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from collections import Counter
 
+from lmnb.export.syntax import names_bound
+
 
 class _NoDefault:
     """The default of a parameter set to something other than a literal (``n = len(x)``)."""
@@ -60,7 +62,7 @@ def read_parameters(source: str) -> dict:
     return out
 
 
-_STAR = "*"  # (the key of ``from m import *``, which may bind any name)
+_STAR = "*"  # (the key of ``from m import *``, which may bind any name; ``names_bound`` gives it)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
@@ -100,15 +102,9 @@ def _anything(name: str) -> bool:
 def _bound_by(node: ast.AST, in_comprehension: bool) -> list:
     """The names ``node`` itself binds (not its children), ``_STAR`` for a star import; a
     comprehension's loop variables (``in_comprehension``) are left out, being its own."""
-    if isinstance(node, ast.Name):
-        return [node.id] if isinstance(node.ctx, (ast.Store, ast.Del)) and not in_comprehension else []
-    if isinstance(node, ast.alias):  # (import a.b binds a)
-        return [_STAR if node.name == "*" else node.asname or node.name.split(".")[0]]
-    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
-        return [node.name] if node.name else []
-    if isinstance(node, ast.MatchMapping):
-        return [node.rest] if node.rest else []
-    return []
+    if in_comprehension and isinstance(node, ast.Name):
+        return []
+    return names_bound(node)
 
 
 def _globals(scope: ast.AST) -> set:

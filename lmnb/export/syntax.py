@@ -1,8 +1,8 @@
 """The walks over the cells' code that the export's plan and its notes share: a cell's top-level
 statements, the syntax trees of the row cells, the names a cell binds, a function's own nodes (with
-the ``if`` tests above each) and its own variables, whether a test asks if a name is unset, whether
-a node binds a name (which the kernel's watch of the ``lmnb`` name shares), and ``getattr(o, 'n')``
-and the like read as the attribute ``o.n``."""
+the ``if`` tests above each) and its own variables, whether a test asks if a name is unset, the
+names a node binds (which the kernel's watch of the ``lmnb`` name and the reading of the
+parameters cell share), and ``getattr(o, 'n')`` and the like read as the attribute ``o.n``."""
 
 from __future__ import annotations
 
@@ -11,21 +11,28 @@ import copy
 from lmnb.export.cells import Cell, Code, LMCell, bound_by
 
 
-def binds_name(node, name: str) -> bool:
-    """Whether the syntax tree ``node`` itself (not its children) binds or deletes ``name``: a
-    ``Name`` stored or deleted (an assignment's, a loop's, a ``with``'s or a ``:=``'s target,
-    ``del``), an import's alias (``import a.b`` binds ``a``), a ``def``/``class``, an ``except ...
-    as``, or a ``match`` capture (``case x``, ``case [*x]``, ``case {**x}``)."""
+def names_bound(node) -> list:
+    """The names the syntax tree ``node`` itself (not its children) binds or deletes: a ``Name``
+    stored or deleted (an assignment's, a loop's, a ``with``'s or a ``:=``'s target, ``del``), an
+    import's alias (``import a.b`` binds ``a``; ``from m import *`` gives ``"*"``), a
+    ``def``/``class``, an ``except ... as``, or a ``match`` capture (``case x``, ``case [*x]``,
+    ``case {**x}``)."""
     import ast
 
     if isinstance(node, ast.Name):
-        return node.id == name and not isinstance(node.ctx, ast.Load)
+        return [] if isinstance(node.ctx, ast.Load) else [node.id]
     if isinstance(node, ast.alias):
-        return (node.asname or node.name.split(".")[0]) == name
+        return [node.asname or node.name.split(".")[0]]
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs,
                          ast.MatchStar)):
-        return node.name == name
-    return isinstance(node, ast.MatchMapping) and node.rest == name
+        return [node.name] if node.name else []  # (a bare ``except``, ``case _``, ``case [*_]``)
+    return [node.rest] if isinstance(node, ast.MatchMapping) and node.rest else []
+
+
+def binds_name(node, name: str) -> bool:
+    """Whether the syntax tree ``node`` itself (not its children) binds or deletes ``name``
+    (``names_bound``)."""
+    return name in names_bound(node)
 
 
 def _statements(cells: list):
