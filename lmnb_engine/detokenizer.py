@@ -402,12 +402,19 @@ class IncrementalDetokenizer:
         if run is None or run.read != self._read or run.end > end:
             run = self._run = _RunLength(self._read, self._strip if self._prefix == self._read else "")
         for i in self._ids[run.end : end]:
-            raw = self._byte_of.get(i, b"" if i in self._holders else None)
+            raw = self._run_bytes_of(i)
             if raw is None:
                 self._run = None
                 return None
             run.add(raw)
         return len(run)
+
+    def _run_bytes_of(self, token: int) -> bytes | None:
+        """What a held run of byte tokens adds for ``token`` (``_RunLength.add``): its byte (a
+        ``<0xNN>`` token, ``_run_bytes``), nothing (``b""``) for a skipped special token (the run goes
+        on past it, ``_run_holders``), None where the decoder reads it as text (it ends the run).
+        Only where ``_run_bytes`` holds (``self._byte_of`` is not None)."""
+        return self._byte_of.get(token, b"" if token in self._holders else None)
 
     def whole_tokens(self, num_chars: int) -> tuple[int, int]:
         """``(n, length)``: the most leading output tokens whose text all lies in
@@ -440,7 +447,7 @@ class IncrementalDetokenizer:
         before = None
         for m in range(read + 1, end):
             if run is not None:  # (while the tokens read are the run's: byte tokens, skipped ones)
-                raw = self._byte_of.get(self._ids[m - 1], b"" if self._ids[m - 1] in self._holders else None)
+                raw = self._run_bytes_of(self._ids[m - 1])
                 if raw is not None:
                     run.add(raw)
                     if length + len(run) >= num_chars:
