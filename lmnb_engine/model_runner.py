@@ -51,6 +51,12 @@ def _bytes(n: int) -> str:
     return f"{shown_number(n)} bytes" + (f" ({byte_size(n)})" if 1024 <= n < 2**1000 else "")
 
 
+def _table_bytes(rows: int, context_len: int) -> int:
+    """Bytes one copy of a request-to-token table of ``rows`` x ``context_len`` takes
+    (``ReqToTokenPool``: int32, 4 bytes a position), the device's or the host's."""
+    return rows * context_len * 4
+
+
 def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: bool, free: int) -> None:
     """Refuse, before allocating anything, pools that need more than ``device`` has free (torch
     said "Overflow when unpacking long long" for a KV pool of 10**20 tokens, or its allocator's
@@ -68,7 +74,7 @@ def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: b
     element = torch.empty((), dtype=cfg.dtype).element_size()
     per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
     kv = (tokens + 1) * per_token
-    table = rows * cfg.context_len * 4
+    table = _table_bytes(rows, cfg.context_len)
     if kv + table <= free:
         return
     pool = f"a KV pool of {shown_number(tokens)} tokens"
@@ -82,7 +88,7 @@ def _check_pools_fit(device: torch.device, cfg, tokens: int, rows: int, asked: b
         fixes.append(("leave {} unset to size the pool from free memory", "max_total_tokens", None) if asked
                      else ("lower {}", "mem_fraction", None))
         raise option_error(ValueError, problem, *fixes)
-    most_rows = (free - kv) // (cfg.context_len * 4)
+    most_rows = (free - kv) // _table_bytes(1, cfg.context_len)
     problem = (f"the request-to-token table of {shown_number(rows)} rows x {cfg.context_len} positions (the context "
                f"length) needs {_bytes(table)} at 4 bytes a position, beside the {_bytes(kv)} of {pool}; "
                f"{device} has {_bytes(free)} free")
@@ -104,10 +110,10 @@ def _check_host_table_fits(device: torch.device, rows: int, context_len: int, fr
     """
     from lmnb_engine.params import shown_number
 
-    table = rows * context_len * 4
+    table = _table_bytes(rows, context_len)
     if table <= free:
         return
-    most_rows = free // (context_len * 4)
+    most_rows = free // _table_bytes(1, context_len)
     problem = (f"the request-to-token table's host copy (the one the scheduler reads, beside the one on {device}) of "
                f"{shown_number(rows)} rows x {context_len} positions (the context length) needs {_bytes(table)} of "
                f"RAM at 4 bytes a position; the host has {_bytes(free)} available")
@@ -182,7 +188,7 @@ class ModelRunner:
             # they leave no room, the check names the table's rows
             rows = min(DEFAULT_MAX_RUNNING[kind] if max_running_requests is None else max_running_requests,
                        max_total_tokens)
-            room = (share - rows * cfg.context_len * 4) // per_token - 1
+            room = (share - _table_bytes(rows, cfg.context_len)) // per_token - 1
             if room >= 2:
                 max_total_tokens = room
             if kind == "cpu":
@@ -272,10 +278,11 @@ class ModelRunner:
         try:
             self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
         except RuntimeError as e:  # (as the KV pool's: memory taken since the check)
+            need = _table_bytes(self.max_running_requests, cfg.context_len)
             raise option_error(
                 ValueError, f"the request-to-token table of {self.max_running_requests} rows x {cfg.context_len} "
-                f"positions (the context length) needs {_bytes(self.max_running_requests * cfg.context_len * 4)} on "
-                f"{self.device}, and allocating it failed ({_first_line(e)})",
+                f"positions (the context length) needs {_bytes(need)} on {self.device}, and allocating it failed "
+                f"({_first_line(e)})",
                 ("lower {}", "max_running_requests", None), ("free some memory",)) from None
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()
