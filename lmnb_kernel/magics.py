@@ -486,12 +486,11 @@ class LMMagics(Magics):
         replaced once as it ends: a live widget's comm messages bypass the capture and reached the
         frontend, which made a widget model that nothing showed, while what was captured was a
         widget view whose model closed with the cell; and static frames would each be kept."""
-        from IPython.core.displaypub import CapturingDisplayPublisher
-
         from lmnb_kernel.widgets import RunView
+        from lmnb_kernel.widgets.tree_view import captured_outputs
 
         mode = os.environ.get(VIEW_ENV, "live")
-        captured = isinstance(self.shell.display_pub, CapturingDisplayPublisher)
+        captured = captured_outputs(self.shell) is not None
         live = not args.static and mode == "live" and not captured
         rate = _FRAMES_PER_S["live" if live else mode if mode == "headless" else "static"]
         title = cell_label(count) + (f" · state {args.state}" if args.state else "")

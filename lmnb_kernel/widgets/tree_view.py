@@ -110,8 +110,10 @@ class TreeView:
         bundle = self.update(snapshot, **kwargs)
         if self._handle is None:
             return bundle
+        from IPython import get_ipython
+
         metadata = {"lmnb": {"view": "tree"}}
-        captured = _captured_outputs()
+        captured = captured_outputs(get_ipython())
         if captured is None:
             self._handle.update(bundle, raw=True, metadata=metadata)
             return bundle
@@ -121,11 +123,11 @@ class TreeView:
         return bundle
 
 
-def _captured_outputs() -> Optional[list]:
-    """The outputs list of IPython's ``CapturingDisplayPublisher`` (one dict per display: data,
-    metadata, transient, update) while output is captured; None otherwise."""
-    from IPython import get_ipython
+def captured_outputs(shell) -> Optional[list]:
+    """The outputs list of ``shell``'s ``CapturingDisplayPublisher`` (one dict per display: data,
+    metadata, transient, update) while its output is captured (``%%capture``,
+    ``capture_output``); None otherwise, and for no shell (None)."""
     from IPython.core.displaypub import CapturingDisplayPublisher
 
-    publisher = getattr(get_ipython(), "display_pub", None)
+    publisher = getattr(shell, "display_pub", None)
     return publisher.outputs if isinstance(publisher, CapturingDisplayPublisher) else None
