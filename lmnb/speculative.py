@@ -270,12 +270,19 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         meta.pop("output_token_logprobs", None)
         meta.pop("output_top_logprobs", None)
     elif not params.return_text_in_logprobs:  # the call asked for token texts to cut by; this gen did not
-        if "output_token_logprobs" in meta:
-            meta["output_token_logprobs"] = [_textless(e) for e in meta["output_token_logprobs"]]
-        if "output_top_logprobs" in meta:
-            meta["output_top_logprobs"] = [None if top is None else [_textless(e) for e in top]
-                                           for top in meta["output_top_logprobs"]]
+        for key in _LOGPROB_KEYS:
+            if key in meta:
+                meta[key] = _textless_entries(key, meta[key])
     return left.text[:pos], meta
+
+
+def _textless_entries(key: str, entries: list) -> list:
+    """The logprobs ``entries`` of the meta_info key ``key`` as a call without
+    ``return_text_in_logprobs`` writes them (``_textless``): for ``output_token_logprobs`` an entry
+    a token, for ``output_top_logprobs`` a list of entries a token (or None)."""
+    if key == "output_top_logprobs":
+        return [None if top is None else [_textless(e) for e in top] for top in entries]
+    return [_textless(e) for e in entries]
 
 
 def _textless(entry: list) -> list:
@@ -672,8 +679,7 @@ def _role_share(named: str, params: GenParams, value: str, how: tuple, start: in
             if key == "output_top_logprobs":  # (the call asked for the most any gen asks for)
                 own = [None if top is None else top[:params.top_logprobs_num] for top in own]
             if not params.return_text_in_logprobs:  # the call asked for token texts to count by; this gen did not
-                own = [None if e is None else [_textless(t) for t in e] for e in own] if key == "output_top_logprobs" \
-                    else [_textless(e) for e in own]
+                own = _textless_entries(key, own)
             meta[key] = own
     return (value if cut is None else value[:cut]), meta
 
