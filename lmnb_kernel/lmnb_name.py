@@ -40,10 +40,10 @@ def binds(tree: ast.AST, name: str) -> bool:
     return any(binds_name(node, name) for node in ast.walk(tree))
 
 
-def _magic_call(node: ast.AST, names, method: str = "run_line_magic") -> bool:
-    """Whether ``node`` calls one of the line magics ``names`` as IPython writes a ``%magic`` line
-    (``get_ipython().run_line_magic('run', '-i s.py')``; cell magics with ``method``
-    ``run_cell_magic``)."""
+def magic_call(node, names, method: str = "run_line_magic") -> bool:
+    """Whether ``node`` (a syntax tree, or None) calls one of the line magics ``names`` as IPython
+    writes a ``%magic`` line (``get_ipython().run_line_magic('run', '-i s.py')``; cell magics with
+    ``method`` ``run_cell_magic``: ``get_ipython().run_cell_magic('time', '', BODY)``)."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr == method and bool(node.args)
             and isinstance(node.args[0], ast.Constant) and node.args[0].value in names)
@@ -61,14 +61,14 @@ def _runs_unseen_code_here(node: ast.AST) -> bool:
     """``runs_unseen_code`` of the one node ``node``, not of those below it."""
     return ((isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNSEEN_CALLS)
             or (isinstance(node, ast.Attribute) and node.attr in _NAMESPACE_ATTRIBUTES)
-            or _magic_call(node, _NAMESPACE_MAGICS))
+            or magic_call(node, _NAMESPACE_MAGICS))
 
 
 def _resets_here(node: ast.AST) -> bool:
     """Whether the one node ``node`` (not those below it) clears the namespace as IPython's
     ``%reset`` does (``%reset`` or ``get_ipython().reset()``), which removes ``lmnb`` with the
     user's names."""
-    return _magic_call(node, ("reset",)) or (
+    return magic_call(node, ("reset",)) or (
         isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reset"
         and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
         and node.func.value.func.id == "get_ipython")
@@ -81,7 +81,7 @@ def _lm_python_body_takes_the_name(node: ast.AST) -> bool:
     is no Python takes nothing: the magic refuses it, and it runs nothing."""
     from lmnb.template.cell_options import asks_for_python
 
-    if not (_magic_call(node, ("lm",), "run_cell_magic") and len(node.args) == 3):
+    if not (magic_call(node, ("lm",), "run_cell_magic") and len(node.args) == 3):
         return False
     line, body = node.args[1:]
     if not (isinstance(line, ast.Constant) and isinstance(line.value, str)):

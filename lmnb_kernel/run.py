@@ -899,20 +899,21 @@ def _ipython_sets(source: str) -> tuple:
     from IPython.utils.process import arg_split
 
     from lmnb.export.cells import bound_by
+    from lmnb_kernel.lmnb_name import magic_call
 
     try:
         tree = ast.parse(TransformerManager().transform_cell(source))
     except (SyntaxError, ValueError):
         return ()
     out = [name for stmt in tree.body for name in bound_by(stmt)]
+    script_magics = ("script", *default_script_magics())
     for stmt in tree.body:  # get_ipython().run_cell_magic(NAME, LINE, BODY)
         call = stmt.value if isinstance(stmt, ast.Expr) else None
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                and call.func.attr == "run_cell_magic" and len(call.args) == 3
+        if not (magic_call(call, (*script_magics, "time", "capture"), "run_cell_magic") and len(call.args) == 3
                 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)):
             continue
         magic, line, body = (a.value for a in call.args)
-        if magic in ("script", *default_script_magics()):
+        if magic in script_magics:
             args, _ = ScriptMagics.shebang.parser.parse_known_args(arg_split(line))
             out += [n for n in (args.out, args.err, args.proc if args.bg else None) if n]
         elif magic in ("time", "capture"):
