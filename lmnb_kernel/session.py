@@ -254,11 +254,15 @@ class Session:
                 from lmnb_engine.model_loader import check_model  # (torch is imported: an engine is on CUDA)
                 from lmnb_engine.pool_floor import refuse_a_pool_too_small_to_load
 
-                # (a mistyped path, a bad --dtype, a --max-total-tokens too small must not cost the old engine)
+                # (a mistyped path, a bad --dtype, a --max-total-tokens too small must not cost the old engine;
+                # the pool's check reads the checkpoint's config with check_model's checks, so it is read once)
                 with _load_errors(config):
-                    check_model(config.model_name(), config.device, config.dtype, config.random_weights)
-                    refuse_a_pool_too_small_to_load(config.max_total_tokens, DEFAULT_MAX_NEW_TOKENS, config.model_name(),
-                                                    config.device, config.dtype, config.random_weights)
+                    if config.max_total_tokens is None:
+                        check_model(config.model_name(), config.device, config.dtype, config.random_weights)
+                    else:
+                        refuse_a_pool_too_small_to_load(config.max_total_tokens, DEFAULT_MAX_NEW_TOKENS,
+                                                        config.model_name(), config.device, config.dtype,
+                                                        config.random_weights)
                 dropped = sorted(self.states)
                 kept = self._close_and_free()
                 try:
