@@ -18,6 +18,8 @@ import bisect
 import codecs
 import dataclasses
 import re
+import threading
+import weakref
 from typing import TYPE_CHECKING, Callable, Optional
 
 from lmnb.backend.base import BackendError, finish_reason_dict, reworded
@@ -534,9 +536,10 @@ def spec_role_end(ex: "StreamExecutor") -> None:
     gens = [t for t in terms if t[0] == "gen"]
     shares, meta, reply = [], {}, ""
     if gens:
-        params = _role_call_params([t[2] for t in gens], ex.num_api_spec_tokens, list(ex.message_end_stops(gens[0][2])))
+        params = _role_call_params([t[2] for t in gens], ex.num_api_spec_tokens, list(ex.message_end_stops(gens[0][2])),
+                                   counting=not _logprobs_refused(ex.backend))
         for _ in range(SPEC_MAX_TRIES):
-            comps = ex._call(ex.backend.generate, ex._prompt(), params)
+            comps, params = _role_call(ex, params, asked=any(t[2].return_logprob for t in gens))
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
             cut = finish_reason_dict(meta).get("type") == "length"
@@ -586,20 +589,71 @@ def spec_role_end(ex: "StreamExecutor") -> None:
 _LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
 
 
-def _role_call_params(gens: list[GenParams], spec_tokens: int, stops: list[str]) -> GenParams:
+def _role_call_params(gens: list[GenParams], spec_tokens: int, stops: list[str], counting: bool = True) -> GenParams:
     """The parameters of a chat role's one speculative call, of its gens' resolved ``gens``: the
     first gen's, with ``max_tokens=spec_tokens`` and the chat template's end-of-message ``stops``
-    (each gen's own stops split the reply). Where a gen asks for logprobs, or its ``max_tokens`` is
-    under ``spec_tokens`` (so its share may hold more tokens than it may write), the call asks for
+    (each gen's own stops split the reply). Where a gen asks for logprobs, or (``counting``: the
+    backend's model was not seen refusing them, ``_role_call``) its ``max_tokens`` is under
+    ``spec_tokens`` (so its share may hold more tokens than it may write), the call asks for
     the logprobs with their token texts, as ``spec_gen``'s call does, to find each gen's tokens in
     the reply, with the most top logprobs any gen asks for (each gets its own number)."""
     asking = [p for p in gens if p.return_logprob]
     params = dataclasses.replace(gens[0], max_new_tokens=spec_tokens, stop=stops, stop_regex=None)
-    if asking or any(p.max_new_tokens is not None and p.max_new_tokens < spec_tokens for p in gens):
+    if asking or counting and any(p.max_new_tokens is not None and p.max_new_tokens < spec_tokens for p in gens):
         top = max((p.top_logprobs_num or 0 for p in asking), default=0)
         params = dataclasses.replace(params, return_logprob=True, return_text_in_logprobs=True,
                                      top_logprobs_num=top or None)
     return params
+
+
+# The backends whose server refused a chat role's call for its logprobs, each with the model names it
+# refused them for (_role_call): their later calls do not ask. Weak: a backend dropped is forgotten.
+_REFUSING_LOGPROBS: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
+_REFUSING_LOCK = threading.Lock()  # (run_batch's threads share a backend)
+_LOGPROBS_WORD = re.compile(r"\blogprobs\b", re.IGNORECASE)  # (not top_logprobs: asked for only by a gen)
+
+
+def refuses_logprobs(e: BaseException) -> bool:
+    """Whether ``e`` is a server's refusal of a request's ``logprobs`` field: a ``BackendError`` of
+    HTTP 400 (422: a validation error in FastAPI's form) whose error names the field, as its
+    ``param`` (OpenAI's o-series models: "Unsupported parameter: 'logprobs' is not supported with
+    this model.", param "logprobs") or in its message (hosts that leave ``param`` out)."""
+    if not isinstance(e, BackendError) or e.status not in (400, 422):
+        return False
+    return e.param == "logprobs" or bool(_LOGPROBS_WORD.search(str(e)))
+
+
+def _logprobs_refused(backend) -> bool:
+    """Whether ``backend``'s server refused logprobs for its model before (``_role_call``)."""
+    try:
+        with _REFUSING_LOCK:
+            return getattr(backend, "model_name", None) in _REFUSING_LOGPROBS.get(backend, ())
+    except TypeError:  # (a backend no weak reference can name is never remembered)
+        return False
+
+
+def _role_call(ex: "StreamExecutor", params: GenParams, asked: bool) -> tuple[list, GenParams]:
+    """The completions of a chat role's call of ``params``, and the parameters of the call that gave
+    them. Where the call asked for logprobs only to count each gen's tokens by (no gen asks for
+    them: ``asked`` False) and the server refuses the field (``refuses_logprobs``), the call is made
+    once more without them, and the backend's model is remembered as refusing them, so its later
+    roles do not ask (``_role_call_params``); each share is then cut at ``max_tokens`` characters
+    (``_role_share``'s rule where the reply's tokens are not known).
+
+    Raises:
+        BackendError: the server refused the call otherwise, or refused logprobs a gen asks for."""
+    try:
+        return ex._call(ex.backend.generate, ex._prompt(), params), params
+    except BackendError as e:
+        if asked or not params.return_logprob or not refuses_logprobs(e):
+            raise
+    try:
+        with _REFUSING_LOCK:
+            _REFUSING_LOGPROBS.setdefault(ex.backend, set()).add(getattr(ex.backend, "model_name", None))
+    except TypeError:  # (a backend no weak reference can name: each role asks, and is refused, again)
+        pass
+    params = dataclasses.replace(params, return_logprob=None, return_text_in_logprobs=None, top_logprobs_num=None)
+    return ex._call(ex.backend.generate, ex._prompt(), params), params
 
 
 def _role_share(named: str, params: GenParams, value: str, how: tuple, start: int, reply: str,

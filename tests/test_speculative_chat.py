@@ -5,6 +5,7 @@ refuses. More of its tests are in test_lang_interpreter.py (``test_api_speculati
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import lmnb as sgl
 from lmnb.chat_template import get_chat_template
 
-from helpers_lang import ScriptedBackend
+from helpers_lang import ScriptedBackend, send, serve_http
 
 CHATML = get_chat_template("chatml")
 _PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -607,3 +608,93 @@ def test_a_speculated_chat_gen_right_before_another_whose_max_tokens_end_with_th
                                                                       10)
     assert [e[2] for e in a["output_token_logprobs"]] == [None] * 10
     assert (st["b"], b["finish_reason"], b["completion_tokens"]) == ("", {"type": "stop", "matched": 2}, 1)
+
+
+_LOGPROBS_REFUSALS = {
+    # OpenAI's o-series reasoning models: the field named in the error's param
+    "param": {"message": "Unsupported parameter: 'logprobs' is not supported with this model.",
+              "type": "invalid_request_error", "param": "logprobs", "code": "unsupported_parameter"},
+    # a host that names the field in its message only
+    "message": {"message": "This model does not support the parameter `logprobs`.", "type": "invalid_request_error",
+                "param": None, "code": None},
+}
+
+
+@contextlib.contextmanager
+def _refusing_logprobs(refusal: dict, reply: str = "Name: Carol Ann\nAge: 41"):
+    """An OpenAI-compatible chat server on 127.0.0.1 that answers HTTP 400 ``refusal`` (an OpenAI
+    error object) to a request with a ``logprobs`` field and ``reply`` (9 tokens) to one without;
+    yields its /v1 URL and the list of the request bodies it got."""
+    from http.server import BaseHTTPRequestHandler
+
+    bodies: list = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            if "logprobs" in body:
+                send(self, 400, json.dumps({"error": refusal}).encode())
+                return
+            send(self, 200, json.dumps({
+                "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": reply}}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}).encode())
+
+    with serve_http(Handler) as url:
+        yield f"{url}/v1", bodies
+
+
+@pytest.mark.parametrize("refusal", list(_LOGPROBS_REFUSALS))
+def test_a_speculated_chat_role_on_a_server_that_refuses_logprobs_is_cut_by_characters(refusal):
+    """The role's call asks for logprobs where a gen's max_tokens is under num_api_spec_tokens (to
+    find its tokens); a server that refuses the field (HTTP 400 naming logprobs: OpenAI's o-series
+    models, some hosts) failed the role, which ran before the call asked. The call is now made again
+    without logprobs and each share cut at max_tokens characters (the fallback where tokens are not
+    known); the backend's model is remembered, so the next role asks no more. By hand: the reply
+    "Name: Carol Ann\\nAge: 41" (9 tokens, more than name's 4) splits into " Carol Ann" (stop "\\n")
+    and " 41"; name's 4 characters are " Car"."""
+    with _refusing_logprobs(_LOGPROBS_REFUSALS[refusal]) as (url, bodies):
+        be = sgl.OpenAI("m", base_url=url, api_key="k", chat_template=CHATML)
+        try:
+            prog = _role(dict(max_tokens=4), {})
+            st = prog.run(backend=be)
+            assert (st["name"], st["age"]) == (" Car", " 41")
+            assert st.get_meta_info("name")["finish_reason"] == {"type": "length"}
+            assert ["logprobs" in b for b in bodies] == [True, False]
+            assert bodies[1]["max_tokens"] == 32
+            again = prog.run(backend=be)
+            assert (again["name"], again["age"]) == (" Car", " 41")
+            assert ["logprobs" in b for b in bodies] == [True, False, False]  # (not asked again)
+        finally:
+            be.shutdown()
+
+
+def test_a_speculated_chat_role_whose_gen_asks_for_logprobs_on_a_server_that_refuses_them_fails_with_its_refusal():
+    # (the gen's own logprobs cannot be dropped: the server's refusal is the gen's error, after one request)
+    with _refusing_logprobs(_LOGPROBS_REFUSALS["param"]) as (url, bodies):
+        be = sgl.OpenAI("m", base_url=url, api_key="k", chat_template=CHATML)
+        try:
+            with pytest.raises(sgl.ProgramError, match="HTTP 400: Unsupported parameter: 'logprobs' is not supported"):
+                _role(dict(max_tokens=4), dict(return_logprob=True)).run(backend=be).text()
+            assert len(bodies) == 1
+        finally:
+            be.shutdown()
+
+
+def test_a_speculated_chat_role_refused_for_another_field_is_not_called_again():
+    refusal = {"message": "temperature must be at most 2", "type": "invalid_request_error", "param": "temperature"}
+    with _refusing_logprobs(refusal) as (url, bodies):
+        be = sgl.OpenAI("m", base_url=url, api_key="k", chat_template=CHATML)
+        try:
+            with pytest.raises(sgl.ProgramError, match="HTTP 400: temperature must be at most 2"):
+                _role(dict(max_tokens=4), {}).run(backend=be).text()
+            assert len(bodies) == 1
+        finally:
+            be.shutdown()

@@ -79,12 +79,15 @@ DELTA_TOKENS = "delta_tokens"
 class BackendError(RuntimeError):
     """A backend call failed (server error, bad response); the message names the call and cause.
     ``reason``: the server's JSON error's ``"reason"`` (lmnb serve's ``DOES_NOT_FIT``), else None;
-    ``param``: its ``"param"``, the request's field it refused (``text[2]``), else None."""
+    ``param``: its ``"param"``, the request's field it refused (``text[2]``), else None;
+    ``status``: the HTTP status of the server's refusal (400), else None."""
 
-    def __init__(self, message: str = "", reason: Optional[str] = None, param: Optional[str] = None):
+    def __init__(self, message: str = "", reason: Optional[str] = None, param: Optional[str] = None,
+                 status: Optional[int] = None):
         super().__init__(message)
         self.reason = reason
         self.param = param
+        self.status = status
 
 
 def refused_choice(e: BackendError, field: str, choices: Sequence[str], first: int) -> Optional[BackendError]:

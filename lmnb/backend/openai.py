@@ -483,10 +483,11 @@ class OpenAI(BaseBackend):
             reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
             param = body.get("param") if isinstance(body.get("param"), str) else None  # (the field refused)
             if e.status_code == 401:
-                auth = BackendAuthError(f"{self._route}: HTTP 401: {message}{self.key_fix}", reason, param)
+                auth = BackendAuthError(f"{self._route}: HTTP 401: {message}{self.key_fix}", reason, param, 401)
                 auth.key_fix = self.key_fix
                 raise auth from None
-            raise BackendError(f"{self._route}: HTTP {e.status_code}: {message}", reason, param) from None
+            raise BackendError(f"{self._route}: HTTP {e.status_code}: {message}", reason, param,
+                               e.status_code) from None
         except self._openai.APITimeoutError as e:
             if connect_timed_out(e):  # (a firewalled host that never answers: no server was reached)
                 raise self._connect_timeout_error(self._route, self.client.max_retries + 1) from None
