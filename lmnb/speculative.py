@@ -388,7 +388,10 @@ def spec_role_constraint_check(terms: list[tuple], backend) -> None:
     gen with a ``regex``, ``json_schema`` or ``dtype`` (a regex by now) shares the role with text
     or another gen. The role's one call sends the first gen's options, so the constraint held the
     whole reply to one gen's pattern: the role's text and other gens could not be written ("42"
-    for ``{a:int} and {b:int}``), and the reply never matched the role's pattern. A gen alone
+    for ``{a:int} and {b:int}``), and the reply never matched the role's pattern. A fill of
+    whitespace alone counts as text: the reply is split at it verbatim (``_split``), so a JSON
+    gen followed by " " took '{"name":' of '{"name": "Ann"}', and one the constraint cannot write
+    failed the pattern. A gen alone
     in its role is the whole reply: its constraint is the call's, as without speculation. Called
     as each gen is deferred (``spec_role_check``) and at the role's end, before its call (text
     after the gen). Running without speculation is offered as ``backend`` can run the role so

@@ -256,6 +256,10 @@ def _constraint_keeping_backend() -> ScriptedBackend:
      "gen 'a' has json_schema="),
     # an unnamed gen, constrained after an unconstrained one
     (lambda: sgl.gen("a", stop=" ") + " " + sgl.gen(dtype=int), "the role's unnamed gen #2 has dtype=int"),
+    # whitespace alone counts as text: the reply is split at the fill, so '{"name": "Ann"}' gave a '{"name":'
+    (lambda: sgl.gen("a", json_schema=_PERSON) + " ", "gen 'a' has json_schema="),
+    # (and one the constraint cannot write: 3 calls, then "does not follow the assistant role's pattern")
+    (lambda: "\n" + sgl.gen("a", regex=r"[0-9]+"), "gen 'a' has regex='[0-9]+'"),
 ])
 def test_a_constrained_gen_in_a_speculated_chat_role_with_more_in_it_is_refused_before_the_call(body, constrained):
     """One call writes the whole assistant message with the first gen's options, so a regex, JSON
