@@ -197,7 +197,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     The gen takes at most ``max_new_tokens`` tokens of the text (before a stop string, if one
     comes first), as it would without speculation; the call asks for per-token text to find them
     (SGLang counts characters instead, which is also the fallback where a backend gives no token
-    texts). A gen calls again when fewer tokens than that are left over and none of its stops,
+    texts, or its server refuses the logprobs field and the gen does not ask for them:
+    ``_speculative_call``). A gen calls again when fewer tokens than that are left over and none of its stops,
     and a gen with ``stop_token_ids`` always does (its call stops at them; the leftover's text,
     generated without them, was not cut there).
 
@@ -227,10 +228,12 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     if not serves:
         spec = dataclasses.replace(
             params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.message_end_stops(params)),
-            stop_regex=None, return_logprob=True, return_text_in_logprobs=True,
+            stop_regex=None,
         )
+        if params.return_logprob or not _logprobs_refused(ex.backend):
+            spec = dataclasses.replace(spec, return_logprob=True, return_text_in_logprobs=True)
         try:
-            comps = ex._call(ex.backend.generate, ex._prompt(), spec)
+            comps, spec = _speculative_call(ex, spec, asked=bool(params.return_logprob))
         except (ValueError, BackendError) as e:
             raise _spec_tokens_noted(e, ex.num_api_spec_tokens, limit) from None
         ex._check_finish([comps[0].meta_info])
@@ -542,7 +545,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
         params = _role_call_params([t[2] for t in gens], ex.num_api_spec_tokens, list(ex.message_end_stops(gens[0][2])),
                                    counting=not _logprobs_refused(ex.backend))
         for _ in range(SPEC_MAX_TRIES):
-            comps, params = _role_call(ex, params, asked=any(t[2].return_logprob for t in gens))
+            comps, params = _speculative_call(ex, params, asked=any(t[2].return_logprob for t in gens))
             reply, meta = comps[0].text, comps[0].meta_info
             ex._check_finish([meta])
             cut = finish_reason_dict(meta).get("type") == "length"
@@ -596,7 +599,7 @@ def _role_call_params(gens: list[GenParams], spec_tokens: int, stops: list[str],
     """The parameters of a chat role's one speculative call, of its gens' resolved ``gens``: the
     first gen's, with ``max_tokens=spec_tokens`` and the chat template's end-of-message ``stops``
     (each gen's own stops split the reply). Where a gen asks for logprobs, or (``counting``: the
-    backend's model was not seen refusing them, ``_role_call``) its ``max_tokens`` is under
+    backend's model was not seen refusing them, ``_speculative_call``) its ``max_tokens`` is under
     ``spec_tokens`` (so its share may hold more tokens than it may write), the call asks for
     the logprobs with their token texts, as ``spec_gen``'s call does, to find each gen's tokens in
     the reply, with the most top logprobs any gen asks for (each gets its own number)."""
@@ -609,8 +612,8 @@ def _role_call_params(gens: list[GenParams], spec_tokens: int, stops: list[str],
     return params
 
 
-# The backends whose server refused a chat role's call for its logprobs, each with the model names it
-# refused them for (_role_call): their later calls do not ask. Weak: a backend dropped is forgotten.
+# The backends whose server refused a speculative call for its logprobs, each with the model names it
+# refused them for (_speculative_call): their later calls do not ask. Weak: a backend dropped is forgotten.
 _REFUSING_LOGPROBS: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
 _REFUSING_LOCK = threading.Lock()  # (run_batch's threads share a backend)
 _LOGPROBS_WORD = re.compile(r"\blogprobs\b", re.IGNORECASE)  # (not top_logprobs: asked for only by a gen)
@@ -627,7 +630,7 @@ def refuses_logprobs(e: BaseException) -> bool:
 
 
 def _logprobs_refused(backend) -> bool:
-    """Whether ``backend``'s server refused logprobs for its model before (``_role_call``)."""
+    """Whether ``backend``'s server refused logprobs for its model before (``_speculative_call``)."""
     try:
         with _REFUSING_LOCK:
             return getattr(backend, "model_name", None) in _REFUSING_LOGPROBS.get(backend, ())
@@ -635,13 +638,14 @@ def _logprobs_refused(backend) -> bool:
         return False
 
 
-def _role_call(ex: "StreamExecutor", params: GenParams, asked: bool) -> tuple[list, GenParams]:
-    """The completions of a chat role's call of ``params``, and the parameters of the call that gave
-    them. Where the call asked for logprobs only to count each gen's tokens by (no gen asks for
-    them: ``asked`` False) and the server refuses the field (``refuses_logprobs``), the call is made
-    once more without them, and the backend's model is remembered as refusing them, so its later
-    roles do not ask (``_role_call_params``); each share is then cut at ``max_tokens`` characters
-    (``_role_share``'s rule where the reply's tokens are not known).
+def _speculative_call(ex: "StreamExecutor", params: GenParams, asked: bool) -> tuple[list, GenParams]:
+    """The completions of a speculative call of ``params`` (``spec_gen``'s, or a chat role's), and
+    the parameters of the call that gave them. Where the call asked for logprobs only to count
+    each gen's tokens by (no gen asks for them: ``asked`` False) and the server refuses the field
+    (``refuses_logprobs``), the call is made once more without them, and the backend's model is
+    remembered as refusing them, so its later calls do not ask (``spec_gen``,
+    ``_role_call_params``); each share is then cut at ``max_tokens`` characters (the rule where the
+    call's tokens are not known: ``Speculation.end_of_tokens``, ``_role_share``).
 
     Raises:
         BackendError: the server refused the call otherwise, or refused logprobs a gen asks for."""
@@ -653,7 +657,7 @@ def _role_call(ex: "StreamExecutor", params: GenParams, asked: bool) -> tuple[li
     try:
         with _REFUSING_LOCK:
             _REFUSING_LOGPROBS.setdefault(ex.backend, set()).add(getattr(ex.backend, "model_name", None))
-    except TypeError:  # (a backend no weak reference can name: each role asks, and is refused, again)
+    except TypeError:  # (a backend no weak reference can name: each call asks, and is refused, again)
         pass
     params = dataclasses.replace(params, return_logprob=None, return_text_in_logprobs=None, top_logprobs_num=None)
     return ex._call(ex.backend.generate, ex._prompt(), params), params

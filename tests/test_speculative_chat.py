@@ -626,9 +626,10 @@ _LOGPROBS_REFUSALS = {
 
 @contextlib.contextmanager
 def _refusing_logprobs(refusal: dict, reply: str = "Name: Carol Ann\nAge: 41"):
-    """An OpenAI-compatible chat server on 127.0.0.1 that answers HTTP 400 ``refusal`` (an OpenAI
-    error object) to a request with a ``logprobs`` field and ``reply`` (9 tokens) to one without;
-    yields its /v1 URL and the list of the request bodies it got."""
+    """An OpenAI-compatible server on 127.0.0.1 that answers HTTP 400 ``refusal`` (an OpenAI error
+    object) to a request with a ``logprobs`` field and ``reply`` (9 tokens) to one without (a chat
+    completion, or a completion on /v1/completions); yields its /v1 URL and the list of the
+    request bodies it got."""
     from http.server import BaseHTTPRequestHandler
 
     bodies: list = []
@@ -645,10 +646,11 @@ def _refusing_logprobs(refusal: dict, reply: str = "Name: Carol Ann\nAge: 41"):
             if "logprobs" in body:
                 send(self, 400, json.dumps({"error": refusal}).encode())
                 return
+            chat = self.path.endswith("/chat/completions")
+            choice = {"message": {"role": "assistant", "content": reply}} if chat else {"text": reply}
             send(self, 200, json.dumps({
-                "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": reply}}],
+                "id": "c1", "object": "chat.completion" if chat else "text_completion", "created": 0,
+                "model": body["model"], "choices": [{"index": 0, "finish_reason": "stop", **choice}],
                 "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}).encode())
 
     with serve_http(Handler) as url:
@@ -700,5 +702,28 @@ def test_a_speculated_chat_role_refused_for_another_field_is_not_called_again():
             with pytest.raises(sgl.ProgramError, match="HTTP 400: temperature must be at most 2"):
                 _role(dict(max_tokens=4), {}).run(backend=be).text()
             assert len(bodies) == 1
+        finally:
+            be.shutdown()
+
+
+def test_a_speculated_completion_gen_on_a_server_that_refuses_logprobs_runs_on_the_calls_text():
+    """The completion path's call always asks for logprobs (to find the gen's tokens): a server that
+    refuses the field failed the gen. The call is now made again without them, as the chat role's
+    is (the shares cut by characters where max_tokens comes first), and not asked again. By hand:
+    the call's text " Carol Ann\nAge: 41\n" gives name " Carol Ann" (its stop "\n" within 16
+    characters), the fill "\nAge:" matches, and age takes " 41" of the leftover: one call."""
+    with _refusing_logprobs(_LOGPROBS_REFUSALS["param"], reply=" Carol Ann\nAge: 41\n") as (url, bodies):
+        be = sgl.OpenAI("m", base_url=url, api_key="k", is_chat_model=False)
+        try:
+            @sgl.function(num_api_spec_tokens=32)
+            def person(s):
+                s += "Name:" + sgl.gen("name", stop="\n", max_tokens=16)
+                s += "\nAge:" + sgl.gen("age", stop="\n")
+
+            st = person.run(backend=be)
+            assert (st["name"], st["age"]) == (" Carol Ann", " 41")
+            assert ["logprobs" in b for b in bodies] == [True, False] and bodies[1]["max_tokens"] == 32
+            assert person.run(backend=be)["name"] == " Carol Ann"
+            assert ["logprobs" in b for b in bodies] == [True, False, False]  # (not asked again)
         finally:
             be.shutdown()
