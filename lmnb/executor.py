@@ -216,9 +216,10 @@ class ProgramEvent:
 
 
 _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
-# thread ident -> the state it is waiting on in StreamExecutor._wait now: a streamed body blocked
-# reading a state whose own body reads back (StreamExecutor._waits_on_a_body_of)
-_waiting_on: dict[int, "StreamExecutor"] = {}
+# thread ident -> (the state it is waiting on in StreamExecutor._wait now, that state's
+# _Changes.count as the wait began): a streamed body blocked reading a state whose own body reads
+# back (StreamExecutor._waits_on_a_body_of)
+_waiting_on: dict[int, tuple["StreamExecutor", int]] = {}
 # The option that sets a run's max_new_tokens, as run() calls made in this context name it (``RunDefaults``).
 _max_tokens_option: contextvars.ContextVar[str] = contextvars.ContextVar(
     "lmnb_max_tokens_option", default=RUN_MAX_TOKENS_OPTION)
@@ -398,19 +399,47 @@ def _fresh(error: BaseException) -> BaseException:
     return error.with_traceback(None)
 
 
+class _Changes(threading.Condition):
+    """A state's condition variable, counting its ``notify_all`` calls (``count``): a thread that
+    began waiting on the state when the count was what it is now has not been woken since, so
+    the state is as it was when that thread last looked and decided to wait."""
+
+    def __init__(self, lock: Any = None) -> None:
+        super().__init__(lock)
+        self.count = 0
+
+    def notify_all(self) -> None:
+        self.count += 1
+        super().notify_all()
+
+
 def _waits_on_a_body_of(body: int, reader: int) -> bool:
     """Whether thread ``body`` is blocked reading a state (``StreamExecutor._wait``) whose streamed
     body runs on thread ``reader``, or on a thread blocked so in turn: a body that ran a program
     with ``run(stream=True)`` and reads its result, whose body reads the first one's state
     (``critic.run(parent=s, stream=True)``, then ``parent.text()`` there). The two waited for
     each other for good; the later body, not one of the first body's bystanders, reads the first
-    state as it stands. (Read without the states' locks: a wait just begun or ended is seen at
-    the reader's next look, ``MARKED_STOP_POLL_S`` later.)"""
+    state as it stands. (A wait just begun or ended is seen at the reader's next look,
+    ``MARKED_STOP_POLL_S`` later; so is one on a state whose lock another thread holds: it is
+    not waited for, as the reader holds another state's lock.)
+
+    Only a wait that nothing but that body can end counts: the state is idle, and unchanged (not
+    woken) since the thread began to wait. A thread waiting for work queued on it (``child["c"]``
+    while that gen runs) goes on once the work ran, whatever the body does meanwhile; taken as
+    blocked for good, a read of the first state by the later body (``parent["y"]``, set just
+    after) failed at once where it would have waited a moment."""
     seen = set()
     while body not in seen:
         seen.add(body)
-        state = _waiting_on.get(body)
-        body = None if state is None else state._body_owner().body_thread
+        state, count = _waiting_on.get(body, (None, None))
+        if state is None or not state._cv.acquire(blocking=False):
+            return False
+        try:
+            if state._queue or state._draining or state._cv.count != count:
+                return False
+            body = state._body_owner().body_thread
+        finally:
+            state._cv.release()
         if body is None:
             return False
         if body == reader:
@@ -510,7 +539,7 @@ class StreamExecutor:
         self.speculation = Speculation()  # completion-model API speculation left over
         self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
 
-        self._cv = threading.Condition()
+        self._cv = _Changes()
         self._queue: collections.deque = collections.deque()
         self._draining = False
         self._drainer: Optional[int] = None  # the thread running the queue (an event listener's too)
@@ -678,7 +707,7 @@ class StreamExecutor:
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
         me = threading.get_ident()
-        _waiting_on[me] = self
+        _waiting_on[me] = (self, self._cv.count)
         try:
             self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
         finally:

@@ -24,6 +24,7 @@ import pytest
 
 import lmnb as sgl
 from lmnb.chat_template import get_chat_template
+from lmnb.executor import _Changes
 from lmnb.ir import REGEX_INT
 from lmnb.template.options import check_literal
 from lmnb.thread_waits import as_dumped, stacks
@@ -2860,7 +2861,7 @@ def test_an_abort_right_after_a_streamed_delta_is_checked_leaves_it_in_the_parti
     def listen(ev):
         if ev.kind == "state":  # (made on the thread that runs the program, before its worker starts)
             ex = ev.value
-            ex._cv = threading.Condition(_LockWithAHook(lambda: ex.variables.get("a"), ex.abort))
+            ex._cv = _Changes(_LockWithAHook(lambda: ex.variables.get("a"), ex.abort))
         elif ev.kind == "text" and ev.source == "gen":  # (a view shows this text and counts its tokens)
             told.append(ev.text)
 
@@ -2897,7 +2898,7 @@ def test_an_abort_right_before_text_is_appended_drops_it_as_a_streamed_delta_is(
     def listen(ev):
         if ev.kind == "state":  # (made on the thread that runs the program, before its worker starts)
             ex = ev.value
-            ex._cv = threading.Condition(_LockWithAHook(lambda: ready(ex), ex.abort))
+            ex._cv = _Changes(_LockWithAHook(lambda: ready(ex), ex.abort))
         elif ev.kind == "text":
             told.append(ev.text)
 
@@ -2946,7 +2947,7 @@ def test_a_select_whose_text_an_abort_drops_still_reports_its_requests_as_stoppe
         def listen(ev):
             if ev.kind == "state" and abort:
                 ex = ev.value
-                ex._cv = threading.Condition(_LockWithAHook(lambda: "score" in be.kinds(), ex.abort))
+                ex._cv = _Changes(_LockWithAHook(lambda: "score" in be.kinds(), ex.abort))
             events.append(ev)
             record(ev)
 
@@ -3010,7 +3011,7 @@ def test_an_abort_right_before_an_api_speculated_terms_text_is_appended_still_re
     def listen(ev):
         if ev.kind == "state":  # (made on the thread that runs the program, before its worker starts)
             ex = ev.value
-            ex._cv = threading.Condition(_LockWithAHook(lambda: ready(ex), ex.abort))
+            ex._cv = _Changes(_LockWithAHook(lambda: ready(ex), ex.abort))
         events.append(ev)
 
     @sgl.function(num_api_spec_tokens=None if model == "plain" else 16)
@@ -7536,6 +7537,42 @@ def test_a_streamed_program_run_by_a_body_reads_that_bodys_state_while_it_waits_
         assert subs[0].text() == "crit of Q: x: x"
     finally:
         pool.shutdown(wait=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_streamed_program_waits_for_a_body_that_waits_only_for_its_queued_gen():
+    """A body read its streamed child's ``c`` while that gen ran; the child's body read the
+    parent's ``y``, set right after. The parent's wait ends once the gen ran, whatever the child's
+    body does, but the child took it for one the child's body blocks (a body waiting on the state
+    of the child) and read the parent at once: KeyError for 'y'. It waits, and reads 'x'."""
+    failed = threading.Event()
+
+    def reply(prompt, params):
+        if prompt.text.startswith("C: "):  # the child's c: held until its body gave up on 'y' (else 5 s)
+            failed.wait(5)
+        return "x"
+
+    be = ScriptedBackend(reply)
+    subs = []
+
+    @sgl.function
+    def child(s, parent):
+        s += "C: " + sgl.gen("c")
+        try:
+            s += " / " + parent["y"]
+        except KeyError:
+            failed.set()
+            s += " / KeyError"
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        subs.append(child.run(parent=s, stream=True, backend=be))
+        s += "|" + subs[0]["c"]
+        s += " Y" + sgl.gen("y")
+
+    assert prog.run(backend=be, stream=True).text() == "Q: x|x Yx"
+    assert subs[0].text() == "C: x / x"
 
 
 @pytest.mark.timeout(60)
