@@ -413,7 +413,7 @@ class _Changes(threading.Condition):
         super().notify_all()
 
 
-def _waits_on_a_body_of(body: int, reader: int) -> bool:
+def _waits_on_a_body_of(body: int, reader: threading.Thread) -> bool:
     """Whether thread ``body`` is blocked reading a state (``StreamExecutor._wait``) whose streamed
     body runs on thread ``reader``, or on a thread blocked so in turn: a body that ran a program
     with ``run(stream=True)`` and reads its result, whose body reads the first one's state
@@ -427,22 +427,35 @@ def _waits_on_a_body_of(body: int, reader: int) -> bool:
     woken) since the thread began to wait. A thread waiting for work queued on it (``child["c"]``
     while that gen runs) goes on once the work ran, whatever the body does meanwhile; taken as
     blocked for good, a read of the first state by the later body (``parent["y"]``, set just
-    after) failed at once where it would have waited a moment."""
-    seen = set()
+    after) failed at once where it would have waited a moment.
+
+    The reader may also be a thread such a later body waits for, as the last rule of
+    ``_body_elsewhere`` has it, when it was started since that later body began: a helper it
+    joins, or a pool worker running the future it waits on (the critic reading the parent's text
+    through ``pool.submit(parent.text).result()``). While that body is blocked in ``Thread.join``
+    or ``Future.result`` (or cannot be seen there), the first body's state is read as it stands
+    there: waiting for it hung the three threads. (An older thread waits: a consumer of the first
+    state, a pool worker that called the first ``run(stream=True)``, which read the first body's
+    text without its end.)"""
+    seen, owner = set(), None
     while body not in seen:
         seen.add(body)
         state, count = _waiting_on.get(body, (None, None))
-        if state is None or not state._cv.acquire(blocking=False):
+        if state is None:  # a later body blocked in a join may wait for the reader, a helper of its
+            return (owner is not None and reader not in owner.body_bystanders
+                    and blocked_in_a_join(body) is not False)
+        if not state._cv.acquire(blocking=False):
             return False
         try:
             if state._queue or state._draining or state._cv.count != count:
                 return False
-            body = state._body_owner().body_thread
+            owner = state._body_owner()
+            body = owner.body_thread
         finally:
             state._cv.release()
-        if body is None:
+        if body is None or body == -1:
             return False
-        if body == reader:
+        if body == reader.ident:
             return True
     return False
 
@@ -844,7 +857,7 @@ class StreamExecutor:
         # caller too once its task ended. Asked first: it needs no stack dump unless it is one)
         if reader in owner.body_bystanders and _running(reader) and not runs_pool_work(reader.ident):
             return True
-        if _waits_on_a_body_of(body, reader.ident):
+        if _waits_on_a_body_of(body, reader):
             return False
         return blocked_in_a_join(body) is False
 

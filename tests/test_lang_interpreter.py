@@ -7540,6 +7540,59 @@ def test_a_streamed_program_run_by_a_body_reads_that_bodys_state_while_it_waits_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("helper", ["thread", "pool"])
+def test_a_helper_of_a_streamed_program_run_by_a_body_reads_that_bodys_state(helper):
+    """As in the test above, but the critic's body read the parent's text through a helper it
+    joined (or a pool worker whose future it waited on): the helper waited for the parent's body,
+    which waited for the critic's, which waited for the helper: all three hung. The helper reads
+    the parent's state as it stands, as the critic's body would; a consumer of the parent started
+    before the critic began waits for the parent's end all the same."""
+    import concurrent.futures
+
+    be = ScriptedBackend(lambda p, params: "x")
+    subs, consumed = [], []
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    consuming = threading.Event()
+
+    @sgl.function
+    def critic(s, parent):
+        if helper == "thread":
+            got = []
+            reader = threading.Thread(target=lambda: got.append(parent.text()))
+            reader.start()
+            reader.join(20)
+            assert not reader.is_alive(), "the critic's helper waited for the parent's body"
+            text = got[0]
+        else:
+            text = pool.submit(parent.text).result(20)
+        s += "crit of " + text + ": " + sgl.gen("c")
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        assert consuming.wait(10)
+        subs.append(critic.run(parent=s, stream=True, backend=be))
+        s += "|" + subs[0].text()
+
+    def call() -> str:
+        st = prog.run(backend=be, stream=True)
+        consumer = threading.Thread(target=lambda: consumed.append(st.text()))
+        consumer.start()
+        consuming.set()
+        text = st.text()
+        consumer.join(20)
+        return text
+
+    caller = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        assert caller.submit(call).result(40) == "Q: x|crit of Q: x: x"
+        assert consumed == ["Q: x|crit of Q: x: x"]
+    finally:
+        caller.shutdown(wait=False)
+        pool.shutdown(wait=False)
+
+
+@pytest.mark.timeout(60)
 def test_a_streamed_program_waits_for_a_body_that_waits_only_for_its_queued_gen():
     """A body read its streamed child's ``c`` while that gen ran; the child's body read the
     parent's ``y``, set right after. The parent's wait ends once the gen ran, whatever the child's
