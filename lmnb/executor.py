@@ -719,12 +719,17 @@ class StreamExecutor:
         self.refuse_if_running_here()
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
+        # (a wait nested in this one, a signal handler's read on this thread, hands back this one's entry)
         me = threading.get_ident()
+        outer = _waiting_on.get(me)
         _waiting_on[me] = (self, self._cv.count)
         try:
             self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
         finally:
-            del _waiting_on[me]
+            if outer is None:
+                del _waiting_on[me]
+            else:
+                _waiting_on[me] = outer
 
     def refuse_if_running_here(self) -> None:
         """Raise if the caller is the thread that runs this state's primitives (an

@@ -7629,6 +7629,57 @@ def test_a_streamed_program_waits_for_a_body_that_waits_only_for_its_queued_gen(
 
 
 @pytest.mark.timeout(60)
+def test_a_signal_handler_reading_a_state_while_the_main_thread_waits_on_another():
+    """A signal handler (a progress print on SIGUSR1) read a running state while the main thread
+    waited on another one: the handler's wait, nested in the main thread's, took the main thread
+    off the table of waits as it ended, and the main thread's own end of its wait then raised
+    KeyError(<the thread's ident>) out of text(). Both reads return their text."""
+    import lmnb.executor as executor
+
+    gates = {"Q": threading.Event(), "O": threading.Event()}
+    be = ScriptedBackend(lambda p, params: gates[p.text[0]].wait(20) and "x")
+    seen, entered = [], threading.Event()
+
+    @sgl.function
+    def prog(s, tag):
+        s += tag + ": " + sgl.gen("a")
+
+    def waits_in_the_executor(times):
+        return lambda stack: sum(fn == "_wait" and f == as_dumped(executor.__file__) for f, fn, _ in stack) >= times
+
+    def handler(*_):
+        entered.set()
+        seen.append(other.text())
+
+    def drive() -> None:
+        deadline = time.monotonic() + 20
+        while not main_thread_blocked_in(waits_in_the_executor(1)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        assert entered.wait(20)
+        while not main_thread_blocked_in(waits_in_the_executor(2)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gates["O"].set()
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gates["Q"].set()
+
+    other = prog.run(backend=be, stream=True, tag="O")
+    st = prog.run(backend=be, stream=True, tag="Q")
+    before = signal.signal(signal.SIGUSR1, handler)
+    try:
+        driver = threading.Thread(target=drive)
+        driver.start()
+        text = st.text()
+        driver.join(20)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+        gates["O"].set()
+        gates["Q"].set()
+    assert (text, seen) == ("Q: x", ["O: x"])
+
+
+@pytest.mark.timeout(60)
 def test_a_helper_reads_for_a_body_older_than_the_100_threads_faulthandler_shows():
     """faulthandler.dump_traceback writes the 100 newest threads only: a body with more threads
     started after it (a ThreadPoolExecutor of 150 reading 150 fork branches' text) was not in the
