@@ -216,10 +216,12 @@ class ProgramEvent:
 
 
 _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
-# thread ident -> (the state it is waiting on in StreamExecutor._wait now, that state's
-# _Changes.count as the wait began): a streamed body blocked reading a state whose own body reads
-# back (StreamExecutor._waits_on_a_body_of)
-_waiting_on: dict[int, tuple["StreamExecutor", int]] = {}
+# thread ident -> [(a state a wait in StreamExecutor._wait is on now for that thread, that state's
+# _Changes.count as the wait began)]: a streamed body blocked reading a state whose own body reads
+# back (StreamExecutor._waits_on_a_body_of). Several at once: a wait nested in another (a signal
+# handler's read), the steps of text_async_iter readers of one event loop, on worker threads
+_waiting_on: dict[int, list[tuple["StreamExecutor", int]]] = {}
+_waiting_on_lock = threading.Lock()
 # The option that sets a run's max_new_tokens, as run() calls made in this context name it (``RunDefaults``).
 _max_tokens_option: contextvars.ContextVar[str] = contextvars.ContextVar(
     "lmnb_max_tokens_option", default=RUN_MAX_TOKENS_OPTION)
@@ -427,7 +429,9 @@ def _waits_on_a_body_of(body: int, reader: threading.Thread) -> bool:
     woken) since the thread began to wait. A thread waiting for work queued on it (``child["c"]``
     while that gen runs) goes on once the work ran, whatever the body does meanwhile; taken as
     blocked for good, a read of the first state by the later body (``parent["y"]``, set just
-    after) failed at once where it would have waited a moment.
+    after) failed at once where it would have waited a moment. A thread may have several waits
+    recorded (``_waiting_on``: the reads of ``text_async_iter`` tasks of the event loop a body
+    runs): any one of them blocked so counts.
 
     The reader may also be a thread such a later body waits for, as the last rule of
     ``_body_elsewhere`` has it, when it was started since that later body began: a helper it
@@ -437,26 +441,32 @@ def _waits_on_a_body_of(body: int, reader: threading.Thread) -> bool:
     there: waiting for it hung the three threads. (An older thread waits: a consumer of the first
     state, a pool worker that called the first ``run(stream=True)``, which read the first body's
     text without its end.)"""
-    seen, owner = set(), None
-    while body not in seen:
+    todo, seen = [(body, None)], set()
+    while todo:
+        body, owner = todo.pop()
+        if body in seen:
+            continue
         seen.add(body)
-        state, count = _waiting_on.get(body, (None, None))
-        if state is None:  # a later body blocked in a join may wait for the reader, a helper of its
-            return (owner is not None and reader not in owner.body_bystanders
-                    and blocked_in_a_join(body) is not False)
-        if not state._cv.acquire(blocking=False):
-            return False
-        try:
-            if state._queue or state._draining or state._cv.count != count:
-                return False
-            owner = state._body_owner()
-            body = owner.body_thread
-        finally:
-            state._cv.release()
-        if body is None or body == -1:
-            return False
-        if body == reader.ident:
-            return True
+        with _waiting_on_lock:
+            waits = list(_waiting_on.get(body, ()))
+        if not waits:  # a later body blocked in a join may wait for the reader, a helper of its
+            if (owner is not None and reader not in owner.body_bystanders
+                    and blocked_in_a_join(body) is not False):
+                return True
+            continue
+        for state, count in waits:
+            if not state._cv.acquire(blocking=False):
+                continue
+            try:
+                if state._queue or state._draining or state._cv.count != count:
+                    continue
+                later = state._body_owner()
+            finally:
+                state._cv.release()
+            if later.body_thread == reader.ident:
+                return True
+            if later.body_thread not in (None, -1):
+                todo.append((later.body_thread, later))
     return False
 
 
@@ -706,11 +716,14 @@ class StreamExecutor:
         with self._cv:
             return not self._queue and not self._draining
 
-    def _wait(self, timeout: Optional[float] = None) -> None:
+    def _wait(self, timeout: Optional[float] = None, reader: Optional[threading.Thread] = None) -> None:
         """(Lock held.) Wait for a change of this state, or ``timeout`` seconds, at most
         ``lmnb_engine.waits.MARKED_STOP_POLL_S`` (callers look again and wait on), so that a Ctrl-C
         that landed as the wait began takes effect (``settle``'s wait for the reports of a Stop's
         aborted requests, up to 5 s on the cell's main thread, held a press for all of it).
+        ``reader``: the thread the wait is for (the calling thread by default), recorded as
+        waiting on this state (``_waiting_on``): ``text_async_iter`` steps wait on worker threads
+        for the thread of the event loop, a streamed body running ``asyncio.run``.
 
         Raises:
             RuntimeError: called on the thread that runs this state's primitives (in an
@@ -719,17 +732,17 @@ class StreamExecutor:
         self.refuse_if_running_here()
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
-        # (a wait nested in this one, a signal handler's read on this thread, hands back this one's entry)
-        me = threading.get_ident()
-        outer = _waiting_on.get(me)
-        _waiting_on[me] = (self, self._cv.count)
+        me = threading.get_ident() if reader is None else reader.ident
+        wait = (self, self._cv.count)
+        with _waiting_on_lock:
+            _waiting_on.setdefault(me, []).append(wait)
         try:
             self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
         finally:
-            if outer is None:
-                del _waiting_on[me]
-            else:
-                _waiting_on[me] = outer
+            with _waiting_on_lock:
+                _waiting_on[me].remove(wait)
+                if not _waiting_on[me]:
+                    del _waiting_on[me]
 
     def refuse_if_running_here(self) -> None:
         """Raise if the caller is the thread that runs this state's primitives (an
@@ -1718,7 +1731,7 @@ class StreamExecutor:
             pieces = []  # (chunk, meta info, whether a write ends there) to yield
             with self._cv:
                 if self._version == seen:
-                    self._wait()
+                    self._wait(reader=reader)
                 if stop is not None and stop.is_set():
                     return
                 seen = self._version

@@ -2507,11 +2507,11 @@ def test_text_iter_of_a_variable_goes_on_past_a_read_of_it_between_the_gens(monk
     gap, ended = threading.Event(), threading.Event()
     real_wait = StreamExecutor._wait
 
-    def wait(self, timeout=None):
+    def wait(self, timeout=None, reader=None):
         if (sys._getframe(1).f_code.co_name == "iter_text" and "x" in self.variables and not self._queue
                 and not self._draining and self._pending["x"] == 0):
             gap.set()
-        return real_wait(self, timeout)
+        return real_wait(self, timeout, reader)
 
     monkeypatch.setattr(StreamExecutor, "_wait", wait)
     answers = iter(["alpha", "beta", "gamma"])
@@ -4141,10 +4141,10 @@ def test_ctrl_c_in_text_iter_says_the_requests_were_aborted_and_ends_at_the_user
     be = ScriptedBackend(lambda p, params: "never", delay=30)  # a gen that runs until aborted
     real_wait = StreamExecutor._wait
 
-    def wait(self, timeout=None):
+    def wait(self, timeout=None, reader=None):
         if threading.current_thread() is threading.main_thread() and be.calls:
             raise KeyboardInterrupt
-        return real_wait(self, timeout)
+        return real_wait(self, timeout, reader)
 
     @sgl.function
     def prog(s):
@@ -7535,6 +7535,38 @@ def test_a_streamed_program_run_by_a_body_reads_that_bodys_state_while_it_waits_
     try:
         assert pool.submit(lambda: prog.run(backend=be, stream=True).text()).result(20) == "Q: x|x"
         assert subs[0].text() == "crit of Q: x: x"
+    finally:
+        pool.shutdown(wait=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_streamed_program_read_by_a_body_through_text_async_iter_reads_that_bodys_state():
+    """As in the test above, but the body streamed the critic with text_async_iter under
+    asyncio.run: its reads wait on worker threads for the body's thread, which was not seen
+    waiting on the critic's state (it sits in the event loop), so the critic waited for the body
+    as the body waited for the critic: both hung. The wait counts for the body's thread."""
+    import concurrent.futures
+
+    be = ScriptedBackend(lambda p, params: "x")
+    subs = []
+
+    @sgl.function
+    def critic(s, parent):
+        s += "crit of " + parent.text() + ": " + sgl.gen("c")
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        subs.append(critic.run(parent=s, stream=True, backend=be))
+
+        async def read() -> str:
+            return "".join([chunk async for chunk in subs[0].text_async_iter()])
+
+        s += "|" + asyncio.run(read())
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        assert pool.submit(lambda: prog.run(backend=be, stream=True).text()).result(20) == "Q: x|crit of Q: x: x"
     finally:
         pool.shutdown(wait=False)
 
