@@ -609,8 +609,8 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
 
     Raises:
         SamplingParamsError: ``bias`` is no dict, a key is no token id (a bool, a negative int, a
-            text of no integer) or is the text of one of more digits than Python reads (past every
-            vocabulary), or a bias is no finite number in [-100, 100]; the message names the key
+            text of no integer) or is one of more digits than Python reads, as an int or as its text
+            (past every vocabulary), or a bias is no finite number in [-100, 100]; the message names the key
             and the fix."""
     def bad(rule: str, entry: Any = None) -> None:
         raise SamplingParamsError(f"SamplingParams.logit_bias is invalid: {rule}", "logit_bias", entry)
@@ -622,11 +622,17 @@ def logit_bias_value(bias: Any) -> dict[int, float]:
     for key, value in bias.items():
         token = key.item() if _is_numpy_scalar(key) else key
         written = isinstance(key, str) and _ID_TEXT.fullmatch(key)
+        # One refusal for an id of more digits than Python reads, as text or as an int: an int one was
+        # told it is outside this model's vocabulary (the engine) or too long to send (a server backend)
         if written:  # (leading zeros are no digits of the id, but int() counts them against its limit)
             token = integer_text_value(key)  # (None: more digits past the zeros than Python reads)
-            if token is None and not key.startswith("-"):
-                bad(f"the key {shown_integer_text(key)} is a token id past every model's vocabulary; remove it, or "
-                    "take the ids from the model's tokenizer", {key: value})
+            too_long = token is None and not key.startswith("-")
+        else:
+            too_long = isinstance(token, int) and token > 0 and digits_over_limit(decimal_digits(token))
+        if too_long:
+            shown = shown_integer_text(key) if written else shown_number(token)
+            bad(f"the key {shown} is a token id past every model's vocabulary; remove it, or take the ids from the "
+                "model's tokenizer", {key: value})
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
             shown = shown_integer_text(key) if written and too_many_digits(key) else shown_number(key)
             # (no backend-neutral encoder exists, nor one over an HTTP API: the fix names where each comes from;

@@ -1551,6 +1551,33 @@ def test_a_word_as_a_logit_bias_key_is_refused_naming_tokenizers_whose_ids_bias_
     assert prog.run(backend=backend, temperature=0)["up"] == tiny_engine.decode([ids[0][-1]] * 2, skip_special_tokens=True)
 
 
+def test_a_logit_bias_id_longer_than_python_reads_gets_one_refusal_as_an_int_or_as_text(backend, tiny_engine):
+    """An int key of 5001 digits reached the in-process engine, which said it is "outside this model's
+    vocabulary [0, 512)", where its decimal text was refused by gen() as "past every model's
+    vocabulary" (and a server backend said a third thing: too long to send). Both are refused by gen()
+    in one message, which the engine's SamplingParams gives too (its own name for the field). By
+    hand: 10**5000 is 1 and 5000 zeros, 5001 digits, 1.000e+5000."""
+    from lmnb_engine.params import SamplingParams
+
+    said = ("logit_bias is invalid: the key 1.000e+5000 (an integer of 5001 digits) is a token id past every "
+            "model's vocabulary; remove it, or take the ids from the model's tokenizer")
+    for key in (10**5000, "1" + "0" * 5000):
+        with pytest.raises(ValueError) as e:
+            sgl.gen("x", logit_bias={key: 1})
+        assert str(e.value) == said
+
+        @sgl.function
+        def prog(s):
+            s += "the cat is red" + sgl.gen("up", max_tokens=2, logit_bias={key: 1})
+
+        with pytest.raises(ValueError) as e:
+            prog.run(backend=backend)
+        assert str(e.value) == said
+        with pytest.raises(ValueError) as e:
+            tiny_engine.generate("the cat", SamplingParams(max_new_tokens=2, logit_bias={key: 1}))
+        assert str(e.value) == f"SamplingParams.{said}"
+
+
 def test_a_gen_under_the_models_chat_template_ends_at_its_end_of_message_token(backend, tiny_engine):
     """The tiny model's own chat template ends a message with "<|end|>", a special token that is not
     the model's EOS; the template adds it to every unconstrained gen's stops, but the engine read

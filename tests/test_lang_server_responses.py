@@ -1593,6 +1593,29 @@ def test_an_azure_backend_sends_the_key_in_its_own_variable_and_a_401_names_that
         lmnb.OpenAI("gpt-4o", is_azure=True, base_url=url, api_version="2024-02-01")
 
 
+def test_a_logit_bias_id_longer_than_python_reads_is_refused_as_the_engine_and_its_text_are(server, endpoint):
+    """An int logit_bias key of 5001 digits was refused by a server backend as too long to send
+    ("logit_bias holds 1.000e+5000 (...), which has more digits than Python writes ..."), by the
+    in-process engine as outside its vocabulary, and as text as past every vocabulary: it is now
+    refused by gen() in the text's words on every backend, before any request. By hand: 10**5000
+    is 1 and 5000 zeros, 5001 digits, 1.000e+5000."""
+    posts = []
+    server.answer = lambda h, b: (posts.append(b), send(h, 500, b"{}"))
+    openai = lmnb.OpenAI("m", base_url=server.url + "/v1", is_chat_model=False, max_retries=0, timeout=5)
+    said = ("logit_bias is invalid: the key 1.000e+5000 (an integer of 5001 digits) is a token id past every "
+            "model's vocabulary; remove it, or take the ids from the model's tokenizer")
+    for key in (10**5000, "1" + "0" * 5000):
+        @lmnb.function
+        def prog(s):
+            s += "Hi" + lmnb.gen("x", max_tokens=2, logit_bias={key: 1})
+
+        for backend in (endpoint, openai):
+            with pytest.raises(ValueError) as e:
+                prog.run(backend=backend)
+            assert str(e.value) == said
+    assert posts == []
+
+
 def test_an_integer_too_long_to_write_is_refused_before_any_request(server, endpoint):
     """gen(max_tokens=10**5000) on RuntimeEndpoint or OpenAI failed as the client wrote its request,
     in Python's words ("ValueError: Exceeds the limit (4300 digits) for integer string conversion;
@@ -1613,9 +1636,7 @@ def test_an_integer_too_long_to_write_is_refused_before_any_request(server, endp
              (GenParams(max_new_tokens=4, top_k=25 * 10**4300), f"top_k=2.500e+4301 (an integer of 4302 digits) {too_long}"),
              # (it said "stop_token_ids holds 1.000e+4300 (...) has more digits")
              (GenParams(max_new_tokens=4, stop_token_ids=[1, 10**4300]),
-              f"stop_token_ids holds 1.000e+4300 (an integer of 4301 digits), which {too_long}"),
-             (GenParams(max_new_tokens=4, logit_bias={10**5000: 1}),
-              f"logit_bias holds 1.000e+5000 (an integer of 5001 digits), which {too_long}")]
+              f"stop_token_ids holds 1.000e+4300 (an integer of 4301 digits), which {too_long}")]
     for backend in (endpoint, openai):
         for call in (backend.generate, lambda *a: list(backend.generate_stream(*a))):
             for params, said in cases:

@@ -248,11 +248,10 @@ def check_sendable(params: GenParams) -> None:
             (so a gen that took it from ``run(max_new_tokens=...)`` is told so)."""
     from lmnb_engine.params import DOES_NOT_FIT, decimal_digits, digits_over_limit, past_digit_limit
 
-    # (GenParams bounds n and seed; these it takes of any size)
+    # (GenParams bounds n and seed, and refuses a logit_bias id this long; these it takes of any size)
     values = [(f, getattr(params, f)) for f in ("max_new_tokens", "min_new_tokens", "top_k", "logprob_start_len",
                                                  "top_logprobs_num")]
     values += [("stop_token_ids", t) for t in params.stop_token_ids or ()]
-    values += [("logit_bias", t) for t in params.logit_bias or ()]  # (its keys: ids of any size)
     for f, value in values:
         if not isinstance(value, int) or not digits_over_limit(decimal_digits(value)):
             continue
@@ -262,7 +261,7 @@ def check_sendable(params: GenParams) -> None:
                            "model's context length")
             e.reason = DOES_NOT_FIT
             raise e
-        said = f"{name} holds {shown}, which" if f in ("stop_token_ids", "logit_bias") else f"{name}={shown}"
+        said = f"{name} holds {shown}, which" if f == "stop_token_ids" else f"{name}={shown}"
         raise ValueError(f"{said} has {past_digit_limit(verb='writes')}, so no request to the server can carry it; "
                          "give a smaller number")
 
