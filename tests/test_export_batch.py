@@ -752,8 +752,9 @@ def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(t
         "  2 rows failed because the program cannot run on this backend, whatever the input (an OpenAI chat model "
         "can only generate at the start of an assistant message (s += assistant(gen(...)); in a %%lm cell "
         "{assistant}{gen x}{/assistant}); to fill text and several gens inside one reply use "
-        "@function(num_api_spec_tokens=N), or use a completion model (OpenAI(..., is_chat_model=False); in a "
-        "notebook %lm connect URL --openai MODEL --completion)); change the notebook as that says and export it "
+        "@function(num_api_spec_tokens=N), run without stream=True (a %%lm cell cannot: write the program in a "
+        "Python cell as an @lmnb.function(num_api_spec_tokens=N) and call its .run()), or use a completion model "
+        "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion)); change the notebook as that says and export it "
         "again, or change the backend (the job's --backend, --openai MODEL, --completion, --continue-final-message); "
         "then run with --retry-errors to rerun the failed rows (rows already done are kept)\n"), err
     assert "fix the input" not in err

@@ -438,6 +438,43 @@ def test_connect_continue_final_message_has_the_server_continue_a_partial_reply(
         assert str(e.value) == refused
 
 
+def test_a_cells_gen_after_text_in_a_chat_reply_is_told_the_way_a_cell_can_speculate(server):  # noqa: F811
+    """A %%lm cell's gen after text inside an assistant reply, on an OpenAI chat model, was told "to
+    fill text and several gens inside one reply use @function(num_api_spec_tokens=N)", which a cell
+    cannot: it has no such option, and it streams, which API speculative execution refuses. The
+    refusal says so and names the way (a Python cell's @lmnb.function(num_api_spec_tokens=N) and
+    its .run()); that way runs the same program on the same connection, in one call."""
+    from lmnb.template import parse
+    from lmnb.template.cell_options import parse_backend_line
+    from lmnb_kernel.cellrun import Listener, start_run
+
+    bodies = []
+    server.model_info = b'{"object": "list", "data": [{"id": "my-model", "object": "model"}]}'
+    server.answer = lambda h, b: (bodies.append(b), send(h, 200, b'{"id": "x", "choices": [{"index": 0, "message": '
+                                                                 b'{"role": "assistant", "content": "The answer is '
+                                                                 b'four"}, "finish_reason": "stop"}]}'))
+    session = Session()
+    try:
+        commands.connect(parse_backend_line("connect", [server.url + "/v1", "--openai", "my-model"]), session)
+        template = parse("{user}Hi{/user}{assistant}The answer is {gen a max_tokens=2}{/assistant}")
+        error = str(start_run(template.program(), template.bind({}), session.backend(), {}, Listener()).error())
+        assert bodies == []  # (refused before any request)
+        streamed = lmnb.function(num_api_spec_tokens=8)(_prefilled.func).run(backend=session.backend(), stream=True)
+        assert "does not work with stream=True" in str(streamed.error())  # (why a cell cannot)
+        state = lmnb.function(num_api_spec_tokens=8)(_prefilled.func).run(backend=session.backend())
+    finally:
+        session.close()
+    assert error.startswith("Gen('a') failed: BackendCannotRun: an OpenAI chat model can only generate at the start "
+                            "of an assistant message ")
+    assert ("to fill text and several gens inside one reply use @function(num_api_spec_tokens=N), run without "
+            "stream=True (a %%lm cell cannot: write the program in a Python cell as an "
+            "@lmnb.function(num_api_spec_tokens=N) and call its .run()), or use a completion model") in error
+    # (the reply after the fill, "four", cut at max_tokens=2: with no token boundaries in the answer, 2
+    # characters stand for 2 tokens, SGLang's rule)
+    assert state.error() is None and state["a"] == "fo"
+    assert [b["messages"] for b in bodies] == [[{"role": "user", "content": "Hi"}]]
+
+
 def test_connect_continue_final_message_where_it_cannot_apply_is_refused_in_the_magics_words():
     """--continue-final-message with OpenAI's own API, or a model name lmnb.OpenAI takes for a
     completion model, was refused as a failed connection in the Python API's words ("could not

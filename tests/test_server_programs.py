@@ -1716,8 +1716,9 @@ def test_a_gen_after_text_in_an_assistant_reply_without_continue_final_message_n
     _, _, url = backends
     start = ("an OpenAI chat model can only generate at the start of an assistant message (s += assistant(gen(...)); "
              "in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and several gens inside one reply use "
-             "@function(num_api_spec_tokens=N), or use a completion model (OpenAI(..., is_chat_model=False); in a "
-             "notebook %lm connect URL --openai MODEL --completion)")
+             "@function(num_api_spec_tokens=N), run without stream=True (a %%lm cell cannot: write the program in a "
+             "Python cell as an @lmnb.function(num_api_spec_tokens=N) and call its .run()), or use a completion model "
+             "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion)")
 
     @sgl.function
     def in_the_question(s):

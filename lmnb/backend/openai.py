@@ -432,8 +432,12 @@ class OpenAI(BaseBackend):
         inside = (" — or, inside a reply on a vLLM, SGLang or lmnb serve server, have it continue the reply's text: "
                   "OpenAI(..., continue_final_message=True); in a notebook %lm connect URL --openai MODEL "
                   "--continue-final-message") if prompt.role == "assistant" else ""
-        speculate = "" if constrained else \
-            "to fill text and several gens inside one reply use @function(num_api_spec_tokens=N), or "
+        # (a %%lm cell has no option for it, and streams, which speculation refuses: the cell's way is
+        # a Python cell, said here, where the message's other fixes name a cell's words too)
+        speculate = "" if constrained else (
+            "to fill text and several gens inside one reply use @function(num_api_spec_tokens=N), run without "
+            "stream=True (a %%lm cell cannot: write the program in a Python cell as an "
+            "@lmnb.function(num_api_spec_tokens=N) and call its .run()), or ")
         raise BackendCannotRun(
             "an OpenAI chat model can only generate at the start of an assistant message "
             "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); "
