@@ -15,7 +15,9 @@ import argparse
 import re
 import sys
 import weakref
+from typing import Optional
 
+from lmnb_engine.params import integer_text_value
 from lmnb_engine.suggest import close_match, did_you_mean
 
 
@@ -58,18 +60,40 @@ class OnceFlag(_GivenOnce):
         setattr(namespace, self.dest, True)
 
 
+# An integer option's text: a sign and the ASCII digits 0-9, ASCII whitespace around. int() also
+# reads "1_0" (Python's digit separator) and any script's decimal digits ("１０", fullwidth), which an
+# option's value written so is more likely a slip than meant: such text is refused, naming the fix.
+_OPTION_INTEGER = re.compile(r"[ \t\n\r\f\v]*[-+]?[0-9]+[ \t\n\r\f\v]*")
+
+
+def option_integer(text: str) -> Optional[int]:
+    """The value of an integer option's ``text`` (``_OPTION_INTEGER``: ASCII digits, an optional
+    sign), leading zeros being no digits (``lmnb_engine.params.integer_text_value``); None where
+    ``text`` is written otherwise or its digits past the zeros are more than Python reads. A
+    refusal adds ``digits_fix(text)``."""
+    return integer_text_value(text) if _OPTION_INTEGER.fullmatch(text) else None
+
+
+def digits_fix(text: str) -> str:
+    """The end of the refusal of an integer option's ``text`` that ``int()`` reads but
+    ``option_integer`` does not ("1_0", "１０"): how to write it, with its value ("; write it with
+    the digits 0-9 alone: 10"); "" for other text."""
+    value = None if _OPTION_INTEGER.fullmatch(text) else integer_text_value(text)
+    return "" if value is None else f"; write it with the digits 0-9 alone (no _, no other script's digits): {value}"
+
+
 def pool_tokens(text: str) -> int:
     """argparse ``type=`` of ``--max-total-tokens`` (``%lm load``, ``lmnb serve``, an exported job):
     a whole number; argparse's own words were "invalid int value: 'abc'". The engine refuses a
     pool too small, naming the least.
 
     Raises:
-        argparse.ArgumentTypeError: ``text`` is no whole number."""
-    try:
-        return int(text)
-    except ValueError:
+        argparse.ArgumentTypeError: ``text`` is no whole number in ASCII digits (``option_integer``)."""
+    value = option_integer(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"must be the KV pool's size as a whole number of tokens (e.g. 4096), "
-                                         f"got {text!r}") from None
+                                         f"got {text!r}{digits_fix(text)}")
+    return value
 
 
 def tcp_port(text: str) -> int:
@@ -77,11 +101,12 @@ def tcp_port(text: str) -> int:
     "invalid int value: 'abc'"); ``serve`` refuses one outside 0-65535 before the model loads.
 
     Raises:
-        argparse.ArgumentTypeError: ``text`` is no whole number."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a TCP port number, 0-65535 (0: a free one), got {text!r}") from None
+        argparse.ArgumentTypeError: ``text`` is no whole number in ASCII digits (``option_integer``)."""
+    value = option_integer(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a TCP port number, 0-65535 (0: a free one), got {text!r}"
+                                         f"{digits_fix(text)}")
+    return value
 
 
 # argparse reads an argument that starts with "-" as an option unless it looks like a negative number,

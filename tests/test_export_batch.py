@@ -898,6 +898,14 @@ def test_parameters_are_options_typed_like_their_defaults():
     ("--limit", "abc", "argument --limit: expected a whole number, got 'abc'"),
     ("--num-threads", "1.5", "argument --num-threads: expected a whole number, got '1.5'"),
     ("--num-threads", "0", "argument --num-threads: must be at least 1, got 0"),
+    # int() took these as 4 and 10 (U+FF14 is a fullwidth 4, U+0661 U+0660 Arabic-Indic 1 and 0)
+    ("--num-threads", "\uff14", "argument --num-threads: expected a whole number, got '\uff14'; write it with the "
+                                "digits 0-9 alone (no _, no other script's digits): 4"),
+    ("--limit", "\u0661\u0660", "argument --limit: expected a whole number, got '\u0661\u0660'; write it with the "
+                                 "digits 0-9 alone (no _, no other script's digits): 10"),
+    ("--max-total-tokens", "4_096", "argument --max-total-tokens: must be the KV pool's size as a whole number of "
+                                    "tokens (e.g. 4096), got '4_096'; write it with the digits 0-9 alone (no _, no other "
+                                    "script's digits): 4096"),
     # (argparse's "invalid int value: 'abc'", as lmnb serve's and %lm load's: test_server_cli, test_export)
     ("--max-total-tokens", "abc",
      "argument --max-total-tokens: must be the KV pool's size as a whole number of tokens (e.g. 4096), got 'abc'"),

@@ -1135,6 +1135,14 @@ def test_help_options_show_the_help(ip):
         ("%%lm --temprature 0\nx", "unrecognized arguments: --temprature 0 (did you mean: --temprature → --temperature?)"),
         ("%%lm --temperature -1\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), got '-1'"),
         ("%%lm --max-tokens -5\nx", "argument --max-tokens: must be an integer >= 0, got '-5'"),
+        # int() reads Python's digit separator and any script's digits: taken as 10 (U+FF11 U+FF10 is
+        # fullwidth 1 and 0), where a typo or a CJK input method wrote them
+        ("%%lm --max-tokens 1_0\nx", "argument --max-tokens: must be an integer >= 0, got '1_0'; write it with the "
+                                      "digits 0-9 alone (no _, no other script's digits): 10"),
+        ("%%lm --max-tokens \uff11\uff10\nx", "argument --max-tokens: must be an integer >= 0, got '\uff11\uff10'; "
+                                                "write it with the digits 0-9 alone (no _, no other script's digits): 10"),
+        ("%%lm --seed \uff17\nx", "argument --seed: must be an integer that fits in 64 bits, got '\uff17'; write it "
+                                   "with the digits 0-9 alone (no _, no other script's digits): 7"),
         # the engine refused it when the first gen ran (a gen in a fork derived a seed from it and ran)
         ("%%lm --seed 99999999999999999999\nx", "argument --seed: must be an integer that fits in 64 bits, got "
                                                 "'99999999999999999999'"),

@@ -412,6 +412,26 @@ def test_lmnb_serve_names_a_port_that_is_no_whole_number_in_words(capsys):
         "lmnb serve: error: argument --port: must be a TCP port number, 0-65535 (0: a free one), got 'abc'")
 
 
+@pytest.mark.parametrize("option, text, said", [
+    # int() took these as 8080 and 4096 (U+FF18 U+FF10 are fullwidth 8 and 0)
+    ("--port", "\uff18\uff10\uff18\uff10", "must be a TCP port number, 0-65535 (0: a free one), got "
+                                           "'\uff18\uff10\uff18\uff10'; write it with the digits 0-9 alone (no _, no "
+                                           "other script's digits): 8080"),
+    ("--max-total-tokens", "4_096", "must be the KV pool's size as a whole number of tokens (e.g. 4096), got '4_096'; "
+                                    "write it with the digits 0-9 alone (no _, no other script's digits): 4096"),
+])
+def test_lmnb_serve_takes_a_number_in_the_digits_0_to_9_alone(capsys, option, text, said):
+    """int() read "4_096" (Python's digit separator) and fullwidth or other scripts' digits, so
+    lmnb serve took them; they are refused, naming the number to write. (An unknown option follows:
+    were the number taken, serve refuses that instead of starting a server that never returns.)"""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", option, text, "--no-such-option"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"lmnb serve: error: argument {option}: {said}")
+
+
 def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     # the warning came from warnings.warn, with the server module's path and its source line
     out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0", "--port", "0",

@@ -21,8 +21,8 @@ from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.batch.messages import say
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
-from lmnb_engine.cli_options import (Once, OnceFlag, SuggestingParser, in_option_syntax, pool_tokens,
-                                    take_negative_numbers)
+from lmnb_engine.cli_options import (Once, OnceFlag, SuggestingParser, digits_fix, in_option_syntax, option_integer,
+                                     pool_tokens, take_negative_numbers)
 from lmnb_engine.params import too_many_digits  # (torch-free)
 
 DEFAULT_THREADS = 16
@@ -452,11 +452,11 @@ def _results_path(text: str) -> Path:
 
 
 def _whole_number(text: str) -> int:
-    # argparse names the type function in its message for a ValueError ("invalid _count value")
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    # (argparse names the type function in its message for a ValueError: "invalid _count value")
+    value = option_integer(text)  # (ASCII digits: not "1_0" or "１０", which int() reads)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}{digits_fix(text)}")
+    return value
 
 
 def _positive_int(text: str) -> int:

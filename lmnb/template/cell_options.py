@@ -15,10 +15,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
-from lmnb_engine.cli_options import Once, OnceFlag, pool_tokens, suggest_option
-from lmnb_engine.params import (
-    TEMPERATURE_RULE, integer_text_value, past_digit_limit, shown_integer_text, too_many_digits,
-)
+from lmnb_engine.cli_options import Once, OnceFlag, digits_fix, option_integer, pool_tokens, suggest_option
+from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
 from lmnb.template.parser import IPYTHON_BUILTINS, PYTHON_BUILTINS
 from lmnb_engine.suggest import close_match
 
@@ -39,15 +37,17 @@ def _temperature(text: str) -> float:
 
 
 def _token_count(text: str) -> int:
-    """argparse ``type=`` of ``--max-tokens``: an integer >= 0 (of at most the digits Python reads:
-    one longer was told it is no integer >= 0). Leading zeros are no digits (``integer_text_value``):
-    5000 zeros and a 7 is 7, where it was told it has more digits than Python reads."""
-    value = integer_text_value(text)
-    if value is None and too_many_digits(text):
+    """argparse ``type=`` of ``--max-tokens``: an integer >= 0 in ASCII digits (``option_integer``:
+    "1_0" and "１０", which ``int()`` reads, are refused naming the fix), of at most the digits
+    Python reads (one longer was told it is no integer >= 0). Leading zeros are no digits
+    (``integer_text_value``): 5000 zeros and a 7 is 7, where it was told it has more digits than
+    Python reads."""
+    value = option_integer(text)
+    if value is None and too_many_digits(text) and not digits_fix(text):
         raise argparse.ArgumentTypeError(f"got {_given(text)}, {past_digit_limit()}; give at most the model's context "
                                          "length")
     if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {_given(text)}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {_given(text)}{digits_fix(text)}")
     return value
 
 
@@ -55,10 +55,11 @@ def _seed(text: str) -> int:
     """argparse ``type=`` of ``--seed``: an integer the engine takes (64 bits); a bigger one failed
     mid-run, and only in gens outside a fork (a branch derives its own seed from it). Leading zeros
     are no digits (``integer_text_value``): 5000 zeros and a 7 is 7, where ``int()`` refused it for
-    its length and the refusal said 7 does not fit."""
-    value = integer_text_value(text)
+    its length and the refusal said 7 does not fit. ASCII digits only, as ``--max-tokens``."""
+    value = option_integer(text)
     if value is None or not -(2**63) <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be an integer that fits in 64 bits, got {_given(text)}")
+        raise argparse.ArgumentTypeError(f"must be an integer that fits in 64 bits, got {_given(text)}"
+                                         f"{digits_fix(text)}")
     return value
 
 
