@@ -213,6 +213,30 @@ def test_each_row_that_cannot_be_read_has_its_own_input_hash(tmp_path, name, lin
     assert [r["input_hash"] for r in results] == [hashlib.sha256(line).hexdigest()[:16] for line in lines]
 
 
+def test_a_byte_that_is_no_utf8_in_line_1_after_a_byte_order_mark_is_told_at_its_offset_in_the_file(tmp_path):
+    """A UTF-8 byte order mark (EF BB BF, which some editors write first) is taken off line 1 before it
+    is read, and "at byte B" was counted from after it: 3 less than a hex editor shows. Line 1's
+    byte is now its offset in the file (found here by searching the file's bytes); a later line's
+    is still counted from its line's start (the byte after the line break before it)."""
+    rows = tmp_path / "rows.csv"
+    data = b"\xef\xbb\xbfquesti\xf3n\nq1\n"  # (a Latin-1 header after the mark)
+    rows.write_bytes(data)
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    offset = data.index(b"\xf3")
+    assert offset == 9  # (by hand too: 3 bytes of the mark, 6 of "questi")
+    assert str(refused.value) == (f"{rows} line 1: not UTF-8 text (invalid continuation byte at byte {offset}); save "
+                                  "the file as UTF-8")
+    rows = tmp_path / "rows.jsonl"
+    data = b'\xef\xbb\xbf{"q": "caf\xe9"}\n{"q": "x\xe9"}\n'
+    rows.write_bytes(data)
+    second = data.index(b"\n") + 1
+    first_bad, second_bad = data.index(b"\xe9"), data.index(b"\xe9", second) - second
+    assert [r.error for r in read_rows(rows)] == [
+        f"line 1: not UTF-8 text (invalid continuation byte at byte {first_bad})",
+        f"line 2: not UTF-8 text (invalid continuation byte at byte {second_bad})"]
+
+
 def test_a_csv_row_that_is_no_utf8_is_bad_input_and_the_rows_after_it_run(tmp_path, capsys):
     """A CSV file with one row that is no UTF-8 (a Latin-1 "café") stopped the whole job (exit 2,
     "rows.csv line 3: not UTF-8 text ...; save the file as UTF-8"), none of its rows run, where

@@ -7,13 +7,14 @@ A malformed record does not stop the reading: it comes back as an ``InputRow`` w
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from lmnb_engine.json_schema import json_value
 
@@ -95,6 +96,7 @@ def _unreadable(path: Path, e: OSError) -> str:
 # Byte order marks of the encodings whose text is not UTF-8 at all (UTF-32's first: it starts as UTF-16 LE's does)
 _WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
               (b"\xfe\xff", "UTF-16"))
+_UTF8_BOM = b"\xef\xbb\xbf"  # (a byte order mark as UTF-8, which some editors write first)
 
 
 def _first_line(raw: bytes, path: Path) -> bytes:
@@ -112,7 +114,14 @@ def _first_line(raw: bytes, path: Path) -> bytes:
         if encoding is not None:  # (iconv reads "UTF-16" without an order mark as big-endian: the byte order is named)
             message += f" (it looks like {encoding}, without a byte order mark: e.g. {_iconv(encoding, path)})"
         raise InputError(message)
-    return raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+    return raw[len(_UTF8_BOM):] if raw.startswith(_UTF8_BOM) else raw
+
+
+def _bom_bytes(first_line: bytes) -> int:
+    """How many bytes of the file's ``first_line`` (as read) a UTF-8 byte order mark takes: 3, or 0
+    without one. A position told in line 1 counts them, as a hex editor shows the file: "at byte B"
+    was counted from after it."""
+    return len(_UTF8_BOM) if first_line.startswith(_UTF8_BOM) else 0
 
 
 def _utf16_without_bom(raw: bytes) -> Optional[str]:
@@ -146,7 +155,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1:
-                raw = _first_line(raw, path)
+                bom, raw = _bom_bytes(raw), _first_line(raw, path)
             if not raw.strip():
                 continue
             if index == 0 and raw.lstrip().startswith(b"["):  # (each of its lines would be a bad row)
@@ -158,7 +167,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 # (without its line break: JSON's error at the line's end was "column 1" of a next line)
                 value = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
-                error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start})"
+                error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start + bom * (lineno == 1)})"
             except json.JSONDecodeError as e:
                 error = f"line {lineno}: invalid JSON: {e.msg} at column {e.colno}"
             except (ValueError, RecursionError) as e:  # (an integer of over 4300 digits; arrays nested too deep)
@@ -210,7 +219,9 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
     # text, and each later line of the field read as a row of its own.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     with open(path, "rb") as f:
-        records = _records(_decoded_lines(f, path), delimiter)
+        first = f.readline()  # (its mark is looked for here: a pipe cannot be read again, so the line is handed on)
+        undecodable = functools.partial(_undecodable, bom=_bom_bytes(first))
+        records = _records(_decoded_lines(itertools.chain([first] if first else [], f), path), delimiter)
         # Blank lines before the header are skipped, as pandas' read_csv does (its header=0 is the
         # first line that is not blank); csv.DictReader takes a blank first line for a header of no
         # columns, and puts each row's values under the key None.
@@ -218,9 +229,9 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
         if start is None:
             raise InputError(f"{path} has no CSV header: it holds no line but blank ones; its first line must "
                              "name every column")
-        undecodable = _undecodable(start, text)
-        if undecodable is not None:
-            raise InputError(f"{path} {undecodable}; save the file as UTF-8")
+        bad_bytes = undecodable(start, text)
+        if bad_bytes is not None:
+            raise InputError(f"{path} {bad_bytes}; save the file as UTF-8")
         if problem is not None:
             raise InputError(f"{path} line {start}: cannot read the CSV header: {problem}")
         if not all(h.strip() for h in header):
@@ -231,9 +242,9 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             raise InputError(f"{path} line {start}: column names appear twice: {', '.join(duplicates)}")
         index, other = 0, _other_separator(header, delimiter)
         for start, record, problem, text in records:
-            undecodable = _undecodable(start, text)
-            if undecodable is not None:
-                yield InputRow(index, start, None, undecodable, _as_read(text))
+            bad_bytes = undecodable(start, text)
+            if bad_bytes is not None:
+                yield InputRow(index, start, None, bad_bytes, _as_read(text))
             elif problem is not None:
                 yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}{other}", _as_read(text))
             elif not record:
@@ -259,17 +270,19 @@ _ESCAPED = re.compile("[\udc80-\udcff]")  # (a byte that is no UTF-8, as surroga
 _LINES = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")  # (the places where a line ends, as _decoded_lines splits them)
 
 
-def _undecodable(start: int, text: str) -> Optional[str]:
+def _undecodable(start: int, text: str, bom: int = 0) -> Optional[str]:
     """Where the lines ``text`` of a record, the first line ``start``, hold bytes that are no
     UTF-8 (``_decoded_lines`` keeps them as lone surrogates): "line N: not UTF-8 text (REASON at
-    byte B)", B counted from 0 in its line, as a JSON line's is told; None where they hold none."""
+    byte B)", B counted from 0 in its line as the file holds it, as a JSON line's is told: line 1's
+    counts the ``bom`` bytes of a byte order mark (``_bom_bytes``) that ``text`` is read without, so
+    that it is the byte's offset in the file. None where they hold none."""
     if not _ESCAPED.search(text):
         return None
     for n, line in enumerate(_LINES.split(text)):
         try:
             line.encode("utf-8", "surrogateescape").decode("utf-8")
         except UnicodeDecodeError as e:
-            return f"line {start + n}: not UTF-8 text ({e.reason} at byte {e.start})"
+            return f"line {start + n}: not UTF-8 text ({e.reason} at byte {e.start + bom * (start + n == 1)})"
     return None
 
 
@@ -357,8 +370,8 @@ def _csv_hint(error: csv.Error, start: int, end: int, delimiter: str) -> str:
 _BARE_CR = re.compile(r"(?<=\r)(?!\n)")  # (the place after a CR that no LF follows)
 
 
-def _decoded_lines(f, path: Path) -> Iterator[str]:
-    for lineno, raw in enumerate(f, start=1):
+def _decoded_lines(raw_lines: Iterable[bytes], path: Path) -> Iterator[str]:
+    for lineno, raw in enumerate(raw_lines, start=1):
         if lineno == 1:
             raw = _first_line(raw, path)
         # (bytes that are no UTF-8 kept as lone surrogates: the record holding them is bad input,
