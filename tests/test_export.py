@@ -2175,6 +2175,13 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
     err = capsys.readouterr().err
     assert err.startswith(f"lmnb export: cannot read {latin}: not UTF-8 text (invalid continuation byte at byte ")
     assert err.endswith("a notebook is UTF-8 JSON: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)\n")
+    # after a byte order mark the byte is its offset in the file, as a hex editor shows it (it was
+    # counted from after the mark, which the reading skips: 3 less); found by searching the file's bytes
+    latin.write_bytes(b"\xef\xbb\xbf" + latin.read_bytes())
+    offset = latin.read_bytes().index(b"\xe9")
+    assert main(["export", str(latin), "-o", str(tmp_path / "l.py")]) == 2
+    assert capsys.readouterr().err.startswith(f"lmnb export: cannot read {latin}: not UTF-8 text (invalid "
+                                              f"continuation byte at byte {offset});")
     (tmp_path / "empty.ipynb").write_bytes(b"\n")
     assert main(["export", str(tmp_path / "empty.ipynb"), "-o", str(tmp_path / "e.py")]) == 2
     assert capsys.readouterr().err == (f"lmnb export: cannot read {tmp_path / 'empty.ipynb'}: the file is empty; "

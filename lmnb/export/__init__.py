@@ -11,6 +11,7 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import shlex
@@ -51,7 +52,7 @@ def read_notebook(path: Path, check_cells: bool = True):
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise not_utf8(e) from None
+        raise not_utf8(e, data) from None
     try:
         return notebook_from_text(text, check_cells)
     except _NotJSON:
@@ -76,9 +77,12 @@ class _NotJSON(ValueError):
     """A notebook file's text that is not JSON (nbformat: "Notebook does not appear to be JSON")."""
 
 
-def not_utf8(e: UnicodeDecodeError) -> ValueError:
-    """The error for a notebook file that is not UTF-8 (``e``: where decoding it failed)."""
-    return ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}); a notebook is UTF-8 JSON: save it as "
+def not_utf8(e: UnicodeDecodeError, data: bytes) -> ValueError:
+    """The error for a notebook file ``data`` that is not UTF-8 (``e``: where decoding it as
+    ``utf-8-sig`` failed). Its byte is the offset in the file, as a hex editor shows it: ``e.start``
+    counts from after a leading byte order mark, which ``utf-8-sig`` skips."""
+    offset = e.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+    return ValueError(f"not UTF-8 text ({e.reason} at byte {offset}); a notebook is UTF-8 JSON: save it as "
                       "UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 

@@ -106,6 +106,7 @@ class LMScriptExporter(Exporter):
     def from_file(self, file_stream, resources=None, **kw):
         """Export the notebook read from ``file_stream`` (text, or bytes) as ``lmnb export`` reads a
         file: one that starts with a UTF-8 byte order mark too, which nbformat refused as not JSON."""
+        data = b""  # (a text stream may fail in read(), which decodes: its bytes are not had)
         try:
             data = file_stream.read()
             # (its cells unchecked: export_notebook lists them with the cells it cannot export, as lmnb export)
@@ -113,7 +114,7 @@ class LMScriptExporter(Exporter):
                 nb = notebook_from_text(data.decode("utf-8-sig") if isinstance(data, bytes) else data,
                                         check_cells=False)
         except UnicodeDecodeError as e:
-            raise NotebookExportError(str(not_utf8(e))) from None
+            raise NotebookExportError(str(not_utf8(e, data))) from None
         except ValueError as e:
             raise NotebookExportError(str(e)) from None
         return self.from_notebook_node(nb, resources=resources, **kw)
