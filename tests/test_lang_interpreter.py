@@ -5349,8 +5349,7 @@ def test_an_integer_text_too_long_for_its_leading_zeros_alone_is_shown_by_its_va
 
 
 @pytest.mark.parametrize("text, count", [
-    ("0" * 5000 + "7", 7), ("+" + "0" * 5000 + "12", 12), ("0" * 5000, 0), ("0" * 4000 + "_" + "0" * 1000 + "3", 3),
-    ("007", 7),  # (int() reads it: the zeros alone were the difference)
+    ("0" * 5000 + "7", 7), ("+" + "0" * 5000 + "12", 12), ("0" * 5000, 0), ("007", 7),  # (int() reads it: the zeros alone were the difference)
 ])
 def test_max_tokens_written_with_more_leading_zeros_than_python_reads_is_its_value(text, count):
     """%%lm --max-tokens with 5000 zeros and a 7 was refused: "got 7 (written with 5000 leading zeros),
@@ -5362,16 +5361,30 @@ def test_max_tokens_written_with_more_leading_zeros_than_python_reads_is_its_val
     assert parse_cell_line("--max-tokens " + text).max_tokens == count
 
 
+def test_max_tokens_with_a_digit_separator_among_many_leading_zeros_is_refused_naming_its_value():
+    """An option's integer is written in the digits 0-9 alone (b6270e04): one with "_" among its
+    leading zeros, which was read as int() reads it, is refused, naming its value (3, by hand)."""
+    from lmnb.template.cell_options import CellLineError, parse_cell_line
+
+    with pytest.raises(CellLineError) as e:
+        parse_cell_line("--max-tokens " + "0" * 4000 + "_" + "0" * 1000 + "3")
+    assert str(e.value) == ("argument --max-tokens: must be an integer >= 0, got 3 (written with 5000 leading zeros); "
+                            "write it with the digits 0-9 alone (no _, no other script's digits): 3")
+
+
 def test_a_cell_seed_written_with_more_leading_zeros_than_python_reads_is_its_value():
     """%%lm --seed with 5000 zeros and a 7 was told "must be an integer that fits in 64 bits, got 7
     (written with 5000 leading zeros)": int() refused the text for its length, zeros counted, and the
     refusal blamed the size of a 7. Leading zeros are no digits: it is 7 (by hand), "-" and 5000
-    zeros and "0_7" is -7; one past 64 bits behind its zeros is still refused, naming its value."""
+    zeros and "07" is -7 (with "0_7", refused: no "_"); one past 64 bits behind its zeros is still refused, naming its value."""
     from lmnb.template.cell_options import CellLineError, parse_cell_line
     from lmnb_engine.params import integer_text_value
 
     assert parse_cell_line("--seed " + "0" * 5000 + "7").seed == 7
-    assert parse_cell_line("--seed=-" + "0" * 5000 + "0_7").seed == -7
+    assert parse_cell_line("--seed=-" + "0" * 5000 + "07").seed == -7
+    with pytest.raises(CellLineError) as e:  # (a "_" among them: the digits 0-9 alone, b6270e04)
+        parse_cell_line("--seed=-" + "0" * 5000 + "0_7")
+    assert str(e.value).endswith("; write it with the digits 0-9 alone (no _, no other script's digits): -7")
     assert integer_text_value(" +" + "0" * 5000 + "7 ") == 7 and integer_text_value("9" * 5000) is None
     assert integer_text_value("7x") is None
     with pytest.raises(CellLineError) as e:
