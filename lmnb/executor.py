@@ -216,12 +216,15 @@ class ProgramEvent:
 
 
 _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
-# thread ident -> [(a state a wait in StreamExecutor._wait is on now for that thread, that state's
-# _Changes.count as the wait began)]: a streamed body blocked reading a state whose own body reads
-# back (StreamExecutor._waits_on_a_body_of). Several at once: a wait nested in another (a signal
-# handler's read), the steps of text_async_iter readers of one event loop, on worker threads
-_waiting_on: dict[int, list[tuple["StreamExecutor", int]]] = {}
-_waiting_on_lock = threading.Lock()
+# ident of a thread in StreamExecutor._wait -> ((ident of the thread the wait is for, the state
+# waited on, that state's _Changes.count as the wait began), ...): a streamed body blocked reading a
+# state whose own body reads back (StreamExecutor._waits_on_a_body_of). A wait is for another
+# thread where text_async_iter steps wait on worker threads for the thread of their event loop;
+# several on one thread are a wait nested in another (a signal handler's read). No lock: only its
+# own thread changes an entry, and a read nested in its change (a signal handler's, which ran on
+# the thread holding a lock for that change and took it again: hung for good) has ended, leaving
+# the entry as it found it, before the change goes on (one dict operation each, atomic)
+_waiting_on: dict[int, tuple[tuple[int, "StreamExecutor", int], ...]] = {}
 # The option that sets a run's max_new_tokens, as run() calls made in this context name it (``RunDefaults``).
 _max_tokens_option: contextvars.ContextVar[str] = contextvars.ContextVar(
     "lmnb_max_tokens_option", default=RUN_MAX_TOKENS_OPTION)
@@ -447,8 +450,8 @@ def _waits_on_a_body_of(body: int, reader: threading.Thread) -> bool:
         if body in seen:
             continue
         seen.add(body)
-        with _waiting_on_lock:
-            waits = list(_waiting_on.get(body, ()))
+        waits = [(state, count) for entries in _waiting_on.copy().values()
+                 for waiter, state, count in entries if waiter == body]
         if not waits:  # a later body blocked in a join may wait for the reader, a helper of its
             if (owner is not None and reader not in owner.body_bystanders
                     and blocked_in_a_join(body) is not False):
@@ -732,17 +735,18 @@ class StreamExecutor:
         self.refuse_if_running_here()
         from lmnb_engine.waits import MARKED_STOP_POLL_S  # torch-free (not at the top: import lmnb loads no engine)
 
-        me = threading.get_ident() if reader is None else reader.ident
-        wait = (self, self._cv.count)
-        with _waiting_on_lock:
-            _waiting_on.setdefault(me, []).append(wait)
+        here = threading.get_ident()
+        wait = (here if reader is None else reader.ident, self, self._cv.count)
+        _waiting_on[here] = (*_waiting_on.get(here, ()), wait)
         try:
             self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
         finally:
-            with _waiting_on_lock:
-                _waiting_on[me].remove(wait)
-                if not _waiting_on[me]:
-                    del _waiting_on[me]
+            waits = _waiting_on[here]
+            if len(waits) > 1:
+                i = waits.index(wait)
+                _waiting_on[here] = waits[:i] + waits[i + 1:]
+            else:
+                del _waiting_on[here]
 
     def refuse_if_running_here(self) -> None:
         """Raise if the caller is the thread that runs this state's primitives (an

@@ -7725,6 +7725,78 @@ def test_a_signal_handler_reading_a_state_while_the_main_thread_waits_on_another
 
 
 @pytest.mark.timeout(60)
+def test_a_signal_handler_reading_a_state_as_the_main_thread_records_its_wait(monkeypatch):
+    """A signal (a progress print on SIGUSR1) that landed while the main thread recorded the wait
+    of its read in the table of waits, holding that table's lock, ran the handler there, whose read
+    of another running state took the lock again: a plain lock, so the main thread hung for good.
+    The signal is raised as the main thread records its wait; both reads return their text."""
+    import lmnb.executor as executor
+
+    gates = {"Q": threading.Event(), "O": threading.Event()}
+    be = ScriptedBackend(lambda p, params: gates[p.text[0]].wait(20) and "x")
+    seen, armed = [], threading.Event()
+
+    class SignalsAsChanged(dict):
+        """The table of waits, raising SIGUSR1 once on the main thread as it records a wait."""
+
+        def _signal(self) -> None:
+            if armed.is_set() and threading.current_thread() is threading.main_thread():
+                armed.clear()
+                signal.raise_signal(signal.SIGUSR1)
+
+        def __setitem__(self, key, value) -> None:
+            self._signal()
+            super().__setitem__(key, value)
+
+        def setdefault(self, key, default=None):
+            self._signal()
+            return super().setdefault(key, default)
+
+    @sgl.function
+    def prog(s, tag):
+        s += tag + ": " + sgl.gen("a")
+
+    def handler(*_):
+        seen.append(other.text())
+
+    def waits_in_the_executor(stack) -> bool:  # the main thread's read, and the handler's in it
+        return sum(fn == "_wait" and f == as_dumped(executor.__file__) for f, fn, _ in stack) >= 2
+
+    def drive() -> None:
+        deadline = time.monotonic() + 20
+        while not main_thread_blocked_in(waits_in_the_executor) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gates["O"].set()
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gates["Q"].set()
+
+    def no_waits(table) -> bool:  # (a thread's wait ends in the table it began in: swap it empty)
+        deadline = time.monotonic() + 20
+        while table and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not table
+
+    assert no_waits(executor._waiting_on)
+    monkeypatch.setattr(executor, "_waiting_on", SignalsAsChanged())
+    other = prog.run(backend=be, stream=True, tag="O")
+    st = prog.run(backend=be, stream=True, tag="Q")
+    before = signal.signal(signal.SIGUSR1, handler)
+    try:
+        driver = threading.Thread(target=drive)
+        driver.start()
+        armed.set()
+        text = st.text()
+        driver.join(20)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+        gates["O"].set()
+        gates["Q"].set()
+        assert no_waits(executor._waiting_on)
+    assert (text, seen) == ("Q: x", ["O: x"])
+
+
+@pytest.mark.timeout(60)
 def test_a_helper_reads_for_a_body_older_than_the_100_threads_faulthandler_shows():
     """faulthandler.dump_traceback writes the 100 newest threads only: a body with more threads
     started after it (a ThreadPoolExecutor of 150 reading 150 fork branches' text) was not in the
