@@ -74,11 +74,31 @@ def option_integer(text: str) -> Optional[int]:
     return integer_text_value(text) if _OPTION_INTEGER.fullmatch(text) else None
 
 
-def digits_fix(text: str) -> str:
-    """The end of the refusal of an integer option's ``text`` that ``int()`` reads but
-    ``option_integer`` does not ("1_0", "１０"): how to write it, with its value ("; write it with
-    the digits 0-9 alone: 10"); "" for other text."""
-    value = None if _OPTION_INTEGER.fullmatch(text) else integer_text_value(text)
+# A number option's text (a temperature, seconds): a decimal or exponent number in ASCII, or
+# inf/infinity/nan, ASCII whitespace around; float() also reads "1_0" and other scripts' digits
+_OPTION_NUMBER = re.compile(r"[ \t\n\r\f\v]*[-+]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+                            r"|(?i:inf|infinity|nan))[ \t\n\r\f\v]*")
+
+
+def option_number(text: str) -> Optional[float]:
+    """The value of a number option's ``text`` (``_OPTION_NUMBER``: what ``float()`` reads, in ASCII
+    digits with no ``_``); None where ``text`` is written otherwise. A refusal adds
+    ``digits_fix(text, number=True)``."""
+    return float(text) if _OPTION_NUMBER.fullmatch(text) else None
+
+
+def digits_fix(text: str, number: bool = False) -> str:
+    """The end of the refusal of an integer option's ``text`` (of a number option's, ``number``)
+    that ``int()`` (``float()``) reads but ``option_integer`` (``option_number``) does not ("1_0",
+    "１０"): how to write it, with its value ("; write it with the digits 0-9 alone: 10"); "" for
+    other text."""
+    if number:
+        try:
+            value = None if _OPTION_NUMBER.fullmatch(text) else float(text)
+        except ValueError:
+            value = None
+    else:
+        value = None if _OPTION_INTEGER.fullmatch(text) else integer_text_value(text)
     return "" if value is None else f"; write it with the digits 0-9 alone (no _, no other script's digits): {value}"
 
 

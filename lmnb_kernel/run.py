@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from lmnb.export.cells import (Code, Dropped, ExportError, LMCell, cell_tags, is_lm_cell, python_cell, read_cells,
                                unknown_cell_notes)
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
-from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
+from lmnb_engine.cli_options import Once, OnceFlag, digits_fix, option_number, take_negative_numbers
 from lmnb_engine.suggest import close_match
 from lmnb_kernel.cell_failure import describe_failure, with_note
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
@@ -488,13 +488,12 @@ def _seconds(text: str) -> float:
     """``--timeout``: a number of seconds, 0 (or ``inf``) for no limit.
 
     Raises:
-        argparse.ArgumentTypeError: not a number, or below 0."""
+        argparse.ArgumentTypeError: not a number in ASCII digits (``option_number``), or below 0."""
     import argparse
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    value = option_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}{digits_fix(text, number=True)}")
     if not value >= 0:  # (NaN too)
         raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more seconds, got {text!r}")
     return value

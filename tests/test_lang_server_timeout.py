@@ -181,6 +181,9 @@ def test_the_jobs_and_the_magics_timeout_option_reach_the_backend(silent_url):
         parse_backend_line("connect", [silent_url, "--timeout", "-2"])
     with pytest.raises(CellLineError, match="^argument --timeout: must be a positive number of seconds, got 'ten'$"):
         parse_backend_line("connect", [silent_url, "--timeout", "ten"])  # not "invalid positive_seconds value"
+    with pytest.raises(CellLineError, match="^argument --timeout: must be a positive number of seconds, got '1_0'; "
+                       "write it with the digits 0-9 alone \\(no _, no other script's digits\\): 10.0$"):
+        parse_backend_line("connect", [silent_url, "--timeout", "1_0"])  # (float() reads it as 10)
 
 
 @pytest.fixture

@@ -1143,6 +1143,12 @@ def test_help_options_show_the_help(ip):
                                                 "write it with the digits 0-9 alone (no _, no other script's digits): 10"),
         ("%%lm --seed \uff17\nx", "argument --seed: must be an integer that fits in 64 bits, got '\uff17'; write it "
                                    "with the digits 0-9 alone (no _, no other script's digits): 7"),
+        # float() reads them too: fullwidth 0.5 (U+FF10 U+FF0E U+FF15) was taken as 0.5, "0_5" as 5.0
+        ("%%lm --temperature \uff10.\uff15\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), "
+                                                  "got '\uff10.\uff15'; write it with the digits 0-9 alone (no _, no "
+                                                  "other script's digits): 0.5"),
+        ("%%lm --temperature 0_5\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), got '0_5'; "
+                                        "write it with the digits 0-9 alone (no _, no other script's digits): 5.0"),
         # the engine refused it when the first gen ran (a gen in a fork derived a seed from it and ran)
         ("%%lm --seed 99999999999999999999\nx", "argument --seed: must be an integer that fits in 64 bits, got "
                                                 "'99999999999999999999'"),

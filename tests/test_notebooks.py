@@ -344,6 +344,11 @@ def test_a_fractional_timeout_is_enforced_and_a_negative_one_refused(tmp_path, c
         main(["run", str(src), "--timeout", "-1"])
     assert e.value.code == 2
     assert "argument --timeout: must be 0 (no limit) or more seconds, got '-1'" in capfd.readouterr().err
+    with pytest.raises(SystemExit) as e:  # (float() reads fullwidth digits: "３" was 3 s)
+        main(["run", str(src), "--timeout", "\uff13"])
+    assert e.value.code == 2
+    assert ("argument --timeout: expected a number of seconds, got '\uff13'; write it with the digits 0-9 alone (no _, "
+            "no other script's digits): 3.0") in capfd.readouterr().err
 
 
 def test_a_run_batch_progress_bar_is_saved_with_its_final_count(tmp_path, capsys):

@@ -15,7 +15,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
-from lmnb_engine.cli_options import Once, OnceFlag, digits_fix, option_integer, pool_tokens, suggest_option
+from lmnb_engine.cli_options import (Once, OnceFlag, digits_fix, option_integer, option_number, pool_tokens,
+                                     suggest_option)
 from lmnb_engine.params import TEMPERATURE_RULE, past_digit_limit, shown_integer_text, too_many_digits
 from lmnb.template.parser import IPYTHON_BUILTINS, PYTHON_BUILTINS
 from lmnb_engine.suggest import close_match
@@ -26,13 +27,12 @@ STATE_NAME_RULE = "a state name starts with a letter or _ and goes on with lette
 
 
 def _temperature(text: str) -> float:
-    """argparse ``type=`` of ``--temperature``: a finite number >= 0 (a bad one failed mid-run)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0  # (argparse would name this function in its message)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{TEMPERATURE_RULE}, got {_given(text)}")
+    """argparse ``type=`` of ``--temperature``: a finite number >= 0 in ASCII digits (a bad one
+    failed mid-run; ``option_number``: "1_0" and "１.５", which ``float()`` reads, are refused
+    naming the fix)."""
+    value = option_number(text)
+    if value is None or not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{TEMPERATURE_RULE}, got {_given(text)}{digits_fix(text, number=True)}")
     return value
 
 
@@ -175,13 +175,12 @@ def positive_seconds(text: str) -> float:
     """A command-line number of seconds, > 0 (argparse ``type=``; also the batch job's options).
 
     Raises:
-        argparse.ArgumentTypeError: not a number, not positive (or NaN)."""
-    try:
-        value = float(text)
-    except ValueError:  # argparse would name the function: "invalid positive_seconds value: 'abc'"
-        value = float("nan")
-    if not value > 0:  # (NaN too)
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+        argparse.ArgumentTypeError: not a number in ASCII digits (``option_number``), not positive
+            (or NaN)."""
+    value = option_number(text)  # (argparse's own words named the function: "invalid positive_seconds value")
+    if value is None or not value > 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}"
+                                         f"{digits_fix(text, number=True)}")
     return value
 
 
