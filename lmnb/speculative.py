@@ -623,10 +623,13 @@ def refuses_logprobs(e: BaseException) -> bool:
     """Whether ``e`` is a server's refusal of a request's ``logprobs`` field: a ``BackendError`` of
     HTTP 400 (422: a validation error in FastAPI's form) whose error names the field, as its
     ``param`` (OpenAI's o-series models: "Unsupported parameter: 'logprobs' is not supported with
-    this model.", param "logprobs") or in its message (hosts that leave ``param`` out)."""
+    this model.", param "logprobs") or in its message (hosts that leave ``param`` out): the
+    server's words after "HTTP 400: ", not the route before them (a host or model named so)."""
     if not isinstance(e, BackendError) or e.status not in (400, 422):
         return False
-    return e.param == "logprobs" or bool(_LOGPROBS_WORD.search(str(e)))
+    said = str(e)
+    _, status, words = said.partition(f"HTTP {e.status}: ")
+    return e.param == "logprobs" or bool(_LOGPROBS_WORD.search(words if status else said))
 
 
 def _logprobs_refused(backend) -> bool:
@@ -648,12 +651,17 @@ def _speculative_call(ex: "StreamExecutor", params: GenParams, asked: bool) -> t
     call's tokens are not known: ``Speculation.end_of_tokens``, ``_role_share``).
 
     Raises:
-        BackendError: the server refused the call otherwise, or refused logprobs a gen asks for."""
+        BackendError: the server refused the call otherwise, or refused logprobs a gen asks for
+            (saying to drop them from the gen)."""
     try:
         return ex._call(ex.backend.generate, ex._prompt(), params), params
     except BackendError as e:
-        if asked or not params.return_logprob or not refuses_logprobs(e):
+        if not params.return_logprob or not refuses_logprobs(e):
             raise
+        if asked:
+            raise BackendError(f"{e}; this server gives no logprobs for model "
+                               f"{getattr(ex.backend, 'model_name', None)!r}: drop return_logprob (and "
+                               "top_logprobs_num) from the gen", e.reason, e.param, e.status) from None
     try:
         with _REFUSING_LOCK:
             _REFUSING_LOGPROBS.setdefault(ex.backend, set()).add(getattr(ex.backend, "model_name", None))
