@@ -737,16 +737,15 @@ class StreamExecutor:
 
         here = threading.get_ident()
         wait = (here if reader is None else reader.ident, self, self._cv.count)
-        _waiting_on[here] = (*_waiting_on.get(here, ()), wait)
-        try:
+        try:  # (the store inside: a Ctrl-C landing right after it must not leave it behind)
+            _waiting_on[here] = (*_waiting_on.get(here, ()), wait)
             self._cv.wait(MARKED_STOP_POLL_S if timeout is None else min(timeout, MARKED_STOP_POLL_S))
         finally:
-            waits = _waiting_on[here]
-            if len(waits) > 1:
-                i = waits.index(wait)
-                _waiting_on[here] = waits[:i] + waits[i + 1:]
+            waits = tuple(w for w in _waiting_on.get(here, ()) if w is not wait)
+            if waits:
+                _waiting_on[here] = waits
             else:
-                del _waiting_on[here]
+                _waiting_on.pop(here, None)
 
     def refuse_if_running_here(self) -> None:
         """Raise if the caller is the thread that runs this state's primitives (an
@@ -1152,8 +1151,9 @@ class StreamExecutor:
             raise RuntimeError("this state is still running the body of a run(stream=True) program; wait for "
                                "it (state.sync()) before continuing it with run(state=...)")
         if self.body_thread is not None:  # (sync() here would return at once: _body_elsewhere)
-            raise RuntimeError("this state is still running the body of a run(stream=True) program, which is "
-                               "blocked waiting for a thread or a future, maybe this one; continue the state "
+            raise RuntimeError("this state is still running the body of a run(stream=True) program, which may "
+                               "be waiting for this thread (it is blocked in a join, on a future, or reading a "
+                               "state whose program this thread runs); continue the state "
                                "with run(state=...) after that body returned, on the thread that called "
                                "run(stream=True) or on one the body does not wait for")
         if self.plain_body is not None:

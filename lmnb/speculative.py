@@ -267,7 +267,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
             tokens = limit
         if tokens is not None:
             meta["completion_tokens"] = tokens
-            for key in ("output_token_logprobs", "output_top_logprobs"):
+            for key in _LOGPROB_KEYS:
                 meta.pop(key, None)  # (the call's, all of them)
                 if key in left.logprobs:  # this gen's own tokens', a gen served from the leftover's too
                     meta[key] = list(left.logprobs[key][:tokens])

@@ -63,28 +63,28 @@ class OnceFlag(_GivenOnce):
 # An integer option's text: a sign and the ASCII digits 0-9, ASCII whitespace around. int() also
 # reads "1_0" (Python's digit separator) and any script's decimal digits ("１０", fullwidth), which an
 # option's value written so is more likely a slip than meant: such text is refused, naming the fix.
-_OPTION_INTEGER = re.compile(r"[ \t\n\r\f\v]*[-+]?[0-9]+[ \t\n\r\f\v]*")
+_OPTION_INTEGER = re.compile(r"[-+]?[0-9]+")  # (whitespace around is stripped first, any script's:
+# a no-break space pasted after a number is no slip of its digits)
 
 
 def option_integer(text: str) -> Optional[int]:
     """The value of an integer option's ``text`` (``_OPTION_INTEGER``: ASCII digits, an optional
-    sign), leading zeros being no digits (``lmnb_engine.params.integer_text_value``); None where
+    sign, whitespace around), leading zeros being no digits (``lmnb_engine.params.integer_text_value``); None where
     ``text`` is written otherwise or its digits past the zeros are more than Python reads. A
     refusal adds ``digits_fix(text)``."""
-    return integer_text_value(text) if _OPTION_INTEGER.fullmatch(text) else None
+    return integer_text_value(text.strip()) if _OPTION_INTEGER.fullmatch(text.strip()) else None
 
 
 # A number option's text (a temperature, seconds): a decimal or exponent number in ASCII, or
 # inf/infinity/nan, ASCII whitespace around; float() also reads "1_0" and other scripts' digits
-_OPTION_NUMBER = re.compile(r"[ \t\n\r\f\v]*[-+]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-                            r"|(?i:inf|infinity|nan))[ \t\n\r\f\v]*")
+_OPTION_NUMBER = re.compile(r"[-+]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|(?i:inf|infinity|nan))")
 
 
 def option_number(text: str) -> Optional[float]:
     """The value of a number option's ``text`` (``_OPTION_NUMBER``: what ``float()`` reads, in ASCII
-    digits with no ``_``); None where ``text`` is written otherwise. A refusal adds
+    digits with no ``_``, whitespace around); None where ``text`` is written otherwise. A refusal adds
     ``digits_fix(text, number=True)``."""
-    return float(text) if _OPTION_NUMBER.fullmatch(text) else None
+    return float(text) if _OPTION_NUMBER.fullmatch(text.strip()) else None
 
 
 def digits_fix(text: str, number: bool = False) -> str:
@@ -94,11 +94,11 @@ def digits_fix(text: str, number: bool = False) -> str:
     other text."""
     if number:
         try:
-            value = None if _OPTION_NUMBER.fullmatch(text) else float(text)
+            value = None if _OPTION_NUMBER.fullmatch(text.strip()) else float(text)
         except ValueError:
             value = None
     else:
-        value = None if _OPTION_INTEGER.fullmatch(text) else integer_text_value(text)
+        value = None if _OPTION_INTEGER.fullmatch(text.strip()) else integer_text_value(text)
     return "" if value is None else f"; write it with the digits 0-9 alone (no _, no other script's digits): {value}"
 
 

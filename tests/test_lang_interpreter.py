@@ -2197,10 +2197,10 @@ def test_continuing_a_streamed_state_from_a_helper_its_body_joins_says_to_wait_e
 
     st = prog.run(backend=be, stream=True)
     st.sync()
-    assert said == ["this state is still running the body of a run(stream=True) program, which is blocked waiting "
-                    "for a thread or a future, maybe this one; continue the state with run(state=...) after that "
-                    "body returned, on the thread that called run(stream=True) or on one the body does not wait "
-                    "for"]
+    assert said == ["this state is still running the body of a run(stream=True) program, which may be waiting for "
+                    "this thread (it is blocked in a join, on a future, or reading a state whose program this thread "
+                    "runs); continue the state with run(state=...) after that body returned, on the thread that "
+                    "called run(stream=True) or on one the body does not wait for"]
     assert st.text() == "Q: ans|"
 
 
@@ -5324,6 +5324,17 @@ def test_a_huge_integer_is_shown_with_its_first_digits_rounded_but_never_past_it
         sys.set_int_max_str_digits(limit)
 
 
+def test_a_number_option_with_a_no_break_space_after_it_is_read():
+    """Numbers in ASCII digits alone (option_integer, option_number) were matched with ASCII
+    whitespace around only: a no-break space pasted after one (shlex keeps it in the word), which
+    int() and float() strip, was refused as if its digits were another script's ("write it with
+    the digits 0-9 alone: 10")."""
+    from lmnb.template.cell_options import parse_cell_line
+
+    options = parse_cell_line("--max-tokens 10\xa0 --temperature \u30000.5 --seed 7\u2003")
+    assert (options.max_tokens, options.temperature, options.seed) == (10, 0.5, 7)
+
+
 def test_an_integer_text_too_long_for_its_leading_zeros_alone_is_shown_by_its_value():
     """%%lm --max-tokens with 5000 zeros and a 7 was told "invalid _token_count value: '000...'"
     (argparse's words, naming lmnb's function, its 5001 characters echoed): shown_integer_text read
@@ -7725,6 +7736,38 @@ def test_a_signal_handler_reading_a_state_while_the_main_thread_waits_on_another
 
 
 @pytest.mark.timeout(60)
+def test_a_ctrl_c_right_as_a_wait_is_recorded_leaves_no_record_behind(monkeypatch):
+    """A KeyboardInterrupt landing right after StreamExecutor._wait recorded its wait in the table
+    of waits, before the try whose finally removes it, left it there for good: the thread was
+    taken as waiting on that state ever after (a later body with its ident was taken as blocked
+    reading it), and the state was held. The record goes as the wait ends, however it ends."""
+    import lmnb.executor as executor
+
+    gate = threading.Event()
+    be = ScriptedBackend(lambda p, params: gate.wait(20) and "x")
+
+    class InterruptedAfterTheStore(dict):
+        def __setitem__(self, key, value) -> None:
+            super().__setitem__(key, value)
+            if threading.current_thread() is threading.main_thread():
+                raise KeyboardInterrupt
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+
+    table = InterruptedAfterTheStore()
+    monkeypatch.setattr(executor, "_waiting_on", table)
+    st = prog.run(backend=be, stream=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            st.text()
+        assert threading.get_ident() not in table
+    finally:
+        gate.set()
+        st.abort()
+
+
 def test_a_signal_handler_reading_a_state_as_the_main_thread_records_its_wait(monkeypatch):
     """A signal (a progress print on SIGUSR1) that landed while the main thread recorded the wait
     of its read in the table of waits, holding that table's lock, ran the handler there, whose read

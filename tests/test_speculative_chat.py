@@ -711,6 +711,19 @@ def test_a_speculated_chat_role_refused_for_another_field_is_not_called_again(pa
             be.shutdown()
 
 
+def test_a_reworded_refusal_of_logprobs_is_still_one():
+    """backend.base.reworded (which adds a note to a server's error: the speculation's token count,
+    a run's max_tokens) kept the error's reason alone: its param and HTTP status went, and a
+    refusal of logprobs reworded so was no longer known as one."""
+    from lmnb.backend.base import BackendError, reworded
+    from lmnb.speculative import refuses_logprobs
+
+    e = BackendError("http://h/v1/chat/completions: HTTP 400: Unsupported parameter: 'logprobs'", "r", "logprobs", 400)
+    again = reworded(e, f"{e} (a note)")
+    assert (str(again), again.reason, again.param, again.status) == (f"{e} (a note)", "r", "logprobs", 400)
+    assert refuses_logprobs(again)
+
+
 def test_a_speculated_completion_gen_on_a_server_that_refuses_logprobs_runs_on_the_calls_text():
     """The completion path's call always asks for logprobs (to find the gen's tokens): a server that
     refuses the field failed the gen. The call is now made again without them, as the chat role's

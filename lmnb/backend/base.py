@@ -110,10 +110,12 @@ def refused_choice(e: BackendError, field: str, choices: Sequence[str], first: i
 
 def reworded(e: Exception, message: str) -> Exception:
     """A new exception of ``e``'s type with ``message``, keeping its ``reason`` (``BackendError``'s,
-    or the in-process engine's ``ValueError.reason``), which front ends read after it is reworded."""
+    or the in-process engine's ``ValueError.reason``), which front ends read after it is reworded,
+    and a ``BackendError``'s ``param`` and ``status`` (``speculative.refuses_logprobs`` reads them)."""
     new = type(e)(message)
-    if hasattr(e, "reason"):
-        new.reason = e.reason
+    for name in ("reason", "param", "status"):
+        if hasattr(e, name):
+            setattr(new, name, getattr(e, name))
     return new
 
 
