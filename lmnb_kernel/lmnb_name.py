@@ -29,17 +29,6 @@ _NAMESPACE_ATTRIBUTES = frozenset({"user_ns", "user_global_ns", "push", "del_var
 _NAMESPACE_MAGICS = frozenset({"run", "xdel", "reset_selective", "store"})
 
 
-def binds(tree: ast.AST, name: str) -> bool:
-    """Whether code ``tree`` binds or deletes ``name``: an assignment (of any kind, loop and
-    ``with`` targets, ``:=``), ``del``, an import (``import lmnb``, ``import lmnb.api``,
-    ``from x import y as lmnb``), a ``def``/``class``, an ``except ... as`` or a ``match`` capture.
-    In any scope: a function's local ``lmnb`` counts too, which errs on the safe side (the name is
-    kept). Node by node, as the export reads a binding (``lmnb.export.syntax.binds_name``)."""
-    from lmnb.export.syntax import binds_name
-
-    return any(binds_name(node, name) for node in ast.walk(tree))
-
-
 def magic_call(node, names, method: str = "run_line_magic") -> bool:
     """Whether ``node`` (a syntax tree, or None) calls one of the line magics ``names`` as IPython
     writes a ``%magic`` line (``get_ipython().run_line_magic('run', '-i s.py')``; cell magics with
@@ -49,16 +38,11 @@ def magic_call(node, names, method: str = "run_line_magic") -> bool:
             and isinstance(node.args[0], ast.Constant) and node.args[0].value in names)
 
 
-def runs_unseen_code(tree: ast.AST) -> bool:
-    """Whether code ``tree`` may set names of the namespace by code or names it does not show: a
-    call of ``exec``, ``eval``, ``globals``, ``vars`` or ``locals``, the shell's namespace
-    (``get_ipython().user_ns``, ``.push``), or a ``%run``, ``%xdel``, ``%reset_selective`` or
-    ``%store`` line."""
-    return any(_runs_unseen_code_here(node) for node in ast.walk(tree))
-
-
 def _runs_unseen_code_here(node: ast.AST) -> bool:
-    """``runs_unseen_code`` of the one node ``node``, not of those below it."""
+    """Whether the one node ``node`` (not those below it) may set names of the namespace by code or
+    names it does not show: a call of ``exec``, ``eval``, ``globals``, ``vars`` or ``locals``, the
+    shell's namespace (``get_ipython().user_ns``, ``.push``), or a ``%run``, ``%xdel``,
+    ``%reset_selective`` or ``%store`` line."""
     return ((isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNSEEN_CALLS)
             or (isinstance(node, ast.Attribute) and node.attr in _NAMESPACE_ATTRIBUTES)
             or magic_call(node, _NAMESPACE_MAGICS))
@@ -97,9 +81,13 @@ def _lm_python_body_takes_the_name(node: ast.AST) -> bool:
 
 
 def takes_the_name(tree: ast.AST) -> bool:
-    """Whether code ``tree`` may make ``lmnb`` the user's: it binds the name (``binds``), runs code
-    that may set it unseen (``runs_unseen_code``), or runs a ``%%lm --python`` body that does either
-    or that it cannot read. One walk of ``tree``."""
+    """Whether code ``tree`` may make ``lmnb`` the user's: it binds or deletes the name (an
+    assignment of any kind, loop and ``with`` targets, ``:=``, ``del``, an import: ``import lmnb``,
+    ``import lmnb.api``, ``from x import y as lmnb``, a ``def``/``class``, an ``except ... as`` or a
+    ``match`` capture; in any scope: a function's local ``lmnb`` counts too, which errs on the safe
+    side; node by node, as the export reads a binding, ``lmnb.export.syntax.binds_name``), runs
+    code that may set it unseen (``_runs_unseen_code_here``), or runs a ``%%lm --python`` body that
+    does either or that it cannot read. One walk of ``tree``."""
     return any(_takes_the_name_here(node) for node in ast.walk(tree))
 
 
