@@ -6,6 +6,7 @@ A malformed record does not stop the reading: it comes back as an ``InputRow`` w
 
 from __future__ import annotations
 
+import codecs
 import csv
 import functools
 import itertools
@@ -96,7 +97,6 @@ def _unreadable(path: Path, e: OSError) -> str:
 # Byte order marks of the encodings whose text is not UTF-8 at all (UTF-32's first: it starts as UTF-16 LE's does)
 _WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
               (b"\xfe\xff", "UTF-16"))
-_UTF8_BOM = b"\xef\xbb\xbf"  # (a byte order mark as UTF-8, which some editors write first)
 
 
 def _first_line(raw: bytes, path: Path) -> bytes:
@@ -114,14 +114,22 @@ def _first_line(raw: bytes, path: Path) -> bytes:
         if encoding is not None:  # (iconv reads "UTF-16" without an order mark as big-endian: the byte order is named)
             message += f" (it looks like {encoding}, without a byte order mark: e.g. {_iconv(encoding, path)})"
         raise InputError(message)
-    return raw[len(_UTF8_BOM):] if raw.startswith(_UTF8_BOM) else raw
+    return raw[len(codecs.BOM_UTF8):] if raw.startswith(codecs.BOM_UTF8) else raw
 
 
 def _bom_bytes(first_line: bytes) -> int:
     """How many bytes of the file's ``first_line`` (as read) a UTF-8 byte order mark takes: 3, or 0
     without one. A position told in line 1 counts them, as a hex editor shows the file: "at byte B"
     was counted from after it."""
-    return len(_UTF8_BOM) if first_line.startswith(_UTF8_BOM) else 0
+    return len(codecs.BOM_UTF8) if first_line.startswith(codecs.BOM_UTF8) else 0
+
+
+def _not_utf8_at(lineno: int, e: UnicodeDecodeError, bom: int) -> str:
+    """"line N: not UTF-8 text (REASON at byte B)" for line ``lineno`` that decoding (``e``) found
+    no UTF-8: B counted from 0 in its line as the file holds it, line 1's counting the ``bom``
+    bytes of a byte order mark (``_bom_bytes``) it was read without, so that it is the byte's
+    offset in the file (a JSON line's, a CSV record's)."""
+    return f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start + bom * (lineno == 1)})"
 
 
 def _utf16_without_bom(raw: bytes) -> Optional[str]:
@@ -167,7 +175,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 # (without its line break: JSON's error at the line's end was "column 1" of a next line)
                 value = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
-                error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start + bom * (lineno == 1)})"
+                error = _not_utf8_at(lineno, e, bom)
             except json.JSONDecodeError as e:
                 error = f"line {lineno}: invalid JSON: {e.msg} at column {e.colno}"
             except (ValueError, RecursionError) as e:  # (an integer of over 4300 digits; arrays nested too deep)
@@ -272,17 +280,15 @@ _LINES = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")  # (the places where a line ends, 
 
 def _undecodable(start: int, text: str, bom: int = 0) -> Optional[str]:
     """Where the lines ``text`` of a record, the first line ``start``, hold bytes that are no
-    UTF-8 (``_decoded_lines`` keeps them as lone surrogates): "line N: not UTF-8 text (REASON at
-    byte B)", B counted from 0 in its line as the file holds it, as a JSON line's is told: line 1's
-    counts the ``bom`` bytes of a byte order mark (``_bom_bytes``) that ``text`` is read without, so
-    that it is the byte's offset in the file. None where they hold none."""
+    UTF-8 (``_decoded_lines`` keeps them as lone surrogates): ``_not_utf8_at`` the first such line
+    (``bom``: the bytes of a byte order mark ``text`` is read without). None where they hold none."""
     if not _ESCAPED.search(text):
         return None
     for n, line in enumerate(_LINES.split(text)):
         try:
             line.encode("utf-8", "surrogateescape").decode("utf-8")
         except UnicodeDecodeError as e:
-            return f"line {start + n}: not UTF-8 text ({e.reason} at byte {e.start + bom * (start + n == 1)})"
+            return _not_utf8_at(start + n, e, bom)
     return None
 
 
